@@ -1,0 +1,53 @@
+"""imgpack: pack an image folder into a memory-mapped tensordict and stream it to the GPU.
+
+    import packer
+    pack = packer.load("tensors/")            # ImagePack: images uint8 [N,3,H,W], labels int64 [N]
+    loader = packer.PackLoader(pack, 256, device="cuda")
+    model = torch.nn.Sequential(packer.Normalize(), net)
+    for images, labels in loader: ...
+
+Names are imported lazily, so ``imgpack --help`` and build workers stay light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load": "packer.pack:open_pack",
+    "ImagePack": "packer.pack:ImagePack",
+    "PackLoader": "packer.loader:PackLoader",
+    "Normalize": "packer.loader:Normalize",
+    "build": "packer.build:build",
+    "BuildConfig": "packer.build:BuildConfig",
+    "compress": "packer.compress:compress",
+    "CompressConfig": "packer.compress:CompressConfig",
+    "verify": "packer.verify:verify",
+    "VerifyConfig": "packer.verify:VerifyConfig",
+    "PackerError": "packer.errors:PackerError",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from .build import BuildConfig, build
+    from .compress import CompressConfig, compress
+    from .errors import PackerError
+    from .loader import Normalize, PackLoader
+    from .pack import ImagePack
+    from .pack import open_pack as load
+    from .verify import VerifyConfig, verify
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'packer' has no attribute {name!r}")
+    import importlib
+
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

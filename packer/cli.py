@@ -1,0 +1,220 @@
+"""The ``imgpack`` command: parse options, call the library, format the result.
+
+Exit codes: 0 success; 1 the work ran but found a problem (verify failed, or
+inputs were skipped under --strict); 2 bad usage or input the command cannot
+start on; 130 interrupted (Ctrl-C), with the work done so far kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import PackerError
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False))
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors into ``Error: ...`` with their exit code; keep bugs' tracebacks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PackerError as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted. The work done so far is kept: run the same command "
+                       "again to resume.", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper
+
+
+class _Bar:
+    """A tqdm bar on stderr, or nothing with --quiet / --json without a terminal."""
+
+    def __init__(self, desc: str, unit: str, quiet: bool) -> None:
+        self.bar = None
+        self.desc, self.unit, self.quiet = desc, unit, quiet
+
+    def start(self, total: int, done: int = 0) -> None:
+        if not self.quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=self.desc, unit=self.unit,
+                            file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _print_skips(skipped: list[dict[str, str]], limit: int = 20) -> None:
+    for s in skipped[:limit]:
+        click.echo(f"  skipped {s['path']}: {s['reason']}", err=True)
+    if len(skipped) > limit:
+        click.echo(f"  ... and {len(skipped) - limit} more (see --json or `imgpack info`)", err=True)
+
+
+def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+    from .decode import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="imgpack")
+def cli() -> None:
+    """Pack an image dataset into memory-mapped uint8 tensors and stream it to the GPU.
+
+    \b
+    A typical run:
+      imgpack compress photos/ small/ --quality 3    # multi-MB photos -> ~200 KB JPEGs
+      imgpack build small/ tensors/ --size 224       # decode + resize once, in parallel
+      imgpack info tensors/
+      imgpack verify tensors/ --device cuda          # integrity + speed vs. the folder
+
+    In Python: packer.load("tensors/"), packer.PackLoader(pack, 256, device="cuda").
+    Exit codes: 0 ok, 1 the work found a problem, 2 bad usage or input, 130 interrupted.
+    """
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--size", default="224", show_default=True, callback=_parse_size,
+              help="Output size: S for S×S, or WxH (width x height), in pixels.")
+@click.option("--resize", type=click.Choice(["crop", "stretch", "pad"]), default="crop",
+              show_default=True,
+              help="crop: scale the shorter side, take the centre. stretch: ignore aspect. "
+                   "pad: scale the longer side, letterbox with black.")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="Decoding processes [default: all cores].")
+@click.option("--max-pixels", type=click.IntRange(1), default=100_000_000, show_default=True,
+              help="Skip images larger than this (decompression-bomb guard).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing pack at DST.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@handle_errors
+def build(src: Path, dst: Path, size: tuple[int, int], resize: str, workers: int | None,
+          max_pixels: int, overwrite: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+    """Decode and resize every image under SRC into a pack at DST.
+
+    SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
+    folder indices, as torchvision's ImageFolder assigns them) or a flat folder
+    of images (labels -1). Images that cannot be decoded are skipped and listed.
+    An interrupted build resumes when the same command is run again.
+
+    \b
+    Examples:
+      imgpack build ./imgs ./tensors
+      imgpack build ./imgs ./tensors --size 320x240 --resize pad --workers 8
+      imgpack build ./imgs ./tensors --overwrite --json > build.json
+    """
+    from .build import BuildConfig
+    from .build import build as run_build
+
+    _setup_logging(quiet or as_json)
+    bar = _Bar("build", "img", quiet)
+    config = BuildConfig(size=size, resize=resize, workers=workers, overwrite=overwrite,
+                         max_pixels=max_pixels)
+    try:
+        result = run_build(src, dst, config, progress=bar.update, on_start=bar.start)
+    finally:
+        bar.close()
+    if as_json:
+        _emit_json(result.to_json())
+    elif not quiet:
+        _print_skips(result.skipped)
+        click.echo(f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
+                   f"into {dst} in {result.seconds:.1f} s"
+                   + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
+                   + (f" (resumed: {result.resumed} were already done)" if result.resumed else ""),
+                   err=True)
+    if strict and result.skipped:
+        sys.exit(EXIT_PROBLEM)
+
+
+@cli.command()
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def info(pack: Path, as_json: bool) -> None:
+    """Show what a pack holds: count, shape, classes, size on disk, build options.
+
+    \b
+    Examples:
+      imgpack info ./tensors
+      imgpack info ./tensors --json | jq .class_counts
+    """
+    from .format import pack_bytes, read_manifest
+
+    m = read_manifest(pack)
+    classes = m["classes"]
+    counts = m.get("class_counts") or [0] * len(classes)
+    out = {
+        "path": str(pack), "count": m["count"], "image_shape": m["image_shape"],
+        "classes": classes, "class_counts": dict(zip(classes, counts)),
+        "bytes": pack_bytes(pack), "build": m["build"], "skipped": m["skipped"],
+        "format_version": m["version"],
+    }
+    if as_json:
+        _emit_json(out)
+        return
+    c, h, w = m["image_shape"]
+    click.echo(f"pack      {pack}")
+    click.echo(f"images    {m['count']} x {c}x{h}x{w} uint8 ({m['resize']})")
+    click.echo(f"on disk   {_human_bytes(out['bytes'])}")
+    if classes:
+        click.echo(f"classes   {len(classes)}")
+        for name, k in zip(classes, counts):
+            click.echo(f"  {k:>8}  {name}")
+    else:
+        click.echo("classes   none (flat folder; labels are -1)")
+    b = m["build"]
+    click.echo(f"built     from {b.get('source_root')} at {b.get('created')} "
+               f"(imgpack {b.get('imgpack_version')}, format {m['version']})")
+    click.echo(f"skipped   {len(m['skipped'])}")
+    for s in m["skipped"][:20]:
+        click.echo(f"  {s['path']}: {s['reason']}")
+
+
+def main() -> None:
+    cli(prog_name="imgpack")
+

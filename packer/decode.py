@@ -1,0 +1,184 @@
+"""Decode one image file into a fixed-size RGB uint8 array.
+
+This is the single definition of "what a packed image is": build uses it to
+fill the pack and verify uses it to re-check packed pixels, so the two agree
+byte for byte.
+
+* Anything Pillow reads, first frame of animated/multi-page files.
+* EXIF orientation is applied, so pixels come out upright.
+* Grayscale, palette and CMYK become RGB. Alpha (RGBA, LA, PA, palette with
+  transparency) is flattened onto black: each colour is multiplied by its
+  alpha, so fully transparent pixels are 0, the same value as ``pad`` borders.
+* 16-bit images are scaled to 8 bits (``round(v * 255 / 65535)``), not clipped.
+* Resize is antialiased bilinear (Pillow), the same filter as torchvision's
+  ``Resize`` on PIL images. Modes for a target of W×H:
+  ``stretch`` resizes to W×H ignoring aspect; ``crop`` (default) scales the
+  shorter side to fit and takes the centre W×H; ``pad`` scales the longer side
+  to fit and centres the image on black (letterbox).
+* JPEGs use Pillow's ``draft()`` to decode at a reduced DCT scale when the
+  target is much smaller; the scale is chosen from the target size alone, so
+  the result is deterministic.
+* Images with more than ``max_pixels`` pixels are refused before decoding, so
+  a decompression bomb cannot exhaust a worker's memory.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from .errors import DecodeError
+
+RESIZE_MODES = ("stretch", "crop", "pad")
+DEFAULT_MAX_PIXELS = 100_000_000
+_TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+_EXIF_ORIENTATION = 0x0112
+
+@dataclass(frozen=True)
+class ResizeSpec:
+    """Target of decoding: ``width`` × ``height`` pixels, fitted by ``mode``."""
+
+    width: int
+    height: int
+    mode: str = "crop"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (3, self.height, self.width)
+
+
+def _scaled_size(w: int, h: int, spec: ResizeSpec) -> tuple[int, int]:
+    """Size the whole image is scaled to before cropping or padding."""
+    if spec.mode == "stretch":
+        return spec.width, spec.height
+    fit = max if spec.mode == "crop" else min
+    s = fit(spec.width / w, spec.height / h)
+    return max(1, round(w * s)), max(1, round(h * s))
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        a = np.asarray(im).astype(np.int64)
+        if mode == "I" and a.size and (a.min() < 0 or a.max() > 65535):
+            a = np.clip(a, 0, 65535)  # 32-bit data: treat as 16-bit range
+        a8 = ((a * 255 + 32767) // 65535).astype(np.uint8)
+        return Image.fromarray(a8, "L").convert("RGB")
+    if mode == "F":
+        a = np.asarray(im, dtype=np.float64)
+        a8 = np.clip(np.rint(a), 0, 255).astype(np.uint8)
+        return Image.fromarray(a8, "L").convert("RGB")
+    if mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+        mode = "RGBA"
+    elif mode == "P":
+        return im.convert("RGB")
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        a = np.asarray(rgba, dtype=np.uint16)
+        rgb = (a[..., :3] * a[..., 3:4] + 127) // 255
+        return Image.fromarray(rgb.astype(np.uint8), "RGB")
+    return im.convert("RGB")
+
+
+def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, int]]:
+    """Decode ``path`` to an upright RGB PIL image of spec's size.
+
+    Returns the image and the source's upright (width, height) in pixels.
+    Raises DecodeError with a one-line reason for anything that cannot be used.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+                if w * h > spec.max_pixels:
+                    raise DecodeError(
+                        f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
+                        f"{spec.max_pixels:,} (possible decompression bomb)"
+                    )
+                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+                upright = (h, w) if orientation in _TRANSPOSED else (w, h)
+                if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
+                    tw, th = _scaled_size(*upright, spec)
+                    if orientation in _TRANSPOSED:
+                        tw, th = th, tw
+                    im.draft(None, (tw, th))
+                im.seek(0)
+                im.load()
+                im = ImageOps.exif_transpose(im)
+                rgb = _to_rgb(im)
+                return _fit(rgb, spec), upright
+    except DecodeError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise DecodeError(f"decompression bomb refused: {e}") from None
+    except Image.UnidentifiedImageError:
+        raise DecodeError("not an image Pillow can read (unknown or corrupt format)") from None
+    except MemoryError:
+        raise DecodeError("out of memory while decoding") from None
+    except FileNotFoundError:
+        raise DecodeError("file vanished during the build") from None
+    except PermissionError:
+        raise DecodeError("permission denied; make the file readable") from None
+    except Exception as e:  # hostile files can raise anything from a decoder
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise DecodeError(f"{type(e).__name__}: {msg}"[:300]) from None
+
+
+def _fit(im: Image.Image, spec: ResizeSpec) -> Image.Image:
+    w, h = im.size
+    size = (spec.width, spec.height)
+    if spec.mode == "stretch":
+        return im.resize(size, Image.Resampling.BILINEAR) if im.size != size else im
+    if spec.mode == "crop":
+        # Source box with the target's aspect, centred: one resample of only the pixels kept.
+        s = max(spec.width / w, spec.height / h)
+        bw, bh = spec.width / s, spec.height / s
+        box = ((w - bw) / 2, (h - bh) / 2, (w + bw) / 2, (h + bh) / 2)
+        return im.resize(size, Image.Resampling.BILINEAR, box=box)
+    nw, nh = _scaled_size(w, h, spec)
+    scaled = im.resize((nw, nh), Image.Resampling.BILINEAR) if (nw, nh) != (w, h) else im
+    canvas = Image.new("RGB", size)
+    canvas.paste(scaled, ((spec.width - nw) // 2, (spec.height - nh) // 2))
+    return canvas
+
+
+def decode_into(path: str, spec: ResizeSpec, out: np.ndarray) -> tuple[int, int]:
+    """Decode ``path`` into ``out`` (uint8 [3, H, W], values 0-255); return its upright size."""
+    im, size = load_resized(path, spec)
+    out[...] = np.asarray(im).transpose(2, 0, 1)
+    return size
+
+
+def decode(path: str, spec: ResizeSpec) -> np.ndarray:
+    """Decode ``path`` to a new uint8 array [3, H, W] with values in [0, 255]."""
+    out = np.empty(spec.shape, dtype=np.uint8)
+    decode_into(path, spec, out)
+    return out
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"224"`` -> (224, 224); ``"320x240"`` -> (320, 240) as (width, height)."""
+    t = text.strip().lower()
+    try:
+        if "x" in t:
+            w, h = t.split("x", 1)
+            size = (int(w), int(h))
+        else:
+            size = (int(t), int(t))
+    except ValueError:
+        raise ValueError(f"size must be S or WxH in pixels, like 224 or 320x240, not {text!r}") from None
+    if not all(1 <= v <= 8192 for v in size):
+        raise ValueError(f"size {text!r} is out of range: each side must be 1 to 8192 pixels")
+    return size
+
+
+__all__ = ["DEFAULT_MAX_PIXELS", "RESIZE_MODES", "ResizeSpec", "decode", "decode_into",
+           "load_resized", "parse_size"]

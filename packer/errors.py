@@ -1,0 +1,42 @@
+"""imgpack's errors: one base class, a few kinds, each with its CLI exit code.
+
+The CLI prints ``Error: <message>`` for any :class:`PackerError` and exits with
+its ``exit_code``; anything else is a bug and keeps its traceback. Messages
+name the path and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class PackerError(Exception):
+    """Base class for every error imgpack raises on purpose."""
+
+    exit_code = 2
+
+
+class UsageError(PackerError):
+    """An option is out of range or options contradict each other."""
+
+
+class InputError(PackerError):
+    """The source or destination cannot be used (missing, wrong kind, no images)."""
+
+
+class PackFormatError(PackerError):
+    """A pack is missing, damaged, untrusted or from a newer imgpack."""
+
+
+class PackBusyError(PackerError):
+    """Another imgpack process is writing the same destination."""
+
+
+class DiskFullError(PackerError):
+    """The disk filled up; the work done so far is kept and a rerun resumes."""
+
+
+class FFmpegError(PackerError):
+    """The ffmpeg binary is missing or cannot run."""
+
+
+class DecodeError(Exception):
+    """One image could not be used. Recorded as a skip, never fatal on its own."""
