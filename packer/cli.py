@@ -215,6 +215,137 @@ def info(pack: Path, as_json: bool) -> None:
         click.echo(f"  {s['path']}: {s['reason']}")
 
 
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("-Q", "--quality", type=int, default=3, show_default=True,
+              help="ffmpeg -q:v: 2 (best, largest) to 31 (worst, smallest).")
+@click.option("--max-side", type=int, default=None,
+              help="Shrink images whose longer side exceeds PX to PX (aspect kept, never enlarged).")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="ffmpeg processes at once [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Redo every output, even those already there.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any image failed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+@handle_errors
+def compress(src: Path, dst: Path, quality: int, max_side: int | None, workers: int | None,
+             overwrite: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+    """Recompress every image under SRC to JPEG in DST, keeping the folder structure.
+
+    Each image becomes DST/<same path>.jpg at ffmpeg quality -q:v Q, upright
+    (EXIF orientation applied) and RGB. Outputs already in DST are skipped, so
+    an interrupted run resumes; a corrupt input is reported and skipped. The
+    ffmpeg binary comes with the imageio-ffmpeg wheel (IMGPACK_FFMPEG overrides).
+
+    \b
+    Examples:
+      imgpack compress photos/ small/                      # -q:v 3, the default
+      imgpack compress photos/ small/ -Q 5 --max-side 1024
+      imgpack compress photos/ small/ --json > report.json
+    """
+    from .compress import CompressConfig
+    from .compress import compress as run_compress
+
+    _setup_logging(quiet or as_json)
+    bar = _Bar("compress", "img", quiet)
+    config = CompressConfig(quality=quality, max_side=max_side, workers=workers,
+                            overwrite=overwrite)
+    try:
+        result = run_compress(src, dst, config, progress=bar.update, on_start=bar.start)
+    finally:
+        bar.close()
+    if as_json:
+        _emit_json(result.to_json())
+    elif not quiet:
+        _print_skips(result.failed)
+        ratio = result.bytes_in / result.bytes_out if result.bytes_out else 0.0
+        click.echo(f"Wrote {result.written}, skipped {result.skipped} already done, "
+                   f"failed {len(result.failed)}; {_human_bytes(result.bytes_in)} -> "
+                   f"{_human_bytes(result.bytes_out)} ({ratio:.1f}x smaller) in "
+                   f"{result.seconds:.1f} s", err=True)
+    if strict and result.failed:
+        sys.exit(EXIT_PROBLEM)
+
+
+def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
+    if value.lower() == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"must be a number or 'all', not {value!r}") from None
+    if n < 0:
+        raise click.BadParameter("must be 0 or more")
+    return n
+
+
+@cli.command()
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="Original image folder [default: the one recorded at build time, if present].")
+@click.option("--no-source", is_flag=True, help="Skip the source checks and the folder baseline.")
+@click.option("--sample", default="64", show_default=True, callback=_parse_sample,
+              help="Source images to re-decode and compare, or 'all'.")
+@click.option("--device", default="auto", show_default=True,
+              help="Where to stream: auto (CUDA if present), cpu, cuda, cuda:N.")
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--batches", type=click.IntRange(1), default=20, show_default=True,
+              help="Timed batches per repeat (3 repeats, median).")
+@click.option("--no-speed", is_flag=True, help="Integrity checks only.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="Write a PNG bar chart of the throughput comparison.")
+@click.option("--trace", type=click.Path(path_type=Path), default=None,
+              help="Write a torch.profiler Chrome trace of a few streamed batches.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def verify(pack: Path, source: Path | None, no_source: bool, sample: int | None, device: str,
+           batch_size: int, batches: int, no_speed: bool, plot: Path | None, trace: Path | None,
+           as_json: bool) -> None:
+    """Check that PACK is intact and measure how fast it streams.
+
+    Integrity: manifest, data file sizes, SHA-256 of every block of images,
+    labels, and a sample of source images re-decoded and compared pixel for
+    pixel. Throughput: the pack through PackLoader vs. the source folder through
+    ImageFolder + DataLoader, to the same device, in the same run.
+    Exit 0 when every check passes, 1 when one fails, 2 on bad usage.
+
+    \b
+    Examples:
+      imgpack verify ./tensors                      # uses the recorded source folder
+      imgpack verify ./tensors --device cuda --batch-size 256 --plot speed.png
+      imgpack verify ./tensors --no-speed --sample all --json
+    """
+    from .verify import VerifyConfig
+    from .verify import verify as run_verify
+
+    config = VerifyConfig(source=source, use_recorded_source=not no_source, sample=sample,
+                          device=device, batch_size=batch_size, batches=batches,
+                          throughput=not no_speed)
+    report = run_verify(pack, config, trace=trace)
+    if plot is not None and report.pack_images_per_s:
+        from .plots import plot_verify
+
+        plot_verify(report, plot)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        for c in report.checks:
+            click.echo(f"{'ok  ' if c['ok'] else 'FAIL'}  {c['name']:<9} {c['detail']}")
+        j = report.to_json()
+        if report.pack_images_per_s:
+            click.echo(f"\nthroughput on {report.device}, batch {batch_size}:")
+            click.echo(f"  {'loader':<28}{'images/s':>12}{'MB/s':>10}")
+            click.echo(f"  {'pack (PackLoader)':<28}{j['pack_images_per_s']:>12,.0f}"
+                       f"{j['pack_mb_per_s']:>10,.0f}")
+            if report.folder_images_per_s:
+                click.echo(f"  {'folder (ImageFolder+PIL)':<28}{j['folder_images_per_s']:>12,.0f}"
+                           f"{j['folder_mb_per_s']:>10,.0f}")
+                click.echo(f"  speedup {report.speedup:.1f}x")
+        click.echo("\nOK" if report.ok else "\nFAILED", err=not report.ok)
+    sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
+
+
 def main() -> None:
     cli(prog_name="imgpack")
 

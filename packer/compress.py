@@ -1,0 +1,299 @@
+"""``imgpack compress``: recompress an image tree to JPEG with ffmpeg at ``-q:v Q``.
+
+Each image is read into memory and piped to ffmpeg (``pipe:0`` -> ``pipe:1``),
+so no file name ever reaches ffmpeg's command line: names with spaces,
+non-ASCII characters, ``%d`` or a leading dash are safe, and ffmpeg writes
+nothing itself. imgpack writes the result under DST at the source's relative
+path with a ``.jpg`` suffix, via a hidden temporary file that is fsynced and
+renamed when complete; a rerun skips outputs that exist and redoes the rest.
+
+Pixels come out upright and RGB: the EXIF orientation is applied by explicit
+filters (ffmpeg's own autorotation is off, so every ffmpeg version agrees),
+alpha is premultiplied (flattened onto black, as ``build`` does), and 16-bit,
+grayscale, palette and CMYK inputs are converted by ffmpeg. Formats ffmpeg
+cannot read from a pipe (TIFF) go through Pillow as lossless PNG first.
+
+A corrupt or truncated input fails (ffmpeg runs with ``-xerror -err_detect
+explode``, and the output must decode as a JPEG of the expected size); the
+failure is recorded with the tail of ffmpeg's stderr and the run goes on.
+
+The ffmpeg binary is the one the imageio-ffmpeg wheel ships; set
+``IMGPACK_FFMPEG`` (or imageio-ffmpeg's ``IMAGEIO_FFMPEG_EXE``) to use another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ffmpeg
+from PIL import Image
+
+from .build import default_workers
+from .errors import FFmpegError, InputError, UsageError
+from .scan import IMAGE_EXTENSIONS, is_image_name
+
+log = logging.getLogger(__name__)
+
+_TRANSPOSE = {  # EXIF orientation -> ffmpeg filters that make it upright
+    2: [("hflip", {})], 3: [("hflip", {}), ("vflip", {})], 4: [("vflip", {})],
+    5: [("transpose", {"dir": 0})], 6: [("transpose", {"dir": 1})],
+    7: [("transpose", {"dir": 3})], 8: [("transpose", {"dir": 2})],
+}
+_DIRECT = {"JPEG": "jpeg_pipe", "PNG": "png_pipe", "BMP": "bmp_pipe", "GIF": "gif",
+           "WEBP": "webp_pipe"}
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+_TMP_PREFIX = ".imgpack-tmp-"
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    quality: int = 3
+    max_side: int | None = None
+    workers: int | None = None
+    overwrite: bool = False
+
+    def validate(self) -> None:
+        if not 2 <= self.quality <= 31:
+            raise UsageError(f"--quality must be 2 (best) to 31 (worst), not {self.quality}")
+        if self.max_side is not None and not 1 <= self.max_side <= 65535:
+            raise UsageError(f"--max-side must be 1 to 65535 pixels, not {self.max_side}")
+        if self.workers is not None and not 1 <= self.workers <= 1024:
+            raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
+
+
+@dataclass
+class CompressResult:
+    written: int = 0
+    skipped: int = 0
+    failed: list[dict[str, str]] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"written": self.written, "skipped": self.skipped, "failed": self.failed,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "seconds": round(self.seconds, 3)}
+
+
+def ffmpeg_exe() -> str:
+    """Path of the ffmpeg binary: $IMGPACK_FFMPEG, else imageio-ffmpeg's bundled one."""
+    exe = os.environ.get("IMGPACK_FFMPEG")
+    if exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise FFmpegError(f"IMGPACK_FFMPEG={exe} is not an executable file; fix or unset it")
+        return exe
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception as e:  # RuntimeError when the wheel's binary is missing
+        raise FFmpegError(f"no ffmpeg binary found ({e}); reinstall imgpack "
+                          "(the imageio-ffmpeg wheel ships one) or set IMGPACK_FFMPEG") from None
+
+
+def _list_images(src: Path) -> list[str]:
+    """Relative POSIX paths of every image under src, sorted; symlinks followed, loop-safe."""
+    if not src.exists():
+        raise InputError(f"{src}: no such folder; check the path")
+    if not src.is_dir():
+        raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
+    out: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames.sort()
+        rel = Path(os.path.relpath(dirpath, src))
+        out.extend((rel / f).as_posix() for f in sorted(filenames) if is_image_name(f))
+    if not out:
+        raise InputError(f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in "
+                         "any case)")
+    return [p[2:] if p.startswith("./") else p for p in out]
+
+
+def output_names(rels: list[str]) -> dict[str, str]:
+    """Map each source to its output path: ``a/b.png`` -> ``a/b.jpg``.
+
+    Where two sources in one folder would meet (``x.png`` and ``x.jpg``), the
+    one not already named ``.jpg`` keeps its full name: ``x.png.jpg``.
+    """
+    taken: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for rel in rels:
+        p = Path(rel)
+        if p.suffix == ".jpg":
+            names[rel] = rel
+            taken[rel] = rel
+    for rel in rels:
+        if rel in names:
+            continue
+        p = Path(rel)
+        cand = p.with_suffix(".jpg").as_posix()
+        if cand in taken:
+            cand = p.with_name(p.name + ".jpg").as_posix()
+        names[rel] = cand
+        taken[cand] = rel
+    return names
+
+
+def _probe(data: bytes) -> tuple[str | None, int, bool, tuple[int, int]]:
+    """Format, EXIF orientation, has-alpha, and stored size, from the header (no decode)."""
+    with Image.open(io.BytesIO(data)) as im:
+        orientation = im.getexif().get(0x0112, 1) if hasattr(im, "getexif") else 1
+        alpha = im.mode in _ALPHA_MODES or (im.mode == "P" and "transparency" in im.info)
+        return im.format, int(orientation or 1), alpha, im.size
+
+
+def _to_png(data: bytes) -> bytes:
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        buf = io.BytesIO()
+        if im.mode not in ("RGB", "RGBA", "L", "LA", "I;16", "I"):
+            im = im.convert("RGBA" if im.mode in _ALPHA_MODES else "RGB")
+        im.save(buf, "PNG", compress_level=1)
+        return buf.getvalue()
+
+
+def ffmpeg_command(exe: str, fmt: str, orientation: int, alpha: bool,
+                   size: tuple[int, int], config: CompressConfig) -> list[str]:
+    """The ffmpeg argv for one image: stdin -> upright, scaled, RGB JPEG on stdout."""
+    stream = ffmpeg.input("pipe:0", f=fmt, noautorotate=None, threads=1, err_detect="explode")
+    for name, kw in _TRANSPOSE.get(orientation, []):
+        stream = stream.filter(name, **kw)
+    w, h = size
+    if orientation in (5, 6, 7, 8):
+        w, h = h, w
+    if config.max_side and max(w, h) > config.max_side:
+        s = config.max_side / max(w, h)
+        stream = stream.filter("scale", max(1, round(w * s)), max(1, round(h * s)),
+                               flags="lanczos")
+    if alpha:
+        stream = stream.filter("premultiply", inplace=1)
+    stream = stream.filter("format", "yuvj420p")
+    out = stream.output("pipe:1", f="mjpeg", **{"frames:v": 1, "q:v": config.quality})
+    args = out.compile(cmd=exe)
+    # Global options first: ffmpeg may ignore options that trail the output.
+    return [args[0], "-hide_banner", "-nostdin", "-v", "error", "-xerror", *args[1:]]
+
+
+def _stderr_tail(err: bytes, n: int = 300) -> str:
+    text = err.decode("utf-8", "replace").strip().replace("\n", " | ")
+    return text[-n:] if text else "no message"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfig) -> int:
+    """Recompress one file; return bytes written. Raises ValueError with the reason on failure."""
+    data = src_path.read_bytes()
+    try:
+        fmt, orientation, alpha, size = _probe(data)
+    except Exception as e:
+        raise ValueError(f"not an image Pillow can identify ({type(e).__name__})") from None
+    if fmt in _DIRECT:
+        pipe_fmt = _DIRECT[fmt]
+    else:
+        try:
+            data, pipe_fmt = _to_png(data), "png_pipe"
+        except Exception as e:
+            raise ValueError(f"cannot decode {fmt} image: {e}") from None
+    cmd = ffmpeg_command(exe, pipe_fmt, orientation, alpha, size, config)
+    proc = subprocess.run(cmd, input=data, capture_output=True, check=False)
+    if proc.returncode != 0 or not proc.stdout:
+        raise ValueError(f"ffmpeg exit {proc.returncode}: {_stderr_tail(proc.stderr)}")
+    if proc.stderr.strip():
+        raise ValueError(f"ffmpeg reported: {_stderr_tail(proc.stderr)}")
+    try:
+        with Image.open(io.BytesIO(proc.stdout)) as check:
+            check.load()
+    except Exception as e:
+        raise ValueError(f"ffmpeg's output does not decode: {e}") from None
+    _write_atomic(dst_path, proc.stdout)
+    return len(proc.stdout)
+
+
+def compress(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+             config: CompressConfig = CompressConfig(),
+             progress: Callable[[int], None] | None = None,
+             on_start: Callable[[int, int], None] | None = None) -> CompressResult:
+    """Recompress every image under ``src`` into ``dst`` (same folders, ``.jpg``).
+
+    Failed images are listed in the result, not raised. Raises PackerError
+    subclasses for unusable options, paths or a missing ffmpeg.
+    """
+    t0 = time.perf_counter()
+    config.validate()
+    src, dst = Path(src), Path(dst)
+    rels = _list_images(src)
+    rs, rd = src.resolve(), dst.resolve()
+    if rd == rs or rd.is_relative_to(rs):
+        raise InputError(f"{dst}: the output would be inside the source {src}; choose a "
+                         "destination outside it")
+    if dst.exists() and not dst.is_dir():
+        raise InputError(f"{dst}: exists and is not a folder")
+    exe = ffmpeg_exe()
+    names = output_names(rels)
+    dst.mkdir(parents=True, exist_ok=True)
+    result = CompressResult()
+    todo: list[str] = []
+    for rel in rels:
+        out = dst / names[rel]
+        if out.exists() and not config.overwrite:
+            result.skipped += 1
+            result.bytes_in += (src / rel).stat().st_size
+            result.bytes_out += out.stat().st_size
+        else:
+            todo.append(rel)
+    if on_start:
+        on_start(len(rels), result.skipped)
+
+    def one(rel: str) -> tuple[str, int, int, str | None]:
+        sp, dp = src / rel, dst / names[rel]
+        try:
+            if not dp.parent.resolve().is_relative_to(rd):
+                raise ValueError(f"output folder {dp.parent} leads outside {dst}; refusing")
+            dp.parent.mkdir(parents=True, exist_ok=True)
+            size_in = sp.stat().st_size
+            return rel, size_in, compress_one(exe, sp, dp, config), None
+        except (ValueError, OSError) as e:
+            return rel, 0, 0, str(e)
+
+    workers = min(config.workers or default_workers(), max(1, len(todo)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="imgpack-ffmpeg") as pool:
+        for rel, size_in, size_out, err in pool.map(one, todo):
+            if err is None:
+                result.written += 1
+                result.bytes_in += size_in
+                result.bytes_out += size_out
+            else:
+                result.failed.append({"path": rel, "reason": err})
+            if progress:
+                progress(1)
+    result.seconds = time.perf_counter() - t0
+    return result
