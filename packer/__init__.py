@@ -6,7 +6,9 @@
     model = torch.nn.Sequential(packer.Normalize(), net)
     for images, labels in loader: ...
 
-Names are imported lazily, so ``imgpack --help`` and build workers stay light.
+Also ``packer.build_pack``, ``packer.compress_tree`` and ``packer.verify_pack``
+(the library behind the three commands; the submodules ``packer.build`` etc.
+hold them too). Names are imported lazily, so ``imgpack --help`` and build workers stay light.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ _EXPORTS = {
     "ImagePack": "packer.pack:ImagePack",
     "PackLoader": "packer.loader:PackLoader",
     "Normalize": "packer.loader:Normalize",
-    "build": "packer.build:build",
+    "build_pack": "packer.build:build",
     "BuildConfig": "packer.build:BuildConfig",
-    "compress": "packer.compress:compress",
+    "compress_tree": "packer.compress:compress",
     "CompressConfig": "packer.compress:CompressConfig",
-    "verify": "packer.verify:verify",
+    "verify_pack": "packer.verify:verify",
     "VerifyConfig": "packer.verify:VerifyConfig",
     "PackerError": "packer.errors:PackerError",
 }
@@ -32,13 +34,16 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .build import BuildConfig, build
-    from .compress import CompressConfig, compress
+    from .build import BuildConfig
+    from .build import build as build_pack
+    from .compress import CompressConfig
+    from .compress import compress as compress_tree
     from .errors import PackerError
     from .loader import Normalize, PackLoader
     from .pack import ImagePack
     from .pack import open_pack as load
-    from .verify import VerifyConfig, verify
+    from .verify import VerifyConfig
+    from .verify import verify as verify_pack
 
 
 def __getattr__(name: str) -> Any:

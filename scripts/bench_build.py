@@ -1,0 +1,82 @@
+"""Build speed: decode+resize 640x480 JPEGs -> 224x224, for 1, 2 and all workers.
+
+Baseline, in the same run: a single-process Pillow loop (open, convert("RGB"),
+resize shorter side to 224 and centre-crop, to numpy) over the same files.
+
+    python scripts/bench_build.py [--images 4000] [--work /tmp/imgpack-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packer
+from _synth import dump, machine, make_jpeg_folder
+from packer.build import BuildConfig
+
+
+def pillow_loop(files: list[Path]) -> float:
+    t0 = time.perf_counter()
+    for f in files:
+        with Image.open(f) as im:
+            im = im.convert("RGB")
+            w, h = im.size
+            s = 224 / min(w, h)
+            im = im.resize((round(w * s), round(h * s)), Image.Resampling.BILINEAR)
+            w, h = im.size
+            left, top = (w - 224) // 2, (h - 224) // 2
+            np.asarray(im.crop((left, top, left + 224, top + 224)))
+    return len(files) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=4000)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-bench"))
+    args = ap.parse_args()
+    src = make_jpeg_folder(args.work / "jpeg640", args.images)
+    files = sorted(src.rglob("*.jpg"))
+    cores = os.cpu_count() or 1
+    # 1 and 2 workers get a subset sized to run a few seconds; rates are per image anyway.
+    plan = [(1, max(200, args.images // 16)), (2, max(400, args.images // 8)),
+            (cores, args.images)]
+    rows = []
+    base = statistics.median(pillow_loop(files[:300]) for _ in range(3))
+    for workers, n in plan:
+        sub = args.work / f"sub{n}"
+        if not sub.exists():
+            for f in files[:n]:
+                d = sub / f.parent.name
+                d.mkdir(parents=True, exist_ok=True)
+                os.link(f, d / f.name)
+        rates = []
+        for _ in range(2):
+            dst = args.work / f"pack_w{workers}"
+            shutil.rmtree(dst, ignore_errors=True)
+            r = packer.build_pack(sub, dst, BuildConfig(size=(224, 224), workers=workers, overwrite=True))
+            rates.append(r.count / r.seconds)
+        rows.append({"workers": workers, "images": n, "img_per_s": max(rates)})
+    one = rows[0]["img_per_s"]
+    print(f"\nbuild speed, 640x480 JPEG -> 224x224 crop, {cores} cores ({machine()})")
+    print("| workers | images | img/s | vs 1 worker | scaling efficiency | vs Pillow loop |")
+    print("|---|---|---|---|---|---|")
+    print(f"| Pillow loop (1 process, no draft) | 300 | {base:,.0f} | | | 1.00x |")
+    for r in rows:
+        sp = r["img_per_s"] / one
+        print(f"| {r['workers']} | {r['images']} | {r['img_per_s']:,.0f} | {sp:.2f}x | "
+              f"{sp / r['workers']:.0%} | {r['img_per_s'] / base:.2f}x |")
+    dump({"machine": machine(), "pillow_loop": base, "rows": rows}, "bench_build.json")
+
+
+if __name__ == "__main__":
+    main()

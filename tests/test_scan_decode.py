@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from conftest import write_image
+from packer.decode import ResizeSpec, decode, parse_size
+from packer.errors import DecodeError, InputError
+from packer.scan import scan_tree
+
+
+def test_classes_and_order_match_imagefolder(image_tree: Path) -> None:
+    (image_tree / "zebra" / "k.tiff").unlink()  # ImageFolder's extension list lacks .gif/.tif
+    (image_tree / "zebra" / "j.gif").unlink()
+    scan = scan_tree(image_tree)
+    ref = ImageFolder(str(image_tree))
+    assert scan.classes == ref.classes
+    assert [(str(image_tree / e.rel), e.label) for e in scan.entries] == ref.samples
+
+
+def test_flat_folder_labels_are_minus_one(tmp_path: Path) -> None:
+    for i, ext in enumerate(["a.JPG", "b.png", "c.Webp"]):
+        write_image(tmp_path / ext, seed=i)
+    (tmp_path / "readme.md").write_text("x")
+    scan = scan_tree(tmp_path)
+    assert scan.classes == []
+    assert [(e.rel, e.label) for e in scan.entries] == [("a.JPG", -1), ("b.png", -1), ("c.Webp", -1)]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing", "no such folder"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file, not a folder"),
+    (lambda p: p, "no images found"),
+])
+def test_bad_sources(tmp_path: Path, make, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        scan_tree(make(tmp_path))
+
+
+def test_symlink_loop_ends(tmp_path: Path) -> None:
+    write_image(tmp_path / "c" / "a.jpg")
+    os.symlink(tmp_path / "c", tmp_path / "c" / "loop")
+    assert [e.rel for e in scan_tree(tmp_path).entries] == ["c/a.jpg"]
+
+
+@pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])
+@pytest.mark.parametrize("size", [(4000, 50), (1, 1), (64, 48), (48, 64)])
+def test_output_shape_for_any_size(tmp_path: Path, mode: str, size: tuple[int, int]) -> None:
+    p = write_image(tmp_path / "x.png", size)
+    out = decode(str(p), ResizeSpec(32, 24, mode))
+    assert out.shape == (3, 24, 32) and out.dtype == np.uint8
+
+
+def test_pad_letterboxes_with_black(tmp_path: Path) -> None:
+    p = tmp_path / "white.png"
+    Image.new("RGB", (100, 50), (255, 255, 255)).save(p)
+    out = decode(str(p), ResizeSpec(40, 40, "pad"))
+    assert out[:, :9].max() == 0 and out[:, -9:].max() == 0  # 40x20 image centred, rows 10..29
+    assert out[:, 12:28].min() == 255
+
+
+def test_crop_takes_the_centre(tmp_path: Path) -> None:
+    a = np.zeros((20, 60, 3), np.uint8)
+    a[:, 16:44] = 255  # white centre third, plus the filter's reach of 2 px
+    Image.fromarray(a).save(tmp_path / "c.png")
+    out = decode(str(tmp_path / "c.png"), ResizeSpec(10, 10, "crop"))
+    assert out.min() == 255
+
+
+def test_exif_rotation_applied(tmp_path: Path) -> None:
+    a = np.zeros((20, 40, 3), np.uint8)
+    a[:, :20] = 255  # left half white, stored landscape
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to display
+    Image.fromarray(a).save(tmp_path / "r.jpg", exif=exif, quality=100)
+    out = decode(str(tmp_path / "r.jpg"), ResizeSpec(20, 40, "stretch"))
+    # displayed portrait: the white left half becomes the top half
+    assert out[:, :18].mean() > 200 and out[:, 22:].mean() < 50
+
+
+def test_alpha_flattened_onto_black(tmp_path: Path) -> None:
+    a = np.zeros((10, 10, 4), np.uint8)
+    a[..., :3] = 200
+    a[:, :5, 3] = 0  # left half transparent
+    a[:, 5:, 3] = 255
+    Image.fromarray(a, "RGBA").save(tmp_path / "a.png")
+    out = decode(str(tmp_path / "a.png"), ResizeSpec(10, 10, "stretch"))
+    assert out[:, :, :5].max() == 0 and out[:, :, 5:].min() == 200
+
+
+def test_16bit_scaled_not_clipped(tmp_path: Path) -> None:
+    a = np.array([[0, 1000, 32768, 65535]], dtype=np.uint16)
+    Image.fromarray(a).save(tmp_path / "g16.png")
+    assert Image.open(tmp_path / "g16.png").mode.startswith("I")
+    out = decode(str(tmp_path / "g16.png"), ResizeSpec(4, 1, "stretch"))
+    assert out[0, 0].tolist() == [0, 4, 128, 255]
+
+
+@pytest.mark.parametrize("mode", ["L", "P", "CMYK", "LA", "1"])
+def test_odd_modes_become_rgb(tmp_path: Path, mode: str) -> None:
+    fmt = "JPEG" if mode == "CMYK" else "PNG"
+    p = write_image(tmp_path / f"x.{fmt.lower()}", (30, 20), mode=mode, fmt=fmt)
+    out = decode(str(p), ResizeSpec(30, 20, "stretch"))
+    assert out.shape == (3, 20, 30)
+    if mode in ("L", "LA", "1"):
+        assert (out[0] == out[1]).all() and (out[1] == out[2]).all()
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "not an image"),
+    (b"hello, not an image", "not an image"),
+])
+def test_unusable_files(tmp_path: Path, content: bytes, reason: str) -> None:
+    (tmp_path / "bad.jpg").write_bytes(content)
+    with pytest.raises(DecodeError, match=reason):
+        decode(str(tmp_path / "bad.jpg"), ResizeSpec(8, 8))
+
+
+def test_truncated_jpeg_fails(tmp_path: Path) -> None:
+    p = write_image(tmp_path / "t.jpg", (200, 150), quality=95)
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DecodeError):
+        decode(str(p), ResizeSpec(8, 8))
+
+
+def test_decompression_bomb_refused_before_decoding(tmp_path: Path) -> None:
+    p = write_image(tmp_path / "big.png", (300, 300))
+    with pytest.raises(DecodeError, match="above the limit"):
+        decode(str(p), ResizeSpec(8, 8, max_pixels=10_000))
+
+
+@pytest.mark.parametrize("text, want", [("224", (224, 224)), ("320x240", (320, 240)),
+                                        (" 64X32 ", (64, 32))])
+def test_parse_size(text: str, want: tuple[int, int]) -> None:
+    assert parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "10x", "9000", "-5"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
