@@ -7,10 +7,13 @@ Data flow (see docs/ARCHITECTURE.md)::
     labels, manifest, tensordict meta -> rename the work folder into place
 
 Crash safety: everything is written in ``.<DST>.imgpack-partial`` beside DST.
-A worker writes its chunk of rows straight into the preallocated data file and
-fsyncs it before the parent records the chunk in ``journal.jsonl`` (fsynced).
-A rerun of the same command with the same inputs finds the journal and decodes
-only the chunks it does not list; anything else about the partial folder that
+A worker writes its chunk of rows straight into the preallocated data file
+(pwrite; the dataset is never held in RAM) and returns the chunk's SHA-256;
+the parent records it in ``journal.jsonl`` (fsynced). A rerun of the same
+command with the same inputs finds the journal, re-hashes the listed chunks
+(a chunk that did not reach the disk before a power loss is redone) and
+decodes only the rest; the data file is fsynced once, before the pack is
+assembled; anything else about the partial folder that
 does not match (other options, changed sources) starts it afresh. Nothing
 appears at DST until the whole pack is complete. A lock file beside DST keeps
 two builds from writing the same destination.
@@ -194,7 +197,6 @@ def _decode_chunk(task: tuple[int, int, list[str]]) -> tuple[int, list[list[Any]
     off, done = start * row, 0
     while done < len(mv):
         done += os.pwrite(_W["fd"], mv[done:], off + done)
-    os.fdatasync(_W["fd"])
     return chunk, skips, sizes, digest(mv)
 
 
@@ -239,7 +241,7 @@ def _prepare_work_dir(work: Path, fingerprint: str, total_bytes: int) -> dict[in
             same = False
         have_data = (work / ROWS_FILE).exists() or (work / DATA_DIR / IMAGES_FILE).exists()
         if same and have_data:
-            return _read_journal(work / JOURNAL)
+            return _read_journal(work / JOURNAL)  # checked against the data in _build_locked
         log.info("discarding %s: it was started with other inputs or options", work)
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -304,6 +306,15 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
               for k in range((n_total + block - 1) // block)]
     work = work_dir_for(dst)
     done = _prepare_work_dir(work, _fingerprint(scan, config), n_total * row)
+    if done and (work / ROWS_FILE).exists():
+        # The journal is fsynced per chunk, the data only at the end: after a power
+        # loss a listed chunk may not have reached the disk. Its SHA-256 tells.
+        with open(work / ROWS_FILE, "rb") as f:
+            for k in [k for k in done if k < len(chunks)]:
+                f.seek(chunks[k][1] * row)
+                if digest(f.read(len(chunks[k][2]) * row)) != done[k]["sha"]:
+                    log.info("chunk %d of %s did not reach the disk; redoing it", k, work)
+                    del done[k]
     pending = [c for c in chunks if c[0] not in done]
     resumed = sum(len(c[2]) for c in chunks if c[0] in done)
     if on_start:
@@ -363,6 +374,11 @@ def _finalize(scan: Scan, dst: Path, work: Path, config: BuildConfig,
     n = len(keep)
     images_path = work / DATA_DIR / IMAGES_FILE
     if (work / ROWS_FILE).exists():
+        fd = os.open(work / ROWS_FILE, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # all rows durable before anything depends on them
+        finally:
+            os.close(fd)
         if skip_reason:
             shas = _compact(work / ROWS_FILE, images_path, keep, row, block)
             os.remove(work / ROWS_FILE)

@@ -67,8 +67,9 @@ class Layout:
 
 
 def block_rows_for(count: int) -> int:
-    """Rows per checksum block: at most 256, and about 64 blocks for small packs."""
-    return max(1, min(256, math.ceil(count / 64)))
+    """Rows per checksum block (also the build's unit of work): at most 64, about
+    256 blocks for small packs, so every worker gets many small tasks."""
+    return max(1, min(64, math.ceil(count / 256)))
 
 
 def digest(data: bytes | memoryview) -> str:

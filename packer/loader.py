@@ -3,8 +3,9 @@
 The hot path, per batch (CUDA)::
 
     background thread: pick a free pinned buffer -> T threads gather random rows
-    from the page-cached memmap into it (np.take, GIL released, memcpy per row)
-    -> async H2D copy on a side stream -> event -> bounded queue
+    from the page-cached memmap into it (np.take, GIL released, memcpy per row;
+    several batches in flight so no thread waits at a batch boundary)
+    -> in order: async H2D copy on a side stream -> event -> bounded queue
     consumer: queue.get -> current stream waits on the event (the GPU waits,
     never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
 
@@ -17,6 +18,7 @@ streams, giving fresh tensors each batch.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import itertools
@@ -25,7 +27,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -279,13 +281,16 @@ class _EpochIterator:
         self.thread.start()
 
     # ---- producer side
-    def _gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+    def _submit(self, idx: np.ndarray, out: np.ndarray) -> list[Future[Any]]:
+        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads."""
         pool = self.loader._thread_pool()
         parts = min(self.loader.num_threads, max(1, len(idx) // 8))
         bounds = np.linspace(0, len(idx), parts + 1).astype(int)
-        futs = [pool.submit(np.take, self.src, idx[a:b], 0, out[a:b], "clip")
+        return [pool.submit(np.take, self.src, idx[a:b], 0, out[a:b], "clip")
                 for a, b in itertools.pairwise(bounds) if b > a]
-        for f in futs:
+
+    def _gather(self, idx: np.ndarray, out: np.ndarray) -> None:
+        for f in self._submit(idx, out):
             f.result()
 
     def _put(self, item: Any) -> bool:
@@ -325,6 +330,12 @@ class _EpochIterator:
                 return
 
     def _run_cuda(self) -> None:
+        """Gather several batches at once (one pinned slot each), ship them in order.
+
+        Up to ``prefetch`` batches are being gathered by the thread pool at a
+        time, so gather threads never idle at a batch boundary. A slot is
+        refilled only after the H2D copy out of it has completed.
+        """
         ld = self.loader
         dev = ld.device
         k, bs = ld.prefetch, ld.batch_size
@@ -332,12 +343,14 @@ class _EpochIterator:
         pinned_lab = [torch.empty((bs,), dtype=torch.int64).pin_memory() for _ in range(k)]
         freed: list[torch.cuda.Event | None] = [None] * k
         stream = torch.cuda.Stream(dev)
-        for b, idx in enumerate(self._batches()):
-            s, n = b % k, len(idx)
-            if freed[s] is not None:
-                freed[s].synchronize()  # the copy out of this buffer is done
+        pending: collections.deque[tuple[np.ndarray, int, list[Future[Any]]]] = collections.deque()
+
+        def ship() -> bool:
+            idx, s, futs = pending.popleft()
+            for f in futs:
+                f.result()
+            n = len(idx)
             buf, lab = pinned[s][:n], pinned_lab[s][:n]
-            self._gather(idx, buf.numpy().reshape(n, -1))
             np.take(self.labels, idx, out=lab.numpy(), mode="clip")
             with torch.cuda.stream(stream):
                 images = buf.to(dev, non_blocking=True)
@@ -345,7 +358,21 @@ class _EpochIterator:
                 ev = torch.cuda.Event()
                 ev.record(stream)
             freed[s] = ev
-            if not self._put((images, labels, ev)):
+            return self._put((images, labels, ev))
+
+        for b, idx in enumerate(self._batches()):
+            s = b % k
+            if len(pending) == k and not ship():
+                return
+            if freed[s] is not None:
+                freed[s].synchronize()  # the copy out of this slot is done
+            n = len(idx)
+            pending.append((idx, s, self._submit(idx, pinned[s][:n].numpy().reshape(n, -1))))
+            while pending and all(f.done() for f in pending[0][2]):
+                if not ship():
+                    return
+        while pending:
+            if not ship():
                 return
         stream.synchronize()
 

@@ -69,10 +69,12 @@ def host_to_pinned(threads: int, nbytes: int = 1 << 30) -> float:
 
 
 def stream(pack: packer.ImagePack, bs: int, threads: int = 8, resident: bool = False,
-           populate: bool = False, max_images: int = 40_000) -> float:
+           populate: bool = False, prefetch: int = 4, consume: bool = True,
+           max_images: int = 40_000) -> float:
+    """Median img/s; ``consume``: run Normalize on each batch (else only receive it)."""
     loader = packer.PackLoader(pack, bs, device="cuda", num_threads=threads, resident=resident,
-                               populate=populate, seed=0)
-    norm = packer.Normalize().cuda()
+                               populate=populate, prefetch=prefetch, seed=0)
+    norm = packer.Normalize().cuda() if consume else (lambda x: x)
     limit = max(1, min(len(loader), max_images // bs))
     for i, (x, _y) in enumerate(loader):  # warm-up
         norm(x)
@@ -124,11 +126,15 @@ def main() -> None:
         run(f"224^2 batch {bs}, 8 threads", 224, bs, threads=8)
     for t in (4, 16):
         run(f"224^2 batch 256, {t} threads", 224, 256, threads=t)
+    run("224^2 batch 256, 8 threads, prefetch 8", 224, 256, threads=8, prefetch=8)
+    run("224^2 batch 1024, 8 threads, prefetch 8", 224, 1024, threads=8, prefetch=8)
     run("224^2 batch 256, 8 threads, populate", 224, 256, threads=8, populate=True)
     for side in (64, 512):
         run(f"{side}^2 batch 256, 8 threads", side, 256, threads=8)
     run("224^2 batch 256, GPU-resident", 224, 256, resident=True)
     run("224^2 batch 1024, GPU-resident", 224, 1024, resident=True)
+    run("224^2 batch 1024, GPU-resident, no Normalize", 224, 1024, resident=True, consume=False)
+    run("224^2 batch 256, 8 threads, no Normalize", 224, 256, threads=8, consume=False)
     res["rows"] = rows
     host8 = lim["host_to_pinned_8t_GBps"]
     print(f"\nstreaming to CUDA ({machine()})")

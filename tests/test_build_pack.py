@@ -129,7 +129,8 @@ def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, sizes, ta
     build(src, root / "p", BuildConfig(size=target, resize=mode, workers=1))
     pack = packer.load(root / "p")
     spec = ResizeSpec(target[0], target[1], mode)
-    assert len(pack) == len(sizes) and pack.labels.tolist() == [-1] * len(sizes)
+    assert len(pack) == len(sizes), pack.manifest["skipped"]
+    assert pack.labels.tolist() == [-1] * len(sizes)
     for i, rel in enumerate(pack.sources):
         assert np.array_equal(pack.images[i].numpy(), decode(str(src / rel), spec))
 
