@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import cli
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
+def test_every_command_has_help_with_examples(runner: CliRunner, command: str) -> None:
+    r = runner.invoke(cli, [command, "--help"])
+    assert r.exit_code == 0
+    assert cli.commands[command].help and "Examples:" in r.output
+
+
+def test_build_json_and_info_json(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "p"
+    r = runner.invoke(cli, ["build", str(image_tree), str(dst), "--size", "16x12", "--workers", "1",
+                            "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["count"] == 13 and out["image_shape"] == [3, 12, 16]
+    assert out["classes"] == ["cat", "dog", "zebra"] and out["skipped"] == []
+    assert {"count", "skipped", "classes", "image_shape", "seconds"} <= out.keys()
+    r = runner.invoke(cli, ["info", str(dst), "--json"])
+    info = json.loads(r.stdout)
+    assert info["class_counts"] == {"cat": 4, "dog": 4, "zebra": 5}
+    assert info["bytes"] > 13 * 3 * 12 * 16
+    assert {"count", "image_shape", "classes", "class_counts", "bytes", "skipped"} <= info.keys()
+
+
+def test_strict_build_exits_1_on_skips(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
+    (image_tree / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1",
+                            "--strict", "-q"])
+    assert r.exit_code == 1
+    assert (tmp_path / "p").is_dir()  # the pack is still written
+
+
+@pytest.mark.parametrize("args, line", [
+    (["build", "{tmp}/missing", "{tmp}/p"], "Error: {tmp}/missing: no such folder; check the path"),
+    (["build", "{tmp}/file.txt", "{tmp}/p"],
+     "Error: {tmp}/file.txt: is a file, not a folder; give the folder that holds the images"),
+    (["build", "{tmp}/empty", "{tmp}/p"], "Error: {tmp}/empty: no images found"),
+    (["build", "{src}", "{src}/inner"], "Error: {src}/inner: the pack would be inside its source"),
+    (["info", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack"),
+    (["compress", "{src}", "{tmp}/c", "--quality", "40"],
+     "Error: --quality must be 2 (best) to 31 (worst), not 40"),
+    (["verify", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack; check the path"),
+])
+def test_user_errors_exit_2_with_one_line(runner: CliRunner, image_tree: Path, tmp_path: Path,
+                                          args: list[str], line: str) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    fmt = {"tmp": str(tmp_path), "src": str(image_tree)}
+    r = runner.invoke(cli, [a.format(**fmt) for a in args])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(line.format(**fmt))
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args", [["--size", "0"], ["--size", "abc"], ["--workers", "0"],
+                                  ["--resize", "zoom"]])
+def test_bad_option_values_exit_2(runner: CliRunner, image_tree: Path, tmp_path: Path,
+                                  args: list[str]) -> None:
+    r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), *args])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_existing_pack_refused(runner: CliRunner, packed: Path, image_tree: Path) -> None:
+    r = runner.invoke(cli, ["build", str(image_tree), str(packed)])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == f"Error: {packed}: a pack already exists; pass --overwrite to replace it"
+
+
+def test_ctrl_c_says_how_to_resume(runner: CliRunner, image_tree: Path, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.build
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.build, "build", interrupted)
+    r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p")])
+    assert r.exit_code == 130 and "run the same command again to resume" in r.stderr
+
+
+def test_verify_cli_ok_and_json(runner: CliRunner, packed: Path) -> None:
+    r = runner.invoke(cli, ["verify", str(packed), "--device", "cpu", "--batch-size", "4",
+                            "--batches", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["ok"] is True and out["pack_images_per_s"] > 0
+    assert out["folder_images_per_s"] > 0 and out["speedup"] > 0
+    assert [c["name"] for c in out["checks"]] == ["manifest", "files", "images", "labels", "sources"]

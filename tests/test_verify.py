@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_image
+from packer.cli import cli
+from packer.verify import VerifyConfig, verify
+
+NO_SPEED = VerifyConfig(throughput=False, sample=None)
+
+
+def failed(report) -> dict[str, str]:
+    return {c["name"]: c["detail"] for c in report.checks if not c["ok"]}
+
+
+def test_good_pack_passes(packed: Path) -> None:
+    r = verify(packed, NO_SPEED)
+    assert r.ok and [c["name"] for c in r.checks][-1] == "sources"
+
+
+def test_flipped_byte_is_found_and_located(packed: Path) -> None:
+    data = packed / "_tensordict" / "images.memmap"
+    b = bytearray(data.read_bytes())
+    row = 3 * 24 * 32
+    b[5 * row + 100] ^= 0x01  # image 5
+    data.write_bytes(bytes(b))
+    r = verify(packed, VerifyConfig(throughput=False, source=None, use_recorded_source=False))
+    assert not r.ok
+    assert "block 5 (images 5-5: dog/g.webp)" in failed(r)["images"]
+
+
+def test_truncated_data_file(packed: Path) -> None:
+    data = packed / "_tensordict" / "images.memmap"
+    data.write_bytes(data.read_bytes()[:-10])
+    r = verify(packed, NO_SPEED)
+    assert "is 29,942 bytes, the manifest says 29,952" in failed(r)["files"]
+
+
+def test_deleted_and_edited_sources_named(packed: Path, image_tree: Path) -> None:
+    (image_tree / "cat" / "a.jpg").unlink()
+    write_image(image_tree / "dog" / "e.jpg", (64, 64), seed=99)
+    r = verify(packed, NO_SPEED)
+    detail = failed(r)["sources"]
+    assert "1 missing: cat/a.jpg" in detail and "1 changed since the build: dog/e.jpg" in detail
+
+
+def test_manifest_that_disagrees_with_data(packed: Path) -> None:
+    m = json.loads((packed / "imgpack.json").read_text())
+    m["count"] = 12
+    m["sources"] = m["sources"][:12]
+    m["source_sizes"] = m["source_sizes"][:12]
+    (packed / "imgpack.json").write_text(json.dumps(m))
+    r = verify(packed, NO_SPEED)
+    assert "the manifest says" in failed(r)["files"]
+
+
+def test_label_out_of_range(packed: Path) -> None:
+    import numpy as np
+
+    lab = packed / "_tensordict" / "labels.memmap"
+    a = np.frombuffer(lab.read_bytes(), "<i8").copy()
+    a[2] = 9
+    lab.write_bytes(a.tobytes())
+    r = verify(packed, NO_SPEED)
+    assert "checksum mismatch" in failed(r)["labels"] and "outside [0, 2]" in failed(r)["labels"]
+
+
+def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
+    shutil.rmtree(image_tree)
+    r = verify(packed, VerifyConfig(throughput=False, source=image_tree))
+    assert "source folder not found" in failed(r)["sources"]
+
+
+def test_cli_exit_1_names_the_problem(packed: Path) -> None:
+    data = packed / "_tensordict" / "images.memmap"
+    b = bytearray(data.read_bytes())
+    b[-1] ^= 0xFF
+    data.write_bytes(bytes(b))
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--no-speed"])
+    assert r.exit_code == 1
+    assert "FAIL  images    checksum mismatch in 1 of 13 blocks: block 12" in r.output
+
+
+def test_plot_is_written(packed: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "v.png"
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--device", "cpu", "--batch-size", "4",
+                                 "--batches", "1", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
