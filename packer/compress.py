@@ -40,7 +40,7 @@ from PIL import Image
 
 from .build import default_workers
 from .errors import FFmpegError, InputError, UsageError
-from .scan import IMAGE_EXTENSIONS, is_image_name
+from .scan import IMAGE_EXTENSIONS, walk_images
 
 log = logging.getLogger(__name__)
 
@@ -108,21 +108,11 @@ def _list_images(src: Path) -> list[str]:
         raise InputError(f"{src}: no such folder; check the path")
     if not src.is_dir():
         raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
-    out: list[str] = []
-    seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
-        st = os.stat(dirpath)
-        if (st.st_dev, st.st_ino) in seen:
-            dirnames[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirnames.sort()
-        rel = Path(os.path.relpath(dirpath, src))
-        out.extend((rel / f).as_posix() for f in sorted(filenames) if is_image_name(f))
+    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src)]
     if not out:
         raise InputError(f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in "
                          "any case)")
-    return [p[2:] if p.startswith("./") else p for p in out]
+    return out
 
 
 def output_names(rels: list[str]) -> dict[str, str]:

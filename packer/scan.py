@@ -47,7 +47,7 @@ def is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def _walk_images(top: Path) -> list[str]:
+def walk_images(top: Path) -> list[str]:
     """Image paths under ``top`` as absolute strings, ImageFolder's order, loop-safe."""
     found: list[tuple[str, str]] = []
     seen: set[tuple[int, int]] = set()
@@ -94,7 +94,7 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
             log.warning("%s: %d image(s) directly in the root are ignored (ImageFolder layout: "
                         "images go in class folders)", root, len(loose))
         for label, name in enumerate(classes):
-            for path in _walk_images(root / name):
+            for path in walk_images(root / name):
                 entries.append(Entry(Path(os.path.relpath(path, root)).as_posix(), label))
     else:
         for e in top:
