@@ -68,6 +68,16 @@ class _Bar:
             self.bar.close()
 
 
+def _run_with_bar(desc: str, quiet: bool, as_json: bool, run: Callable[..., Any]) -> Any:
+    """Run a library call that reports ``on_start``/``progress``, drawing a tqdm bar on stderr."""
+    _setup_logging(quiet or as_json)
+    bar = _Bar(desc, "img", quiet)
+    try:
+        return run(progress=bar.update, on_start=bar.start)
+    finally:
+        bar.close()
+
+
 def _setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
@@ -150,14 +160,10 @@ def build(src: Path, dst: Path, size: tuple[int, int], resize: str, workers: int
     from .build import BuildConfig
     from .build import build as run_build
 
-    _setup_logging(quiet or as_json)
-    bar = _Bar("build", "img", quiet)
     config = BuildConfig(size=size, resize=resize, workers=workers, overwrite=overwrite,
                          max_pixels=max_pixels)
-    try:
-        result = run_build(src, dst, config, progress=bar.update, on_start=bar.start)
-    finally:
-        bar.close()
+    result = _run_with_bar("build", quiet, as_json,
+                           functools.partial(run_build, src, dst, config))
     if as_json:
         _emit_json(result.to_json())
     elif not quiet:
@@ -247,14 +253,10 @@ def compress(src: Path, dst: Path, quality: int, max_side: int | None, workers: 
     from .compress import CompressConfig
     from .compress import compress as run_compress
 
-    _setup_logging(quiet or as_json)
-    bar = _Bar("compress", "img", quiet)
     config = CompressConfig(quality=quality, max_side=max_side, workers=workers,
                             overwrite=overwrite)
-    try:
-        result = run_compress(src, dst, config, progress=bar.update, on_start=bar.start)
-    finally:
-        bar.close()
+    result = _run_with_bar("compress", quiet, as_json,
+                           functools.partial(run_compress, src, dst, config))
     if as_json:
         _emit_json(result.to_json())
     elif not quiet:
