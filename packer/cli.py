@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,8 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import PackerError
+from .bench import SECTIONS
+from .errors import PackerError, UsageError
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -68,10 +71,11 @@ class _Bar:
             self.bar.close()
 
 
-def _run_with_bar(desc: str, quiet: bool, as_json: bool, run: Callable[..., Any]) -> Any:
+def _run_with_bar(desc: str, quiet: bool, as_json: bool, run: Callable[..., Any],
+                  unit: str = "img") -> Any:
     """Run a library call that reports ``on_start``/``progress``, drawing a tqdm bar on stderr."""
     _setup_logging(quiet or as_json)
-    bar = _Bar(desc, "img", quiet)
+    bar = _Bar(desc, unit, quiet)
     try:
         return run(progress=bar.update, on_start=bar.start)
     finally:
@@ -346,6 +350,88 @@ def verify(pack: Path, source: Path | None, no_source: bool, sample: int | None,
                 click.echo(f"  speedup {report.speedup:.1f}x")
         click.echo("\nOK" if report.ok else "\nFAILED", err=not report.ok)
     sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
+
+
+@cli.command()
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA if present), cpu, cuda, cuda:N.")
+@click.option("--quick", is_flag=True,
+              help="A reduced grid: well under a minute on a CPU (for a first look, and CI).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Folder for the plots, results.md and results.json "
+                   "[default: ./imgpack-bench-DATE-TIME].")
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="Measure loading on an even sample of your own images instead of synthetic ones.")
+@click.option("--only", default=",".join(SECTIONS), show_default=True,
+              help="Comma-separated experiments to run.")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="DataLoader workers and build/compress processes [default: min(16, cores); "
+                   "2 with --quick].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every point.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@handle_errors
+def bench(device: str, quick: bool, out: Path | None, source: Path | None, only: str,
+          workers: int | None, as_json: bool, quiet: bool) -> None:
+    """Measure, on this machine, what imgpack is built on; write plots and tables.
+
+    \b
+    1. transfer  uint8 vs float16 vs float32 batches to the device, pinned vs
+                 pageable memory, x.cuda().half() vs x.half().cuda(), over
+                 batch sizes 8-256 and images of 384x384, 640x480, 1280x960.
+    2. loading   the JPEG folder (ImageFolder + Pillow), the same folder after
+                 `imgpack compress`, the pack on the CPU, the pack streamed to
+                 the device: images/s over batch sizes.
+    3. training  ResNet-18 (bf16 autocast) fed by each loader, against
+                 batches already on the GPU. CUDA only.
+
+    Synthetic photo-like JPEGs are made in a temporary folder (removed at the
+    end), or an even sample of --source. Medians of repeats after warm-up,
+    with the device synchronized before every clock read. The full grid says
+    how long it expects to take before it starts.
+
+    \b
+    Examples:
+      imgpack bench --quick                       # a first look, under a minute
+      imgpack bench --device cuda --out bench/    # the full grid, with plots
+      imgpack bench --only loading --source ~/data/train --json > loading.json
+    """
+    from .bench import BenchConfig, count_points, estimate_seconds, to_markdown
+    from .bench import bench as run_bench
+    from .plots import plot_bench
+    from .timing import resolve_device
+
+    sections = tuple(s.strip() for s in only.split(",") if s.strip())
+    config = BenchConfig(device=device, quick=quick, source=source, workers=workers,
+                         sections=sections)
+    config.validate()
+    if out is None:
+        out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: --out must be a folder, and this is a file")
+    dev = resolve_device(device)
+    if not quiet:
+        cuda = dev.startswith("cuda")
+        est = estimate_seconds(config, os.cpu_count() or 1, cuda)
+        took = f"{est / 60:.0f} min" if est > 90 else f"{est:.0f} s"
+        click.echo(f"imgpack bench{' --quick' if quick else ''} on {dev}: "
+                   f"{count_points(config, cuda)} points, expected to take about {took}",
+                   err=True)
+    result = _run_with_bar("bench", quiet, as_json, functools.partial(run_bench, config),
+                           unit="pt")
+    r = result.to_json()
+    out.mkdir(parents=True, exist_ok=True)
+    files = [str(p) for p in plot_bench(r, out)]
+    for name, text in (("results.md", to_markdown(r)), ("results.json", json.dumps(r, indent=1))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text + "\n")
+        os.replace(tmp, out / name)
+        files.append(str(out / name))
+    if as_json:
+        _emit_json({**r, "files": files})
+    else:
+        click.echo(to_markdown(r))
+        if not quiet:
+            click.echo(f"Wrote {', '.join(files)}", err=True)
 
 
 def main() -> None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import numpy as np
 from .decode import ResizeSpec, decode
 from .errors import DecodeError, PackerError, UsageError
 from .format import Layout, check_files, digest, image_bytes, read_manifest
+from .timing import check_device_name, resolve_device, sync, time_loader
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,7 @@ class VerifyConfig:
             raise UsageError("--batch-size must be at least 1")
         if self.sample is not None and self.sample < 0:
             raise UsageError("--sample must be a positive number or 'all'")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise UsageError(f"--device must be auto, cpu or cuda, not {self.device!r}")
+        check_device_name(self.device)
 
 
 @dataclass
@@ -91,16 +89,6 @@ class VerifyReport:
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(float(x), 2)
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
-    return device
 
 
 # ---------------------------------------------------------------- integrity
@@ -194,40 +182,6 @@ def check_sources(root: Path, m: dict[str, Any], source: Path, sample: int | Non
 # ---------------------------------------------------------------- throughput
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _time_loader(make_iter: Callable[[], Any], consume: Callable[[Any], Any], device: str,
-                 batches: int, repeats: int, warmup: int = 3) -> float:
-    """Median images/s of ``repeats`` runs of ``batches`` batches, after warm-up."""
-    it = make_iter()
-
-    def next_batch() -> Any:
-        nonlocal it
-        try:
-            return next(it)
-        except StopIteration:
-            it = make_iter()
-            return next(it)
-
-    for _ in range(warmup):
-        consume(next_batch())
-    rates = []
-    for _ in range(repeats):
-        _sync(device)
-        t0, count = time.perf_counter(), 0
-        for _ in range(batches):
-            x = consume(next_batch())
-            count += len(x)
-        _sync(device)
-        rates.append(count / (time.perf_counter() - t0))
-    return float(np.median(rates))
-
-
 class _Files:
     """A dataset over explicit files (used when the pack has no classes)."""
 
@@ -245,7 +199,12 @@ class _Files:
 
 
 def folder_dataset(source: Path, m: dict[str, Any]) -> Any:
-    """The source folder as a user would load it: ImageFolder + torchvision transforms."""
+    """The source folder as a user would load it: ImageFolder + torchvision transforms.
+
+    ``m`` is a manifest, or any dict with its ``image_shape``, ``resize``,
+    ``classes`` and (without classes) ``sources``. Items: (Tensor[3, H, W]
+    float32, normalized with ImageNet's mean and std, label).
+    """
     from torchvision import datasets, transforms
 
     _, h, w = m["image_shape"]
@@ -273,7 +232,7 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
     pack = open_pack(root)
     norm = Normalize().to(device)
     loader = PackLoader(pack, config.batch_size, device=device, seed=0)
-    report.pack_images_per_s = _time_loader(lambda: iter(loader), lambda b: norm(b[0]), device,
+    report.pack_images_per_s = time_loader(lambda: iter(loader), lambda b: norm(b[0]), device,
                                             config.batches, config.repeats)
     if trace is not None:
         from torch.profiler import ProfilerActivity, profile
@@ -284,7 +243,7 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
                 norm(x)
                 if i == 5:
                     break
-            _sync(device)
+            sync(device)
         prof.export_chrome_trace(str(trace))
     loader.close()
     if source is None:
@@ -294,7 +253,7 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
     dl = torch.utils.data.DataLoader(ds, batch_size=config.batch_size, shuffle=True,
                                      num_workers=workers, pin_memory=device != "cpu",
                                      persistent_workers=workers > 0)
-    report.folder_images_per_s = _time_loader(
+    report.folder_images_per_s = time_loader(
         lambda: iter(dl), lambda b: b[0].to(device, non_blocking=True), device,
         config.batches, config.repeats)
 

@@ -1,0 +1,98 @@
+"""Clocks done right, shared by ``verify`` and ``bench``.
+
+Every timed region starts and ends with the device synchronized (CUDA work is
+asynchronous: a clock read without a sync measures the launch, not the work),
+follows a warm-up, and is repeated; callers report the median.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import UsageError
+
+
+def check_device_name(device: str) -> None:
+    """Refuse a device name other than auto, cpu, cuda, cuda:N (no torch import)."""
+    if device not in ("auto", "cpu", "cuda") and not (
+            device.startswith("cuda:") and device[5:].isdigit()):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; refuse CUDA without one."""
+    import torch
+
+    check_device_name(device)
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
+    return device
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], Any], device: str, *, repeats: int = 5,
+              target_s: float = 0.05, max_calls: int = 1000) -> float:
+    """Median seconds per call of ``fn``.
+
+    Two warm-up calls (the second also sizes the repeat), then ``repeats``
+    timed runs of k calls each, k chosen so a run lasts about ``target_s``:
+    short calls are not lost in clock resolution and launch overhead.
+    """
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    once = max(time.perf_counter() - t0, 1e-7)
+    k = max(1, min(max_calls, math.ceil(target_s / once)))
+    runs = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        sync(device)
+        runs.append((time.perf_counter() - t0) / k)
+    return statistics.median(runs)
+
+
+def time_loader(make_iter: Callable[[], Any], consume: Callable[[Any], Any], device: str,
+                batches: int, repeats: int, warmup: int = 3) -> float:
+    """Median images/s of ``repeats`` runs of ``batches`` batches, after warm-up.
+
+    ``make_iter()`` starts a new pass when one ends, so a run may cross epochs
+    (as training does); ``consume(batch)`` returns the images it used.
+    """
+    it = make_iter()
+
+    def next_batch() -> Any:
+        nonlocal it
+        try:
+            return next(it)
+        except StopIteration:
+            it = make_iter()
+            return next(it)
+
+    for _ in range(warmup):
+        consume(next_batch())
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        t0, count = time.perf_counter(), 0
+        for _ in range(batches):
+            count += len(consume(next_batch()))
+        sync(device)
+        rates.append(count / (time.perf_counter() - t0))
+    return statistics.median(rates)

@@ -1,0 +1,146 @@
+"""``imgpack bench``: the quick grid on the CPU, its outputs, its errors, its clocks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from packer.bench import BenchConfig, count_points, to_markdown
+from packer.cli import cli
+from packer.plots import plot_bench
+from packer.synth import make_jpeg_tree
+from packer.timing import time_call
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, ["bench", *args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_quick_cpu_measures_every_point_and_writes_plots(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    code, stdout, _ = run("--quick", "--device", "cpu", "--out", str(out), "--json", "-q")
+    assert code == 0, stdout
+    r = json.loads(stdout)
+    assert r["device"] == "cpu" and r["quick"]
+    # 2 image sizes x 2 batch sizes x 3 dtypes (pageable only: pinning needs CUDA)
+    assert len(r["transfer"]) == 12
+    assert {p["dtype"] for p in r["transfer"]} == {"uint8", "float16", "float32"}
+    assert all(p["images_per_s"] > 0 and p["gb_per_s"] > 0 for p in r["transfer"])
+    # both orders of conversion, to both float types
+    assert len(r["conversion"]) == 16
+    assert {p["convert_on"] for p in r["conversion"]} == {"device", "host"}
+    loaders = {p["loader"] for p in r["loading"]}
+    assert len(loaders) == 3 and len(r["loading"]) == 6, loaders
+    assert any(name.startswith("compressed folder") for name in loaders)
+    assert all(p["images_per_s"] > 0 for p in r["loading"])
+    assert r["dataset"]["images"] == 64
+    assert r["dataset"]["compressed_bytes"] < r["dataset"]["original_bytes"]
+    assert r["training"] == []
+    assert r["skipped"] == [{"section": "training", "what": "all",
+                             "reason": "training runs on CUDA only; use a machine with a GPU"}]
+    names = sorted(Path(f).name for f in r["files"])
+    assert names == ["conversion.png", "loading.png", "results.json", "results.md",
+                     "transfer.png"]
+    for name in ("conversion.png", "loading.png", "transfer.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    assert json.loads((out / "results.json").read_text())["transfer"] == r["transfer"]
+    md = (out / "results.md").read_text()
+    assert "## Loading" in md and "| pack on CPU (PackLoader) |" in md
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_source_sample_of_user_images(tmp_path: Path) -> None:
+    src = tmp_path / "mine"
+    make_jpeg_tree(src, 40, (96, 72), classes=2, threads=2)
+    (src / "class_0" / "notes.txt").write_text("not an image")
+    code, stdout, _ = run("--quick", "--device", "cpu", "--only", "loading", "--source", str(src),
+                          "--out", str(tmp_path / "o"), "--json", "-q")
+    assert code == 0, stdout
+    r = json.loads(stdout)
+    assert r["dataset"]["images"] == 40
+    assert str(src) in r["dataset"]["kind"]
+    assert r["transfer"] == [] and len(r["loading"]) == 6
+    assert src.joinpath("class_0", "notes.txt").exists()  # the user's folder is untouched
+    assert len(list(src.rglob("*.jpg"))) == 40
+
+
+def test_markdown_lists_all_loaders_without_json(tmp_path: Path) -> None:
+    code, stdout, stderr = run("--quick", "--device", "cpu", "--only", "transfer",
+                               "--out", str(tmp_path / "o"))
+    assert code == 0, stderr
+    assert stdout.startswith("# imgpack bench --quick")
+    assert "| uint8 pageable |" in stdout and "| x.half().to('cpu') |" in stdout
+    assert "points, expected to take about" in stderr
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--only", "transfer,gpu"], "Error: sections must be some of transfer, loading, "
+                                 "training; got gpu"),
+    (["--device", "tpu"], "Error: --device must be auto, cpu, cuda or cuda:N, not 'tpu'"),
+    (["--source", "/no/such/dir"], "Error: /no/such/dir: --source must be a folder of images"),
+])
+def test_bad_options_exit_2(args: list[str], error: str) -> None:
+    code, _, stderr = run("--quick", *args)
+    assert code == 2
+    assert stderr.strip().splitlines()[-1] == error
+
+
+def test_out_must_be_a_folder(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, _, stderr = run("--quick", "--device", "cpu", "--out", str(f))
+    assert code == 2 and f"Error: {f}: --out must be a folder" in stderr
+
+
+def test_source_without_images(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    code, _, stderr = run("--quick", "--device", "cpu", "--only", "loading",
+                          "--source", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "no image" in stderr.lower(), stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA message")
+def test_cuda_without_gpu() -> None:
+    code, _, stderr = run("--quick", "--device", "cuda")
+    assert code == 2
+    assert "Error: --device cuda, but torch sees no CUDA device" in stderr
+
+
+def test_plots_and_table_cover_training(tmp_path: Path) -> None:
+    """The training chart and table (a CUDA-only section) from a hand-made result."""
+    base = {"device": "cuda", "device_name": "Test GPU", "quick": False, "seconds": 1.0,
+            "machine": {"cores": 4, "date": "2026-11-22", "torch": "x"},
+            "grid": {"repeats": 3}, "transfer": [], "conversion": [], "loading": [],
+            "dataset": {}, "skipped": []}
+    base["training"] = [
+        {"loader": "batches already on the GPU (ceiling)", "batch": 256, "images_per_s": 1000.0,
+         "of_ceiling": 1.0},
+        {"loader": "pack to cuda (PackLoader)", "batch": 256, "images_per_s": 990.0,
+         "of_ceiling": 0.99}]
+    files = plot_bench(base, tmp_path)
+    assert [f.name for f in files] == ["training.png"]
+    assert files[0].read_bytes()[:8] == PNG
+    md = to_markdown(base)
+    assert "| pack to cuda (PackLoader) | 990 | 99.0% |" in md
+
+
+def test_point_count_matches_the_grid() -> None:
+    cfg = BenchConfig(quick=True, device="cpu")
+    # transfer 2x2x(3 + 4), loading 2 batches x 3 loaders, no training on CPU
+    assert count_points(cfg, cuda=False) == 28 + 6
+    # with CUDA: pinned series, a 4th loader, and training
+    assert count_points(cfg, cuda=True) == 2 * 2 * (6 + 4) + 2 * 4 + 4
+
+
+def test_time_call_runs_warmup_then_equal_repeats() -> None:
+    calls = []
+    sec = time_call(lambda: calls.append(1), "cpu", repeats=5, target_s=0.0)
+    assert sec > 0
+    assert len(calls) == 2 + 5  # target 0: one call per repeat
