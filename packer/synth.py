@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw
 
 
 def synth_image(seed: int, width: int, height: int) -> Image.Image:
@@ -21,14 +21,16 @@ def synth_image(seed: int, width: int, height: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     grid = rng.integers(0, 256, (int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3),
                         dtype=np.uint8)
-    im = Image.fromarray(grid).resize((width, height), Image.Resampling.BICUBIC)
+    # shapes drawn at a quarter of the size, then scaled up: soft, photo-like edges
+    sw, sh = max(1, width // 4), max(1, height // 4)
+    im = Image.fromarray(grid).resize((sw, sh), Image.Resampling.BICUBIC)
     draw = ImageDraw.Draw(im)
     for _ in range(int(rng.integers(3, 9))):
-        x0, x1 = sorted(rng.integers(0, width, 2).tolist())
-        y0, y1 = sorted(rng.integers(0, height, 2).tolist())
+        x0, x1 = sorted(rng.integers(0, sw, 2).tolist())
+        y0, y1 = sorted(rng.integers(0, sh, 2).tolist())
         fill = tuple(rng.integers(0, 256, 3).tolist())
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=fill)
-    im = im.filter(ImageFilter.GaussianBlur(radius=max(1.0, width / 800)))
+    im = im.resize((width, height), Image.Resampling.BICUBIC)
     # texture at two scales: blotches a few pixels wide, and sensor-like grain
     coarse = rng.normal(0, 10, (max(1, height // 4), max(1, width // 4), 3)).astype(np.float32)
     coarse_im = Image.fromarray(np.clip(coarse + 128, 0, 255).astype(np.uint8))

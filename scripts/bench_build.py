@@ -1,7 +1,10 @@
 """Build speed: decode+resize 640x480 JPEGs -> 224x224, for 1, 2 and all workers.
 
 Baseline, in the same run: a single-process Pillow loop (open, convert("RGB"),
-resize shorter side to 224 and centre-crop, to numpy) over the same files.
+resize shorter side to 224 and centre-crop, to numpy) over the same files. And the
+machine's own parallel limit: 1..all independent processes each running imgpack's
+decode on its own files with no pack, no writes and no coordination: how far
+``imgpack build`` could scale on this hardware at best.
 
     python scripts/bench_build.py [--images 4000] [--work /tmp/imgpack-bench]
 """
@@ -39,6 +42,35 @@ def pillow_loop(files: list[Path]) -> float:
     return len(files) / (time.perf_counter() - t0)
 
 
+def _decode_slice(files: list[str]) -> int:
+    from packer.decode import ResizeSpec, decode
+
+    spec = ResizeSpec(224, 224, "crop", 100_000_000)
+    for f in files:
+        decode(f, spec)
+    return len(files)
+
+
+def _ready(_: int) -> int:
+    import packer.decode  # noqa: F401  (import before the clock starts)
+
+    return os.getpid()
+
+
+def ceiling(files: list[Path], procs: int, per_proc: int) -> float:
+    """The machine's own limit: ``procs`` independent processes decoding disjoint
+    files with imgpack's decode (no pack, no writes, no coordination); img/s."""
+    import multiprocessing as mp
+
+    names = [str(f) for f in files]
+    slices = [names[(i * per_proc) % len(names):][:per_proc] for i in range(procs)]
+    with mp.get_context("forkserver").Pool(procs) as pool:
+        pool.map(_ready, range(procs * 4), chunksize=1)
+        t0 = time.perf_counter()
+        n = sum(pool.map(_decode_slice, slices, chunksize=1))
+        return n / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=4000)
@@ -49,7 +81,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     # 1 and 2 workers get a subset sized to run a few seconds; rates are per image anyway.
     plan = [(1, max(200, args.images // 16)), (2, max(400, args.images // 8)),
-            (cores, args.images)]
+            (cores - 1, args.images), (cores, args.images)]
+    plan = [p for i, p in enumerate(plan) if p[0] >= 1 and p[0] not in [q[0] for q in plan[:i]]]
     rows = []
     base = statistics.median(pillow_loop(files[:300]) for _ in range(3))
     for workers, n in plan:
@@ -68,16 +101,28 @@ def main() -> None:
         best = max(rates, key=lambda x: x[0])
         rows.append({"workers": workers, "images": n, "img_per_s": best[0], **best[1]})
     one = rows[0]["img_per_s"]
+    per_proc = 300
+    ceil = {}
+    for p in sorted(p for p in {1, 2, 4, 8, cores // 2, cores - 1, cores} if 1 <= p <= cores):
+        ceil[p] = statistics.median(ceiling(files, p, per_proc) for _ in range(3))
+    print(f"\ndecode ceiling: {per_proc} images per independent process, no pack "
+          "(median of 3)")
+    print("| processes | img/s | vs 1 process | scaling |")
+    print("|---|---|---|---|")
+    for p, v in ceil.items():
+        print(f"| {p} | {v:,.0f} | {v / ceil[1]:.2f}x | {v / ceil[1] / p:.0%} |")
     print(f"\nbuild speed, 640x480 JPEG -> 224x224 crop, {cores} cores ({machine()})")
-    print("| workers | images | img/s | vs 1 worker | scaling efficiency | vs Pillow loop |")
-    print("|---|---|---|---|---|---|")
+    print("| workers | images | img/s | vs 1 worker | scaling efficiency | vs Pillow loop "
+          "| decode s | finalize s |")
+    print("|---|---|---|---|---|---|---|---|")
     print(f"| Pillow loop (1 process, no draft) | 300 | {base:,.0f} | | | 1.00x |")
     for r in rows:
         sp = r["img_per_s"] / one
         print(f"| {r['workers']} | {r['images']} | {r['img_per_s']:,.0f} | {sp:.2f}x | "
               f"{sp / r['workers']:.0%} | {r['img_per_s'] / base:.2f}x | {r['decode_s']} | "
               f"{r['finalize_s']} |")
-    dump({"machine": machine(), "pillow_loop": base, "rows": rows}, "bench_build.json")
+    dump({"machine": machine(), "pillow_loop": base, "rows": rows, "ceiling": ceil},
+         "bench_build.json")
 
 
 if __name__ == "__main__":

@@ -144,3 +144,17 @@ def test_time_call_runs_warmup_then_equal_repeats() -> None:
     sec = time_call(lambda: calls.append(1), "cpu", repeats=5, target_s=0.0)
     assert sec > 0
     assert len(calls) == 2 + 5  # target 0: one call per repeat
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_cuda_measures_pinned_and_training(tmp_path: Path) -> None:
+    code, stdout, _ = run("--quick", "--device", "cuda", "--out", str(tmp_path), "--json", "-q")
+    assert code == 0, stdout
+    r = json.loads(stdout)
+    assert {p["pinned"] for p in r["transfer"]} == {True, False}
+    assert any(p["loader"].startswith("pack to cuda") for p in r["loading"])
+    names = [p["loader"] for p in r["training"]]
+    assert names[0].startswith("batches already on the GPU") and len(names) == 4, names
+    assert all(p["images_per_s"] > 0 for p in r["training"])
+    assert (tmp_path / "training.png").read_bytes()[:8] == PNG
