@@ -140,7 +140,9 @@ def _fit(im: Image.Image, spec: ResizeSpec) -> Image.Image:
     if spec.mode == "crop":
         # Source box with the target's aspect, centred: one resample of only the pixels kept.
         s = max(spec.width / w, spec.height / h)
-        bw, bh = spec.width / s, spec.height / s
+        # min(): w / (tw / w) can come out a hair above w in floating point, and
+        # Pillow refuses a box even 1e-15 outside the image
+        bw, bh = min(w, spec.width / s), min(h, spec.height / s)
         box = ((w - bw) / 2, (h - bh) / 2, (w + bw) / 2, (h + bh) / 2)
         return im.resize(size, Image.Resampling.BILINEAR, box=box)
     nw, nh = _scaled_size(w, h, spec)

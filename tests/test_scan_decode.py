@@ -145,3 +145,14 @@ def test_parse_size(text: str, want: tuple[int, int]) -> None:
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(text)
+
+
+@pytest.mark.parametrize(("size", "target"), [((7, 1), (17, 2)), ((8, 7), (17, 17)),
+                                              ((13, 16), (15, 8)), ((10, 7), (5, 17))])
+def test_crop_box_rounding_never_falls_outside(tmp_path: Path, size: tuple[int, int],
+                                               target: tuple[int, int]) -> None:
+    """Found by the hypothesis round trip: w / (tw / w) can exceed w by 1e-15."""
+    p = tmp_path / "x.png"
+    Image.fromarray(np.full((size[1], size[0], 3), 200, np.uint8)).save(p)
+    out = decode(str(p), ResizeSpec(target[0], target[1], "crop"))
+    assert out.shape == (3, target[1], target[0]) and (out == 200).all()
