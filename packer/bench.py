@@ -53,7 +53,8 @@ class Grid:
     photo_size: tuple[int, int]  # (w, h) of the synthetic originals
     pack_side: int  # the pack's images are pack_side² (crop)
     train_batch: int
-    train_steps: int  # per repeat
+    train_steps: int  # per repeat (at least one round of folder workers)
+    train_repeats: int
     repeats: int
     target_s: float  # length of one timed repeat in the transfer experiment
     load_images: int  # images per timed repeat in the loading experiment
@@ -62,10 +63,10 @@ class Grid:
 FULL = Grid(image_sizes=((384, 384), (640, 480), (1280, 960)),
             transfer_batches=(8, 16, 32, 64, 128, 256), load_batches=(32, 64, 128, 256),
             images=2048, photo_size=(1280, 960), pack_side=224, train_batch=256,
-            train_steps=10, repeats=5, target_s=0.05, load_images=512)
+            train_steps=10, train_repeats=3, repeats=5, target_s=0.05, load_images=512)
 QUICK = Grid(image_sizes=((384, 384), (640, 480)), transfer_batches=(8, 32),
              load_batches=(16, 32), images=64, photo_size=(320, 240), pack_side=64,
-             train_batch=32, train_steps=4, repeats=3, target_s=0.01, load_images=32)
+             train_batch=32, train_steps=4, train_repeats=3, repeats=3, target_s=0.01, load_images=32)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class BenchConfig:
     @property
     def grid(self) -> Grid:
         return QUICK if self.quick else FULL
+
+    def resolved_workers(self, cores: int) -> int:
+        return self.workers or (min(2, cores) if self.quick else min(16, cores))
 
     def validate(self) -> None:
         check_device_name(self.device)
@@ -141,6 +145,7 @@ def _transfer_plan(cfg: BenchConfig, cuda: bool) -> list[tuple[str, str, bool]]:
 def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
     """A rough forecast of the run time, printed before a full run starts."""
     g = cfg.grid
+    workers = cfg.resolved_workers(cores)
     s = 0.0
     if "transfer" in cfg.sections:
         points = len(g.image_sizes) * len(g.transfer_batches)
@@ -150,12 +155,12 @@ def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
         mpx = g.photo_size[0] * g.photo_size[1] / 1e6
         # make (~0.1 s/Mpx), compress (~0.1 s/Mpx + process start), build (~0.02 s/Mpx) per core
         s += g.images * (0.22 * mpx + 0.03) / max(1, cores)
-        folder_rate = max(50.0, cores * 60 / mpx)  # images/s of ImageFolder + Pillow
-        loaders = 4 if cuda else 3
-        s += len(g.load_batches) * (2 * (g.repeats + 1) * g.load_images / folder_rate + 4)
-        s += len(g.load_batches) * loaders * 1.0
+        folder_rate = max(50.0, workers * 50 / max(mpx, 0.05))  # ImageFolder + Pillow, img/s
+        folders = 2  # the original and the compressed folder
+        for b in g.load_batches if "loading" in cfg.sections else ():
+            s += folders * (2 + g.repeats) * max(workers * b, g.load_images) / folder_rate + 2
         if cuda and "training" in cfg.sections:
-            s += 2 * (g.repeats + 1) * g.train_steps * g.train_batch / folder_rate + 30
+            s += folders * (2 + g.train_repeats) * workers * g.train_batch / folder_rate + 20
     return s
 
 
@@ -323,45 +328,84 @@ def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str,
 # ---------------------------------------------------------------- loaders
 
 
-def _folder_loader(root: Path, side: int, batch: int, device: str, workers: int) -> Any:
+@dataclass
+class Way:
+    """One way of loading: batches from ``loader``, ``ship`` puts one on the device.
+
+    ``warmup`` and ``per_repeat`` are in batches. A folder DataLoader delivers in
+    bursts (each worker builds a whole batch, all start together), so it is warmed
+    up past its first two bursts (prefetch_factor 2) and timed over whole rounds
+    of one batch per worker; it samples with replacement, without end, so no epoch
+    boundary lands inside a timed run.
+    """
+
+    name: str
+    loader: Any
+    ship: Callable[[Any], Any]
+    warmup: int
+    per_repeat: int
+    close: Callable[[], None] = lambda: None
+
+
+def _folder_way(name: str, root: Path, side: int, batch: int, device: str, workers: int,
+                images: int) -> Way:
     import torch
 
     from .verify import folder_dataset
 
     ds = folder_dataset(root, {"image_shape": [3, side, side], "resize": "crop",
                                "classes": ["*"]})
-    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                                       pin_memory=device.startswith("cuda"),
-                                       persistent_workers=workers > 0, drop_last=True)
-
-
-def _loaders(paths: dict[str, Path], side: int, batch: int, device: str, workers: int,
-             result: BenchResult, section: str) -> Iterator[tuple[str, Any, Callable[[Any], Any]]]:
-    """(name, loader, to_device) for each way of loading; batches end on ``device``,
-    normalized floats. Folder loaders normalize in their workers, as people write them;
-    the pack normalizes on arrival (with CUDA: on the GPU)."""
-    from .loader import Normalize, PackLoader
+    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=1 << 40)
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler,
+                                     num_workers=workers, pin_memory=device.startswith("cuda"))
+    rnd = max(1, workers)
 
     def ship(b: Any) -> Any:
         return b[0].to(device, non_blocking=True), b[1].to(device, non_blocking=True)
 
+    return Way(f"{name} folder (ImageFolder + Pillow, {workers} workers)", dl, ship,
+               warmup=2 * rnd, per_repeat=max(rnd, math.ceil(images / batch)))
+
+
+def _ways(paths: dict[str, Path], side: int, batch: int, device: str, workers: int,
+          per_repeat_images: int, section: str) -> Iterator[Way]:
+    """Each way of loading, made when it is its turn (one at a time holds workers or
+    pinned memory). Batches end on ``device`` as normalized floats: folder loaders
+    normalize in their workers, as people write them; the pack on arrival."""
+    from .loader import Normalize, PackLoader
+
     for name in ("original", "compressed"):
-        if name not in paths:
-            continue
-        dl = _folder_loader(paths[name], side, batch, device, workers)
-        yield f"{name} folder (ImageFolder + Pillow, {workers} workers)", dl, ship
-        del dl
-    cpu_norm = Normalize()
-    pl = PackLoader(paths["pack"], batch, device="cpu", drop_last=True)
-    if section == "loading" or not device.startswith("cuda"):
-        yield "pack on CPU (PackLoader)", pl, lambda b: (
-            cpu_norm(b[0]).to(device, non_blocking=True), b[1].to(device, non_blocking=True))
-    pl.close()
-    if device.startswith("cuda"):
+        if name in paths:
+            yield _folder_way(name, paths[name], side, batch, device, workers, per_repeat_images)
+    n = load_count(paths["pack"])
+    pack_batches = max(8, math.ceil(4 * n / batch))  # four epochs: not lost in clock noise
+    cuda = device.startswith("cuda")
+    if section == "loading" or not cuda:
+        pl = PackLoader(paths["pack"], batch, device="cpu", drop_last=True)
+        if cuda:  # the pack read the simple way: host batches, then a plain copy
+            norm = Normalize().to(device)
+            yield Way(f"pack read on the CPU, then .to({device})", pl,
+                      lambda b: (norm(b[0].to(device)), b[1].to(device)), 6, pack_batches,
+                      pl.close)
+        else:
+            cpu_norm = Normalize()
+            yield Way("pack on CPU (PackLoader)", pl, lambda b: (cpu_norm(b[0]), b[1]), 6,
+                      pack_batches, pl.close)
+    if cuda:
         norm = Normalize().to(device)
         pl = PackLoader(paths["pack"], batch, device=device, drop_last=True)
-        yield f"pack to {device} (PackLoader)", pl, lambda b: (norm(b[0]), b[1])
-        pl.close()
+        yield Way(f"pack to {device} (PackLoader)", pl, lambda b: (norm(b[0]), b[1]), 6,
+                  pack_batches, pl.close)
+
+
+def load_count(pack: Path) -> int:
+    from .format import read_manifest
+
+    return int(read_manifest(pack)["count"])
+
+
+def _iterate(way: Way) -> Callable[[], Any]:
+    return lambda: iter(way.loader)
 
 
 def run_loading(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: int,
@@ -373,13 +417,11 @@ def run_loading(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: 
             for _ in range(4 if device.startswith("cuda") else 3):
                 tick()
             continue
-        for name, loader, to_dev in _loaders(paths, g.pack_side, batch, device, workers, result,
-                                             "loading"):
-            batches = max(2, math.ceil(g.load_images / batch))
-            rate = time_loader(lambda loader=loader: iter(loader),
-                               lambda b, f=to_dev: f(b)[0], device, batches, g.repeats,
-                               warmup=2)
-            result.loading.append({"loader": name, "batch": batch,
+        for way in _ways(paths, g.pack_side, batch, device, workers, g.load_images, "loading"):
+            rate = time_loader(_iterate(way), lambda b, f=way.ship: f(b)[0], device,
+                               way.per_repeat, g.repeats, warmup=way.warmup)
+            way.close()
+            result.loading.append({"loader": way.name, "batch": batch,
                                    "images_per_s": round(rate, 1)})
             tick()
 
@@ -417,17 +459,18 @@ def run_training(cfg: BenchConfig, paths: dict[str, Path], device: str, workers:
         while True:
             yield x0, y0
 
-    ways: list[tuple[str, Any, Callable[[Any], Any]]] = [
-        ("batches already on the GPU (ceiling)", None, lambda t: t)]
-    ways += list(_loaders(paths, side, b, device, workers, result, "training"))
-    for name, loader, to_dev in ways:
-        if b > result.dataset["images"] and loader is not None:
-            result.skip("training", name, f"batch {b} is larger than the dataset")
+    ceiling = Way("batches already on the GPU (ceiling)", None, lambda t: t, 3, g.train_steps)
+    ways = [ceiling, *_ways(paths, side, b, device, workers, 0, "training")]
+    for way in ways:
+        if b > result.dataset["images"] and way.loader is not None:
+            result.skip("training", way.name, f"batch {b} is larger than the dataset")
             continue
-        make = on_gpu if loader is None else (lambda loader=loader: iter(loader))
-        rate = time_loader(make, lambda t, f=to_dev: step(*f(t)), device, g.train_steps,
-                           g.repeats, warmup=3)
-        result.training.append({"loader": name, "batch": b, "model": "resnet18",
+        make = on_gpu if way.loader is None else _iterate(way)
+        rate = time_loader(make, lambda t, f=way.ship: step(*f(t)), device,
+                           max(g.train_steps, way.per_repeat), g.train_repeats,
+                           warmup=way.warmup)
+        way.close()
+        result.training.append({"loader": way.name, "batch": b, "model": "resnet18",
                                 "precision": "bf16 autocast", "images_per_s": round(rate, 1)})
         tick()
     ceiling = result.training[0]["images_per_s"]
@@ -478,7 +521,7 @@ def bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[int], None] | No
     device = resolve_device(cfg.device)
     cuda = device.startswith("cuda")
     cores = os.cpu_count() or 1
-    workers = cfg.workers or (min(2, cores) if cfg.quick else min(16, cores))
+    workers = cfg.resolved_workers(cores)
     result = BenchResult(device=device, device_name=torch.cuda.get_device_name(device)
                          if cuda else "CPU", quick=cfg.quick, machine=machine_info(device),
                          grid=asdict(cfg.grid))

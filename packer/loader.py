@@ -175,6 +175,7 @@ class PackLoader:
         self._pool: ThreadPoolExecutor | None = None
         self._resident: tuple[torch.Tensor, torch.Tensor] | None = None
         self._active: _EpochIterator | None = None
+        self._slots: _Slots | None = None
 
     # ---- size and order
     def _per_rank(self) -> int:
@@ -209,6 +210,8 @@ class PackLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._active is not None:
             self._active.close()
+            if self._active.thread.is_alive():  # stuck past close()'s timeout: share nothing
+                self._slots = None
         order = self.indices(self._epoch)
         self._epoch += 1
         if self.resident:
@@ -218,6 +221,13 @@ class PackLoader:
             self._populate = False
         self._active = _EpochIterator(self, order)
         return self._active
+
+    def _pinned_slots(self) -> _Slots:
+        """The pinned buffers and copy stream, made once and reused by every epoch
+        (allocating pinned memory costs far more than filling it)."""
+        if self._slots is None:
+            self._slots = _Slots(self.prefetch, self.batch_size, self._shape, self.device)
+        return self._slots
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -255,10 +265,22 @@ class PackLoader:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self._slots = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+class _Slots:
+    """``k`` pinned batch buffers, the event after the last copy out of each, a copy stream."""
+
+    def __init__(self, k: int, bs: int, shape: tuple[int, ...], device: torch.device) -> None:
+        self.images = [torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True)
+                       for _ in range(k)]
+        self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True) for _ in range(k)]
+        self.freed: list[torch.cuda.Event | None] = [None] * k
+        self.stream = torch.cuda.Stream(device)
 
 
 class _EpochIterator:
@@ -338,11 +360,9 @@ class _EpochIterator:
         """
         ld = self.loader
         dev = ld.device
-        k, bs = ld.prefetch, ld.batch_size
-        pinned = [torch.empty((bs, *ld._shape), dtype=torch.uint8).pin_memory() for _ in range(k)]
-        pinned_lab = [torch.empty((bs,), dtype=torch.int64).pin_memory() for _ in range(k)]
-        freed: list[torch.cuda.Event | None] = [None] * k
-        stream = torch.cuda.Stream(dev)
+        k = ld.prefetch
+        slots = ld._pinned_slots()
+        pinned, pinned_lab, freed, stream = slots.images, slots.labels, slots.freed, slots.stream
         pending: collections.deque[tuple[np.ndarray, int, list[Future[Any]]]] = collections.deque()
 
         def ship() -> bool:
