@@ -1,0 +1,68 @@
+"""Where does a short epoch's time go? PackLoader to CUDA on a small and a large pack.
+
+    python scripts/diag_epoch.py
+
+Prints, per pack size and batch size: img/s over many epochs, and for one epoch
+the time of iter(), of the first batch, and of the rest.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packer
+from _synth import make_random_pack
+
+
+def main() -> None:
+    norm = packer.Normalize().cuda()
+    for n in (2048, 51200):
+        path = Path(f"/tmp/imgpack-bench/diag{n}")
+        if not path.exists():
+            make_random_pack(path, n, 224)
+        pack = packer.load(path)
+        for bs in (64, 256):
+            ld = packer.PackLoader(pack, bs, device="cuda", drop_last=True)
+            for x, _ in ld:
+                norm(x)
+            epochs = max(2, 16384 // n)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            k = 0
+            for _ in range(epochs):
+                for x, _ in ld:
+                    norm(x)
+                    k += len(x)
+            torch.cuda.synchronize()
+            rate = k / (time.perf_counter() - t0)
+            parts = []
+            for _ in range(5):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                it = iter(ld)
+                t1 = time.perf_counter()
+                x, _ = next(it)
+                norm(x)
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                for x, _ in it:
+                    norm(x)
+                torch.cuda.synchronize()
+                t3 = time.perf_counter()
+                parts.append((t1 - t0, t2 - t1, t3 - t2, len(ld) - 1))
+            med = [statistics.median(p[i] for p in parts) for i in range(3)]
+            print(f"pack {n:>6} batch {bs:>4}: {rate:>9,.0f} img/s; one epoch: iter() "
+                  f"{med[0] * 1e3:.2f} ms, first batch {med[1] * 1e3:.2f} ms, other "
+                  f"{parts[0][3]} batches {med[2] * 1e3:.2f} ms "
+                  f"({parts[0][3] * bs / med[2]:,.0f} img/s)", flush=True)
+            ld.close()
+
+
+if __name__ == "__main__":
+    main()
