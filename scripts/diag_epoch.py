@@ -20,7 +20,50 @@ import packer
 from _synth import make_random_pack
 
 
+def rate(ld: packer.PackLoader, norm: torch.nn.Module, epochs: int = 8) -> float:
+    for x, _ in ld:
+        norm(x)
+    torch.cuda.synchronize()
+    t0, k = time.perf_counter(), 0
+    for _ in range(epochs):
+        for x, _ in ld:
+            norm(x)
+            k += len(x)
+    torch.cuda.synchronize()
+    return k / (time.perf_counter() - t0)
+
+
+def after_big_buffers() -> None:
+    """PackLoader before and after multi-GB pinned/device buffers were made and freed."""
+    norm = packer.Normalize().cuda()
+    path = Path("/tmp/imgpack-bench/diag2048")
+    if not path.exists():
+        make_random_pack(path, 2048, 224)
+    pack = packer.load(path)
+    print(f"fresh: {rate(packer.PackLoader(pack, 256, device='cuda', drop_last=True), norm):,.0f}")
+    for what in ("pinned", "device", "pageable"):
+        for gb in (0.5, 1, 2, 4):
+            n = int(gb * (1 << 30))
+            if what == "pinned":
+                t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            elif what == "device":
+                t = torch.empty(n, dtype=torch.uint8, device="cuda")
+            else:
+                t = torch.empty(n, dtype=torch.uint8).fill_(1)
+            del t
+        r = rate(packer.PackLoader(pack, 256, device="cuda", drop_last=True), norm)
+        print(f"after {what} buffers of 0.5-4 GB were freed: {r:,.0f}", flush=True)
+    torch.cuda.empty_cache()
+    if hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+    r = rate(packer.PackLoader(pack, 256, device="cuda", drop_last=True), norm)
+    print(f"after emptying both caches: {r:,.0f}", flush=True)
+
+
 def main() -> None:
+    if "--after-big" in sys.argv:
+        after_big_buffers()
+        return
     norm = packer.Normalize().cuda()
     for n in (2048, 51200):
         path = Path(f"/tmp/imgpack-bench/diag{n}")
