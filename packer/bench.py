@@ -55,6 +55,7 @@ class Grid:
     train_batch: int
     train_steps: int  # per repeat (at least one round of folder workers)
     train_repeats: int
+    load_repeats: int
     repeats: int
     target_s: float  # length of one timed repeat in the transfer experiment
     load_images: int  # images per timed repeat in the loading experiment
@@ -63,10 +64,11 @@ class Grid:
 FULL = Grid(image_sizes=((384, 384), (640, 480), (1280, 960)),
             transfer_batches=(8, 16, 32, 64, 128, 256), load_batches=(32, 64, 128, 256),
             images=2048, photo_size=(1280, 960), pack_side=224, train_batch=256,
-            train_steps=10, train_repeats=3, repeats=5, target_s=0.05, load_images=512)
+            train_steps=10, train_repeats=3, load_repeats=3, repeats=5, target_s=0.05, load_images=512)
 QUICK = Grid(image_sizes=((384, 384), (640, 480)), transfer_batches=(8, 32),
              load_batches=(16, 32), images=64, photo_size=(320, 240), pack_side=64,
-             train_batch=32, train_steps=4, train_repeats=3, repeats=3, target_s=0.01, load_images=32)
+             train_batch=32, train_steps=4, train_repeats=3, load_repeats=3,
+             repeats=3, target_s=0.01, load_images=32)
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
         folder_rate = max(50.0, workers * 50 / max(mpx, 0.05))  # ImageFolder + Pillow, img/s
         folders = 2  # the original and the compressed folder
         for b in g.load_batches if "loading" in cfg.sections else ():
-            s += folders * (2 + g.repeats) * max(workers * b, g.load_images) / folder_rate + 2
+            s += folders * (2 + g.load_repeats) * max(workers * b, g.load_images) / folder_rate + 2
         if cuda and "training" in cfg.sections:
             s += folders * (2 + g.train_repeats) * workers * g.train_batch / folder_rate + 20
     return s
@@ -419,7 +421,7 @@ def run_loading(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: 
             continue
         for way in _ways(paths, g.pack_side, batch, device, workers, g.load_images, "loading"):
             rate = time_loader(_iterate(way), lambda b, f=way.ship: f(b)[0], device,
-                               way.per_repeat, g.repeats, warmup=way.warmup)
+                               way.per_repeat, g.load_repeats, warmup=way.warmup)
             way.close()
             result.loading.append({"loader": way.name, "batch": batch,
                                    "images_per_s": round(rate, 1)})
@@ -568,8 +570,9 @@ def to_markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     out = [f"# imgpack bench{' --quick' if r['quick'] else ''}", "",
            f"{r['device_name']} ({r['device']}), {m['cores']} cores, torch {m['torch']}, "
-           f"{m['date']}; {r['seconds']:.0f} s. Medians of {r['grid']['repeats']} repeats "
-           "after warm-up, device synchronized before each clock read.", ""]
+           f"{m['date']}; {r['seconds']:.0f} s. Medians of repeats after warm-up (transfer "
+           f"{r['grid']['repeats']}, loading {r['grid']['load_repeats']}, training "
+           f"{r['grid']['train_repeats']}), device synchronized before each clock read.", ""]
     for image in dict.fromkeys(p["image"] for p in r["transfer"]):
         pts = [dict(p, cell=f"{p['images_per_s']:,.0f} ({p['gb_per_s']:.1f})")
                for p in r["transfer"] if p["image"] == image]

@@ -117,7 +117,7 @@ def test_plots_and_table_cover_training(tmp_path: Path) -> None:
     """The training chart and table (a CUDA-only section) from a hand-made result."""
     base = {"device": "cuda", "device_name": "Test GPU", "quick": False, "seconds": 1.0,
             "machine": {"cores": 4, "date": "2026-11-22", "torch": "x"},
-            "grid": {"repeats": 3}, "transfer": [], "conversion": [], "loading": [],
+            "grid": {"repeats": 3, "load_repeats": 3, "train_repeats": 3}, "transfer": [], "conversion": [], "loading": [],
             "dataset": {}, "skipped": []}
     base["training"] = [
         {"loader": "batches already on the GPU (ceiling)", "batch": 256, "images_per_s": 1000.0,
