@@ -34,11 +34,12 @@ def plot_verify(report: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def _save(plt: Any, fig: Any, path: Path, layout: bool = True) -> Path:
     """Write under a temporary name, then rename: a PNG at ``path`` is always whole."""
     import os
 
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png")
     plt.close(fig)
@@ -98,9 +99,14 @@ def plot_bench(r: dict[str, Any], out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_ylabel(ylab)
             ax.grid(True, which="both", alpha=0.3)
-            _title(ax, f"{what}, {image} images", r)
-            ax.legend(fontsize=7)
-        written.append(_save(plt, fig, out / f"{key}.png"))
+            ax.set_title(f"{image} images", fontsize=9)
+        m = r["machine"]
+        fig.suptitle(f"{what}: {r['device_name']} ({r['device']}), {m['cores']} cores, "
+                     f"{m['date']}", fontsize=10)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
+        fig.tight_layout(rect=(0, 0.09, 1, 1))
+        written.append(_save(plt, fig, out / f"{key}.png", layout=False))
     if r["loading"]:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
         for name, (xs, ys) in _series(r["loading"], "batch", "images_per_s").items():
