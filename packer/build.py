@@ -183,7 +183,7 @@ def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
         with contextlib.suppress(Exception):
             _W["sync_file_range"] = ctypes.CDLL(None, use_errno=True).sync_file_range
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    _W["fd"] = os.open(rows_path, os.O_WRONLY)
+    _W["rows_path"] = rows_path  # opened at the first chunk: the pool starts before the file exists
     _W["spec"] = spec
 
 
@@ -205,9 +205,12 @@ def _decode_chunk(task: tuple[int, int, list[str]]) -> tuple[int, list[list[Any]
     row = image_bytes(spec.shape)
     mv = memoryview(buf).cast("B")
     off, done = start * row, 0
+    fd = _W.get("fd")
+    if fd is None:
+        fd = _W["fd"] = os.open(_W["rows_path"], os.O_WRONLY)
     while done < len(mv):
-        done += os.pwrite(_W["fd"], mv[done:], off + done)
-    _start_writeback(_W["fd"], off, len(mv))
+        done += os.pwrite(fd, mv[done:], off + done)
+    _start_writeback(fd, off, len(mv))
     return chunk, skips, sizes, digest(mv)
 
 
@@ -306,16 +309,16 @@ def build(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         raise
 
 
-def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
-                  progress: Callable[[int], None] | None,
-                  on_start: Callable[[int, int], None] | None, t0: float) -> BuildResult:
-    spec = config.spec
+def _decode_all(scan: Scan, config: BuildConfig, work: Path, chunks: list[tuple[int, int, list[str]]],
+                row: int, pool: Any, progress: Callable[[int], None] | None,
+                on_start: Callable[[int, int], None] | None,
+                ) -> tuple[float, float, dict[int, dict[str, Any]], int]:
+    """Prepare (or resume) the work dir and decode every pending chunk into it.
+
+    Returns when setup ended, when the first chunk arrived, the journal of
+    finished chunks, and how many images an earlier run had done.
+    """
     n_total = len(scan.entries)
-    row = image_bytes(spec.shape)
-    block = block_rows_for(n_total)
-    chunks = [(k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block:(k + 1) * block]])
-              for k in range((n_total + block - 1) // block)]
-    work = work_dir_for(dst)
     done = _prepare_work_dir(work, _fingerprint(scan, config), n_total * row)
     if done and (work / ROWS_FILE).exists():
         # The journal is fsynced per chunk, the data only at the end: after a power
@@ -336,7 +339,6 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
         log.info("resuming %s: %d of %d images already done", work, resumed, n_total)
 
     if pending:
-        workers = min(config.workers or default_workers(), len(pending))
         with open(work / JOURNAL, "a", encoding="utf-8") as journal:
             def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
                 chunk, skips, sizes, sha = res
@@ -350,32 +352,55 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
                 if progress:
                     progress(len(sizes))
 
-            if workers <= 1:
-                _worker_init(str(work / ROWS_FILE), spec)
+            if pool is None:  # in this process: no signal or parent-death handling of a worker
+                _W.update(rows_path=str(work / ROWS_FILE), spec=config.spec)
                 try:
                     for c in pending:
                         record(_decode_chunk(c))
                 finally:
-                    os.close(_W.pop("fd"))
+                    fd = _W.pop("fd", None)
+                    if fd is not None:
+                        os.close(fd)
             else:
-                ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-                pool = ctx.Pool(workers, initializer=_worker_init,
-                                initargs=(str(work / ROWS_FILE), spec))
-                try:
-                    for res in pool.imap_unordered(_decode_chunk, pending):
-                        record(res)
-                    pool.close()
-                except BaseException:
-                    pool.terminate()
-                    raise
-                finally:
-                    pool.join()
+                for res in pool.imap_unordered(_decode_chunk, pending):
+                    record(res)
+    return t_prepared, (t_first or [time.perf_counter()])[0], done, resumed
+
+
+def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
+                  progress: Callable[[int], None] | None,
+                  on_start: Callable[[int, int], None] | None, t0: float) -> BuildResult:
+    spec = config.spec
+    n_total = len(scan.entries)
+    row = image_bytes(spec.shape)
+    block = block_rows_for(n_total)
+    chunks = [(k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block:(k + 1) * block]])
+              for k in range((n_total + block - 1) // block)]
+    work = work_dir_for(dst)
+    workers = min(config.workers or default_workers(), len(chunks))
+    pool = None
+    if workers > 1:
+        # started first: its processes boot while this one scans and preallocates
+        ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+        pool = ctx.Pool(workers, initializer=_worker_init, initargs=(str(work / ROWS_FILE), spec))
+    try:
+        t_prepared, t_first, done, resumed = _decode_all(
+            scan, config, work, chunks, row, pool, progress, on_start)
+        if pool is not None:
+            pool.close()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
+    finally:
+        if pool is not None:
+            pool.join()
     t_decoded = time.perf_counter()
     result = _finalize(scan, dst, work, config, done, block, resumed, t0)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {"setup_s": round(t_prepared - t0, 3),
-                    "first_chunk_s": round((t_first or [t_decoded])[0] - t_prepared, 3),
+                    "first_chunk_s": round(t_first - t_prepared, 3),
                     "decode_s": round(t_decoded - t0, 3),
                     "finalize_s": round(time.perf_counter() - t_decoded, 3)}
     return result
