@@ -382,6 +382,9 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
     if workers > 1:
         # started first: its processes boot while this one scans and preallocates
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+        if ctx.get_start_method() == "forkserver":
+            # the fork server imports the decoder once; each worker forks from it ready to go
+            ctx.set_forkserver_preload(["packer.build"])
         pool = ctx.Pool(workers, initializer=_worker_init, initargs=(str(work / ROWS_FILE), spec))
     try:
         t_prepared, t_first, done, resumed = _decode_all(
