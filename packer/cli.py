@@ -416,8 +416,13 @@ def bench(device: str, quick: bool, out: Path | None, source: Path | None, only:
         click.echo(f"imgpack bench{' --quick' if quick else ''} on {dev}: "
                    f"{count_points(config, cuda)} points, expected to take about {took}",
                    err=True)
-    result = _run_with_bar("bench", quiet, as_json, functools.partial(run_bench, config),
-                           unit="pt")
+    try:
+        result = _run_with_bar("bench", quiet, as_json, functools.partial(run_bench, config),
+                               unit="pt")
+    except KeyboardInterrupt:  # no partial results: a bench is rerun, not resumed
+        click.echo("\nInterrupted; no results written (the temporary images are removed).",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
     r = result.to_json()
     out.mkdir(parents=True, exist_ok=True)
     files = [str(p) for p in plot_bench(r, out)]
