@@ -158,3 +158,17 @@ def test_quick_cuda_measures_pinned_and_training(tmp_path: Path) -> None:
     assert names[0].startswith("batches already on the GPU") and len(names) == 4, names
     assert all(p["images_per_s"] > 0 for p in r["training"])
     assert (tmp_path / "training.png").read_bytes()[:8] == PNG
+
+
+def test_interrupt_exits_130_and_writes_nothing(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.bench
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.bench, "bench", interrupted)
+    code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert code == 130
+    assert "Interrupted; no results written" in stderr
+    assert not (tmp_path / "o").exists()
