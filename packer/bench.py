@@ -22,6 +22,7 @@ temporary folder that is removed at the end.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -134,7 +135,7 @@ def _free_memory() -> int | None:
         return None
 
 
-def _transfer_plan(cfg: BenchConfig, cuda: bool) -> list[tuple[str, str, bool]]:
+def _transfer_plan(cuda: bool) -> list[tuple[str, str, bool]]:
     """(dtype, label, pinned) series; pinned memory needs CUDA."""
     series = []
     for dtype in ("uint8", "float16", "float32"):
@@ -151,7 +152,7 @@ def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
     s = 0.0
     if "transfer" in cfg.sections:
         points = len(g.image_sizes) * len(g.transfer_batches)
-        series = len(_transfer_plan(cfg, cuda)) + 4
+        series = len(_transfer_plan(cuda)) + 4
         s += points * series * (g.repeats + 3) * g.target_s * 1.5 + 10
     if {"loading", "training"} & set(cfg.sections):
         mpx = g.photo_size[0] * g.photo_size[1] / 1e6
@@ -197,7 +198,7 @@ def run_transfer(cfg: BenchConfig, device: str, result: BenchResult,
     dtypes = {"uint8": torch.uint8, "float16": torch.float16, "float32": torch.float32}
     for size in g.image_sizes:
         w, h = size
-        for dtype, label, pinned in _transfer_plan(cfg, cuda):
+        for dtype, label, pinned in _transfer_plan(cuda):
             fits = [b for b in g.transfer_batches if _batch_bytes(b, size, dtype) <= cap]
             for b in g.transfer_batches:
                 if b not in fits:
@@ -462,8 +463,7 @@ def run_training(cfg: BenchConfig, paths: dict[str, Path], device: str, workers:
             yield x0, y0
 
     ceiling = Way("batches already on the GPU (ceiling)", None, lambda t: t, 3, g.train_steps)
-    ways = [ceiling, *_ways(paths, side, b, device, workers, 0, "training")]
-    for way in ways:
+    for way in itertools.chain([ceiling], _ways(paths, side, b, device, workers, 0, "training")):
         if b > result.dataset["images"] and way.loader is not None:
             result.skip("training", way.name, f"batch {b} is larger than the dataset")
             continue
@@ -487,7 +487,7 @@ def count_points(cfg: BenchConfig, cuda: bool) -> int:
     g = cfg.grid
     n = 0
     if "transfer" in cfg.sections:
-        n += len(g.image_sizes) * len(g.transfer_batches) * (len(_transfer_plan(cfg, cuda)) + 4)
+        n += len(g.image_sizes) * len(g.transfer_batches) * (len(_transfer_plan(cuda)) + 4)
     loaders = 4 if cuda else 3
     if "loading" in cfg.sections:
         n += len(g.load_batches) * loaders
