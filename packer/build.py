@@ -380,7 +380,7 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
     workers = min(config.workers or default_workers(), len(chunks))
     pool = None
     if workers > 1:
-        # started first: its processes boot while this one scans and preallocates
+        # started first: its processes boot while this one fingerprints and preallocates
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
         if ctx.get_start_method() == "forkserver":
             # the fork server imports the decoder once; each worker forks from it ready to go
