@@ -253,9 +253,13 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
     dl = torch.utils.data.DataLoader(ds, batch_size=config.batch_size, shuffle=True,
                                      num_workers=workers, pin_memory=device != "cpu",
                                      persistent_workers=workers > 0)
+    # A DataLoader delivers in bursts (every worker builds a whole batch, all start
+    # together; prefetch_factor 2): warm up past two bursts and time at least one
+    # batch per worker, as ``imgpack bench`` does, or the burst reads as speed.
+    rnd = max(1, workers)
     report.folder_images_per_s = time_loader(
         lambda: iter(dl), lambda b: b[0].to(device, non_blocking=True), device,
-        config.batches, config.repeats)
+        max(config.batches, rnd), config.repeats, warmup=max(3, 2 * rnd))
 
 
 # ---------------------------------------------------------------- entry point
