@@ -48,10 +48,22 @@ def ensure_venv() -> Path:
         venv.EnvBuilder(with_pip=True).create(VENV)
     want = _fingerprint()
     if not STAMP.exists() or STAMP.read_text() != want:
-        print("Installing imgpack and its dependencies into .venv (first run: a few minutes) ...",
-              flush=True)
-        _run(_python(), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "-c", "requirements/pins.txt", "-e", ".[test]")
+        print(
+            "Installing imgpack and its dependencies into .venv (first run: a few minutes) ...",
+            flush=True,
+        )
+        _run(
+            _python(),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-c",
+            "requirements/pins.txt",
+            "-e",
+            ".[test]",
+        )
         STAMP.write_text(want)
     return _python()
 
@@ -61,17 +73,17 @@ def demo() -> None:
     py = ensure_venv()
     imgpack = [py, "-m", "packer"]
     _run(*imgpack, "compress", "sample_data", DEMO / "compressed", "--quality", "3", "--overwrite")
-    _run(*imgpack, "build", DEMO / "compressed", DEMO / "pack", "--size", "224",
-         "--overwrite")
+    _run(*imgpack, "build", DEMO / "compressed", DEMO / "pack", "--size", "224", "--overwrite")
     _run(*imgpack, "info", DEMO / "pack")
     _run(*imgpack, "verify", DEMO / "pack", "--device", "auto", "--batch-size", "8")
     _run(py, "scripts/demo_stream.py", DEMO / "pack")
 
 
 def test(extra: list[str]) -> None:
-    """Lint, then the whole test suite."""
+    """Lint and format check, then the whole test suite."""
     py = ensure_venv()
     _run(py, "-m", "ruff", "check", ".")
+    _run(py, "-m", "ruff", "format", "--check", ".")
     _run(py, "-m", "pytest", *extra)
 
 

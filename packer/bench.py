@@ -62,14 +62,36 @@ class Grid:
     load_images: int  # images per timed repeat in the loading experiment
 
 
-FULL = Grid(image_sizes=((384, 384), (640, 480), (1280, 960)),
-            transfer_batches=(8, 16, 32, 64, 128, 256), load_batches=(32, 64, 128, 256),
-            images=2048, photo_size=(1280, 960), pack_side=224, train_batch=256,
-            train_steps=10, train_repeats=3, load_repeats=3, repeats=5, target_s=0.05, load_images=512)
-QUICK = Grid(image_sizes=((384, 384), (640, 480)), transfer_batches=(8, 32),
-             load_batches=(16, 32), images=64, photo_size=(320, 240), pack_side=64,
-             train_batch=32, train_steps=4, train_repeats=3, load_repeats=3,
-             repeats=3, target_s=0.01, load_images=32)
+FULL = Grid(
+    image_sizes=((384, 384), (640, 480), (1280, 960)),
+    transfer_batches=(8, 16, 32, 64, 128, 256),
+    load_batches=(32, 64, 128, 256),
+    images=2048,
+    photo_size=(1280, 960),
+    pack_side=224,
+    train_batch=256,
+    train_steps=10,
+    train_repeats=3,
+    load_repeats=3,
+    repeats=5,
+    target_s=0.05,
+    load_images=512,
+)
+QUICK = Grid(
+    image_sizes=((384, 384), (640, 480)),
+    transfer_batches=(8, 32),
+    load_batches=(16, 32),
+    images=64,
+    photo_size=(320, 240),
+    pack_side=64,
+    train_batch=32,
+    train_steps=4,
+    train_repeats=3,
+    load_repeats=3,
+    repeats=3,
+    target_s=0.01,
+    load_images=32,
+)
 
 
 @dataclass(frozen=True)
@@ -92,8 +114,10 @@ class BenchConfig:
         check_device_name(self.device)
         unknown = set(self.sections) - set(SECTIONS)
         if unknown or not self.sections:
-            raise UsageError(f"sections must be some of {', '.join(SECTIONS)}; "
-                             f"got {', '.join(sorted(unknown)) or 'none'}")
+            raise UsageError(
+                f"sections must be some of {', '.join(SECTIONS)}; "
+                f"got {', '.join(sorted(unknown)) or 'none'}"
+            )
         if self.workers is not None and self.workers < 1:
             raise UsageError("--workers must be at least 1")
         if self.source is not None and not self.source.is_dir():
@@ -177,7 +201,7 @@ def _batch_bytes(b: int, size: tuple[int, int], dtype: str) -> int:
 def _rotating(buf: Any, b: int) -> Callable[[], Any]:
     """Alternate between two disjoint slices of ``buf`` when it holds two batches,
     so a small batch is not served from cache on every call."""
-    slices = [buf[:b], buf[b:2 * b]] if len(buf) >= 2 * b else [buf[:b]]
+    slices = [buf[:b], buf[b : 2 * b]] if len(buf) >= 2 * b else [buf[:b]]
     state = [0]
 
     def nxt() -> Any:
@@ -187,8 +211,9 @@ def _rotating(buf: Any, b: int) -> Callable[[], Any]:
     return nxt
 
 
-def run_transfer(cfg: BenchConfig, device: str, result: BenchResult,
-                 tick: Callable[[], None]) -> None:
+def run_transfer(
+    cfg: BenchConfig, device: str, result: BenchResult, tick: Callable[[], None]
+) -> None:
     import torch
 
     g = cfg.grid
@@ -202,9 +227,12 @@ def run_transfer(cfg: BenchConfig, device: str, result: BenchResult,
             fits = [b for b in g.transfer_batches if _batch_bytes(b, size, dtype) <= cap]
             for b in g.transfer_batches:
                 if b not in fits:
-                    result.skip("transfer", f"{label} {w}x{h} batch {b}",
-                                f"{_batch_bytes(b, size, dtype) / 1e9:.1f} GB per batch is over "
-                                f"the {cap / 1e9:.1f} GB limit (a quarter of free memory)")
+                    result.skip(
+                        "transfer",
+                        f"{label} {w}x{h} batch {b}",
+                        f"{_batch_bytes(b, size, dtype) / 1e9:.1f} GB per batch is over "
+                        f"the {cap / 1e9:.1f} GB limit (a quarter of free memory)",
+                    )
                     tick()
             if not fits:
                 continue
@@ -213,20 +241,38 @@ def run_transfer(cfg: BenchConfig, device: str, result: BenchResult,
             buf.fill_(7)  # fault the pages in before any clock runs
             for b in fits:
                 nxt = _rotating(buf, b)
-                sec = time_call(lambda nxt=nxt, nb=pinned: nxt().to(device, non_blocking=nb, copy=True),
-                                device, repeats=g.repeats, target_s=g.target_s)
+                sec = time_call(
+                    lambda nxt=nxt, nb=pinned: nxt().to(device, non_blocking=nb, copy=True),
+                    device,
+                    repeats=g.repeats,
+                    target_s=g.target_s,
+                )
                 nbytes = _batch_bytes(b, size, dtype)
-                result.transfer.append({
-                    "image": f"{w}x{h}", "batch": b, "dtype": dtype, "pinned": pinned,
-                    "series": label, "ms": round(sec * 1e3, 4),
-                    "images_per_s": round(b / sec, 1), "gb_per_s": round(nbytes / sec / 1e9, 3)})
+                result.transfer.append(
+                    {
+                        "image": f"{w}x{h}",
+                        "batch": b,
+                        "dtype": dtype,
+                        "pinned": pinned,
+                        "series": label,
+                        "ms": round(sec * 1e3, 4),
+                        "images_per_s": round(b / sec, 1),
+                        "gb_per_s": round(nbytes / sec / 1e9, 3),
+                    }
+                )
                 tick()
             del buf
         _conversion(cfg, device, size, cap, result, tick)
 
 
-def _conversion(cfg: BenchConfig, device: str, size: tuple[int, int], cap: int,
-                result: BenchResult, tick: Callable[[], None]) -> None:
+def _conversion(
+    cfg: BenchConfig,
+    device: str,
+    size: tuple[int, int],
+    cap: int,
+    result: BenchResult,
+    tick: Callable[[], None],
+) -> None:
     """uint8 batch in host memory (pinned on CUDA, as a loader holds it) -> float on the device."""
     import torch
 
@@ -241,10 +287,12 @@ def _conversion(cfg: BenchConfig, device: str, size: tuple[int, int], cap: int,
         short = {"float16": "half", "float32": "float"}[to]
         dt = getattr(torch, to)
         variants = {
-            f"x.{dev}().{short}()" if cuda else f"x.{dev}.{short}()":
-                lambda x, dt=dt: x.to(device, non_blocking=cuda, copy=True).to(dt),
-            f"x.{short}().{dev}()" if cuda else f"x.{short}().{dev}":
-                lambda x, dt=dt: x.to(dt).to(device, copy=True),
+            f"x.{dev}().{short}()" if cuda else f"x.{dev}.{short}()": lambda x, dt=dt: x.to(
+                device, non_blocking=cuda, copy=True
+            ).to(dt),
+            f"x.{short}().{dev}()" if cuda else f"x.{short}().{dev}": lambda x, dt=dt: x.to(dt).to(
+                device, copy=True
+            ),
         }
         for order, (label, fn) in enumerate(variants.items()):
             for b in g.transfer_batches:
@@ -253,12 +301,21 @@ def _conversion(cfg: BenchConfig, device: str, size: tuple[int, int], cap: int,
                     tick()
                     continue
                 nxt = _rotating(buf, b)
-                sec = time_call(lambda nxt=nxt, fn=fn: fn(nxt()), device,
-                                repeats=g.repeats, target_s=g.target_s)
-                result.conversion.append({
-                    "image": f"{w}x{h}", "batch": b, "to": to, "order": order,
-                    "series": label, "convert_on": "device" if order == 0 else "host",
-                    "ms": round(sec * 1e3, 4), "images_per_s": round(b / sec, 1)})
+                sec = time_call(
+                    lambda nxt=nxt, fn=fn: fn(nxt()), device, repeats=g.repeats, target_s=g.target_s
+                )
+                result.conversion.append(
+                    {
+                        "image": f"{w}x{h}",
+                        "batch": b,
+                        "to": to,
+                        "order": order,
+                        "series": label,
+                        "convert_on": "device" if order == 0 else "host",
+                        "ms": round(sec * 1e3, 4),
+                        "images_per_s": round(b / sec, 1),
+                    }
+                )
                 tick()
 
 
@@ -303,8 +360,12 @@ def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str,
         kind = f"synthetic {g.photo_size[0]}x{g.photo_size[1]} JPEG quality 95"
     paths = {"original": orig}
     n = sum(1 for p in orig.rglob("*") if p.is_file() or p.is_symlink())
-    result.dataset = {"images": n, "kind": kind, "original_bytes": _tree_bytes(orig),
-                      "pack_image": [3, g.pack_side, g.pack_side]}
+    result.dataset = {
+        "images": n,
+        "kind": kind,
+        "original_bytes": _tree_bytes(orig),
+        "pack_image": [3, g.pack_side, g.pack_side],
+    }
     comp = work / "compressed"
     try:
         r = compress(orig, comp, CompressConfig(workers=cfg.workers))
@@ -350,28 +411,45 @@ class Way:
     close: Callable[[], None] = lambda: None
 
 
-def _folder_way(name: str, root: Path, side: int, batch: int, device: str, workers: int,
-                images: int) -> Way:
+def _folder_way(
+    name: str, root: Path, side: int, batch: int, device: str, workers: int, images: int
+) -> Way:
     import torch
 
     from .verify import folder_dataset
 
-    ds = folder_dataset(root, {"image_shape": [3, side, side], "resize": "crop",
-                               "classes": ["*"]})
+    ds = folder_dataset(root, {"image_shape": [3, side, side], "resize": "crop", "classes": ["*"]})
     sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=1 << 40)
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler,
-                                     num_workers=workers, pin_memory=device.startswith("cuda"))
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.startswith("cuda"),
+    )
     rnd = max(1, workers)
 
     def ship(b: Any) -> Any:
         return b[0].to(device, non_blocking=True), b[1].to(device, non_blocking=True)
 
-    return Way(f"{name} folder (ImageFolder + Pillow, {workers} workers)", dl, ship,
-               warmup=2 * rnd, per_repeat=max(rnd, math.ceil(images / batch)))
+    return Way(
+        f"{name} folder (ImageFolder + Pillow, {workers} workers)",
+        dl,
+        ship,
+        warmup=2 * rnd,
+        per_repeat=max(rnd, math.ceil(images / batch)),
+    )
 
 
-def _ways(paths: dict[str, Path], side: int, batch: int, device: str, workers: int,
-          per_repeat_images: int, section: str) -> Iterator[Way]:
+def _ways(
+    paths: dict[str, Path],
+    side: int,
+    batch: int,
+    device: str,
+    workers: int,
+    per_repeat_images: int,
+    section: str,
+) -> Iterator[Way]:
     """Each way of loading, made when it is its turn (one at a time holds workers or
     pinned memory). Batches end on ``device`` as normalized floats: folder loaders
     normalize in their workers, as people write them; the pack on arrival."""
@@ -387,18 +465,35 @@ def _ways(paths: dict[str, Path], side: int, batch: int, device: str, workers: i
         pl = PackLoader(paths["pack"], batch, device="cpu", drop_last=True)
         if cuda:  # the pack read the simple way: host batches, then a plain copy
             norm = Normalize().to(device)
-            yield Way(f"pack read on the CPU, then .to({device})", pl,
-                      lambda b: (norm(b[0].to(device)), b[1].to(device)), 6, pack_batches,
-                      pl.close)
+            yield Way(
+                f"pack read on the CPU, then .to({device})",
+                pl,
+                lambda b: (norm(b[0].to(device)), b[1].to(device)),
+                6,
+                pack_batches,
+                pl.close,
+            )
         else:
             cpu_norm = Normalize()
-            yield Way("pack on CPU (PackLoader)", pl, lambda b: (cpu_norm(b[0]), b[1]), 6,
-                      pack_batches, pl.close)
+            yield Way(
+                "pack on CPU (PackLoader)",
+                pl,
+                lambda b: (cpu_norm(b[0]), b[1]),
+                6,
+                pack_batches,
+                pl.close,
+            )
     if cuda:
         norm = Normalize().to(device)
         pl = PackLoader(paths["pack"], batch, device=device, drop_last=True)
-        yield Way(f"pack to {device} (PackLoader)", pl, lambda b: (norm(b[0]), b[1]), 6,
-                  pack_batches, pl.close)
+        yield Way(
+            f"pack to {device} (PackLoader)",
+            pl,
+            lambda b: (norm(b[0]), b[1]),
+            6,
+            pack_batches,
+            pl.close,
+        )
 
 
 def load_count(pack: Path) -> int:
@@ -411,8 +506,14 @@ def _iterate(way: Way) -> Callable[[], Any]:
     return lambda: iter(way.loader)
 
 
-def run_loading(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: int,
-                result: BenchResult, tick: Callable[[], None]) -> None:
+def run_loading(
+    cfg: BenchConfig,
+    paths: dict[str, Path],
+    device: str,
+    workers: int,
+    result: BenchResult,
+    tick: Callable[[], None],
+) -> None:
     g = cfg.grid
     for batch in g.load_batches:
         if batch > result.dataset["images"]:
@@ -421,19 +522,32 @@ def run_loading(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: 
                 tick()
             continue
         for way in _ways(paths, g.pack_side, batch, device, workers, g.load_images, "loading"):
-            rate = time_loader(_iterate(way), lambda b, f=way.ship: f(b)[0], device,
-                               way.per_repeat, g.load_repeats, warmup=way.warmup)
+            rate = time_loader(
+                _iterate(way),
+                lambda b, f=way.ship: f(b)[0],
+                device,
+                way.per_repeat,
+                g.load_repeats,
+                warmup=way.warmup,
+            )
             way.close()
-            result.loading.append({"loader": way.name, "batch": batch,
-                                   "images_per_s": round(rate, 1)})
+            result.loading.append(
+                {"loader": way.name, "batch": batch, "images_per_s": round(rate, 1)}
+            )
             tick()
 
 
 # ---------------------------------------------------------------- training
 
 
-def run_training(cfg: BenchConfig, paths: dict[str, Path], device: str, workers: int,
-                 result: BenchResult, tick: Callable[[], None]) -> None:
+def run_training(
+    cfg: BenchConfig,
+    paths: dict[str, Path],
+    device: str,
+    workers: int,
+    result: BenchResult,
+    tick: Callable[[], None],
+) -> None:
     import torch
     import torchvision
 
@@ -468,12 +582,24 @@ def run_training(cfg: BenchConfig, paths: dict[str, Path], device: str, workers:
             result.skip("training", way.name, f"batch {b} is larger than the dataset")
             continue
         make = on_gpu if way.loader is None else _iterate(way)
-        rate = time_loader(make, lambda t, f=way.ship: step(*f(t)), device,
-                           max(g.train_steps, way.per_repeat), g.train_repeats,
-                           warmup=way.warmup)
+        rate = time_loader(
+            make,
+            lambda t, f=way.ship: step(*f(t)),
+            device,
+            max(g.train_steps, way.per_repeat),
+            g.train_repeats,
+            warmup=way.warmup,
+        )
         way.close()
-        result.training.append({"loader": way.name, "batch": b, "model": "resnet18",
-                                "precision": "bf16 autocast", "images_per_s": round(rate, 1)})
+        result.training.append(
+            {
+                "loader": way.name,
+                "batch": b,
+                "model": "resnet18",
+                "precision": "bf16 autocast",
+                "images_per_s": round(rate, 1),
+            }
+        )
         tick()
     ceiling = result.training[0]["images_per_s"]
     for p in result.training:
@@ -501,16 +627,23 @@ def machine_info(device: str) -> dict[str, Any]:
 
     import torch
 
-    info: dict[str, Any] = {"cores": os.cpu_count(), "cpu": platform.processor() or
-                            platform.machine(), "python": platform.python_version(),
-                            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
 
 
-def bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[int], None] | None = None,
-          on_start: Callable[[int, int], None] | None = None) -> BenchResult:
+def bench(
+    cfg: BenchConfig = BenchConfig(),
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> BenchResult:
     """Run the experiments of ``cfg``; every measured point is in the result.
 
     Raises PackerError for unusable options (no CUDA for ``device="cuda"``, a
@@ -524,9 +657,13 @@ def bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[int], None] | No
     cuda = device.startswith("cuda")
     cores = os.cpu_count() or 1
     workers = cfg.resolved_workers(cores)
-    result = BenchResult(device=device, device_name=torch.cuda.get_device_name(device)
-                         if cuda else "CPU", quick=cfg.quick, machine=machine_info(device),
-                         grid=asdict(cfg.grid))
+    result = BenchResult(
+        device=device,
+        device_name=torch.cuda.get_device_name(device) if cuda else "CPU",
+        quick=cfg.quick,
+        machine=machine_info(device),
+        grid=asdict(cfg.grid),
+    )
     result.grid["workers"] = workers
     tick = (lambda: progress(1)) if progress else (lambda: None)
     if on_start:
@@ -552,30 +689,40 @@ def bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[int], None] | No
 # ---------------------------------------------------------------- report
 
 
-def _pivot(points: list[dict[str, Any]], row: str, col: str, val: str,
-           fmt: Callable[[Any], str]) -> list[str]:
+def _pivot(
+    points: list[dict[str, Any]], row: str, col: str, val: str, fmt: Callable[[Any], str]
+) -> list[str]:
     rows = list(dict.fromkeys(p[row] for p in points))
     cols = list(dict.fromkeys(p[col] for p in points))
     cell = {(p[row], p[col]): p[val] for p in points}
-    lines = [f"| {row} | " + " | ".join(str(c) for c in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = [f"| {row} | " + " | ".join(str(c) for c in cols) + " |", "|---|" + "---:|" * len(cols)]
     for r in rows:
-        lines.append(f"| {r} | " + " | ".join(fmt(cell[r, c]) if (r, c) in cell else "-"
-                                               for c in cols) + " |")
+        lines.append(
+            f"| {r} | "
+            + " | ".join(fmt(cell[r, c]) if (r, c) in cell else "-" for c in cols)
+            + " |"
+        )
     return lines
 
 
 def to_markdown(r: dict[str, Any]) -> str:
     """The result (``BenchResult.to_json()``) as Markdown tables."""
     m = r["machine"]
-    out = [f"# imgpack bench{' --quick' if r['quick'] else ''}", "",
-           f"{r['device_name']} ({r['device']}), {m['cores']} cores, torch {m['torch']}, "
-           f"{m['date']}; {r['seconds']:.0f} s. Medians of repeats after warm-up (transfer "
-           f"{r['grid']['repeats']}, loading {r['grid']['load_repeats']}, training "
-           f"{r['grid']['train_repeats']}), device synchronized before each clock read.", ""]
+    out = [
+        f"# imgpack bench{' --quick' if r['quick'] else ''}",
+        "",
+        f"{r['device_name']} ({r['device']}), {m['cores']} cores, torch {m['torch']}, "
+        f"{m['date']}; {r['seconds']:.0f} s. Medians of repeats after warm-up (transfer "
+        f"{r['grid']['repeats']}, loading {r['grid']['load_repeats']}, training "
+        f"{r['grid']['train_repeats']}), device synchronized before each clock read.",
+        "",
+    ]
     for image in dict.fromkeys(p["image"] for p in r["transfer"]):
-        pts = [dict(p, cell=f"{p['images_per_s']:,.0f} ({p['gb_per_s']:.1f})")
-               for p in r["transfer"] if p["image"] == image]
+        pts = [
+            dict(p, cell=f"{p['images_per_s']:,.0f} ({p['gb_per_s']:.1f})")
+            for p in r["transfer"]
+            if p["image"] == image
+        ]
         out += [f"## Transfer, {image} images: images/s (GB/s) by batch size", ""]
         out += _pivot(pts, "series", "batch", "cell", str)
         out.append("")
@@ -588,18 +735,30 @@ def to_markdown(r: dict[str, Any]) -> str:
         d = r["dataset"]
         sizes = [f"original {d['original_bytes'] / d['images'] / 1e3:,.0f} KB/image"]
         if "compressed_bytes" in d:
-            sizes.append(f"compressed (-q:v {d['compress_quality']}) "
-                         f"{d['compressed_bytes'] / d['images'] / 1e3:,.0f} KB/image")
+            sizes.append(
+                f"compressed (-q:v {d['compress_quality']}) "
+                f"{d['compressed_bytes'] / d['images'] / 1e3:,.0f} KB/image"
+            )
         sizes.append(f"pack {d['pack_bytes'] / d['images'] / 1e3:,.0f} KB/image")
-        out += ["## Loading: images/s on the device, normalized, by batch size", "",
-                f"{d['images']} images, {d['kind']}; " + ", ".join(sizes) + ".", ""]
+        out += [
+            "## Loading: images/s on the device, normalized, by batch size",
+            "",
+            f"{d['images']} images, {d['kind']}; " + ", ".join(sizes) + ".",
+            "",
+        ]
         out += _pivot(r["loading"], "loader", "batch", "images_per_s", lambda v: f"{v:,.0f}")
         out.append("")
     if r["training"]:
-        out += [f"## Training: ResNet-18, bf16 autocast, batch {r['training'][0]['batch']}", "",
-                "| fed by | images/s | of the ceiling |", "|---|---:|---:|"]
-        out += [f"| {p['loader']} | {p['images_per_s']:,.0f} | {p['of_ceiling']:.1%} |"
-                for p in r["training"]]
+        out += [
+            f"## Training: ResNet-18, bf16 autocast, batch {r['training'][0]['batch']}",
+            "",
+            "| fed by | images/s | of the ceiling |",
+            "|---|---:|---:|",
+        ]
+        out += [
+            f"| {p['loader']} | {p['images_per_s']:,.0f} | {p['of_ceiling']:.1%} |"
+            for p in r["training"]
+        ]
         out.append("")
     if r["skipped"]:
         out += ["## Not measured", ""]

@@ -83,7 +83,9 @@ class BuildConfig:
         if not (1 <= w <= 8192 and 1 <= h <= 8192):
             raise UsageError(f"--size {w}x{h} is out of range: each side must be 1 to 8192 pixels")
         if self.resize not in RESIZE_MODES:
-            raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, not {self.resize!r}")
+            raise UsageError(
+                f"--resize must be one of {', '.join(RESIZE_MODES)}, not {self.resize!r}"
+            )
         if self.workers is not None and not 1 <= self.workers <= 1024:
             raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
         if self.max_pixels < 1:
@@ -106,9 +108,15 @@ class BuildResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "count": self.count, "skipped": self.skipped,
-                "classes": self.classes, "image_shape": self.image_shape,
-                "seconds": round(self.seconds, 3), "resumed": self.resumed}
+        return {
+            "path": str(self.path),
+            "count": self.count,
+            "skipped": self.skipped,
+            "classes": self.classes,
+            "image_shape": self.image_shape,
+            "seconds": round(self.seconds, 3),
+            "resumed": self.resumed,
+        }
 
 
 def default_workers() -> int:
@@ -122,8 +130,10 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     """Refuse destinations that would lose data or nest the pack inside its source."""
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
-        raise InputError(f"{dst}: the pack would be inside its source {src}; "
-                         "choose a destination outside the source folder")
+        raise InputError(
+            f"{dst}: the pack would be inside its source {src}; "
+            "choose a destination outside the source folder"
+        )
     if rs.is_relative_to(rd):
         raise InputError(f"{dst}: contains the source {src}; choose another destination")
     if dst.exists() or dst.is_symlink():
@@ -133,8 +143,10 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
         elif dst.is_dir() and not any(dst.iterdir()):
             pass  # an empty folder is fine
         else:
-            raise InputError(f"{dst}: exists and is not an imgpack pack; refusing to replace it "
-                             "(choose a new path or remove it yourself)")
+            raise InputError(
+                f"{dst}: exists and is not an imgpack pack; refusing to replace it "
+                "(choose a new path or remove it yourself)"
+            )
 
 
 @contextlib.contextmanager
@@ -146,8 +158,10 @@ def dest_lock(dst: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise PackBusyError(f"{dst}: another imgpack process is writing this destination "
-                                f"(lock {lock_path}); wait for it to finish") from None
+            raise PackBusyError(
+                f"{dst}: another imgpack process is writing this destination "
+                f"(lock {lock_path}); wait for it to finish"
+            ) from None
         yield
     finally:
         os.close(fd)
@@ -187,7 +201,9 @@ def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
     _W["spec"] = spec
 
 
-def _decode_chunk(task: tuple[int, int, list[str]]) -> tuple[int, list[list[Any]], list[list[int]], str]:
+def _decode_chunk(
+    task: tuple[int, int, list[str]],
+) -> tuple[int, list[list[Any]], list[list[int]], str]:
     """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha."""
     chunk, start, paths = task
     spec: ResizeSpec = _W["spec"]
@@ -219,8 +235,11 @@ def _decode_chunk(task: tuple[int, int, list[str]]) -> tuple[int, list[list[Any]
 
 def _fingerprint(scan: Scan, config: BuildConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([FORMAT_VERSION, list(config.size), config.resize, config.max_pixels,
-                         scan.classes]).encode())
+    h.update(
+        json.dumps(
+            [FORMAT_VERSION, list(config.size), config.resize, config.max_pixels, scan.classes]
+        ).encode()
+    )
     for e in scan.entries:
         try:
             st = os.stat(scan.root / e.rel)
@@ -271,7 +290,8 @@ def _prepare_work_dir(work: Path, fingerprint: str, total_bytes: int) -> dict[in
                     raise DiskFullError(
                         f"{work.parent}: not enough disk space for the pack (needs "
                         f"{total_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free); free space "
-                        "and run the same command again") from None
+                        "and run the same command again"
+                    ) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
                 os.ftruncate(fd, total_bytes)
@@ -281,10 +301,13 @@ def _prepare_work_dir(work: Path, fingerprint: str, total_bytes: int) -> dict[in
     return {}
 
 
-def build(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-          config: BuildConfig = BuildConfig(),
-          progress: Callable[[int], None] | None = None,
-          on_start: Callable[[int, int], None] | None = None) -> BuildResult:
+def build(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    config: BuildConfig = BuildConfig(),
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> BuildResult:
     """Build a pack at ``dst`` from the images under ``src``.
 
     ``progress(n)`` is called in this process after each chunk with the number
@@ -304,15 +327,23 @@ def build(src: str | os.PathLike[str], dst: str | os.PathLike[str],
             return _build_locked(scan, dst, config, progress, on_start, t0)
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise DiskFullError(f"{dst.parent}: the disk is full ({e}); free space and run the "
-                                "same command again: the finished part is kept") from None
+            raise DiskFullError(
+                f"{dst.parent}: the disk is full ({e}); free space and run the "
+                "same command again: the finished part is kept"
+            ) from None
         raise
 
 
-def _decode_all(scan: Scan, config: BuildConfig, work: Path, chunks: list[tuple[int, int, list[str]]],
-                row: int, pool: Any, progress: Callable[[int], None] | None,
-                on_start: Callable[[int, int], None] | None,
-                ) -> tuple[float, float, dict[int, dict[str, Any]], int]:
+def _decode_all(
+    scan: Scan,
+    config: BuildConfig,
+    work: Path,
+    chunks: list[tuple[int, int, list[str]]],
+    row: int,
+    pool: Any,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+) -> tuple[float, float, dict[int, dict[str, Any]], int]:
     """Prepare (or resume) the work dir and decode every pending chunk into it.
 
     Returns when setup ended, when the first chunk arrived, the journal of
@@ -340,6 +371,7 @@ def _decode_all(scan: Scan, config: BuildConfig, work: Path, chunks: list[tuple[
 
     if pending:
         with open(work / JOURNAL, "a", encoding="utf-8") as journal:
+
             def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
                 chunk, skips, sizes, sha = res
                 rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
@@ -367,15 +399,22 @@ def _decode_all(scan: Scan, config: BuildConfig, work: Path, chunks: list[tuple[
     return t_prepared, (t_first or [time.perf_counter()])[0], done, resumed
 
 
-def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
-                  progress: Callable[[int], None] | None,
-                  on_start: Callable[[int, int], None] | None, t0: float) -> BuildResult:
+def _build_locked(
+    scan: Scan,
+    dst: Path,
+    config: BuildConfig,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+    t0: float,
+) -> BuildResult:
     spec = config.spec
     n_total = len(scan.entries)
     row = image_bytes(spec.shape)
     block = block_rows_for(n_total)
-    chunks = [(k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block:(k + 1) * block]])
-              for k in range((n_total + block - 1) // block)]
+    chunks = [
+        (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
+        for k in range((n_total + block - 1) // block)
+    ]
     work = work_dir_for(dst)
     workers = min(config.workers or default_workers(), len(chunks))
     pool = None
@@ -388,7 +427,8 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
         pool = ctx.Pool(workers, initializer=_worker_init, initargs=(str(work / ROWS_FILE), spec))
     try:
         t_prepared, t_first, done, resumed = _decode_all(
-            scan, config, work, chunks, row, pool, progress, on_start)
+            scan, config, work, chunks, row, pool, progress, on_start
+        )
         if pool is not None:
             pool.close()
     except BaseException:
@@ -402,15 +442,25 @@ def _build_locked(scan: Scan, dst: Path, config: BuildConfig,
     result = _finalize(scan, dst, work, config, done, block, resumed, t0)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
-    result.extra = {"setup_s": round(t_prepared - t0, 3),
-                    "first_chunk_s": round(t_first - t_prepared, 3),
-                    "decode_s": round(t_decoded - t0, 3),
-                    "finalize_s": round(time.perf_counter() - t_decoded, 3)}
+    result.extra = {
+        "setup_s": round(t_prepared - t0, 3),
+        "first_chunk_s": round(t_first - t_prepared, 3),
+        "decode_s": round(t_decoded - t0, 3),
+        "finalize_s": round(time.perf_counter() - t_decoded, 3),
+    }
     return result
 
 
-def _finalize(scan: Scan, dst: Path, work: Path, config: BuildConfig,
-              done: dict[int, dict[str, Any]], block: int, resumed: int, t0: float) -> BuildResult:
+def _finalize(
+    scan: Scan,
+    dst: Path,
+    work: Path,
+    config: BuildConfig,
+    done: dict[int, dict[str, Any]],
+    block: int,
+    resumed: int,
+    t0: float,
+) -> BuildResult:
     spec = config.spec
     row = image_bytes(spec.shape)
     skip_reason: dict[int, str] = {}
@@ -445,18 +495,31 @@ def _finalize(scan: Scan, dst: Path, work: Path, config: BuildConfig,
     skipped = [{"path": scan.entries[i].rel, "reason": skip_reason[i]} for i in sorted(skip_reason)]
     counts = np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
     manifest = {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "count": n,
-        "image_shape": list(spec.shape), "dtype": "uint8", "resize": config.resize,
-        "classes": scan.classes, "class_counts": counts,
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "count": n,
+        "image_shape": list(spec.shape),
+        "dtype": "uint8",
+        "resize": config.resize,
+        "classes": scan.classes,
+        "class_counts": counts,
         "sources": [scan.entries[i].rel for i in keep],
         "source_sizes": [sizes[i] for i in keep],
         "skipped": skipped,
-        "build": {"size": list(config.size), "resize": config.resize,
-                  "max_pixels": config.max_pixels, "source_root": str(scan.root.resolve()),
-                  "imgpack_version": __version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-        "checksums": {"algorithm": CHECKSUM, "block_rows": block, "images": shas,
-                      "labels": digest(labels.tobytes())},
+        "build": {
+            "size": list(config.size),
+            "resize": config.resize,
+            "max_pixels": config.max_pixels,
+            "source_root": str(scan.root.resolve()),
+            "imgpack_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+        "checksums": {
+            "algorithm": CHECKSUM,
+            "block_rows": block,
+            "images": shas,
+            "labels": digest(labels.tobytes()),
+        },
     }
     write_tensordict_meta(work, n, list(spec.shape))
     write_json_atomic(work / MANIFEST, manifest)
@@ -474,9 +537,15 @@ def _finalize(scan: Scan, dst: Path, work: Path, config: BuildConfig,
     else:
         os.replace(work, dst)
     _fsync_dir(dst.parent)
-    return BuildResult(path=dst, count=n, skipped=skipped, classes=scan.classes,
-                       image_shape=list(spec.shape), seconds=time.perf_counter() - t0,
-                       resumed=resumed)
+    return BuildResult(
+        path=dst,
+        count=n,
+        skipped=skipped,
+        classes=scan.classes,
+        image_shape=list(spec.shape),
+        seconds=time.perf_counter() - t0,
+        resumed=resumed,
+    )
 
 
 def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: int) -> list[str]:
@@ -489,7 +558,7 @@ def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: 
     with open(rows_path, "rb") as src, open(tmp, "wb") as out:
         for b in range(0, len(keep), block):
             buf = bytearray()
-            for i in keep[b:b + block]:
+            for i in keep[b : b + block]:
                 src.seek(i * row)
                 buf += src.read(row)
             out.write(buf)

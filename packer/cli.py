@@ -41,8 +41,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"Error: {e}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            click.echo("\nInterrupted. The work done so far is kept: run the same command "
-                       "again to resume.", err=True)
+            click.echo(
+                "\nInterrupted. The work done so far is kept: run the same command "
+                "again to resume.",
+                err=True,
+            )
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper
@@ -59,8 +62,15 @@ class _Bar:
         if not self.quiet:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=done, desc=self.desc, unit=self.unit,
-                            file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(
+                total=total,
+                initial=done,
+                desc=self.desc,
+                unit=self.unit,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
 
     def update(self, n: int = 1) -> None:
         if self.bar is not None:
@@ -71,8 +81,9 @@ class _Bar:
             self.bar.close()
 
 
-def _run_with_bar(desc: str, quiet: bool, as_json: bool, run: Callable[..., Any],
-                  unit: str = "img") -> Any:
+def _run_with_bar(
+    desc: str, quiet: bool, as_json: bool, run: Callable[..., Any], unit: str = "img"
+) -> Any:
     """Run a library call that reports ``on_start``/``progress``, drawing a tqdm bar on stderr."""
     _setup_logging(quiet or as_json)
     bar = _Bar(desc, unit, quiet)
@@ -83,8 +94,9 @@ def _run_with_bar(desc: str, quiet: bool, as_json: bool, run: Callable[..., Any]
 
 
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr
+    )
 
 
 def _human_bytes(n: float) -> str:
@@ -99,7 +111,9 @@ def _print_skips(skipped: list[dict[str, str]], limit: int = 20) -> None:
     for s in skipped[:limit]:
         click.echo(f"  skipped {s['path']}: {s['reason']}", err=True)
     if len(skipped) > limit:
-        click.echo(f"  ... and {len(skipped) - limit} more (see --json or `imgpack info`)", err=True)
+        click.echo(
+            f"  ... and {len(skipped) - limit} more (see --json or `imgpack info`)", err=True
+        )
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -131,23 +145,51 @@ def cli() -> None:
 @cli.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--size", default="224", show_default=True, callback=_parse_size,
-              help="Output size: S for S×S, or WxH (width x height), in pixels.")
-@click.option("--resize", type=click.Choice(["crop", "stretch", "pad"]), default="crop",
-              show_default=True,
-              help="crop: scale the shorter side, take the centre. stretch: ignore aspect. "
-                   "pad: scale the longer side, letterbox with black.")
-@click.option("--workers", type=click.IntRange(1, 1024), default=None,
-              help="Decoding processes [default: all cores].")
-@click.option("--max-pixels", type=click.IntRange(1), default=100_000_000, show_default=True,
-              help="Skip images larger than this (decompression-bomb guard).")
+@click.option(
+    "--size",
+    default="224",
+    show_default=True,
+    callback=_parse_size,
+    help="Output size: S for S×S, or WxH (width x height), in pixels.",
+)
+@click.option(
+    "--resize",
+    type=click.Choice(["crop", "stretch", "pad"]),
+    default="crop",
+    show_default=True,
+    help="crop: scale the shorter side, take the centre. stretch: ignore aspect. "
+    "pad: scale the longer side, letterbox with black.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Decoding processes [default: all cores].",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(1),
+    default=100_000_000,
+    show_default=True,
+    help="Skip images larger than this (decompression-bomb guard).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at DST.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
 @handle_errors
-def build(src: Path, dst: Path, size: tuple[int, int], resize: str, workers: int | None,
-          max_pixels: int, overwrite: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+def build(
+    src: Path,
+    dst: Path,
+    size: tuple[int, int],
+    resize: str,
+    workers: int | None,
+    max_pixels: int,
+    overwrite: bool,
+    strict: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
     SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
@@ -164,19 +206,21 @@ def build(src: Path, dst: Path, size: tuple[int, int], resize: str, workers: int
     from .build import BuildConfig
     from .build import build as run_build
 
-    config = BuildConfig(size=size, resize=resize, workers=workers, overwrite=overwrite,
-                         max_pixels=max_pixels)
-    result = _run_with_bar("build", quiet, as_json,
-                           functools.partial(run_build, src, dst, config))
+    config = BuildConfig(
+        size=size, resize=resize, workers=workers, overwrite=overwrite, max_pixels=max_pixels
+    )
+    result = _run_with_bar("build", quiet, as_json, functools.partial(run_build, src, dst, config))
     if as_json:
         _emit_json(result.to_json())
     elif not quiet:
         _print_skips(result.skipped)
-        click.echo(f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
-                   f"into {dst} in {result.seconds:.1f} s"
-                   + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
-                   + (f" (resumed: {result.resumed} were already done)" if result.resumed else ""),
-                   err=True)
+        click.echo(
+            f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
+            f"into {dst} in {result.seconds:.1f} s"
+            + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
+            + (f" (resumed: {result.resumed} were already done)" if result.resumed else ""),
+            err=True,
+        )
     if strict and result.skipped:
         sys.exit(EXIT_PROBLEM)
 
@@ -199,9 +243,14 @@ def info(pack: Path, as_json: bool) -> None:
     classes = m["classes"]
     counts = m.get("class_counts") or [0] * len(classes)
     out = {
-        "path": str(pack), "count": m["count"], "image_shape": m["image_shape"],
-        "classes": classes, "class_counts": dict(zip(classes, counts)),
-        "bytes": pack_bytes(pack), "build": m["build"], "skipped": m["skipped"],
+        "path": str(pack),
+        "count": m["count"],
+        "image_shape": m["image_shape"],
+        "classes": classes,
+        "class_counts": dict(zip(classes, counts)),
+        "bytes": pack_bytes(pack),
+        "build": m["build"],
+        "skipped": m["skipped"],
         "format_version": m["version"],
     }
     if as_json:
@@ -218,8 +267,10 @@ def info(pack: Path, as_json: bool) -> None:
     else:
         click.echo("classes   none (flat folder; labels are -1)")
     b = m["build"]
-    click.echo(f"built     from {b.get('source_root')} at {b.get('created')} "
-               f"(imgpack {b.get('imgpack_version')}, format {m['version']})")
+    click.echo(
+        f"built     from {b.get('source_root')} at {b.get('created')} "
+        f"(imgpack {b.get('imgpack_version')}, format {m['version']})"
+    )
     click.echo(f"skipped   {len(m['skipped'])}")
     for s in m["skipped"][:20]:
         click.echo(f"  {s['path']}: {s['reason']}")
@@ -228,19 +279,42 @@ def info(pack: Path, as_json: bool) -> None:
 @cli.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("-Q", "--quality", type=int, default=3, show_default=True,
-              help="ffmpeg -q:v: 2 (best, largest) to 31 (worst, smallest).")
-@click.option("--max-side", type=int, default=None,
-              help="Shrink images whose longer side exceeds PX to PX (aspect kept, never enlarged).")
-@click.option("--workers", type=click.IntRange(1, 1024), default=None,
-              help="ffmpeg processes at once [default: all cores].")
+@click.option(
+    "-Q",
+    "--quality",
+    type=int,
+    default=3,
+    show_default=True,
+    help="ffmpeg -q:v: 2 (best, largest) to 31 (worst, smallest).",
+)
+@click.option(
+    "--max-side",
+    type=int,
+    default=None,
+    help="Shrink images whose longer side exceeds PX to PX (aspect kept, never enlarged).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="ffmpeg processes at once [default: all cores].",
+)
 @click.option("--overwrite", is_flag=True, help="Redo every output, even those already there.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any image failed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @handle_errors
-def compress(src: Path, dst: Path, quality: int, max_side: int | None, workers: int | None,
-             overwrite: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+def compress(
+    src: Path,
+    dst: Path,
+    quality: int,
+    max_side: int | None,
+    workers: int | None,
+    overwrite: bool,
+    strict: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Recompress every image under SRC to JPEG in DST, keeping the folder structure.
 
     Each image becomes DST/<same path>.jpg at ffmpeg quality -q:v Q, upright
@@ -257,19 +331,24 @@ def compress(src: Path, dst: Path, quality: int, max_side: int | None, workers: 
     from .compress import CompressConfig
     from .compress import compress as run_compress
 
-    config = CompressConfig(quality=quality, max_side=max_side, workers=workers,
-                            overwrite=overwrite)
-    result = _run_with_bar("compress", quiet, as_json,
-                           functools.partial(run_compress, src, dst, config))
+    config = CompressConfig(
+        quality=quality, max_side=max_side, workers=workers, overwrite=overwrite
+    )
+    result = _run_with_bar(
+        "compress", quiet, as_json, functools.partial(run_compress, src, dst, config)
+    )
     if as_json:
         _emit_json(result.to_json())
     elif not quiet:
         _print_skips(result.failed)
         ratio = result.bytes_in / result.bytes_out if result.bytes_out else 0.0
-        click.echo(f"Wrote {result.written}, skipped {result.skipped} already done, "
-                   f"failed {len(result.failed)}; {_human_bytes(result.bytes_in)} -> "
-                   f"{_human_bytes(result.bytes_out)} ({ratio:.1f}x smaller) in "
-                   f"{result.seconds:.1f} s", err=True)
+        click.echo(
+            f"Wrote {result.written}, skipped {result.skipped} already done, "
+            f"failed {len(result.failed)}; {_human_bytes(result.bytes_in)} -> "
+            f"{_human_bytes(result.bytes_out)} ({ratio:.1f}x smaller) in "
+            f"{result.seconds:.1f} s",
+            err=True,
+        )
     if strict and result.failed:
         sys.exit(EXIT_PROBLEM)
 
@@ -288,26 +367,62 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
 
 @cli.command()
 @click.argument("pack", type=click.Path(path_type=Path))
-@click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="Original image folder [default: the one recorded at build time, if present].")
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Original image folder [default: the one recorded at build time, if present].",
+)
 @click.option("--no-source", is_flag=True, help="Skip the source checks and the folder baseline.")
-@click.option("--sample", default="64", show_default=True, callback=_parse_sample,
-              help="Source images to re-decode and compare, or 'all'.")
-@click.option("--device", default="auto", show_default=True,
-              help="Where to stream: auto (CUDA if present), cpu, cuda, cuda:N.")
+@click.option(
+    "--sample",
+    default="64",
+    show_default=True,
+    callback=_parse_sample,
+    help="Source images to re-decode and compare, or 'all'.",
+)
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Where to stream: auto (CUDA if present), cpu, cuda, cuda:N.",
+)
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--batches", type=click.IntRange(1), default=20, show_default=True,
-              help="Timed batches per repeat (3 repeats, median).")
+@click.option(
+    "--batches",
+    type=click.IntRange(1),
+    default=20,
+    show_default=True,
+    help="Timed batches per repeat (3 repeats, median).",
+)
 @click.option("--no-speed", is_flag=True, help="Integrity checks only.")
-@click.option("--plot", type=click.Path(path_type=Path), default=None,
-              help="Write a PNG bar chart of the throughput comparison.")
-@click.option("--trace", type=click.Path(path_type=Path), default=None,
-              help="Write a torch.profiler Chrome trace of a few streamed batches.")
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write a PNG bar chart of the throughput comparison.",
+)
+@click.option(
+    "--trace",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write a torch.profiler Chrome trace of a few streamed batches.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
-def verify(pack: Path, source: Path | None, no_source: bool, sample: int | None, device: str,
-           batch_size: int, batches: int, no_speed: bool, plot: Path | None, trace: Path | None,
-           as_json: bool) -> None:
+def verify(
+    pack: Path,
+    source: Path | None,
+    no_source: bool,
+    sample: int | None,
+    device: str,
+    batch_size: int,
+    batches: int,
+    no_speed: bool,
+    plot: Path | None,
+    trace: Path | None,
+    as_json: bool,
+) -> None:
     """Check that PACK is intact and measure how fast it streams.
 
     Integrity: manifest, data file sizes, SHA-256 of every block of images,
@@ -325,9 +440,15 @@ def verify(pack: Path, source: Path | None, no_source: bool, sample: int | None,
     from .verify import VerifyConfig
     from .verify import verify as run_verify
 
-    config = VerifyConfig(source=source, use_recorded_source=not no_source, sample=sample,
-                          device=device, batch_size=batch_size, batches=batches,
-                          throughput=not no_speed)
+    config = VerifyConfig(
+        source=source,
+        use_recorded_source=not no_source,
+        sample=sample,
+        device=device,
+        batch_size=batch_size,
+        batches=batches,
+        throughput=not no_speed,
+    )
     report = run_verify(pack, config, trace=trace)
     if plot is not None and report.pack_images_per_s:
         from .plots import plot_verify
@@ -342,36 +463,67 @@ def verify(pack: Path, source: Path | None, no_source: bool, sample: int | None,
         if report.pack_images_per_s:
             click.echo(f"\nthroughput on {report.device}, batch {batch_size}:")
             click.echo(f"  {'loader':<28}{'images/s':>12}{'MB/s':>10}")
-            click.echo(f"  {'pack (PackLoader)':<28}{j['pack_images_per_s']:>12,.0f}"
-                       f"{j['pack_mb_per_s']:>10,.0f}")
+            click.echo(
+                f"  {'pack (PackLoader)':<28}{j['pack_images_per_s']:>12,.0f}"
+                f"{j['pack_mb_per_s']:>10,.0f}"
+            )
             if report.folder_images_per_s:
-                click.echo(f"  {'folder (ImageFolder+PIL)':<28}{j['folder_images_per_s']:>12,.0f}"
-                           f"{j['folder_mb_per_s']:>10,.0f}")
+                click.echo(
+                    f"  {'folder (ImageFolder+PIL)':<28}{j['folder_images_per_s']:>12,.0f}"
+                    f"{j['folder_mb_per_s']:>10,.0f}"
+                )
                 click.echo(f"  speedup {report.speedup:.1f}x")
         click.echo("\nOK" if report.ok else "\nFAILED", err=not report.ok)
     sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
 
 
 @cli.command()
-@click.option("--device", default="auto", show_default=True,
-              help="auto (CUDA if present), cpu, cuda, cuda:N.")
-@click.option("--quick", is_flag=True,
-              help="A reduced grid: well under a minute on a CPU (for a first look, and CI).")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Folder for the plots, results.md and results.json "
-                   "[default: ./imgpack-bench-DATE-TIME].")
-@click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="Measure loading on an even sample of your own images instead of synthetic ones.")
-@click.option("--only", default=",".join(SECTIONS), show_default=True,
-              help="Comma-separated experiments to run.")
-@click.option("--workers", type=click.IntRange(1, 1024), default=None,
-              help="DataLoader workers and build/compress processes [default: min(16, cores); "
-                   "2 with --quick].")
+@click.option(
+    "--device", default="auto", show_default=True, help="auto (CUDA if present), cpu, cuda, cuda:N."
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="A reduced grid: well under a minute on a CPU (for a first look, and CI).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder for the plots, results.md and results.json [default: ./imgpack-bench-DATE-TIME].",
+)
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Measure loading on an even sample of your own images instead of synthetic ones.",
+)
+@click.option(
+    "--only",
+    default=",".join(SECTIONS),
+    show_default=True,
+    help="Comma-separated experiments to run.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="DataLoader workers and build/compress processes [default: min(16, cores); "
+    "2 with --quick].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every point.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
 @handle_errors
-def bench(device: str, quick: bool, out: Path | None, source: Path | None, only: str,
-          workers: int | None, as_json: bool, quiet: bool) -> None:
+def bench(
+    device: str,
+    quick: bool,
+    out: Path | None,
+    source: Path | None,
+    only: str,
+    workers: int | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Measure, on this machine, what imgpack is built on; write plots and tables.
 
     \b
@@ -401,8 +553,9 @@ def bench(device: str, quick: bool, out: Path | None, source: Path | None, only:
     from .timing import resolve_device
 
     sections = tuple(s.strip() for s in only.split(",") if s.strip())
-    config = BenchConfig(device=device, quick=quick, source=source, workers=workers,
-                         sections=sections)
+    config = BenchConfig(
+        device=device, quick=quick, source=source, workers=workers, sections=sections
+    )
     config.validate()
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
@@ -413,15 +566,19 @@ def bench(device: str, quick: bool, out: Path | None, source: Path | None, only:
         cuda = dev.startswith("cuda")
         est = estimate_seconds(config, os.cpu_count() or 1, cuda)
         took = f"{est / 60:.0f} min" if est > 90 else f"{est:.0f} s"
-        click.echo(f"imgpack bench{' --quick' if quick else ''} on {dev}: "
-                   f"{count_points(config, cuda)} points, expected to take about {took}",
-                   err=True)
+        click.echo(
+            f"imgpack bench{' --quick' if quick else ''} on {dev}: "
+            f"{count_points(config, cuda)} points, expected to take about {took}",
+            err=True,
+        )
     try:
-        result = _run_with_bar("bench", quiet, as_json, functools.partial(run_bench, config),
-                               unit="pt")
+        result = _run_with_bar(
+            "bench", quiet, as_json, functools.partial(run_bench, config), unit="pt"
+        )
     except KeyboardInterrupt:  # no partial results: a bench is rerun, not resumed
-        click.echo("\nInterrupted; no results written (the temporary images are removed).",
-                   err=True)
+        click.echo(
+            "\nInterrupted; no results written (the temporary images are removed).", err=True
+        )
         sys.exit(EXIT_INTERRUPTED)
     r = result.to_json()
     out.mkdir(parents=True, exist_ok=True)
@@ -441,4 +598,3 @@ def bench(device: str, quick: bool, out: Path | None, source: Path | None, only:
 
 def main() -> None:
     cli(prog_name="imgpack")
-

@@ -45,12 +45,21 @@ from .scan import IMAGE_EXTENSIONS, walk_images
 log = logging.getLogger(__name__)
 
 _TRANSPOSE = {  # EXIF orientation -> ffmpeg filters that make it upright
-    2: [("hflip", {})], 3: [("hflip", {}), ("vflip", {})], 4: [("vflip", {})],
-    5: [("transpose", {"dir": 0})], 6: [("transpose", {"dir": 1})],
-    7: [("transpose", {"dir": 3})], 8: [("transpose", {"dir": 2})],
+    2: [("hflip", {})],
+    3: [("hflip", {}), ("vflip", {})],
+    4: [("vflip", {})],
+    5: [("transpose", {"dir": 0})],
+    6: [("transpose", {"dir": 1})],
+    7: [("transpose", {"dir": 3})],
+    8: [("transpose", {"dir": 2})],
 }
-_DIRECT = {"JPEG": "jpeg_pipe", "PNG": "png_pipe", "BMP": "bmp_pipe", "GIF": "gif",
-           "WEBP": "webp_pipe"}
+_DIRECT = {
+    "JPEG": "jpeg_pipe",
+    "PNG": "png_pipe",
+    "BMP": "bmp_pipe",
+    "GIF": "gif",
+    "WEBP": "webp_pipe",
+}
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 _TMP_PREFIX = ".imgpack-tmp-"
 
@@ -81,9 +90,14 @@ class CompressResult:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"written": self.written, "skipped": self.skipped, "failed": self.failed,
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "written": self.written,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def ffmpeg_exe() -> str:
@@ -98,8 +112,10 @@ def ffmpeg_exe() -> str:
 
         return imageio_ffmpeg.get_ffmpeg_exe()
     except Exception as e:  # RuntimeError when the wheel's binary is missing
-        raise FFmpegError(f"no ffmpeg binary found ({e}); reinstall imgpack "
-                          "(the imageio-ffmpeg wheel ships one) or set IMGPACK_FFMPEG") from None
+        raise FFmpegError(
+            f"no ffmpeg binary found ({e}); reinstall imgpack "
+            "(the imageio-ffmpeg wheel ships one) or set IMGPACK_FFMPEG"
+        ) from None
 
 
 def _list_images(src: Path) -> list[str]:
@@ -110,8 +126,9 @@ def _list_images(src: Path) -> list[str]:
         raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
     out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src)]
     if not out:
-        raise InputError(f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in "
-                         "any case)")
+        raise InputError(
+            f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case)"
+        )
     return out
 
 
@@ -158,8 +175,9 @@ def _to_png(data: bytes) -> bytes:
         return buf.getvalue()
 
 
-def ffmpeg_command(exe: str, fmt: str, orientation: int, alpha: bool,
-                   size: tuple[int, int], config: CompressConfig) -> list[str]:
+def ffmpeg_command(
+    exe: str, fmt: str, orientation: int, alpha: bool, size: tuple[int, int], config: CompressConfig
+) -> list[str]:
     """The ffmpeg argv for one image: stdin -> upright, scaled, RGB JPEG on stdout."""
     stream = ffmpeg.input("pipe:0", f=fmt, noautorotate=None, threads=1, err_detect="explode")
     for name, kw in _TRANSPOSE.get(orientation, []):
@@ -169,8 +187,7 @@ def ffmpeg_command(exe: str, fmt: str, orientation: int, alpha: bool,
         w, h = h, w
     if config.max_side and max(w, h) > config.max_side:
         s = config.max_side / max(w, h)
-        stream = stream.filter("scale", max(1, round(w * s)), max(1, round(h * s)),
-                               flags="lanczos")
+        stream = stream.filter("scale", max(1, round(w * s)), max(1, round(h * s)), flags="lanczos")
     if alpha:
         stream = stream.filter("premultiply", inplace=1)
     stream = stream.filter("format", "yuvj420p")
@@ -228,10 +245,13 @@ def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfi
     return len(proc.stdout)
 
 
-def compress(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-             config: CompressConfig = CompressConfig(),
-             progress: Callable[[int], None] | None = None,
-             on_start: Callable[[int, int], None] | None = None) -> CompressResult:
+def compress(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    config: CompressConfig = CompressConfig(),
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> CompressResult:
     """Recompress every image under ``src`` into ``dst`` (same folders, ``.jpg``).
 
     Failed images are listed in the result, not raised. Raises PackerError
@@ -243,8 +263,9 @@ def compress(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     rels = _list_images(src)
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
-        raise InputError(f"{dst}: the output would be inside the source {src}; choose a "
-                         "destination outside it")
+        raise InputError(
+            f"{dst}: the output would be inside the source {src}; choose a destination outside it"
+        )
     if dst.exists() and not dst.is_dir():
         raise InputError(f"{dst}: exists and is not a folder")
     exe = ffmpeg_exe()

@@ -37,6 +37,7 @@ DEFAULT_MAX_PIXELS = 100_000_000
 _TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _EXIF_ORIENTATION = 0x0112
 
+
 @dataclass(frozen=True)
 class ResizeSpec:
     """Target of decoding: ``width`` × ``height`` pixels, fitted by ``mode``."""
@@ -176,11 +177,20 @@ def parse_size(text: str) -> tuple[int, int]:
         else:
             size = (int(t), int(t))
     except ValueError:
-        raise ValueError(f"size must be S or WxH in pixels, like 224 or 320x240, not {text!r}") from None
+        raise ValueError(
+            f"size must be S or WxH in pixels, like 224 or 320x240, not {text!r}"
+        ) from None
     if not all(1 <= v <= 8192 for v in size):
         raise ValueError(f"size {text!r} is out of range: each side must be 1 to 8192 pixels")
     return size
 
 
-__all__ = ["DEFAULT_MAX_PIXELS", "RESIZE_MODES", "ResizeSpec", "decode", "decode_into",
-           "load_resized", "parse_size"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "RESIZE_MODES",
+    "ResizeSpec",
+    "decode",
+    "decode_into",
+    "load_resized",
+    "parse_size",
+]

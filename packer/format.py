@@ -41,9 +41,17 @@ MAX_MANIFEST_BYTES = 2 << 30
 _ALLOWED_DATA = {IMAGES_FILE, LABELS_FILE, "meta.json"}
 _FORBIDDEN_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".npy", ".py", ".so")
 _REQUIRED = {
-    "format": str, "version": int, "count": int, "image_shape": list, "resize": str,
-    "classes": list, "sources": list, "source_sizes": list, "skipped": list,
-    "build": dict, "checksums": dict,
+    "format": str,
+    "version": int,
+    "count": int,
+    "image_shape": list,
+    "resize": str,
+    "classes": list,
+    "sources": list,
+    "source_sizes": list,
+    "skipped": list,
+    "build": dict,
+    "checksums": dict,
 }
 
 
@@ -102,11 +110,17 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def write_tensordict_meta(root: Path, count: int, image_shape: list[int]) -> None:
     """The two meta.json files that let tensordict's own loader open the pack."""
     td_meta = {
-        "images": {"device": "cpu", "shape": [count, *image_shape], "dtype": "torch.uint8",
-                   "is_nested": False},
+        "images": {
+            "device": "cpu",
+            "shape": [count, *image_shape],
+            "dtype": "torch.uint8",
+            "is_nested": False,
+        },
         "labels": {"device": "cpu", "shape": [count], "dtype": "torch.int64", "is_nested": False},
-        "shape": [count], "device": "cpu",
-        "_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1,
+        "shape": [count],
+        "device": "cpu",
+        "_type": "<class 'tensordict._td.TensorDict'>",
+        "_format_version": 1,
         "_class": "tensordict:TensorDict",
     }
     write_json_atomic(root / DATA_DIR / "meta.json", td_meta)
@@ -126,33 +140,49 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise _fail(root, "is a file, not a pack directory")
     lay = Layout(root)
     if not lay.manifest.is_file():
-        raise _fail(root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`")
+        raise _fail(
+            root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`"
+        )
     if lay.manifest.stat().st_size > MAX_MANIFEST_BYTES:
         raise _fail(root, f"{MANIFEST} is implausibly large; the pack is damaged")
     try:
         m = json.loads(lay.manifest.read_bytes())
     except (ValueError, UnicodeDecodeError) as e:
-        raise _fail(root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it") from None
+        raise _fail(
+            root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it"
+        ) from None
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise _fail(root, f"{MANIFEST} is not an imgpack manifest")
     for key, typ in _REQUIRED.items():
         if not isinstance(m.get(key), typ) or isinstance(m.get(key), bool):
-            raise _fail(root, f"{MANIFEST}: field {key!r} is missing or not a {typ.__name__}; rebuild the pack")
+            raise _fail(
+                root,
+                f"{MANIFEST}: field {key!r} is missing or not a {typ.__name__}; rebuild the pack",
+            )
     if m["version"] > FORMAT_VERSION:
-        raise _fail(root, f"made by a newer imgpack (format version {m['version']}, this one reads "
-                          f"up to {FORMAT_VERSION}); upgrade imgpack")
+        raise _fail(
+            root,
+            f"made by a newer imgpack (format version {m['version']}, this one reads "
+            f"up to {FORMAT_VERSION}); upgrade imgpack",
+        )
     if m["version"] < 1:
         raise _fail(root, f"unknown format version {m['version']}")
     n, shape = m["count"], m["image_shape"]
-    if n < 0 or len(shape) != 3 or shape[0] != 3 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 65536 for v in shape):
+    if (
+        n < 0
+        or len(shape) != 3
+        or shape[0] != 3
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 65536 for v in shape)
+    ):
         raise _fail(root, f"{MANIFEST}: bad count {n} or image_shape {shape}")
     if len(m["sources"]) != n or len(m["source_sizes"]) != n:
         raise _fail(root, f"{MANIFEST}: {len(m['sources'])} sources for {n} images")
     for s in m["sources"]:
         p = PurePosixPath(s) if isinstance(s, str) else None
         if p is None or p.is_absolute() or ".." in p.parts or "\\" in s or s.startswith("/"):
-            raise _fail(root, f"{MANIFEST}: source path {s!r} leaves the source folder; refusing the pack")
+            raise _fail(
+                root, f"{MANIFEST}: source path {s!r} leaves the source folder; refusing the pack"
+            )
     if not all(isinstance(c, str) for c in m["classes"]):
         raise _fail(root, f"{MANIFEST}: class names must be strings")
     return m
@@ -166,8 +196,11 @@ def check_files(root: Path, m: dict[str, Any]) -> None:
         for f in files:
             if f.lower().endswith(_FORBIDDEN_SUFFIXES):
                 rel = os.path.relpath(os.path.join(dirpath, f), root)
-                raise _fail(root, f"holds {rel}, a file type imgpack never writes (it could carry "
-                                  "code); refusing the pack. Remove the file if you trust its source")
+                raise _fail(
+                    root,
+                    f"holds {rel}, a file type imgpack never writes (it could carry "
+                    "code); refusing the pack. Remove the file if you trust its source",
+                )
     data_dir = root / DATA_DIR
     if not data_dir.is_dir():
         raise _fail(root, f"{DATA_DIR}/ is missing; the pack is incomplete, rebuild it")
@@ -182,8 +215,11 @@ def check_files(root: Path, m: dict[str, Any]) -> None:
         except (ValueError, AttributeError):
             t = None
         if t != TD_TYPE:
-            raise _fail(root, f"meta.json names type {t!r}, not {TD_TYPE!r}; refusing the pack "
-                              "(nothing was imported)")
+            raise _fail(
+                root,
+                f"meta.json names type {t!r}, not {TD_TYPE!r}; refusing the pack "
+                "(nothing was imported)",
+            )
     n, shape = m["count"], m["image_shape"]
     for path, want in ((lay.images, n * image_bytes(shape)), (lay.labels, n * 8)):
         if path.is_symlink() or not path.is_file():
@@ -192,5 +228,8 @@ def check_files(root: Path, m: dict[str, Any]) -> None:
             raise _fail(root, f"{path.relative_to(root)} points outside the pack; refusing it")
         size = path.stat().st_size
         if size != want:
-            raise _fail(root, f"{path.relative_to(root)} is {size:,} bytes, the manifest says "
-                              f"{want:,} ({n} images of {shape}); the pack is damaged or truncated")
+            raise _fail(
+                root,
+                f"{path.relative_to(root)} is {size:,} bytes, the manifest says "
+                f"{want:,} ({n} images of {shape}); the pack is damaged or truncated",
+            )

@@ -43,8 +43,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _MADV_POPULATE_READ = 22
 
 
-def epoch_indices(n: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int,
-                  drop_last: bool) -> torch.Tensor:
+def epoch_indices(
+    n: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool
+) -> torch.Tensor:
     """This rank's sample order for one epoch, int64 [M].
 
     Same rule as ``torch.utils.data.DistributedSampler``: a permutation from
@@ -98,7 +99,9 @@ def populate(t: torch.Tensor) -> bool:
     length = t.data_ptr() + t.numel() * t.element_size() - start
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_READ) == 0
+        return (
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_READ) == 0
+        )
     except (OSError, AttributeError):
         return False
 
@@ -139,11 +142,22 @@ class PackLoader:
     every epoch when training on several processes.
     """
 
-    def __init__(self, pack: ImagePack | str | os.PathLike[str], batch_size: int, *,
-                 shuffle: bool = True, seed: int = 0, device: str | torch.device = "cuda",
-                 drop_last: bool = False, rank: int | None = None, world_size: int | None = None,
-                 num_threads: int | None = None, prefetch: int = 4, resident: bool = False,
-                 populate: bool = False) -> None:
+    def __init__(
+        self,
+        pack: ImagePack | str | os.PathLike[str],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        device: str | torch.device = "cuda",
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 4,
+        resident: bool = False,
+        populate: bool = False,
+    ) -> None:
         if isinstance(pack, (str, os.PathLike)):
             pack = open_pack(Path(pack))
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -200,8 +214,15 @@ class PackLoader:
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for ``epoch``, in yield order (int64 [M])."""
-        order = epoch_indices(self._n, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
-                              rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
+        order = epoch_indices(
+            self._n,
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+        )
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
         return order
@@ -240,19 +261,27 @@ class PackLoader:
         images, labels = self._resident
         order = order.to(self.device, non_blocking=True)
         for b in range(len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield images.index_select(0, idx), labels.index_select(0, idx)
 
     def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor]:
         images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
         labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
         step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
-        seq = PackLoader(self.pack, step, shuffle=False, device=self.device, rank=0,
-                         world_size=1, num_threads=self.num_threads, prefetch=2)
+        seq = PackLoader(
+            self.pack,
+            step,
+            shuffle=False,
+            device=self.device,
+            rank=0,
+            world_size=1,
+            num_threads=self.num_threads,
+            prefetch=2,
+        )
         start = 0
         for x, y in seq:
-            images[start:start + len(x)].copy_(x)
-            labels[start:start + len(y)].copy_(y)
+            images[start : start + len(x)].copy_(x)
+            labels[start : start + len(y)].copy_(y)
             start += len(x)
         seq.close()
         return images, labels
@@ -276,8 +305,9 @@ class _Slots:
     """``k`` pinned batch buffers, the event after the last copy out of each, a copy stream."""
 
     def __init__(self, k: int, bs: int, shape: tuple[int, ...], device: torch.device) -> None:
-        self.images = [torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True)
-                       for _ in range(k)]
+        self.images = [
+            torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True) for _ in range(k)
+        ]
         self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True) for _ in range(k)]
         self.freed: list[torch.cuda.Event | None] = [None] * k
         self.stream = torch.cuda.Stream(device)
@@ -308,8 +338,11 @@ class _EpochIterator:
         pool = self.loader._thread_pool()
         parts = min(self.loader.num_threads, max(1, len(idx) // 8))
         bounds = np.linspace(0, len(idx), parts + 1).astype(int)
-        return [pool.submit(np.take, self.src, idx[a:b], 0, out[a:b], "clip")
-                for a, b in itertools.pairwise(bounds) if b > a]
+        return [
+            pool.submit(np.take, self.src, idx[a:b], 0, out[a:b], "clip")
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
 
     def _gather(self, idx: np.ndarray, out: np.ndarray) -> None:
         for f in self._submit(idx, out):
@@ -340,7 +373,7 @@ class _EpochIterator:
         for b in range(self.nbatches):
             if self.stop.is_set():
                 return
-            yield self.order[b * bs:(b + 1) * bs]
+            yield self.order[b * bs : (b + 1) * bs]
 
     def _run_cpu(self) -> None:
         shape = self.loader._shape
@@ -454,8 +487,12 @@ class Normalize(nn.Module):
     One fused multiply-add on the device.
     """
 
-    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         m = torch.as_tensor(mean, dtype=torch.float64).reshape(1, -1, 1, 1)
         s = torch.as_tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)

@@ -60,8 +60,9 @@ def walk_images(top: Path) -> list[str]:
             continue
         key = (st.st_dev, st.st_ino)
         if key in seen:
-            log.warning("skipping %s: a symlink loop leads back to a folder already scanned",
-                        dirpath)
+            log.warning(
+                "skipping %s: a symlink loop leads back to a folder already scanned", dirpath
+            )
             dirnames[:] = []
             continue
         seen.add(key)
@@ -83,7 +84,9 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
     try:
         top = sorted(os.scandir(root), key=lambda e: e.name)
     except PermissionError as e:
-        raise InputError(f"{root}: cannot list the folder ({e.strerror}); check its permissions") from e
+        raise InputError(
+            f"{root}: cannot list the folder ({e.strerror}); check its permissions"
+        ) from e
     class_dirs = [e.name for e in top if e.is_dir()]
     entries: list[Entry] = []
     classes: list[str] = []
@@ -91,8 +94,12 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
         classes = class_dirs
         loose = [e.name for e in top if e.is_file() and is_image_name(e.name)]
         if loose:
-            log.warning("%s: %d image(s) directly in the root are ignored (ImageFolder layout: "
-                        "images go in class folders)", root, len(loose))
+            log.warning(
+                "%s: %d image(s) directly in the root are ignored (ImageFolder layout: "
+                "images go in class folders)",
+                root,
+                len(loose),
+            )
         for label, name in enumerate(classes):
             for path in walk_images(root / name):
                 entries.append(Entry(Path(os.path.relpath(path, root)).as_posix(), label))

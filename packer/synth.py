@@ -19,8 +19,9 @@ from PIL import Image, ImageDraw
 def synth_image(seed: int, width: int, height: int) -> Image.Image:
     """One RGB image of ``width`` x ``height``, determined by ``seed``."""
     rng = np.random.default_rng(seed)
-    grid = rng.integers(0, 256, (int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3),
-                        dtype=np.uint8)
+    grid = rng.integers(
+        0, 256, (int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3), dtype=np.uint8
+    )
     # shapes drawn at a quarter of the size, then scaled up: soft, photo-like edges
     sw, sh = max(1, width // 4), max(1, height // 4)
     im = Image.fromarray(grid).resize((sw, sh), Image.Resampling.BICUBIC)
@@ -34,8 +35,10 @@ def synth_image(seed: int, width: int, height: int) -> Image.Image:
     # texture at two scales: blotches a few pixels wide, and sensor-like grain
     coarse = rng.normal(0, 10, (max(1, height // 4), max(1, width // 4), 3)).astype(np.float32)
     coarse_im = Image.fromarray(np.clip(coarse + 128, 0, 255).astype(np.uint8))
-    coarse = np.asarray(coarse_im.resize((width, height), Image.Resampling.BILINEAR),
-                        dtype=np.int16) - 128
+    coarse = (
+        np.asarray(coarse_im.resize((width, height), Image.Resampling.BILINEAR), dtype=np.int16)
+        - 128
+    )
     grain = rng.integers(-4, 5, (height, width, 3), dtype=np.int16)
     a = np.asarray(im, dtype=np.int16) + coarse + grain
     return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
@@ -49,8 +52,15 @@ def _write(args: tuple[int, Path, int, int, int]) -> int:
     return path.stat().st_size
 
 
-def make_jpeg_tree(root: Path, n: int, size: tuple[int, int], *, classes: int = 4,
-                   quality: int = 95, threads: int | None = None) -> int:
+def make_jpeg_tree(
+    root: Path,
+    n: int,
+    size: tuple[int, int],
+    *,
+    classes: int = 4,
+    quality: int = 95,
+    threads: int | None = None,
+) -> int:
     """Write an ImageFolder tree of ``n`` JPEGs (``size`` = (w, h)) under ``root``.
 
     Files are ``class_K/img_NNNNNN.jpg``; image i is in class i mod ``classes``.

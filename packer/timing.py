@@ -19,7 +19,8 @@ from .errors import UsageError
 def check_device_name(device: str) -> None:
     """Refuse a device name other than auto, cpu, cuda, cuda:N (no torch import)."""
     if device not in ("auto", "cpu", "cuda") and not (
-            device.startswith("cuda:") and device[5:].isdigit()):
+        device.startswith("cuda:") and device[5:].isdigit()
+    ):
         raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
 
 
@@ -42,8 +43,14 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], Any], device: str, *, repeats: int = 5,
-              target_s: float = 0.05, max_calls: int = 1000) -> float:
+def time_call(
+    fn: Callable[[], Any],
+    device: str,
+    *,
+    repeats: int = 5,
+    target_s: float = 0.05,
+    max_calls: int = 1000,
+) -> float:
     """Median seconds per call of ``fn``.
 
     Two warm-up calls (the second also sizes the repeat), then ``repeats``
@@ -68,8 +75,14 @@ def time_call(fn: Callable[[], Any], device: str, *, repeats: int = 5,
     return statistics.median(runs)
 
 
-def time_loader(make_iter: Callable[[], Any], consume: Callable[[Any], Any], device: str,
-                batches: int, repeats: int, warmup: int = 3) -> float:
+def time_loader(
+    make_iter: Callable[[], Any],
+    consume: Callable[[Any], Any],
+    device: str,
+    batches: int,
+    repeats: int,
+    warmup: int = 3,
+) -> float:
     """Median images/s of ``repeats`` runs of ``batches`` batches, after warm-up.
 
     ``make_iter()`` starts a new pass when one ends, so a run may cross epochs

@@ -78,7 +78,10 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         mb = self.image_bytes / 1e6
         return {
-            "ok": self.ok, "path": str(self.path), "checks": self.checks, "device": self.device,
+            "ok": self.ok,
+            "path": str(self.path),
+            "checks": self.checks,
+            "device": self.device,
             "pack_images_per_s": _r(self.pack_images_per_s),
             "folder_images_per_s": _r(self.folder_images_per_s),
             "pack_mb_per_s": _r(self.pack_images_per_s and self.pack_images_per_s * mb),
@@ -102,21 +105,30 @@ def check_images(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
     want = ck.get("images", [])
     n = m["count"]
     if block < 1 or len(want) != (n + block - 1) // block:
-        report.add("images", False, f"manifest lists {len(want)} checksums for {n} images in "
-                                    f"blocks of {block}; the manifest is damaged")
+        report.add(
+            "images",
+            False,
+            f"manifest lists {len(want)} checksums for {n} images in "
+            f"blocks of {block}; the manifest is damaged",
+        )
         return
     bad: list[str] = []
     with open(lay.images, "rb") as f:
         for k, expect in enumerate(want):
             if digest(f.read(row * block)) != expect:
                 lo, hi = k * block, min(n, (k + 1) * block)
-                names = ", ".join(m["sources"][lo:min(hi, lo + 3)])
+                names = ", ".join(m["sources"][lo : min(hi, lo + 3)])
                 more = f" and {hi - lo - 3} more" if hi - lo > 3 else ""
                 bad.append(f"block {k} (images {lo}-{hi - 1}: {names}{more})")
     if bad:
-        report.add("images", False, f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
-                   + "; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else "")
-                   + ". The image data changed since the build; rebuild the pack")
+        report.add(
+            "images",
+            False,
+            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
+            + "; ".join(bad[:5])
+            + ("; ..." if len(bad) > 5 else "")
+            + ". The image data changed since the build; rebuild the pack",
+        )
     else:
         report.add("images", True, f"{n} images, {len(want)} blocks, SHA-256 match")
 
@@ -131,8 +143,9 @@ def check_labels(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
     lo, hi = (0, k - 1) if k else (-1, -1)
     out = np.nonzero((labels < lo) | (labels > hi))[0]
     if len(out):
-        problems.append(f"{len(out)} labels outside [{lo}, {hi}] (first at image {out[0]}: "
-                        f"{labels[out[0]]})")
+        problems.append(
+            f"{len(out)} labels outside [{lo}, {hi}] (first at image {out[0]}: {labels[out[0]]})"
+        )
     if k and not len(out):
         counts = np.bincount(labels, minlength=k).tolist()
         if m.get("class_counts") and counts != m["class_counts"]:
@@ -143,14 +156,18 @@ def check_labels(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
         report.add("labels", True, f"{len(labels)} labels in [{lo}, {hi}]")
 
 
-def check_sources(root: Path, m: dict[str, Any], source: Path, sample: int | None,
-                  report: VerifyReport) -> None:
+def check_sources(
+    root: Path, m: dict[str, Any], source: Path, sample: int | None, report: VerifyReport
+) -> None:
     from .pack import open_pack
 
     pack = open_pack(root)
     n = m["count"]
-    idx = list(range(n)) if sample is None or sample >= n else sorted(
-        random.Random(0).sample(range(n), sample))
+    idx = (
+        list(range(n))
+        if sample is None or sample >= n
+        else sorted(random.Random(0).sample(range(n), sample))
+    )
     _, h, w = m["image_shape"]
     spec = ResizeSpec(w, h, m["resize"], int(m["build"].get("max_pixels", 100_000_000)))
     missing, changed = [], []
@@ -175,8 +192,11 @@ def check_sources(root: Path, m: dict[str, Any], source: Path, sample: int | Non
             parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
         report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
     else:
-        report.add("sources", True, f"{len(idx)} of {n} source images re-decoded from {source}: "
-                                    "pixels identical")
+        report.add(
+            "sources",
+            True,
+            f"{len(idx)} of {n} source images re-decoded from {source}: pixels identical",
+        )
 
 
 # ---------------------------------------------------------------- throughput
@@ -210,19 +230,32 @@ def folder_dataset(source: Path, m: dict[str, Any]) -> Any:
     _, h, w = m["image_shape"]
     mode = m["resize"]
     if mode == "crop":
-        resize = [transforms.Resize(min(h, w)) if h == w else transforms.Resize((h, w)),
-                  transforms.CenterCrop((h, w))]
+        resize = [
+            transforms.Resize(min(h, w)) if h == w else transforms.Resize((h, w)),
+            transforms.CenterCrop((h, w)),
+        ]
     else:  # stretch; pad is approximated by a stretch (same cost)
         resize = [transforms.Resize((h, w))]
-    tf = transforms.Compose([*resize, transforms.ToTensor(),
-                             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    tf = transforms.Compose(
+        [
+            *resize,
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
     if m["classes"]:
         return datasets.ImageFolder(str(source), transform=tf)
     return _Files([str(source / s) for s in m["sources"]], tf)
 
 
-def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyConfig,
-            report: VerifyReport, trace: Path | None = None) -> None:
+def measure(
+    root: Path,
+    m: dict[str, Any],
+    source: Path | None,
+    config: VerifyConfig,
+    report: VerifyReport,
+    trace: Path | None = None,
+) -> None:
     import torch
 
     from .loader import Normalize, PackLoader
@@ -232,8 +265,9 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
     pack = open_pack(root)
     norm = Normalize().to(device)
     loader = PackLoader(pack, config.batch_size, device=device, seed=0)
-    report.pack_images_per_s = time_loader(lambda: iter(loader), lambda b: norm(b[0]), device,
-                                            config.batches, config.repeats)
+    report.pack_images_per_s = time_loader(
+        lambda: iter(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
+    )
     if trace is not None:
         from torch.profiler import ProfilerActivity, profile
 
@@ -250,23 +284,34 @@ def measure(root: Path, m: dict[str, Any], source: Path | None, config: VerifyCo
         return
     ds = folder_dataset(source, m)
     workers = config.workers if config.workers is not None else min(8, os.cpu_count() or 1)
-    dl = torch.utils.data.DataLoader(ds, batch_size=config.batch_size, shuffle=True,
-                                     num_workers=workers, pin_memory=device != "cpu",
-                                     persistent_workers=workers > 0)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=config.batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=device != "cpu",
+        persistent_workers=workers > 0,
+    )
     # A DataLoader delivers in bursts (every worker builds a whole batch, all start
     # together; prefetch_factor 2): warm up past two bursts and time at least one
     # batch per worker, as ``imgpack bench`` does, or the burst reads as speed.
     rnd = max(1, workers)
     report.folder_images_per_s = time_loader(
-        lambda: iter(dl), lambda b: b[0].to(device, non_blocking=True), device,
-        max(config.batches, rnd), config.repeats, warmup=max(3, 2 * rnd))
+        lambda: iter(dl),
+        lambda b: b[0].to(device, non_blocking=True),
+        device,
+        max(config.batches, rnd),
+        config.repeats,
+        warmup=max(3, 2 * rnd),
+    )
 
 
 # ---------------------------------------------------------------- entry point
 
 
-def verify(path: str | os.PathLike[str], config: VerifyConfig = VerifyConfig(),
-           trace: Path | None = None) -> VerifyReport:
+def verify(
+    path: str | os.PathLike[str], config: VerifyConfig = VerifyConfig(), trace: Path | None = None
+) -> VerifyReport:
     """Check a pack's integrity and (optionally) its streaming throughput.
 
     Raises PackerError only when there is nothing to verify (no such path,
@@ -279,8 +324,9 @@ def verify(path: str | os.PathLike[str], config: VerifyConfig = VerifyConfig(),
         raise UsageError(f"{root}: no such pack; check the path")
     try:
         m = read_manifest(root)
-        report.add("manifest", True, f"format {m['version']}, {m['count']} images of "
-                                     f"{m['image_shape']}")
+        report.add(
+            "manifest", True, f"format {m['version']}, {m['count']} images of {m['image_shape']}"
+        )
     except PackerError as e:
         report.add("manifest", False, str(e))
         return report

@@ -28,8 +28,9 @@ def _one(args: tuple[int, str, int, int, int]) -> None:
     Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(out, quality=quality)
 
 
-def make_jpeg_folder(root: Path, n: int, size: tuple[int, int] = (640, 480), classes: int = 10,
-                     quality: int = 90) -> Path:
+def make_jpeg_folder(
+    root: Path, n: int, size: tuple[int, int] = (640, 480), classes: int = 10, quality: int = 90
+) -> Path:
     """An ImageFolder tree of n JPEGs of ``size`` (w, h) made from the sample photos."""
     root.mkdir(parents=True, exist_ok=True)
     tasks = []
@@ -70,24 +71,40 @@ def make_random_pack(path: Path, n: int, side: int, classes: int = 10) -> Path:
     labels = (np.arange(n) % classes).astype("<i8")
     lay.labels.write_bytes(labels.tobytes())
     write_tensordict_meta(path, n, [3, side, side])
-    write_json_atomic(lay.manifest, {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "count": n,
-        "image_shape": [3, side, side], "dtype": "uint8", "resize": "stretch",
-        "classes": [f"c{i}" for i in range(classes)],
-        "class_counts": np.bincount(labels, minlength=classes).tolist(),
-        "sources": [f"synthetic/{i}.jpg" for i in range(n)], "source_sizes": [[side, side]] * n,
-        "skipped": [], "build": {"synthetic": True, "created": time.strftime("%F")},
-        "checksums": {"algorithm": CHECKSUM, "block_rows": block_rows_for(n), "images": [],
-                      "labels": ""},
-    })
+    write_json_atomic(
+        lay.manifest,
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "count": n,
+            "image_shape": [3, side, side],
+            "dtype": "uint8",
+            "resize": "stretch",
+            "classes": [f"c{i}" for i in range(classes)],
+            "class_counts": np.bincount(labels, minlength=classes).tolist(),
+            "sources": [f"synthetic/{i}.jpg" for i in range(n)],
+            "source_sizes": [[side, side]] * n,
+            "skipped": [],
+            "build": {"synthetic": True, "created": time.strftime("%F")},
+            "checksums": {
+                "algorithm": CHECKSUM,
+                "block_rows": block_rows_for(n),
+                "images": [],
+                "labels": "",
+            },
+        },
+    )
     return path
 
 
 def machine() -> dict[str, object]:
     import torch
 
-    info: dict[str, object] = {"cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-                               "torch": torch.__version__}
+    info: dict[str, object] = {
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info

@@ -64,7 +64,7 @@ def ceiling(files: list[Path], procs: int, per_proc: int) -> float:
     import multiprocessing as mp
 
     names = [str(f) for f in files]
-    slices = [names[(i * per_proc) % len(names):][:per_proc] for i in range(procs)]
+    slices = [names[(i * per_proc) % len(names) :][:per_proc] for i in range(procs)]
     with mp.get_context("forkserver").Pool(procs) as pool:
         pool.map(_ready, range(procs * 4), chunksize=1)
         t0 = time.perf_counter()
@@ -81,8 +81,12 @@ def main() -> None:
     files = sorted(src.rglob("*.jpg"))
     cores = os.cpu_count() or 1
     # 1 and 2 workers get a subset sized to run a few seconds; rates are per image anyway.
-    plan = [(1, max(200, args.images // 16)), (2, max(400, args.images // 8)),
-            (cores - 1, args.images), (cores, args.images)]
+    plan = [
+        (1, max(200, args.images // 16)),
+        (2, max(400, args.images // 8)),
+        (cores - 1, args.images),
+        (cores, args.images),
+    ]
     plan = [p for i, p in enumerate(plan) if p[0] >= 1 and p[0] not in [q[0] for q in plan[:i]]]
     rows = []
     base = statistics.median(pillow_loop(files[:300]) for _ in range(3))
@@ -97,7 +101,9 @@ def main() -> None:
         for _ in range(2):
             dst = args.work / f"pack_w{workers}"
             shutil.rmtree(dst, ignore_errors=True)
-            r = packer.build_pack(sub, dst, BuildConfig(size=(224, 224), workers=workers, overwrite=True))
+            r = packer.build_pack(
+                sub, dst, BuildConfig(size=(224, 224), workers=workers, overwrite=True)
+            )
             rates.append((r.count / r.seconds, r.extra))
         best = max(rates, key=lambda x: x[0])
         rows.append({"workers": workers, "images": n, "img_per_s": best[0], **best[1]})
@@ -106,25 +112,30 @@ def main() -> None:
     ceil = {}
     for p in sorted(p for p in {1, 2, 4, 8, cores // 2, cores - 1, cores} if 1 <= p <= cores):
         ceil[p] = statistics.median(ceiling(files, p, per_proc) for _ in range(3))
-    print(f"\ndecode ceiling: {per_proc} images per independent process, no pack "
-          "(median of 3)")
+    print(f"\ndecode ceiling: {per_proc} images per independent process, no pack (median of 3)")
     print("| processes | img/s | vs 1 process | scaling |")
     print("|---|---|---|---|")
     for p, v in ceil.items():
         print(f"| {p} | {v:,.0f} | {v / ceil[1]:.2f}x | {v / ceil[1] / p:.0%} |")
     print(f"\nbuild speed, 640x480 JPEG -> 224x224 crop, {cores} cores ({machine()})")
-    print("| workers | images | img/s | vs 1 worker | scaling efficiency | vs Pillow loop "
-          "| setup s | first chunk s | decode s (from start) | finalize s | img/s after first chunk |")
+    print(
+        "| workers | images | img/s | vs 1 worker | scaling efficiency | vs Pillow loop "
+        "| setup s | first chunk s | decode s (from start) | finalize s | img/s after first chunk |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| Pillow loop (1 process, no draft) | 300 | {base:,.0f} | | | 1.00x |")
     for r in rows:
         sp = r["img_per_s"] / one
-        print(f"| {r['workers']} | {r['images']} | {r['img_per_s']:,.0f} | {sp:.2f}x | "
-              f"{sp / r['workers']:.0%} | {r['img_per_s'] / base:.2f}x | {r['setup_s']} | "
-              f"{r['first_chunk_s']} | {r['decode_s']} | {r['finalize_s']} | "
-              f"{(r['images'] - block_rows_for(r['images'])) / max(1e-9, r['decode_s'] - r['setup_s'] - r['first_chunk_s']):,.0f} |")
-    dump({"machine": machine(), "pillow_loop": base, "rows": rows, "ceiling": ceil},
-         "bench_build.json")
+        print(
+            f"| {r['workers']} | {r['images']} | {r['img_per_s']:,.0f} | {sp:.2f}x | "
+            f"{sp / r['workers']:.0%} | {r['img_per_s'] / base:.2f}x | {r['setup_s']} | "
+            f"{r['first_chunk_s']} | {r['decode_s']} | {r['finalize_s']} | "
+            f"{(r['images'] - block_rows_for(r['images'])) / max(1e-9, r['decode_s'] - r['setup_s'] - r['first_chunk_s']):,.0f} |"
+        )
+    dump(
+        {"machine": machine(), "pillow_loop": base, "rows": rows, "ceiling": ceil},
+        "bench_build.json",
+    )
 
 
 if __name__ == "__main__":

@@ -68,12 +68,27 @@ def host_to_pinned(threads: int, nbytes: int = 1 << 30) -> float:
     return nbytes / statistics.median(ts[1:]) / 1e9
 
 
-def stream(pack: packer.ImagePack, bs: int, threads: int = 8, resident: bool = False,
-           populate: bool = False, prefetch: int = 4, consume: bool = True,
-           max_images: int = 40_000) -> float:
+def stream(
+    pack: packer.ImagePack,
+    bs: int,
+    threads: int = 8,
+    resident: bool = False,
+    populate: bool = False,
+    prefetch: int = 4,
+    consume: bool = True,
+    max_images: int = 40_000,
+) -> float:
     """Median img/s; ``consume``: run Normalize on each batch (else only receive it)."""
-    loader = packer.PackLoader(pack, bs, device="cuda", num_threads=threads, resident=resident,
-                               populate=populate, prefetch=prefetch, seed=0)
+    loader = packer.PackLoader(
+        pack,
+        bs,
+        device="cuda",
+        num_threads=threads,
+        resident=resident,
+        populate=populate,
+        prefetch=prefetch,
+        seed=0,
+    )
     norm = packer.Normalize().cuda() if consume else (lambda x: x)
     limit = max(1, min(len(loader), max_images // bs))
     for i, (x, _y) in enumerate(loader):  # warm-up
@@ -106,8 +121,10 @@ def main() -> None:
     for t in (1, 4, 8):
         lim[f"host_to_pinned_{t}t_GBps"] = host_to_pinned(t)
     res["limits"] = lim
-    packs = {s: make_random_pack(args.work / f"rand{s}", n, s) for s, n in
-             ((224, args.images), (64, args.images), (512, max(2000, args.images // 5)))}
+    packs = {
+        s: make_random_pack(args.work / f"rand{s}", n, s)
+        for s, n in ((224, args.images), (64, args.images), (512, max(2000, args.images // 5)))
+    }
     opened = {s: packer.load(p) for s, p in packs.items()}
     for p in opened.values():  # page-cache the files
         with open(p.path / "_tensordict" / "images.memmap", "rb") as f:
@@ -118,8 +135,16 @@ def main() -> None:
     def run(label: str, side: int, bs: int, **kw: object) -> None:
         rate = stream(opened[side], bs, **kw)
         gbps = rate * 3 * side * side / 1e9
-        rows.append({"config": label, "side": side, "batch": bs, "img_per_s": rate, "GBps": gbps,
-                     **{k: v for k, v in kw.items()}})
+        rows.append(
+            {
+                "config": label,
+                "side": side,
+                "batch": bs,
+                "img_per_s": rate,
+                "GBps": gbps,
+                **{k: v for k, v in kw.items()},
+            }
+        )
         print(f"  {label:<40} {rate:>12,.0f} img/s {gbps:>7.1f} GB/s", flush=True)
 
     for bs in (64, 256, 1024):
@@ -138,14 +163,17 @@ def main() -> None:
     res["rows"] = rows
     host8 = lim["host_to_pinned_8t_GBps"]
     print(f"\nstreaming to CUDA ({machine()})")
-    print(f"limits: pinned H2D {lim['h2d_pinned_GBps']:.1f} GB/s; host->pinned memcpy "
-          f"1/4/8 threads {lim['host_to_pinned_1t_GBps']:.1f}/{lim['host_to_pinned_4t_GBps']:.1f}/"
-          f"{host8:.1f} GB/s")
+    print(
+        f"limits: pinned H2D {lim['h2d_pinned_GBps']:.1f} GB/s; host->pinned memcpy "
+        f"1/4/8 threads {lim['host_to_pinned_1t_GBps']:.1f}/{lim['host_to_pinned_4t_GBps']:.1f}/"
+        f"{host8:.1f} GB/s"
+    )
     print("| config | img/s | GB/s | % of 8-thread host copy |")
     print("|---|---|---|---|")
     for r in rows:
-        print(f"| {r['config']} | {r['img_per_s']:,.0f} | {r['GBps']:.1f} | "
-              f"{r['GBps'] / host8:.0%} |")
+        print(
+            f"| {r['config']} | {r['img_per_s']:,.0f} | {r['GBps']:.1f} | {r['GBps'] / host8:.0%} |"
+        )
     dump(res, "bench_stream.json")
 
 

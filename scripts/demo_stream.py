@@ -1,6 +1,6 @@
 """Demo: stream a pack in shuffled batches to the GPU (or CPU) and normalize there.
 
-    python scripts/demo_stream.py PACK
+python scripts/demo_stream.py PACK
 """
 
 import sys
@@ -20,8 +20,10 @@ for epoch in range(2):
     for i, (images, labels) in enumerate(loader):
         x = norm(images)  # uint8 [B,3,H,W] -> float32, normalized on the device
         if i == 0:
-            print(f"epoch {epoch}: batch {tuple(images.shape)} {images.dtype} -> {x.dtype}, "
-                  f"mean {x.mean().item():+.3f}, labels {labels.tolist()}")
+            print(
+                f"epoch {epoch}: batch {tuple(images.shape)} {images.dtype} -> {x.dtype}, "
+                f"mean {x.mean().item():+.3f}, labels {labels.tolist()}"
+            )
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"epoch {epoch}: {len(loader)} batches in {(time.perf_counter() - t0) * 1e3:.1f} ms")

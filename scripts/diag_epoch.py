@@ -100,10 +100,13 @@ def main() -> None:
                 t3 = time.perf_counter()
                 parts.append((t1 - t0, t2 - t1, t3 - t2, len(ld) - 1))
             med = [statistics.median(p[i] for p in parts) for i in range(3)]
-            print(f"pack {n:>6} batch {bs:>4}: {rate:>9,.0f} img/s; one epoch: iter() "
-                  f"{med[0] * 1e3:.2f} ms, first batch {med[1] * 1e3:.2f} ms, other "
-                  f"{parts[0][3]} batches {med[2] * 1e3:.2f} ms "
-                  f"({parts[0][3] * bs / med[2]:,.0f} img/s)", flush=True)
+            print(
+                f"pack {n:>6} batch {bs:>4}: {rate:>9,.0f} img/s; one epoch: iter() "
+                f"{med[0] * 1e3:.2f} ms, first batch {med[1] * 1e3:.2f} ms, other "
+                f"{parts[0][3]} batches {med[2] * 1e3:.2f} ms "
+                f"({parts[0][3] * bs / med[2]:,.0f} img/s)",
+                flush=True,
+            )
             ld.close()
 
 

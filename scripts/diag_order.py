@@ -1,6 +1,6 @@
 """Does a folder DataLoader measured before PackLoader slow it down? (bench's loading order)
 
-    python scripts/diag_order.py
+python scripts/diag_order.py
 """
 
 from __future__ import annotations
@@ -34,12 +34,21 @@ def main() -> None:
         for rnd in range(2):
             for way in _ways(paths, FULL.pack_side, 256, "cuda", 16, FULL.load_images, "loading"):
                 before = (len(mp.active_children()), round(cpu_busy(), 2))
-                rate = time_loader(lambda w=way: iter(w.loader), lambda b, f=way.ship: f(b)[0],
-                                   "cuda", way.per_repeat, 5, warmup=way.warmup)
+                rate = time_loader(
+                    lambda w=way: iter(w.loader),
+                    lambda b, f=way.ship: f(b)[0],
+                    "cuda",
+                    way.per_repeat,
+                    5,
+                    warmup=way.warmup,
+                )
                 way.close()
-                print(f"round {rnd} {way.name:<55} {rate:>10,.0f} img/s; before: children, "
-                      f"cpu busy = {before}; after: {len(mp.active_children())}, "
-                      f"{cpu_busy():.2f}", flush=True)
+                print(
+                    f"round {rnd} {way.name:<55} {rate:>10,.0f} img/s; before: children, "
+                    f"cpu busy = {before}; after: {len(mp.active_children())}, "
+                    f"{cpu_busy():.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

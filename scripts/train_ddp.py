@@ -102,8 +102,9 @@ def main() -> None:
     pack = packer.load(args.pack)  # this rank's own memory map
     threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // world))
     b = args.batch_size
-    loader = packer.PackLoader(pack, b, device=f"cuda:{local}", drop_last=True,
-                               num_threads=threads, seed=0)
+    loader = packer.PackLoader(
+        pack, b, device=f"cuda:{local}", drop_last=True, num_threads=threads, seed=0
+    )
     assert loader.rank == rank and loader.world_size == world, "defaults from the process group"
     split_ok = check_split(pack, len(pack), world)
 
@@ -143,8 +144,11 @@ def main() -> None:
     if rank == 0:
         per_rank = [r.tolist() for r in every]
         out = {
-            "world_size": world, "batch_per_gpu": b, "threads_per_rank": threads,
-            "images": len(pack), "split_ok": split_ok,
+            "world_size": world,
+            "batch_per_gpu": b,
+            "threads_per_rank": threads,
+            "images": len(pack),
+            "split_ok": split_ok,
             "stream_per_rank": [round(r[0]) for r in per_rank],
             "train_total": round(sum(r[1] for r in per_rank)),
             "ceiling_total": round(sum(r[2] for r in per_rank)),

@@ -43,8 +43,9 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> torch.Tensor:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     x = x.contiguous(memory_format=torch.channels_last)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = nn.functional.cross_entropy(model(x), y)
@@ -67,8 +68,14 @@ def evaluate(model: nn.Module, loader: packer.PackLoader) -> float:
     return (correct / total.clamp(min=1)).item()
 
 
-def timed(model: nn.Module, opt: torch.optim.Optimizer, batches: Iterator, warmup: int,
-          steps: int, repeats: int = 3) -> float:
+def timed(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterator,
+    warmup: int,
+    steps: int,
+    repeats: int = 3,
+) -> float:
     """Median images/s over ``repeats`` runs of ``steps`` training steps."""
     for _ in range(warmup):
         x, y = next(batches)
@@ -104,12 +111,20 @@ def resident_batches(pack: packer.ImagePack, bs: int) -> Iterator:
 def folder_batches(folder: Path, bs: int, workers: int) -> Iterator:
     from torchvision import datasets, transforms
 
-    tf = transforms.Compose([transforms.Resize(224), transforms.CenterCrop(224),
-                             transforms.PILToTensor()])
+    tf = transforms.Compose(
+        [transforms.Resize(224), transforms.CenterCrop(224), transforms.PILToTensor()]
+    )
     ds = datasets.ImageFolder(str(folder), transform=tf)
-    dl = torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=True, num_workers=workers,
-                                     pin_memory=True, drop_last=True, persistent_workers=True,
-                                     prefetch_factor=4)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=bs,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        drop_last=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     for x, y in forever(dl):
         yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
 
@@ -126,8 +141,11 @@ def bench(args: argparse.Namespace) -> None:
     for arch in args.archs.split(","):
         r = {"arch": arch}
         feeds = {
-            "pack": lambda: forever(packer.PackLoader(pack, args.batch_size, device="cuda",
-                                                      drop_last=True, num_threads=8)),
+            "pack": lambda: forever(
+                packer.PackLoader(
+                    pack, args.batch_size, device="cuda", drop_last=True, num_threads=8
+                )
+            ),
             "resident": lambda: resident_batches(pack, args.batch_size),
             "folder": lambda: folder_batches(folder, args.batch_size, args.folder_workers),
         }
@@ -141,12 +159,16 @@ def bench(args: argparse.Namespace) -> None:
             torch.cuda.empty_cache()
         rows.append(r)
     print(f"\ntraining throughput, batch {args.batch_size}, bf16, channels_last ({machine()})")
-    print("| model | (a) PackLoader | (b) on GPU | (c) ImageFolder+PIL, "
-          f"{args.folder_workers} workers | (a)/(b) | (a)/(c) |")
+    print(
+        "| model | (a) PackLoader | (b) on GPU | (c) ImageFolder+PIL, "
+        f"{args.folder_workers} workers | (a)/(b) | (a)/(c) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['arch']} | {r['pack']:,.0f} | {r['resident']:,.0f} | {r['folder']:,.0f} | "
-              f"{r['pack'] / r['resident']:.1%} | {r['pack'] / r['folder']:.1f}x |")
+        print(
+            f"| {r['arch']} | {r['pack']:,.0f} | {r['resident']:,.0f} | {r['folder']:,.0f} | "
+            f"{r['pack'] / r['resident']:.1%} | {r['pack'] / r['folder']:.1f}x |"
+        )
     dump({"machine": machine(), "batch": args.batch_size, "rows": rows}, "bench_train.json")
 
 
@@ -169,7 +191,9 @@ def train(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("pack_path", nargs="?", type=Path)
     ap.add_argument("--arch", default="resnet18")
     ap.add_argument("--epochs", type=int, default=1)

@@ -11,14 +11,26 @@ from PIL import Image
 from packer.build import BuildConfig, build
 
 
-def write_image(path: Path, size: tuple[int, int] = (40, 30), mode: str = "RGB", seed: int = 0,
-                fmt: str | None = None, **save: object) -> Path:
+def write_image(
+    path: Path,
+    size: tuple[int, int] = (40, 30),
+    mode: str = "RGB",
+    seed: int = 0,
+    fmt: str | None = None,
+    **save: object,
+) -> Path:
     """A smooth random image (gradient + noise) of ``size`` (w, h) in ``mode``."""
     rng = np.random.default_rng(seed)
     w, h = size
     yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)),
-                     np.full((h, w), int(rng.integers(0, 256)))], -1)
+    base = np.stack(
+        [
+            (xx * 255 // max(w - 1, 1)),
+            (yy * 255 // max(h - 1, 1)),
+            np.full((h, w), int(rng.integers(0, 256))),
+        ],
+        -1,
+    )
     arr = np.clip(base + rng.integers(-20, 21, (h, w, 3)), 0, 255).astype(np.uint8)
     im = Image.fromarray(arr, "RGB")
     if mode != "RGB":
@@ -33,11 +45,25 @@ def image_tree(tmp_path: Path) -> Path:
     """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""
     root = tmp_path / "imgs"
     specs = {
-        "cat": [("a.jpg", (64, 48)), ("b.JPG", (30, 60)), ("c.png", (50, 50)), ("d.jpeg", (80, 20))],
-        "dog": [("e.jpg", (64, 64)), ("nested/f.png", (33, 47)), ("g.webp", (40, 40)),
-                ("h.bmp", (20, 30))],
-        "zebra": [("i.jpg", (100, 75)), ("j.gif", (25, 25)), ("k.tiff", (36, 24)),
-                  ("l m.jpg", (41, 31)), ("-dash.jpg", (32, 32))],
+        "cat": [
+            ("a.jpg", (64, 48)),
+            ("b.JPG", (30, 60)),
+            ("c.png", (50, 50)),
+            ("d.jpeg", (80, 20)),
+        ],
+        "dog": [
+            ("e.jpg", (64, 64)),
+            ("nested/f.png", (33, 47)),
+            ("g.webp", (40, 40)),
+            ("h.bmp", (20, 30)),
+        ],
+        "zebra": [
+            ("i.jpg", (100, 75)),
+            ("j.gif", (25, 25)),
+            ("k.tiff", (36, 24)),
+            ("l m.jpg", (41, 31)),
+            ("-dash.jpg", (32, 32)),
+        ],
     }
     seed = 0
     for cls, files in specs.items():

@@ -43,11 +43,15 @@ def test_quick_cpu_measures_every_point_and_writes_plots(tmp_path: Path) -> None
     assert r["dataset"]["images"] == 64
     assert r["dataset"]["compressed_bytes"] < r["dataset"]["original_bytes"]
     assert r["training"] == []
-    assert r["skipped"] == [{"section": "training", "what": "all",
-                             "reason": "training runs on CUDA only; use a machine with a GPU"}]
+    assert r["skipped"] == [
+        {
+            "section": "training",
+            "what": "all",
+            "reason": "training runs on CUDA only; use a machine with a GPU",
+        }
+    ]
     names = sorted(Path(f).name for f in r["files"])
-    assert names == ["conversion.png", "loading.png", "results.json", "results.md",
-                     "transfer.png"]
+    assert names == ["conversion.png", "loading.png", "results.json", "results.md", "transfer.png"]
     for name in ("conversion.png", "loading.png", "transfer.png"):
         assert (out / name).read_bytes()[:8] == PNG
     assert json.loads((out / "results.json").read_text())["transfer"] == r["transfer"]
@@ -60,8 +64,19 @@ def test_source_sample_of_user_images(tmp_path: Path) -> None:
     src = tmp_path / "mine"
     make_jpeg_tree(src, 40, (96, 72), classes=2, threads=2)
     (src / "class_0" / "notes.txt").write_text("not an image")
-    code, stdout, _ = run("--quick", "--device", "cpu", "--only", "loading", "--source", str(src),
-                          "--out", str(tmp_path / "o"), "--json", "-q")
+    code, stdout, _ = run(
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--source",
+        str(src),
+        "--out",
+        str(tmp_path / "o"),
+        "--json",
+        "-q",
+    )
     assert code == 0, stdout
     r = json.loads(stdout)
     assert r["dataset"]["images"] == 40
@@ -72,20 +87,26 @@ def test_source_sample_of_user_images(tmp_path: Path) -> None:
 
 
 def test_markdown_lists_all_loaders_without_json(tmp_path: Path) -> None:
-    code, stdout, stderr = run("--quick", "--device", "cpu", "--only", "transfer",
-                               "--out", str(tmp_path / "o"))
+    code, stdout, stderr = run(
+        "--quick", "--device", "cpu", "--only", "transfer", "--out", str(tmp_path / "o")
+    )
     assert code == 0, stderr
     assert stdout.startswith("# imgpack bench --quick")
     assert "| uint8 pageable |" in stdout and "| x.half().to('cpu') |" in stdout
     assert "points, expected to take about" in stderr
 
 
-@pytest.mark.parametrize(("args", "error"), [
-    (["--only", "transfer,gpu"], "Error: sections must be some of transfer, loading, "
-                                 "training; got gpu"),
-    (["--device", "tpu"], "Error: --device must be auto, cpu, cuda or cuda:N, not 'tpu'"),
-    (["--source", "/no/such/dir"], "Error: /no/such/dir: --source must be a folder of images"),
-])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--only", "transfer,gpu"],
+            "Error: sections must be some of transfer, loading, training; got gpu",
+        ),
+        (["--device", "tpu"], "Error: --device must be auto, cpu, cuda or cuda:N, not 'tpu'"),
+        (["--source", "/no/such/dir"], "Error: /no/such/dir: --source must be a folder of images"),
+    ],
+)
 def test_bad_options_exit_2(args: list[str], error: str) -> None:
     code, _, stderr = run("--quick", *args)
     assert code == 2
@@ -101,8 +122,17 @@ def test_out_must_be_a_folder(tmp_path: Path) -> None:
 
 def test_source_without_images(tmp_path: Path) -> None:
     (tmp_path / "empty" / "a").mkdir(parents=True)
-    code, _, stderr = run("--quick", "--device", "cpu", "--only", "loading",
-                          "--source", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
+    code, _, stderr = run(
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--source",
+        str(tmp_path / "empty"),
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert code == 2 and "no image" in stderr.lower(), stderr
 
 
@@ -115,15 +145,33 @@ def test_cuda_without_gpu() -> None:
 
 def test_plots_and_table_cover_training(tmp_path: Path) -> None:
     """The training chart and table (a CUDA-only section) from a hand-made result."""
-    base = {"device": "cuda", "device_name": "Test GPU", "quick": False, "seconds": 1.0,
-            "machine": {"cores": 4, "date": "2026-11-22", "torch": "x"},
-            "grid": {"repeats": 3, "load_repeats": 3, "train_repeats": 3}, "transfer": [], "conversion": [], "loading": [],
-            "dataset": {}, "skipped": []}
+    base = {
+        "device": "cuda",
+        "device_name": "Test GPU",
+        "quick": False,
+        "seconds": 1.0,
+        "machine": {"cores": 4, "date": "2026-11-22", "torch": "x"},
+        "grid": {"repeats": 3, "load_repeats": 3, "train_repeats": 3},
+        "transfer": [],
+        "conversion": [],
+        "loading": [],
+        "dataset": {},
+        "skipped": [],
+    }
     base["training"] = [
-        {"loader": "batches already on the GPU (ceiling)", "batch": 256, "images_per_s": 1000.0,
-         "of_ceiling": 1.0},
-        {"loader": "pack to cuda (PackLoader)", "batch": 256, "images_per_s": 990.0,
-         "of_ceiling": 0.99}]
+        {
+            "loader": "batches already on the GPU (ceiling)",
+            "batch": 256,
+            "images_per_s": 1000.0,
+            "of_ceiling": 1.0,
+        },
+        {
+            "loader": "pack to cuda (PackLoader)",
+            "batch": 256,
+            "images_per_s": 990.0,
+            "of_ceiling": 0.99,
+        },
+    ]
     files = plot_bench(base, tmp_path)
     assert [f.name for f in files] == ["training.png"]
     assert files[0].read_bytes()[:8] == PNG
@@ -160,8 +208,9 @@ def test_quick_cuda_measures_pinned_and_training(tmp_path: Path) -> None:
     assert (tmp_path / "training.png").read_bytes()[:8] == PNG
 
 
-def test_interrupt_exits_130_and_writes_nothing(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupt_exits_130_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import packer.bench
 
     def interrupted(*args: object, **kwargs: object) -> None:

@@ -72,11 +72,14 @@ def test_refuses_destination_inside_source(image_tree: Path) -> None:
         build(image_tree, image_tree / "pack", BuildConfig(workers=1))
 
 
-@pytest.mark.parametrize("config, message", [
-    (BuildConfig(size=(0, 5)), "out of range"),
-    (BuildConfig(resize="zoom"), "--resize must be"),
-    (BuildConfig(workers=0), "--workers must be"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (BuildConfig(size=(0, 5)), "out of range"),
+        (BuildConfig(resize="zoom"), "--resize must be"),
+        (BuildConfig(workers=0), "--workers must be"),
+    ],
+)
 def test_bad_options(image_tree: Path, tmp_path: Path, config: BuildConfig, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         build(image_tree, tmp_path / "p", config)
@@ -112,13 +115,19 @@ def test_manifest_contents(packed: Path) -> None:
     assert m["checksums"]["algorithm"] == "sha256" and len(m["checksums"]["images"]) == 13
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=5),
-       target=st.tuples(st.integers(1, 20), st.integers(1, 20)),
-       mode=st.sampled_from(["crop", "stretch", "pad"]),
-       fmt=st.sampled_from(["png", "jpg", "bmp"]), seed=st.integers(0, 2**16))
-def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, sizes, target, mode, fmt,
-                             seed) -> None:
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=5),
+    target=st.tuples(st.integers(1, 20), st.integers(1, 20)),
+    mode=st.sampled_from(["crop", "stretch", "pad"]),
+    fmt=st.sampled_from(["png", "jpg", "bmp"]),
+    seed=st.integers(0, 2**16),
+)
+def test_round_trip_property(
+    tmp_path_factory: pytest.TempPathFactory, sizes, target, mode, fmt, seed
+) -> None:
     root = tmp_path_factory.mktemp("rt")
     src = root / "src"
     for i, size in enumerate(sizes):

@@ -23,8 +23,10 @@ def test_every_command_has_help_with_examples(runner: CliRunner, command: str) -
 
 def test_build_json_and_info_json(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "p"
-    r = runner.invoke(cli, ["build", str(image_tree), str(dst), "--size", "16x12", "--workers", "1",
-                            "--json", "-q"])
+    r = runner.invoke(
+        cli,
+        ["build", str(image_tree), str(dst), "--size", "16x12", "--workers", "1", "--json", "-q"],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["count"] == 13 and out["image_shape"] == [3, 12, 16]
@@ -39,25 +41,40 @@ def test_build_json_and_info_json(runner: CliRunner, image_tree: Path, tmp_path:
 
 def test_strict_build_exits_1_on_skips(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
     (image_tree / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
-    r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1",
-                            "--strict", "-q"])
+    r = runner.invoke(
+        cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1", "--strict", "-q"]
+    )
     assert r.exit_code == 1
     assert (tmp_path / "p").is_dir()  # the pack is still written
 
 
-@pytest.mark.parametrize("args, line", [
-    (["build", "{tmp}/missing", "{tmp}/p"], "Error: {tmp}/missing: no such folder; check the path"),
-    (["build", "{tmp}/file.txt", "{tmp}/p"],
-     "Error: {tmp}/file.txt: is a file, not a folder; give the folder that holds the images"),
-    (["build", "{tmp}/empty", "{tmp}/p"], "Error: {tmp}/empty: no images found"),
-    (["build", "{src}", "{src}/inner"], "Error: {src}/inner: the pack would be inside its source"),
-    (["info", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack"),
-    (["compress", "{src}", "{tmp}/c", "--quality", "40"],
-     "Error: --quality must be 2 (best) to 31 (worst), not 40"),
-    (["verify", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack; check the path"),
-])
-def test_user_errors_exit_2_with_one_line(runner: CliRunner, image_tree: Path, tmp_path: Path,
-                                          args: list[str], line: str) -> None:
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["build", "{tmp}/missing", "{tmp}/p"],
+            "Error: {tmp}/missing: no such folder; check the path",
+        ),
+        (
+            ["build", "{tmp}/file.txt", "{tmp}/p"],
+            "Error: {tmp}/file.txt: is a file, not a folder; give the folder that holds the images",
+        ),
+        (["build", "{tmp}/empty", "{tmp}/p"], "Error: {tmp}/empty: no images found"),
+        (
+            ["build", "{src}", "{src}/inner"],
+            "Error: {src}/inner: the pack would be inside its source",
+        ),
+        (["info", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack"),
+        (
+            ["compress", "{src}", "{tmp}/c", "--quality", "40"],
+            "Error: --quality must be 2 (best) to 31 (worst), not 40",
+        ),
+        (["verify", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack; check the path"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(
+    runner: CliRunner, image_tree: Path, tmp_path: Path, args: list[str], line: str
+) -> None:
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "empty").mkdir()
     fmt = {"tmp": str(tmp_path), "src": str(image_tree)}
@@ -67,10 +84,12 @@ def test_user_errors_exit_2_with_one_line(runner: CliRunner, image_tree: Path, t
     assert "Traceback" not in r.output
 
 
-@pytest.mark.parametrize("args", [["--size", "0"], ["--size", "abc"], ["--workers", "0"],
-                                  ["--resize", "zoom"]])
-def test_bad_option_values_exit_2(runner: CliRunner, image_tree: Path, tmp_path: Path,
-                                  args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args", [["--size", "0"], ["--size", "abc"], ["--workers", "0"], ["--resize", "zoom"]]
+)
+def test_bad_option_values_exit_2(
+    runner: CliRunner, image_tree: Path, tmp_path: Path, args: list[str]
+) -> None:
     r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), *args])
     assert r.exit_code == 2 and "Traceback" not in r.output
 
@@ -78,11 +97,15 @@ def test_bad_option_values_exit_2(runner: CliRunner, image_tree: Path, tmp_path:
 def test_existing_pack_refused(runner: CliRunner, packed: Path, image_tree: Path) -> None:
     r = runner.invoke(cli, ["build", str(image_tree), str(packed)])
     assert r.exit_code == 2
-    assert r.stderr.strip() == f"Error: {packed}: a pack already exists; pass --overwrite to replace it"
+    assert (
+        r.stderr.strip()
+        == f"Error: {packed}: a pack already exists; pass --overwrite to replace it"
+    )
 
 
-def test_ctrl_c_says_how_to_resume(runner: CliRunner, image_tree: Path, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_says_how_to_resume(
+    runner: CliRunner, image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import packer.build
 
     def interrupted(*a, **k):
@@ -94,10 +117,18 @@ def test_ctrl_c_says_how_to_resume(runner: CliRunner, image_tree: Path, tmp_path
 
 
 def test_verify_cli_ok_and_json(runner: CliRunner, packed: Path) -> None:
-    r = runner.invoke(cli, ["verify", str(packed), "--device", "cpu", "--batch-size", "4",
-                            "--batches", "2", "--json"])
+    r = runner.invoke(
+        cli,
+        ["verify", str(packed), "--device", "cpu", "--batch-size", "4", "--batches", "2", "--json"],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["ok"] is True and out["pack_images_per_s"] > 0
     assert out["folder_images_per_s"] > 0 and out["speedup"] > 0
-    assert [c["name"] for c in out["checks"]] == ["manifest", "files", "images", "labels", "sources"]
+    assert [c["name"] for c in out["checks"]] == [
+        "manifest",
+        "files",
+        "images",
+        "labels",
+        "sources",
+    ]

@@ -22,7 +22,9 @@ def photos(tmp_path: Path) -> Path:
     write_image(root / "b" / "pal.gif", (50, 40), mode="P")
     write_image(root / "b" / "cmyk.jpg", (80, 60), mode="CMYK")
     write_image(root / "b" / "-dash name é.png", (40, 30))
-    Image.fromarray(np.arange(0, 65535, 8, dtype=np.uint16).reshape(64, 128)).save(root / "b" / "g16.png")
+    Image.fromarray(np.arange(0, 65535, 8, dtype=np.uint16).reshape(64, 128)).save(
+        root / "b" / "g16.png"
+    )
     write_image(root / "b" / "scan.tiff", (30, 30))
     (root / "b" / "notes.txt").write_text("not an image")
     return root
@@ -31,10 +33,21 @@ def photos(tmp_path: Path) -> Path:
 def test_tree_mirrored_upright_rgb(photos: Path, tmp_path: Path) -> None:
     r = compress(photos, tmp_path / "out", CompressConfig(workers=2))
     assert r.failed == [] and r.written == 8 and r.skipped == 0
-    outs = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*")
-                  if p.is_file())
-    assert outs == ["a/big.jpg", "a/gray.jpg", "b/-dash name é.jpg", "b/alpha.jpg", "b/cmyk.jpg",
-                    "b/g16.jpg", "b/pal.jpg", "b/scan.jpg"]
+    outs = sorted(
+        p.relative_to(tmp_path / "out").as_posix()
+        for p in (tmp_path / "out").rglob("*")
+        if p.is_file()
+    )
+    assert outs == [
+        "a/big.jpg",
+        "a/gray.jpg",
+        "b/-dash name é.jpg",
+        "b/alpha.jpg",
+        "b/cmyk.jpg",
+        "b/g16.jpg",
+        "b/pal.jpg",
+        "b/scan.jpg",
+    ]
     for p in (tmp_path / "out").rglob("*.jpg"):
         with Image.open(p) as im:
             assert im.format == "JPEG" and im.mode == "RGB"
@@ -43,8 +56,10 @@ def test_tree_mirrored_upright_rgb(photos: Path, tmp_path: Path) -> None:
 
 
 def test_quality_orders_file_sizes(photos: Path, tmp_path: Path) -> None:
-    sizes = [compress(photos / "a", tmp_path / f"q{q}", CompressConfig(quality=q)).bytes_out
-             for q in (2, 10, 31)]
+    sizes = [
+        compress(photos / "a", tmp_path / f"q{q}", CompressConfig(quality=q)).bytes_out
+        for q in (2, 10, 31)
+    ]
     assert sizes[0] > sizes[1] > sizes[2]
 
 
@@ -86,13 +101,18 @@ def test_rerun_skips_done_and_redoes_missing(photos: Path, tmp_path: Path) -> No
 
 
 def test_name_collisions_keep_both() -> None:
-    assert output_names(["x.jpg", "x.png", "y.PNG"]) == {"x.jpg": "x.jpg", "x.png": "x.png.jpg",
-                                                         "y.PNG": "y.jpg"}
+    assert output_names(["x.jpg", "x.png", "y.PNG"]) == {
+        "x.jpg": "x.jpg",
+        "x.png": "x.png.jpg",
+        "y.PNG": "y.jpg",
+    }
 
 
 def test_cli_json(photos: Path, tmp_path: Path) -> None:
     (photos / "a" / "bad.jpg").write_bytes(b"nope")
-    r = CliRunner().invoke(cli, ["compress", str(photos), str(tmp_path / "o"), "--json", "--strict"])
+    r = CliRunner().invoke(
+        cli, ["compress", str(photos), str(tmp_path / "o"), "--json", "--strict"]
+    )
     assert r.exit_code == 1
     out = json.loads(r.stdout)
     assert out["written"] == 8 and out["skipped"] == 0 and out["bytes_in"] > 0 < out["bytes_out"]

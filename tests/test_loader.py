@@ -52,11 +52,17 @@ def test_no_shuffle_is_pack_order(packed: Path) -> None:
     assert torch.equal(x, pack.images[:]) and torch.equal(y, pack.labels[:])
 
 
-@pytest.mark.parametrize("n, world, drop_last", [(13, 2, False), (13, 3, False), (13, 4, True),
-                                                 (3, 5, False), (100, 8, False)])
+@pytest.mark.parametrize(
+    "n, world, drop_last",
+    [(13, 2, False), (13, 3, False), (13, 4, True), (3, 5, False), (100, 8, False)],
+)
 def test_ranks_disjoint_equal_and_cover(n: int, world: int, drop_last: bool) -> None:
-    parts = [epoch_indices(n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world,
-                           drop_last=drop_last) for r in range(world)]
+    parts = [
+        epoch_indices(
+            n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world, drop_last=drop_last
+        )
+        for r in range(world)
+    ]
     assert len({len(p) for p in parts}) == 1
     allidx = torch.cat(parts).tolist()
     if drop_last:
@@ -77,7 +83,9 @@ def test_bad_rank(packed: Path) -> None:
         packer.PackLoader(packed, 3, device="cpu", rank=3, world_size=3)
 
 
-def test_background_error_reaches_the_consumer(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_background_error_reaches_the_consumer(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loader = packer.PackLoader(packed, 4, device="cpu")
     calls = {"n": 0}
     real = loader._thread_pool
@@ -107,7 +115,9 @@ def test_early_break_then_new_epoch(packed: Path) -> None:
 def test_normalize_matches_reference() -> None:
     x = torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8)
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
-    ref = (x.double() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    ref = (x.double() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
     out = packer.Normalize(mean, std)(x)
     assert out.dtype == torch.float32
     assert torch.allclose(out.double(), ref, atol=1e-5)
@@ -116,7 +126,9 @@ def test_normalize_matches_reference() -> None:
 
 
 def test_normalize_keeps_channels_last() -> None:
-    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last
+    )
     assert packer.Normalize()(x).is_contiguous(memory_format=torch.channels_last)
 
 

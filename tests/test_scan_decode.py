@@ -29,14 +29,21 @@ def test_flat_folder_labels_are_minus_one(tmp_path: Path) -> None:
     (tmp_path / "readme.md").write_text("x")
     scan = scan_tree(tmp_path)
     assert scan.classes == []
-    assert [(e.rel, e.label) for e in scan.entries] == [("a.JPG", -1), ("b.png", -1), ("c.Webp", -1)]
+    assert [(e.rel, e.label) for e in scan.entries] == [
+        ("a.JPG", -1),
+        ("b.png", -1),
+        ("c.Webp", -1),
+    ]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "missing", "no such folder"),
-    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file, not a folder"),
-    (lambda p: p, "no images found"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "no such folder"),
+        (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file, not a folder"),
+        (lambda p: p, "no images found"),
+    ],
+)
 def test_bad_sources(tmp_path: Path, make, message: str) -> None:
     with pytest.raises(InputError, match=message):
         scan_tree(make(tmp_path))
@@ -111,10 +118,13 @@ def test_odd_modes_become_rgb(tmp_path: Path, mode: str) -> None:
         assert (out[0] == out[1]).all() and (out[1] == out[2]).all()
 
 
-@pytest.mark.parametrize("content, reason", [
-    (b"", "not an image"),
-    (b"hello, not an image", "not an image"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "not an image"),
+        (b"hello, not an image", "not an image"),
+    ],
+)
 def test_unusable_files(tmp_path: Path, content: bytes, reason: str) -> None:
     (tmp_path / "bad.jpg").write_bytes(content)
     with pytest.raises(DecodeError, match=reason):
@@ -135,8 +145,9 @@ def test_decompression_bomb_refused_before_decoding(tmp_path: Path) -> None:
         decode(str(p), ResizeSpec(8, 8, max_pixels=10_000))
 
 
-@pytest.mark.parametrize("text, want", [("224", (224, 224)), ("320x240", (320, 240)),
-                                        (" 64X32 ", (64, 32))])
+@pytest.mark.parametrize(
+    "text, want", [("224", (224, 224)), ("320x240", (320, 240)), (" 64X32 ", (64, 32))]
+)
 def test_parse_size(text: str, want: tuple[int, int]) -> None:
     assert parse_size(text) == want
 
@@ -147,10 +158,13 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text)
 
 
-@pytest.mark.parametrize(("size", "target"), [((7, 1), (17, 2)), ((8, 7), (17, 17)),
-                                              ((13, 16), (15, 8)), ((10, 7), (5, 17))])
-def test_crop_box_rounding_never_falls_outside(tmp_path: Path, size: tuple[int, int],
-                                               target: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("size", "target"),
+    [((7, 1), (17, 2)), ((8, 7), (17, 17)), ((13, 16), (15, 8)), ((10, 7), (5, 17))],
+)
+def test_crop_box_rounding_never_falls_outside(
+    tmp_path: Path, size: tuple[int, int], target: tuple[int, int]
+) -> None:
     """Found by the hypothesis round trip: w / (tw / w) can exceed w by 1e-15."""
     p = tmp_path / "x.png"
     Image.fromarray(np.full((size[1], size[0], 3), 200, np.uint8)).save(p)

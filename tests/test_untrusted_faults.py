@@ -22,17 +22,32 @@ def edit_manifest(pack: Path, **changes: object) -> None:
     (pack / "imgpack.json").write_text(json.dumps(m))
 
 
-@pytest.mark.parametrize("tamper, message", [
-    (lambda p: (p / "meta.json").write_text('{"_type": "<class \'os.system\'>"}'),
-     "meta.json names type \"<class 'os.system'>\""),
-    (lambda p: (p / "_tensordict" / "other.pickle").write_bytes(b"cos\nsystem\n"),
-     "holds _tensordict/other.pickle, a file type imgpack never writes"),
-    (lambda p: edit_manifest(p, sources=["../../etc/passwd", *json.loads(
-        (p / "imgpack.json").read_text())["sources"][1:]]), "leaves the source folder"),
-    (lambda p: edit_manifest(p, image_shape=[3, 240, 320]), "the manifest says"),
-    (lambda p: edit_manifest(p, version=99), "newer imgpack (format version 99"),
-    (lambda p: (p / "imgpack.json").write_text("{not json"), "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (
+            lambda p: (p / "meta.json").write_text('{"_type": "<class \'os.system\'>"}'),
+            "meta.json names type \"<class 'os.system'>\"",
+        ),
+        (
+            lambda p: (p / "_tensordict" / "other.pickle").write_bytes(b"cos\nsystem\n"),
+            "holds _tensordict/other.pickle, a file type imgpack never writes",
+        ),
+        (
+            lambda p: edit_manifest(
+                p,
+                sources=[
+                    "../../etc/passwd",
+                    *json.loads((p / "imgpack.json").read_text())["sources"][1:],
+                ],
+            ),
+            "leaves the source folder",
+        ),
+        (lambda p: edit_manifest(p, image_shape=[3, 240, 320]), "the manifest says"),
+        (lambda p: edit_manifest(p, version=99), "newer imgpack (format version 99"),
+        (lambda p: (p / "imgpack.json").write_text("{not json"), "not valid JSON"),
+    ],
+)
 def test_untrusted_pack_refused_before_anything_runs(packed: Path, tamper, message: str) -> None:
     tamper(packed)
     with pytest.raises(PackFormatError, match=message.replace("(", r"\(").replace("[", r"\[")):
@@ -72,8 +87,9 @@ KILL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("kill_after, workers", [(1, 1), (5, 1), (12, 2)])
-def test_killed_build_resumes_byte_identical(image_tree: Path, tmp_path: Path, kill_after: int,
-                                            workers: int) -> None:
+def test_killed_build_resumes_byte_identical(
+    image_tree: Path, tmp_path: Path, kill_after: int, workers: int
+) -> None:
     ref = tmp_path / "ref"
     build(image_tree, ref, BuildConfig(size=(24, 24), workers=1))
     dst = tmp_path / "out" / "pack"
@@ -83,16 +99,24 @@ def test_killed_build_resumes_byte_identical(image_tree: Path, tmp_path: Path, k
     # Output to a file, not a pipe: multiprocessing's resource tracker outlives the
     # killed process for a moment and would hold a pipe open.
     with open(tmp_path / "log.txt", "w") as log:
-        p = subprocess.run([sys.executable, str(script), str(image_tree), str(dst),
-                            str(kill_after), str(workers)], stdout=log, stderr=log, timeout=120)
+        p = subprocess.run(
+            [sys.executable, str(script), str(image_tree), str(dst), str(kill_after), str(workers)],
+            stdout=log,
+            stderr=log,
+            timeout=120,
+        )
     assert p.returncode == -9, (tmp_path / "log.txt").read_text()
     assert not dst.exists()  # never a partial pack at DST
     journal = (work_dir_for(dst) / "journal.jsonl").read_text().splitlines()
     assert len(journal) == kill_after
     r = build(image_tree, dst, BuildConfig(size=(24, 24), workers=1))
     assert r.resumed == kill_after  # one image per chunk for 13 images
-    for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap", "_tensordict/meta.json",
-              "meta.json"):
+    for f in (
+        "_tensordict/images.memmap",
+        "_tensordict/labels.memmap",
+        "_tensordict/meta.json",
+        "meta.json",
+    ):
         assert (dst / f).read_bytes() == (ref / f).read_bytes(), f
     a, b = (json.loads((d / "imgpack.json").read_text()) for d in (dst, ref))
     a["build"].pop("created"), b["build"].pop("created")
@@ -128,8 +152,9 @@ def test_second_writer_is_refused(image_tree: Path, tmp_path: Path) -> None:
         build(image_tree, dst, BuildConfig(size=(8, 8), workers=1))
 
 
-def test_full_disk_gives_clear_error_and_rerun_completes(image_tree: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_disk_gives_clear_error_and_rerun_completes(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
 
     def no_space(fd: int, off: int, n: int) -> None:
@@ -143,9 +168,15 @@ def test_full_disk_gives_clear_error_and_rerun_completes(image_tree: Path, tmp_p
 
 
 def test_two_readers_share_one_pack(packed: Path) -> None:
-    code = ("import packer,sys; p=packer.load(sys.argv[1]); "
-            "print(int(p.images.sum()), p.labels.tolist()[-1])")
-    outs = [subprocess.Popen([sys.executable, "-c", code, str(packed)], stdout=subprocess.PIPE,
-                             text=True) for _ in range(3)]
+    code = (
+        "import packer,sys; p=packer.load(sys.argv[1]); "
+        "print(int(p.images.sum()), p.labels.tolist()[-1])"
+    )
+    outs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(packed)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     results = {o.communicate()[0] for o in outs}
     assert len(results) == 1 and all(o.returncode == 0 for o in outs)

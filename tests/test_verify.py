@@ -89,7 +89,20 @@ def test_cli_exit_1_names_the_problem(packed: Path) -> None:
 def test_plot_is_written(packed: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "v.png"
-    r = CliRunner().invoke(cli, ["verify", str(packed), "--device", "cpu", "--batch-size", "4",
-                                 "--batches", "1", "--plot", str(png)])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "verify",
+            str(packed),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "4",
+            "--batches",
+            "1",
+            "--plot",
+            str(png),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
