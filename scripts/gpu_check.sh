@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On a GPU machine: the whole test suite (CUDA tests included), then the GPU benchmarks,
+# in one call (device time is scarce). Run from the repository root, after installing
+# what the machine lacks (see README "GPU machine"):
+#   bash scripts/gpu_check.sh [tests] [augment] [train] [bench]   # default: all but bench
+# tests    pytest, CUDA tests included
+# augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
+#          device copy of the same bytes
+# train    scripts/bench_train_aug.py: ResNet-18/50 fed by PackLoader+augmentation vs the
+#          same step on batches already on the GPU vs ImageFolder+torchvision; PackDataset
+# bench    the full `imgpack bench` grid (about 7 minutes on 16 cores)
+# Logs and JSON go under $OUT (or ./out); the tables are printed last.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1
+W=/tmp/imgpack-gpu
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(tests augment train)
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  echo "cores: $(nproc)  date: $(date -u +%F)"
+  python3 -c "import torch, torchvision, tensordict, PIL; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'tensordict', tensordict.__version__, 'pillow', PIL.__version__)"
+} 2>&1 | tee "$OUT/machine.txt"
+for w in "${what[@]}"; do
+  case $w in
+    tests) python3 -m pytest tests -q -p no:cacheprovider -x 2>&1 | tail -30 > "$OUT/tests.txt" ;;
+    augment) python3 scripts/bench_augment.py --out "$OUT" > "$OUT/augment.txt" 2>&1 ;;
+    train) python3 scripts/bench_train_aug.py --work $W --out "$OUT" > "$OUT/train.txt" 2>&1 ;;
+    bench) python3 -m packer bench --device cuda --out "$OUT/bench" -q > "$OUT/bench.txt" 2>&1 ;;
+    *) echo "unknown part: $w (tests, augment, train, bench)" >&2; exit 2 ;;
+  esac
+done
+for w in "${what[@]}"; do
+  echo "==== $w"
+  tail -25 "$OUT/$w.txt"
+done
