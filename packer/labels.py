@@ -111,7 +111,8 @@ LABEL_DTYPE = "int64"
 TARGET_DTYPE = "float32"
 _MAX_CLASS_FILE_BYTES = 64 << 20
 _MAX_MANIFEST_BYTES = 2 << 30
-_INT_RE = re.compile(r"-?[0-9]+")
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_NUMBER_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _ROWS = "(header = row 1)"
 
@@ -286,7 +287,7 @@ class LabelTable:
     def lookup(self, rel: str) -> int | None:
         """The 0-based data row for a path relative to SRC (normalised like the table's
         paths), or None when the table does not list it."""
-        return self._index.get(_match_key(rel))
+        return self._index.get(_match_key(PurePosixPath(rel).as_posix()))
 
 
 def _match_key(rel: str) -> str:
@@ -323,10 +324,14 @@ def _cell_text(value: Any, column: str, where: str) -> str:
         return ""
     if isinstance(value, str):
         return value.strip()
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if (
+        column == LABEL_COLUMN
+        and isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+    ):
         return str(int(value))
     raise InputError(
-        f"{where}: {column} {value!r} is a {type(value).__name__}; "
+        f"{where}: {column} {value!r} is of type {type(value).__name__}; "
         f"{'labels are class names or integers' if column == LABEL_COLUMN else 'paths are text'}"
     )
 
@@ -352,7 +357,9 @@ def _target_value(value: Any, column: str, where: str) -> float:
         raise InputError(f"{where}: target {column!r} is {value!r}, not a number")
     if not math.isfinite(v):
         raise InputError(f"{where}: target {column!r} is {v}; targets must be finite")
-    if not math.isfinite(float(np.float32(v))):
+    with np.errstate(over="ignore"):
+        overflows = not math.isfinite(float(np.float32(v)))
+    if overflows:
         raise InputError(
             f"{where}: target {column!r} is {v}, beyond float32's range (about 3.4e38)"
         )
@@ -553,6 +560,14 @@ def _labels_from_text(
         labels = [UNLABELED if t == unlabeled and t not in index else index[t] for t in texts]
         return labels, list(classes), []
 
+    for i, t in enumerate(texts):
+        if t not in index and not _INT_RE.fullmatch(t) and _NUMBER_RE.fullmatch(t):
+            # 0.1, 0.2 and 0.3 were once all cast to class 0; they are neither
+            # indices nor plausible class names, so say where they belong.
+            raise InputError(
+                f"{where(i)}: label {t!r} is a number but not an integer; labels are class "
+                "names or class indices, numeric values go in a --targets column"
+            )
     is_int = [bool(_INT_RE.fullmatch(t)) for t in texts]
     if all(is_int):
         labels = [int(t) for t in texts]
