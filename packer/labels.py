@@ -151,6 +151,13 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
         )
     if path.is_dir():
         return _classes_of_pack(path)
+    if path.name == MANIFEST:
+        return _classes_of_pack(path.parent)
+    if path.suffix.lower() == ".json":
+        # Read as lines, a JSON file would give "class names" like '{"format": ...'.
+        raise InputError(
+            f"{path}: a JSON file; give a text file with one class name per line, or a pack folder"
+        )
     if path.stat().st_size > _MAX_CLASS_FILE_BYTES:
         raise InputError(f"{path}: too large for a class map (one class name per line)")
     try:
@@ -262,6 +269,7 @@ def list_source_images(src: str | os.PathLike[str]) -> list[str]:
 class LabelTable:
     """A validated label table, one row per listed image, in the table's order.
 
+    ``paths``: each row's path relative to SRC, normalised (POSIX, no ``./``, NFC).
     ``labels``: int64 ``[N]``, class index or -1 (read-only).
     ``targets``: float32 ``[N, K]`` (read-only), finite values, or None without targets.
     ``classes``: names of the label indices; ``[]`` for integer labels without a map.
@@ -275,7 +283,19 @@ class LabelTable:
     target_names: list[str]
     source: Path
     new_classes: list[str] = field(default_factory=list)
-    _index: dict[str, int] = field(default_factory=dict, repr=False)
+    _index: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n, k = check_label_arrays(
+            self.labels, self.targets, error=InputError, where=str(self.source)
+        )
+        index = {p: i for i, p in enumerate(self.paths)}
+        if n != len(self.paths) or len(index) != n or (k or 0) != len(self.target_names):
+            raise ValueError(
+                f"LabelTable: {len(self.paths)} paths ({len(index)} distinct), {n} labels, "
+                f"{k} target columns for {len(self.target_names)} names"
+            )
+        object.__setattr__(self, "_index", index)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -511,7 +531,6 @@ def read_table(
         target_arr = np.asarray(values, dtype=np.float64).astype(np.float32)
         target_arr.setflags(write=False)
     labels.setflags(write=False)
-    check_label_arrays(labels, target_arr, error=InputError, where=str(path))
     return LabelTable(
         paths=paths,
         labels=labels,
@@ -520,7 +539,6 @@ def read_table(
         target_names=target_names,
         source=path,
         new_classes=new,
-        _index={p: i for i, p in enumerate(paths)},
     )
 
 

@@ -88,6 +88,14 @@ def test_class_map_from_real_pack(packed: Path) -> None:
     assert read_class_map(packed) == ["cat", "dog", "zebra"]
 
 
+def test_class_map_from_a_pack_manifest_file(tmp_path: Path) -> None:
+    p = fake_pack(tmp_path / "p", ["b", "a"])
+    assert read_class_map(p / "imgpack.json") == ["b", "a"]
+    other = write(tmp_path / "classes.json", '["b", "a"]')
+    with pytest.raises(InputError, match=r"classes.json: a JSON file; give a text file"):
+        read_class_map(other)
+
+
 @pytest.mark.parametrize(
     ("classes", "fmt", "match"),
     [
@@ -506,6 +514,18 @@ def test_label_table_is_immutable(tmp_path: Path) -> None:
     assert isinstance(t, LabelTable)
     with pytest.raises(ValueError, match="read-only"):
         t.labels[0] = 5
+
+
+def test_label_table_checks_its_arrays(tmp_path: Path) -> None:
+    src = tmp_path / "l.csv"
+    with pytest.raises(InputError, match=r"l.csv: labels are float64, expected int64"):
+        LabelTable(["a.jpg"], np.zeros(1), [], None, [], src)
+    with pytest.raises(ValueError, match=r"2 paths \(1 distinct\), 2 labels"):
+        LabelTable(["a.jpg", "a.jpg"], np.zeros(2, np.int64), [], None, [], src)
+    with pytest.raises(ValueError, match=r"1 target columns for 2 names"):
+        LabelTable(
+            ["a.jpg"], np.zeros(1, np.int64), [], np.zeros((1, 1), np.float32), ["w", "h"], src
+        )
 
 
 # ---------------------------------------------------------------- dtypes
