@@ -22,8 +22,10 @@ Label tables (``--labels TABLE [--targets COL,...]``)
     integers) and the target columns. ``label`` may be left out only when targets
     are given (a regression table); every label is then ``-1``.
 
-    Row numbers in every error count like a spreadsheet: the header is row 1, so the
-    first data row is row 2 (for parquet too, whose column names play the header).
+    Row numbers in every error count like a spreadsheet: each record's number in the
+    file, blank rows included, so with the header on row 1 the first data row is row 2
+    (for parquet too, whose column names play the header). Each message says which
+    row the header is on, e.g. ``labels.csv row 7 (header = row 1): ...``.
 
     Labels, per table, are of one kind:
 
@@ -114,7 +116,6 @@ _MAX_MANIFEST_BYTES = 2 << 30
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _NUMBER_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
-_ROWS = "(header = row 1)"
 
 
 # ---------------------------------------------------------------- class maps
@@ -283,6 +284,7 @@ class LabelTable:
     target_names: list[str]
     source: Path
     new_classes: list[str] = field(default_factory=list)
+    row_numbers: list[int] | None = None
     _index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -290,6 +292,8 @@ class LabelTable:
             self.labels, self.targets, error=InputError, where=str(self.source)
         )
         index = {p: i for i, p in enumerate(self.paths)}
+        if self.row_numbers is not None and len(self.row_numbers) != n:
+            raise ValueError(f"LabelTable: {len(self.row_numbers)} row numbers for {n} rows")
         if n != len(self.paths) or len(index) != n or (k or 0) != len(self.target_names):
             raise ValueError(
                 f"LabelTable: {len(self.paths)} paths ({len(index)} distinct), {n} labels, "
@@ -301,8 +305,9 @@ class LabelTable:
         return len(self.paths)
 
     def row_number(self, i: int) -> int:
-        """The row number of data row ``i`` (0-based) as errors print it (header = row 1)."""
-        return i + 2
+        """The row number of data row ``i`` (0-based) as errors print it: the record's
+        number in the file, so the header is row 1 and blank rows count."""
+        return self.row_numbers[i] if self.row_numbers is not None else i + 2
 
     def lookup(self, rel: str) -> int | None:
         """The 0-based data row for a path relative to SRC (normalised like the table's
@@ -386,8 +391,11 @@ def _target_value(value: Any, column: str, where: str) -> float:
     return v
 
 
-def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[list[Any]], list[int]]:
-    """Header, data rows and their row numbers (header = 1, blank rows skipped)."""
+def _read_delimited(
+    path: Path, delimiter: str
+) -> tuple[list[str], list[list[Any]], list[int], int]:
+    """Header, data rows, their row numbers (blank rows count but are skipped) and
+    the header's row number (1 unless blank rows come first)."""
     try:
         f = path.open(encoding="utf-8-sig", newline="")
     except OSError as e:
@@ -395,6 +403,7 @@ def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[list[An
     rows: list[list[Any]] = []
     numbers: list[int] = []
     header: list[str] | None = None
+    header_row = 1
     rowno = 0
     with f:
         reader = csv.reader(f, delimiter=delimiter, strict=True)
@@ -405,10 +414,11 @@ def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[list[An
                     continue
                 if header is None:
                     header = [c.strip() for c in record]
+                    header_row = rowno
                     continue
                 if len(record) != len(header):
                     raise InputError(
-                        f"{path} row {rowno} {_ROWS}: {len(record)} field(s), the header has "
+                        f"{path} row {rowno} (header = row {header_row}): {len(record)} field(s), the header has "
                         f"{len(header)}; check the quoting and the separator"
                     )
                 rows.append(record)
@@ -418,16 +428,17 @@ def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[list[An
                 f"{path}: not UTF-8 text ({e.reason}); save the table as UTF-8"
             ) from None
         except csv.Error as e:
-            raise InputError(f"{path} row {rowno + 1} {_ROWS}: cannot parse ({e})") from None
+            note = f" (header = row {header_row})" if header is not None else ""
+            raise InputError(f"{path} row {rowno + 1}{note}: cannot parse ({e})") from None
     if header is None:
         raise InputError(
             f"{path}: empty; a label table needs a header row with '{PATH_COLUMN}' and "
             f"'{LABEL_COLUMN}' columns"
         )
-    return header, rows, numbers
+    return header, rows, numbers, header_row
 
 
-def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int]]:
+def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int], int]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -442,7 +453,8 @@ def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int]]:
     header = [str(c) for c in t.column_names]
     columns = [t.column(i).to_pylist() for i in range(len(header))]
     rows = [list(r) for r in zip(*columns)] if columns else []
-    return header, rows, [i + 2 for i in range(len(rows))]
+    # The column names play the header's part, so data rows count from 2 as in a CSV.
+    return header, rows, [i + 2 for i in range(len(rows))], 1
 
 
 def read_table(
@@ -475,9 +487,10 @@ def read_table(
             else f"{path}: not a file"
         )
     if suffix == ".parquet":
-        header, rows, numbers = _read_parquet(path)
+        header, rows, numbers, header_row = _read_parquet(path)
     else:
-        header, rows, numbers = _read_delimited(path, "," if suffix == ".csv" else "\t")
+        header, rows, numbers, header_row = _read_delimited(path, "," if suffix == ".csv" else "\t")
+    note = f"(header = row {header_row})"  # says which way rows are counted
 
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
@@ -499,11 +512,11 @@ def read_table(
     paths: list[str] = []
     first_row: dict[str, int] = {}
     for r, n in zip(rows, numbers):
-        where = f"{path} row {n} {_ROWS}"
+        where = f"{path} row {n} {note}"
         rel = _norm_path(_cell_text(r[col[PATH_COLUMN]], PATH_COLUMN, where), where)
         if rel in first_row:
             raise InputError(
-                f"{path}: rows {first_row[rel]} and {n} {_ROWS} both list {rel!r}; "
+                f"{path}: rows {first_row[rel]} and {n} {note} both list {rel!r}; "
                 "each image may have one row"
             )
         first_row[rel] = n
@@ -511,11 +524,11 @@ def read_table(
 
     if LABEL_COLUMN in col:
         texts = [
-            _cell_text(r[col[LABEL_COLUMN]], LABEL_COLUMN, f"{path} row {n} {_ROWS}")
+            _cell_text(r[col[LABEL_COLUMN]], LABEL_COLUMN, f"{path} row {n} {note}")
             for r, n in zip(rows, numbers)
         ]
         label_list, final_classes, new = _labels_from_text(
-            texts, numbers, path, classes, allow_new_classes
+            texts, numbers, path, note, classes, allow_new_classes
         )
     else:
         label_list = [UNLABELED] * len(rows)
@@ -525,7 +538,7 @@ def read_table(
     target_arr: np.ndarray | None = None
     if target_names:
         values = [
-            [_target_value(r[col[c]], c, f"{path} row {n} {_ROWS}") for c in target_names]
+            [_target_value(r[col[c]], c, f"{path} row {n} {note}") for c in target_names]
             for r, n in zip(rows, numbers)
         ]
         target_arr = np.asarray(values, dtype=np.float64).astype(np.float32)
@@ -539,6 +552,7 @@ def read_table(
         target_names=target_names,
         source=path,
         new_classes=new,
+        row_numbers=numbers,
     )
 
 
@@ -557,13 +571,14 @@ def _labels_from_text(
     texts: list[str],
     numbers: list[int],
     path: Path,
+    note: str,
     classes: Sequence[str] | None,
     allow_new: bool,
 ) -> tuple[list[int], list[str], list[str]]:
     """Label indices, final classes and appended classes from label cells."""
 
     def where(i: int) -> str:
-        return f"{path} row {numbers[i]} {_ROWS}"
+        return f"{path} row {numbers[i]} {note}"
 
     for i, t in enumerate(texts):
         if not t:
@@ -608,7 +623,7 @@ def _labels_from_text(
             raise InputError(
                 f"{path}: labels mix class names (row {numbers[first_name]}: "
                 f"{texts[first_name]!r}) and integers (row {numbers[i]}: {texts[i]!r}) "
-                f"{_ROWS}; use one kind"
+                f"{note}; use one kind"
             )
     names = [t for t in texts if t != unlabeled]
     if classes is not None:

@@ -274,6 +274,19 @@ def test_row_numbers_count_blank_lines_like_a_spreadsheet(tmp_path: Path) -> Non
         read_table(f)
 
 
+def test_blank_rows_before_the_header_shift_the_count(tmp_path: Path) -> None:
+    f = write(tmp_path / "l.csv", "\n\npath,label\na.jpg,cat\n\nb.jpg,-3\n")
+    with pytest.raises(
+        InputError,
+        match=r"l.csv: labels mix class names \(row 4: 'cat'\) and integers \(row 6: '-3'\) \(header = row 3\)",
+    ):
+        read_table(f)
+    t = read_table(write(tmp_path / "m.csv", "\npath,label\na.jpg,cat\n\n\nb.jpg,dog\n"))
+    assert [t.row_number(0), t.row_number(1)] == [3, 6]
+    m = apply_table(t, [])
+    assert m.missing[1] == ("b.jpg", f"listed in {t.source} row 6 but not found under SRC")
+
+
 def test_parquet_round_trip(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
