@@ -1,0 +1,809 @@
+"""Labels people actually have: a fixed class map, labels from a table, float targets.
+
+Three sources of labels, all ending in the same two arrays per pack:
+
+* ``labels``  int64 ``[N]``: a class index in ``[0, len(classes))``, or ``-1`` for an
+  image without a label (a flat folder, or a table row whose label is ``-1``).
+* ``targets`` float32 ``[N, K]`` (optional): the numeric table columns named by
+  ``--targets``, in that order; any finite float32 value.
+
+Class maps (``--classes FILE|PACK``)
+    :func:`read_class_map` reads a text file (one class name per line, blank lines
+    skipped, surrounding whitespace stripped, UTF-8 with or without BOM) or the
+    ``classes`` of an existing pack's manifest. :func:`resolve_classes` fixes the
+    class -> index map: the map's order wins, classes of the map with no images are
+    kept (count 0), a class found in SRC but not in the map is an error unless
+    ``allow_new`` appends it (new ones sorted, at the end). Without a map the classes
+    are the sorted found names, which is ``torchvision.datasets.ImageFolder``'s rule.
+
+Label tables (``--labels TABLE [--targets COL,...]``)
+    :func:`read_table` reads ``.csv`` / ``.tsv`` (stdlib ``csv``) or ``.parquet``
+    (needs pyarrow). Columns: ``path`` (relative to SRC), ``label`` (class names or
+    integers) and the target columns. ``label`` may be left out only when targets
+    are given (a regression table); every label is then ``-1``.
+
+    Row numbers in every error count like a spreadsheet: each record's number in the
+    file, blank rows included, so with the header on row 1 the first data row is row 2
+    (for parquet too, whose column names play the header). Each message says which
+    row the header is on, e.g. ``labels.csv row 7 (header = row 1): ...``.
+
+    Labels, per table, are of one kind:
+
+    * class names: indexed through ``classes`` when a map is given (a name not in the
+      map is an error unless ``allow_new_classes`` appends it), else through the
+      sorted set of the names;
+    * integers: used as they are, and ``classes`` stays ``[]`` unless a map is given,
+      in which case each must be in ``[0, len(classes))``;
+    * ``-1`` is "no label" in either kind (the flat-folder convention); any other
+      negative integer, an empty cell, a float or a mix of names and integers is an
+      error. When a map is given and every label is one of its names, the labels are
+      names, even if they look like integers (class folders named ``0`` .. ``9``).
+
+    Paths are normalised to POSIX relative form (``./a//b.jpg`` -> ``a/b.jpg``,
+    Unicode NFC); absolute paths, drive letters, ``..`` and backslashes are refused,
+    since a row applies only to the file it names under SRC.
+
+    :func:`apply_table` matches the rows to the images found under SRC. The pack keeps
+    the found order (ImageFolder's sorted order, as :func:`list_source_images` returns
+    it), not the table's, so reordering a table does not reorder the pack. Rows whose
+    file is not found are skips with a reason; images with no row are ignored and
+    counted.
+
+Manifest fields (for the integrator to write in ``imgpack.json`` and check on load;
+:func:`label_fields` makes them, :func:`check_label_fields` checks arrays against them)::
+
+    "label_dtype": "int64",
+    "label_shape": [N],
+    "targets": null | {"names": ["col1", ...], "dtype": "float32", "shape": [N, K]}
+
+Anything else is refused, never cast (:func:`check_label_arrays`).
+
+How build wires it in (a few lines in ``build``, after ``--classes``/``--labels`` are
+parsed; ``fixed = read_class_map(path) if --classes else None``)::
+
+    if labels_table is None:
+        scan = scan_tree(src)                                   # (rel, folder class)
+        classes, new = resolve_classes(scan.classes, fixed, allow_new)
+        scan = apply_class_map(scan, classes)                   # labels re-indexed
+        targets = None
+    else:
+        table = read_table(labels_table, targets=target_cols, classes=fixed,
+                           allow_new_classes=allow_new)
+        found = list_source_images(src)                          # every image, sorted
+        match = apply_table(table, found, src=src)
+        scan = Scan(root=Path(src), classes=table.classes, entries=match.entries)
+        targets = match.targets                                  # float32 [M, K] | None
+        skipped += match.missing                                 # [(rel, reason)]
+        log.info("%d image(s) under %s have no row in %s; ignored",
+                 match.ignored, src, table.source)
+
+Then ``targets`` is subset by the same ``keep`` rows as the labels (images that fail
+to decode), written beside ``labels`` as ``targets.memmap`` (float32 C-order), and
+``label_fields(labels, targets, table.target_names)`` goes into the manifest. The
+build fingerprint must include the targets (their bytes' digest) and the table path.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, PackerError, PackFormatError, UsageError
+from .format import MANIFEST
+from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, walk_images
+
+log = logging.getLogger(__name__)
+
+UNLABELED = -1
+PATH_COLUMN = "path"
+LABEL_COLUMN = "label"
+TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
+LABEL_DTYPE = "int64"
+TARGET_DTYPE = "float32"
+_MAX_CLASS_FILE_BYTES = 64 << 20
+_MAX_MANIFEST_BYTES = 2 << 30
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_NUMBER_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+
+
+# ---------------------------------------------------------------- class maps
+
+
+def _check_unique(names: Sequence[str], where: str, line_of: Sequence[int] | None = None) -> None:
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            if line_of is None:
+                raise InputError(
+                    f"{where}: class {name!r} appears twice; class names must be unique"
+                )
+            raise InputError(
+                f"{where}: class {name!r} on line {line_of[i]} repeats line "
+                f"{line_of[seen[name]]}; class names must be unique"
+            )
+        seen[name] = i
+
+
+def read_class_map(source: str | os.PathLike[str]) -> list[str]:
+    """The class names, in index order, of a class-map file or an existing pack.
+
+    ``source`` is a text file with one class name per line (UTF-8, an optional BOM,
+    whitespace around a name stripped, blank lines skipped), or a pack directory whose
+    manifest's ``classes`` is reused. Only the manifest's JSON is read: nothing of the
+    pack is unpickled or imported. Raises :class:`InputError` naming the file and the
+    problem (missing, not UTF-8, no classes, a duplicate with both line numbers).
+    """
+    path = Path(source)
+    if not path.exists():
+        raise InputError(
+            f"{path}: no such class map; give a text file with one class per line or a pack"
+        )
+    if path.is_dir():
+        return _classes_of_pack(path)
+    if path.name == MANIFEST:
+        return _classes_of_pack(path.parent)
+    if path.suffix.lower() == ".json":
+        # Read as lines, a JSON file would give "class names" like '{"format": ...'.
+        raise InputError(
+            f"{path}: a JSON file; give a text file with one class name per line, or a pack folder"
+        )
+    if path.stat().st_size > _MAX_CLASS_FILE_BYTES:
+        raise InputError(f"{path}: too large for a class map (one class name per line)")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the class map as UTF-8"
+        ) from None
+    names: list[str] = []
+    lines: list[int] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        name = line.strip()
+        if name:
+            names.append(name)
+            lines.append(lineno)
+    if not names:
+        raise InputError(f"{path}: no class names; write one class name per line")
+    _check_unique(names, str(path), lines)
+    return names
+
+
+def _classes_of_pack(root: Path) -> list[str]:
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise InputError(
+            f"{root}: a folder but not an imgpack pack ({MANIFEST} is missing); give a pack "
+            "or a text file with one class per line"
+        )
+    if manifest.stat().st_size > _MAX_MANIFEST_BYTES:
+        raise InputError(f"{manifest}: implausibly large; the pack is damaged")
+    try:
+        m = json.loads(manifest.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{manifest}: not valid JSON ({e}); the pack is damaged") from None
+    if not isinstance(m, dict) or m.get("format") != "imgpack":
+        raise InputError(f"{manifest}: not an imgpack manifest")
+    classes = m.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise InputError(f"{manifest}: 'classes' is not a list of names; the pack is damaged")
+    if not classes:
+        raise InputError(
+            f"{root}: the pack has no classes (built from a flat folder or integer labels); "
+            "it cannot fix a class map"
+        )
+    _check_unique(classes, str(manifest))
+    return list(classes)
+
+
+def resolve_classes(
+    found: Iterable[str],
+    fixed: Sequence[str] | None,
+    allow_new: bool = False,
+    *,
+    map_source: str | os.PathLike[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The final class list and the classes appended to the map.
+
+    ``found``: class names seen in the source (folders or table labels), any order.
+    ``fixed``: the map from ``--classes`` (its order is the index), or None.
+    Without a map: ``(sorted(found), [])``, ImageFolder's indices. With one: the map,
+    plus found classes not in it appended in sorted order when ``allow_new``; otherwise
+    such a class raises :class:`InputError` naming it (and ``map_source`` if given).
+    Classes of the map with no images are kept, so every split shares the indices.
+    """
+    found_set = set(found)
+    if fixed is None:
+        return sorted(found_set), []
+    known = set(fixed)
+    new = sorted(found_set - known)
+    if new and not allow_new:
+        names = ", ".join(repr(c) for c in new)
+        where = f" {map_source}" if map_source is not None else ""
+        raise InputError(
+            f"class{'es' if len(new) > 1 else ''} {names} not in the class map{where}; "
+            "pass --allow-new-classes to append them at the end, or fix the map"
+        )
+    return [*fixed, *new], new
+
+
+def apply_class_map(scan: Scan, classes: Sequence[str]) -> Scan:
+    """``scan`` with every label re-indexed from ``scan.classes`` into ``classes``.
+
+    ``classes`` must hold every class of ``scan`` (as :func:`resolve_classes` returns);
+    labels of ``-1`` (a flat folder) stay ``-1``.
+    """
+    index = {c: i for i, c in enumerate(classes)}
+    missing = [c for c in scan.classes if c not in index]
+    if missing:
+        raise InputError(f"{scan.root}: classes {missing} are not in the class map")
+    remap = [index[c] for c in scan.classes]
+    entries = [e if e.label == UNLABELED else Entry(e.rel, remap[e.label]) for e in scan.entries]
+    return Scan(root=scan.root, classes=list(classes), entries=entries)
+
+
+def list_source_images(src: str | os.PathLike[str]) -> list[str]:
+    """Every image under ``src``, recursively, as POSIX paths relative to it, sorted as
+    ImageFolder sorts (folder path, then name). For table labels: unlike
+    :func:`packer.scan.scan_tree`, images directly in ``src`` count too."""
+    root = Path(src)
+    if not root.is_dir():
+        raise InputError(f"{root}: no such folder; check the path")
+    return [Path(os.path.relpath(p, root)).as_posix() for p in walk_images(root)]
+
+
+# ---------------------------------------------------------------- label tables
+
+
+@dataclass(frozen=True, eq=False)
+class LabelTable:
+    """A validated label table, one row per listed image, in the table's order.
+
+    ``paths``: each row's path relative to SRC, normalised (POSIX, no ``./``, NFC).
+    ``labels``: int64 ``[N]``, class index or -1 (read-only).
+    ``targets``: float32 ``[N, K]`` (read-only), finite values, or None without targets.
+    ``classes``: names of the label indices; ``[]`` for integer labels without a map.
+    ``new_classes``: names appended to the given map (``allow_new_classes``).
+    """
+
+    paths: list[str]
+    labels: np.ndarray
+    classes: list[str]
+    targets: np.ndarray | None
+    target_names: list[str]
+    source: Path
+    new_classes: list[str] = field(default_factory=list)
+    row_numbers: list[int] | None = None
+    _index: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n, k = check_label_arrays(
+            self.labels, self.targets, error=InputError, where=str(self.source)
+        )
+        index = {p: i for i, p in enumerate(self.paths)}
+        if self.row_numbers is not None and len(self.row_numbers) != n:
+            raise ValueError(f"LabelTable: {len(self.row_numbers)} row numbers for {n} rows")
+        if n != len(self.paths) or len(index) != n or (k or 0) != len(self.target_names):
+            raise ValueError(
+                f"LabelTable: {len(self.paths)} paths ({len(index)} distinct), {n} labels, "
+                f"{k} target columns for {len(self.target_names)} names"
+            )
+        object.__setattr__(self, "_index", index)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def row_number(self, i: int) -> int:
+        """The row number of data row ``i`` (0-based) as errors print it: the record's
+        number in the file, so the header is row 1 and blank rows count."""
+        return self.row_numbers[i] if self.row_numbers is not None else i + 2
+
+    def lookup(self, rel: str) -> int | None:
+        """The 0-based data row for a path relative to SRC (normalised like the table's
+        paths), or None when the table does not list it."""
+        return self._index.get(_match_key(PurePosixPath(rel).as_posix()))
+
+
+def _match_key(rel: str) -> str:
+    # Tables typed on one system and files named on another (macOS keeps NFD names)
+    # must still match, so both sides compare in NFC.
+    return unicodedata.normalize("NFC", rel)
+
+
+def _norm_path(raw: str, where: str) -> str:
+    """A table cell as a POSIX path relative to SRC, or InputError saying why not."""
+    s = raw.strip()
+    if not s:
+        raise InputError(f"{where}: empty path")
+    if "\\" in s:
+        raise InputError(
+            f"{where}: path {s!r} has a backslash; write paths relative to SRC with '/'"
+        )
+    p = PurePosixPath(s)
+    if p.is_absolute() or _DRIVE_RE.match(s):
+        raise InputError(
+            f"{where}: path {s!r} is absolute; a row names a file by its path relative to SRC"
+        )
+    if ".." in p.parts:
+        raise InputError(f"{where}: path {s!r} contains '..'; a row may only name a file under SRC")
+    rel = p.as_posix()
+    if rel in ("", "."):
+        raise InputError(f"{where}: path {s!r} names no file")
+    return _match_key(rel)
+
+
+def _cell_text(value: Any, column: str, where: str) -> str:
+    """A label or path cell as text; parquet cells arrive typed."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if (
+        column == LABEL_COLUMN
+        and isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+    ):
+        return str(int(value))
+    raise InputError(
+        f"{where}: {column} {value!r} is of type {type(value).__name__}; "
+        f"{'labels are class names or integers' if column == LABEL_COLUMN else 'paths are text'}"
+    )
+
+
+def _target_value(value: Any, column: str, where: str) -> float:
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            v = float(text)
+        except ValueError:
+            raise InputError(
+                f"{where}: target {column!r} is {text!r}, not a number"
+                if text
+                else f"{where}: target {column!r} is empty; every row needs a number"
+            ) from None
+    elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
+        v = float(value)
+    elif value is None:
+        raise InputError(f"{where}: target {column!r} is empty; every row needs a number")
+    else:
+        raise InputError(f"{where}: target {column!r} is {value!r}, not a number")
+    if not math.isfinite(v):
+        raise InputError(f"{where}: target {column!r} is {v}; targets must be finite")
+    with np.errstate(over="ignore"):
+        overflows = not math.isfinite(float(np.float32(v)))
+    if overflows:
+        raise InputError(
+            f"{where}: target {column!r} is {v}, beyond float32's range (about 3.4e38)"
+        )
+    return v
+
+
+def _read_delimited(
+    path: Path, delimiter: str
+) -> tuple[list[str], list[list[Any]], list[int], int]:
+    """Header, data rows, their row numbers (blank rows count but are skipped) and
+    the header's row number (1 unless blank rows come first)."""
+    try:
+        f = path.open(encoding="utf-8-sig", newline="")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the label table ({e.strerror})") from None
+    rows: list[list[Any]] = []
+    numbers: list[int] = []
+    header: list[str] | None = None
+    header_row = 1
+    rowno = 0
+    with f:
+        reader = csv.reader(f, delimiter=delimiter, strict=True)
+        try:
+            for record in reader:
+                rowno += 1
+                if not record or all(not c.strip() for c in record):
+                    continue
+                if header is None:
+                    header = [c.strip() for c in record]
+                    header_row = rowno
+                    continue
+                if len(record) != len(header):
+                    raise InputError(
+                        f"{path} row {rowno} (header = row {header_row}): {len(record)} field(s), the header has "
+                        f"{len(header)}; check the quoting and the separator"
+                    )
+                rows.append(record)
+                numbers.append(rowno)
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"{path}: not UTF-8 text ({e.reason}); save the table as UTF-8"
+            ) from None
+        except csv.Error as e:
+            note = f" (header = row {header_row})" if header is not None else ""
+            raise InputError(f"{path} row {rowno + 1}{note}: cannot parse ({e})") from None
+    if header is None:
+        raise InputError(
+            f"{path}: empty; a label table needs a header row with '{PATH_COLUMN}' and "
+            f"'{LABEL_COLUMN}' columns"
+        )
+    return header, rows, numbers, header_row
+
+
+def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int], int]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError(
+            f"{path}: reading .parquet tables needs pyarrow (pip install pyarrow), "
+            "or convert the table to CSV"
+        ) from None
+    try:
+        t = pq.read_table(path)
+    except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError kinds
+        raise InputError(f"{path}: not a readable parquet file ({e})") from None
+    header = [str(c) for c in t.column_names]
+    columns = [t.column(i).to_pylist() for i in range(len(header))]
+    rows = [list(r) for r in zip(*columns)] if columns else []
+    # The column names play the header's part, so data rows count from 2 as in a CSV.
+    return header, rows, [i + 2 for i in range(len(rows))], 1
+
+
+def read_table(
+    path: str | os.PathLike[str],
+    *,
+    targets: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None,
+    allow_new_classes: bool = False,
+) -> LabelTable:
+    """Read and validate a label table (see the module docstring for the rules).
+
+    ``targets``: names of numeric columns to keep as float32 ``[N, K]`` in that order.
+    ``classes``: the fixed class map from ``--classes``, or None.
+    Raises :class:`InputError` (exit 2) naming the table, the row (header = row 1)
+    and what is wrong; :class:`UsageError` for a bad ``targets`` list.
+    """
+    path = Path(path)
+    target_names = list(targets or [])
+    _check_target_names(target_names)
+    suffix = path.suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise InputError(
+            f"{path}: unknown label table type {path.suffix or '(no extension)'!r}; "
+            "give a .csv, .tsv or .parquet file"
+        )
+    if not path.is_file():
+        raise InputError(
+            f"{path}: no such label table; check the path"
+            if not path.exists()
+            else f"{path}: not a file"
+        )
+    if suffix == ".parquet":
+        header, rows, numbers, header_row = _read_parquet(path)
+    else:
+        header, rows, numbers, header_row = _read_delimited(path, "," if suffix == ".csv" else "\t")
+    note = f"(header = row {header_row})"  # says which way rows are counted
+
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise InputError(
+            f"{path}: column(s) {', '.join(map(repr, dup))} appear twice in the header"
+        )
+    need = [PATH_COLUMN] + ([] if target_names else [LABEL_COLUMN]) + target_names
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise InputError(
+            f"{path}: missing column(s) {', '.join(map(repr, missing))}; it has "
+            f"{', '.join(map(repr, header)) or 'none'}. A label table needs '{PATH_COLUMN}' "
+            f"(relative to SRC) and '{LABEL_COLUMN}' (class names or integers)"
+        )
+    if not rows:
+        raise InputError(f"{path}: no data rows under the header; nothing to label")
+
+    col = {c: i for i, c in enumerate(header)}
+    paths: list[str] = []
+    first_row: dict[str, int] = {}
+    for r, n in zip(rows, numbers):
+        where = f"{path} row {n} {note}"
+        rel = _norm_path(_cell_text(r[col[PATH_COLUMN]], PATH_COLUMN, where), where)
+        if rel in first_row:
+            raise InputError(
+                f"{path}: rows {first_row[rel]} and {n} {note} both list {rel!r}; "
+                "each image may have one row"
+            )
+        first_row[rel] = n
+        paths.append(rel)
+
+    if LABEL_COLUMN in col:
+        texts = [
+            _cell_text(r[col[LABEL_COLUMN]], LABEL_COLUMN, f"{path} row {n} {note}")
+            for r, n in zip(rows, numbers)
+        ]
+        label_list, final_classes, new = _labels_from_text(
+            texts, numbers, path, note, classes, allow_new_classes
+        )
+    else:
+        label_list = [UNLABELED] * len(rows)
+        final_classes, new = (list(classes) if classes is not None else []), []
+    labels = np.asarray(label_list, dtype=np.int64)
+
+    target_arr: np.ndarray | None = None
+    if target_names:
+        values = [
+            [_target_value(r[col[c]], c, f"{path} row {n} {note}") for c in target_names]
+            for r, n in zip(rows, numbers)
+        ]
+        target_arr = np.asarray(values, dtype=np.float64).astype(np.float32)
+        target_arr.setflags(write=False)
+    labels.setflags(write=False)
+    return LabelTable(
+        paths=paths,
+        labels=labels,
+        classes=final_classes,
+        targets=target_arr,
+        target_names=target_names,
+        source=path,
+        new_classes=new,
+        row_numbers=numbers,
+    )
+
+
+def _check_target_names(names: list[str]) -> None:
+    for c in names:
+        if not c or c != c.strip():
+            raise UsageError(f"--targets: empty or padded column name {c!r}")
+        if c in (PATH_COLUMN, LABEL_COLUMN):
+            raise UsageError(f"--targets: {c!r} is not a target column; name numeric columns")
+    dup = sorted({c for c in names if names.count(c) > 1})
+    if dup:
+        raise UsageError(f"--targets: column(s) {', '.join(map(repr, dup))} named twice")
+
+
+def _labels_from_text(
+    texts: list[str],
+    numbers: list[int],
+    path: Path,
+    note: str,
+    classes: Sequence[str] | None,
+    allow_new: bool,
+) -> tuple[list[int], list[str], list[str]]:
+    """Label indices, final classes and appended classes from label cells."""
+
+    def where(i: int) -> str:
+        return f"{path} row {numbers[i]} {note}"
+
+    for i, t in enumerate(texts):
+        if not t:
+            raise InputError(
+                f"{where(i)}: empty label; give a class name, a class index, or -1 for no label"
+            )
+    index = {c: i for i, c in enumerate(classes)} if classes is not None else {}
+    unlabeled = str(UNLABELED)
+    # Names of the map win over integer readings: class folders named "0".."9" are
+    # names, and a table using them means those folders.
+    if classes is not None and all(t in index or t == unlabeled for t in texts):
+        labels = [UNLABELED if t == unlabeled and t not in index else index[t] for t in texts]
+        return labels, list(classes), []
+
+    for i, t in enumerate(texts):
+        if t not in index and not _INT_RE.fullmatch(t) and _NUMBER_RE.fullmatch(t):
+            # 0.1, 0.2 and 0.3 were once all cast to class 0; they are neither
+            # indices nor plausible class names, so say where they belong.
+            raise InputError(
+                f"{where(i)}: label {t!r} is a number but not an integer; labels are class "
+                "names or class indices, numeric values go in a --targets column"
+            )
+    is_int = [bool(_INT_RE.fullmatch(t)) for t in texts]
+    if all(is_int):
+        labels = [int(t) for t in texts]
+        for i, v in enumerate(labels):
+            if v < UNLABELED:
+                raise InputError(
+                    f"{where(i)}: label {v} is negative; class indices start at 0 and -1 "
+                    "means no label"
+                )
+            if classes is not None and v >= len(classes):
+                raise InputError(
+                    f"{where(i)}: label {v} is out of range for the {len(classes)} classes of "
+                    f"the class map (0 to {len(classes) - 1})"
+                )
+        return labels, (list(classes) if classes is not None else []), []
+
+    first_name = next(i for i, ok in enumerate(is_int) if not ok)
+    for i, ok in enumerate(is_int):
+        if ok and texts[i] != unlabeled and texts[i] not in index:
+            raise InputError(
+                f"{path}: labels mix class names (row {numbers[first_name]}: "
+                f"{texts[first_name]!r}) and integers (row {numbers[i]}: {texts[i]!r}) "
+                f"{note}; use one kind"
+            )
+    names = [t for t in texts if t != unlabeled]
+    if classes is not None:
+        unknown = [i for i, t in enumerate(texts) if t != unlabeled and t not in index]
+        if unknown and not allow_new:
+            i = unknown[0]
+            more = len({texts[j] for j in unknown}) - 1
+            raise InputError(
+                f"{where(i)}: label {texts[i]!r} is not a class of the class map"
+                + (f" (nor are {more} other name(s))" if more else "")
+                + "; pass --allow-new-classes to append it, or fix the map or the table"
+            )
+    final, new = resolve_classes(names, classes, allow_new)
+    index = {c: i for i, c in enumerate(final)}
+    return [UNLABELED if t == unlabeled else index[t] for t in texts], final, new
+
+
+# ---------------------------------------------------------------- matching
+
+
+@dataclass(frozen=True, eq=False)
+class TableMatch:
+    """The table applied to the images found under SRC.
+
+    ``entries``: one per matched image, in found (ImageFolder-sorted) order; ``rel`` is
+    the path as found on disk, ``label`` the table's label.
+    ``rows``: int64 ``[M]``, the 0-based table row of each entry.
+    ``targets``: float32 ``[M, K]``, the entries' targets, or None.
+    ``missing``: ``(rel, reason)`` of each table row with no image, in table order.
+    ``ignored``: how many found images the table does not list.
+    """
+
+    entries: list[Entry]
+    rows: np.ndarray
+    targets: np.ndarray | None
+    missing: list[tuple[str, str]]
+    ignored: int
+
+
+def apply_table(
+    table: LabelTable,
+    found_rels: Sequence[str],
+    *,
+    src: str | os.PathLike[str] | None = None,
+) -> TableMatch:
+    """Match ``table`` to the images found under SRC (``found_rels``, POSIX relative
+    paths in the order the pack should have, e.g. :func:`list_source_images`).
+
+    ``src``, when given, only sharpens a missing row's reason (a file that exists but is
+    not an image by its extension).
+    """
+    entries: list[Entry] = []
+    rows: list[int] = []
+    ignored = 0
+    for rel in found_rels:
+        i = table.lookup(rel)
+        if i is None:
+            ignored += 1
+            continue
+        entries.append(Entry(rel, int(table.labels[i])))
+        rows.append(i)
+    used = set(rows)
+    folded: dict[str, str] | None = None
+    missing: list[tuple[str, str]] = []
+    for i, rel in enumerate(table.paths):
+        if i in used:
+            continue
+        reason = f"listed in {table.source} row {table.row_number(i)} but not found under SRC"
+        if src is not None and (Path(src) / rel).is_file() and not is_image_name(rel):
+            reason = (
+                f"listed in {table.source} row {table.row_number(i)} but not an image "
+                f"imgpack reads ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        else:
+            if folded is None:
+                folded = {_match_key(r).casefold(): r for r in found_rels}
+            other = folded.get(rel.casefold())
+            if other is not None:
+                reason += f" (there is {other!r}, which differs in case)"
+        missing.append((rel, reason))
+    row_arr = np.asarray(rows, dtype=np.int64)
+    targets = table.targets[row_arr] if table.targets is not None else None
+    if missing:
+        log.warning(
+            "%s: %d row(s) name no image under SRC, e.g. %s",
+            table.source,
+            len(missing),
+            missing[0][0],
+        )
+    return TableMatch(
+        entries=entries, rows=row_arr, targets=targets, missing=missing, ignored=ignored
+    )
+
+
+# ---------------------------------------------------------------- dtypes
+
+
+def _dtype_name(a: Any) -> str:
+    # numpy dtypes print "int64", torch ones "torch.int64"; compare without the prefix
+    # so this module never imports torch.
+    return str(getattr(a, "dtype", type(a).__name__)).removeprefix("torch.")
+
+
+def check_label_arrays(
+    labels: Any,
+    targets: Any | None,
+    *,
+    error: type[PackerError] = PackFormatError,
+    where: str = "labels",
+) -> tuple[int, int | None]:
+    """Check ``labels`` is int64 ``[N]`` and ``targets`` float32 ``[N, K]`` (or None).
+
+    Works on numpy arrays and torch tensors alike. Returns ``(N, K)`` (K None without
+    targets). Raises ``error`` naming what is wrong; never casts.
+    """
+    if _dtype_name(labels) != LABEL_DTYPE:
+        raise error(
+            f"{where}: labels are {_dtype_name(labels)}, expected {LABEL_DTYPE}; "
+            "imgpack does not cast labels (float labels belong in --targets)"
+        )
+    shape = tuple(getattr(labels, "shape", ()))
+    if len(shape) != 1:
+        raise error(f"{where}: labels have shape {list(shape)}, expected [N]")
+    n = shape[0]
+    if targets is None:
+        return n, None
+    if _dtype_name(targets) != TARGET_DTYPE:
+        raise error(
+            f"{where}: targets are {_dtype_name(targets)}, expected {TARGET_DTYPE}; "
+            "imgpack does not cast targets"
+        )
+    tshape = tuple(getattr(targets, "shape", ()))
+    if len(tshape) != 2 or tshape[0] != n:
+        raise error(f"{where}: targets have shape {list(tshape)}, expected [{n}, K]")
+    return n, tshape[1]
+
+
+def label_fields(labels: Any, targets: Any | None, target_names: Sequence[str]) -> dict[str, Any]:
+    """The manifest fields describing ``labels`` (int64 [N]) and ``targets`` (float32
+    [N, K] or None), after checking them with :func:`check_label_arrays`."""
+    n, k = check_label_arrays(labels, targets, error=InputError)
+    fields: dict[str, Any] = {"label_dtype": LABEL_DTYPE, "label_shape": [n], "targets": None}
+    if targets is not None:
+        if len(target_names) != k:
+            raise InputError(f"{len(target_names)} target names for {k} target columns")
+        fields["targets"] = {"names": list(target_names), "dtype": TARGET_DTYPE, "shape": [n, k]}
+    return fields
+
+
+def check_label_fields(fields: dict[str, Any], count: int, where: str) -> list[str] | None:
+    """Validate a manifest's label fields for a pack of ``count`` images.
+
+    Returns the target names (None when the pack has no targets). Raises
+    :class:`PackFormatError` for any dtype or shape other than int64 [count] and
+    float32 [count, K]: a pack with other label types is refused, never cast.
+    """
+    if fields.get("label_dtype", LABEL_DTYPE) != LABEL_DTYPE:
+        raise PackFormatError(
+            f"{where}: labels recorded as {fields.get('label_dtype')!r}, expected {LABEL_DTYPE!r}"
+        )
+    if fields.get("label_shape", [count]) != [count]:
+        raise PackFormatError(
+            f"{where}: label_shape {fields.get('label_shape')!r} does not match {count} images"
+        )
+    t = fields.get("targets")
+    if t is None:
+        return None
+    ok = (
+        isinstance(t, dict)
+        and t.get("dtype") == TARGET_DTYPE
+        and isinstance(t.get("names"), list)
+        and all(isinstance(c, str) for c in t["names"])
+        and isinstance(t.get("shape"), list)
+        and len(t["shape"]) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in t["shape"])
+        and t["shape"] == [count, len(t["names"])]
+    )
+    if not ok:
+        raise PackFormatError(
+            f"{where}: targets recorded as {t!r}; expected "
+            f"{{'names': [...K], 'dtype': {TARGET_DTYPE!r}, 'shape': [{count}, K]}}"
+        )
+    return list(t["names"])
