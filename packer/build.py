@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
 import json
 import logging
@@ -49,7 +48,6 @@ from . import __version__
 from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
 from .errors import (
     DecodeError,
-    DiskFullError,
     InputError,
     NoUsableImagesError,
     UsageError,
@@ -79,6 +77,7 @@ from .workdir import (
     clear_work_dir,
     default_workers,
     dest_lock,
+    destination_error,
     fsync_dir,
     mark_assembled,
     prepare_work_dir,
@@ -295,23 +294,7 @@ def build(
             result.path = given
             return result
     except OSError as e:
-        raise _destination_error(e, dst) from None
-
-
-def _destination_error(e: OSError, dst: Path) -> Exception:
-    """A write error that is the destination's fault, as a one-line PackerError."""
-    where = e.filename or dst.parent
-    if e.errno == errno.ENOSPC:
-        return DiskFullError(
-            f"{dst.parent}: the disk is full ({e.strerror}); free space and run the "
-            "same command again: the finished part is kept"
-        )
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return InputError(
-            f"{where}: cannot write there ({e.strerror}); choose a writable destination "
-            "or fix its permissions"
-        )
-    return e  # anything else is a bug or a broken disk: keep its traceback
+        raise destination_error(e, dst) from None
 
 
 def _decode_all(

@@ -134,7 +134,7 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def _open_image(fp: BinaryIO, path: str) -> Image.Image:
+def open_image(fp: BinaryIO, path: str = "") -> Image.Image:
     """``Image.open`` less Pillow's own pixel limit, which would otherwise refuse
     images above ``Image.MAX_IMAGE_PIXELS`` that ``--max-pixels`` allows.
 
@@ -161,7 +161,7 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
     Raises DecodeError with a one-line reason for anything that cannot be used.
     """
     try:
-        with open_regular(path) as fp, _open_image(fp, path) as im:
+        with open_regular(path) as fp, open_image(fp, path) as im:
             w, h = im.size
             if w * h > spec.max_pixels:
                 raise DecodeError(
@@ -254,5 +254,7 @@ __all__ = [
     "decode",
     "decode_into",
     "load_resized",
+    "open_image",
+    "open_regular",
     "parse_size",
 ]

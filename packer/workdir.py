@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DiskFullError, PackBusyError
+from .errors import DiskFullError, InputError, PackBusyError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,25 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def destination_error(e: OSError, dst: Path) -> Exception:
+    """A write error that is the destination's fault, as a one-line PackerError.
+
+    Other errors come back unchanged (a bug or a failing disk keeps its traceback).
+    """
+    where = e.filename or dst
+    if e.errno == errno.ENOSPC:
+        return DiskFullError(
+            f"{dst}: the disk is full ({e.strerror}); free space and run the "
+            "same command again: the finished part is kept"
+        )
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return InputError(
+            f"{where}: cannot write there ({e.strerror}); choose a writable destination "
+            "or fix its permissions"
+        )
+    return e
 
 
 def work_dir_for(dst: Path) -> Path:
