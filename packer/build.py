@@ -18,8 +18,9 @@ assembled; anything else about the partial folder that does not match
 (other options, changed sources) starts it afresh. Finalizing is a sequence
 of idempotent steps, each recoverable from what is on disk (see
 :func:`_finalize`). Nothing appears at DST until the whole pack is complete.
-A worker that dies (kill -9, out of memory) ends the build with
-:class:`WorkerDiedError`; the finished chunks are kept for the rerun.
+A worker that dies (kill -9, out of memory) breaks the pool; the unfinished
+chunks are retried once in a fresh pool, and a second death ends the build
+with :class:`WorkerDiedError` (exit 1), the finished chunks kept for the rerun.
 """
 
 from __future__ import annotations
@@ -305,10 +306,14 @@ def _decode_all(
     chunks: list[tuple[int, int, list[str]]],
     row: int,
     pool: ProcessPoolExecutor | None,
+    new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
 ) -> tuple[float, int]:
     """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
+
+    A worker that dies breaks the pool; the unfinished chunks are retried once in
+    a fresh one (``new_pool()``), and a second death raises WorkerDiedError.
 
     Returns when the first chunk arrived and how many images an earlier run had done.
     """
@@ -356,20 +361,46 @@ def _decode_all(
             finally:
                 _worker.close()
                 _worker = None
-        else:
-            futures = [pool.submit(_decode_chunk, c) for c in pending]
+        elif not _run_chunks(pool, pending, done, record):
+            # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
+            # an operator's kill): the unfinished chunks get one fresh pool.
+            _stop_pool(pool)
+            left = [c for c in pending if c[0] not in done]
+            log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
+            retry = new_pool()
             try:
-                for fut in as_completed(futures):
-                    record(fut.result())
-            except BrokenProcessPool:
-                # kill -9 or the OOM killer: the pool cannot tell which image it was on
+                ok = _run_chunks(retry, left, done, record)
+            finally:
+                _stop_pool(retry)
+            if not ok:  # the pool cannot tell which image a dead worker was on
                 raise WorkerDiedError(
-                    f"a decode worker died (killed, or out of memory: a very large image "
-                    f"can need GBs to decode); {len(done)} of {len(chunks)} chunks are kept "
-                    "in the work folder: run the same command again to resume, with fewer "
-                    "--workers or a lower --max-pixels if memory is short"
-                ) from None
+                    "a decode worker died twice (killed, or out of memory: a very large "
+                    f"image can need GBs to decode); {len(done)} of {len(chunks)} chunks are "
+                    "kept in the work folder: run the same command again to resume, with "
+                    "fewer --workers or a lower --max-pixels if memory is short"
+                )
     return (t_first or [time.perf_counter()])[0], resumed
+
+
+def _run_chunks(
+    pool: ProcessPoolExecutor,
+    chunks: list[tuple[int, int, list[str]]],
+    done: dict[int, dict[str, Any]],
+    record: Callable[[tuple[int, list[list[Any]], list[list[int]], str]], None],
+) -> bool:
+    """Decode ``chunks`` in ``pool``, recording each; False if the pool broke (a worker
+    died), after recording every chunk that had finished before."""
+    futures = [pool.submit(_decode_chunk, c) for c in chunks]
+    try:
+        for fut in as_completed(futures):
+            record(fut.result())
+        return True
+    except BrokenProcessPool:
+        for fut in futures:
+            finished = fut.done() and not fut.cancelled() and fut.exception() is None
+            if finished and fut.result()[0] not in done:
+                record(fut.result())
+        return False
 
 
 def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolExecutor:
@@ -394,7 +425,7 @@ def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolE
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them
-    for p in list(getattr(pool, "_processes", {}).values()):
+    for p in list((getattr(pool, "_processes", None) or {}).values()):
         with contextlib.suppress(Exception):
             p.kill()
     pool.shutdown(wait=True, cancel_futures=True)
@@ -419,8 +450,12 @@ def _build_locked(
     ]
     fingerprint = _fingerprint(scan, config)
     workers = min(config.workers or default_workers(), len(chunks))
+
     # started first: its processes boot while this one fingerprints and preallocates
-    pool = _start_pool(workers, work / ROWS_FILE, spec) if workers > 1 else None
+    def new_pool() -> ProcessPoolExecutor:
+        return _start_pool(workers, work / ROWS_FILE, spec)
+
+    pool = new_pool() if workers > 1 else None
     try:
         state = prepare_work_dir(work, fingerprint, n_total * row)
         t_prepared = time.perf_counter()
@@ -430,7 +465,7 @@ def _build_locked(
                 on_start(n_total, n_total)
         else:
             t_first, resumed = _decode_all(
-                scan, config, work, state, chunks, row, pool, progress, on_start
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start
             )
         if pool is not None:
             pool.shutdown(wait=True)

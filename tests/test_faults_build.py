@@ -97,9 +97,13 @@ DEAD_WORKER = textwrap.dedent("""
     import multiprocessing, os, signal, sys
     from packer.build import BuildConfig, build
     from packer.errors import PackerError
+    calls = 0
     def progress(n):
-        for p in multiprocessing.active_children():  # the pool's workers
-            os.kill(p.pid, signal.SIGKILL)
+        global calls
+        calls += 1
+        if sys.argv[3] == "always" or calls == 1:
+            for p in multiprocessing.active_children():  # the pool's workers
+                os.kill(p.pid, signal.SIGKILL)
     if __name__ == "__main__":
         try:
             build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 8), workers=2),
@@ -110,25 +114,44 @@ DEAD_WORKER = textwrap.dedent("""
 """)
 
 
-def test_dead_worker_ends_the_build_clearly_and_rerun_resumes(tmp_path: Path) -> None:
+@pytest.fixture
+def flat300(tmp_path: Path) -> Path:
     src = tmp_path / "flat"
     src.mkdir()
     for i in range(300):  # 300 chunks: most are still pending when the workers die
         Image.new("L", (4, 4), i % 256).save(src / f"{i:03d}.png")
+    return src
+
+
+def run_dead_worker(tmp_path: Path, src: Path, dst: Path, when: str) -> tuple[int, str]:
     script = tmp_path / "dead.py"
     script.write_text(DEAD_WORKER)
-    dst = tmp_path / "pack"
     with open(tmp_path / "log.txt", "w") as log:  # not a pipe: see test_untrusted_faults
         p = subprocess.run(
-            [sys.executable, str(script), str(src), str(dst)],
+            [sys.executable, str(script), str(src), str(dst), when],
             stdout=log,
             stderr=log,
             env=ENV,
             timeout=60,  # the old pool waited here forever
         )
-    err = (tmp_path / "log.txt").read_text()
-    assert p.returncode == 1, err
-    assert "Error: a decode worker died" in err and "run the same command again" in err
+    return p.returncode, (tmp_path / "log.txt").read_text()
+
+
+def test_one_dead_worker_is_survived(flat300: Path, tmp_path: Path) -> None:
+    rc, err = run_dead_worker(tmp_path, flat300, tmp_path / "pack", "once")
+    assert rc == 0, err
+    assert "a decode worker died; retrying" in err
+    build(flat300, tmp_path / "ref", BuildConfig(size=(8, 8), workers=1))
+    assert_same_pack(tmp_path / "pack", tmp_path / "ref")
+
+
+def test_workers_dying_again_end_the_build_clearly_and_rerun_resumes(
+    flat300: Path, tmp_path: Path
+) -> None:
+    src, dst = flat300, tmp_path / "pack"
+    rc, err = run_dead_worker(tmp_path, src, dst, "always")
+    assert rc == 1, err
+    assert "Error: a decode worker died twice" in err and "run the same command again" in err
     assert "Traceback" not in err
     assert not dst.exists()
     r = build(src, dst, BuildConfig(size=(8, 8), workers=2))
