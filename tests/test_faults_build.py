@@ -4,6 +4,7 @@ lost or extra images, tracebacks where an ``Error:`` line belongs."""
 from __future__ import annotations
 
 import errno
+import faulthandler
 import json
 import os
 import signal
@@ -163,6 +164,14 @@ def test_workers_dying_again_end_the_build_clearly_and_rerun_resumes(
 # ------------------------------------------------------------- 3. special files
 
 
+@pytest.fixture
+def no_hang():
+    """A hang (the old behaviour on a FIFO) ends the test run with tracebacks, not never."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
 def add_special_files(folder: Path) -> None:
     os.mkfifo(folder / "fifo.jpg")
     (folder / "zero.jpg").symlink_to("/dev/zero")
@@ -171,7 +180,7 @@ def add_special_files(folder: Path) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_special_files_named_like_images_are_skipped_not_read(
-    image_tree: Path, tmp_path: Path, workers: int
+    image_tree: Path, tmp_path: Path, workers: int, no_hang: None
 ) -> None:
     add_special_files(image_tree / "cat")
     r = build(image_tree, tmp_path / "p", BuildConfig(size=(8, 8), workers=workers))
@@ -182,7 +191,7 @@ def test_special_files_named_like_images_are_skipped_not_read(
     }
 
 
-def test_compress_reads_only_regular_files(image_tree: Path, tmp_path: Path) -> None:
+def test_compress_reads_only_regular_files(image_tree: Path, tmp_path: Path, no_hang: None) -> None:
     add_special_files(image_tree / "cat")
     r = compress(image_tree, tmp_path / "out", CompressConfig(workers=2))
     assert r.written == 13
