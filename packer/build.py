@@ -6,25 +6,27 @@ Data flow (see docs/ARCHITECTURE.md)::
     rows file -> journal line per finished chunk -> compact (only if skips) ->
     labels, manifest, tensordict meta -> rename the work folder into place
 
-Crash safety: everything is written in ``.<DST>.imgpack-partial`` beside DST.
+Crash safety: everything is written in a work folder beside DST
+(:mod:`packer.workdir`), which is also the lock against a second writer.
 A worker writes its chunk of rows straight into the preallocated data file
 (pwrite; the dataset is never held in RAM) and returns the chunk's SHA-256;
 the parent records it in ``journal.jsonl`` (fsynced). A rerun of the same
 command with the same inputs finds the journal, re-hashes the listed chunks
 (a chunk that did not reach the disk before a power loss is redone) and
 decodes only the rest; the data file is fsynced once, before the pack is
-assembled; anything else about the partial folder that
-does not match (other options, changed sources) starts it afresh. Nothing
-appears at DST until the whole pack is complete. A lock file beside DST keeps
-two builds from writing the same destination.
+assembled; anything else about the partial folder that does not match
+(other options, changed sources) starts it afresh. Finalizing is a sequence
+of idempotent steps, each recoverable from what is on disk (see
+:func:`_finalize`). Nothing appears at DST until the whole pack is complete.
+A worker that dies (kill -9, out of memory) breaks the pool; the unfinished
+chunks are retried once in a fresh pool, and a second death ends the build
+with :class:`WorkerDiedError` (exit 1), the finished chunks kept for the rerun.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,7 +36,9 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,13 @@ import numpy as np
 
 from . import __version__
 from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
-from .errors import DecodeError, DiskFullError, InputError, PackBusyError, UsageError
+from .errors import (
+    DecodeError,
+    InputError,
+    NoUsableImagesError,
+    UsageError,
+    WorkerDiedError,
+)
 from .format import (
     CHECKSUM,
     DATA_DIR,
@@ -60,12 +70,26 @@ from .format import (
     write_tensordict_meta,
 )
 from .scan import Scan, scan_tree
+from .workdir import (
+    JOURNAL,
+    PLAN,
+    ROWS_FILE,
+    WorkState,
+    clear_work_dir,
+    default_workers,
+    dest_lock,
+    destination_error,
+    fsync_dir,
+    mark_assembled,
+    prepare_work_dir,
+    recover_trash,
+    trash_dir_for,
+    work_dir_for,
+)
 
 log = logging.getLogger(__name__)
 
-ROWS_FILE = "rows.u8"
-JOURNAL = "journal.jsonl"
-PLAN = "plan.json"
+__all__ = ["BuildConfig", "BuildResult", "build", "default_workers", "dest_lock", "work_dir_for"]
 
 
 @dataclass(frozen=True)
@@ -119,13 +143,6 @@ class BuildResult:
         }
 
 
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     """Refuse destinations that would lose data or nest the pack inside its source."""
     rs, rd = src.resolve(), dst.resolve()
@@ -149,31 +166,25 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
             )
 
 
-@contextlib.contextmanager
-def dest_lock(dst: Path) -> Iterator[None]:
-    """An exclusive lock on DST for one writer; released when the process ends, even on a crash."""
-    lock_path = dst.parent / f".{dst.name}.imgpack-lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PackBusyError(
-                f"{dst}: another imgpack process is writing this destination "
-                f"(lock {lock_path}); wait for it to finish"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def work_dir_for(dst: Path) -> Path:
-    return dst.parent / f".{dst.name}.imgpack-partial"
-
-
 # ---------------------------------------------------------------- workers
 
-_W: dict[str, Any] = {}
+
+@dataclass
+class _WorkerState:
+    """What a decode worker needs: set once by the pool initializer, per process."""
+
+    rows_path: str
+    spec: ResizeSpec
+    fd: int | None = None  # the rows file, opened at the first chunk
+    sync_file_range: Any = None  # libc's, on Linux
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+_worker: _WorkerState | None = None
 
 
 def _die_with_parent() -> None:
@@ -183,22 +194,22 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Linux: start writing this range to disk now (sync_file_range, non-blocking), so
-    the single fsync at the end has little left to wait for."""
-    fn = _W.get("sync_file_range")
-    if fn is not None:
-        fn(fd, ctypes.c_int64(offset), ctypes.c_int64(nbytes), 2)  # SYNC_FILE_RANGE_WRITE
-
-
 def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
+    global _worker
     _die_with_parent()
+    # The parent handles Ctrl-C and SIGTERM and then kills its workers; a worker
+    # that died of the signal itself would print a traceback and break the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the rows file is opened at the first chunk: the pool starts before the file exists
+    _worker = _WorkerState(rows_path, spec)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
-            _W["sync_file_range"] = ctypes.CDLL(None, use_errno=True).sync_file_range
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    _W["rows_path"] = rows_path  # opened at the first chunk: the pool starts before the file exists
-    _W["spec"] = spec
+            _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+
+
+def _warm_up() -> None:
+    """A no-op task: submitting one per worker starts the processes early."""
 
 
 def _decode_chunk(
@@ -206,7 +217,9 @@ def _decode_chunk(
 ) -> tuple[int, list[list[Any]], list[list[int]], str]:
     """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha."""
     chunk, start, paths = task
-    spec: ResizeSpec = _W["spec"]
+    state = _worker
+    assert state is not None, "_worker_init was not run in this process"
+    spec = state.spec
     buf = np.zeros((len(paths), *spec.shape), dtype=np.uint8)
     skips: list[list[Any]] = []
     sizes: list[list[int]] = []
@@ -221,12 +234,14 @@ def _decode_chunk(
     row = image_bytes(spec.shape)
     mv = memoryview(buf).cast("B")
     off, done = start * row, 0
-    fd = _W.get("fd")
-    if fd is None:
-        fd = _W["fd"] = os.open(_W["rows_path"], os.O_WRONLY)
+    if state.fd is None:
+        state.fd = os.open(state.rows_path, os.O_WRONLY)
     while done < len(mv):
-        done += os.pwrite(fd, mv[done:], off + done)
-    _start_writeback(fd, off, len(mv))
+        done += os.pwrite(state.fd, mv[done:], off + done)
+    if state.sync_file_range is not None:
+        # start writing this range to disk now (non-blocking), so the single fsync
+        # at the end has little left to wait for
+        state.sync_file_range(state.fd, ctypes.c_int64(off), ctypes.c_int64(len(mv)), 2)
     return chunk, skips, sizes, digest(mv)
 
 
@@ -246,59 +261,8 @@ def _fingerprint(scan: Scan, config: BuildConfig) -> str:
             stamp = f"{st.st_size}:{st.st_mtime_ns}"
         except OSError:
             stamp = "missing"
-        h.update(f"{e.rel}\0{e.label}\0{stamp}\n".encode())
+        h.update(f"{e.rel}\0{e.label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
-
-
-def _read_journal(path: Path) -> dict[int, dict[str, Any]]:
-    done: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                done[int(rec["chunk"])] = rec
-            except (ValueError, KeyError, TypeError):
-                break  # a torn last line from a crash: that chunk is simply redone
-    return done
-
-
-def _prepare_work_dir(work: Path, fingerprint: str, total_bytes: int) -> dict[int, dict[str, Any]]:
-    """Reuse a matching partial build, else start a fresh one. Returns finished chunks."""
-    plan_path = work / PLAN
-    if work.exists():
-        try:
-            same = json.loads(plan_path.read_text())["fingerprint"] == fingerprint
-        except (OSError, ValueError, KeyError, TypeError):
-            same = False
-        have_data = (work / ROWS_FILE).exists() or (work / DATA_DIR / IMAGES_FILE).exists()
-        if same and have_data:
-            return _read_journal(work / JOURNAL)  # checked against the data in _build_locked
-        log.info("discarding %s: it was started with other inputs or options", work)
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    (work / DATA_DIR).mkdir()
-    fd = os.open(work / ROWS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if total_bytes:
-            try:
-                os.posix_fallocate(fd, 0, total_bytes)
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    free = shutil.disk_usage(work).free
-                    raise DiskFullError(
-                        f"{work.parent}: not enough disk space for the pack (needs "
-                        f"{total_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free); free space "
-                        "and run the same command again"
-                    ) from None
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, total_bytes)
-    finally:
-        os.close(fd)
-    write_json_atomic(plan_path, {"fingerprint": fingerprint})
-    return {}
 
 
 def build(
@@ -317,40 +281,44 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
-    src, dst = Path(src), Path(dst)
+    given = Path(dst)
+    # absolute first: the work folder's name comes from DST's, and "." has none
+    src, dst = Path(src), Path(os.path.abspath(dst))
     scan = scan_tree(src)
     check_destination(src, dst, config.overwrite)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with dest_lock(dst):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with dest_lock(dst) as work:
+            recover_trash(dst)
             check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
-            return _build_locked(scan, dst, config, progress, on_start, t0)
+            result = _build_locked(scan, dst, work, config, progress, on_start, t0)
+            result.path = given
+            return result
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DiskFullError(
-                f"{dst.parent}: the disk is full ({e}); free space and run the "
-                "same command again: the finished part is kept"
-            ) from None
-        raise
+        raise destination_error(e, dst) from None
 
 
 def _decode_all(
     scan: Scan,
     config: BuildConfig,
     work: Path,
+    state: WorkState,
     chunks: list[tuple[int, int, list[str]]],
     row: int,
-    pool: Any,
+    pool: ProcessPoolExecutor | None,
+    new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
-) -> tuple[float, float, dict[int, dict[str, Any]], int]:
-    """Prepare (or resume) the work dir and decode every pending chunk into it.
+) -> tuple[float, int]:
+    """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
 
-    Returns when setup ended, when the first chunk arrived, the journal of
-    finished chunks, and how many images an earlier run had done.
+    A worker that dies breaks the pool; the unfinished chunks are retried once in
+    a fresh one (``new_pool()``), and a second death raises WorkerDiedError.
+
+    Returns when the first chunk arrived and how many images an earlier run had done.
     """
     n_total = len(scan.entries)
-    done = _prepare_work_dir(work, _fingerprint(scan, config), n_total * row)
+    done = state.done
     if done and (work / ROWS_FILE).exists():
         # The journal is fsynced per chunk, the data only at the end: after a power
         # loss a listed chunk may not have reached the disk. Its SHA-256 tells.
@@ -360,7 +328,6 @@ def _decode_all(
                 if digest(f.read(len(chunks[k][2]) * row)) != done[k]["sha"]:
                     log.info("chunk %d of %s did not reach the disk; redoing it", k, work)
                     del done[k]
-    t_prepared = time.perf_counter()
     t_first: list[float] = []
     pending = [c for c in chunks if c[0] not in done]
     resumed = sum(len(c[2]) for c in chunks if c[0] in done)
@@ -368,40 +335,106 @@ def _decode_all(
         on_start(n_total, resumed)
     if resumed:
         log.info("resuming %s: %d of %d images already done", work, resumed, n_total)
+    if not pending:
+        return (t_first or [time.perf_counter()])[0], resumed
 
-    if pending:
-        with open(work / JOURNAL, "a", encoding="utf-8") as journal:
+    with open(work / JOURNAL, "a", encoding="utf-8") as journal:
 
-            def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
-                chunk, skips, sizes, sha = res
-                rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
-                journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                journal.flush()
-                os.fsync(journal.fileno())
-                done[chunk] = rec
-                if not t_first:
-                    t_first.append(time.perf_counter())
-                if progress:
-                    progress(len(sizes))
+        def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
+            chunk, skips, sizes, sha = res
+            rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
+            journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            journal.flush()
+            os.fsync(journal.fileno())
+            done[chunk] = rec
+            if not t_first:
+                t_first.append(time.perf_counter())
+            if progress:
+                progress(len(sizes))
 
-            if pool is None:  # in this process: no signal or parent-death handling of a worker
-                _W.update(rows_path=str(work / ROWS_FILE), spec=config.spec)
-                try:
-                    for c in pending:
-                        record(_decode_chunk(c))
-                finally:
-                    fd = _W.pop("fd", None)
-                    if fd is not None:
-                        os.close(fd)
-            else:
-                for res in pool.imap_unordered(_decode_chunk, pending):
-                    record(res)
-    return t_prepared, (t_first or [time.perf_counter()])[0], done, resumed
+        if pool is None:  # in this process: no signal or parent-death handling of a worker
+            global _worker
+            _worker = _WorkerState(str(work / ROWS_FILE), config.spec)
+            try:
+                for c in pending:
+                    record(_decode_chunk(c))
+            finally:
+                _worker.close()
+                _worker = None
+        elif not _run_chunks(pool, pending, done, record):
+            # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
+            # an operator's kill): the unfinished chunks get one fresh pool.
+            _stop_pool(pool)
+            left = [c for c in pending if c[0] not in done]
+            log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
+            retry = new_pool()
+            try:
+                ok = _run_chunks(retry, left, done, record)
+            finally:
+                _stop_pool(retry)
+            if not ok:  # the pool cannot tell which image a dead worker was on
+                raise WorkerDiedError(
+                    "a decode worker died twice (killed, or out of memory: a very large "
+                    f"image can need GBs to decode); {len(done)} of {len(chunks)} chunks are "
+                    "kept in the work folder: run the same command again to resume, with "
+                    "fewer --workers or a lower --max-pixels if memory is short"
+                )
+    return (t_first or [time.perf_counter()])[0], resumed
+
+
+def _run_chunks(
+    pool: ProcessPoolExecutor,
+    chunks: list[tuple[int, int, list[str]]],
+    done: dict[int, dict[str, Any]],
+    record: Callable[[tuple[int, list[list[Any]], list[list[int]], str]], None],
+) -> bool:
+    """Decode ``chunks`` in ``pool``, recording each; False if the pool broke (a worker
+    died), after recording every chunk that had finished before."""
+    futures = [pool.submit(_decode_chunk, c) for c in chunks]
+    try:
+        for fut in as_completed(futures):
+            record(fut.result())
+        return True
+    except BrokenProcessPool:
+        for fut in futures:
+            finished = fut.done() and not fut.cancelled() and fut.exception() is None
+            if finished and fut.result()[0] not in done:
+                record(fut.result())
+        return False
+
+
+def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolExecutor:
+    """A process pool whose workers boot now, while this process prepares the work dir.
+
+    concurrent.futures rather than multiprocessing.Pool: when a worker dies,
+    multiprocessing.Pool loses its task and waits forever; this pool breaks,
+    and every pending task raises BrokenProcessPool.
+    """
+    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        # the fork server imports the decoder once; each worker forks from it ready to go
+        ctx.set_forkserver_preload(["packer.build"])
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_worker_init, initargs=(str(rows_path), spec)
+    )
+    for _ in range(workers):  # processes start as tasks arrive
+        pool.submit(_warm_up)
+    return pool
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
+    # the executor has no terminate(); its process table is the only handle on them
+    for p in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            p.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _build_locked(
     scan: Scan,
     dst: Path,
+    work: Path,
     config: BuildConfig,
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
@@ -415,31 +448,33 @@ def _build_locked(
         (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
         for k in range((n_total + block - 1) // block)
     ]
-    work = work_dir_for(dst)
+    fingerprint = _fingerprint(scan, config)
     workers = min(config.workers or default_workers(), len(chunks))
-    pool = None
-    if workers > 1:
-        # started first: its processes boot while this one fingerprints and preallocates
-        ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        if ctx.get_start_method() == "forkserver":
-            # the fork server imports the decoder once; each worker forks from it ready to go
-            ctx.set_forkserver_preload(["packer.build"])
-        pool = ctx.Pool(workers, initializer=_worker_init, initargs=(str(work / ROWS_FILE), spec))
+
+    # started first: its processes boot while this one fingerprints and preallocates
+    def new_pool() -> ProcessPoolExecutor:
+        return _start_pool(workers, work / ROWS_FILE, spec)
+
+    pool = new_pool() if workers > 1 else None
     try:
-        t_prepared, t_first, done, resumed = _decode_all(
-            scan, config, work, chunks, row, pool, progress, on_start
-        )
+        state = prepare_work_dir(work, fingerprint, n_total * row)
+        t_prepared = time.perf_counter()
+        if state.assembled:
+            t_first, resumed = t_prepared, n_total
+            if on_start:
+                on_start(n_total, n_total)
+        else:
+            t_first, resumed = _decode_all(
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start
+            )
         if pool is not None:
-            pool.close()
+            pool.shutdown(wait=True)
     except BaseException:
         if pool is not None:
-            pool.terminate()
+            _stop_pool(pool)
         raise
-    finally:
-        if pool is not None:
-            pool.join()
     t_decoded = time.perf_counter()
-    result = _finalize(scan, dst, work, config, done, block, resumed, t0)
+    result = _finalize(scan, dst, work, config, state, block, resumed, t0, fingerprint)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
@@ -451,16 +486,35 @@ def _build_locked(
     return result
 
 
+def _reached(step: str) -> None:
+    """Called between finalize's steps; crash tests make it raise to stop the build there."""
+
+
 def _finalize(
     scan: Scan,
     dst: Path,
     work: Path,
     config: BuildConfig,
-    done: dict[int, dict[str, Any]],
+    state: WorkState,
     block: int,
     resumed: int,
     t0: float,
+    fingerprint: str,
 ) -> BuildResult:
+    """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
+
+    Each step's result is on disk before the next starts, and a rerun finds
+    where a crash stopped: rows file present (data not yet moved), journal and
+    plan (assembly not finished), ``"assembled"`` in the plan (only the move is
+    left), no plan (the work is discarded and rebuilt), an old pack aside
+    (:func:`recover_trash`).
+    """
+    spec = config.spec
+    if state.assembled:  # a crash came after the pack was complete: only the move is left
+        m = json.loads((work / MANIFEST).read_text(encoding="utf-8"))
+        count, skipped = int(m["count"]), list(m["skipped"])
+        return _move_into_place(work, dst, count, skipped, scan, spec, resumed, t0)
+    done = state.done
     spec = config.spec
     row = image_bytes(spec.shape)
     skip_reason: dict[int, str] = {}
@@ -473,7 +527,15 @@ def _finalize(
         shas.append(rec["sha"])
     keep = [i for i in range(len(scan.entries)) if i not in skip_reason]
     n = len(keep)
+    if not keep:
+        clear_work_dir(work)  # nothing usable: no pack, and nothing left beside DST
+        first = scan.entries[0].rel
+        raise NoUsableImagesError(
+            f"{scan.root}: none of its {len(scan.entries)} images could be used (first: "
+            f"{first}: {skip_reason[0]}); no pack was written"
+        )
     images_path = work / DATA_DIR / IMAGES_FILE
+    (work / DATA_DIR).mkdir(exist_ok=True)
     if (work / ROWS_FILE).exists():
         fd = os.open(work / ROWS_FILE, os.O_RDONLY)
         try:
@@ -487,12 +549,11 @@ def _finalize(
             os.replace(work / ROWS_FILE, images_path)
     elif skip_reason:  # compacted by an earlier run that stopped before the manifest
         shas = _block_shas(images_path, row, block)
+    _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
-    with open(work / DATA_DIR / LABELS_FILE, "wb") as f:
-        f.write(labels.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    skipped = [{"path": scan.entries[i].rel, "reason": skip_reason[i]} for i in sorted(skip_reason)]
+    _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
+    _reached("labels")
+    skipped = _skip_list(scan, skip_reason)
     counts = np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
     manifest = {
         "format": FORMAT_NAME,
@@ -523,29 +584,65 @@ def _finalize(
     }
     write_tensordict_meta(work, n, list(spec.shape))
     write_json_atomic(work / MANIFEST, manifest)
-    for name in (JOURNAL, PLAN):  # bookkeeping of the build, not part of the pack
+    fsync_dir(work / DATA_DIR)
+    fsync_dir(work)
+    _reached("manifest")
+    mark_assembled(work, fingerprint)
+    _reached("assembled")
+    return _move_into_place(work, dst, n, skipped, scan, spec, resumed, t0)
+
+
+def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:
+    """Every skip, by path: what the scan could not read and the images that did not decode."""
+    skipped = [{"path": scan.entries[i].rel, "reason": r} for i, r in skip_reason.items()]
+    return sorted(scan.skipped + skipped, key=lambda s: s["path"])
+
+
+def _move_into_place(
+    work: Path,
+    dst: Path,
+    count: int,
+    skipped: list[dict[str, str]],
+    scan: Scan,
+    spec: ResizeSpec,
+    resumed: int,
+    t0: float,
+) -> BuildResult:
+    """The last steps: drop the build's bookkeeping, then rename the pack to DST."""
+    for name in (JOURNAL, PLAN):  # the plan last: it says what the work folder is
         (work / name).unlink(missing_ok=True)
-    _fsync_dir(work / DATA_DIR)
-    _fsync_dir(work)
-    if dst.exists():
-        trash = dst.parent / f".{dst.name}.imgpack-old"
+        fsync_dir(work)
+        _reached(name)
+    if dst.exists() and any(dst.iterdir()):
+        trash = trash_dir_for(dst)
         if trash.exists():
             shutil.rmtree(trash)
         os.replace(dst, trash)
+        _reached("aside")
         os.replace(work, dst)
+        _reached("moved")
         shutil.rmtree(trash)
     else:
-        os.replace(work, dst)
-    _fsync_dir(dst.parent)
+        os.replace(work, dst)  # onto a missing or empty DST: one atomic rename
+    fsync_dir(dst.parent)
     return BuildResult(
         path=dst,
-        count=n,
+        count=count,
         skipped=skipped,
         classes=scan.classes,
         image_shape=list(spec.shape),
         seconds=time.perf_counter() - t0,
         resumed=resumed,
     )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: int) -> list[str]:
@@ -575,12 +672,3 @@ def _block_shas(path: Path, row: int, block: int) -> list[str]:
         while chunk := f.read(row * block):
             shas.append(digest(chunk))
     return shas
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -1,8 +1,9 @@
 """The ``imgpack`` command: parse options, call the library, format the result.
 
-Exit codes: 0 success; 1 the work ran but found a problem (verify failed, or
-inputs were skipped under --strict); 2 bad usage or input the command cannot
-start on; 130 interrupted (Ctrl-C), with the work done so far kept.
+Exit codes: 0 success; 1 the work ran but found a problem (verify failed,
+inputs were skipped under --strict, no input was usable, a worker died);
+2 bad usage or input the command cannot start on (also an unwritable
+destination); 130 interrupted (Ctrl-C or SIGTERM), with the work done so far kept.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +50,27 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 err=True,
             )
             sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper
+
+
+def sigterm_as_interrupt(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Treat SIGTERM (``kill``, a job scheduler, a container stop) like Ctrl-C while
+    ``fn`` runs: the work so far is kept, exit 130, and workers stay quiet."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # signal handlers can only be set from the main thread
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper
 
@@ -178,6 +202,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
 @handle_errors
+@sigterm_as_interrupt
 def build(
     src: Path,
     dst: Path,
@@ -302,14 +327,23 @@ def info(pack: Path, as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Redo every output, even those already there.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any image failed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(1),
+    default=100_000_000,
+    show_default=True,
+    help="Skip images larger than this (decompression-bomb guard).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @handle_errors
+@sigterm_as_interrupt
 def compress(
     src: Path,
     dst: Path,
     quality: int,
     max_side: int | None,
     workers: int | None,
+    max_pixels: int,
     overwrite: bool,
     strict: bool,
     as_json: bool,
@@ -318,8 +352,9 @@ def compress(
     """Recompress every image under SRC to JPEG in DST, keeping the folder structure.
 
     Each image becomes DST/<same path>.jpg at ffmpeg quality -q:v Q, upright
-    (EXIF orientation applied) and RGB. Outputs already in DST are skipped, so
-    an interrupted run resumes; a corrupt input is reported and skipped. The
+    (EXIF orientation applied) and RGB. Outputs already in DST made with the same
+    options are skipped, so an interrupted run resumes (outputs made with another
+    -Q or --max-side are redone); a corrupt input is reported and skipped. The
     ffmpeg binary comes with the imageio-ffmpeg wheel (IMGPACK_FFMPEG overrides).
 
     \b
@@ -332,7 +367,11 @@ def compress(
     from .compress import compress as run_compress
 
     config = CompressConfig(
-        quality=quality, max_side=max_side, workers=workers, overwrite=overwrite
+        quality=quality,
+        max_side=max_side,
+        workers=workers,
+        overwrite=overwrite,
+        max_pixels=max_pixels,
     )
     result = _run_with_bar(
         "compress", quiet, as_json, functools.partial(run_compress, src, dst, config)

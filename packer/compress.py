@@ -4,8 +4,14 @@ Each image is read into memory and piped to ffmpeg (``pipe:0`` -> ``pipe:1``),
 so no file name ever reaches ffmpeg's command line: names with spaces,
 non-ASCII characters, ``%d`` or a leading dash are safe, and ffmpeg writes
 nothing itself. imgpack writes the result under DST at the source's relative
-path with a ``.jpg`` suffix, via a hidden temporary file that is fsynced and
-renamed when complete; a rerun skips outputs that exist and redoes the rest.
+path with a ``.jpg`` suffix (:func:`output_names`: distinct sources always get
+distinct outputs), via a hidden temporary file that is fsynced and renamed when
+complete; a rerun removes the temporary files a dead run left, skips outputs
+that exist and redoes the rest. The options are recorded in DST
+(``.imgpack-compress.json``); a rerun with other options redoes the outputs
+made before them. Only regular files are read, and only as many bytes as the
+file holds; anything else (a FIFO, a device) fails with its reason. Images
+above ``max_pixels`` are refused from the header, before any decoding.
 
 Pixels come out upright and RGB: the EXIF orientation is applied by explicit
 filters (ffmpeg's own autorotation is off, so every ffmpeg version agrees),
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -36,11 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import ffmpeg
-from PIL import Image
 
-from .build import default_workers
-from .errors import FFmpegError, InputError, UsageError
-from .scan import IMAGE_EXTENSIONS, walk_images
+from .decode import DEFAULT_MAX_PIXELS, open_image, open_regular
+from .errors import DecodeError, FFmpegError, InputError, UsageError
+from .scan import IMAGE_EXTENSIONS, printable, walk_images
+from .workdir import default_workers, destination_error
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ _DIRECT = {
 }
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 _TMP_PREFIX = ".imgpack-tmp-"
+OPTIONS_FILE = ".imgpack-compress.json"  # the options DST's outputs were made with
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class CompressConfig:
     max_side: int | None = None
     workers: int | None = None
     overwrite: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def validate(self) -> None:
         if not 2 <= self.quality <= 31:
@@ -78,6 +87,8 @@ class CompressConfig:
             raise UsageError(f"--max-side must be 1 to 65535 pixels, not {self.max_side}")
         if self.workers is not None and not 1 <= self.workers <= 1024:
             raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
+        if self.max_pixels < 1:
+            raise UsageError("--max-pixels must be positive")
 
 
 @dataclass
@@ -118,13 +129,21 @@ def ffmpeg_exe() -> str:
         ) from None
 
 
-def _list_images(src: Path) -> list[str]:
-    """Relative POSIX paths of every image under src, sorted; symlinks followed, loop-safe."""
+def _list_images(src: Path, failed: list[dict[str, str]]) -> list[str]:
+    """Relative POSIX paths of every image under src, sorted; symlinks followed, loop-safe.
+
+    Unreadable folders and names that are not UTF-8 go to ``failed`` with the reason.
+    """
     if not src.exists():
         raise InputError(f"{src}: no such folder; check the path")
     if not src.is_dir():
         raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
-    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src)]
+    skips: list[tuple[str, str]] = []
+    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src, skips)]
+    for path, reason in skips:
+        failed.append(
+            {"path": printable(Path(os.path.relpath(path, src)).as_posix()), "reason": reason}
+        )
     if not out:
         raise InputError(
             f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case)"
@@ -133,40 +152,49 @@ def _list_images(src: Path) -> list[str]:
 
 
 def output_names(rels: list[str]) -> dict[str, str]:
-    """Map each source to its output path: ``a/b.png`` -> ``a/b.jpg``.
+    """Map each source to its output path: ``a/b.png`` -> ``a/b.jpg``; one to one.
 
-    Where two sources in one folder would meet (``x.png`` and ``x.jpg``), the
-    one not already named ``.jpg`` keeps its full name: ``x.png.jpg``.
+    Sources named ``.jpg`` keep their name. Where another source would meet a
+    name already given (``x.png`` beside ``x.jpg``) it keeps its full name
+    (``x.png.jpg``), and where that is taken too, a number (``x.png~2.jpg``).
+    A name is never one of the source folders either. The result depends only
+    on the set of sources, so a rerun maps them the same way.
     """
-    taken: dict[str, str] = {}
+    taken: set[str] = set()
+    for rel in rels:  # folders keep their names in DST: no file may take one
+        parts = rel.split("/")[:-1]
+        taken.update("/".join(parts[: i + 1]) for i in range(len(parts)))
     names: dict[str, str] = {}
-    for rel in rels:
-        p = Path(rel)
-        if p.suffix == ".jpg":
+    for rel in sorted(rels):
+        if rel.endswith(".jpg") and rel not in taken:
             names[rel] = rel
-            taken[rel] = rel
-    for rel in rels:
+            taken.add(rel)
+    for rel in sorted(rels):
         if rel in names:
             continue
         p = Path(rel)
         cand = p.with_suffix(".jpg").as_posix()
         if cand in taken:
             cand = p.with_name(p.name + ".jpg").as_posix()
+        k = 2
+        while cand in taken:
+            cand = p.with_name(f"{p.name}~{k}.jpg").as_posix()
+            k += 1
         names[rel] = cand
-        taken[cand] = rel
+        taken.add(cand)
     return names
 
 
 def _probe(data: bytes) -> tuple[str | None, int, bool, tuple[int, int]]:
     """Format, EXIF orientation, has-alpha, and stored size, from the header (no decode)."""
-    with Image.open(io.BytesIO(data)) as im:
+    with open_image(io.BytesIO(data)) as im:
         orientation = im.getexif().get(0x0112, 1) if hasattr(im, "getexif") else 1
         alpha = im.mode in _ALPHA_MODES or (im.mode == "P" and "transparency" in im.info)
         return im.format, int(orientation or 1), alpha, im.size
 
 
 def _to_png(data: bytes) -> bytes:
-    with Image.open(io.BytesIO(data)) as im:
+    with open_image(io.BytesIO(data)) as im:
         im.load()
         buf = io.BytesIO()
         if im.mode not in ("RGB", "RGBA", "L", "LA", "I;16", "I"):
@@ -202,7 +230,19 @@ def _stderr_tail(err: bytes, n: int = 300) -> str:
     return text[-n:] if text else "no message"
 
 
+class WriteError(Exception):
+    """Writing into DST failed: the destination's fault, not this image's; ends the run."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a hidden temporary name (holding our pid), fsync, rename.
+
+    Raises WriteError for any OSError: a full, read-only or forbidden DST.
+    """
     tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
     try:
         with open(tmp, "wb") as f:
@@ -210,19 +250,65 @@ def _write_atomic(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError):
+            raise WriteError(e) from e
         raise
+
+
+def _remove_dead_temp_files(dst: Path) -> int:
+    """Remove the temporary files of compress runs that died (their pid is gone)."""
+    removed = 0
+    for dirpath, _dirs, files in os.walk(dst):
+        for name in files:
+            if not name.startswith(_TMP_PREFIX):
+                continue
+            pid = name[len(_TMP_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue  # another compress into this DST is writing it now
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dirpath, name))
+                removed += 1
+    if removed:
+        log.info("removed %d temporary file(s) left in %s by an interrupted run", removed, dst)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours are never left over from this run
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_source(path: Path) -> bytes:
+    """The bytes of a regular file, at most as many as it held when opened."""
+    try:
+        with open_regular(path) as f:
+            return f.read(os.fstat(f.fileno()).st_size)
+    except DecodeError as e:
+        raise ValueError(str(e)) from None
 
 
 def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfig) -> int:
     """Recompress one file; return bytes written. Raises ValueError with the reason on failure."""
-    data = src_path.read_bytes()
+    data = _read_source(src_path)
     try:
         fmt, orientation, alpha, size = _probe(data)
     except Exception as e:
         raise ValueError(f"not an image Pillow can identify ({type(e).__name__})") from None
+    if size[0] * size[1] > config.max_pixels:
+        raise ValueError(
+            f"image is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above the limit of "
+            f"{config.max_pixels:,} (possible decompression bomb; see --max-pixels)"
+        )
     if fmt in _DIRECT:
         pipe_fmt = _DIRECT[fmt]
     else:
@@ -237,7 +323,7 @@ def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfi
     if proc.stderr.strip():
         raise ValueError(f"ffmpeg reported: {_stderr_tail(proc.stderr)}")
     try:
-        with Image.open(io.BytesIO(proc.stdout)) as check:
+        with open_image(io.BytesIO(proc.stdout)) as check:
             check.load()
     except Exception as e:
         raise ValueError(f"ffmpeg's output does not decode: {e}") from None
@@ -260,7 +346,8 @@ def compress(
     t0 = time.perf_counter()
     config.validate()
     src, dst = Path(src), Path(dst)
-    rels = _list_images(src)
+    result = CompressResult()
+    rels = _list_images(src, result.failed)
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
         raise InputError(
@@ -270,15 +357,23 @@ def compress(
         raise InputError(f"{dst}: exists and is not a folder")
     exe = ffmpeg_exe()
     names = output_names(rels)
-    dst.mkdir(parents=True, exist_ok=True)
-    result = CompressResult()
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temp_files(dst)
+        made_since = _record_options(dst, config)
+    except (OSError, WriteError) as e:
+        raise destination_error(getattr(e, "error", e), dst) from None
     todo: list[str] = []
     for rel in rels:
         out = dst / names[rel]
-        if out.exists() and not config.overwrite:
+        try:
+            st = out.stat()
+        except FileNotFoundError:
+            st = None
+        if st is not None and not config.overwrite and st.st_mtime_ns >= made_since:
             result.skipped += 1
             result.bytes_in += (src / rel).stat().st_size
-            result.bytes_out += out.stat().st_size
+            result.bytes_out += st.st_size
         else:
             todo.append(rel)
     if on_start:
@@ -289,14 +384,18 @@ def compress(
         try:
             if not dp.parent.resolve().is_relative_to(rd):
                 raise ValueError(f"output folder {dp.parent} leads outside {dst}; refusing")
-            dp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                dp.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise WriteError(e) from e
             size_in = sp.stat().st_size
             return rel, size_in, compress_one(exe, sp, dp, config), None
         except (ValueError, OSError) as e:
             return rel, 0, 0, str(e)
 
     workers = min(config.workers or default_workers(), max(1, len(todo)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="imgpack-ffmpeg") as pool:
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="imgpack-ffmpeg")
+    try:
         for rel, size_in, size_out, err in pool.map(one, todo):
             if err is None:
                 result.written += 1
@@ -306,5 +405,39 @@ def compress(
                 result.failed.append({"path": rel, "reason": err})
             if progress:
                 progress(1)
+    except WriteError as e:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise destination_error(e.error, dst) from None
+    except BaseException:
+        # Ctrl-C: the images not started yet are dropped, not run to the end
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    result.failed.sort(key=lambda f: f["path"])
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _record_options(dst: Path, config: CompressConfig) -> int:
+    """Record the options in DST; return the time (ns, file clock) from which outputs count.
+
+    Outputs older than that were made with other options and are redone. A DST
+    without a record (new, or made by an older imgpack) keeps what it has.
+    """
+    path = dst / OPTIONS_FILE
+    opts = {"quality": config.quality, "max_side": config.max_side}
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        old = {"keep_older": True, **opts}
+    except (OSError, ValueError):
+        old = {"keep_older": False}
+    if not isinstance(old, dict):
+        old = {"keep_older": False}
+    same = all(old.get(k) == v for k, v in opts.items())
+    if not same:
+        log.info("%s: made with other options (%s); redoing its outputs", dst, old)
+    keep_older = bool(old.get("keep_older")) and same
+    if not path.exists() or not same:
+        _write_atomic(path, json.dumps({**opts, "keep_older": keep_older}).encode())
+    return 0 if keep_older else path.stat().st_mtime_ns

@@ -19,13 +19,20 @@ byte for byte.
   target is much smaller; the scale is chosen from the target size alone, so
   the result is deterministic.
 * Images with more than ``max_pixels`` pixels are refused before decoding, so
-  a decompression bomb cannot exhaust a worker's memory.
+  a decompression bomb cannot exhaust a worker's memory. That limit is the only
+  one: Pillow's own (``Image.MAX_IMAGE_PIXELS``) is bypassed, not changed.
+* Only regular files are read (after following symlinks): a FIFO, a device or
+  a folder named like an image is refused before any read, so none can block
+  or feed endless bytes (:func:`open_regular`).
 """
 
 from __future__ import annotations
 
-import warnings
+import os
+import stat
+import struct
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -88,6 +95,65 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open ``path`` for reading if it is a regular file (symlinks followed).
+
+    The check is made on the opened descriptor (no race with a swap), and the
+    open does not block (``O_NONBLOCK``: opening a FIFO would wait for a writer).
+    Raises DecodeError for anything else, naming what it is.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise DecodeError("file vanished (or is a broken symlink)") from None
+    except PermissionError:
+        raise DecodeError("permission denied; make the file readable") from None
+    except OSError as e:
+        raise DecodeError(f"cannot open: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DecodeError(f"not a regular file ({_kind(mode)}); only image files are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def open_image(fp: BinaryIO, path: str = "") -> Image.Image:
+    """``Image.open`` less Pillow's own pixel limit, which would otherwise refuse
+    images above ``Image.MAX_IMAGE_PIXELS`` that ``--max-pixels`` allows.
+
+    Same format detection as ``Image.open``; the process-wide setting is left alone.
+    """
+    Image.init()
+    prefix = fp.read(16)
+    for fmt in Image.ID:
+        factory, accept = Image.OPEN[fmt]
+        try:
+            ok = not accept or accept(prefix)
+            if ok and not isinstance(ok, str):
+                fp.seek(0)
+                return factory(fp, path)
+        except (SyntaxError, IndexError, TypeError, struct.error):
+            continue
+    raise Image.UnidentifiedImageError(f"cannot identify image file {path!r}")
+
+
 def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, int]]:
     """Decode ``path`` to an upright RGB PIL image of spec's size.
 
@@ -95,31 +161,27 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
     Raises DecodeError with a one-line reason for anything that cannot be used.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                w, h = im.size
-                if w * h > spec.max_pixels:
-                    raise DecodeError(
-                        f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
-                        f"{spec.max_pixels:,} (possible decompression bomb)"
-                    )
-                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
-                upright = (h, w) if orientation in _TRANSPOSED else (w, h)
-                if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
-                    tw, th = _scaled_size(*upright, spec)
-                    if orientation in _TRANSPOSED:
-                        tw, th = th, tw
-                    im.draft(None, (tw, th))
-                im.seek(0)
-                im.load()
-                im = ImageOps.exif_transpose(im)
-                rgb = _to_rgb(im)
-                return _fit(rgb, spec), upright
+        with open_regular(path) as fp, open_image(fp, path) as im:
+            w, h = im.size
+            if w * h > spec.max_pixels:
+                raise DecodeError(
+                    f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
+                    f"{spec.max_pixels:,} (possible decompression bomb)"
+                )
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+            upright = (h, w) if orientation in _TRANSPOSED else (w, h)
+            if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
+                tw, th = _scaled_size(*upright, spec)
+                if orientation in _TRANSPOSED:
+                    tw, th = th, tw
+                im.draft(None, (tw, th))
+            im.seek(0)
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            rgb = _to_rgb(im)
+            return _fit(rgb, spec), upright
     except DecodeError:
         raise
-    except Image.DecompressionBombError as e:
-        raise DecodeError(f"decompression bomb refused: {e}") from None
     except Image.UnidentifiedImageError:
         raise DecodeError("not an image Pillow can read (unknown or corrupt format)") from None
     except MemoryError:
@@ -192,5 +254,7 @@ __all__ = [
     "decode",
     "decode_into",
     "load_resized",
+    "open_image",
+    "open_regular",
     "parse_size",
 ]

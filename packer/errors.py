@@ -34,6 +34,18 @@ class DiskFullError(PackerError):
     """The disk filled up; the work done so far is kept and a rerun resumes."""
 
 
+class WorkerDiedError(PackerError):
+    """A decode worker died (killed, out of memory); the finished work is kept for a rerun."""
+
+    exit_code = 1
+
+
+class NoUsableImagesError(PackerError):
+    """Every input was skipped: there is nothing to write."""
+
+    exit_code = 1
+
+
 class FFmpegError(PackerError):
     """The ffmpeg binary is missing or cannot run."""
 

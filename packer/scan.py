@@ -12,13 +12,19 @@ Images are found by extension in any case; other files are ignored, not failures
 Symbolic links are followed (as ImageFolder does), also when they point outside
 root; a link that leads back into a folder already being walked is skipped, so a
 symlink loop ends instead of recursing forever.
+
+Never listed: imgpack's own files and folders (hidden names holding
+``imgpack-``: compress's temporary files and options record, a build's work
+and old-pack folders), so a dead run's leftovers never become images.
+Reported as skips, with the reason, instead of silently missing: folders that
+cannot be read, and names that are not valid UTF-8 (a pack's manifest is JSON).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError
@@ -41,21 +47,59 @@ class Scan:
     root: Path
     classes: list[str]
     entries: list[Entry]
+    # what could not be listed: {"path": relative to root, "reason": why}
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
 
 def is_image_name(name: str) -> bool:
-    return name.lower().endswith(IMAGE_EXTENSIONS)
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not is_own_name(name)
 
 
-def walk_images(top: Path) -> list[str]:
-    """Image paths under ``top`` as absolute strings, ImageFolder's order, loop-safe."""
+def is_own_name(name: str) -> bool:
+    """A name imgpack gives its own temporary or bookkeeping files and folders."""
+    return name.startswith(".") and "imgpack-" in name
+
+
+def printable(path: str) -> str:
+    """``path`` with bytes that are not UTF-8 shown as ``\\xNN`` (safe to print or store)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _valid_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # os.listdir's surrogate escapes of undecodable bytes
+        return False
+
+
+NOT_UTF8 = "file name is not valid UTF-8; rename it"
+
+
+def walk_images(top: Path, skipped: list[tuple[str, str]] | None = None) -> list[str]:
+    """Image paths under ``top`` as absolute strings, ImageFolder's order, loop-safe.
+
+    What cannot be used is appended to ``skipped`` as (absolute path, reason):
+    folders that cannot be read, and names that are not valid UTF-8. Without
+    ``skipped`` they are logged.
+    """
+    if skipped is None:
+        found_skips: list[tuple[str, str]] = []
+        paths = walk_images(top, found_skips)
+        for path, reason in found_skips:
+            log.warning("skipping %s: %s", printable(path), reason)
+        return paths
     found: list[tuple[str, str]] = []
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((str(e.filename or top), f"cannot read this folder ({e.strerror})"))
+
+    for dirpath, dirnames, filenames in os.walk(top, onerror=unreadable, followlinks=True):
         try:
             st = os.stat(dirpath)
         except OSError as e:
-            log.warning("cannot read folder %s: %s", dirpath, e)
+            skipped.append((dirpath, f"cannot read this folder ({e.strerror})"))
             dirnames[:] = []
             continue
         key = (st.st_dev, st.st_ino)
@@ -66,7 +110,18 @@ def walk_images(top: Path) -> list[str]:
             dirnames[:] = []
             continue
         seen.add(key)
-        found.extend((dirpath, f) for f in filenames if is_image_name(f))
+        for d in list(dirnames):
+            if is_own_name(d):
+                dirnames.remove(d)
+            elif not _valid_utf8(d):
+                dirnames.remove(d)
+                skipped.append((os.path.join(dirpath, d), "folder " + NOT_UTF8))
+        for f in filenames:
+            if is_image_name(f):
+                if _valid_utf8(f):
+                    found.append((dirpath, f))
+                else:
+                    skipped.append((os.path.join(dirpath, f), NOT_UTF8))
     found.sort()
     return [os.path.join(d, f) for d, f in found]
 
@@ -87,12 +142,22 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
         raise InputError(
             f"{root}: cannot list the folder ({e.strerror}); check its permissions"
         ) from e
-    class_dirs = [e.name for e in top if e.is_dir()]
+    skips: list[tuple[str, str]] = []
+    usable = []
+    for e in top:
+        if is_own_name(e.name):
+            continue
+        if not _valid_utf8(e.name):
+            if e.is_dir() or is_image_name(e.name):
+                skips.append((e.path, ("folder " if e.is_dir() else "") + NOT_UTF8))
+            continue
+        usable.append(e)
+    class_dirs = [e.name for e in usable if e.is_dir()]
     entries: list[Entry] = []
     classes: list[str] = []
     if class_dirs:
         classes = class_dirs
-        loose = [e.name for e in top if e.is_file() and is_image_name(e.name)]
+        loose = [e.name for e in usable if e.is_file() and is_image_name(e.name)]
         if loose:
             log.warning(
                 "%s: %d image(s) directly in the root are ignored (ImageFolder layout: "
@@ -101,15 +166,21 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
                 len(loose),
             )
         for label, name in enumerate(classes):
-            for path in walk_images(root / name):
+            for path in walk_images(root / name, skips):
                 entries.append(Entry(Path(os.path.relpath(path, root)).as_posix(), label))
     else:
-        for e in top:
-            if e.is_file() and is_image_name(e.name):
+        for e in usable:
+            if is_image_name(e.name) and not e.is_dir():
                 entries.append(Entry(e.name, -1))
+    skipped = [
+        {"path": printable(Path(os.path.relpath(p, root)).as_posix()), "reason": r}
+        for p, r in skips
+    ]
+    for s in skipped:
+        log.warning("skipping %s: %s", s["path"], s["reason"])
     if not entries:
         raise InputError(
             f"{root}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case, "
             "in class subfolders or directly in the folder)"
         )
-    return Scan(root=root, classes=classes, entries=entries)
+    return Scan(root=root, classes=classes, entries=entries, skipped=skipped)
