@@ -45,19 +45,20 @@ from . import __version__
 from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
 from .errors import DecodeError, DiskFullError, InputError, PackBusyError, UsageError
 from .format import (
-    CHECKSUM,
     DATA_DIR,
-    FORMAT_NAME,
     FORMAT_VERSION,
     IMAGES_FILE,
     LABELS_FILE,
-    MANIFEST,
+    BuildInfo,
+    Checksums,
+    Manifest,
+    Skip,
     block_rows_for,
     digest,
     image_bytes,
     is_pack,
     write_json_atomic,
-    write_tensordict_meta,
+    write_pack_metadata,
 )
 from .scan import Scan, scan_tree
 
@@ -494,35 +495,24 @@ def _finalize(
         os.fsync(f.fileno())
     skipped = [{"path": scan.entries[i].rel, "reason": skip_reason[i]} for i in sorted(skip_reason)]
     counts = np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "count": n,
-        "image_shape": list(spec.shape),
-        "dtype": "uint8",
-        "resize": config.resize,
-        "classes": scan.classes,
-        "class_counts": counts,
-        "sources": [scan.entries[i].rel for i in keep],
-        "source_sizes": [sizes[i] for i in keep],
-        "skipped": skipped,
-        "build": {
-            "size": list(config.size),
-            "resize": config.resize,
-            "max_pixels": config.max_pixels,
-            "source_root": str(scan.root.resolve()),
-            "imgpack_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        },
-        "checksums": {
-            "algorithm": CHECKSUM,
-            "block_rows": block,
-            "images": shas,
-            "labels": digest(labels.tobytes()),
-        },
-    }
-    write_tensordict_meta(work, n, list(spec.shape))
-    write_json_atomic(work / MANIFEST, manifest)
+    manifest = Manifest(
+        count=n,
+        image_shape=spec.shape,
+        resize=config.resize,
+        classes=tuple(scan.classes),
+        class_counts=tuple(counts),
+        sources=tuple(scan.entries[i].rel for i in keep),
+        source_sizes=tuple((sizes[i][0], sizes[i][1]) for i in keep),
+        skipped=tuple(Skip(s["path"], s["reason"]) for s in skipped),
+        build=BuildInfo(
+            max_pixels=config.max_pixels,
+            source_root=str(scan.root.resolve()),
+            imgpack_version=__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        ),
+        checksums=Checksums(block_rows=block, images=tuple(shas), labels=digest(labels.tobytes())),
+    )
+    write_pack_metadata(work, manifest)
     for name in (JOURNAL, PLAN):  # bookkeeping of the build, not part of the pack
         (work / name).unlink(missing_ok=True)
     _fsync_dir(work / DATA_DIR)
