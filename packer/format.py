@@ -330,6 +330,7 @@ def _parse(m: Any) -> Manifest:
     class_map = _str(m, "class_map", optional=True)
 
     classes = _strs(_list(m, "classes"), "class names")
+    _want(len(set(classes)) == len(classes), "class names must be distinct; rebuild the pack")
     counts = m.get("class_counts") or []
     _want(
         isinstance(counts, list)
