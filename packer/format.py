@@ -448,7 +448,12 @@ def hash_blocks(
     try:
 
         def one(k: int) -> str:
-            return digest(os.pread(fd, block_bytes, k * block_bytes))
+            # in pieces: a block of 64 large images can be hundreds of MB
+            h, pos, end = hashlib.sha256(), k * block_bytes, (k + 1) * block_bytes
+            while pos < end and (piece := os.pread(fd, min(8 << 20, end - pos), pos)):
+                h.update(piece)
+                pos += len(piece)
+            return h.hexdigest()
 
         with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 1)) as pool:
             out = []

@@ -150,3 +150,13 @@ def test_parallel_checks_report_progress_and_find_the_same(packed: Path) -> None
     assert started == [(13 + 13, 0)] and sum(seen) == 26
     assert failed(r)["images"].startswith("checksum mismatch in 1 of 13 blocks: block 3 ")
     assert "1 changed since the build: cat/d.jpeg" in failed(r)["sources"]
+
+
+def test_source_broken_since_the_build_leaves_the_baseline_untimed(
+    packed: Path, image_tree: Path
+) -> None:
+    (image_tree / "zebra" / "i.jpg").write_bytes(b"garbage")  # outside the sample of 0
+    cfg = VerifyConfig(device="cpu", batch_size=4, batches=4, repeats=1, workers=0, sample=0)
+    r = verify(packed, cfg)
+    assert r.ok and r.pack_images_per_s and r.pack_images_per_s > 0
+    assert r.folder_images_per_s is None and r.folder_left_out == 0
