@@ -253,7 +253,7 @@ def _int(d: Mapping[str, Any], key: str, where: str, lo: int = 0, hi: int | None
     v = d.get(key)
     _want(
         _is_int(v) and v >= lo and (hi is None or v <= hi),
-        f"field {where}{key!r} is missing or not an integer"
+        f"field {where + key!r} is missing or not an integer"
         + (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}")
         + "; rebuild the pack",
     )
@@ -262,7 +262,7 @@ def _int(d: Mapping[str, Any], key: str, where: str, lo: int = 0, hi: int | None
 
 def _list(d: Mapping[str, Any], key: str, where: str = "") -> list[Any]:
     v = d.get(key)
-    _want(isinstance(v, list), f"field {where}{key!r} is missing or not a list; rebuild the pack")
+    _want(isinstance(v, list), f"field {where + key!r} is missing or not a list; rebuild the pack")
     return v
 
 
@@ -276,7 +276,7 @@ def _str(d: Mapping[str, Any], key: str, where: str = "", optional: bool = False
     v = d.get(key)
     _want(
         isinstance(v, str) or (optional and v is None),
-        f"field {where}{key!r} is {'not' if optional else 'missing or not'} a string; "
+        f"field {where + key!r} is {'not' if optional else 'missing or not'} a string; "
         "rebuild the pack",
     )
     return v
