@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -96,4 +95,6 @@ def machine() -> dict[str, object]:
 def dump(obj: object, name: str) -> None:
     out = Path(os.environ.get("OUT", ROOT / "out"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(json.dumps(obj, indent=1))
+    from packer.format import write_json_atomic
+
+    write_json_atomic(out / name, obj, indent=1)
