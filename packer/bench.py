@@ -40,7 +40,6 @@ from .timing import check_device_name, resolve_device, time_call, time_loader
 log = logging.getLogger(__name__)
 
 SECTIONS = ("transfer", "loading", "training")
-IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 @dataclass(frozen=True)
@@ -411,23 +410,11 @@ class Way:
     close: Callable[[], None] = lambda: None
 
 
-def _folder_way(
-    name: str, root: Path, side: int, batch: int, device: str, workers: int, images: int
-) -> Way:
-    import torch
+def _folder_way(name: str, ds: Any, batch: int, device: str, workers: int, images: int) -> Way:
+    from .baseline import burst_batches, folder_loader
 
-    from .verify import folder_dataset
-
-    ds = folder_dataset(root, {"image_shape": [3, side, side], "resize": "crop", "classes": ["*"]})
-    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=1 << 40)
-    dl = torch.utils.data.DataLoader(
-        ds,
-        batch_size=batch,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=device.startswith("cuda"),
-    )
-    rnd = max(1, workers)
+    dl = folder_loader(ds, batch, device, workers, endless=True)
+    _, per_repeat = burst_batches(workers, batch, images)
 
     def ship(b: Any) -> Any:
         return b[0].to(device, non_blocking=True), b[1].to(device, non_blocking=True)
@@ -436,8 +423,8 @@ def _folder_way(
         f"{name} folder (ImageFolder + Pillow, {workers} workers)",
         dl,
         ship,
-        warmup=2 * rnd,
-        per_repeat=max(rnd, math.ceil(images / batch)),
+        warmup=2 * max(1, workers),
+        per_repeat=per_repeat,
     )
 
 
@@ -453,16 +440,22 @@ def _ways(
     """Each way of loading, made when it is its turn (one at a time holds workers or
     pinned memory). Batches end on ``device`` as normalized floats: folder loaders
     normalize in their workers, as people write them; the pack on arrival."""
+    from .baseline import image_folder, pack_files
     from .loader import Normalize, PackLoader
+    from .pack import open_pack
 
-    for name in ("original", "compressed"):
-        if name in paths:
-            yield _folder_way(name, paths[name], side, batch, device, workers, per_repeat_images)
-    n = load_count(paths["pack"])
+    pack = open_pack(paths["pack"])
+    # the originals as the pack holds them: a file the build skipped is never timed
+    original, _ = pack_files(paths["original"], pack.manifest, pack.labels.tolist())
+    yield _folder_way("original", original, batch, device, workers, per_repeat_images)
+    if "compressed" in paths:  # compress wrote only files ffmpeg could read
+        ds = image_folder(paths["compressed"], side, side, "crop")
+        yield _folder_way("compressed", ds, batch, device, workers, per_repeat_images)
+    n = len(pack)
     pack_batches = max(8, math.ceil(4 * n / batch))  # four epochs: not lost in clock noise
     cuda = device.startswith("cuda")
     if section == "loading" or not cuda:
-        pl = PackLoader(paths["pack"], batch, device="cpu", drop_last=True)
+        pl = PackLoader(pack, batch, device="cpu", drop_last=True)
         if cuda:  # the pack read the simple way: host batches, then a plain copy
             norm = Normalize().to(device)
             yield Way(
@@ -485,7 +478,7 @@ def _ways(
             )
     if cuda:
         norm = Normalize().to(device)
-        pl = PackLoader(paths["pack"], batch, device=device, drop_last=True)
+        pl = PackLoader(pack, batch, device=device, drop_last=True)
         yield Way(
             f"pack to {device} (PackLoader)",
             pl,
@@ -494,12 +487,6 @@ def _ways(
             pack_batches,
             pl.close,
         )
-
-
-def load_count(pack: Path) -> int:
-    from .format import read_manifest
-
-    return int(read_manifest(pack)["count"])
 
 
 def _iterate(way: Way) -> Callable[[], Any]:
@@ -687,6 +674,28 @@ def bench(
 
 
 # ---------------------------------------------------------------- report
+
+
+def write_results(r: dict[str, Any], out: Path) -> list[Path]:
+    """Write the plots, ``results.md`` and ``results.json`` of a result (its
+    ``to_json()``) into the folder ``out`` (made if needed), each file whole or absent."""
+    from .format import write_json_atomic
+    from .plots import plot_bench
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log.warning("no plots: matplotlib is not installed (pip install 'imgpack[plot]')")
+        files = []
+    else:
+        files = plot_bench(r, out)
+    md = out / "results.md"
+    tmp = out / ".results.md.tmp"
+    tmp.write_text(to_markdown(r) + "\n", encoding="utf-8")
+    os.replace(tmp, md)
+    write_json_atomic(out / "results.json", r, indent=1)
+    return [*files, md, out / "results.json"]
 
 
 def _pivot(

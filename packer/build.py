@@ -55,19 +55,20 @@ from .errors import (
     WorkerDiedError,
 )
 from .format import (
-    CHECKSUM,
     DATA_DIR,
-    FORMAT_NAME,
     FORMAT_VERSION,
     IMAGES_FILE,
     LABELS_FILE,
-    MANIFEST,
+    BuildInfo,
+    Checksums,
+    Manifest,
+    Skip,
     block_rows_for,
     digest,
     image_bytes,
     is_pack,
-    write_json_atomic,
-    write_tensordict_meta,
+    read_manifest,
+    write_pack_metadata,
 )
 from .scan import Scan, scan_tree
 from .workdir import (
@@ -511,8 +512,8 @@ def _finalize(
     """
     spec = config.spec
     if state.assembled:  # a crash came after the pack was complete: only the move is left
-        m = json.loads((work / MANIFEST).read_text(encoding="utf-8"))
-        count, skipped = int(m["count"]), list(m["skipped"])
+        m = read_manifest(work)
+        count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
         return _move_into_place(work, dst, count, skipped, scan, spec, resumed, t0)
     done = state.done
     spec = config.spec
@@ -555,35 +556,24 @@ def _finalize(
     _reached("labels")
     skipped = _skip_list(scan, skip_reason)
     counts = np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "count": n,
-        "image_shape": list(spec.shape),
-        "dtype": "uint8",
-        "resize": config.resize,
-        "classes": scan.classes,
-        "class_counts": counts,
-        "sources": [scan.entries[i].rel for i in keep],
-        "source_sizes": [sizes[i] for i in keep],
-        "skipped": skipped,
-        "build": {
-            "size": list(config.size),
-            "resize": config.resize,
-            "max_pixels": config.max_pixels,
-            "source_root": str(scan.root.resolve()),
-            "imgpack_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        },
-        "checksums": {
-            "algorithm": CHECKSUM,
-            "block_rows": block,
-            "images": shas,
-            "labels": digest(labels.tobytes()),
-        },
-    }
-    write_tensordict_meta(work, n, list(spec.shape))
-    write_json_atomic(work / MANIFEST, manifest)
+    manifest = Manifest(
+        count=n,
+        image_shape=spec.shape,
+        resize=config.resize,
+        classes=tuple(scan.classes),
+        class_counts=tuple(counts),
+        sources=tuple(scan.entries[i].rel for i in keep),
+        source_sizes=tuple((sizes[i][0], sizes[i][1]) for i in keep),
+        skipped=tuple(Skip(s["path"], s["reason"]) for s in skipped),
+        build=BuildInfo(
+            max_pixels=config.max_pixels,
+            source_root=str(scan.root.resolve()),
+            imgpack_version=__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        ),
+        checksums=Checksums(block_rows=block, images=tuple(shas), labels=digest(labels.tobytes())),
+    )
+    write_pack_metadata(work, manifest)
     fsync_dir(work / DATA_DIR)
     fsync_dir(work)
     _reached("manifest")

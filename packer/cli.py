@@ -262,42 +262,29 @@ def info(pack: Path, as_json: bool) -> None:
       imgpack info ./tensors
       imgpack info ./tensors --json | jq .class_counts
     """
-    from .format import pack_bytes, read_manifest
+    from .format import describe
 
-    m = read_manifest(pack)
-    classes = m["classes"]
-    counts = m.get("class_counts") or [0] * len(classes)
-    out = {
-        "path": str(pack),
-        "count": m["count"],
-        "image_shape": m["image_shape"],
-        "classes": classes,
-        "class_counts": dict(zip(classes, counts)),
-        "bytes": pack_bytes(pack),
-        "build": m["build"],
-        "skipped": m["skipped"],
-        "format_version": m["version"],
-    }
+    out = describe(pack)
     if as_json:
         _emit_json(out)
         return
-    c, h, w = m["image_shape"]
+    c, h, w = out["image_shape"]
+    b = out["build"]
     click.echo(f"pack      {pack}")
-    click.echo(f"images    {m['count']} x {c}x{h}x{w} uint8 ({m['resize']})")
+    click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
     click.echo(f"on disk   {_human_bytes(out['bytes'])}")
-    if classes:
-        click.echo(f"classes   {len(classes)}")
-        for name, k in zip(classes, counts):
+    if out["classes"]:
+        click.echo(f"classes   {len(out['classes'])}")
+        for name, k in out["class_counts"].items():
             click.echo(f"  {k:>8}  {name}")
     else:
         click.echo("classes   none (flat folder; labels are -1)")
-    b = m["build"]
     click.echo(
         f"built     from {b.get('source_root')} at {b.get('created')} "
-        f"(imgpack {b.get('imgpack_version')}, format {m['version']})"
+        f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"
     )
-    click.echo(f"skipped   {len(m['skipped'])}")
-    for s in m["skipped"][:20]:
+    click.echo(f"skipped   {len(out['skipped'])}")
+    for s in out["skipped"][:20]:
         click.echo(f"  {s['path']}: {s['reason']}")
 
 
@@ -392,6 +379,26 @@ def compress(
         sys.exit(EXIT_PROBLEM)
 
 
+def _check_output(path: Path, option: str, folder: bool = False) -> None:
+    """Refuse, before any work, an output path that could not be written at the end."""
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{path}: {option} must be a folder, and this is a file")
+        parent = path
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    else:
+        if path.is_dir():
+            raise UsageError(f"{path}: {option} must be a file name, and this is a folder")
+        parent = path.parent
+        if not parent.exists():
+            raise UsageError(f"{parent}: no such folder for {option}; create it first")
+    if not parent.is_dir():
+        raise UsageError(f"{parent}: is a file, so {option} {path} cannot be written under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{parent}: not writable, so {option} {path} cannot be written")
+
+
 def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
     if value.lower() == "all":
         return None
@@ -448,6 +455,7 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
     help="Write a torch.profiler Chrome trace of a few streamed batches.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
 @handle_errors
 def verify(
     pack: Path,
@@ -461,6 +469,7 @@ def verify(
     plot: Path | None,
     trace: Path | None,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Check that PACK is intact and measure how fast it streams.
 
@@ -479,6 +488,14 @@ def verify(
     from .verify import VerifyConfig
     from .verify import verify as run_verify
 
+    if plot is not None:
+        _check_output(plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'imgpack[plot]'") from None
+    if trace is not None:
+        _check_output(trace, "--trace")
     config = VerifyConfig(
         source=source,
         use_recorded_source=not no_source,
@@ -488,7 +505,10 @@ def verify(
         batches=batches,
         throughput=not no_speed,
     )
-    report = run_verify(pack, config, trace=trace)
+    config.validate()
+    report = _run_with_bar(
+        "verify", quiet, as_json, functools.partial(run_verify, pack, config, trace=trace)
+    )
     if plot is not None and report.pack_images_per_s:
         from .plots import plot_verify
 
@@ -512,6 +532,12 @@ def verify(
                     f"{j['folder_mb_per_s']:>10,.0f}"
                 )
                 click.echo(f"  speedup {report.speedup:.1f}x")
+            if report.folder_left_out:
+                missing = report.folder_left_out - report.folder_skipped
+                click.echo(
+                    f"  the folder timed the pack's images only: left out "
+                    f"{report.folder_skipped} the build skipped, {missing} missing"
+                )
         click.echo("\nOK" if report.ok else "\nFAILED", err=not report.ok)
     sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
 
@@ -586,9 +612,8 @@ def bench(
       imgpack bench --device cuda --out bench/    # the full grid, with plots
       imgpack bench --only loading --source ~/data/train --json > loading.json
     """
-    from .bench import BenchConfig, count_points, estimate_seconds, to_markdown
+    from .bench import BenchConfig, count_points, estimate_seconds, to_markdown, write_results
     from .bench import bench as run_bench
-    from .plots import plot_bench
     from .timing import resolve_device
 
     sections = tuple(s.strip() for s in only.split(",") if s.strip())
@@ -598,8 +623,7 @@ def bench(
     config.validate()
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: --out must be a folder, and this is a file")
+    _check_output(out, "--out", folder=True)
     dev = resolve_device(device)
     if not quiet:
         cuda = dev.startswith("cuda")
@@ -620,13 +644,7 @@ def bench(
         )
         sys.exit(EXIT_INTERRUPTED)
     r = result.to_json()
-    out.mkdir(parents=True, exist_ok=True)
-    files = [str(p) for p in plot_bench(r, out)]
-    for name, text in (("results.md", to_markdown(r)), ("results.json", json.dumps(r, indent=1))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text + "\n")
-        os.replace(tmp, out / name)
-        files.append(str(out / name))
+    files = [str(p) for p in write_results(r, out)]
     if as_json:
         _emit_json({**r, "files": files})
     else:

@@ -7,14 +7,19 @@ A pack is a directory::
       _tensordict/meta.json      tensordict: shapes and dtypes of the fields
       _tensordict/images.memmap  uint8 [N, 3, H, W], raw C-order bytes
       _tensordict/labels.memmap  int64 [N], raw little-endian bytes
-      imgpack.json               imgpack's manifest (schema below)
+      imgpack.json               imgpack's manifest: :class:`Manifest`
 
 The two ``meta.json`` files follow tensordict's ``memmap_()`` layout, so
-``ImagePack.load_memmap(PACK)`` in tensordict reads the same directory.
-imgpack itself never trusts them: ``packer.pack.open_pack`` reads only the manifest
-(plain JSON), checks every field, and maps the two data files at fixed names
-with shapes from the manifest. Nothing is unpickled and nothing named in the
-pack's files is imported. This module needs no torch, so build workers stay light.
+tensordict can read the directory too. imgpack itself never trusts them:
+``packer.pack.open_pack`` reads only the manifest (plain JSON, every field
+type-checked by :meth:`Manifest.from_json`), and maps the data files at fixed
+names with shapes from the manifest. Nothing is unpickled and nothing named in
+the pack's files is imported. ``ImagePack.load_memmap``/``load`` are routed to
+the same safe path. This module needs no torch, so build workers stay light.
+
+The manifest is read only through :meth:`Manifest.from_json` and written only
+through :meth:`Manifest.to_json` (by :func:`write_pack_metadata`); a new field
+is added there, with its default, and nowhere else.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES
 from .errors import PackFormatError
 
 FORMAT_NAME = "imgpack"
@@ -35,24 +43,14 @@ MANIFEST = "imgpack.json"
 DATA_DIR = "_tensordict"
 IMAGES_FILE = "images.memmap"
 LABELS_FILE = "labels.memmap"
+TARGETS_FILE = "targets.memmap"
 TD_TYPE = "<class 'packer.pack.ImagePack'>"
 CHECKSUM = "sha256"
 MAX_MANIFEST_BYTES = 2 << 30
-_ALLOWED_DATA = {IMAGES_FILE, LABELS_FILE, "meta.json"}
+MAX_COUNT = 1 << 40
+STORAGE_KINDS = ("raw",)  # "jpeg" comes next: variable-size rows with an offset table
+DTYPE_BYTES = {"uint8": 1, "int64": 8, "float32": 4}
 _FORBIDDEN_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".npy", ".py", ".so")
-_REQUIRED = {
-    "format": str,
-    "version": int,
-    "count": int,
-    "image_shape": list,
-    "resize": str,
-    "classes": list,
-    "sources": list,
-    "source_sizes": list,
-    "skipped": list,
-    "build": dict,
-    "checksums": dict,
-}
 
 
 @dataclass(frozen=True)
@@ -74,6 +72,332 @@ class Layout:
         return self.root / DATA_DIR / LABELS_FILE
 
 
+# ---------------------------------------------------------------- the manifest
+
+
+@dataclass(frozen=True)
+class Skip:
+    """An input the build could not use: its relative path and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the pack was made. ``extra`` keeps other build keys as written."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    source_root: str | None = None  # absolute path of the source folder at build time
+    imgpack_version: str | None = None
+    created: str | None = None  # ISO 8601 local time
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Checksums:
+    """SHA-256 of the image data per block of ``block_rows`` rows, and of the labels."""
+
+    block_rows: int
+    images: tuple[str, ...] = ()
+    labels: str = ""
+    algorithm: str = CHECKSUM
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One memory-mapped field: file under ``_tensordict/``, dtype, and per-row shape."""
+
+    name: str
+    file: str
+    dtype: str  # a key of DTYPE_BYTES
+    row_shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype] * math.prod(self.row_shape)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """imgpack's manifest (``imgpack.json``), typed. On disk its JSON keys are those of
+    format 1: ``image_shape`` and ``resize`` at the top, repeated as ``build.size``
+    ([W, H]) and ``build.resize`` for older readers; this class holds each once.
+
+    Optional fields (defaults = today's packs) are what later formats add: write them
+    in :meth:`to_json` only when set, so packs without them stay byte-identical.
+    """
+
+    count: int
+    image_shape: tuple[int, int, int]  # (3, H, W)
+    resize: str  # one of RESIZE_MODES
+    classes: tuple[str, ...]
+    sources: tuple[str, ...]  # relative POSIX path of each image's source
+    source_sizes: tuple[tuple[int, int], ...]  # (W, H) of each source before resizing
+    checksums: Checksums
+    class_counts: tuple[int, ...] = ()  # images per class; () when not recorded
+    skipped: tuple[Skip, ...] = ()
+    build: BuildInfo = BuildInfo()
+    version: int = FORMAT_VERSION
+    storage: str = "raw"  # how images are stored: one uint8 [3, H, W] row each
+    label_dtype: str = "int64"
+    targets: tuple[str, ...] = ()  # column names of a float32 ``targets`` [N, K] field
+    class_map: str | None = None  # where a fixed class list came from (``--classes``)
+
+    @property
+    def height(self) -> int:
+        return self.image_shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.image_shape[2]
+
+    @property
+    def image_bytes(self) -> int:
+        return math.prod(self.image_shape)
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The memory-mapped fields of the pack, in the order tensordict writes them."""
+        out = [
+            FieldSpec("images", IMAGES_FILE, "uint8", self.image_shape),
+            FieldSpec("labels", LABELS_FILE, self.label_dtype, ()),
+        ]
+        if self.targets:
+            out.append(FieldSpec("targets", TARGETS_FILE, "float32", (len(self.targets),)))
+        return tuple(out)
+
+    # ---------------------------------------------------------------- JSON
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as JSON-ready dicts and lists, in the key order of format 1."""
+        c, h, w = self.image_shape
+        build: dict[str, Any] = {
+            "size": [w, h],
+            "resize": self.resize,
+            "max_pixels": self.build.max_pixels,
+        }
+        for key in ("source_root", "imgpack_version", "created"):
+            value = getattr(self.build, key)
+            if value is not None:
+                build[key] = value
+        build.update(self.build.extra)
+        out: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "count": self.count,
+            "image_shape": [c, h, w],
+            "dtype": "uint8",
+            "resize": self.resize,
+            "classes": list(self.classes),
+            "class_counts": list(self.class_counts),
+            "sources": list(self.sources),
+            "source_sizes": [list(s) for s in self.source_sizes],
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+            "build": build,
+            "checksums": {
+                "algorithm": self.checksums.algorithm,
+                "block_rows": self.checksums.block_rows,
+                "images": list(self.checksums.images),
+                "labels": self.checksums.labels,
+            },
+        }
+        if self.storage != "raw":
+            out["storage"] = self.storage
+        if self.label_dtype != "int64":
+            out["label_dtype"] = self.label_dtype
+        if self.targets:
+            out["targets"] = list(self.targets)
+        if self.class_map is not None:
+            out["class_map"] = self.class_map
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = MANIFEST) -> Manifest:
+        """Validate a parsed manifest and return it typed; the only reader of raw manifests.
+
+        Every field's type and range is checked here once, so no reader meets a
+        wrong type later. Raises PackFormatError naming ``where`` and the field.
+        """
+        try:
+            return _parse(obj)
+        except _Bad as e:
+            raise PackFormatError(f"{where}: {e}") from None
+
+
+class _Bad(Exception):
+    pass
+
+
+def _want(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Bad(what)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, lo: int = 0, hi: int | None = None) -> int:
+    v = d.get(key)
+    _want(
+        _is_int(v) and v >= lo and (hi is None or v <= hi),
+        f"field {where + key!r} is missing or not an integer"
+        + (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}")
+        + "; rebuild the pack",
+    )
+    return v
+
+
+def _list(d: Mapping[str, Any], key: str, where: str = "") -> list[Any]:
+    v = d.get(key)
+    _want(isinstance(v, list), f"field {where + key!r} is missing or not a list; rebuild the pack")
+    return v
+
+
+def _dict(d: Mapping[str, Any], key: str) -> dict[str, Any]:
+    v = d.get(key)
+    _want(isinstance(v, dict), f"field {key!r} is missing or not an object; rebuild the pack")
+    return v
+
+
+def _str(d: Mapping[str, Any], key: str, where: str = "", optional: bool = False) -> Any:
+    v = d.get(key)
+    _want(
+        isinstance(v, str) or (optional and v is None),
+        f"field {where + key!r} is {'not' if optional else 'missing or not'} a string; "
+        "rebuild the pack",
+    )
+    return v
+
+
+def _strs(items: list[Any], what: str) -> tuple[str, ...]:
+    _want(all(isinstance(s, str) for s in items), f"{what} must be strings; rebuild the pack")
+    return tuple(items)
+
+
+def _source_ok(s: Any) -> bool:
+    # cheap on a million paths: no PurePath objects
+    return (
+        isinstance(s, str)
+        and bool(s)
+        and not s.startswith("/")
+        and "\\" not in s
+        and "\x00" not in s
+        and ".." not in s.split("/")
+    )
+
+
+def _parse(m: Any) -> Manifest:
+    _want(isinstance(m, dict) and m.get("format") == FORMAT_NAME, "not an imgpack manifest")
+    version = _int(m, "version", "", lo=1, hi=1 << 31)
+    if version > FORMAT_VERSION:
+        raise _Bad(
+            f"made by a newer imgpack (format version {version}, this one reads "
+            f"up to {FORMAT_VERSION}); upgrade imgpack"
+        )
+    n = _int(m, "count", "", hi=MAX_COUNT)
+    shape = _list(m, "image_shape")
+    _want(
+        len(shape) == 3 and shape[0] == 3 and all(_is_int(v) and 0 < v <= 65536 for v in shape),
+        f"bad count {n} or image_shape {shape}",
+    )
+    _want(m.get("dtype", "uint8") == "uint8", "field 'dtype' must be 'uint8'; rebuild the pack")
+    resize = _str(m, "resize")
+    _want(resize in RESIZE_MODES, f"field 'resize' must be one of {', '.join(RESIZE_MODES)}")
+    storage = m.get("storage", "raw")
+    _want(
+        storage in STORAGE_KINDS,
+        f"storage {storage!r} is not one this imgpack reads ({', '.join(STORAGE_KINDS)}); "
+        "upgrade imgpack",
+    )
+    label_dtype = m.get("label_dtype", "int64")
+    _want(label_dtype == "int64", f"field 'label_dtype' {label_dtype!r} is not 'int64'")
+    targets = m.get("targets", [])
+    _want(isinstance(targets, list), "field 'targets' must be a list of column names")
+    targets = _strs(targets, "target column names")
+    class_map = _str(m, "class_map", optional=True)
+
+    classes = _strs(_list(m, "classes"), "class names")
+    _want(len(set(classes)) == len(classes), "class names must be distinct; rebuild the pack")
+    counts = m.get("class_counts") or []
+    _want(
+        isinstance(counts, list)
+        and all(_is_int(v) and v >= 0 for v in counts)
+        and (not counts or len(counts) == len(classes)),
+        f"field 'class_counts' must be a list of {len(classes)} counts; rebuild the pack",
+    )
+    sources = _list(m, "sources")
+    sizes = _list(m, "source_sizes")
+    _want(
+        len(sources) == n and len(sizes) == n,
+        f"{len(sources)} sources and {len(sizes)} source sizes for {n} images",
+    )
+    bad = next((s for s in sources if not _source_ok(s)), None)
+    _want(
+        bad is None,
+        f"source path {bad!r} leaves the source folder or is not a path; refusing the pack",
+    )
+    _want(
+        all(isinstance(s, list) and len(s) == 2 and _is_int(s[0]) and _is_int(s[1]) for s in sizes),
+        "field 'source_sizes' must hold [width, height] pairs of integers; rebuild the pack",
+    )
+    skipped = _list(m, "skipped")
+    _want(
+        all(
+            isinstance(s, dict)
+            and isinstance(s.get("path"), str)
+            and isinstance(s.get("reason"), str)
+            for s in skipped
+        ),
+        "field 'skipped' must hold {path, reason} objects of strings; rebuild the pack",
+    )
+    b = _dict(m, "build")
+    build = BuildInfo(
+        max_pixels=_int(b, "max_pixels", "build.", lo=1)
+        if "max_pixels" in b
+        else DEFAULT_MAX_PIXELS,
+        source_root=_str(b, "source_root", "build.", optional=True),
+        imgpack_version=_str(b, "imgpack_version", "build.", optional=True),
+        created=_str(b, "created", "build.", optional=True),
+        extra={
+            k: v
+            for k, v in b.items()
+            if k
+            not in ("size", "resize", "max_pixels", "source_root", "imgpack_version", "created")
+        },
+    )
+    ck = _dict(m, "checksums")
+    images = _list(ck, "images", "checksums.")
+    checksums = Checksums(
+        block_rows=_int(ck, "block_rows", "checksums.", lo=0),
+        images=_strs(images, "checksums.images"),
+        labels=_str(ck, "labels", "checksums."),
+        algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
+    )
+    _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
+    return Manifest(
+        count=n,
+        image_shape=(shape[0], shape[1], shape[2]),
+        resize=resize,
+        classes=classes,
+        sources=tuple(sources),
+        source_sizes=tuple((s[0], s[1]) for s in sizes),
+        checksums=checksums,
+        class_counts=tuple(counts),
+        skipped=tuple(Skip(s["path"], s["reason"]) for s in skipped),
+        build=build,
+        version=version,
+        storage=storage,
+        label_dtype=label_dtype,
+        targets=targets,
+        class_map=class_map,
+    )
+
+
+# ---------------------------------------------------------------- helpers
+
+
 def block_rows_for(count: int) -> int:
     """Rows per checksum block (also the build's unit of work): at most 64, about
     256 blocks for small packs, so every worker gets many small tasks."""
@@ -84,7 +408,7 @@ def digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def image_bytes(shape: list[int] | tuple[int, ...]) -> int:
+def image_bytes(shape: Iterable[int]) -> int:
     return int(math.prod(shape))
 
 
@@ -97,41 +421,167 @@ def is_pack(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` via a temporary file, fsync, rename."""
+def hash_blocks(
+    path: Path,
+    block_bytes: int,
+    blocks: int,
+    progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> list[str]:
+    """SHA-256 of each of ``blocks`` consecutive ``block_bytes`` slices of ``path``
+    (the last may be short), on a thread pool: hashlib and pread release the GIL.
+    ``progress(k)`` is called with the index of each finished block, in order."""
+    if blocks == 0:
+        return []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def one(k: int) -> str:
+            # in pieces: a block of 64 large images can be hundreds of MB
+            h, pos, end = hashlib.sha256(), k * block_bytes, (k + 1) * block_bytes
+            while pos < end and (piece := os.pread(fd, min(8 << 20, end - pos), pos)):
+                h.update(piece)
+                pos += len(piece)
+            return h.hexdigest()
+
+        with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 1)) as pool:
+            out = []
+            for k, sha in enumerate(pool.map(one, range(blocks))):
+                out.append(sha)
+                if progress:
+                    progress(k)
+            return out
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """Write JSON to ``path`` via a temporary file, fsync, rename: ``path`` is always whole."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        if indent is None:
+            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        else:
+            json.dump(obj, f, ensure_ascii=False, indent=indent)
+            f.write("\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_tensordict_meta(root: Path, count: int, image_shape: list[int]) -> None:
-    """The two meta.json files that let tensordict's own loader open the pack."""
-    td_meta = {
-        "images": {
+def _tensordict_meta(count: int, fields: Iterable[FieldSpec]) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        f.name: {
             "device": "cpu",
-            "shape": [count, *image_shape],
-            "dtype": "torch.uint8",
+            "shape": [count, *f.row_shape],
+            "dtype": f"torch.{f.dtype}",
             "is_nested": False,
-        },
-        "labels": {"device": "cpu", "shape": [count], "dtype": "torch.int64", "is_nested": False},
-        "shape": [count],
-        "device": "cpu",
-        "_type": "<class 'tensordict._td.TensorDict'>",
-        "_format_version": 1,
-        "_class": "tensordict:TensorDict",
+        }
+        for f in fields
     }
-    write_json_atomic(root / DATA_DIR / "meta.json", td_meta)
+    meta.update(
+        {
+            "shape": [count],
+            "device": "cpu",
+            "_type": "<class 'tensordict._td.TensorDict'>",
+            "_format_version": 1,
+            "_class": "tensordict:TensorDict",
+        }
+    )
+    return meta
+
+
+def write_tensordict_meta(root: Path, count: int, image_shape: Iterable[int]) -> None:
+    """The two meta.json files that let tensordict's own loader open an images+labels pack."""
+    shape = tuple(image_shape)
+    fields = (
+        FieldSpec("images", IMAGES_FILE, "uint8", shape),
+        FieldSpec("labels", LABELS_FILE, "int64", ()),
+    )
+    write_json_atomic(root / DATA_DIR / "meta.json", _tensordict_meta(count, fields))
     write_json_atomic(root / "meta.json", {"_type": TD_TYPE})
+
+
+def write_pack_metadata(root: Path, manifest: Manifest) -> None:
+    """Write tensordict's two meta.json files and the manifest (last) into ``root``,
+    whose data files are complete. Every way of making a pack ends here."""
+    root = Path(root)
+    write_json_atomic(
+        root / DATA_DIR / "meta.json", _tensordict_meta(manifest.count, manifest.fields)
+    )
+    write_json_atomic(root / "meta.json", {"_type": TD_TYPE})
+    write_json_atomic(root / MANIFEST, manifest.to_json())
+
+
+def checksums_of(root: Path, count: int, image_shape: Iterable[int]) -> Checksums:
+    """Hash a pack's data files as a build records them."""
+    lay = Layout(Path(root))
+    block = block_rows_for(count)
+    row = image_bytes(image_shape)
+    shas = hash_blocks(lay.images, row * block, -(-count // block))
+    return Checksums(block_rows=block, images=tuple(shas), labels=digest(lay.labels.read_bytes()))
+
+
+def write_pack(
+    root: Path,
+    images: Iterable[bytes | memoryview],
+    labels: Iterable[int],
+    manifest: Manifest,
+) -> Path:
+    """Write a whole pack at ``root`` from image bytes and labels, for synthetic packs
+    and tests; the build writes its data its own way and ends in :func:`write_pack_metadata`.
+
+    ``images``: chunks of raw uint8 rows, C-order [*, 3, H, W], ``manifest.count``
+    rows in all. ``labels``: ``manifest.count`` ints. The checksums of
+    ``manifest`` are replaced by those of the data written. The pack is written
+    under a temporary name and renamed into place, so ``root`` is whole or absent.
+    """
+    import shutil
+    import struct
+
+    root = Path(root)
+    if root.exists():
+        raise PackFormatError(f"{root}: already exists; remove it first")
+    work = root.with_name(f".{root.name}.imgpack-writing")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / DATA_DIR).mkdir(parents=True)
+    lay = Layout(work)
+    with open(lay.images, "wb") as f:
+        for chunk in images:
+            f.write(chunk)
+        written = f.tell()
+        f.flush()
+        os.fsync(f.fileno())
+    want = manifest.count * manifest.image_bytes
+    if written != want:
+        shutil.rmtree(work)
+        raise ValueError(f"write_pack: {written} image bytes for {manifest.count} images ({want})")
+    lab = list(labels)
+    if len(lab) != manifest.count:
+        shutil.rmtree(work)
+        raise ValueError(f"write_pack: {len(lab)} labels for {manifest.count} images")
+    with open(lay.labels, "wb") as f:
+        f.write(struct.pack(f"<{len(lab)}q", *lab))
+        f.flush()
+        os.fsync(f.fileno())
+    manifest = replace(manifest, checksums=checksums_of(work, manifest.count, manifest.image_shape))
+    write_pack_metadata(work, manifest)
+    os.replace(work, root)
+    return root
+
+
+# ---------------------------------------------------------------- reading
 
 
 def _fail(root: Path, what: str) -> PackFormatError:
     return PackFormatError(f"{root}: {what}")
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Path) -> Manifest:
     """Read and validate a pack's manifest. Raises PackFormatError naming the problem."""
     root = Path(root)
     if not root.exists():
@@ -146,49 +596,21 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if lay.manifest.stat().st_size > MAX_MANIFEST_BYTES:
         raise _fail(root, f"{MANIFEST} is implausibly large; the pack is damaged")
     try:
-        m = json.loads(lay.manifest.read_bytes())
+        raw = json.loads(lay.manifest.read_bytes())
     except (ValueError, UnicodeDecodeError) as e:
         raise _fail(
             root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it"
         ) from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
-        raise _fail(root, f"{MANIFEST} is not an imgpack manifest")
-    for key, typ in _REQUIRED.items():
-        if not isinstance(m.get(key), typ) or isinstance(m.get(key), bool):
-            raise _fail(
-                root,
-                f"{MANIFEST}: field {key!r} is missing or not a {typ.__name__}; rebuild the pack",
-            )
-    if m["version"] > FORMAT_VERSION:
+    except RecursionError:
         raise _fail(
-            root,
-            f"made by a newer imgpack (format version {m['version']}, this one reads "
-            f"up to {FORMAT_VERSION}); upgrade imgpack",
-        )
-    if m["version"] < 1:
-        raise _fail(root, f"unknown format version {m['version']}")
-    n, shape = m["count"], m["image_shape"]
-    if (
-        n < 0
-        or len(shape) != 3
-        or shape[0] != 3
-        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 65536 for v in shape)
-    ):
-        raise _fail(root, f"{MANIFEST}: bad count {n} or image_shape {shape}")
-    if len(m["sources"]) != n or len(m["source_sizes"]) != n:
-        raise _fail(root, f"{MANIFEST}: {len(m['sources'])} sources for {n} images")
-    for s in m["sources"]:
-        p = PurePosixPath(s) if isinstance(s, str) else None
-        if p is None or p.is_absolute() or ".." in p.parts or "\\" in s or s.startswith("/"):
-            raise _fail(
-                root, f"{MANIFEST}: source path {s!r} leaves the source folder; refusing the pack"
-            )
-    if not all(isinstance(c, str) for c in m["classes"]):
-        raise _fail(root, f"{MANIFEST}: class names must be strings")
-    return m
+            root, f"{MANIFEST} is nested too deeply to be a manifest; refusing the pack"
+        ) from None
+    except OSError as e:
+        raise _fail(root, f"{MANIFEST} cannot be read ({e.strerror})") from None
+    return Manifest.from_json(raw, where=f"{root}: {MANIFEST}")
 
 
-def check_files(root: Path, m: dict[str, Any]) -> None:
+def check_files(root: Path, m: Manifest) -> None:
     """Refuse code-carrying files and data files whose size disagrees with the manifest."""
     root = Path(root)
     real_root = root.resolve()
@@ -204,15 +626,15 @@ def check_files(root: Path, m: dict[str, Any]) -> None:
     data_dir = root / DATA_DIR
     if not data_dir.is_dir():
         raise _fail(root, f"{DATA_DIR}/ is missing; the pack is incomplete, rebuild it")
+    allowed = {f.file for f in m.fields} | {"meta.json"}
     for f in os.listdir(data_dir):
-        if f not in _ALLOWED_DATA:
+        if f not in allowed:
             raise _fail(root, f"unexpected file {DATA_DIR}/{f}; refusing the pack")
-    lay = Layout(root)
     meta = root / "meta.json"
     if meta.is_file():
         try:
             t = json.loads(meta.read_bytes()).get("_type")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             t = None
         if t != TD_TYPE:
             raise _fail(
@@ -220,16 +642,41 @@ def check_files(root: Path, m: dict[str, Any]) -> None:
                 f"meta.json names type {t!r}, not {TD_TYPE!r}; refusing the pack "
                 "(nothing was imported)",
             )
-    n, shape = m["count"], m["image_shape"]
-    for path, want in ((lay.images, n * image_bytes(shape)), (lay.labels, n * 8)):
+    n = m.count
+    for spec in m.fields:
+        path = data_dir / spec.file
+        rel = f"{DATA_DIR}/{spec.file}"
         if path.is_symlink() or not path.is_file():
-            raise _fail(root, f"{path.relative_to(root)} is missing or not a regular file")
+            raise _fail(root, f"{rel} is missing or not a regular file")
         if not path.resolve().is_relative_to(real_root):
-            raise _fail(root, f"{path.relative_to(root)} points outside the pack; refusing it")
+            raise _fail(root, f"{rel} points outside the pack; refusing it")
         size = path.stat().st_size
+        want = n * spec.row_bytes
         if size != want:
+            shape = list(m.image_shape) if spec.name == "images" else list(spec.row_shape)
             raise _fail(
                 root,
-                f"{path.relative_to(root)} is {size:,} bytes, the manifest says "
-                f"{want:,} ({n} images of {shape}); the pack is damaged or truncated",
+                f"{rel} is {size:,} bytes, the manifest says "
+                f"{want:,} ({n} {spec.name} of {shape}); the pack is damaged or truncated",
             )
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What ``imgpack info --json`` prints: count, shape, classes and their counts,
+    bytes on disk, build options, skipped inputs, format version."""
+    root = Path(path)
+    m = read_manifest(root)
+    classes = list(m.classes)
+    counts = list(m.class_counts) or [0] * len(classes)
+    j = m.to_json()
+    return {
+        "path": str(path),
+        "count": m.count,
+        "image_shape": list(m.image_shape),
+        "classes": classes,
+        "class_counts": dict(zip(classes, counts)),
+        "bytes": pack_bytes(root),
+        "build": j["build"],
+        "skipped": j["skipped"],
+        "format_version": m.version,
+    }

@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
-from .format import Layout, check_files, read_manifest
+from .errors import PackFormatError, UsageError
+from .format import DATA_DIR, Manifest, check_files, read_manifest
+
+_TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
 
 @tensorclass
@@ -21,7 +24,11 @@ class ImagePack:
       labels: Tensor[N], int64; class index into ``classes``, or -1 for unlabeled.
     Attributes of a pack from :func:`packer.load` (not carried by slices):
       classes: list[str], sources: list[str] (relative source path of each image),
-      manifest: dict, path: Path.
+      manifest: :class:`packer.format.Manifest`, path: Path.
+
+    ``ImagePack.load_memmap(path)`` and ``ImagePack.load(path)`` are
+    :func:`packer.load`: tensordict's own loader would unpickle files planted in
+    the pack, so the class's loaders never reach it.
     """
 
     images: torch.Tensor
@@ -29,30 +36,68 @@ class ImagePack:
 
     @property
     def classes(self) -> list[str]:
-        return self._manifest()["classes"]
+        return self._attr("_imgpack_classes")
 
     @property
     def sources(self) -> list[str]:
-        return self._manifest()["sources"]
+        return self._attr("_imgpack_sources")
 
     @property
-    def manifest(self) -> dict[str, Any]:
-        return self._manifest()
+    def manifest(self) -> Manifest:
+        return self._attr("_imgpack_manifest")
 
     @property
     def path(self) -> Path:
-        return self.__dict__["_imgpack_path"]
+        return self._attr("_imgpack_path")
 
-    def _manifest(self) -> dict[str, Any]:
+    def _attr(self, name: str) -> Any:
         try:
-            return self.__dict__["_imgpack_manifest"]
+            return self.__dict__[name]
         except KeyError:
             raise AttributeError(
-                "classes/sources/manifest belong to a whole pack from packer.load(), not a slice"
+                "classes/sources/manifest/path belong to a whole pack from packer.load(), "
+                "not a slice"
             ) from None
 
+    # tensordict's loaders read meta.json and unpickle ``other.pickle`` (allow_pickle
+    # defaults to None, which loads it with a warning). These route every class-level
+    # entry to the safe reader. ``_load_memmap`` is the hook TensorDict.load_memmap
+    # calls for a registered class, so ``tensordict.load_memmap(PACK)`` is covered too.
+    @classmethod
+    def load_memmap(cls, prefix: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ImagePack:
+        """Open the pack at ``prefix`` as :func:`packer.load` does (nothing unpickled)."""
+        _only_path("ImagePack.load_memmap", args, kwargs)
+        return open_pack(prefix)
 
-def open_pack(path: str | os.PathLike[str]) -> ImagePack:
+    @classmethod
+    def load(cls, prefix: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ImagePack:
+        """Open the pack at ``prefix`` as :func:`packer.load` does (nothing unpickled)."""
+        _only_path("ImagePack.load", args, kwargs)
+        return open_pack(prefix)
+
+    @classmethod
+    def _load_memmap(cls, prefix: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return open_pack(str(prefix))
+
+    def load_memmap_(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("load a pack with packer.load(path); loading into a pack is not offered")
+
+    def load_(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("load a pack with packer.load(path); loading into a pack is not offered")
+
+
+def _only_path(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # tolerated: what would make tensordict's loader safe, or is what open_pack does anyway
+    harmless = {"allow_pickle": False, "mode": "r", "device": None}
+    extra = [k for k, v in kwargs.items() if harmless.get(k, object()) != v and v is not None]
+    if args or extra or kwargs.get("allow_pickle") is True:
+        raise UsageError(
+            f"{name}(path) opens a pack as packer.load(path) does and takes no other "
+            "options (a pack is read-only and never unpickled); move it with .to(device)"
+        )
+
+
+def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) -> ImagePack:
     """Open the pack at ``path`` read-only, without running anything from it.
 
     Returns an :class:`ImagePack` (``len(pack)`` is N) whose ``images``
@@ -61,19 +106,32 @@ def open_pack(path: str | os.PathLike[str]) -> ImagePack:
     edits stay in this process. ``pack.classes``, ``pack.sources`` and
     ``pack.manifest`` come from the manifest. Raises PackFormatError for a
     missing, damaged, untrusted or newer-format pack.
+
+    ``manifest``: one already read (and its files checked) by the caller, as
+    ``verify`` does, so the pack is parsed and walked once.
     """
     root = Path(path)
-    m = read_manifest(root)
-    check_files(root, m)
-    lay = Layout(root)
-    n, shape = m["count"], m["image_shape"]
-    if n == 0:
-        images = torch.empty((0, *shape), dtype=torch.uint8)
-        labels = torch.empty((0,), dtype=torch.int64)
-    else:
-        images = MemoryMappedTensor.from_filename(lay.images, torch.uint8, (n, *shape), mode="r")
-        labels = MemoryMappedTensor.from_filename(lay.labels, torch.int64, (n,), mode="r")
-    pack = ImagePack(images=images, labels=labels, batch_size=[n])
-    pack.__dict__["_imgpack_manifest"] = m
+    if manifest is None:
+        manifest = read_manifest(root)
+        check_files(root, manifest)
+    n = manifest.count
+    tensors = {}
+    for spec in manifest.fields:
+        shape = (n, *spec.row_shape)
+        dtype = _TORCH_DTYPES[spec.dtype]
+        if n == 0:
+            tensors[spec.name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[spec.name] = MemoryMappedTensor.from_filename(
+                root / DATA_DIR / spec.file, dtype, shape, mode="r"
+            )
+    if set(tensors) != {"images", "labels"}:
+        raise PackFormatError(
+            f"{root}: holds fields {sorted(tensors)} this imgpack cannot open; upgrade imgpack"
+        )
+    pack = ImagePack(images=tensors["images"], labels=tensors["labels"], batch_size=[n])
+    pack.__dict__["_imgpack_manifest"] = manifest
     pack.__dict__["_imgpack_path"] = root
+    pack.__dict__["_imgpack_classes"] = list(manifest.classes)
+    pack.__dict__["_imgpack_sources"] = list(manifest.sources)
     return pack

@@ -29,9 +29,7 @@ def plot_verify(report: Any, path: Path) -> None:
     ax.set_ylabel("throughput (images/s)")
     speed = f", {report.speedup:.1f}x faster" if report.speedup else ""
     ax.set_title(f"imgpack verify on {report.device}{speed}\n{time.strftime('%Y-%m-%d')}")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, Path(path))
 
 
 def _save(plt: Any, fig: Any, path: Path, layout: bool = True) -> Path:

@@ -11,16 +11,21 @@ Integrity checks (each a ``{name, ok, detail}``):
               changed sources are named
 
 Throughput: the pack streamed through :class:`PackLoader` to the device, and
-(with a source folder) the folder the way people write it (ImageFolder, Pillow,
-the same resize, ToTensor, a DataLoader with workers and pinned memory), both
-normalized on arrival, same batch size, same run. Warm-up excluded; the device
+(with a source folder) the same images read from the folder the way people
+write it (:mod:`packer.baseline`: Pillow, the same resize, ToTensor, a
+DataLoader with workers and pinned memory), both normalized on arrival, same
+batch size, same run. The baseline reads exactly the pack's ``sources``, so
+inputs the build skipped are left out and counted. Warm-up excluded; the device
 is synchronized before every clock read; the median of repeats is reported.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +34,11 @@ import numpy as np
 
 from .decode import ResizeSpec, decode
 from .errors import DecodeError, PackerError, UsageError
-from .format import Layout, check_files, digest, image_bytes, read_manifest
+from .format import Layout, Manifest, check_files, digest, hash_blocks, read_manifest
 from .timing import check_device_name, resolve_device, sync, time_loader
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class VerifyReport:
     device: str = "cpu"
     pack_images_per_s: float | None = None
     folder_images_per_s: float | None = None
+    folder_left_out: int | None = None  # the pack's images the folder baseline could not time
+    folder_skipped: int = 0  # inputs the build skipped, which the baseline leaves out too
     image_bytes: int = 0
 
     @property
@@ -87,6 +97,7 @@ class VerifyReport:
             "pack_mb_per_s": _r(self.pack_images_per_s and self.pack_images_per_s * mb),
             "folder_mb_per_s": _r(self.folder_images_per_s and self.folder_images_per_s * mb),
             "speedup": _r(self.speedup),
+            "folder_left_out": self.folder_left_out,
         }
 
 
@@ -97,13 +108,13 @@ def _r(x: float | None) -> float | None:
 # ---------------------------------------------------------------- integrity
 
 
-def check_images(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
-    lay = Layout(root)
-    ck = m["checksums"]
-    row = image_bytes(m["image_shape"])
-    block = int(ck.get("block_rows", 0))
-    want = ck.get("images", [])
-    n = m["count"]
+def _threads() -> int:
+    return min(32, os.cpu_count() or 1)
+
+
+def check_images(root: Path, m: Manifest, report: VerifyReport, progress: Progress | None) -> None:
+    ck = m.checksums
+    block, want, n = ck.block_rows, ck.images, m.count
     if block < 1 or len(want) != (n + block - 1) // block:
         report.add(
             "images",
@@ -111,15 +122,22 @@ def check_images(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
             f"manifest lists {len(want)} checksums for {n} images in "
             f"blocks of {block}; the manifest is damaged",
         )
+        if progress:
+            progress(n)
         return
+
+    def done(k: int) -> None:
+        if progress:
+            progress(min(n, (k + 1) * block) - k * block)
+
+    got = hash_blocks(Layout(root).images, m.image_bytes * block, len(want), done, _threads())
     bad: list[str] = []
-    with open(lay.images, "rb") as f:
-        for k, expect in enumerate(want):
-            if digest(f.read(row * block)) != expect:
-                lo, hi = k * block, min(n, (k + 1) * block)
-                names = ", ".join(m["sources"][lo : min(hi, lo + 3)])
-                more = f" and {hi - lo - 3} more" if hi - lo > 3 else ""
-                bad.append(f"block {k} (images {lo}-{hi - 1}: {names}{more})")
+    for k, (sha, expect) in enumerate(zip(got, want)):
+        if sha != expect:
+            lo, hi = k * block, min(n, (k + 1) * block)
+            names = ", ".join(m.sources[lo : min(hi, lo + 3)])
+            more = f" and {hi - lo - 3} more" if hi - lo > 3 else ""
+            bad.append(f"block {k} (images {lo}-{hi - 1}: {names}{more})")
     if bad:
         report.add(
             "images",
@@ -133,13 +151,13 @@ def check_images(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
         report.add("images", True, f"{n} images, {len(want)} blocks, SHA-256 match")
 
 
-def check_labels(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
+def check_labels(root: Path, m: Manifest, report: VerifyReport) -> None:
     raw = Layout(root).labels.read_bytes()
     labels = np.frombuffer(raw, dtype="<i8")
     problems = []
-    if digest(raw) != m["checksums"].get("labels"):
+    if digest(raw) != m.checksums.labels:
         problems.append("checksum mismatch")
-    k = len(m["classes"])
+    k = len(m.classes)
     lo, hi = (0, k - 1) if k else (-1, -1)
     out = np.nonzero((labels < lo) | (labels > hi))[0]
     if len(out):
@@ -148,42 +166,54 @@ def check_labels(root: Path, m: dict[str, Any], report: VerifyReport) -> None:
         )
     if k and not len(out):
         counts = np.bincount(labels, minlength=k).tolist()
-        if m.get("class_counts") and counts != m["class_counts"]:
-            problems.append(f"class counts {counts} differ from the manifest's {m['class_counts']}")
+        if m.class_counts and counts != list(m.class_counts):
+            problems.append(
+                f"class counts {counts} differ from the manifest's {list(m.class_counts)}"
+            )
     if problems:
         report.add("labels", False, "; ".join(problems))
     else:
         report.add("labels", True, f"{len(labels)} labels in [{lo}, {hi}]")
 
 
-def check_sources(
-    root: Path, m: dict[str, Any], source: Path, sample: int | None, report: VerifyReport
-) -> None:
-    from .pack import open_pack
+def sample_indices(n: int, sample: int | None) -> list[int]:
+    """The images whose sources are re-decoded: all, or a fixed random sample."""
+    if sample is None or sample >= n:
+        return list(range(n))
+    return sorted(random.Random(0).sample(range(n), sample))
 
-    pack = open_pack(root)
-    n = m["count"]
-    idx = (
-        list(range(n))
-        if sample is None or sample >= n
-        else sorted(random.Random(0).sample(range(n), sample))
-    )
-    _, h, w = m["image_shape"]
-    spec = ResizeSpec(w, h, m["resize"], int(m["build"].get("max_pixels", 100_000_000)))
-    missing, changed = [], []
+
+def check_sources(
+    pack: Any,
+    m: Manifest,
+    source: Path,
+    idx: list[int],
+    report: VerifyReport,
+    progress: Progress | None,
+) -> None:
+    spec = ResizeSpec(m.width, m.height, m.resize, m.build.max_pixels)
     images = pack.images
-    for i in idx:
-        rel = m["sources"][i]
-        path = source / rel
+
+    def one(i: int) -> str | None:
+        # Pillow releases the GIL while it decodes and resizes: threads use every core
+        path = source / m.sources[i]
         if not path.is_file():
-            missing.append(rel)
-            continue
+            return "missing"
         try:
             same = np.array_equal(decode(str(path), spec), images[i].numpy())
         except DecodeError:
             same = False
-        if not same:
-            changed.append(rel)
+        return None if same else "changed"
+
+    missing, changed = [], []
+    with ThreadPoolExecutor(_threads()) as pool:
+        for i, what in zip(idx, pool.map(one, idx)):
+            if what == "missing":
+                missing.append(m.sources[i])
+            elif what == "changed":
+                changed.append(m.sources[i])
+            if progress:
+                progress(1)
     if missing or changed:
         parts = []
         if missing:
@@ -195,74 +225,28 @@ def check_sources(
         report.add(
             "sources",
             True,
-            f"{len(idx)} of {n} source images re-decoded from {source}: pixels identical",
+            f"{len(idx)} of {m.count} source images re-decoded from {source}: pixels identical",
         )
 
 
 # ---------------------------------------------------------------- throughput
 
 
-class _Files:
-    """A dataset over explicit files (used when the pack has no classes)."""
-
-    def __init__(self, paths: list[str], transform: Any) -> None:
-        self.paths, self.transform = paths, transform
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> Any:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as im:
-            return self.transform(im.convert("RGB")), -1
-
-
-def folder_dataset(source: Path, m: dict[str, Any]) -> Any:
-    """The source folder as a user would load it: ImageFolder + torchvision transforms.
-
-    ``m`` is a manifest, or any dict with its ``image_shape``, ``resize``,
-    ``classes`` and (without classes) ``sources``. Items: (Tensor[3, H, W]
-    float32, normalized with ImageNet's mean and std, label).
-    """
-    from torchvision import datasets, transforms
-
-    _, h, w = m["image_shape"]
-    mode = m["resize"]
-    if mode == "crop":
-        resize = [
-            transforms.Resize(min(h, w)) if h == w else transforms.Resize((h, w)),
-            transforms.CenterCrop((h, w)),
-        ]
-    else:  # stretch; pad is approximated by a stretch (same cost)
-        resize = [transforms.Resize((h, w))]
-    tf = transforms.Compose(
-        [
-            *resize,
-            transforms.ToTensor(),
-            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-        ]
-    )
-    if m["classes"]:
-        return datasets.ImageFolder(str(source), transform=tf)
-    return _Files([str(source / s) for s in m["sources"]], tf)
-
-
 def measure(
-    root: Path,
-    m: dict[str, Any],
+    pack: Any,
+    m: Manifest,
     source: Path | None,
     config: VerifyConfig,
     report: VerifyReport,
     trace: Path | None = None,
 ) -> None:
-    import torch
+    from PIL.Image import DecompressionBombError
 
+    from . import baseline
     from .loader import Normalize, PackLoader
-    from .pack import open_pack
 
     device = report.device
-    pack = open_pack(root)
+    log.info("timing the pack through PackLoader on %s", device)
     norm = Normalize().to(device)
     loader = PackLoader(pack, config.batch_size, device=device, seed=0)
     report.pack_images_per_s = time_loader(
@@ -282,41 +266,57 @@ def measure(
     loader.close()
     if source is None:
         return
-    ds = folder_dataset(source, m)
-    workers = config.workers if config.workers is not None else min(8, os.cpu_count() or 1)
-    dl = torch.utils.data.DataLoader(
-        ds,
-        batch_size=config.batch_size,
-        shuffle=True,
-        num_workers=workers,
-        pin_memory=device != "cpu",
-        persistent_workers=workers > 0,
+    ds, missing = baseline.pack_files(source, m, pack.labels.tolist())
+    report.folder_left_out = missing + len(m.skipped)
+    report.folder_skipped = len(m.skipped)
+    if not len(ds):
+        log.warning("folder baseline not timed: none of the pack's sources is in %s", source)
+        return
+    log.info(
+        "timing the folder baseline: %d images of %s (left out: %d the build skipped, %d missing)",
+        len(ds),
+        source,
+        len(m.skipped),
+        missing,
     )
-    # A DataLoader delivers in bursts (every worker builds a whole batch, all start
-    # together; prefetch_factor 2): warm up past two bursts and time at least one
-    # batch per worker, as ``imgpack bench`` does, or the burst reads as speed.
-    rnd = max(1, workers)
-    report.folder_images_per_s = time_loader(
-        lambda: iter(dl),
-        lambda b: b[0].to(device, non_blocking=True),
-        device,
-        max(config.batches, rnd),
-        config.repeats,
-        warmup=max(3, 2 * rnd),
-    )
+    try:
+        report.folder_images_per_s = baseline.time_folder(
+            ds, device, config.batch_size, config.workers, config.batches, config.repeats
+        )
+    except (OSError, ValueError, RuntimeError, DecompressionBombError) as e:
+        # a source changed since the build (outside the re-decoded sample): Pillow fails on it
+        log.warning("folder baseline not timed: %s", str(e).strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- entry point
 
 
+def _source_folder(m: Manifest, config: VerifyConfig) -> Path | None:
+    if config.source is not None:
+        return config.source
+    recorded = m.build.source_root if config.use_recorded_source else None
+    return Path(recorded) if recorded and Path(recorded).is_dir() else None
+
+
 def verify(
-    path: str | os.PathLike[str], config: VerifyConfig = VerifyConfig(), trace: Path | None = None
+    path: str | os.PathLike[str],
+    config: VerifyConfig = VerifyConfig(),
+    trace: Path | None = None,
+    progress: Progress | None = None,
+    on_start: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Check a pack's integrity and (optionally) its streaming throughput.
+
+    The manifest is parsed and the pack's files walked once. Block hashes and
+    source re-decodes run on every core. ``on_start(total, 0)`` gives the
+    images the integrity checks will read (all, plus the re-decoded sample),
+    ``progress(k)`` reports k more done.
 
     Raises PackerError only when there is nothing to verify (no such path,
     bad options); every problem found in the pack is a failed check.
     """
+    from .pack import open_pack
+
     config.validate()
     root = Path(path)
     report = VerifyReport(path=root)
@@ -325,7 +325,7 @@ def verify(
     try:
         m = read_manifest(root)
         report.add(
-            "manifest", True, f"format {m['version']}, {m['count']} images of {m['image_shape']}"
+            "manifest", True, f"format {m.version}, {m.count} images of {list(m.image_shape)}"
         )
     except PackerError as e:
         report.add("manifest", False, str(e))
@@ -336,21 +336,21 @@ def verify(
     except PackerError as e:
         report.add("files", False, str(e))
         return report
-    report.image_bytes = image_bytes(m["image_shape"])
-    check_images(root, m, report)
+    pack = open_pack(root, m)
+    report.image_bytes = m.image_bytes
+    source = _source_folder(m, config)
+    source_ok = source is not None and source.is_dir()
+    idx = sample_indices(m.count, config.sample) if source_ok else []
+    if on_start:
+        on_start(m.count + len(idx), 0)
+    check_images(root, m, report, progress)
     check_labels(root, m, report)
-    source = config.source
-    if source is None and config.use_recorded_source:
-        recorded = m["build"].get("source_root")
-        if recorded and Path(recorded).is_dir():
-            source = Path(recorded)
-    if source is not None:
-        if not source.is_dir():
-            report.add("sources", False, f"{source}: source folder not found")
-            source = None
-        elif m["count"]:
-            check_sources(root, m, source, config.sample, report)
-    if config.throughput and m["count"] and report.ok:
+    if source is not None and not source_ok:
+        report.add("sources", False, f"{source}: source folder not found")
+        source = None
+    elif source is not None and m.count:
+        check_sources(pack, m, source, idx, report, progress)
+    if config.throughput and m.count and report.ok:
         report.device = resolve_device(config.device)
-        measure(root, m, source, config, report, trace)
+        measure(pack, m, source, config, report, trace)
     return report

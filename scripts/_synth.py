@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -46,55 +45,38 @@ def make_jpeg_folder(
 
 
 def make_random_pack(path: Path, n: int, side: int, classes: int = 10) -> Path:
-    """A valid pack of n random uint8 images [3, side, side], written directly (fast)."""
-    from packer.format import (
-        CHECKSUM,
-        FORMAT_NAME,
-        FORMAT_VERSION,
-        Layout,
-        block_rows_for,
-        write_json_atomic,
-        write_tensordict_meta,
-    )
+    """A valid pack of n random uint8 images [3, side, side], written directly (fast),
+    through imgpack's own writer, so it verifies like a built pack. Replaces a pack at path."""
+    import shutil
 
-    lay = Layout(path)
-    (path / "_tensordict").mkdir(parents=True, exist_ok=True)
+    from packer.format import BuildInfo, Checksums, Manifest, is_pack, write_pack
+
+    if is_pack(path):
+        shutil.rmtree(path)
     row = 3 * side * side
     rng = np.random.default_rng(0)
     block = rng.integers(0, 256, size=min(n, max(1, (256 << 20) // row)) * row, dtype=np.uint8)
-    with open(lay.images, "wb") as f:
+
+    def chunks():  # the same random block over and over: fast, and enough for streaming tests
         left = n * row
         while left:
             k = min(left, len(block))
-            f.write(block[:k].data)
+            yield block[:k].data
             left -= k
+
     labels = (np.arange(n) % classes).astype("<i8")
-    lay.labels.write_bytes(labels.tobytes())
-    write_tensordict_meta(path, n, [3, side, side])
-    write_json_atomic(
-        lay.manifest,
-        {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "count": n,
-            "image_shape": [3, side, side],
-            "dtype": "uint8",
-            "resize": "stretch",
-            "classes": [f"c{i}" for i in range(classes)],
-            "class_counts": np.bincount(labels, minlength=classes).tolist(),
-            "sources": [f"synthetic/{i}.jpg" for i in range(n)],
-            "source_sizes": [[side, side]] * n,
-            "skipped": [],
-            "build": {"synthetic": True, "created": time.strftime("%F")},
-            "checksums": {
-                "algorithm": CHECKSUM,
-                "block_rows": block_rows_for(n),
-                "images": [],
-                "labels": "",
-            },
-        },
+    manifest = Manifest(
+        count=n,
+        image_shape=(3, side, side),
+        resize="stretch",
+        classes=tuple(f"c{i}" for i in range(classes)),
+        class_counts=tuple(np.bincount(labels, minlength=classes).tolist()),
+        sources=tuple(f"synthetic/{i}.jpg" for i in range(n)),
+        source_sizes=((side, side),) * n,
+        build=BuildInfo(created=time.strftime("%F"), extra={"synthetic": True}),
+        checksums=Checksums(block_rows=0),  # write_pack computes them
     )
-    return path
+    return write_pack(path, chunks(), labels.tolist(), manifest)
 
 
 def machine() -> dict[str, object]:
@@ -113,4 +95,6 @@ def machine() -> dict[str, object]:
 def dump(obj: object, name: str) -> None:
     out = Path(os.environ.get("OUT", ROOT / "out"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(json.dumps(obj, indent=1))
+    from packer.format import write_json_atomic
+
+    write_json_atomic(out / name, obj, indent=1)

@@ -120,6 +120,25 @@ def test_out_must_be_a_folder(tmp_path: Path) -> None:
     assert code == 2 and f"Error: {f}: --out must be a folder" in stderr
 
 
+@pytest.mark.parametrize("under", ["file/sub", "file/sub/deeper"])
+def test_out_under_a_file_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under: str
+) -> None:
+    import packer.bench
+
+    def never(*a, **k):
+        raise AssertionError("the bench ran")
+
+    monkeypatch.setattr(packer.bench, "bench", never)
+    (tmp_path / "file").write_text("x")
+    code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / under))
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'file'}: is a file, so --out {tmp_path / under} cannot be "
+        "written under it"
+    ]
+
+
 def test_source_without_images(tmp_path: Path) -> None:
     (tmp_path / "empty" / "a").mkdir(parents=True)
     code, _, stderr = run(

@@ -132,3 +132,44 @@ def test_verify_cli_ok_and_json(runner: CliRunner, packed: Path) -> None:
         "labels",
         "sources",
     ]
+
+
+@pytest.mark.parametrize(
+    "option, path, line",
+    [
+        ("--plot", "{tmp}/missing/v.png", "Error: {tmp}/missing: no such folder for --plot"),
+        ("--plot", "{tmp}", "Error: {tmp}: --plot must be a file name, and this is a folder"),
+        ("--plot", "{tmp}/file.txt/v.png", "Error: {tmp}/file.txt: is a file, so --plot"),
+        ("--trace", "{tmp}/missing/t.json", "Error: {tmp}/missing: no such folder for --trace"),
+    ],
+)
+def test_verify_output_paths_refused_before_the_work(
+    runner: CliRunner,
+    packed: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    option: str,
+    path: str,
+    line: str,
+) -> None:
+    import packer.verify
+
+    def never(*a, **k):
+        raise AssertionError("verify ran")
+
+    monkeypatch.setattr(packer.verify, "verify", never)
+    (tmp_path / "file.txt").write_text("x")
+    fmt = {"tmp": str(tmp_path)}
+    r = runner.invoke(cli, ["verify", str(packed), option, path.format(**fmt)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line.format(**fmt))
+
+
+def test_verify_shows_progress_on_stderr_only(runner: CliRunner, packed: Path) -> None:
+    r = runner.invoke(cli, ["verify", str(packed), "--no-speed", "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["ok"] is True
+    assert "verify" in r.stderr and "26/26" in r.stderr
+    r = runner.invoke(cli, ["verify", str(packed), "--no-speed", "--json", "-q"])
+    assert r.stderr == ""

@@ -309,7 +309,8 @@ def test_unreadable_class_folder_is_a_skip_counted_by_strict(
     assert res.exit_code == 1, res.output
     out = json.loads(res.stdout)
     assert out["count"] == 9 and out["skipped"] == scan.skipped
-    assert packer.load(tmp_path / "p").manifest["skipped"] == scan.skipped
+    skips = packer.load(tmp_path / "p").manifest.skipped
+    assert [{"path": k.path, "reason": k.reason} for k in skips] == scan.skipped
 
 
 # ------------------------------------------------------------- 11. --max-pixels

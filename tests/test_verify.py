@@ -106,3 +106,57 @@ def test_plot_is_written(packed: Path, tmp_path: Path) -> None:
     )
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_folder_baseline_times_only_the_packed_images(image_tree: Path, tmp_path: Path) -> None:
+    from packer.build import BuildConfig, build
+
+    (image_tree / "cat" / "empty.jpg").write_bytes(b"")
+    (image_tree / "dog" / "trunc.jpg").write_bytes(
+        (image_tree / "cat" / "a.jpg").read_bytes()[:200]
+    )
+    (image_tree / "zebra" / "text.png").write_text("not a png")
+    pack = tmp_path / "p"
+    assert len(build(image_tree, pack, BuildConfig(size=(16, 16), workers=1)).skipped) == 3
+    (image_tree / "zebra" / "i.jpg").unlink()  # and one source gone since the build
+    # every batch of 4 from 13 files: the broken ones would be met within an epoch
+    cfg = VerifyConfig(device="cpu", batch_size=4, batches=4, repeats=1, workers=0, sample=0)
+    r = verify(pack, cfg)
+    assert r.folder_images_per_s and r.folder_images_per_s > 0
+    assert r.folder_left_out == 4 and r.folder_skipped == 3
+    assert r.to_json()["folder_left_out"] == 4
+
+
+def test_cli_verify_says_what_the_baseline_left_out(image_tree: Path, tmp_path: Path) -> None:
+    from packer.build import BuildConfig, build
+
+    (image_tree / "cat" / "empty.jpg").write_bytes(b"")
+    build(image_tree, tmp_path / "p", BuildConfig(size=(16, 16), workers=1))
+    r = CliRunner().invoke(
+        cli, ["verify", str(tmp_path / "p"), "--device", "cpu", "--batch-size", "4", "-q"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "left out 1 the build skipped, 0 missing" in r.stdout
+
+
+def test_parallel_checks_report_progress_and_find_the_same(packed: Path) -> None:
+    data = packed / "_tensordict" / "images.memmap"
+    b = bytearray(data.read_bytes())
+    b[3 * 3 * 24 * 32] ^= 0xFF  # image 3
+    data.write_bytes(bytes(b))
+    seen: list[int] = []
+    started: list[tuple[int, int]] = []
+    r = verify(packed, NO_SPEED, progress=seen.append, on_start=lambda t, d: started.append((t, d)))
+    assert started == [(13 + 13, 0)] and sum(seen) == 26
+    assert failed(r)["images"].startswith("checksum mismatch in 1 of 13 blocks: block 3 ")
+    assert "1 changed since the build: cat/d.jpeg" in failed(r)["sources"]
+
+
+def test_source_broken_since_the_build_leaves_the_baseline_untimed(
+    packed: Path, image_tree: Path
+) -> None:
+    (image_tree / "zebra" / "i.jpg").write_bytes(b"garbage")  # outside the sample of 0
+    cfg = VerifyConfig(device="cpu", batch_size=4, batches=4, repeats=1, workers=0, sample=0)
+    r = verify(packed, cfg)
+    assert r.ok and r.pack_images_per_s and r.pack_images_per_s > 0
+    assert r.folder_images_per_s is None and r.folder_left_out == 0

@@ -1,0 +1,224 @@
+"""The manifest: one typed schema, validated once where it is read; every pack verifies."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import packer
+from packer.cli import cli
+from packer.errors import PackFormatError, UsageError
+from packer.format import Manifest, describe, read_manifest
+from packer.pack import ImagePack
+from packer.verify import VerifyConfig, verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+
+def edit(pack: Path, change) -> None:
+    m = json.loads((pack / "imgpack.json").read_text())
+    change(m)
+    (pack / "imgpack.json").write_text(json.dumps(m))
+
+
+def put(path: str, value: object):
+    def change(m: dict) -> None:
+        *outer, key = path.split(".")
+        d = m
+        for k in outer:
+            d = d[k]
+        d[key] = value
+
+    return change
+
+
+TAMPERED = [
+    (put("skipped", ["a.jpg", "b.jpg"]), "field 'skipped' must hold {path, reason}"),
+    (put("skipped", [{"path": 1, "reason": "x"}]), "field 'skipped' must hold"),
+    (put("class_counts", 13), "field 'class_counts' must be a list of 3 counts"),
+    (put("class_counts", [1, 2]), "field 'class_counts' must be a list of 3 counts"),
+    (put("build.source_root", 7), "field 'build.source_root' is not a string"),
+    (put("build.created", ["x"]), "field 'build.created' is not a string"),
+    (put("build.max_pixels", "big"), "field 'build.max_pixels' is missing or not an integer"),
+    (put("build", []), "field 'build' is missing or not an object"),
+    (put("checksums.block_rows", "64"), "field 'checksums.block_rows' is missing or not an int"),
+    (put("checksums.images", "abc"), "field 'checksums.images' is missing or not a list"),
+    (put("checksums.images", [1, 2]), "checksums.images must be strings"),
+    (put("checksums.labels", None), "field 'checksums.labels' is missing or not a string"),
+    (put("checksums", "x"), "field 'checksums' is missing or not an object"),
+    (put("classes", [1, 2, 3]), "class names must be strings"),
+    (put("classes", ["a", "a", "b"]), "class names must be distinct"),
+    (put("count", "13"), "field 'count' is missing or not an integer"),
+    (put("count", True), "field 'count' is missing or not an integer"),
+    (put("version", 1.0), "field 'version' is missing or not an integer"),
+    (put("image_shape", [3, "24", 32]), "bad count 13 or image_shape"),
+    (put("resize", "zoom"), "field 'resize' must be one of stretch, crop, pad"),
+    (put("sources", "cat/a.jpg"), "field 'sources' is missing or not a list"),
+    (put("source_sizes", [[1]] * 13), "field 'source_sizes' must hold [width, height]"),
+    (put("targets", "x"), "field 'targets' must be a list"),
+    (put("storage", "jpeg"), "storage 'jpeg' is not one this imgpack reads"),
+    (lambda m: m.clear(), "not an imgpack manifest"),
+]
+RAW = [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"format": "imgpack", "build": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ("[1, 2]", "not an imgpack manifest"),
+]
+
+
+def _tamper(pack: Path, case) -> str:
+    change, message = case
+    if isinstance(change, str):
+        (pack / "imgpack.json").write_text(change)
+    else:
+        edit(pack, change)
+    return message
+
+
+@pytest.mark.parametrize("case", TAMPERED + RAW, ids=[m for _, m in TAMPERED + RAW])
+def test_tampered_field_is_a_clean_error_everywhere(packed: Path, case) -> None:
+    message = _tamper(packed, case)
+    with pytest.raises(PackFormatError, match=re.escape(message)) as e:
+        packer.load(packed)
+    assert str(e.value).startswith(str(packed))
+    with pytest.raises(PackFormatError, match=re.escape(message)):
+        describe(packed)
+    r = CliRunner().invoke(cli, ["info", str(packed)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {packed}") and message in lines[0]
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--no-speed", "-q"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.stdout.startswith("FAIL  manifest") and message in r.stdout
+
+
+def test_round_trip_keeps_the_on_disk_keys(packed: Path) -> None:
+    raw = json.loads((packed / "imgpack.json").read_text())
+    m = read_manifest(packed)
+    assert m.to_json() == raw
+    assert Manifest.from_json(m.to_json()) == m
+    assert m.image_shape == (3, 24, 32) and m.resize == "crop" and m.build.max_pixels == 100_000_000
+    assert m.skipped == () and m.class_counts == (4, 4, 5)
+    assert raw["build"]["size"] == [32, 24] and raw["build"]["resize"] == "crop"
+
+
+def test_old_manifest_without_optional_fields_reads_with_defaults(packed: Path) -> None:
+    def strip(m: dict) -> None:
+        for key in ("class_counts", "dtype"):
+            m.pop(key)
+        for key in ("max_pixels", "size", "resize", "imgpack_version"):
+            m["build"].pop(key)
+        m["checksums"].pop("algorithm")
+
+    edit(packed, strip)
+    m = packer.load(packed).manifest
+    assert m.class_counts == () and m.build.max_pixels == 100_000_000
+    assert m.build.imgpack_version is None and m.checksums.algorithm == "sha256"
+    assert describe(packed)["class_counts"] == {"cat": 0, "dog": 0, "zebra": 0}
+    assert verify(packed, VerifyConfig(throughput=False)).ok
+
+
+def test_info_json_comes_from_describe(packed: Path) -> None:
+    r = CliRunner().invoke(cli, ["info", str(packed), "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout) == json.loads(json.dumps(describe(packed)))
+    assert set(json.loads(r.stdout)) == {
+        "path",
+        "count",
+        "image_shape",
+        "classes",
+        "class_counts",
+        "bytes",
+        "build",
+        "skipped",
+        "format_version",
+    }
+
+
+def test_pack_attributes(packed: Path) -> None:
+    pack = packer.load(packed)
+    assert isinstance(pack.manifest, Manifest) and pack.path == packed
+    assert pack.classes == ["cat", "dog", "zebra"] and len(pack.sources) == 13
+    with pytest.raises(AttributeError, match="classes"):
+        _ = pack[2:5].classes
+
+
+def test_random_pack_of_the_scripts_verifies(tmp_path: Path) -> None:
+    from _synth import make_random_pack
+
+    path = make_random_pack(tmp_path / "r", 300, 8, classes=3)
+    r = verify(path, VerifyConfig(throughput=False, use_recorded_source=False))
+    assert r.ok, r.checks
+    assert [c["name"] for c in r.checks] == ["manifest", "files", "images", "labels"]
+    pack = packer.load(path)
+    assert len(pack) == 300 and pack.labels[:4].tolist() == [0, 1, 2, 0]
+
+
+class _Payload:
+    """Unpickling this creates a marker folder: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.makedirs, (self.marker,))
+
+
+@pytest.mark.parametrize("where", ["other.pickle", "_tensordict/other.pickle"])
+def test_planted_pickle_never_runs_through_any_entry(
+    packed: Path, tmp_path: Path, where: str
+) -> None:
+    import tensordict
+
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(_Payload(marker))
+    pickle.loads(payload)  # the payload works: unpickling it makes the marker
+    assert marker.is_dir()
+    marker.rmdir()
+    (packed / where).write_bytes(payload)
+    entries = [
+        lambda: packer.load(packed),
+        lambda: ImagePack.load_memmap(packed),
+        lambda: ImagePack.load(packed),
+        lambda: ImagePack.load_memmap(packed, allow_pickle=False),
+        lambda: tensordict.TensorDict.load_memmap(packed),
+        lambda: tensordict.load_memmap(packed),
+    ]
+    for entry in entries:
+        with pytest.raises(PackFormatError, match="a file type imgpack never writes"):
+            entry()
+        assert not marker.exists()
+
+
+def test_class_loaders_open_a_clean_pack_like_packer_load(packed: Path) -> None:
+    a, b = packer.load(packed), ImagePack.load_memmap(packed)
+    assert isinstance(b, ImagePack) and b.classes == a.classes
+    assert (a.images == b.images).all() and (a.labels == b.labels).all()
+    with pytest.raises(UsageError, match="takes no other options"):
+        ImagePack.load_memmap(packed, allow_pickle=True)
+    with pytest.raises(UsageError, match="loading into a pack is not offered"):
+        a.load_memmap_(packed)
+
+
+def test_optional_fields_round_trip_and_stay_off_disk_when_unset(packed: Path) -> None:
+    from dataclasses import replace
+
+    m = read_manifest(packed)
+    assert not {"storage", "label_dtype", "targets", "class_map"} & set(m.to_json())
+    grown = replace(m, targets=("age", "score"), class_map="classes.txt")
+    j = grown.to_json()
+    assert j["targets"] == ["age", "score"] and j["class_map"] == "classes.txt"
+    assert Manifest.from_json(j) == grown
+    spec = {f.name: f for f in grown.fields}["targets"]
+    assert (spec.dtype, spec.row_shape, spec.row_bytes) == ("float32", (2,), 8)
+    # a pack that says it has targets needs the file, at the size the manifest gives
+    (packed / "imgpack.json").write_text(json.dumps(j))
+    with pytest.raises(PackFormatError, match=r"targets\.memmap is missing"):
+        packer.load(packed)
