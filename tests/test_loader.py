@@ -53,19 +53,24 @@ def test_no_shuffle_is_pack_order(packed: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "n, world, drop_last",
-    [(13, 2, False), (13, 3, False), (13, 4, True), (3, 5, False), (100, 8, False)],
+    "n, world, split",
+    [
+        (13, 2, "pad"),
+        (13, 3, "pad"),
+        (13, 4, "trim"),
+        (3, 5, "pad"),
+        (100, 8, "pad"),
+        (3, 5, "trim"),
+    ],
 )
-def test_ranks_disjoint_equal_and_cover(n: int, world: int, drop_last: bool) -> None:
+def test_ranks_disjoint_equal_and_cover(n: int, world: int, split: str) -> None:
     parts = [
-        epoch_indices(
-            n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world, drop_last=drop_last
-        )
+        epoch_indices(n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world, even_split=split)
         for r in range(world)
     ]
     assert len({len(p) for p in parts}) == 1
     allidx = torch.cat(parts).tolist()
-    if drop_last:
+    if split == "trim":
         assert len(set(allidx)) == len(allidx) == (n // world) * world
     else:
         assert set(allidx) == set(range(n))
@@ -86,17 +91,19 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loader = packer.PackLoader(packed, 4, device="cpu")
-    calls = {"n": 0}
-    real = loader._thread_pool
+    import packer.loader as loader_mod
 
-    def failing_pool():
+    loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
+    calls = {"n": 0}
+    real = loader_mod._take
+
+    def failing_take(*args):
         calls["n"] += 1
         if calls["n"] >= 2:
             raise OSError("disk went away")
-        return real()
+        return real(*args)
 
-    monkeypatch.setattr(loader, "_thread_pool", failing_pool)
+    monkeypatch.setattr(loader_mod, "_take", failing_take)
     it = iter(loader)
     next(it)
     with pytest.raises(OSError, match="disk went away"):
