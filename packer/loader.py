@@ -629,6 +629,8 @@ class _EpochIterator:
         if ld._populate:
             populate(ld._images)
             ld._populate = False
+        if self.next_batch >= self.nbatches:
+            return  # nothing left (an empty epoch, or resumed at its end): no thread
         rows = pos if ld._rows is None else ld._rows[pos]
         shared = ld._shared_here()
         slots = None
@@ -658,7 +660,7 @@ class _EpochIterator:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.closed:
             raise StopIteration
-        if self.pid != os.getpid():
+        if self.pid != os.getpid() and self.started:
             raise UsageError(
                 "this PackLoader pass was started in another process (before a fork); "
                 "call iter(loader) again in this one"
