@@ -294,3 +294,41 @@ def test_normalize_still_importable_from_loader() -> None:
     from packer.loader import IMAGENET_MEAN, Normalize
 
     assert Normalize is packer.Normalize and IMAGENET_MEAN[0] == 0.485
+
+
+@cuda
+def test_cuda_concurrent_passes_and_transform_match_cpu(packed: Path) -> None:
+    pack = packer.load(packed)
+    kw = dict(seed=2, prefetch=2, transform=RecordingTransform())
+    fast = packer.PackLoader(pack, 4, device="cuda", **kw)
+    slow = packer.PackLoader(pack, 4, device="cpu", **{**kw, "transform": RecordingTransform()})
+    for (a, b), (c, d) in zip(zip(fast, fast), zip(slow, slow), strict=True):
+        torch.cuda._sleep(100_000)  # consumer busy: copies and transforms queue up
+        assert a[0].shape == c[0].shape and a[0].device.type == "cuda"
+        assert torch.equal(a[0].cpu(), c[0]) and torch.equal(b[0].cpu(), d[0])
+        assert torch.equal(a[1].cpu(), c[1]) and torch.equal(b[1].cpu(), d[1])
+    assert sorted(fast.transform.draws) == sorted(slow.transform.draws)  # two threads each
+
+
+@cuda
+def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
+    import gc
+    import threading
+
+    a = packer.PackLoader(packed, 3, device="cuda", seed=6)
+    ref = [y.cpu().tolist() for _, y in a]
+    it = iter(packer.PackLoader(packed, 3, device="cuda", seed=6))
+    b = it.loader
+    next(it)
+    next(it)
+    c = packer.PackLoader(packed, 3, device="cuda", seed=6)
+    c.load_state_dict(b.state_dict())
+    assert [y.cpu().tolist() for _, y in c] == ref[2:]
+    before = threading.active_count()
+    loaders = [packer.PackLoader(packed, 1, device="cuda", num_threads=2) for _ in range(8)]
+    iters = [iter(ld) for ld in loaders]
+    for i in iters:
+        next(i)
+    del loaders, iters, it, b
+    gc.collect()
+    assert threading.active_count() <= before
