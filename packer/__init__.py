@@ -21,7 +21,12 @@ _EXPORTS = {
     "load": "packer.pack:open_pack",
     "ImagePack": "packer.pack:ImagePack",
     "PackLoader": "packer.loader:PackLoader",
-    "Normalize": "packer.loader:Normalize",
+    "PackSampler": "packer.loader:PackSampler",
+    "batch_seed": "packer.loader:batch_seed",
+    "Normalize": "packer.normalize:Normalize",
+    "PackDataset": "packer.dataset:PackDataset",
+    "split": "packer.dataset:split",
+    "class_histogram": "packer.dataset:class_histogram",
     "build_pack": "packer.build:build",
     "BuildConfig": "packer.build:BuildConfig",
     "compress_tree": "packer.compress:compress",
@@ -38,8 +43,10 @@ if TYPE_CHECKING:
     from .build import build as build_pack
     from .compress import CompressConfig
     from .compress import compress as compress_tree
+    from .dataset import PackDataset, class_histogram, split
     from .errors import PackerError
-    from .loader import Normalize, PackLoader
+    from .loader import PackLoader, PackSampler, batch_seed
+    from .normalize import Normalize
     from .pack import ImagePack
     from .pack import open_pack as load
     from .verify import VerifyConfig

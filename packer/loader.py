@@ -1,19 +1,27 @@
-"""Stream a pack in shuffled batches to a device: :class:`PackLoader` and :class:`Normalize`.
+"""Stream a pack in shuffled batches to a device: :class:`PackLoader`.
 
 The hot path, per batch (CUDA)::
 
     background thread: pick a free pinned buffer -> T threads gather random rows
     from the page-cached memmap into it (np.take, GIL released, memcpy per row;
     several batches in flight so no thread waits at a batch boundary)
-    -> in order: async H2D copy on a side stream -> event -> bounded queue
+    -> in order: async H2D copy on a side stream -> [transform on that stream]
+    -> event -> bounded queue
     consumer: queue.get -> current stream waits on the event (the GPU waits,
     never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
 
 Bytes cross the bus as uint8; normalisation to float happens on the GPU in
-:class:`Normalize`. A pinned buffer is refilled only after the copy out of it
-has finished (its event). An exception in the background is re-raised in the
-consumer's ``__next__``. On the CPU the same pipeline runs without pinning or
-streams, giving fresh tensors each batch.
+:class:`packer.Normalize`. A pinned buffer is refilled only after the copy out
+of it has finished (its event). An exception in the background is re-raised
+in the consumer's ``__next__``. On the CPU the same pipeline runs without
+pinning or streams, giving fresh tensors each batch.
+
+Lifetime: the producer thread holds only a :class:`_Pass` (queue, stop flag,
+arrays, buffers), never the iterator or the loader, so dropping an iterator
+mid-epoch collects it; a ``weakref.finalize`` on the iterator then stops and
+joins its thread (also at interpreter exit, before CUDA tears down), and one
+on the loader shuts its gather threads. After ``os.fork`` the child builds its
+own threads and buffers (the parent's threads do not exist there).
 """
 
 from __future__ import annotations
@@ -21,37 +29,51 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import hashlib
 import itertools
 import math
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+import torch.utils.data
 
 from .errors import UsageError
+from .normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
+from .normalize import IMAGENET_STD as IMAGENET_STD
+from .normalize import Normalize as Normalize
 from .pack import ImagePack, open_pack
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 _MADV_POPULATE_READ = 22
+_STATE_VERSION = 1
+_EVEN_SPLITS = ("pad", "trim")
+_JOIN_TIMEOUT_S = 10.0
 
 
 def epoch_indices(
-    n: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool
+    n: int,
+    *,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    rank: int,
+    world_size: int,
+    even_split: str = "pad",
 ) -> torch.Tensor:
-    """This rank's sample order for one epoch, int64 [M].
+    """This rank's positions in ``range(n)`` for one epoch, int64 [M].
 
     Same rule as ``torch.utils.data.DistributedSampler``: a permutation from
     ``seed + epoch``; with several ranks, padded by repeating its head up to a
-    multiple of world_size (or, with drop_last, trimmed to one), then rank r
-    takes every world_size-th index starting at r. Every rank gets the same M.
+    multiple of world_size (``even_split="pad"``) or trimmed to one
+    (``"trim"``), then rank r takes every world_size-th position starting at r.
+    Every rank gets the same M.
     """
     if shuffle:
         g = torch.Generator()
@@ -60,7 +82,7 @@ def epoch_indices(
     else:
         order = torch.arange(n)
     if world_size > 1:
-        if drop_last:
+        if even_split == "trim":
             order = order[: (n // world_size) * world_size]
         else:
             total = math.ceil(n / world_size) * world_size
@@ -70,6 +92,16 @@ def epoch_indices(
                 order = torch.cat([order, order.repeat(reps)[:pad]])
         order = order[rank::world_size]
     return order
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """The seed of a transform's generator for one batch, in [0, 2**63).
+
+    A hash of the four numbers, so a resumed run redraws the same parameters,
+    every batch and epoch draws new ones, and ranks draw different ones.
+    """
+    key = f"imgpack/{int(seed)}/{int(epoch)}/{int(rank)}/{int(batch)}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -84,6 +116,47 @@ def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
+
+
+def _check_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(
+            f"device {device!r} is not a device; use 'cuda', 'cuda:N' or 'cpu'"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(
+            f"PackLoader streams to 'cpu' or 'cuda' only, not {dev.type!r}; "
+            "load on the CPU and move the batches yourself"
+        )
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("device is CUDA but torch sees no CUDA device; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _check_indices(indices: Any, n: int) -> torch.Tensor:
+    """Rows of the pack to stream, int64 [M], from an int tensor/sequence or a bool mask [N]."""
+    idx = torch.as_tensor(indices)
+    if idx.dim() != 1:
+        raise UsageError(
+            f"indices must be 1-D (int rows or a bool mask), not shape {tuple(idx.shape)}"
+        )
+    if idx.dtype == torch.bool:
+        if len(idx) != n:
+            raise UsageError(
+                f"a bool mask for indices needs {n} entries (the pack's), not {len(idx)}"
+            )
+        return idx.nonzero().flatten()
+    if idx.is_floating_point() or idx.is_complex():
+        raise UsageError(f"indices must be integers or a bool mask, not {idx.dtype}")
+    idx = idx.to(torch.int64)
+    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
+    return idx
 
 
 def populate(t: torch.Tensor) -> bool:
@@ -106,6 +179,76 @@ def populate(t: torch.Tensor) -> bool:
         return False
 
 
+def _apply_transform(
+    transform: Callable[..., torch.Tensor] | None,
+    images: torch.Tensor,
+    gen: torch.Generator | None,
+    seeds: tuple[int, int, int],
+    b: int,
+) -> torch.Tensor:
+    if transform is None:
+        return images
+    if gen is None:
+        return transform(images)
+    gen.manual_seed(batch_seed(seeds[0], seeds[1], seeds[2], b))
+    return transform(images, generator=gen)
+
+
+def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """Copy rows ``idx`` of ``src`` into ``out`` (a memcpy per row, GIL released)."""
+    np.take(src, idx, 0, out, "clip")
+
+
+class _Shared:
+    """What a loader's passes share: the gather threads and the pinned slots (one process)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.pool: ThreadPoolExecutor | None = None
+        self.free_slots: list[_Slots] = []
+        self.lock = threading.Lock()
+
+    def thread_pool(self, n: int) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(n, thread_name_prefix="imgpack-gather")
+            return self.pool
+
+    def take_slots(self, k: int, bs: int, shape: tuple[int, ...], dev: torch.device) -> _Slots:
+        """Pinned buffers for one pass: a free set from an earlier pass, else new ones
+        (allocating pinned memory costs far more than filling it)."""
+        with self.lock:
+            if self.free_slots:
+                return self.free_slots.pop()
+        return _Slots(k, bs, shape, dev)
+
+    def give_slots(self, slots: _Slots) -> None:
+        with self.lock:
+            self.free_slots.append(slots)
+
+    def close(self) -> None:
+        if self.pid != os.getpid():
+            return  # the parent's threads do not exist in a forked child
+        with self.lock:
+            pool, self.pool = self.pool, None
+            self.free_slots = []
+        if pool is not None:
+            mine = threading.current_thread() in getattr(pool, "_threads", ())
+            pool.shutdown(wait=not mine)
+
+
+class _Slots:
+    """``k`` pinned batch buffers, the event after the last copy out of each, a copy stream."""
+
+    def __init__(self, k: int, bs: int, shape: tuple[int, ...], device: torch.device) -> None:
+        self.images = [
+            torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True) for _ in range(k)
+        ]
+        self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True) for _ in range(k)]
+        self.freed: list[torch.cuda.Event | None] = [None] * k
+        self.stream = torch.cuda.Stream(device)
+
+
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
@@ -121,25 +264,47 @@ class PackLoader:
       pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
       batch_size: images per batch.
       shuffle, seed: each pass uses the permutation of ``seed + epoch``.
-      device: where batches land ("cuda", "cuda:1", "cpu", torch.device).
-      drop_last: drop the short last batch (and, with several ranks, trim
-        instead of pad the epoch).
+      device: where batches land: "cuda", "cuda:1", "cpu" or a torch.device
+        of those types (others raise UsageError).
+      drop_last: drop the short last batch of each rank's epoch.
+      even_split: how an epoch is split into equal parts across ranks, as
+        DistributedSampler does: "pad" (default) repeats the head of the
+        permutation, "trim" drops the tail (so with fewer images than ranks
+        every rank gets none).
       rank, world_size: this process's part; default torch.distributed's when
-        initialised, else 0 and 1. Parts are disjoint and of equal length,
-        padded as DistributedSampler pads (see :func:`epoch_indices`).
+        initialised, else 0 and 1. Parts are disjoint (up to the padding) and
+        of equal length (see :func:`epoch_indices`).
+      indices: stream only these pack rows: int tensor [M] (repeats allowed)
+        or bool mask [N]. Shuffled per epoch and split across ranks like the
+        whole pack; the images are never copied.
+      transform: a callable on each uint8 batch [B, 3, H, W] on ``device``,
+        returning the images to yield (any H, W; any dtype). Called as
+        ``transform(images, generator=g)`` if it has ``accepts_generator =
+        True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
+        epoch, rank, batch index); else ``transform(images)``. Runs in the
+        background, on CUDA on the loader's copy stream.
       num_threads: threads gathering rows (default min(8, cores)).
       prefetch: batches in flight, one pinned buffer each.
-      resident: copy the whole pack to ``device`` once and gather there (for
+      resident: copy the streamed rows to ``device`` once and gather there (for
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
 
     Yields:
-      images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device``.
+      images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
+        ``transform`` returns).
       labels: Tensor[B], int64, on ``device``.
 
-    Each ``iter()`` uses the next epoch's order (first: epoch 0);
-    ``set_epoch(e)`` chooses it explicitly, as with DistributedSampler; call it
-    every epoch when training on several processes.
+    Epochs: a pass takes the loader's epoch counter when its first batch is
+    asked for, and moves the counter on by one. ``set_epoch(e)`` (or
+    ``loader.sampler.set_epoch(e)``) sets the counter. So a loop that calls
+    ``set_epoch(epoch)`` every epoch and one that never does see the same
+    epochs 0, 1, 2, ...; an ``iter()`` that is never read consumes nothing.
+    Several iterators may run at once (``zip(loader, loader)``, nested loops):
+    each is its own pass, with its own pinned buffers.
+
+    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly. Use as
+    a context manager, or call ``close()``, to stop background work at once;
+    dropping an iterator or the loader also stops it.
     """
 
     def __init__(
@@ -151,8 +316,11 @@ class PackLoader:
         seed: int = 0,
         device: str | torch.device = "cuda",
         drop_last: bool = False,
+        even_split: str = "pad",
         rank: int | None = None,
         world_size: int | None = None,
+        indices: torch.Tensor | None = None,
+        transform: Callable[..., torch.Tensor] | None = None,
         num_threads: int | None = None,
         prefetch: int = 4,
         resident: bool = False,
@@ -164,38 +332,55 @@ class PackLoader:
             raise UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
         if prefetch < 1:
             raise UsageError("prefetch must be at least 1")
+        if even_split not in _EVEN_SPLITS:
+            raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
+        if transform is not None and not callable(transform):
+            raise UsageError(f"transform must be callable, not {type(transform).__name__}")
         self.pack = pack
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = int(seed)
         self.drop_last = drop_last
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise UsageError("device is CUDA but torch sees no CUDA device; use device='cpu'")
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
+        self.even_split = even_split
+        self.device = _check_device(device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.transform = transform
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._epoch = 0
         self._images = pack.images
         self._labels = pack.labels
-        n = len(pack)
-        self._n = n
+        self._rows = None if indices is None else _check_indices(indices, len(pack))
+        self._n = len(pack) if self._rows is None else len(self._rows)
         self._shape = tuple(pack.images.shape[1:])
-        self._pool: ThreadPoolExecutor | None = None
+        self._epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
+        self._serial = 0  # passes started; the latest one is what state_dict() describes
+        self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
+        self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._active: _EpochIterator | None = None
-        self._slots: _Slots | None = None
+        self._new_shared()
+
+    def _new_shared(self) -> None:
+        self._shared = _Shared()
+        self._finalizer = weakref.finalize(self, _Shared.close, self._shared)
+
+    def _shared_here(self) -> _Shared:
+        """This process's threads and buffers; after a fork the child makes its own."""
+        if self._shared.pid != os.getpid():
+            self._finalizer.detach()
+            self._new_shared()
+            self._live = weakref.WeakSet()
+            if self._resident is not None and self._resident[0].device.type != "cpu":
+                self._resident = None
+        return self._shared
 
     # ---- size and order
     def _per_rank(self) -> int:
         if self.world_size == 1:
             return self._n
-        if self.drop_last:
+        if self.even_split == "trim":
             return self._n // self.world_size
         return math.ceil(self._n / self.world_size)
 
@@ -204,16 +389,29 @@ class PackLoader:
         return m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s order for the next pass."""
-        self._epoch = int(epoch)
+        """Use epoch ``epoch``'s order for the next pass (keeps a resume point of that epoch)."""
+        epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self._epoch = epoch
 
     @property
     def epoch(self) -> int:
         """The epoch the next pass will use."""
-        return self._epoch
+        return self._resume[0] if self._resume is not None else self._epoch
 
-    def indices(self, epoch: int) -> torch.Tensor:
-        """This rank's sample indices for ``epoch``, in yield order (int64 [M])."""
+    @property
+    def dataset(self) -> ImagePack:
+        """The pack (the whole pack, also when ``indices`` picks a subset)."""
+        return self.pack
+
+    @property
+    def sampler(self) -> PackSampler:
+        """An object with ``set_epoch(e)`` and ``len()`` driving this loader's order."""
+        return PackSampler(self)
+
+    def _positions(self, epoch: int) -> torch.Tensor:
+        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M]."""
         order = epoch_indices(
             self._n,
             epoch=epoch,
@@ -221,235 +419,288 @@ class PackLoader:
             shuffle=self.shuffle,
             rank=self.rank,
             world_size=self.world_size,
-            drop_last=self.drop_last,
+            even_split=self.even_split,
         )
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
         return order
 
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
+        pos = self._positions(epoch)
+        return pos if self._rows is None else self._rows[pos]
+
+    # ---- resumable state
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
+
+        ``epoch`` and ``batches`` (already yielded in that epoch) describe the
+        latest pass; the rest identifies the order, so a mismatched restore is
+        refused. Ranks of one run hold equal positions, so any rank's state
+        restores every rank.
+        """
+        if self._resume is not None:
+            epoch, batches = self._resume
+        elif self._progress is not None and not self._progress[2]:
+            epoch, batches = self._progress[0], self._progress[1]
+        else:
+            epoch, batches = self._epoch, 0
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "seed": self.seed,
+            "shuffle": bool(self.shuffle),
+            "batch_size": self.batch_size,
+            "drop_last": bool(self.drop_last),
+            "even_split": self.even_split,
+            "samples": self._n,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next pass yields exactly the batches that
+        were left of that epoch, then epochs go on as in the saved run.
+
+        Mid-epoch, the order must be the same (seed, shuffle, batch size,
+        drop_last, even_split, number of samples and world size); at an epoch
+        boundary (``batches == 0``) only the epoch is taken.
+        """
+        try:
+            version, epoch, batches = state["version"], state["epoch"], state["batches"]
+        except (KeyError, TypeError):
+            raise UsageError(
+                "not a PackLoader state: pass what PackLoader.state_dict() returned"
+            ) from None
+        if version != _STATE_VERSION:
+            raise UsageError(f"PackLoader state version {version!r} is not {_STATE_VERSION}")
+        epoch, batches = int(epoch), int(batches)
+        if batches:
+            mine = self.state_dict()
+            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
+                if state.get(key) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}; use the same {key}, or resume from an "
+                        "epoch boundary"
+                    )
+            for key in ("drop_last", "even_split"):
+                if state.get(key, mine[key]) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}"
+                    )
+            if not 0 <= batches <= len(self):
+                raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
+        self._resume = (epoch, batches)
+        self._epoch = epoch
+        self._progress = None
+
     # ---- iteration
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._active is not None:
-            self._active.close()
-            if self._active.thread.is_alive():  # stuck past close()'s timeout: share nothing
-                self._slots = None
-        order = self.indices(self._epoch)
-        self._epoch += 1
-        if self.resident:
-            return self._iter_resident(order)
-        if self._populate:
-            populate(self._images)
-            self._populate = False
-        self._active = _EpochIterator(self, order)
-        return self._active
+    def __iter__(self) -> _EpochIterator:
+        self._shared_here()
+        it = _EpochIterator(self)
+        self._live.add(it)
+        return it
 
-    def _pinned_slots(self) -> _Slots:
-        """The pinned buffers and copy stream, made once and reused by every epoch
-        (allocating pinned memory costs far more than filling it)."""
-        if self._slots is None:
-            self._slots = _Slots(self.prefetch, self.batch_size, self._shape, self.device)
-        return self._slots
+    def _start_pass(self) -> tuple[int, int, int]:
+        """Give the next pass its epoch and first batch; move the counter on."""
+        if self._resume is not None:
+            epoch, start = self._resume
+            self._resume = None
+        else:
+            epoch, start = self._epoch, 0
+        self._epoch = epoch + 1
+        self._serial += 1
+        self._progress = (epoch, start, False)
+        return epoch, start, self._serial
 
-    def _thread_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="imgpack-gather")
-        return self._pool
-
-    def _iter_resident(self, order: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._resident is None:
-            self._resident = self._load_resident()
-        images, labels = self._resident
-        order = order.to(self.device, non_blocking=True)
-        for b in range(len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            yield images.index_select(0, idx), labels.index_select(0, idx)
+    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
+        if serial == self._serial:
+            self._progress = (epoch, yielded, exhausted)
 
     def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The streamed rows on the device, in ``indices`` order (or the whole pack)."""
         images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
         labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
         step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
-        seq = PackLoader(
+        with PackLoader(
             self.pack,
             step,
             shuffle=False,
             device=self.device,
             rank=0,
             world_size=1,
+            indices=self._rows,
             num_threads=self.num_threads,
             prefetch=2,
-        )
-        start = 0
-        for x, y in seq:
-            images[start : start + len(x)].copy_(x)
-            labels[start : start + len(y)].copy_(y)
-            start += len(x)
-        seq.close()
+        ) as seq:
+            start = 0
+            for x, y in seq:
+                images[start : start + len(x)].copy_(x)
+                labels[start : start + len(y)].copy_(y)
+                start += len(x)
         return images, labels
 
     def close(self) -> None:
-        """Stop background work and release threads (also done when garbage-collected)."""
-        if self._active is not None:
-            self._active.close()
-            self._active = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._slots = None
+        """Stop background work and release threads and buffers (also done when
+        garbage-collected). The loader can be iterated again afterwards."""
+        for it in list(self._live):
+            it.close()
+        self._live = weakref.WeakSet()
+        self._finalizer()
+        self._new_shared()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+    def __enter__(self) -> PackLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-class _Slots:
-    """``k`` pinned batch buffers, the event after the last copy out of each, a copy stream."""
+class PackSampler(torch.utils.data.Sampler[int]):
+    """A :class:`PackLoader`'s order as a sampler: ``set_epoch(e)`` sets the loader's
+    epoch, ``len()`` is this rank's samples per epoch, iterating yields its pack
+    rows for the loader's next epoch (usable with a DataLoader over PackDataset)."""
 
-    def __init__(self, k: int, bs: int, shape: tuple[int, ...], device: torch.device) -> None:
-        self.images = [
-            torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True) for _ in range(k)
-        ]
-        self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True) for _ in range(k)]
-        self.freed: list[torch.cuda.Event | None] = [None] * k
-        self.stream = torch.cuda.Stream(device)
+    def __init__(self, loader: PackLoader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.loader._per_rank()
+
+    def __iter__(self) -> Iterator[int]:
+        ld = self.loader
+        pos = epoch_indices(
+            ld._n,
+            epoch=ld.epoch,
+            seed=ld.seed,
+            shuffle=ld.shuffle,
+            rank=ld.rank,
+            world_size=ld.world_size,
+            even_split=ld.even_split,
+        )
+        rows = pos if ld._rows is None else ld._rows[pos]
+        return iter(rows.tolist())
 
 
 class _EpochIterator:
-    """One pass: a producer thread fills a bounded queue; ``__next__`` consumes it."""
+    """One pass. It takes its epoch at the first ``__next__``; a background
+    :class:`_Pass` fills a bounded queue (or, resident, batches are gathered
+    on the device here)."""
 
-    def __init__(self, loader: PackLoader, order: torch.Tensor) -> None:
+    def __init__(self, loader: PackLoader) -> None:
         self.loader = loader
-        self.order = order.numpy().astype(np.intp)
         self.nbatches = len(loader)
-        self.cuda = loader.device.type == "cuda"
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
-        self.stop = threading.Event()
+        self.pid = os.getpid()
         self.closed = False
-        src = loader._images
-        row = math.prod(loader._shape)
-        # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
-        self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
-        self.labels = loader._labels.numpy()
-        self.thread = threading.Thread(target=self._run, name="imgpack-producer", daemon=True)
-        self.thread.start()
+        self.started = False
+        self.epoch = -1
+        self.serial = 0
+        self.next_batch = 0
+        self._pass: _Pass | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._gen: torch.Generator | None = None
 
-    # ---- producer side
-    def _submit(self, idx: np.ndarray, out: np.ndarray) -> list[Future[Any]]:
-        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads."""
-        pool = self.loader._thread_pool()
-        parts = min(self.loader.num_threads, max(1, len(idx) // 8))
-        bounds = np.linspace(0, len(idx), parts + 1).astype(int)
-        return [
-            pool.submit(np.take, self.src, idx[a:b], 0, out[a:b], "clip")
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-
-    def _gather(self, idx: np.ndarray, out: np.ndarray) -> None:
-        for f in self._submit(idx, out):
-            f.result()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            if self.cuda:
-                with torch.cuda.device(self.loader.device):
-                    self._run_cuda()
-            else:
-                self._run_cpu()
-            self._put(_DONE)
-        except BaseException as e:  # re-raised in the consumer
-            self._put(_Failure(e))
-
-    def _batches(self) -> Iterator[np.ndarray]:
-        bs = self.loader.batch_size
-        for b in range(self.nbatches):
-            if self.stop.is_set():
-                return
-            yield self.order[b * bs : (b + 1) * bs]
-
-    def _run_cpu(self) -> None:
-        shape = self.loader._shape
-        for idx in self._batches():
-            images = torch.empty((len(idx), *shape), dtype=torch.uint8)
-            self._gather(idx, images.numpy().reshape(len(idx), -1))
-            labels = torch.from_numpy(self.labels[idx].astype(np.int64))
-            if not self._put((images, labels, None)):
-                return
-
-    def _run_cuda(self) -> None:
-        """Gather several batches at once (one pinned slot each), ship them in order.
-
-        Up to ``prefetch`` batches are being gathered by the thread pool at a
-        time, so gather threads never idle at a batch boundary. A slot is
-        refilled only after the H2D copy out of it has completed.
-        """
-        ld = self.loader
-        dev = ld.device
-        k = ld.prefetch
-        slots = ld._pinned_slots()
-        pinned, pinned_lab, freed, stream = slots.images, slots.labels, slots.freed, slots.stream
-        pending: collections.deque[tuple[np.ndarray, int, list[Future[Any]]]] = collections.deque()
-
-        def ship() -> bool:
-            idx, s, futs = pending.popleft()
-            for f in futs:
-                f.result()
-            n = len(idx)
-            buf, lab = pinned[s][:n], pinned_lab[s][:n]
-            np.take(self.labels, idx, out=lab.numpy(), mode="clip")
-            with torch.cuda.stream(stream):
-                images = buf.to(dev, non_blocking=True)
-                labels = lab.to(dev, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(stream)
-            freed[s] = ev
-            return self._put((images, labels, ev))
-
-        for b, idx in enumerate(self._batches()):
-            s = b % k
-            if len(pending) == k and not ship():
-                return
-            if freed[s] is not None:
-                freed[s].synchronize()  # the copy out of this slot is done
-            n = len(idx)
-            pending.append((idx, s, self._submit(idx, pinned[s][:n].numpy().reshape(n, -1))))
-            while pending and all(f.done() for f in pending[0][2]):
-                if not ship():
-                    return
-        while pending:
-            if not ship():
-                return
-        stream.synchronize()
-
-    # ---- consumer side
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __len__(self) -> int:
         return self.nbatches
 
+    def _start(self) -> None:
+        ld = self.loader
+        self.started = True
+        self.epoch, self.next_batch, self.serial = ld._start_pass()
+        pos = ld._positions(self.epoch)
+        if getattr(ld.transform, "accepts_generator", False):
+            self._gen = torch.Generator()
+        if ld.resident:
+            if ld._resident is None:
+                ld._resident = ld._load_resident()
+            images, labels = ld._resident
+            self._resident = (images, labels, pos.to(ld.device, non_blocking=True))
+            return
+        if ld._populate:
+            populate(ld._images)
+            ld._populate = False
+        if self.next_batch >= self.nbatches:
+            return  # nothing left (an empty epoch, or resumed at its end): no thread
+        rows = pos if ld._rows is None else ld._rows[pos]
+        shared = ld._shared_here()
+        slots = None
+        if ld.device.type == "cuda":
+            slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ld.device)
+        p = _Pass(
+            src=ld._images,
+            labels=ld._labels,
+            order=rows.numpy().astype(np.intp),
+            batch_size=ld.batch_size,
+            start=self.next_batch,
+            nbatches=self.nbatches,
+            prefetch=ld.prefetch,
+            device=ld.device,
+            pool=shared.thread_pool(ld.num_threads),
+            num_threads=ld.num_threads,
+            slots=slots,
+            shared=shared,
+            transform=ld.transform,
+            gen=self._gen,
+            seeds=(ld.seed, self.epoch, ld.rank),
+        )
+        self._pass = p
+        self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
+        p.thread.start()
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.closed:
             raise StopIteration
+        if self.pid != os.getpid() and self.started:
+            raise UsageError(
+                "this PackLoader pass was started in another process (before a fork); "
+                "call iter(loader) again in this one"
+            )
+        if not self.started:
+            self._start()
+        if self.next_batch >= self.nbatches:
+            return self._finish()
+        out = self._next_resident() if self._resident is not None else self._next_streamed()
+        self.next_batch += 1
+        self.loader._note(self.serial, self.epoch, self.next_batch, False)
+        return out
+
+    def _finish(self) -> Any:
+        self.loader._note(self.serial, self.epoch, self.next_batch, True)
+        self.close()
+        raise StopIteration
+
+    def _next_resident(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels, pos = self._resident  # type: ignore[misc]
+        bs, b = self.loader.batch_size, self.next_batch
+        idx = pos[b * bs : (b + 1) * bs]
+        x = images.index_select(0, idx)
+        ld = self.loader
+        x = _apply_transform(ld.transform, x, self._gen, (ld.seed, self.epoch, ld.rank), b)
+        return x, labels.index_select(0, idx)
+
+    def _next_streamed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self._pass
+        assert p is not None
         while True:
             try:
-                item = self.queue.get(timeout=1.0)
+                item = p.queue.get(timeout=1.0)
                 break
             except queue.Empty:
-                if not self.thread.is_alive():
+                if not p.thread.is_alive():
                     self.close()
                     raise RuntimeError("imgpack loader thread died without a result") from None
-        if item is _DONE:
-            self.close()
-            raise StopIteration
+        if item is _DONE:  # the producer ran out early: only if stopped
+            return self._finish()
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
@@ -465,45 +716,174 @@ class _EpochIterator:
         if self.closed:
             return
         self.closed = True
-        self.stop.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self.queue.get_nowait()
-        if threading.current_thread() is not self.thread:
-            self.thread.join(timeout=10)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        if self._finalizer is not None:
+            self._finalizer()
+        self._resident = None
 
 
-class Normalize(nn.Module):
-    """Images to normalized floats, for the front of a model.
-
-    Input: Tensor[B, 3, H, W], uint8 in [0, 255] (scaled by 1/255 first) or
-    float in [0, 1]. Output: ``(x - mean) / std`` per channel, in ``dtype``
-    (default float32), same device and memory format. ``mean`` and ``std``
-    are in [0, 1] units (torchvision convention); defaults: ImageNet's.
-    One fused multiply-add on the device.
-    """
+class _Pass:
+    """Everything a producer thread uses; it refers to no iterator and no loader,
+    so dropping the iterator collects it and its finalizer stops this."""
 
     def __init__(
         self,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-        dtype: torch.dtype = torch.float32,
+        *,
+        src: torch.Tensor,
+        labels: torch.Tensor,
+        order: np.ndarray,
+        batch_size: int,
+        start: int,
+        nbatches: int,
+        prefetch: int,
+        device: torch.device,
+        pool: ThreadPoolExecutor,
+        num_threads: int,
+        slots: _Slots | None,
+        shared: _Shared,
+        transform: Callable[..., torch.Tensor] | None,
+        gen: torch.Generator | None,
+        seeds: tuple[int, int, int],
     ) -> None:
-        super().__init__()
-        m = torch.as_tensor(mean, dtype=torch.float64).reshape(1, -1, 1, 1)
-        s = torch.as_tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)
-        if m.numel() != s.numel() or bool((s <= 0).any()):
-            raise ValueError("mean and std need the same length and std > 0")
-        self.dtype = dtype
-        self.register_buffer("scale_u8", (1 / (255 * s)).float(), persistent=False)
-        self.register_buffer("scale_f", (1 / s).float(), persistent=False)
-        self.register_buffer("shift", (-m / s).float(), persistent=False)
+        row = math.prod(src.shape[1:])
+        # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
+        self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
+        self.shape = tuple(src.shape[1:])
+        self.labels = labels.numpy()
+        self.order = order
+        self.batch_size = batch_size
+        self.start = start
+        self.nbatches = nbatches
+        self.device = device
+        self.pool = pool
+        self.num_threads = num_threads
+        self.slots = slots
+        self.shared = shared
+        self.transform = transform
+        self.gen = gen
+        self.seeds = seeds
+        self.pid = os.getpid()
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=_produce, args=(self,), name="imgpack-producer")
+        self.thread.daemon = True  # a leftover never blocks exit; stop_and_join runs at exit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.scale_u8 if x.dtype == torch.uint8 else self.scale_f
-        y = torch.addcmul(self.shift, x.to(torch.float32), scale)
-        return y if self.dtype == torch.float32 else y.to(self.dtype)
+    def stop_and_join(self) -> None:
+        """Stop the producer, wait for it, free what it holds (the iterator's finalizer)."""
+        if self.pid != os.getpid():
+            return  # a forked child: this pass's thread only ever existed in the parent
+        self.stop.set()
+        self._drain()  # unblocks a producer waiting to put
+        if threading.current_thread() is not self.thread and self.thread.ident is not None:
+            self.thread.join(timeout=_JOIN_TIMEOUT_S)
+        self._drain()
+        if self.slots is not None and not self.thread.is_alive():
+            self.shared.give_slots(self.slots)  # stuck past the timeout: share nothing
+        self.slots = None
+
+    def _drain(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+
+    # ---- producer side (runs in self.thread)
+    def submit(self, idx: np.ndarray, out: np.ndarray) -> list[Future[Any]]:
+        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads."""
+        parts = min(self.num_threads, max(1, len(idx) // 8))
+        bounds = np.linspace(0, len(idx), parts + 1).astype(int)
+        return [
+            self.pool.submit(_take, self.src, idx[a:b], out[a:b])
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+
+    def put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def batches(self) -> Iterator[tuple[int, np.ndarray]]:
+        bs = self.batch_size
+        for b in range(self.start, self.nbatches):
+            if self.stop.is_set():
+                return
+            yield b, self.order[b * bs : (b + 1) * bs]
+
+    def run_cpu(self) -> None:
+        for b, idx in self.batches():
+            images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
+            for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
+                f.result()
+            labels = torch.from_numpy(self.labels[idx].astype(np.int64))
+            images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+            if not self.put((images, labels, None)):
+                return
+
+    def run_cuda(self) -> None:
+        """Gather several batches at once (one pinned slot each), ship them in order.
+
+        Up to ``prefetch`` batches are being gathered by the thread pool at a
+        time, so gather threads never idle at a batch boundary. A slot is
+        refilled only after the H2D copy out of it has completed. The
+        transform runs on the copy stream after the copy, before the batch's
+        ready event, so the consumer's stream waits for it on the GPU.
+        """
+        assert self.slots is not None
+        dev = self.device
+        slots = self.slots
+        k = len(slots.images)
+        pinned, pinned_lab, freed, stream = slots.images, slots.labels, slots.freed, slots.stream
+        pending: collections.deque[tuple[int, np.ndarray, int, list[Future[Any]]]] = (
+            collections.deque()
+        )
+
+        def ship() -> bool:
+            b, idx, s, futs = pending.popleft()
+            for f in futs:
+                f.result()
+            n = len(idx)
+            buf, lab = pinned[s][:n], pinned_lab[s][:n]
+            np.take(self.labels, idx, out=lab.numpy(), mode="clip")
+            with torch.cuda.stream(stream):
+                images = buf.to(dev, non_blocking=True)
+                labels = lab.to(dev, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(stream)
+                ready = copied
+                if self.transform is not None:
+                    images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+            freed[s] = copied
+            return self.put((images, labels, ready))
+
+        for j, (b, idx) in enumerate(self.batches()):
+            s = j % k
+            if len(pending) == k and not ship():
+                return
+            if freed[s] is not None:
+                freed[s].synchronize()  # the copy out of this slot is done
+            n = len(idx)
+            pending.append((b, idx, s, self.submit(idx, pinned[s][:n].numpy().reshape(n, -1))))
+            while pending and all(f.done() for f in pending[0][3]):
+                if not ship():
+                    return
+        while pending:
+            if not ship():
+                return
+        stream.synchronize()
+
+
+def _produce(p: _Pass) -> None:
+    try:
+        if p.slots is not None:
+            with torch.cuda.device(p.device):
+                p.run_cuda()
+        else:
+            p.run_cpu()
+        p.put(_DONE)
+    except BaseException as e:  # re-raised in the consumer
+        p.put(_Failure(e))

@@ -53,19 +53,24 @@ def test_no_shuffle_is_pack_order(packed: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "n, world, drop_last",
-    [(13, 2, False), (13, 3, False), (13, 4, True), (3, 5, False), (100, 8, False)],
+    "n, world, split",
+    [
+        (13, 2, "pad"),
+        (13, 3, "pad"),
+        (13, 4, "trim"),
+        (3, 5, "pad"),
+        (100, 8, "pad"),
+        (3, 5, "trim"),
+    ],
 )
-def test_ranks_disjoint_equal_and_cover(n: int, world: int, drop_last: bool) -> None:
+def test_ranks_disjoint_equal_and_cover(n: int, world: int, split: str) -> None:
     parts = [
-        epoch_indices(
-            n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world, drop_last=drop_last
-        )
+        epoch_indices(n, epoch=3, seed=1, shuffle=True, rank=r, world_size=world, even_split=split)
         for r in range(world)
     ]
     assert len({len(p) for p in parts}) == 1
     allidx = torch.cat(parts).tolist()
-    if drop_last:
+    if split == "trim":
         assert len(set(allidx)) == len(allidx) == (n // world) * world
     else:
         assert set(allidx) == set(range(n))
@@ -86,17 +91,19 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loader = packer.PackLoader(packed, 4, device="cpu")
-    calls = {"n": 0}
-    real = loader._thread_pool
+    import packer.loader as loader_mod
 
-    def failing_pool():
+    loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
+    calls = {"n": 0}
+    real = loader_mod._take
+
+    def failing_take(*args):
         calls["n"] += 1
         if calls["n"] >= 2:
             raise OSError("disk went away")
-        return real()
+        return real(*args)
 
-    monkeypatch.setattr(loader, "_thread_pool", failing_pool)
+    monkeypatch.setattr(loader_mod, "_take", failing_take)
     it = iter(loader)
     next(it)
     with pytest.raises(OSError, match="disk went away"):
@@ -169,3 +176,159 @@ def test_cuda_many_batches_with_reused_buffers(tmp_path: Path) -> None:
     for (xf, _), (xs, _) in zip(fast, slow, strict=True):
         torch.cuda._sleep(200_000)  # keep the GPU busy so copies queue behind compute
         assert torch.equal(xf.cpu(), xs)
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "xla", "nonsense"])
+def test_unsupported_devices_refused(packed: Path, device: str) -> None:
+    with pytest.raises(UsageError, match="cpu"):
+        packer.PackLoader(packed, 4, device=device)
+
+
+def test_zip_of_one_loader_runs_two_passes(packed: Path) -> None:
+    pack = packer.load(packed)
+    loader = packer.PackLoader(pack, 4, device="cpu", prefetch=1)
+    pairs = list(zip(loader, loader))
+    assert len(pairs) == len(loader) == 4
+    for side in (0, 1):
+        seen = [i for pair in pairs for i in ids_of(pack, pair[side][0])]
+        assert sorted(seen) == list(range(13))
+    assert loader.epoch == 2  # two passes, epochs 0 and 1
+
+
+def test_nested_loop_keeps_the_outer_epoch_whole(packed: Path) -> None:
+    pack = packer.load(packed)
+    loader = packer.PackLoader(pack, 4, device="cpu")
+    outer, inner_counts = [], []
+    for x, _ in loader:
+        outer += ids_of(pack, x)
+        inner_counts.append(sum(len(xi) for xi, _ in loader))
+    assert sorted(outer) == list(range(13))
+    assert inner_counts == [13] * 4
+
+
+def test_break_then_next_loop_is_the_next_epoch(packed: Path) -> None:
+    loader = packer.PackLoader(packed, 13, device="cpu", seed=2)
+    for _ in loader:
+        break
+    assert loader.epoch == 1
+    _, y = next(iter(loader))
+    assert torch.equal(y, packer.load(packed).labels[loader.indices(1)])
+
+
+def test_unread_iter_consumes_no_epoch(packed: Path) -> None:
+    loader = packer.PackLoader(packed, 4, device="cpu")
+    iter(loader)
+    iter(loader)
+    assert loader.epoch == 0
+
+
+def test_context_manager_stops_threads(packed: Path) -> None:
+    import threading
+
+    before = threading.active_count()
+    with packer.PackLoader(packed, 2, device="cpu", num_threads=3) as loader:
+        it = iter(loader)
+        next(it)
+        assert threading.active_count() > before
+    assert threading.active_count() == before
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+class RecordingTransform:
+    """Flips every image and records its generator's first draw (stands in for
+    packer.transforms): output has a different width than the pack."""
+
+    accepts_generator = True
+
+    def __init__(self) -> None:
+        self.draws: list[int] = []
+
+    def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        assert images.dtype == torch.uint8 and images.dim() == 4
+        self.draws.append(int(torch.randint(0, 2**31, (1,), generator=generator)))
+        return images[..., :-2].flip(-1)
+
+
+def _draw(seed: int, epoch: int, rank: int, batch: int) -> int:
+    g = torch.Generator()
+    g.manual_seed(packer.batch_seed(seed, epoch, rank, batch))
+    return int(torch.randint(0, 2**31, (1,), generator=g))
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_transform_applied_with_per_batch_generator(packed: Path, resident: bool) -> None:
+    pack = packer.load(packed)
+    t = RecordingTransform()
+    loader = packer.PackLoader(
+        pack, 4, device="cpu", seed=3, rank=1, world_size=2, transform=t, resident=resident
+    )
+    plain = packer.PackLoader(pack, 4, device="cpu", seed=3, rank=1, world_size=2)
+    for epoch in range(2):
+        got = list(loader)
+        ref = list(plain)
+        assert len(got) == len(ref) == 2
+        for (x, y), (xr, yr) in zip(got, ref, strict=True):
+            assert x.shape == (len(xr), 3, 24, 30)  # the transform's shape, not the pack's
+            assert torch.equal(x, xr[..., :-2].flip(-1)) and torch.equal(y, yr)
+        assert t.draws[-2:] == [_draw(3, epoch, 1, b) for b in range(2)]
+    assert len(set(t.draws)) == 4
+    assert _draw(3, 0, 0, 0) != _draw(3, 0, 1, 0)  # ranks draw differently
+
+
+def test_transform_without_generator_and_error(packed: Path) -> None:
+    loader = packer.PackLoader(packed, 4, device="cpu", transform=lambda x: x.float() / 255)
+    x, _ = next(iter(loader))
+    assert x.dtype == torch.float32 and float(x.max()) <= 1
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad crop size")
+
+    with pytest.raises(ValueError, match="bad crop size"):
+        next(iter(packer.PackLoader(packed, 4, device="cpu", transform=broken)))
+    with pytest.raises(UsageError, match="callable"):
+        packer.PackLoader(packed, 4, device="cpu", transform=3)
+
+
+def test_normalize_still_importable_from_loader() -> None:
+    from packer.loader import IMAGENET_MEAN, Normalize
+
+    assert Normalize is packer.Normalize and IMAGENET_MEAN[0] == 0.485
+
+
+@cuda
+def test_cuda_concurrent_passes_and_transform_match_cpu(packed: Path) -> None:
+    pack = packer.load(packed)
+    kw = dict(seed=2, prefetch=2, transform=RecordingTransform())
+    fast = packer.PackLoader(pack, 4, device="cuda", **kw)
+    slow = packer.PackLoader(pack, 4, device="cpu", **{**kw, "transform": RecordingTransform()})
+    for (a, b), (c, d) in zip(zip(fast, fast), zip(slow, slow), strict=True):
+        torch.cuda._sleep(100_000)  # consumer busy: copies and transforms queue up
+        assert a[0].shape == c[0].shape and a[0].device.type == "cuda"
+        assert torch.equal(a[0].cpu(), c[0]) and torch.equal(b[0].cpu(), d[0])
+        assert torch.equal(a[1].cpu(), c[1]) and torch.equal(b[1].cpu(), d[1])
+    assert sorted(fast.transform.draws) == sorted(slow.transform.draws)  # two threads each
+
+
+@cuda
+def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
+    import gc
+    import threading
+
+    a = packer.PackLoader(packed, 3, device="cuda", seed=6)
+    ref = [y.cpu().tolist() for _, y in a]
+    it = iter(packer.PackLoader(packed, 3, device="cuda", seed=6))
+    b = it.loader
+    next(it)
+    next(it)
+    c = packer.PackLoader(packed, 3, device="cuda", seed=6)
+    c.load_state_dict(b.state_dict())
+    assert [y.cpu().tolist() for _, y in c] == ref[2:]
+    before = threading.active_count()
+    loaders = [packer.PackLoader(packed, 1, device="cuda", num_threads=2) for _ in range(8)]
+    iters = [iter(ld) for ld in loaders]
+    for i in iters:
+        next(i)
+    del loaders, iters, it, b
+    gc.collect()
+    assert threading.active_count() <= before

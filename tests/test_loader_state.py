@@ -1,0 +1,170 @@
+"""PackLoader as a training-loop citizen: resumable state, sampler, epochs, ranks, subsets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import packer
+from packer.errors import UsageError
+
+
+def labels_of(loader: packer.PackLoader) -> list[list[int]]:
+    return [y.tolist() for _, y in loader]
+
+
+def rows_of(pack: packer.ImagePack, loader: packer.PackLoader) -> list[list[int]]:
+    flat = pack.images.reshape(len(pack), -1)
+    return [[int((flat == r.reshape(1, -1)).all(1).nonzero()[0]) for r in x] for x, _ in loader]
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_resume_mid_epoch_yields_the_rest_then_goes_on(packed: Path, resident: bool) -> None:
+    pack = packer.load(packed)
+    kw = dict(device="cpu", seed=4, resident=resident)
+    ref = packer.PackLoader(pack, 3, **kw)
+    want = [rows_of(pack, ref) for _ in range(3)]  # epochs 0, 1, 2 uninterrupted
+
+    a = packer.PackLoader(pack, 3, **kw)
+    rows_of(pack, a)  # epoch 0
+    it = iter(a)
+    for _ in range(2):
+        next(it)
+    state = a.state_dict()
+    assert state["epoch"] == 1 and state["batches"] == 2
+    json.dumps(state)  # plain
+    assert all(isinstance(v, (int, str, bool)) for v in state.values())
+
+    b = packer.PackLoader(pack, 3, **kw)
+    b.load_state_dict(state)
+    b.set_epoch(1)  # as Lightning does after restoring: same epoch keeps the resume point
+    assert rows_of(pack, b) == want[1][2:]
+    assert rows_of(pack, b) == want[2]
+
+
+def test_state_at_epoch_end_and_boundary(packed: Path) -> None:
+    a = packer.PackLoader(packed, 4, device="cpu")
+    list(a)
+    assert (a.state_dict()["epoch"], a.state_dict()["batches"]) == (1, 0)
+    b = packer.PackLoader(packed, 4, device="cpu", rank=0, world_size=2)
+    b.load_state_dict(a.state_dict())  # other world size at a boundary: fine
+    assert b.epoch == 1
+
+
+def test_resume_refused_with_other_world_size_mid_epoch(packed: Path) -> None:
+    a = packer.PackLoader(packed, 2, device="cpu", rank=0, world_size=2)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    b = packer.PackLoader(packed, 2, device="cpu", rank=0, world_size=3)
+    with pytest.raises(UsageError, match="world_size"):
+        b.load_state_dict(state)
+    c = packer.PackLoader(packed, 2, device="cpu", rank=1, world_size=2)
+    c.load_state_dict(state)  # rank 0's state restores rank 1: same position
+    assert len(list(c)) == len(c) - 1
+    with pytest.raises(UsageError, match="PackLoader state"):
+        c.load_state_dict({"epoch": 1})
+
+
+def test_set_epoch_and_auto_counter_agree(packed: Path) -> None:
+    auto = packer.PackLoader(packed, 5, device="cpu", seed=1)
+    explicit = packer.PackLoader(packed, 5, device="cpu", seed=1)
+    via_sampler = packer.PackLoader(packed, 5, device="cpu", seed=1)
+    for epoch in range(3):
+        explicit.set_epoch(epoch)
+        via_sampler.sampler.set_epoch(epoch)
+        iter(via_sampler)  # probes such as Lightning's consume nothing
+        a, b, c = labels_of(auto), labels_of(explicit), labels_of(via_sampler)
+        assert a == b == c
+        assert explicit.epoch == epoch + 1
+    assert labels_of(auto) != labels_of(auto)  # epochs 3 and 4 differ
+
+
+def test_sampler_and_dataset(packed: Path) -> None:
+    pack = packer.load(packed)
+    loader = packer.PackLoader(pack, 4, device="cpu", rank=1, world_size=3, seed=2)
+    assert loader.dataset is pack
+    assert len(loader.sampler) == 5  # ceil(13 / 3)
+    loader.sampler.set_epoch(6)
+    assert list(loader.sampler) == loader.indices(6).tolist()
+    assert torch.cat([y for _, y in loader]).tolist() == pack.labels[loader.indices(6)].tolist()
+
+
+# (n, world, batch, drop_last, even_split) -> per-rank batch sizes
+RANK_TABLE = [
+    (10, 3, 4, False, "pad", [4]),
+    (10, 3, 4, True, "pad", [4]),  # drop_last=True no longer empties every rank
+    (10, 3, 4, False, "trim", [3]),
+    (10, 3, 4, True, "trim", []),
+    (10, 3, 3, True, "pad", [3]),
+    (13, 2, 4, False, "pad", [4, 3]),
+    (13, 2, 4, True, "pad", [4]),
+    (2, 3, 4, False, "pad", [1]),  # fewer images than ranks: padded
+    (2, 3, 4, False, "trim", []),
+    (2, 3, 4, True, "pad", []),
+    (13, 1, 4, True, "trim", [4, 4, 4]),
+]
+
+
+@pytest.mark.parametrize("n, world, bs, drop_last, split, sizes", RANK_TABLE)
+def test_drop_last_by_even_split_rank_table(
+    packed: Path, n: int, world: int, bs: int, drop_last: bool, split: str, sizes: list[int]
+) -> None:
+    idx = torch.arange(n)
+    loaders = [
+        packer.PackLoader(
+            packed,
+            bs,
+            device="cpu",
+            indices=idx,
+            rank=r,
+            world_size=world,
+            drop_last=drop_last,
+            even_split=split,
+        )
+        for r in range(world)
+    ]
+    got = [[len(y) for _, y in ld] for ld in loaders]
+    assert got == [sizes] * world
+    assert all(len(ld) == len(sizes) for ld in loaders)
+    rows = torch.cat([ld.indices(0) for ld in loaders]).tolist()
+    if split == "trim" and not drop_last:
+        assert len(set(rows)) == len(rows)  # trimmed: no repeats
+    if split == "pad" and not drop_last:
+        assert set(rows) == set(range(n))  # padded: everything
+
+
+def test_defaults_unchanged(packed: Path) -> None:
+    loaders = [packer.PackLoader(packed, 3, device="cpu", rank=r, world_size=3) for r in range(3)]
+    assert [len(ld) for ld in loaders] == [2, 2, 2]
+    assert loaders[0].even_split == "pad" and not loaders[0].drop_last
+
+
+@pytest.mark.parametrize("kind", ["int", "mask"])
+def test_indices_stream_a_subset_per_epoch_and_rank(packed: Path, kind: str) -> None:
+    pack = packer.load(packed)
+    subset = torch.tensor([0, 2, 3, 7, 8, 11, 12])
+    arg = subset if kind == "int" else torch.isin(torch.arange(13), subset)
+    loaders = [
+        packer.PackLoader(pack, 2, device="cpu", indices=arg, rank=r, world_size=2, seed=3)
+        for r in range(2)
+    ]
+    epochs = []
+    for _ in range(2):
+        seen = [i for ld in loaders for b in rows_of(pack, ld) for i in b]
+        assert set(seen) == set(subset.tolist()) and len(seen) == 8  # 7 + 1 pad
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]
+    assert pack.images.data_ptr() == loaders[0].pack.images.data_ptr()  # no copy
+
+
+def test_bad_indices(packed: Path) -> None:
+    with pytest.raises(UsageError, match=r"\[0, 13\)"):
+        packer.PackLoader(packed, 2, device="cpu", indices=torch.tensor([0, 13]))
+    with pytest.raises(UsageError, match="13 entries"):
+        packer.PackLoader(packed, 2, device="cpu", indices=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(UsageError, match="integers"):
+        packer.PackLoader(packed, 2, device="cpu", indices=torch.tensor([0.5]))
