@@ -1,0 +1,228 @@
+"""Training with per-sample augmentation, fed three ways, in one run (CUDA).
+
+For each architecture (ResNet-18, ResNet-50; bf16 autocast, channels_last,
+SGD, batch 256), images/s of one training step fed by:
+
+  (a) pack      PackLoader(transform=RandomResizedCrop(224) + flip) from a 256² pack
+  (b) on GPU    the same augmentation on uint8 256² batches already on the GPU
+                (the ceiling: no loading at all)
+  (c) folder    ImageFolder + torchvision RandomResizedCrop(224) + flip + ToTensor +
+                Normalize, DataLoader with --workers processes, pinned memory,
+                on the same JPEGs the pack was built from
+
+and, for the DataLoader road of issue 14, uint8 batches delivered to the GPU
+(no model) by PackLoader vs PackDataset in a DataLoader with workers.
+
+Data: --images synthetic photo-like JPEGs of 500x375 at quality 90 (ImageNet-
+like), built into a 256² pack. Timing: warm-up, device synchronized before
+every clock read, the median of --repeats repeats (packer.timing). Prints a
+table last and writes JSON to --out.
+
+    python3 scripts/bench_train_aug.py [--images 4096] [--work /tmp/imgpack-aug]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+import packer
+from packer.synth import make_jpeg_tree
+from packer.timing import time_loader
+from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
+
+
+def folder_loader(root: Path, batch: int, workers: int) -> Any:
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    ds = datasets.ImageFolder(str(root), transform=tf)
+    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=1 << 40)
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=True,
+        persistent_workers=True,
+    )
+
+
+def train_rows(
+    arch: str, pack: Any, jpegs: Path, aug: Any, norm: Any, a: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Rows (b), (a), (c) for one architecture; of_ceiling relative to (b)."""
+    dev = torch.device("cuda")
+    rows: list[dict[str, Any]] = []
+    b = a.batch
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(num_classes=10)
+    model = model.to(dev, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return x
+
+    # (b) the ceiling: uint8 256² batches already on the GPU, same augmentation
+    resident = [
+        (pack.images[i * b : (i + 1) * b].to(dev), pack.labels[i * b : (i + 1) * b].to(dev))
+        for i in range(min(8, len(pack) // b))
+    ]
+    g = torch.Generator().manual_seed(0)
+
+    def on_gpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            for x, y in resident:
+                yield aug(x, generator=g), y
+
+    ways: list[tuple[str, Any, Any, int]] = [("(b) on GPU + RRC/flip", on_gpu, None, 5)]
+    loader = packer.PackLoader(pack, b, device=dev, drop_last=True, transform=aug)
+    ways.append(("(a) PackLoader + RRC/flip", lambda: iter(loader), loader, 5))
+    dl = folder_loader(jpegs, b, a.workers)
+    ways.append((f"(c) ImageFolder + RRC/flip, {a.workers} workers", lambda: iter(dl), dl, 0))
+    for name, make, holder, warm in ways:
+        folder = name.startswith("(c)")
+        steps = max(a.steps, a.workers) if folder else a.steps
+        warmup = 2 * a.workers + 2 if folder else warm
+
+        def consume(batch: Any, folder: bool = folder) -> torch.Tensor:
+            x, y = batch
+            if folder:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            else:
+                x = norm(x)
+            return step(x, y)
+
+        t0 = time.perf_counter()
+        rate = time_loader(make, consume, "cuda", steps, a.repeats, warmup=warmup)
+        rows.append(
+            {
+                "experiment": "training",
+                "model": arch,
+                "way": name,
+                "batch": b,
+                "images_per_s": round(rate, 1),
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+        print(rows[-1], flush=True)
+        if holder is loader:
+            loader.close()
+    ceiling = rows[-3]["images_per_s"]
+    for r in rows[-3:]:
+        r["of_ceiling"] = round(r["images_per_s"] / ceiling, 4)
+
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=4096)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-aug"))
+    ap.add_argument("--archs", default="resnet18,resnet50")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    jpegs, pack_dir = a.work / "jpeg500", a.work / "pack256"
+    if not jpegs.exists():
+        make_jpeg_tree(jpegs, a.images, (500, 375), classes=10, quality=90)
+    if not pack_dir.exists():
+        packer.build_pack(jpegs, pack_dir, packer.BuildConfig(size=(256, 256)))
+    pack = packer.load(pack_dir)
+    aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+    norm = packer.Normalize().to(dev)
+    rows: list[dict[str, Any]] = []
+    b = a.batch
+
+    for arch in a.archs.split(","):
+        rows += train_rows(arch, pack, jpegs, aug, norm, a)
+
+    # the DataLoader road (issue 14): uint8 batches to the GPU, no model
+    for workers in (8, a.workers):
+        ds = packer.PackDataset(pack)
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=b,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=True,
+            persistent_workers=True,
+            drop_last=True,
+        )
+        rate = time_loader(
+            lambda dl=dl: iter(dl),
+            lambda t: t[0].to(dev, non_blocking=True),
+            "cuda",
+            max(40, workers),
+            a.repeats,
+            warmup=2 * workers + 2,
+        )
+        rows.append(
+            {
+                "experiment": "loading",
+                "way": f"PackDataset + DataLoader, {workers} workers",
+                "batch": b,
+                "images_per_s": round(rate, 1),
+            }
+        )
+        print(rows[-1], flush=True)
+        del dl
+    loader = packer.PackLoader(pack, b, device=dev, drop_last=True)
+    rate = time_loader(lambda: iter(loader), lambda t: t[0], "cuda", 80, a.repeats, warmup=5)
+    loader.close()
+    rows.append(
+        {
+            "experiment": "loading",
+            "way": "PackLoader (8 threads)",
+            "batch": b,
+            "images_per_s": round(rate, 1),
+        }
+    )
+    info = {
+        "gpu": torch.cuda.get_device_name(dev),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "images": len(pack),
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "train_aug.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    print(f"\n{info}")
+    print(f"{'experiment':<10} {'model':<9} {'way':<48} {'img/s':>10} {'of (b)':>7}")
+    for r in rows:
+        of = f"{r['of_ceiling']:.1%}" if "of_ceiling" in r else ""
+        print(
+            f"{r['experiment']:<10} {r.get('model', ''):<9} {r['way']:<48} "
+            f"{r['images_per_s']:>10,.0f} {of:>7}"
+        )
+
+
+if __name__ == "__main__":
+    main()
