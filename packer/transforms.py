@@ -412,8 +412,8 @@ class CenterCrop(_Transform):
         h, w = images.shape[-2:]
         if oh > h or ow > w:
             raise ValueError(f"CenterCrop{self.size} is larger than the {h}x{w} images")
-        top = int(round((h - oh) / 2.0))
-        left = int(round((w - ow) / 2.0))
+        top = round((h - oh) / 2.0)
+        left = round((w - ow) / 2.0)
         return images[..., top : top + oh, left : left + ow].contiguous()
 
 
