@@ -161,7 +161,8 @@ def resized_crop(
         raise ValueError("boxes must be integer pixels (top, left, height, width), not floats")
     boxes = boxes.to(torch.int64)
     dev = images.device
-    if boxes.device.type == "cpu":
+    boxes_on_cpu = boxes.device.type == "cpu"
+    if boxes_on_cpu:
         top, left, bh, bw = boxes.unbind(1)
         bad = (
             (top < 0) | (left < 0) | (bh < 1) | (bw < 1) | (top + bh > h_img) | (left + bw > w_img)
@@ -173,11 +174,29 @@ def resized_crop(
                 f"the {h_img}x{w_img} image"
             )
         ky, kx = _taps(bh, oh), _taps(bw, ow)
-        boxes = _to(boxes, dev)
     else:
         ky, kx = _taps(torch.tensor([h_img]), oh), _taps(torch.tensor([w_img]), ow)
+    use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
+    triton_resample = _triton() if use_triton else None
+    if backend == "triton" and triton_resample is None:
+        raise ValueError("backend='triton' needs Triton (it ships with CUDA builds of torch)")
     if flip is not None:
-        flip = _to(flip.to(torch.bool).reshape(b), dev)
+        flip = flip.to(torch.bool).reshape(b)
+    if triton_resample is not None:
+        if b == 0:
+            return images.new_empty((0, c, oh, ow))
+        # One small int32 table [B, 5] (box + flip), one async copy: the kernel
+        # computes its weights itself, so the host launches nothing else.
+        f = flip if flip is not None else torch.zeros(b, dtype=torch.bool)
+        if boxes_on_cpu:
+            table = _to(torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32), dev)
+        else:
+            f = _to(f, dev)[:, None].to(torch.int64)
+            table = torch.cat([boxes, f], 1).to(torch.int32)
+        return triton_resample(images, table, oh, ow, ky, kx)
+    boxes = _to(boxes, dev)
+    if flip is not None:
+        flip = _to(flip, dev)
     if b == 0:
         return images.new_empty((0, c, oh, ow))
     top, left, bh, bw = boxes.unbind(1)
@@ -186,12 +205,6 @@ def resized_crop(
     if flip is not None:
         f = flip[:, None, None]
         ix, wx = torch.where(f, ix.flip(1), ix), torch.where(f, wx.flip(1), wx)
-    use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
-    triton_resample = _triton() if use_triton else None
-    if backend == "triton" and triton_resample is None:
-        raise ValueError("backend='triton' needs Triton (it ships with CUDA builds of torch)")
-    if triton_resample is not None:
-        return triton_resample(images, iy, wy, ix, wx, oh, ow)
     return _resample_matmul(images, iy, wy, ix, wx, oh, ow)
 
 
