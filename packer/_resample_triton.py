@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+# Tile of one program (rows, columns) and its warps.
+TILE = (16, 32, 4)
+
 
 @triton.jit
 def _window(o, n_out, start, length, flip, K: tl.constexpr, k: tl.constexpr):
@@ -106,7 +109,7 @@ def resample(
     out = torch.empty((b, c, oh, ow), dtype=torch.uint8, device=images.device)
     if b == 0:
         return out
-    block_h, block_w = 16, 32
+    block_h, block_w, warps = TILE
     grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
     _resample_kernel[grid](
         images,
@@ -120,6 +123,6 @@ def resample(
         KX=kx,
         BLOCK_H=block_h,
         BLOCK_W=block_w,
-        num_warps=4,
+        num_warps=warps,
     )
     return out
