@@ -13,12 +13,16 @@ CUDA work asks for it (Triton compiles on first use per tap count).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
-# Tile of one program (rows, columns) and its warps.
+# Tile of one program (output rows, columns, warps) for each kernel, and which kernel.
 TILE = (16, 32, 4)
+DOT_TILE = (32, 32, 4)
+KERNEL = "dot"
 
 
 @triton.jit
@@ -96,18 +100,122 @@ def _resample_kernel(
         )
 
 
+@triton.jit
+def _dense_weights(o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.constexpr):
+    """Weights [BLOCK, SPAN] of output positions o0.. over SPAN inputs from ``first``.
+
+    Rows sum to 1; the triangle is zero outside each window, as in ``_window``.
+    ``first`` (int32, relative to the crop) is the start of the lowest window.
+    """
+    o = o0 + tl.arange(0, BLOCK)
+    o = tl.minimum(o, n_out - 1)  # tail of the last tile: computed, never stored
+    o = tl.where(flip != 0, n_out - 1 - o, o)
+    scale = length.to(tl.float32) / n_out
+    support = tl.maximum(scale, 1.0)
+    centre = scale * (o.to(tl.float32) + 0.5)
+    lo = tl.where(flip != 0, tl.maximum(n_out - o0 - BLOCK, 0), o0)
+    first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
+    j = first + tl.arange(0, SPAN).to(tl.float32)
+    w = tl.maximum(1.0 - tl.abs((j[None, :] - centre[:, None] + 0.5) / support), 0.0)
+    w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
+    w = w / tl.maximum(tl.sum(w, axis=1), 1e-12)[:, None]
+    return first.to(tl.int32), w
+
+
+@triton.jit
+def _resample_dot_kernel(
+    x_ptr,
+    out_ptr,
+    box_ptr,
+    sxb,
+    sxc,
+    sxh,
+    sxw,
+    oh,
+    ow,
+    C: tl.constexpr,
+    SY: tl.constexpr,
+    SX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # The tile's input patch [SY, SX] (one coalesced load per channel) goes
+    # through two small matrix products on the tensor cores:
+    # out[BLOCK_H, BLOCK_W] = Wy[BLOCK_H, SY] @ (X[SY, SX] @ Wx^T[SX, BLOCK_W]).
+    b = tl.program_id(0)
+    i0 = tl.program_id(1) * BLOCK_H
+    j0 = tl.program_id(2) * BLOCK_W
+    top = tl.load(box_ptr + b * 5 + 0)
+    left = tl.load(box_ptr + b * 5 + 1)
+    bh = tl.load(box_ptr + b * 5 + 2)
+    bw = tl.load(box_ptr + b * 5 + 3)
+    flip = tl.load(box_ptr + b * 5 + 4)
+    fy, wy = _dense_weights(i0, oh, bh, 0, BLOCK_H, SY)
+    fx, wx = _dense_weights(j0, ow, bw, flip, BLOCK_W, SX)
+    wy = wy.to(tl.float16)
+    wxt = tl.trans(wx).to(tl.float16)
+    ry = fy + tl.arange(0, SY)
+    rx = fx + tl.arange(0, SX)
+    m_in = (ry < bh)[:, None] & (rx < bw)[None, :]
+    b64 = b.to(tl.int64)
+    src = x_ptr + b64 * sxb + (top + ry)[:, None] * sxh + (left + rx)[None, :] * sxw
+    i = i0 + tl.arange(0, BLOCK_H)
+    j = j0 + tl.arange(0, BLOCK_W)
+    m_out = (i < oh)[:, None] & (j < ow)[None, :]
+    dst = out_ptr + b64 * (C * oh * ow) + i[:, None] * ow + j[None, :]
+    for c in tl.static_range(C):
+        x = tl.load(src + c * sxc, mask=m_in, other=0).to(tl.float16)
+        h = tl.dot(x, wxt)  # [SY, BLOCK_W], float32 accumulation
+        y = tl.dot(wy, h.to(tl.float16))
+        y = tl.minimum(tl.maximum(y + 0.5, 0.0), 255.0)
+        tl.store(dst + c * (oh * ow), y.to(tl.uint8), mask=m_out)
+
+
+def _span(block: int, scale: float) -> int:
+    """Input patch length covering the windows of ``block`` outputs (power of 2, >= 16)."""
+    need = math.ceil((block - 1) * scale + 2 * max(scale, 1.0)) + 2
+    return max(16, triton.next_power_of_2(need))
+
+
 def resample(
-    images: torch.Tensor, boxes: torch.Tensor, oh: int, ow: int, ky: int, kx: int
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    oh: int,
+    ow: int,
+    ky: int,
+    kx: int,
+    max_scale: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """uint8 [B, C, H, W] -> uint8 [B, C, oh, ow], each image cropped and resized.
 
     ``boxes``: int32 [B, 5] on the images' device: top, left, height, width and
     a flip flag (non-zero: mirror the output). ``ky``/``kx``: taps per window
-    (an upper bound; see ``aa_weights``). The weights are computed in the kernel.
+    (an upper bound; see ``aa_weights``). ``max_scale``: the largest box
+    height / oh and width / ow in the batch (default: from the image size).
+    The weights are computed in the kernel.
     """
-    b, c = images.shape[:2]
+    b, c, h, w = images.shape
     out = torch.empty((b, c, oh, ow), dtype=torch.uint8, device=images.device)
     if b == 0:
+        return out
+    if KERNEL == "dot":
+        sy_max, sx_max = max_scale or (h / oh, w / ow)
+        block_h, block_w, warps = DOT_TILE
+        grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
+        _resample_dot_kernel[grid](
+            images,
+            out,
+            boxes,
+            *images.stride(),
+            oh,
+            ow,
+            C=c,
+            SY=_span(block_h, sy_max),
+            SX=_span(block_w, sx_max),
+            BLOCK_H=block_h,
+            BLOCK_W=block_w,
+            num_warps=warps,
+        )
         return out
     block_h, block_w, warps = TILE
     grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))

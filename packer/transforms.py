@@ -174,8 +174,10 @@ def resized_crop(
                 f"the {h_img}x{w_img} image"
             )
         ky, kx = _taps(bh, oh), _taps(bw, ow)
+        max_scale = (int(bh.max()) / oh, int(bw.max()) / ow) if b else (1.0, 1.0)
     else:
         ky, kx = _taps(torch.tensor([h_img]), oh), _taps(torch.tensor([w_img]), ow)
+        max_scale = (h_img / oh, w_img / ow)
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
     triton_resample = _triton() if use_triton else None
     if backend == "triton" and triton_resample is None:
@@ -193,7 +195,7 @@ def resized_crop(
         else:
             f = _to(f, dev)[:, None].to(torch.int64)
             table = torch.cat([boxes, f], 1).to(torch.int32)
-        return triton_resample(images, table, oh, ow, ky, kx)
+        return triton_resample(images, table, oh, ow, ky, kx, max_scale)
     boxes = _to(boxes, dev)
     if flip is not None:
         flip = _to(flip, dev)
