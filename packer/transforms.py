@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -49,6 +50,12 @@ def _pair(size: Size, name: str = "size") -> tuple[int, int]:
     if h < 1 or w < 1:
         raise ValueError(f"{name} must be positive, not {size!r}")
     return h, w
+
+
+def _np_sizes(size: int | torch.Tensor, batch: int) -> np.ndarray:
+    if isinstance(size, torch.Tensor):
+        size = size.detach().cpu().numpy()
+    return np.broadcast_to(np.asarray(size, dtype=np.int64), (batch,))
 
 
 def _check_images(images: torch.Tensor) -> None:
@@ -76,9 +83,8 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 # ---------------------------------------------------------------- interpolation weights
 
 
-def _taps(in_len: torch.Tensor, out_size: int) -> int:
-    """Upper bound on the antialias window length for crops of length ``in_len`` (CPU)."""
-    scale = float(in_len.max()) / out_size if in_len.numel() else 1.0
+def _taps(scale: float) -> int:
+    """Upper bound on the antialias window length for crop length / output length <= scale."""
     return math.ceil(2 * max(scale, 1.0)) + 1
 
 
@@ -163,21 +169,21 @@ def resized_crop(
     dev = images.device
     boxes_on_cpu = boxes.device.type == "cpu"
     if boxes_on_cpu:
-        top, left, bh, bw = boxes.unbind(1)
+        bn = boxes.numpy()
+        top, left, bh, bw = bn.T
         bad = (
             (top < 0) | (left < 0) | (bh < 1) | (bw < 1) | (top + bh > h_img) | (left + bw > w_img)
         )
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
+        if bad.any():
+            i = int(bad.argmax())
             raise ValueError(
-                f"box {i} {boxes[i].tolist()} (top, left, height, width) is empty or leaves "
+                f"box {i} {bn[i].tolist()} (top, left, height, width) is empty or leaves "
                 f"the {h_img}x{w_img} image"
             )
-        ky, kx = _taps(bh, oh), _taps(bw, ow)
-        max_scale = (int(bh.max()) / oh, int(bw.max()) / ow) if b else (1.0, 1.0)
+        sy, sx = (int(bh.max()) / oh, int(bw.max()) / ow) if b else (1.0, 1.0)
     else:
-        ky, kx = _taps(torch.tensor([h_img]), oh), _taps(torch.tensor([w_img]), ow)
-        max_scale = (h_img / oh, w_img / ow)
+        sy, sx = h_img / oh, w_img / ow
+    ky, kx = _taps(sy), _taps(sx)
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
     triton_resample = _triton() if use_triton else None
     if backend == "triton" and triton_resample is None:
@@ -189,13 +195,15 @@ def resized_crop(
             return images.new_empty((0, c, oh, ow))
         # One small int32 table [B, 5] (box + flip), one async copy: the kernel
         # computes its weights itself, so the host launches nothing else.
-        f = flip if flip is not None else torch.zeros(b, dtype=torch.bool)
         if boxes_on_cpu:
-            table = _to(torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32), dev)
+            table = np.empty((b, 5), dtype=np.int32)
+            table[:, :4] = bn
+            table[:, 4] = flip.numpy() if flip is not None else 0
+            table = _to(torch.from_numpy(table), dev)
         else:
-            f = _to(f, dev)[:, None].to(torch.int64)
-            table = torch.cat([boxes, f], 1).to(torch.int32)
-        return triton_resample(images, table, oh, ow, ky, kx, max_scale)
+            f = _to(flip, dev) if flip is not None else torch.zeros(b, dtype=torch.bool, device=dev)
+            table = torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32)
+        return triton_resample(images, table, oh, ow, ky, kx, (sy, sx))
     boxes = _to(boxes, dev)
     if flip is not None:
         flip = _to(flip, dev)
@@ -324,38 +332,40 @@ class RandomResizedCrop(_Transform):
         wins and its corner is uniform; else a centre crop of the whole image
         with its aspect clamped into ``ratio``. All tries are drawn at once.
         """
-        hh = torch.as_tensor(height, dtype=torch.int64).expand(batch)
-        ww = torch.as_tensor(width, dtype=torch.int64).expand(batch)
-        if batch and bool(((hh < 1) | (ww < 1)).any()):
+        hh = _np_sizes(height, batch)
+        ww = _np_sizes(width, batch)
+        if batch and ((hh < 1) | (ww < 1)).any():
             raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
-        hf, wf = hh.to(torch.float64), ww.to(torch.float64)
+        # One draw from the generator, then numpy: on a batch of 256 this costs the
+        # host tens of microseconds, where ~30 small torch ops cost hundreds.
+        u = torch.rand(batch, 2 * _TRIES + 2, generator=generator, dtype=torch.float64).numpy()
+        hf, wf = hh.astype(np.float64), ww.astype(np.float64)
         area = (hf * wf)[:, None]
-        u = torch.rand(batch, _TRIES, 2, generator=generator, dtype=torch.float64)
         lo, hi = self.scale
-        target = area * (lo + (hi - lo) * u[..., 0])
+        target = area * (lo + (hi - lo) * u[:, :_TRIES])
         lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = torch.exp(lr0 + (lr1 - lr0) * u[..., 1])
-        w = torch.round(torch.sqrt(target * aspect))  # round half to even, as Python's round
-        h = torch.round(torch.sqrt(target / aspect))
+        aspect = np.exp(lr0 + (lr1 - lr0) * u[:, _TRIES : 2 * _TRIES])
+        w = np.round(np.sqrt(target * aspect))  # round half to even, as Python's round
+        h = np.round(np.sqrt(target / aspect))
         ok = (w > 0) & (w <= wf[:, None]) & (h > 0) & (h <= hf[:, None])
-        first = ok.to(torch.int8).argmax(1, keepdim=True)  # first accepted try
+        first = ok.argmax(1)  # the first accepted try
         found = ok.any(1)
-        h = h.gather(1, first)[:, 0].to(torch.int64)
-        w = w.gather(1, first)[:, 0].to(torch.int64)
+        rows = np.arange(batch)
+        h = h[rows, first].astype(np.int64)
+        w = w[rows, first].astype(np.int64)
         # Fallback: the whole image, its aspect clamped into [min, max] ratio.
         in_ratio = wf / hf
         rmin, rmax = min(self.ratio), max(self.ratio)
-        fw = torch.where(in_ratio > rmax, torch.round(hf * rmax), wf).to(torch.int64)
-        fh = torch.where(in_ratio < rmin, torch.round(wf / rmin), hf).to(torch.int64)
-        h = torch.where(found, h, fh)
-        w = torch.where(found, w, fw)
-        # Corner ~ randint(0, H - h + 1): drawn for every image, used where found.
-        v = torch.rand(batch, 2, generator=generator, dtype=torch.float64)
-        top = (v[:, 0] * (hh - h + 1)).floor().to(torch.int64)
-        left = (v[:, 1] * (ww - w + 1)).floor().to(torch.int64)
-        top = torch.where(found, torch.minimum(top, hh - h), (hh - h) // 2)
-        left = torch.where(found, torch.minimum(left, ww - w), (ww - w) // 2)
-        return torch.stack([top, left, h, w], 1)
+        fw = np.where(in_ratio > rmax, np.round(hf * rmax), wf).astype(np.int64)
+        fh = np.where(in_ratio < rmin, np.round(wf / rmin), hf).astype(np.int64)
+        h = np.where(found, h, fh)
+        w = np.where(found, w, fw)
+        # Corner ~ randint(0, H - h + 1), used where a try was accepted.
+        top = np.floor(u[:, -2] * (hh - h + 1)).astype(np.int64)
+        left = np.floor(u[:, -1] * (ww - w + 1)).astype(np.int64)
+        top = np.where(found, np.minimum(top, hh - h), (hh - h) // 2)
+        left = np.where(found, np.minimum(left, ww - w), (ww - w) // 2)
+        return torch.from_numpy(np.stack([top, left, h, w], 1))
 
     def forward(
         self,
