@@ -56,9 +56,9 @@ def parse_schedule(text: str | None, default: int) -> list[tuple[int, int]]:
     try:
         pairs = sorted((int(e), int(s)) for s, e in (item.split(":") for item in text.split(",")))
     except ValueError:
-        raise SystemExit(  # noqa: B904 -- a user's typo: one line, no traceback
+        raise SystemExit(
             f"Error: --res-schedule wants SIZE:EPOCH,... (e.g. 160:0,224:4), not {text!r}"
-        )
+        ) from None
     if pairs[0][0] != 0 or any(s < 1 for _, s in pairs):
         raise SystemExit("Error: --res-schedule must start at epoch 0 with positive sizes")
     return pairs
