@@ -253,16 +253,16 @@ def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     code = (
         "import torch, packer.transforms as T, packer._resample_triton as R\n"
+        "R.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python\n"
         "g = torch.Generator().manual_seed(0)\n"
         "x = torch.randint(0, 256, (3, 3, 20, 26), generator=g, dtype=torch.uint8)\n"
         "boxes = T.RandomResizedCrop(8).sample_boxes(3, 20, 26, g)\n"
         "flip = torch.tensor([True, False, True])\n"
-        "for R.KERNEL in ['dot', 'gather']:\n"
-        "    for size in [(12, 16), (30, 20)]:\n"
-        "        a = T.resized_crop(x, boxes, size, flip=flip, backend='matmul')\n"
-        "        b = T.resized_crop(x, boxes, size, flip=flip, backend='triton')\n"
-        "        d = (a.int() - b.int()).abs()\n"
-        "        assert d.max() <= 1 and d.float().mean() < 0.1, (R.KERNEL, size)\n"
+        "for R.KERNEL, size in [('dot', (12, 16)), ('dot', (30, 20)), ('gather', (12, 16))]:\n"
+        "    a = T.resized_crop(x, boxes, size, flip=flip, backend='matmul')\n"
+        "    b = T.resized_crop(x, boxes, size, flip=flip, backend='triton')\n"
+        "    d = (a.int() - b.int()).abs()\n"
+        "    assert d.max() <= 1 and d.float().mean() < 0.1, (R.KERNEL, size)\n"
         "print('ok')\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
