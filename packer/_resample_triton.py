@@ -177,6 +177,17 @@ def _span(block: int, scale: float) -> int:
     return max(16, triton.next_power_of_2(need))
 
 
+def fits(max_scale: tuple[float, float]) -> bool:
+    """Whether the kernels suit crops up to ``max_scale`` (crop / output length) per axis.
+
+    Beyond 256-pixel patches (downscaling more than ~15x) the dense route is the better one.
+    """
+    return (
+        KERNEL != "dot"
+        or max(_span(DOT_TILE[0], max_scale[0]), _span(DOT_TILE[1], max_scale[1])) <= 256
+    )
+
+
 def resample(
     images: torch.Tensor,
     boxes: torch.Tensor,
@@ -201,6 +212,9 @@ def resample(
     if KERNEL == "dot":
         sy_max, sx_max = max_scale or (h / oh, w / ow)
         block_h, block_w, warps = DOT_TILE
+        sy, sx = _span(block_h, sy_max), _span(block_w, sx_max)
+        if max(sy, sx) > 32:  # strong downscaling: a bigger patch wants more warps
+            warps = max(warps, 4)
         grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
         _resample_dot_kernel[grid](
             images,
@@ -210,8 +224,8 @@ def resample(
             oh,
             ow,
             C=c,
-            SY=_span(block_h, sy_max),
-            SX=_span(block_w, sx_max),
+            SY=sy,
+            SX=sx,
             BLOCK_H=block_h,
             BLOCK_W=block_w,
             num_warps=warps,

@@ -188,12 +188,14 @@ def resized_crop(
         sy, sx = h_img / oh, w_img / ow
     ky, kx = _taps(sy), _taps(sx)
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
-    triton_resample = _triton() if use_triton else None
-    if backend == "triton" and triton_resample is None:
+    kernels = _triton() if use_triton else None
+    if backend == "auto" and kernels is not None and not kernels.fits((sy, sx)):
+        kernels = None  # a huge downscale: the dense products handle it better
+    if backend == "triton" and kernels is None:
         raise ValueError("backend='triton' needs Triton (it ships with CUDA builds of torch)")
     if flip is not None:
         flip = flip.to(torch.bool).reshape(b)
-    if triton_resample is not None:
+    if kernels is not None:
         if b == 0:
             return images.new_empty((0, c, oh, ow))
         # One small int32 table [B, 5] (box + flip), one async copy: the kernel
@@ -206,7 +208,7 @@ def resized_crop(
         else:
             f = _to(flip, dev) if flip is not None else torch.zeros(b, dtype=torch.bool, device=dev)
             table = torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32)
-        return triton_resample(images, table, oh, ow, ky, kx, (sy, sx))
+        return kernels.resample(images, table, oh, ow, ky, kx, (sy, sx))
     boxes = _to(boxes, dev)
     if flip is not None:
         flip = _to(flip, dev)
@@ -248,16 +250,16 @@ def _resample_matmul(
     return out
 
 
-def _triton():  # -> Callable | None
-    """The Triton resampler, or None where Triton cannot be imported."""
+def _triton():  # -> module | None
+    """The Triton kernels' module (``resample``, ``fits``), or None without Triton."""
     try:
         if __package__:
-            from ._resample_triton import resample
+            from . import _resample_triton as kernels
         else:  # imported standalone, next to _resample_triton.py
-            from _resample_triton import resample
+            import _resample_triton as kernels
     except ImportError:
         return None
-    return resample
+    return kernels
 
 
 # ---------------------------------------------------------------- modules

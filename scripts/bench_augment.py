@@ -163,7 +163,8 @@ def main() -> None:
     flips = torch.rand(b, generator=g0) < 0.5
     ready = torch.cat([boxes, flips[:, None].long()], 1).to(torch.int32).to(dev)
     ky = math.ceil(2 * max(s_in / s_out, 1.0)) + 1
-    kernel = T._triton() if dev.type == "cuda" else None
+    kernels = T._triton() if dev.type == "cuda" else None
+    kernel = kernels.resample if kernels is not None else None
 
     routes: dict[str, Callable[[torch.Tensor, torch.Generator], object]] = {
         "packer.transforms": lambda x, g: tf(x, generator=g),

@@ -319,3 +319,12 @@ def test_cuda_transforms_never_make_the_host_wait() -> None:
         T.resized_crop(x, boxes, 48, backend="matmul")
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_kernel_choice_by_scale() -> None:
+    pytest.importorskip("triton")
+    from packer import _resample_triton as R
+
+    assert R.fits((256 / 224, 256 / 224))  # RandomResizedCrop 256² -> 224²
+    assert R.fits((1024 / 224, 768 / 224))  # Resize of a large photo
+    assert not R.fits((4000 / 64, 1.0))  # tiny thumbnails of huge images: dense route
