@@ -487,6 +487,21 @@ class Resize(_Transform):
         return resized_crop(images, boxes, self.output_size(h, w))
 
 
+class _Call(nn.Module):
+    """A plain callable inside Compose (nn.Sequential holds modules only)."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+        self.accepts_generator = getattr(fn, "accepts_generator", False)
+
+    def forward(self, images: torch.Tensor, **kw: object) -> torch.Tensor:
+        return self.fn(images, **kw)
+
+    def extra_repr(self) -> str:
+        return repr(self.fn)
+
+
 class Compose(nn.Sequential):
     """Apply transforms in order, passing ``generator`` to those that accept one.
 
@@ -501,7 +516,7 @@ class Compose(nn.Sequential):
         for t in transforms:
             if not callable(t):
                 raise ValueError(f"Compose takes callables, not {t!r}")
-        super().__init__(*transforms)
+        super().__init__(*(t if isinstance(t, nn.Module) else _Call(t) for t in transforms))
 
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None

@@ -203,6 +203,8 @@ def test_compose_fuses_crop_and_flip_without_changing_results() -> None:
     assert (a.int() - b.int()).abs().max() <= 1
     assert mad(a, b) < 0.01
     assert fused.accepts_generator
+    with_fn = T.Compose([T.CenterCrop(40), lambda im: im.flip(-2)])  # any callable
+    assert torch.equal(with_fn(x), T.CenterCrop(40)(x).flip(-2))
 
 
 def test_center_crop_and_resize_match_torchvision() -> None:
