@@ -87,7 +87,7 @@ import numpy as np
 
 from .errors import InputError, PackerError, PackFormatError, UsageError
 from .format import LABEL_DTYPE, MANIFEST, TARGET_DTYPE, check_label_fields_json, label_fields_json
-from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, walk_images
+from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, list_images
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +234,14 @@ def apply_class_map(scan: Scan, classes: Sequence[str]) -> Scan:
         raise InputError(f"{scan.root}: classes {missing} are not in the class map")
     remap = [index[c] for c in scan.classes]
     entries = [e if e.label == UNLABELED else Entry(e.rel, remap[e.label]) for e in scan.entries]
-    return Scan(root=scan.root, classes=list(classes), entries=entries)
+    return Scan(root=scan.root, classes=list(classes), entries=entries, skipped=scan.skipped)
 
 
 def list_source_images(src: str | os.PathLike[str]) -> list[str]:
     """Every image under ``src``, recursively, as POSIX paths relative to it, sorted as
     ImageFolder sorts (folder path, then name). For table labels: unlike
     :func:`packer.scan.scan_tree`, images directly in ``src`` count too."""
-    root = Path(src)
-    if not root.is_dir():
-        raise InputError(f"{root}: no such folder; check the path")
-    return [Path(os.path.relpath(p, root)).as_posix() for p in walk_images(root)]
+    return [e.rel for e in list_images(src).entries]
 
 
 # ---------------------------------------------------------------- label tables
@@ -457,7 +454,7 @@ def read_table(
     """
     path = Path(path)
     target_names = list(targets or [])
-    _check_target_names(target_names)
+    check_target_names(target_names)
     suffix = path.suffix.lower()
     if suffix not in TABLE_SUFFIXES:
         raise InputError(
@@ -540,7 +537,7 @@ def read_table(
     )
 
 
-def _check_target_names(names: list[str]) -> None:
+def check_target_names(names: list[str]) -> None:
     for c in names:
         if not c or c != c.strip():
             raise UsageError(f"--targets: empty or padded column name {c!r}")
