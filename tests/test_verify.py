@@ -68,7 +68,7 @@ def test_label_out_of_range(packed: Path) -> None:
     a[2] = 9
     lab.write_bytes(a.tobytes())
     r = verify(packed, NO_SPEED)
-    assert "checksum mismatch" in failed(r)["labels"] and "outside [0, 2]" in failed(r)["labels"]
+    assert "checksum mismatch" in failed(r)["labels"] and "outside [-1, 2]" in failed(r)["labels"]
 
 
 def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
