@@ -466,3 +466,62 @@ def test_class_to_idx_and_target_names_belong_to_the_whole_pack(packed: Path) ->
     assert pack.target_names == [] and pack.targets is None and pack[1:3].targets is None
     with pytest.raises(AttributeError, match="class_to_idx"):
         _ = pack[1:3].class_to_idx
+
+
+KILL_AFTER_FIRST_CHUNK = """
+import os, signal, sys
+from pathlib import Path
+from packer.build import BuildConfig, build
+
+def progress(n):
+    os.kill(os.getpid(), signal.SIGKILL)  # the journal line of one chunk is on disk
+
+build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 6), workers=1, labels=Path(sys.argv[3]),
+      targets=("w",)), progress=progress)
+"""
+
+
+def test_killed_build_with_a_table_resumes_byte_identical(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "flat"
+    rows = ["path,label,w"]
+    for i in range(40):
+        write_image(src / f"{i:02d}.png", (6, 5), seed=i)
+        rows.append(f"{i:02d}.png,{'ab'[i % 2]},{i / 3}")
+    t = write(tmp_path / "l.csv", "\n".join(rows) + "\n")
+    script = write(tmp_path / "kill.py", KILL_AFTER_FIRST_CHUNK)
+    env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parent.parent)}
+    p = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path / "p"), str(t)], env=env, timeout=60
+    )
+    assert p.returncode == -9 and not (tmp_path / "p").exists()
+    cfg = config(labels=t, targets=("w",))
+    r = build(src, tmp_path / "p", cfg)
+    assert r.resumed >= 1 and r.count == 40
+    build(src, tmp_path / "ref", cfg)
+    _same_pack(tmp_path / "p", tmp_path / "ref")
+
+
+@pytest.mark.parametrize("step", ["data", "labels", "manifest", "assembled"])
+def test_crash_in_finalize_with_targets_resumes_to_the_same_pack(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    t = write(tmp_path / "l.csv", TABLE)
+    (image_tree / "dog" / "e.jpg").write_bytes(b"broken")  # compaction subsets the targets
+    cfg = config(labels=t, targets=("age", "score"))
+    build(image_tree, tmp_path / "ref", cfg)
+
+    def crash(name: str) -> None:
+        if name == step:
+            raise RuntimeError(f"crash after {name}")
+
+    monkeypatch.setattr(packer.build, "_reached", crash)
+    with pytest.raises(RuntimeError, match="crash after"):
+        build(image_tree, tmp_path / "p", cfg)
+    monkeypatch.undo()
+    r = build(image_tree, tmp_path / "p", cfg)
+    assert r.count == 3 and r.ignored == 9 and r.targets == ["age", "score"]
+    _same_pack(tmp_path / "p", tmp_path / "ref")
