@@ -476,13 +476,15 @@ def read_table(
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise InputError(
-            f"{path}: column(s) {', '.join(map(repr, dup))} appear twice in the header"
+            f"{path} row {header_row} (the header): column(s) {', '.join(map(repr, dup))} "
+            "appear twice"
         )
     need = [PATH_COLUMN] + ([] if target_names else [LABEL_COLUMN]) + target_names
     missing = [c for c in need if c not in header]
     if missing:
         raise InputError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))}; it has "
+            f"{path} row {header_row} (the header): missing column(s) "
+            f"{', '.join(map(repr, missing))}; it has "
             f"{', '.join(map(repr, header)) or 'none'}. A label table needs '{PATH_COLUMN}' "
             f"(relative to SRC) and '{LABEL_COLUMN}' (class names or integers)"
         )

@@ -234,7 +234,7 @@ def test_flat_folder_with_a_table(tmp_path: Path) -> None:
         (
             "path,lbl\ncat/a.jpg,x\n",
             [],
-            r"l.csv: missing column\(s\) 'label'; it has 'path', 'lbl'",
+            r"l.csv row 1 \(the header\): missing column\(s\) 'label'; it has 'path', 'lbl'",
         ),
         (
             "path,label\ncat/a.jpg,x\ndog/e.jpg,y\ncat/a.jpg,z\n",
@@ -269,7 +269,7 @@ def test_flat_folder_with_a_table(tmp_path: Path) -> None:
         (
             "path,label,age\ncat/a.jpg,x,1\n",
             ["--targets", "age,height"],
-            r"l.csv: missing column\(s\) 'height'",
+            r"l.csv row 1 \(the header\): missing column\(s\) 'height'",
         ),
     ],
 )
