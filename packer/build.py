@@ -2,9 +2,10 @@
 
 Data flow (see docs/ARCHITECTURE.md)::
 
-    scan + labels (class map, label table) -> plan (fingerprint) -> workers decode chunks of rows -> pwrite into
-    rows file -> journal line per finished chunk -> compact (only if skips) ->
-    labels, manifest, tensordict meta -> rename the work folder into place
+    scan + labels (class map, label table) -> plan (fingerprint) -> workers decode
+    chunks of rows -> pwrite into rows file -> journal line per finished chunk ->
+    compact (only if skips) -> labels, targets, manifest, tensordict meta -> rename
+    the work folder into place
 
 Crash safety: everything is written in a work folder beside DST
 (:mod:`packer.workdir`), which is also the lock against a second writer.
