@@ -2,9 +2,10 @@
 
 Data flow (see docs/ARCHITECTURE.md)::
 
-    scan -> plan (fingerprint) -> workers decode chunks of rows -> pwrite into
-    rows file -> journal line per finished chunk -> compact (only if skips) ->
-    labels, manifest, tensordict meta -> rename the work folder into place
+    scan + labels (class map, label table) -> plan (fingerprint) -> workers decode
+    chunks of rows -> pwrite into rows file -> journal line per finished chunk ->
+    compact (only if skips) -> labels, targets, manifest, tensordict meta -> rename
+    the work folder into place
 
 Crash safety: everything is written in a work folder beside DST
 (:mod:`packer.workdir`), which is also the lock against a second writer.
@@ -21,6 +22,11 @@ of idempotent steps, each recoverable from what is on disk (see
 A worker that dies (kill -9, out of memory) breaks the pool; the unfinished
 chunks are retried once in a fresh pool, and a second death ends the build
 with :class:`WorkerDiedError` (exit 1), the finished chunks kept for the rerun.
+
+Labels (:mod:`packer.labels`): the class folders (ImageFolder's indices), or the
+``--classes`` map (a text file or a pack; a folder not in it is an error unless
+``--allow-new-classes``), or a ``--labels`` table whose rows name images under SRC,
+with optional ``--targets`` columns stored as float32 ``targets [N, K]``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from .format import (
     FORMAT_VERSION,
     IMAGES_FILE,
     LABELS_FILE,
+    TARGETS_FILE,
     BuildInfo,
     Checksums,
     Manifest,
@@ -70,7 +77,15 @@ from .format import (
     read_manifest,
     write_pack_metadata,
 )
-from .scan import Scan, scan_tree
+from .labels import (
+    apply_class_map,
+    apply_table,
+    check_target_names,
+    read_class_map,
+    read_table,
+    resolve_classes,
+)
+from .scan import Scan, list_images, scan_tree
 from .workdir import (
     JOURNAL,
     PLAN,
@@ -95,13 +110,33 @@ __all__ = ["BuildConfig", "BuildResult", "build", "default_workers", "dest_lock"
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Options of a build. ``size`` is (width, height) in pixels."""
+    """Options of a build. ``size`` is (width, height) in pixels.
+
+    ``classes``: a class-map file (one name per line) or a pack whose ``classes`` are
+    reused: fixes the class -> index map. ``allow_new_classes``: append classes not in
+    the map instead of refusing them. ``labels``: a label table (.csv, .tsv, .parquet)
+    with ``path`` and ``label`` columns. ``targets``: numeric columns of the table,
+    stored as float32 ``targets [N, K]`` in this order.
+    """
 
     size: tuple[int, int] = (224, 224)
     resize: str = "crop"
     workers: int | None = None  # None: every core
     overwrite: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    classes: Path | None = None
+    allow_new_classes: bool = False
+    labels: Path | None = None
+    targets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # paths given as str and column names as a list are the same options
+        for name in ("classes", "labels"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if not isinstance(self.targets, tuple):
+            object.__setattr__(self, "targets", tuple(self.targets))
 
     def validate(self) -> None:
         w, h = self.size
@@ -115,6 +150,15 @@ class BuildConfig:
             raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
         if self.max_pixels < 1:
             raise UsageError("--max-pixels must be positive")
+        if self.targets and self.labels is None:
+            raise UsageError(
+                "--targets names columns of a label table; give the table with --labels TABLE"
+            )
+        check_target_names(list(self.targets))
+        if self.allow_new_classes and self.classes is None:
+            raise UsageError(
+                "--allow-new-classes extends a fixed class map; give the map with --classes"
+            )
 
     @property
     def spec(self) -> ResizeSpec:
@@ -131,6 +175,9 @@ class BuildResult:
     seconds: float
     resumed: int = 0  # images taken from an interrupted earlier run
     extra: dict[str, Any] = field(default_factory=dict)
+    ignored: int = 0  # images under SRC that the --labels table has no row for
+    new_classes: list[str] = field(default_factory=list)  # appended by --allow-new-classes
+    targets: list[str] = field(default_factory=list)  # names of the targets columns
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,7 +188,82 @@ class BuildResult:
             "image_shape": self.image_shape,
             "seconds": round(self.seconds, 3),
             "resumed": self.resumed,
+            "ignored": self.ignored,
+            "new_classes": self.new_classes,
+            "targets": self.targets,
         }
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """The images to pack and what labels them, fixed before any decoding.
+
+    ``scan.entries``: the images in pack order with their label index into
+    ``scan.classes``; ``targets``: float32 [len(entries), K] aligned with them, or None.
+    """
+
+    scan: Scan
+    targets: np.ndarray | None = None
+    target_names: tuple[str, ...] = ()
+    new_classes: list[str] = field(default_factory=list)
+    ignored: int = 0
+    class_map: str | None = None  # absolute path of --classes
+    table: str | None = None  # absolute path of --labels
+    table_sha256: str | None = None
+
+
+def _plan_labels(src: Path, config: BuildConfig) -> _Labels:
+    """Find the images and fix their labels: class folders through the ``--classes`` map,
+    or the rows of a ``--labels`` table. Raises InputError for a class not in the map,
+    a bad table (with its row number) or a table that names no image under ``src``."""
+    fixed = read_class_map(config.classes) if config.classes is not None else None
+    class_map = str(config.classes.resolve()) if config.classes is not None else None
+    if config.labels is None:
+        scan = scan_tree(src)
+        classes, new = resolve_classes(
+            scan.classes, fixed, config.allow_new_classes, map_source=config.classes
+        )
+        if new:
+            log.warning("classes not in %s, appended at the end: %s", config.classes, new)
+        return _Labels(scan=apply_class_map(scan, classes), new_classes=new, class_map=class_map)
+    table_path = config.labels
+    table = read_table(
+        table_path,
+        targets=config.targets,
+        classes=fixed,
+        allow_new_classes=config.allow_new_classes,
+    )
+    try:
+        table_sha = digest(table_path.read_bytes())
+    except OSError as e:
+        raise InputError(f"{table_path}: cannot read the label table ({e.strerror})") from None
+    found = list_images(src)
+    match = apply_table(table, [e.rel for e in found.entries], src=src)
+    if not match.entries:
+        first = match.missing[0][0]
+        raise InputError(
+            f"{table_path}: none of its {len(table)} rows names an image under {src} "
+            f"(first: {first!r}); paths are relative to SRC, check SRC and the table"
+        )
+    if match.ignored:
+        log.info("%d image(s) under %s have no row in %s; ignored", match.ignored, src, table_path)
+    missing = [{"path": rel, "reason": reason} for rel, reason in match.missing]
+    scan = Scan(
+        root=found.root,
+        classes=list(table.classes),
+        entries=match.entries,
+        skipped=found.skipped + missing,
+    )
+    return _Labels(
+        scan=scan,
+        targets=match.targets,
+        target_names=tuple(table.target_names),
+        new_classes=list(table.new_classes),
+        ignored=match.ignored,
+        class_map=class_map,
+        table=str(table_path.resolve()),
+        table_sha256=table_sha,
+    )
 
 
 def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
@@ -249,13 +371,25 @@ def _decode_chunk(
 # ---------------------------------------------------------------- the build
 
 
-def _fingerprint(scan: Scan, config: BuildConfig) -> str:
+def _fingerprint(plan: _Labels, config: BuildConfig) -> str:
+    """What the rows and labels of the work folder depend on: a rerun resumes only when
+    this is unchanged (options, class map, table and targets, every source's stat)."""
+    scan = plan.scan
     h = hashlib.sha256()
     h.update(
         json.dumps(
             [FORMAT_VERSION, list(config.size), config.resize, config.max_pixels, scan.classes]
         ).encode()
     )
+    if plan.table_sha256 is not None or plan.class_map is not None:
+        # only with --classes/--labels, so plain builds keep their fingerprint
+        targets = b"" if plan.targets is None else plan.targets.astype("<f4").tobytes()
+        h.update(
+            json.dumps(
+                [plan.class_map, plan.table, plan.table_sha256, list(plan.target_names)]
+            ).encode()
+        )
+        h.update(hashlib.sha256(targets).digest())
     for e in scan.entries:
         try:
             st = os.stat(scan.root / e.rel)
@@ -285,14 +419,14 @@ def build(
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
-    scan = scan_tree(src)
+    plan = _plan_labels(src, config)
     check_destination(src, dst, config.overwrite)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with dest_lock(dst) as work:
             recover_trash(dst)
             check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
-            result = _build_locked(scan, dst, work, config, progress, on_start, t0)
+            result = _build_locked(plan, dst, work, config, progress, on_start, t0)
             result.path = given
             return result
     except OSError as e:
@@ -433,7 +567,7 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
 
 
 def _build_locked(
-    scan: Scan,
+    plan: _Labels,
     dst: Path,
     work: Path,
     config: BuildConfig,
@@ -442,6 +576,7 @@ def _build_locked(
     t0: float,
 ) -> BuildResult:
     spec = config.spec
+    scan = plan.scan
     n_total = len(scan.entries)
     row = image_bytes(spec.shape)
     block = block_rows_for(n_total)
@@ -449,7 +584,7 @@ def _build_locked(
         (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
         for k in range((n_total + block - 1) // block)
     ]
-    fingerprint = _fingerprint(scan, config)
+    fingerprint = _fingerprint(plan, config)
     workers = min(config.workers or default_workers(), len(chunks))
 
     # started first: its processes boot while this one fingerprints and preallocates
@@ -475,7 +610,7 @@ def _build_locked(
             _stop_pool(pool)
         raise
     t_decoded = time.perf_counter()
-    result = _finalize(scan, dst, work, config, state, block, resumed, t0, fingerprint)
+    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
@@ -492,7 +627,7 @@ def _reached(step: str) -> None:
 
 
 def _finalize(
-    scan: Scan,
+    plan: _Labels,
     dst: Path,
     work: Path,
     config: BuildConfig,
@@ -511,10 +646,11 @@ def _finalize(
     (:func:`recover_trash`).
     """
     spec = config.spec
+    scan = plan.scan
     if state.assembled:  # a crash came after the pack was complete: only the move is left
         m = read_manifest(work)
         count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
-        return _move_into_place(work, dst, count, skipped, scan, spec, resumed, t0)
+        return _move_into_place(work, dst, count, skipped, plan, spec, resumed, t0)
     done = state.done
     spec = config.spec
     row = image_bytes(spec.shape)
@@ -553,9 +689,20 @@ def _finalize(
     _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
     _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
+    targets_sha = ""
+    if plan.targets is not None:
+        # the same kept rows as the labels; float32 as read, never cast (little-endian
+        # C-order, what tensordict's memmap and packer.load map)
+        targets = np.ascontiguousarray(plan.targets[keep], dtype="<f4")
+        _write_atomic(work / DATA_DIR / TARGETS_FILE, targets.tobytes())
+        targets_sha = digest(targets.tobytes())
     _reached("labels")
     skipped = _skip_list(scan, skip_reason)
-    counts = np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
+    counts = (
+        np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
+        if scan.classes
+        else []  # integer labels from a table without a map: no classes to count
+    )
     manifest = Manifest(
         count=n,
         image_shape=spec.shape,
@@ -570,8 +717,18 @@ def _finalize(
             source_root=str(scan.root.resolve()),
             imgpack_version=__version__,
             created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            labels_table=plan.table,
+            labels_sha256=plan.table_sha256,
+            unlisted=plan.ignored if plan.table is not None else None,
         ),
-        checksums=Checksums(block_rows=block, images=tuple(shas), labels=digest(labels.tobytes())),
+        checksums=Checksums(
+            block_rows=block,
+            images=tuple(shas),
+            labels=digest(labels.tobytes()),
+            targets=targets_sha,
+        ),
+        targets=plan.target_names,
+        class_map=plan.class_map,
     )
     write_pack_metadata(work, manifest)
     fsync_dir(work / DATA_DIR)
@@ -579,7 +736,7 @@ def _finalize(
     _reached("manifest")
     mark_assembled(work, fingerprint)
     _reached("assembled")
-    return _move_into_place(work, dst, n, skipped, scan, spec, resumed, t0)
+    return _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
 
 
 def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:
@@ -593,7 +750,7 @@ def _move_into_place(
     dst: Path,
     count: int,
     skipped: list[dict[str, str]],
-    scan: Scan,
+    plan: _Labels,
     spec: ResizeSpec,
     resumed: int,
     t0: float,
@@ -619,10 +776,13 @@ def _move_into_place(
         path=dst,
         count=count,
         skipped=skipped,
-        classes=scan.classes,
+        classes=plan.scan.classes,
         image_shape=list(spec.shape),
         seconds=time.perf_counter() - t0,
         resumed=resumed,
+        ignored=plan.ignored,
+        new_classes=list(plan.new_classes),
+        targets=list(plan.target_names),
     )
 
 

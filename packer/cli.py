@@ -201,6 +201,33 @@ def cli() -> None:
 @click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@click.option(
+    "--classes",
+    "class_map",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Fix the class -> index map: a text file (one class name per line, in index "
+    "order) or an existing pack, whose map is reused.",
+)
+@click.option(
+    "--allow-new-classes",
+    is_flag=True,
+    help="Append classes missing from the --classes map at the end instead of refusing them.",
+)
+@click.option(
+    "--labels",
+    "labels_table",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Labels from a table (.csv, .tsv, .parquet) with a 'path' column (relative to "
+    "SRC) and a 'label' column (class names or integers), instead of class folders.",
+)
+@click.option(
+    "--targets",
+    default=None,
+    help="Comma-separated numeric columns of the --labels table, stored as a float32 "
+    "targets [N, K] field.",
+)
 @handle_errors
 @sigterm_as_interrupt
 def build(
@@ -214,12 +241,19 @@ def build(
     strict: bool,
     as_json: bool,
     quiet: bool,
+    class_map: Path | None,
+    allow_new_classes: bool,
+    labels_table: Path | None,
+    targets: str | None,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
     SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
     folder indices, as torchvision's ImageFolder assigns them) or a flat folder
-    of images (labels -1). Images that cannot be decoded are skipped and listed.
+    of images (labels -1). --classes fixes the indices instead, so a val split
+    missing a class keeps train's. --labels takes the labels from a table; its
+    rows whose file is missing are skipped, images it does not list are ignored.
+    Images that cannot be decoded are skipped and listed.
     An interrupted build resumes when the same command is run again.
 
     \b
@@ -227,12 +261,22 @@ def build(
       imgpack build ./imgs ./tensors
       imgpack build ./imgs ./tensors --size 320x240 --resize pad --workers 8
       imgpack build ./imgs ./tensors --overwrite --json > build.json
+      imgpack build ./val ./val_pack --classes ./train_pack
+      imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
     """
     from .build import BuildConfig
     from .build import build as run_build
 
     config = BuildConfig(
-        size=size, resize=resize, workers=workers, overwrite=overwrite, max_pixels=max_pixels
+        size=size,
+        resize=resize,
+        workers=workers,
+        overwrite=overwrite,
+        max_pixels=max_pixels,
+        classes=class_map,
+        allow_new_classes=allow_new_classes,
+        labels=labels_table,
+        targets=tuple(c.strip() for c in targets.split(",")) if targets is not None else (),
     )
     result = _run_with_bar("build", quiet, as_json, functools.partial(run_build, src, dst, config))
     if as_json:
@@ -243,9 +287,16 @@ def build(
             f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
             f"into {dst} in {result.seconds:.1f} s"
             + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
+            + (
+                f" ({result.ignored} not in {labels_table}: ignored)"
+                if labels_table is not None
+                else ""
+            )
             + (f" (resumed: {result.resumed} were already done)" if result.resumed else ""),
             err=True,
         )
+        if result.new_classes:
+            click.echo(f"Appended to the class map: {', '.join(result.new_classes)}", err=True)
     if strict and result.skipped:
         sys.exit(EXIT_PROBLEM)
 
@@ -255,7 +306,7 @@ def build(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def info(pack: Path, as_json: bool) -> None:
-    """Show what a pack holds: count, shape, classes, size on disk, build options.
+    """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
 
     \b
     Examples:
@@ -273,12 +324,22 @@ def info(pack: Path, as_json: bool) -> None:
     click.echo(f"pack      {pack}")
     click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
     click.echo(f"on disk   {_human_bytes(out['bytes'])}")
+    if b.get("labels_table"):
+        click.echo(
+            f"labels    from {b['labels_table']} ({b.get('unlisted', 0)} images under the "
+            "source had no row: ignored)"
+        )
     if out["classes"]:
-        click.echo(f"classes   {len(out['classes'])}")
-        for name, k in out["class_counts"].items():
-            click.echo(f"  {k:>8}  {name}")
+        click.echo(f"classes   {len(out['classes'])} (index, images, name)")
+        for name, idx in out["class_to_idx"].items():
+            click.echo(f"  {idx:>4}  {out['class_counts'][name]:>8}  {name}")
+    elif b.get("labels_table"):
+        click.echo("classes   none (integer labels from the table; -1 = no label)")
     else:
         click.echo("classes   none (flat folder; labels are -1)")
+    t = out["targets"]
+    if t:
+        click.echo(f"targets   {t['dtype']} {t['shape']}: {', '.join(t['names'])}")
     click.echo(
         f"built     from {b.get('source_root')} at {b.get('created')} "
         f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"

@@ -7,6 +7,7 @@ A pack is a directory::
       _tensordict/meta.json      tensordict: shapes and dtypes of the fields
       _tensordict/images.memmap  uint8 [N, 3, H, W], raw C-order bytes
       _tensordict/labels.memmap  int64 [N], raw little-endian bytes
+      _tensordict/targets.memmap float32 [N, K], only with ``--targets`` (C-order, little-endian)
       imgpack.json               imgpack's manifest: :class:`Manifest`
 
 The two ``meta.json`` files follow tensordict's ``memmap_()`` layout, so
@@ -50,6 +51,8 @@ MAX_MANIFEST_BYTES = 2 << 30
 MAX_COUNT = 1 << 40
 STORAGE_KINDS = ("raw",)  # "jpeg" comes next: variable-size rows with an offset table
 DTYPE_BYTES = {"uint8": 1, "int64": 8, "float32": 4}
+LABEL_DTYPE = "int64"  # labels: int64 [N]; anything else is refused on load, never cast
+TARGET_DTYPE = "float32"  # targets: float32 [N, K]; likewise
 _FORBIDDEN_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".npy", ".py", ".so")
 
 
@@ -71,6 +74,10 @@ class Layout:
     def labels(self) -> Path:
         return self.root / DATA_DIR / LABELS_FILE
 
+    @property
+    def targets(self) -> Path:
+        return self.root / DATA_DIR / TARGETS_FILE
+
 
 # ---------------------------------------------------------------- the manifest
 
@@ -91,17 +98,22 @@ class BuildInfo:
     source_root: str | None = None  # absolute path of the source folder at build time
     imgpack_version: str | None = None
     created: str | None = None  # ISO 8601 local time
+    labels_table: str | None = None  # absolute path of the ``--labels`` table
+    labels_sha256: str | None = None  # SHA-256 of the table's bytes at build time
+    unlisted: int | None = None  # images under SRC the table has no row for (ignored)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Checksums:
-    """SHA-256 of the image data per block of ``block_rows`` rows, and of the labels."""
+    """SHA-256 of the image data per block of ``block_rows`` rows, of the labels, and
+    of the targets (``""`` for a pack without them)."""
 
     block_rows: int
     images: tuple[str, ...] = ()
     labels: str = ""
     algorithm: str = CHECKSUM
+    targets: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,17 @@ class Manifest:
 
     Optional fields (defaults = today's packs) are what later formats add: write them
     in :meth:`to_json` only when set, so packs without them stay byte-identical.
+
+    Labels and targets (issue 15) are recorded with their dtype and shape and checked
+    on load; a pack whose record says anything but int64 ``[count]`` labels and float32
+    ``[count, K]`` targets is refused, never cast. On disk::
+
+        "label_dtype": "int64", "label_shape": [N],
+        "targets": {"names": ["col", ...], "dtype": "float32", "shape": [N, K]}   # if any
+        "class_map": "/abs/path/of/--classes"                                     # if given
+
+    ``label_dtype``/``label_shape`` are written for every pack (older packs without
+    them read as int64 ``[count]``); ``targets`` only for a pack that has them.
     """
 
     count: int
@@ -140,9 +163,14 @@ class Manifest:
     build: BuildInfo = BuildInfo()
     version: int = FORMAT_VERSION
     storage: str = "raw"  # how images are stored: one uint8 [3, H, W] row each
-    label_dtype: str = "int64"
+    label_dtype: str = LABEL_DTYPE
     targets: tuple[str, ...] = ()  # column names of a float32 ``targets`` [N, K] field
     class_map: str | None = None  # where a fixed class list came from (``--classes``)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label index (the order of ``classes``)."""
+        return {c: i for i, c in enumerate(self.classes)}
 
     @property
     def height(self) -> int:
@@ -164,7 +192,7 @@ class Manifest:
             FieldSpec("labels", LABELS_FILE, self.label_dtype, ()),
         ]
         if self.targets:
-            out.append(FieldSpec("targets", TARGETS_FILE, "float32", (len(self.targets),)))
+            out.append(FieldSpec("targets", TARGETS_FILE, TARGET_DTYPE, (len(self.targets),)))
         return tuple(out)
 
     # ---------------------------------------------------------------- JSON
@@ -177,7 +205,7 @@ class Manifest:
             "resize": self.resize,
             "max_pixels": self.build.max_pixels,
         }
-        for key in ("source_root", "imgpack_version", "created"):
+        for key in _BUILD_KEYS:
             value = getattr(self.build, key)
             if value is not None:
                 build[key] = value
@@ -201,13 +229,12 @@ class Manifest:
                 "images": list(self.checksums.images),
                 "labels": self.checksums.labels,
             },
+            **label_fields_json(self.count, self.targets, self.label_dtype),
         }
+        if self.checksums.targets:
+            out["checksums"]["targets"] = self.checksums.targets
         if self.storage != "raw":
             out["storage"] = self.storage
-        if self.label_dtype != "int64":
-            out["label_dtype"] = self.label_dtype
-        if self.targets:
-            out["targets"] = list(self.targets)
         if self.class_map is not None:
             out["class_map"] = self.class_map
         return out
@@ -227,6 +254,81 @@ class Manifest:
 
 class _Bad(Exception):
     pass
+
+
+_BUILD_KEYS = (
+    "source_root",
+    "imgpack_version",
+    "created",
+    "labels_table",
+    "labels_sha256",
+    "unlisted",
+)
+
+
+def label_fields_json(
+    count: int, target_names: Iterable[str] = (), label_dtype: str = LABEL_DTYPE
+) -> dict[str, Any]:
+    """The manifest keys recording the labels' and targets' dtype and shape."""
+    out: dict[str, Any] = {"label_dtype": label_dtype, "label_shape": [count]}
+    names = list(target_names)
+    if names:
+        out["targets"] = {"names": names, "dtype": TARGET_DTYPE, "shape": [count, len(names)]}
+    return out
+
+
+def _label_fields(m: Mapping[str, Any], n: int) -> tuple[str, tuple[str, ...]]:
+    """``(label_dtype, target names)`` of a manifest's label keys, checked against ``n``
+    images. Absent keys (packs made before they existed) mean int64 ``[n]``, no targets."""
+    label_dtype = m.get("label_dtype", LABEL_DTYPE)
+    _want(
+        label_dtype == LABEL_DTYPE,
+        f"labels recorded as {label_dtype!r}, expected {LABEL_DTYPE!r} (field 'label_dtype'); "
+        "imgpack never casts labels, rebuild the pack",
+    )
+    shape = m.get("label_shape", [n])
+    _want(
+        isinstance(shape, list) and len(shape) == 1 and _is_int(shape[0]) and shape[0] == n,
+        f"label_shape {shape!r} does not match {n} images (field 'label_shape'); rebuild the pack",
+    )
+    t = m.get("targets")
+    if t is None:
+        return label_dtype, ()
+    names = t.get("names") if isinstance(t, dict) else None
+    ok = (
+        isinstance(t, dict)
+        and set(t) == {"names", "dtype", "shape"}
+        and isinstance(names, list)
+        and len(names) > 0
+        and all(isinstance(c, str) and c for c in names)
+        and len(set(names)) == len(names)
+        and t.get("dtype") == TARGET_DTYPE
+        and isinstance(t.get("shape"), list)
+        and len(t["shape"]) == 2
+        and all(_is_int(v) for v in t["shape"])
+        and t["shape"] == [n, len(names)]
+    )
+    _want(
+        ok,
+        f"targets recorded as {_short(t)}; expected {{'names': [K distinct names], "
+        f"'dtype': {TARGET_DTYPE!r}, 'shape': [{n}, K]}} (field 'targets'); imgpack never "
+        "casts targets, rebuild the pack",
+    )
+    return label_dtype, tuple(names)
+
+
+def _short(v: Any, limit: int = 200) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_label_fields_json(obj: Mapping[str, Any], count: int, where: str) -> tuple[str, ...]:
+    """Check the label keys of a manifest (dict) for ``count`` images; return the target
+    names (``()`` without targets). Raises PackFormatError naming ``where``."""
+    try:
+        return _label_fields(obj, count)[1]
+    except _Bad as e:
+        raise PackFormatError(f"{where}: {e}") from None
 
 
 def _want(ok: bool, what: str) -> None:
@@ -311,11 +413,7 @@ def _parse(m: Any) -> Manifest:
         f"storage {storage!r} is not one this imgpack reads ({', '.join(STORAGE_KINDS)}); "
         "upgrade imgpack",
     )
-    label_dtype = m.get("label_dtype", "int64")
-    _want(label_dtype == "int64", f"field 'label_dtype' {label_dtype!r} is not 'int64'")
-    targets = m.get("targets", [])
-    _want(isinstance(targets, list), "field 'targets' must be a list of column names")
-    targets = _strs(targets, "target column names")
+    label_dtype, targets = _label_fields(m, n)
     class_map = _str(m, "class_map", optional=True)
 
     classes = _strs(_list(m, "classes"), "class names")
@@ -360,11 +458,11 @@ def _parse(m: Any) -> Manifest:
         source_root=_str(b, "source_root", "build.", optional=True),
         imgpack_version=_str(b, "imgpack_version", "build.", optional=True),
         created=_str(b, "created", "build.", optional=True),
+        labels_table=_str(b, "labels_table", "build.", optional=True),
+        labels_sha256=_str(b, "labels_sha256", "build.", optional=True),
+        unlisted=_int(b, "unlisted", "build.", hi=MAX_COUNT) if "unlisted" in b else None,
         extra={
-            k: v
-            for k, v in b.items()
-            if k
-            not in ("size", "resize", "max_pixels", "source_root", "imgpack_version", "created")
+            k: v for k, v in b.items() if k not in ("size", "resize", "max_pixels", *_BUILD_KEYS)
         },
     )
     ck = _dict(m, "checksums")
@@ -374,8 +472,14 @@ def _parse(m: Any) -> Manifest:
         images=_strs(images, "checksums.images"),
         labels=_str(ck, "labels", "checksums."),
         algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
+        targets=_str(ck, "targets", "checksums.") if targets or "targets" in ck else "",
     )
     _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
+    _want(
+        bool(checksums.targets) == bool(targets),
+        "field 'checksums.targets' must be given exactly when the pack has targets; "
+        "rebuild the pack",
+    )
     return Manifest(
         count=n,
         image_shape=(shape[0], shape[1], shape[2]),
@@ -518,12 +622,18 @@ def write_pack_metadata(root: Path, manifest: Manifest) -> None:
 
 
 def checksums_of(root: Path, count: int, image_shape: Iterable[int]) -> Checksums:
-    """Hash a pack's data files as a build records them."""
+    """Hash a pack's data files as a build records them (the targets when present)."""
     lay = Layout(Path(root))
     block = block_rows_for(count)
     row = image_bytes(image_shape)
     shas = hash_blocks(lay.images, row * block, -(-count // block))
-    return Checksums(block_rows=block, images=tuple(shas), labels=digest(lay.labels.read_bytes()))
+    targets = digest(lay.targets.read_bytes()) if lay.targets.is_file() else ""
+    return Checksums(
+        block_rows=block,
+        images=tuple(shas),
+        labels=digest(lay.labels.read_bytes()),
+        targets=targets,
+    )
 
 
 def write_pack(
@@ -531,12 +641,15 @@ def write_pack(
     images: Iterable[bytes | memoryview],
     labels: Iterable[int],
     manifest: Manifest,
+    targets: Iterable[Iterable[float]] | None = None,
 ) -> Path:
     """Write a whole pack at ``root`` from image bytes and labels, for synthetic packs
     and tests; the build writes its data its own way and ends in :func:`write_pack_metadata`.
 
     ``images``: chunks of raw uint8 rows, C-order [*, 3, H, W], ``manifest.count``
-    rows in all. ``labels``: ``manifest.count`` ints. The checksums of
+    rows in all. ``labels``: ``manifest.count`` ints. ``targets``: with
+    ``manifest.targets`` (K names), ``manifest.count`` rows of K floats, stored as
+    float32 [N, K]. The checksums of
     ``manifest`` are replaced by those of the data written. The pack is written
     under a temporary name and renamed into place, so ``root`` is whole or absent.
     """
@@ -568,6 +681,19 @@ def write_pack(
         f.write(struct.pack(f"<{len(lab)}q", *lab))
         f.flush()
         os.fsync(f.fileno())
+    rows = [list(r) for r in targets] if targets is not None else []
+    k = len(manifest.targets)
+    if (targets is not None) != bool(k) or len(rows) != (manifest.count if k else 0):
+        shutil.rmtree(work)
+        raise ValueError(f"write_pack: {len(rows)} target rows for {manifest.count} images")
+    if k:
+        if any(len(r) != k for r in rows):
+            shutil.rmtree(work)
+            raise ValueError(f"write_pack: target rows must hold {k} values each")
+        with open(lay.targets, "wb") as f:
+            f.write(struct.pack(f"<{len(rows) * k}f", *(v for r in rows for v in r)))
+            f.flush()
+            os.fsync(f.fileno())
     manifest = replace(manifest, checksums=checksums_of(work, manifest.count, manifest.image_shape))
     write_pack_metadata(work, manifest)
     os.replace(work, root)
@@ -663,7 +789,8 @@ def check_files(root: Path, m: Manifest) -> None:
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What ``imgpack info --json`` prints: count, shape, classes and their counts,
-    bytes on disk, build options, skipped inputs, format version."""
+    the class -> index map, the targets (names, dtype, shape; None without), bytes on
+    disk, build options, skipped inputs, format version."""
     root = Path(path)
     m = read_manifest(root)
     classes = list(m.classes)
@@ -675,6 +802,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "image_shape": list(m.image_shape),
         "classes": classes,
         "class_counts": dict(zip(classes, counts)),
+        "class_to_idx": m.class_to_idx,
+        "targets": j.get("targets"),
         "bytes": pack_bytes(root),
         "build": j["build"],
         "skipped": j["skipped"],

@@ -49,38 +49,24 @@ Label tables (``--labels TABLE [--targets COL,...]``)
     file is not found are skips with a reason; images with no row are ignored and
     counted.
 
-Manifest fields (for the integrator to write in ``imgpack.json`` and check on load;
-:func:`label_fields` makes them, :func:`check_label_fields` checks arrays against them)::
+Manifest fields (the schema is :mod:`packer.format`'s: :class:`~packer.format.Manifest`
+writes them for every pack and checks them on load; :func:`label_fields` and
+:func:`check_label_fields` here are the same rules on plain arrays and dicts)::
 
     "label_dtype": "int64",
     "label_shape": [N],
-    "targets": null | {"names": ["col1", ...], "dtype": "float32", "shape": [N, K]}
+    "targets": {"names": ["col1", ...], "dtype": "float32", "shape": [N, K]}   # only with targets
 
 Anything else is refused, never cast (:func:`check_label_arrays`).
 
-How build wires it in (a few lines in ``build``, after ``--classes``/``--labels`` are
-parsed; ``fixed = read_class_map(path) if --classes else None``)::
-
-    if labels_table is None:
-        scan = scan_tree(src)                                   # (rel, folder class)
-        classes, new = resolve_classes(scan.classes, fixed, allow_new)
-        scan = apply_class_map(scan, classes)                   # labels re-indexed
-        targets = None
-    else:
-        table = read_table(labels_table, targets=target_cols, classes=fixed,
-                           allow_new_classes=allow_new)
-        found = list_source_images(src)                          # every image, sorted
-        match = apply_table(table, found, src=src)
-        scan = Scan(root=Path(src), classes=table.classes, entries=match.entries)
-        targets = match.targets                                  # float32 [M, K] | None
-        skipped += match.missing                                 # [(rel, reason)]
-        log.info("%d image(s) under %s have no row in %s; ignored",
-                 match.ignored, src, table.source)
-
-Then ``targets`` is subset by the same ``keep`` rows as the labels (images that fail
-to decode), written beside ``labels`` as ``targets.memmap`` (float32 C-order), and
-``label_fields(labels, targets, table.target_names)`` goes into the manifest. The
-build fingerprint must include the targets (their bytes' digest) and the table path.
+How :func:`packer.build.build` uses this module (``_plan_labels`` there): without a
+table, ``scan_tree`` then :func:`resolve_classes` and :func:`apply_class_map` against
+the ``--classes`` map; with one, :func:`read_table` (the map passed as ``classes``),
+:func:`packer.scan.list_images` and :func:`apply_table`, whose ``missing`` rows become
+skips and whose ``ignored`` count is reported. The targets are subset by the same kept
+rows as the labels (images that fail to decode), written beside ``labels`` as
+``targets.memmap`` (float32 C-order) and checksummed; the resume fingerprint holds the
+table's SHA-256, the class map and the targets' bytes.
 """
 
 from __future__ import annotations
@@ -100,8 +86,8 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, PackerError, PackFormatError, UsageError
-from .format import MANIFEST
-from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, walk_images
+from .format import LABEL_DTYPE, MANIFEST, TARGET_DTYPE, check_label_fields_json, label_fields_json
+from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, list_images
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +95,6 @@ UNLABELED = -1
 PATH_COLUMN = "path"
 LABEL_COLUMN = "label"
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
-LABEL_DTYPE = "int64"
-TARGET_DTYPE = "float32"
 _MAX_CLASS_FILE_BYTES = 64 << 20
 _MAX_MANIFEST_BYTES = 2 << 30
 _INT_RE = re.compile(r"[+-]?[0-9]+")
@@ -250,17 +234,14 @@ def apply_class_map(scan: Scan, classes: Sequence[str]) -> Scan:
         raise InputError(f"{scan.root}: classes {missing} are not in the class map")
     remap = [index[c] for c in scan.classes]
     entries = [e if e.label == UNLABELED else Entry(e.rel, remap[e.label]) for e in scan.entries]
-    return Scan(root=scan.root, classes=list(classes), entries=entries)
+    return Scan(root=scan.root, classes=list(classes), entries=entries, skipped=scan.skipped)
 
 
 def list_source_images(src: str | os.PathLike[str]) -> list[str]:
     """Every image under ``src``, recursively, as POSIX paths relative to it, sorted as
     ImageFolder sorts (folder path, then name). For table labels: unlike
     :func:`packer.scan.scan_tree`, images directly in ``src`` count too."""
-    root = Path(src)
-    if not root.is_dir():
-        raise InputError(f"{root}: no such folder; check the path")
-    return [Path(os.path.relpath(p, root)).as_posix() for p in walk_images(root)]
+    return [e.rel for e in list_images(src).entries]
 
 
 # ---------------------------------------------------------------- label tables
@@ -473,7 +454,7 @@ def read_table(
     """
     path = Path(path)
     target_names = list(targets or [])
-    _check_target_names(target_names)
+    check_target_names(target_names)
     suffix = path.suffix.lower()
     if suffix not in TABLE_SUFFIXES:
         raise InputError(
@@ -495,13 +476,15 @@ def read_table(
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise InputError(
-            f"{path}: column(s) {', '.join(map(repr, dup))} appear twice in the header"
+            f"{path} row {header_row} (the header): column(s) {', '.join(map(repr, dup))} "
+            "appear twice"
         )
     need = [PATH_COLUMN] + ([] if target_names else [LABEL_COLUMN]) + target_names
     missing = [c for c in need if c not in header]
     if missing:
         raise InputError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))}; it has "
+            f"{path} row {header_row} (the header): missing column(s) "
+            f"{', '.join(map(repr, missing))}; it has "
             f"{', '.join(map(repr, header)) or 'none'}. A label table needs '{PATH_COLUMN}' "
             f"(relative to SRC) and '{LABEL_COLUMN}' (class names or integers)"
         )
@@ -556,7 +539,7 @@ def read_table(
     )
 
 
-def _check_target_names(names: list[str]) -> None:
+def check_target_names(names: list[str]) -> None:
     for c in names:
         if not c or c != c.strip():
             raise UsageError(f"--targets: empty or padded column name {c!r}")
@@ -763,13 +746,13 @@ def check_label_arrays(
 
 def label_fields(labels: Any, targets: Any | None, target_names: Sequence[str]) -> dict[str, Any]:
     """The manifest fields describing ``labels`` (int64 [N]) and ``targets`` (float32
-    [N, K] or None), after checking them with :func:`check_label_arrays`."""
+    [N, K] or None), after checking them with :func:`check_label_arrays`; ``targets``
+    is None in the result for a pack without targets."""
     n, k = check_label_arrays(labels, targets, error=InputError)
-    fields: dict[str, Any] = {"label_dtype": LABEL_DTYPE, "label_shape": [n], "targets": None}
-    if targets is not None:
-        if len(target_names) != k:
-            raise InputError(f"{len(target_names)} target names for {k} target columns")
-        fields["targets"] = {"names": list(target_names), "dtype": TARGET_DTYPE, "shape": [n, k]}
+    if targets is not None and len(target_names) != k:
+        raise InputError(f"{len(target_names)} target names for {k} target columns")
+    fields: dict[str, Any] = {"targets": None}
+    fields.update(label_fields_json(n, target_names if targets is not None else ()))
     return fields
 
 
@@ -780,30 +763,5 @@ def check_label_fields(fields: dict[str, Any], count: int, where: str) -> list[s
     :class:`PackFormatError` for any dtype or shape other than int64 [count] and
     float32 [count, K]: a pack with other label types is refused, never cast.
     """
-    if fields.get("label_dtype", LABEL_DTYPE) != LABEL_DTYPE:
-        raise PackFormatError(
-            f"{where}: labels recorded as {fields.get('label_dtype')!r}, expected {LABEL_DTYPE!r}"
-        )
-    if fields.get("label_shape", [count]) != [count]:
-        raise PackFormatError(
-            f"{where}: label_shape {fields.get('label_shape')!r} does not match {count} images"
-        )
-    t = fields.get("targets")
-    if t is None:
-        return None
-    ok = (
-        isinstance(t, dict)
-        and t.get("dtype") == TARGET_DTYPE
-        and isinstance(t.get("names"), list)
-        and all(isinstance(c, str) for c in t["names"])
-        and isinstance(t.get("shape"), list)
-        and len(t["shape"]) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in t["shape"])
-        and t["shape"] == [count, len(t["names"])]
-    )
-    if not ok:
-        raise PackFormatError(
-            f"{where}: targets recorded as {t!r}; expected "
-            f"{{'names': [...K], 'dtype': {TARGET_DTYPE!r}, 'shape': [{count}, K]}}"
-        )
-    return list(t["names"])
+    names = check_label_fields_json(fields, count, where)
+    return list(names) if names else None

@@ -11,20 +11,25 @@ from tensordict import MemoryMappedTensor, tensorclass
 
 from .errors import PackFormatError, UsageError
 from .format import DATA_DIR, Manifest, check_files, read_manifest
+from .labels import check_label_arrays
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
 
 @tensorclass
 class ImagePack:
-    """A packed image dataset: N images of one size, with labels.
+    """A packed image dataset: N images of one size, with labels and optional targets.
 
     Fields (memory-mapped, read-only: in-place edits stay in this process's memory):
       images: Tensor[N, 3, H, W], uint8 in [0, 255], RGB.
-      labels: Tensor[N], int64; class index into ``classes``, or -1 for unlabeled.
+      labels: Tensor[N], int64; class index into ``classes``, or -1 for unlabeled
+        (with no ``classes``: integer labels from a table, or -1 for a flat folder).
+      targets: Tensor[N, K], float32, any finite values: the ``--targets`` columns of
+        a label table, in ``target_names`` order; None for a pack without targets.
     Attributes of a pack from :func:`packer.load` (not carried by slices):
-      classes: list[str], sources: list[str] (relative source path of each image),
-      manifest: :class:`packer.format.Manifest`, path: Path.
+      classes: list[str], class_to_idx: dict[str, int] (name -> label index),
+      target_names: list[str] (``[]`` without targets), sources: list[str] (relative
+      source path of each image), manifest: :class:`packer.format.Manifest`, path: Path.
 
     ``ImagePack.load_memmap(path)`` and ``ImagePack.load(path)`` are
     :func:`packer.load`: tensordict's own loader would unpickle files planted in
@@ -33,10 +38,21 @@ class ImagePack:
 
     images: torch.Tensor
     labels: torch.Tensor
+    targets: torch.Tensor | None = None
 
     @property
     def classes(self) -> list[str]:
         return self._attr("_imgpack_classes")
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label index, as ``torchvision.datasets.ImageFolder.class_to_idx``."""
+        return dict(self.manifest.class_to_idx)
+
+    @property
+    def target_names(self) -> list[str]:
+        """Names of the ``targets`` columns, in order; ``[]`` for a pack without targets."""
+        return list(self.manifest.targets)
 
     @property
     def sources(self) -> list[str]:
@@ -55,8 +71,8 @@ class ImagePack:
             return self.__dict__[name]
         except KeyError:
             raise AttributeError(
-                "classes/sources/manifest/path belong to a whole pack from packer.load(), "
-                "not a slice"
+                "classes/class_to_idx/target_names/sources/manifest/path belong to a whole "
+                "pack from packer.load(), not a slice"
             ) from None
 
     # tensordict's loaders read meta.json and unpickle ``other.pickle`` (allow_pickle
@@ -101,11 +117,13 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     """Open the pack at ``path`` read-only, without running anything from it.
 
     Returns an :class:`ImagePack` (``len(pack)`` is N) whose ``images``
-    (uint8 [N, 3, H, W], 0-255, RGB) and ``labels`` (int64 [N]) are
-    memory-mapped copy-on-write: reads come from the page cache, and in-place
-    edits stay in this process. ``pack.classes``, ``pack.sources`` and
+    (uint8 [N, 3, H, W], 0-255, RGB), ``labels`` (int64 [N]) and ``targets``
+    (float32 [N, K], or None) are memory-mapped copy-on-write: reads come from the
+    page cache, and in-place edits stay in this process. ``pack.classes``,
+    ``pack.class_to_idx``, ``pack.target_names``, ``pack.sources`` and
     ``pack.manifest`` come from the manifest. Raises PackFormatError for a
-    missing, damaged, untrusted or newer-format pack.
+    missing, damaged, untrusted or newer-format pack, and for labels or targets
+    recorded with another dtype or shape (never cast).
 
     ``manifest``: one already read (and its files checked) by the caller, as
     ``verify`` does, so the pack is parsed and walked once.
@@ -125,11 +143,18 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
             tensors[spec.name] = MemoryMappedTensor.from_filename(
                 root / DATA_DIR / spec.file, dtype, shape, mode="r"
             )
-    if set(tensors) != {"images", "labels"}:
+    if not {"images", "labels"} <= set(tensors) <= {"images", "labels", "targets"}:
         raise PackFormatError(
             f"{root}: holds fields {sorted(tensors)} this imgpack cannot open; upgrade imgpack"
         )
-    pack = ImagePack(images=tensors["images"], labels=tensors["labels"], batch_size=[n])
+    # the manifest was checked; this guards the mapping itself against a future slip
+    check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
+    pack = ImagePack(
+        images=tensors["images"],
+        labels=tensors["labels"],
+        targets=tensors.get("targets"),
+        batch_size=[n],
+    )
     pack.__dict__["_imgpack_manifest"] = manifest
     pack.__dict__["_imgpack_path"] = root
     pack.__dict__["_imgpack_classes"] = list(manifest.classes)

@@ -8,6 +8,10 @@ Two layouts:
   then file name). Files directly in root are ignored, as ImageFolder does.
 * a flat folder of images: no classes, every label is -1.
 
+For labels from a table (``--labels``), :func:`list_images` lists every image under
+root, at any depth (files directly in root included), in the same order, label -1:
+the table, not the folder, says what each image is.
+
 Images are found by extension in any case; other files are ignored, not failures.
 Symbolic links are followed (as ImageFolder does), also when they point outside
 root; a link that leads back into a folder already being walked is skipped, so a
@@ -126,16 +130,58 @@ def walk_images(top: Path, skipped: list[tuple[str, str]] | None = None) -> list
     return [os.path.join(d, f) for d, f in found]
 
 
-def scan_tree(src: str | os.PathLike[str]) -> Scan:
-    """List the images under ``src``; raise :class:`InputError` if there are none.
-
-    Raises InputError when ``src`` is missing, is not a folder, or holds no image.
-    """
+def _source_root(src: str | os.PathLike[str]) -> Path:
     root = Path(src)
     if not root.exists():
         raise InputError(f"{root}: no such folder; check the path")
     if not root.is_dir():
         raise InputError(f"{root}: is a file, not a folder; give the folder that holds the images")
+    return root
+
+
+def _relative_skips(root: Path, skips: list[tuple[str, str]]) -> list[dict[str, str]]:
+    skipped = [
+        {"path": printable(Path(os.path.relpath(p, root)).as_posix()), "reason": r}
+        for p, r in skips
+    ]
+    for s in skipped:
+        log.warning("skipping %s: %s", s["path"], s["reason"])
+    return skipped
+
+
+def list_images(src: str | os.PathLike[str]) -> Scan:
+    """Every image under ``src`` at any depth, ImageFolder's order, each labelled -1.
+
+    For a label table: images directly in ``src`` count too, and no folder is a class.
+    Unreadable folders and names that are not UTF-8 are in ``skipped`` with the reason.
+    Raises InputError when ``src`` is missing, is not a folder, or holds no image.
+    """
+    root = _source_root(src)
+    try:
+        with os.scandir(root):
+            pass
+    except PermissionError as e:
+        raise InputError(
+            f"{root}: cannot list the folder ({e.strerror}); check its permissions"
+        ) from e
+    skips: list[tuple[str, str]] = []
+    paths = walk_images(root, skips)
+    entries = [Entry(Path(os.path.relpath(p, root)).as_posix(), -1) for p in paths]
+    skipped = _relative_skips(root, skips)
+    if not entries:
+        raise InputError(
+            f"{root}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case, "
+            "at any depth)"
+        )
+    return Scan(root=root, classes=[], entries=entries, skipped=skipped)
+
+
+def scan_tree(src: str | os.PathLike[str]) -> Scan:
+    """List the images under ``src``; raise :class:`InputError` if there are none.
+
+    Raises InputError when ``src`` is missing, is not a folder, or holds no image.
+    """
+    root = _source_root(src)
     try:
         top = sorted(os.scandir(root), key=lambda e: e.name)
     except PermissionError as e:
@@ -172,12 +218,7 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
         for e in usable:
             if is_image_name(e.name) and not e.is_dir():
                 entries.append(Entry(e.name, -1))
-    skipped = [
-        {"path": printable(Path(os.path.relpath(p, root)).as_posix()), "reason": r}
-        for p, r in skips
-    ]
-    for s in skipped:
-        log.warning("skipping %s: %s", s["path"], s["reason"])
+    skipped = _relative_skips(root, skips)
     if not entries:
         raise InputError(
             f"{root}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case, "

@@ -5,7 +5,8 @@ Integrity checks (each a ``{name, ok, detail}``):
   files       data files present, regular, inside the pack, sizes match shapes
   images      per-block SHA-256 of the image data matches the build's; a
               mismatch names the block, its image indices and source files
-  labels      checksum matches, labels within the class range, counts agree
+  labels      checksum matches, labels within the class range (or -1), counts agree;
+              the targets' checksum, for a pack with targets
   sources     (with a source folder) a sample of source images re-decoded
               exactly as the build did equals the packed pixels; missing or
               changed sources are named
@@ -158,22 +159,30 @@ def check_labels(root: Path, m: Manifest, report: VerifyReport) -> None:
     if digest(raw) != m.checksums.labels:
         problems.append("checksum mismatch")
     k = len(m.classes)
-    lo, hi = (0, k - 1) if k else (-1, -1)
+    # -1 is "no label" (a flat folder, a table row); without classes the labels are a
+    # table's integers, with no upper bound to check
+    lo, hi = -1, (k - 1 if k else np.iinfo(np.int64).max)
     out = np.nonzero((labels < lo) | (labels > hi))[0]
+    shown = f"[{lo}, {hi}]" if k else f">= {lo}"
     if len(out):
         problems.append(
-            f"{len(out)} labels outside [{lo}, {hi}] (first at image {out[0]}: {labels[out[0]]})"
+            f"{len(out)} labels outside {shown} (first at image {out[0]}: {labels[out[0]]})"
         )
     if k and not len(out):
-        counts = np.bincount(labels, minlength=k).tolist()
+        counts = np.bincount(labels[labels >= 0], minlength=k).tolist()
         if m.class_counts and counts != list(m.class_counts):
             problems.append(
                 f"class counts {counts} differ from the manifest's {list(m.class_counts)}"
             )
+    if m.targets:
+        raw_t = Layout(root).targets.read_bytes()
+        if digest(raw_t) != m.checksums.targets:
+            problems.append("targets checksum mismatch")
     if problems:
         report.add("labels", False, "; ".join(problems))
     else:
-        report.add("labels", True, f"{len(labels)} labels in [{lo}, {hi}]")
+        with_t = f", targets {list(m.targets)} match" if m.targets else ""
+        report.add("labels", True, f"{len(labels)} labels in {shown}{with_t}")
 
 
 def sample_indices(n: int, sample: int | None) -> list[int]:

@@ -62,7 +62,15 @@ TAMPERED = [
     (put("resize", "zoom"), "field 'resize' must be one of stretch, crop, pad"),
     (put("sources", "cat/a.jpg"), "field 'sources' is missing or not a list"),
     (put("source_sizes", [[1]] * 13), "field 'source_sizes' must hold [width, height]"),
-    (put("targets", "x"), "field 'targets' must be a list"),
+    (put("targets", "x"), "targets recorded as 'x'; expected"),
+    (put("targets", ["age"]), "targets recorded as ['age']"),
+    (put("label_dtype", "float32"), "labels recorded as 'float32', expected 'int64'"),
+    (put("label_dtype", "int32"), "labels recorded as 'int32', expected 'int64'"),
+    (put("label_shape", [13, 1]), "label_shape [13, 1] does not match 13 images"),
+    (put("label_shape", [12]), "label_shape [12] does not match 13 images"),
+    (put("build.unlisted", -1), "field 'build.unlisted' is missing or not an integer"),
+    (put("build.labels_table", 3), "field 'build.labels_table' is not a string"),
+    (put("checksums.targets", "ab"), "'checksums.targets' must be given exactly when"),
     (put("storage", "jpeg"), "storage 'jpeg' is not one this imgpack reads"),
     (lambda m: m.clear(), "not an imgpack manifest"),
 ]
@@ -135,6 +143,8 @@ def test_info_json_comes_from_describe(packed: Path) -> None:
         "image_shape",
         "classes",
         "class_counts",
+        "class_to_idx",
+        "targets",
         "bytes",
         "build",
         "skipped",
@@ -211,10 +221,18 @@ def test_optional_fields_round_trip_and_stay_off_disk_when_unset(packed: Path) -
     from dataclasses import replace
 
     m = read_manifest(packed)
-    assert not {"storage", "label_dtype", "targets", "class_map"} & set(m.to_json())
-    grown = replace(m, targets=("age", "score"), class_map="classes.txt")
+    j = m.to_json()
+    assert not {"storage", "targets", "class_map"} & set(j)
+    assert (j["label_dtype"], j["label_shape"]) == ("int64", [13])  # recorded for every pack
+    grown = replace(
+        m,
+        targets=("age", "score"),
+        class_map="classes.txt",
+        checksums=replace(m.checksums, targets="00"),
+    )
     j = grown.to_json()
-    assert j["targets"] == ["age", "score"] and j["class_map"] == "classes.txt"
+    assert j["targets"] == {"names": ["age", "score"], "dtype": "float32", "shape": [13, 2]}
+    assert j["class_map"] == "classes.txt" and j["checksums"]["targets"] == "00"
     assert Manifest.from_json(j) == grown
     spec = {f.name: f for f in grown.fields}["targets"]
     assert (spec.dtype, spec.row_shape, spec.row_bytes) == ("float32", (2,), 8)

@@ -54,6 +54,7 @@ def test_manifest_that_disagrees_with_data(packed: Path) -> None:
     m["count"] = 12
     m["sources"] = m["sources"][:12]
     m["source_sizes"] = m["source_sizes"][:12]
+    m["label_shape"] = [12]  # a consistent manifest, whose data files are the wrong size
     (packed / "imgpack.json").write_text(json.dumps(m))
     r = verify(packed, NO_SPEED)
     assert "the manifest says" in failed(r)["files"]
@@ -67,7 +68,7 @@ def test_label_out_of_range(packed: Path) -> None:
     a[2] = 9
     lab.write_bytes(a.tobytes())
     r = verify(packed, NO_SPEED)
-    assert "checksum mismatch" in failed(r)["labels"] and "outside [0, 2]" in failed(r)["labels"]
+    assert "checksum mismatch" in failed(r)["labels"] and "outside [-1, 2]" in failed(r)["labels"]
 
 
 def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
