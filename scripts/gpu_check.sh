@@ -25,7 +25,7 @@ what=("$@")
 for w in "${what[@]}"; do
   case $w in
     tests) python3 -m pytest tests -q -p no:cacheprovider -x 2>&1 | tail -30 > "$OUT/tests.txt" ;;
-    augment) python3 scripts/bench_augment.py --out "$OUT" > "$OUT/augment.txt" 2>&1 ;;
+    augment) python3 scripts/bench_augment.py --device cuda --json "$OUT/augment.json" > "$OUT/augment.txt" 2>&1 ;;
     train) python3 scripts/bench_train_aug.py --work $W --out "$OUT" > "$OUT/train.txt" 2>&1 ;;
     bench) python3 -m packer bench --device cuda --out "$OUT/bench" -q > "$OUT/bench.txt" 2>&1 ;;
     *) echo "unknown part: $w (tests, augment, train, bench)" >&2; exit 2 ;;
