@@ -32,10 +32,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError, PackerError, UsageError
 from .timing import check_device_name, resolve_device, time_call, time_loader
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ QUICK = Grid(
 
 @dataclass(frozen=True)
 class BenchConfig:
-    device: str = "auto"
+    device: str | torch.device = "auto"  # resolved once: by the caller, or by bench()
     quick: bool = False
     source: Path | None = None  # the user's images instead of synthetic ones
     workers: int | None = None  # DataLoader workers and build/compress processes
@@ -110,7 +113,8 @@ class BenchConfig:
         return self.workers or (min(2, cores) if self.quick else min(16, cores))
 
     def validate(self) -> None:
-        check_device_name(self.device)
+        if isinstance(self.device, str):
+            check_device_name(self.device)
         unknown = set(self.sections) - set(SECTIONS)
         if unknown or not self.sections:
             raise UsageError(
@@ -211,12 +215,12 @@ def _rotating(buf: Any, b: int) -> Callable[[], Any]:
 
 
 def run_transfer(
-    cfg: BenchConfig, device: str, result: BenchResult, tick: Callable[[], None]
+    cfg: BenchConfig, device: torch.device, result: BenchResult, tick: Callable[[], None]
 ) -> None:
     import torch
 
     g = cfg.grid
-    cuda = device.startswith("cuda")
+    cuda = device.type == "cuda"
     free = _free_memory()
     cap = cfg.max_batch_bytes or min(4 << 30, (free // 4) if free else 4 << 30)
     dtypes = {"uint8": torch.uint8, "float16": torch.float16, "float32": torch.float32}
@@ -266,7 +270,7 @@ def run_transfer(
 
 def _conversion(
     cfg: BenchConfig,
-    device: str,
+    device: torch.device,
     size: tuple[int, int],
     cap: int,
     result: BenchResult,
@@ -277,7 +281,7 @@ def _conversion(
 
     g = cfg.grid
     w, h = size
-    cuda = device.startswith("cuda")
+    cuda = device.type == "cuda"
     dev = "cuda" if cuda else "to('cpu')"
     fits = [b for b in g.transfer_batches if _batch_bytes(b, size, "float32") <= cap]
     buf = torch.empty((max(fits or [1]) * 2, 3, h, w), dtype=torch.uint8, pin_memory=cuda)
@@ -410,7 +414,9 @@ class Way:
     close: Callable[[], None] = lambda: None
 
 
-def _folder_way(name: str, ds: Any, batch: int, device: str, workers: int, images: int) -> Way:
+def _folder_way(
+    name: str, ds: Any, batch: int, device: torch.device, workers: int, images: int
+) -> Way:
     from .baseline import burst_batches, folder_loader
 
     dl = folder_loader(ds, batch, device, workers, endless=True)
@@ -432,7 +438,7 @@ def _ways(
     paths: dict[str, Path],
     side: int,
     batch: int,
-    device: str,
+    device: torch.device,
     workers: int,
     per_repeat_images: int,
     section: str,
@@ -453,7 +459,7 @@ def _ways(
         yield _folder_way("compressed", ds, batch, device, workers, per_repeat_images)
     n = len(pack)
     pack_batches = max(8, math.ceil(4 * n / batch))  # four epochs: not lost in clock noise
-    cuda = device.startswith("cuda")
+    cuda = device.type == "cuda"
     if section == "loading" or not cuda:
         pl = PackLoader(pack, batch, device="cpu", drop_last=True)
         if cuda:  # the pack read the simple way: host batches, then a plain copy
@@ -496,7 +502,7 @@ def _iterate(way: Way) -> Callable[[], Any]:
 def run_loading(
     cfg: BenchConfig,
     paths: dict[str, Path],
-    device: str,
+    device: torch.device,
     workers: int,
     result: BenchResult,
     tick: Callable[[], None],
@@ -505,7 +511,7 @@ def run_loading(
     for batch in g.load_batches:
         if batch > result.dataset["images"]:
             result.skip("loading", f"batch {batch}", "larger than the dataset")
-            for _ in range(4 if device.startswith("cuda") else 3):
+            for _ in range(4 if device.type == "cuda" else 3):
                 tick()
             continue
         for way in _ways(paths, g.pack_side, batch, device, workers, g.load_images, "loading"):
@@ -530,7 +536,7 @@ def run_loading(
 def run_training(
     cfg: BenchConfig,
     paths: dict[str, Path],
-    device: str,
+    device: torch.device,
     workers: int,
     result: BenchResult,
     tick: Callable[[], None],
@@ -609,7 +615,7 @@ def count_points(cfg: BenchConfig, cuda: bool) -> int:
     return n
 
 
-def machine_info(device: str) -> dict[str, Any]:
+def machine_info(device: torch.device) -> dict[str, Any]:
     import platform
 
     import torch
@@ -621,7 +627,7 @@ def machine_info(device: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-    if device.startswith("cuda"):
+    if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
 
@@ -641,11 +647,11 @@ def bench(
     t0 = time.perf_counter()
     cfg.validate()
     device = resolve_device(cfg.device)
-    cuda = device.startswith("cuda")
+    cuda = device.type == "cuda"
     cores = os.cpu_count() or 1
     workers = cfg.resolved_workers(cores)
     result = BenchResult(
-        device=device,
+        device=str(device),
         device_name=torch.cuda.get_device_name(device) if cuda else "CPU",
         quick=cfg.quick,
         machine=machine_info(device),

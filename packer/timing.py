@@ -11,9 +11,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_device_name(device: str) -> None:
@@ -24,28 +27,38 @@ def check_device_name(device: str) -> None:
         raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; refuse CUDA without one."""
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The one place a device name becomes a ``torch.device``: ``auto`` -> ``cuda``
+    when torch sees a GPU, else ``cpu``; CUDA without a GPU is refused. A
+    ``torch.device`` passes through (checked the same way), so a caller that
+    resolved already can hand its result on."""
     import torch
 
-    check_device_name(device)
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if isinstance(device, torch.device):
+        dev = device
+    else:
+        check_device_name(device)
+        if device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
-    return device
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {str(dev)!r}")
+    return dev
 
 
-def sync(device: str) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
     import torch
 
-    if device.startswith("cuda"):
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def time_call(
     fn: Callable[[], Any],
-    device: str,
+    device: torch.device,
     *,
     repeats: int = 5,
     target_s: float = 0.05,
@@ -78,7 +91,7 @@ def time_call(
 def time_loader(
     make_iter: Callable[[], Any],
     consume: Callable[[Any], Any],
-    device: str,
+    device: torch.device,
     batches: int,
     repeats: int,
     warmup: int = 3,

@@ -208,7 +208,7 @@ def test_point_count_matches_the_grid() -> None:
 
 def test_time_call_runs_warmup_then_equal_repeats() -> None:
     calls = []
-    sec = time_call(lambda: calls.append(1), "cpu", repeats=5, target_s=0.0)
+    sec = time_call(lambda: calls.append(1), torch.device("cpu"), repeats=5, target_s=0.0)
     assert sec > 0
     assert len(calls) == 2 + 5  # target 0: one call per repeat
 
