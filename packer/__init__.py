@@ -54,7 +54,7 @@ _EXPORTS = {
 # first (so ``packer.build`` is never an AttributeError one moment and a module the next).
 _SUBMODULES = (
     "baseline",
-    "bench",
+    "bench",  # imgpack bench, a peer of verify (a subpackage)
     "build",
     "cli",
     "compress",

@@ -626,8 +626,14 @@ def bench(
       imgpack bench --device cuda --out bench/    # the full grid, with plots
       imgpack bench --only loading --source ~/data/train --json > loading.json
     """
-    from .bench import BenchConfig, count_points, estimate_seconds, to_markdown, write_results
-    from .bench import bench as run_bench
+    from .bench import (
+        BenchConfig,
+        count_points,
+        estimate_seconds,
+        run_bench,
+        to_markdown,
+        write_results,
+    )
     from .timing import resolve_device
 
     sections = tuple(s.strip() for s in only.split(",") if s.strip())

@@ -23,8 +23,10 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _out import dump, machine
+
 import packer
-from _synth import dump, machine, make_jpeg_folder
+from packer.bench.synth import make_jpeg_tree
 from packer.build import BuildConfig
 from packer.format import block_rows_for
 
@@ -77,7 +79,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-bench"))
     args = ap.parse_args()
-    src = make_jpeg_folder(args.work / "jpeg640", args.images)
+    src = args.work / "jpeg640"
+    make_jpeg_tree(src, args.images, (640, 480), classes=10, quality=90)
     files = sorted(src.rglob("*.jpg"))
     cores = os.cpu_count() or 1
     # 1 and 2 workers get a subset sized to run a few seconds; rates are per image anyway.

@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _out import dump, machine
+
 import packer
-from _synth import dump, machine, make_random_pack
+from packer.bench.synth import make_random_pack
 
 
 def sync() -> None:

@@ -37,8 +37,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _out import dump, machine
+
 import packer
-from _synth import dump, machine, make_random_pack
+from packer.bench.synth import make_random_pack
 from train_example import make_model, make_optimizer, train_step
 
 

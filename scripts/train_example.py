@@ -130,11 +130,16 @@ def folder_batches(folder: Path, bs: int, workers: int) -> Iterator:
 
 
 def bench(args: argparse.Namespace) -> None:
-    from _synth import dump, machine, make_jpeg_folder, make_random_pack
+    from _out import dump, machine
+
+    from packer.bench.synth import make_jpeg_tree, make_random_pack
 
     work = args.work
     pack_path = args.pack or make_random_pack(work / "rand224", 50_000, 224)
-    folder = args.folder or make_jpeg_folder(work / "jpeg640", 8000)
+    folder = args.folder
+    if folder is None:
+        folder = work / "jpeg640"
+        make_jpeg_tree(folder, 8000, (640, 480), classes=10, quality=90)
     pack = packer.load(pack_path)
     classes = max(1, len(pack.classes))
     rows = []

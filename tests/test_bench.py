@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from packer.bench import BenchConfig, count_points, to_markdown
+from packer.bench.plots import plot_bench
+from packer.bench.synth import make_jpeg_tree
 from packer.cli import cli
-from packer.plots import plot_bench
-from packer.synth import make_jpeg_tree
 from packer.timing import time_call
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -129,7 +129,7 @@ def test_out_under_a_file_is_refused_before_the_run(
     def never(*a, **k):
         raise AssertionError("the bench ran")
 
-    monkeypatch.setattr(packer.bench, "bench", never)
+    monkeypatch.setattr(packer.bench, "run_bench", never)
     (tmp_path / "file").write_text("x")
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / under))
     assert code == 2 and "Traceback" not in stderr
@@ -235,7 +235,7 @@ def test_interrupt_exits_130_and_writes_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.bench, "bench", interrupted)
+    monkeypatch.setattr(packer.bench, "run_bench", interrupted)
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert code == 130
     assert "Interrupted; no results written" in stderr
