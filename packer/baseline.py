@@ -19,14 +19,14 @@ from .timing import time_loader
 if TYPE_CHECKING:
     import torch
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 
 def folder_transform(height: int, width: int, resize: str) -> Callable[[Any], Any]:
     """PIL image -> Tensor[3, height, width] float32, normalized with ImageNet's mean
     and std; ``resize`` as the pack's (``pad`` is timed as a stretch: the same cost)."""
     from torchvision import transforms
+
+    # the mean/std Normalize uses on the pack side: defined once, beside Normalize
+    from .loader import IMAGENET_MEAN, IMAGENET_STD
 
     if resize == "crop":
         steps = [

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _out import dump, machine
-
 import packer
+from _out import dump, machine
 from packer.bench.synth import make_jpeg_tree
 from packer.compress import CompressConfig, ffmpeg_exe
 

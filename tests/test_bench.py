@@ -13,7 +13,7 @@ from packer.bench import BenchConfig, count_points, to_markdown
 from packer.bench.plots import plot_bench
 from packer.bench.synth import make_jpeg_tree
 from packer.cli import cli
-from packer.timing import time_call
+from packer.timing import median_rate, time_call
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -211,6 +211,18 @@ def test_time_call_runs_warmup_then_equal_repeats() -> None:
     sec = time_call(lambda: calls.append(1), torch.device("cpu"), repeats=5, target_s=0.0)
     assert sec > 0
     assert len(calls) == 2 + 5  # target 0: one call per repeat
+
+
+def test_median_rate_calls_the_barrier_around_every_run() -> None:
+    events = []
+    rate = median_rate(
+        lambda: events.append("work") or 10,
+        torch.device("cpu"),
+        repeats=3,
+        barrier=lambda: events.append("barrier"),
+    )
+    assert rate > 0
+    assert events == ["barrier", "work", "barrier"] * 3
 
 
 @pytest.mark.cuda
