@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS = {
     "load": "packer.pack:open_pack",
@@ -58,15 +58,18 @@ _SUBMODULES = (
     "build",
     "cli",
     "compress",
+    "dataset",
     "decode",
     "errors",
     "format",
     "labels",
     "loader",
+    "normalize",
     "pack",
     "plots",
     "scan",
     "timing",
+    "transforms",
     "verify",
     "workdir",
 )
@@ -101,7 +104,12 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _SUBMODULES:
-        return importlib.import_module(f"packer.{name}")
+        try:
+            return importlib.import_module(f"packer.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"packer.{name}":
+                raise  # a dependency is missing: say which, not "no attribute"
+            raise AttributeError(f"module 'packer' has no attribute {name!r}") from None
     target = _EXPORTS.get(name)
     if target is None:
         raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .bench import SECTIONS
 from .errors import PackerError, UsageError
 
