@@ -12,18 +12,21 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .timing import time_loader
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+if TYPE_CHECKING:
+    import torch
 
 
 def folder_transform(height: int, width: int, resize: str) -> Callable[[Any], Any]:
     """PIL image -> Tensor[3, height, width] float32, normalized with ImageNet's mean
     and std; ``resize`` as the pack's (``pad`` is timed as a stretch: the same cost)."""
     from torchvision import transforms
+
+    # the mean/std Normalize uses on the pack side: defined once, beside Normalize
+    from .normalize import IMAGENET_MEAN, IMAGENET_STD
 
     if resize == "crop":
         steps = [
@@ -81,7 +84,7 @@ def pack_files(source: Path, manifest: Any, labels: Sequence[int]) -> tuple[File
 
 
 def folder_loader(
-    dataset: Any, batch_size: int, device: str, workers: int, *, endless: bool = False
+    dataset: Any, batch_size: int, device: torch.device, workers: int, *, endless: bool = False
 ) -> Any:
     """A shuffling DataLoader with ``workers`` processes, pinned on CUDA. ``endless``:
     sample with replacement without end, so no epoch boundary lands in a timed run."""
@@ -98,7 +101,7 @@ def folder_loader(
         shuffle=None if endless else True,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=device.startswith("cuda"),
+        pin_memory=device.type == "cuda",
         persistent_workers=workers > 0 and not endless,
     )
 
@@ -113,7 +116,7 @@ def burst_batches(workers: int, batch_size: int, images: int = 0) -> tuple[int, 
 
 def time_folder(
     dataset: Any,
-    device: str,
+    device: torch.device,
     batch_size: int,
     workers: int | None = None,
     batches: int = 20,

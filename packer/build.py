@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
 from .errors import (
     DecodeError,

@@ -8,6 +8,7 @@ destination); 130 interrupted (Ctrl-C or SIGTERM), with the work done so far kep
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .bench import SECTIONS
 from .errors import PackerError, UsageError
 
@@ -140,6 +141,51 @@ def _print_skips(skipped: list[dict[str, str]], limit: int = 20) -> None:
         )
 
 
+def report(
+    result: Any,
+    summary: str,
+    *,
+    skipped: list[dict[str, str]],
+    as_json: bool,
+    quiet: bool,
+    strict: bool = False,
+) -> None:
+    """The end of a run, the same for every command: ``--json`` prints the result's
+    ``to_json()`` on stdout; otherwise the skipped inputs ("skipped PATH: reason")
+    and ``summary`` go to stderr (nothing with --quiet). ``--strict`` exits 1 when
+    an input was skipped."""
+    if as_json:
+        _emit_json(result.to_json())
+    elif not quiet:
+        _print_skips(skipped)
+        click.echo(summary, err=True)
+    if strict and skipped:
+        sys.exit(EXIT_PROBLEM)
+
+
+# Options shared by several commands, declared once (sqlite-utils' manner).
+
+
+def json_option(help: str = "Print one JSON object on stdout.") -> Callable[[Any], Any]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def quiet_option(help: str = "No progress bar or log lines.") -> Callable[[Any], Any]:
+    return click.option("-q", "--quiet", is_flag=True, help=help)
+
+
+def workers_option(help: str) -> Callable[[Any], Any]:
+    return click.option("--workers", type=click.IntRange(1, 1024), default=None, help=help)
+
+
+def device_option(
+    help: str = "Where to run: auto (CUDA if present), cpu, cuda, cuda:N.",
+) -> Callable[[Any], Any]:
+    """``--device`` as given; the library turns it into a ``torch.device`` once
+    (``timing.resolve_device``) and passes that on."""
+    return click.option("--device", default="auto", show_default=True, help=help)
+
+
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     from .decode import parse_size
 
@@ -184,12 +230,7 @@ def cli() -> None:
     help="crop: scale the shorter side, take the centre. stretch: ignore aspect. "
     "pad: scale the longer side, letterbox with black.",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 1024),
-    default=None,
-    help="Decoding processes [default: all cores].",
-)
+@workers_option("Decoding processes [default: all cores].")
 @click.option(
     "--max-pixels",
     type=click.IntRange(1),
@@ -199,8 +240,8 @@ def cli() -> None:
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at DST.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@json_option()
+@quiet_option()
 @click.option(
     "--classes",
     "class_map",
@@ -265,7 +306,7 @@ def build(
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
     """
     from .build import BuildConfig
-    from .build import build as run_build
+    from .build import build as build_pack
 
     config = BuildConfig(
         size=size,
@@ -278,32 +319,22 @@ def build(
         labels=labels_table,
         targets=tuple(c.strip() for c in targets.split(",")) if targets is not None else (),
     )
-    result = _run_with_bar("build", quiet, as_json, functools.partial(run_build, src, dst, config))
-    if as_json:
-        _emit_json(result.to_json())
-    elif not quiet:
-        _print_skips(result.skipped)
-        click.echo(
-            f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
-            f"into {dst} in {result.seconds:.1f} s"
-            + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
-            + (
-                f" ({result.ignored} not in {labels_table}: ignored)"
-                if labels_table is not None
-                else ""
-            )
-            + (f" (resumed: {result.resumed} were already done)" if result.resumed else ""),
-            err=True,
-        )
-        if result.new_classes:
-            click.echo(f"Appended to the class map: {', '.join(result.new_classes)}", err=True)
-    if strict and result.skipped:
-        sys.exit(EXIT_PROBLEM)
+    result = _run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
+    summary = (
+        f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
+        f"into {dst} in {result.seconds:.1f} s"
+        + (f" ({len(result.skipped)} skipped, bad input)" if result.skipped else "")
+        + (f" ({result.ignored} not in {labels_table}: ignored)" if labels_table else "")
+        + (f" (resumed: {result.resumed} already done)" if result.resumed else "")
+    )
+    if result.new_classes:
+        summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
+    report(result, summary, skipped=result.skipped, as_json=as_json, quiet=quiet, strict=strict)
 
 
 @cli.command()
 @click.argument("pack", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@json_option()
 @handle_errors
 def info(pack: Path, as_json: bool) -> None:
     """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
@@ -366,15 +397,10 @@ def info(pack: Path, as_json: bool) -> None:
     default=None,
     help="Shrink images whose longer side exceeds PX to PX (aspect kept, never enlarged).",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 1024),
-    default=None,
-    help="ffmpeg processes at once [default: all cores].",
-)
-@click.option("--overwrite", is_flag=True, help="Redo every output, even those already there.")
-@click.option("--strict", is_flag=True, help="Exit 1 if any image failed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@workers_option("ffmpeg processes at once [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Redo every output, even those already done.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
+@json_option()
 @click.option(
     "--max-pixels",
     type=click.IntRange(1),
@@ -382,7 +408,7 @@ def info(pack: Path, as_json: bool) -> None:
     show_default=True,
     help="Skip images larger than this (decompression-bomb guard).",
 )
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+@quiet_option("No progress bar or summary.")
 @handle_errors
 @sigterm_as_interrupt
 def compress(
@@ -401,8 +427,9 @@ def compress(
 
     Each image becomes DST/<same path>.jpg at ffmpeg quality -q:v Q, upright
     (EXIF orientation applied) and RGB. Outputs already in DST made with the same
-    options are skipped, so an interrupted run resumes (outputs made with another
-    -Q or --max-side are redone); a corrupt input is reported and skipped. The
+    options are already done and kept, so an interrupted run resumes (outputs
+    made with another -Q or --max-side are redone); a corrupt input is skipped
+    and listed. The
     ffmpeg binary comes with the imageio-ffmpeg wheel (IMGPACK_FFMPEG overrides).
 
     \b
@@ -412,7 +439,7 @@ def compress(
       imgpack compress photos/ small/ --json > report.json
     """
     from .compress import CompressConfig
-    from .compress import compress as run_compress
+    from .compress import compress as compress_tree
 
     config = CompressConfig(
         quality=quality,
@@ -422,22 +449,16 @@ def compress(
         max_pixels=max_pixels,
     )
     result = _run_with_bar(
-        "compress", quiet, as_json, functools.partial(run_compress, src, dst, config)
+        "compress", quiet, as_json, functools.partial(compress_tree, src, dst, config)
     )
-    if as_json:
-        _emit_json(result.to_json())
-    elif not quiet:
-        _print_skips(result.failed)
-        ratio = result.bytes_in / result.bytes_out if result.bytes_out else 0.0
-        click.echo(
-            f"Wrote {result.written}, skipped {result.skipped} already done, "
-            f"failed {len(result.failed)}; {_human_bytes(result.bytes_in)} -> "
-            f"{_human_bytes(result.bytes_out)} ({ratio:.1f}x smaller) in "
-            f"{result.seconds:.1f} s",
-            err=True,
-        )
-    if strict and result.failed:
-        sys.exit(EXIT_PROBLEM)
+    ratio = result.bytes_in / result.bytes_out if result.bytes_out else 0.0
+    summary = (
+        f"Wrote {result.written}, {result.already_done} already done, "
+        f"{len(result.skipped_inputs)} skipped (bad input); {_human_bytes(result.bytes_in)} -> "
+        f"{_human_bytes(result.bytes_out)} ({ratio:.1f}x smaller) in {result.seconds:.1f} s"
+    )
+    skipped = result.skipped_inputs
+    report(result, summary, skipped=skipped, as_json=as_json, quiet=quiet, strict=strict)
 
 
 def _check_output(path: Path, option: str, folder: bool = False) -> None:
@@ -488,12 +509,7 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
     callback=_parse_sample,
     help="Source images to re-decode and compare, or 'all'.",
 )
-@click.option(
-    "--device",
-    default="auto",
-    show_default=True,
-    help="Where to stream: auto (CUDA if present), cpu, cuda, cuda:N.",
-)
+@device_option("Where to stream: auto (CUDA if present), cpu, cuda, cuda:N.")
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option(
     "--batches",
@@ -515,8 +531,8 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
     default=None,
     help="Write a torch.profiler Chrome trace of a few streamed batches.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@json_option()
+@quiet_option()
 @handle_errors
 def verify(
     pack: Path,
@@ -547,7 +563,7 @@ def verify(
       imgpack verify ./tensors --no-speed --sample all --json
     """
     from .verify import VerifyConfig
-    from .verify import verify as run_verify
+    from .verify import verify as verify_pack
 
     if plot is not None:
         _check_output(plot, "--plot")
@@ -568,7 +584,7 @@ def verify(
     )
     config.validate()
     report = _run_with_bar(
-        "verify", quiet, as_json, functools.partial(run_verify, pack, config, trace=trace)
+        "verify", quiet, as_json, functools.partial(verify_pack, pack, config, trace=trace)
     )
     if plot is not None and report.pack_images_per_s:
         from .plots import plot_verify
@@ -604,9 +620,7 @@ def verify(
 
 
 @cli.command()
-@click.option(
-    "--device", default="auto", show_default=True, help="auto (CUDA if present), cpu, cuda, cuda:N."
-)
+@device_option("auto (CUDA if present), cpu, cuda, cuda:N.")
 @click.option(
     "--quick",
     is_flag=True,
@@ -630,15 +644,11 @@ def verify(
     show_default=True,
     help="Comma-separated experiments to run.",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 1024),
-    default=None,
-    help="DataLoader workers and build/compress processes [default: min(16, cores); "
-    "2 with --quick].",
+@workers_option(
+    "DataLoader workers and build/compress processes [default: min(16, cores); 2 with --quick]."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every point.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@json_option("Print one JSON object with every point.")
+@quiet_option()
 @handle_errors
 def bench(
     device: str,
@@ -673,8 +683,14 @@ def bench(
       imgpack bench --device cuda --out bench/    # the full grid, with plots
       imgpack bench --only loading --source ~/data/train --json > loading.json
     """
-    from .bench import BenchConfig, count_points, estimate_seconds, to_markdown, write_results
-    from .bench import bench as run_bench
+    from .bench import (
+        BenchConfig,
+        count_points,
+        estimate_seconds,
+        run_bench,
+        to_markdown,
+        write_results,
+    )
     from .timing import resolve_device
 
     sections = tuple(s.strip() for s in only.split(",") if s.strip())
@@ -685,13 +701,14 @@ def bench(
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
     _check_output(out, "--out", folder=True)
-    dev = resolve_device(device)
+    # the one place the name becomes a torch.device; the library takes it as it is
+    config = dataclasses.replace(config, device=resolve_device(device))
     if not quiet:
-        cuda = dev.startswith("cuda")
+        cuda = config.device.type == "cuda"
         est = estimate_seconds(config, os.cpu_count() or 1, cuda)
         took = f"{est / 60:.0f} min" if est > 90 else f"{est:.0f} s"
         click.echo(
-            f"imgpack bench{' --quick' if quick else ''} on {dev}: "
+            f"imgpack bench{' --quick' if quick else ''} on {config.device}: "
             f"{count_points(config, cuda)} points, expected to take about {took}",
             err=True,
         )

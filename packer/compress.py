@@ -93,18 +93,41 @@ class CompressConfig:
 
 @dataclass
 class CompressResult:
+    """What a compress run did, in the words ``build`` uses too.
+
+    ``written``: outputs made by this run. ``already_done``: outputs an earlier
+    run made with the same options, left as they are. ``skipped_inputs``: bad
+    inputs not used, each ``{"path", "reason"}``.
+
+    Legacy names, kept for compatibility (also in ``to_json``): ``skipped`` is
+    the count of already-done outputs (not of bad inputs), ``failed`` the list
+    of skipped inputs.
+    """
+
     written: int = 0
-    skipped: int = 0
-    failed: list[dict[str, str]] = field(default_factory=list)
+    already_done: int = 0
+    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
 
+    @property
+    def skipped(self) -> int:
+        """Legacy name of ``already_done``."""
+        return self.already_done
+
+    @property
+    def failed(self) -> list[dict[str, str]]:
+        """Legacy name of ``skipped_inputs``."""
+        return self.skipped_inputs
+
     def to_json(self) -> dict[str, Any]:
         return {
             "written": self.written,
-            "skipped": self.skipped,
-            "failed": self.failed,
+            "already_done": self.already_done,
+            "skipped_inputs": self.skipped_inputs,
+            "skipped": self.already_done,  # legacy: the count of already-done outputs
+            "failed": self.skipped_inputs,  # legacy: the skipped inputs
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "seconds": round(self.seconds, 3),
@@ -129,10 +152,10 @@ def ffmpeg_exe() -> str:
         ) from None
 
 
-def _list_images(src: Path, failed: list[dict[str, str]]) -> list[str]:
+def _list_images(src: Path, skipped: list[dict[str, str]]) -> list[str]:
     """Relative POSIX paths of every image under src, sorted; symlinks followed, loop-safe.
 
-    Unreadable folders and names that are not UTF-8 go to ``failed`` with the reason.
+    Unreadable folders and names that are not UTF-8 go to ``skipped`` with the reason.
     """
     if not src.exists():
         raise InputError(f"{src}: no such folder; check the path")
@@ -141,7 +164,7 @@ def _list_images(src: Path, failed: list[dict[str, str]]) -> list[str]:
     skips: list[tuple[str, str]] = []
     out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src, skips)]
     for path, reason in skips:
-        failed.append(
+        skipped.append(
             {"path": printable(Path(os.path.relpath(path, src)).as_posix()), "reason": reason}
         )
     if not out:
@@ -340,14 +363,15 @@ def compress(
 ) -> CompressResult:
     """Recompress every image under ``src`` into ``dst`` (same folders, ``.jpg``).
 
-    Failed images are listed in the result, not raised. Raises PackerError
+    Bad inputs are skipped and listed in the result (``skipped_inputs``), not
+    raised; outputs an earlier run made with the same options are already done. Raises PackerError
     subclasses for unusable options, paths or a missing ffmpeg.
     """
     t0 = time.perf_counter()
     config.validate()
     src, dst = Path(src), Path(dst)
     result = CompressResult()
-    rels = _list_images(src, result.failed)
+    rels = _list_images(src, result.skipped_inputs)
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
         raise InputError(
@@ -371,13 +395,13 @@ def compress(
         except FileNotFoundError:
             st = None
         if st is not None and not config.overwrite and st.st_mtime_ns >= made_since:
-            result.skipped += 1
+            result.already_done += 1
             result.bytes_in += (src / rel).stat().st_size
             result.bytes_out += st.st_size
         else:
             todo.append(rel)
     if on_start:
-        on_start(len(rels), result.skipped)
+        on_start(len(rels), result.already_done)
 
     def one(rel: str) -> tuple[str, int, int, str | None]:
         sp, dp = src / rel, dst / names[rel]
@@ -402,7 +426,7 @@ def compress(
                 result.bytes_in += size_in
                 result.bytes_out += size_out
             else:
-                result.failed.append({"path": rel, "reason": err})
+                result.skipped_inputs.append({"path": rel, "reason": err})
             if progress:
                 progress(1)
     except WriteError as e:
@@ -413,7 +437,7 @@ def compress(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    result.failed.sort(key=lambda f: f["path"])
+    result.skipped_inputs.sort(key=lambda f: f["path"])
     result.seconds = time.perf_counter() - t0
     return result
 

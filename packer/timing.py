@@ -1,8 +1,10 @@
-"""Clocks done right, shared by ``verify`` and ``bench``.
+"""Clocks done right: the one timer of ``verify``, ``bench`` and the benchmark scripts.
 
 Every timed region starts and ends with the device synchronized (CUDA work is
 asynchronous: a clock read without a sync measures the launch, not the work),
-follows a warm-up, and is repeated; callers report the median.
+follows a warm-up, and is repeated; callers report the median. Every clock read
+is in :func:`median_rate`; :func:`time_call` (seconds per call) and
+:func:`time_loader` (images/s of a loader) are built on it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_device_name(device: str) -> None:
@@ -24,28 +29,38 @@ def check_device_name(device: str) -> None:
         raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; refuse CUDA without one."""
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The one place a device name becomes a ``torch.device``: ``auto`` -> ``cuda``
+    when torch sees a GPU, else ``cpu``; CUDA without a GPU is refused. A
+    ``torch.device`` passes through (checked the same way), so a caller that
+    resolved already can hand its result on."""
     import torch
 
-    check_device_name(device)
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if isinstance(device, torch.device):
+        dev = device
+    else:
+        check_device_name(device)
+        if device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
-    return device
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {str(dev)!r}")
+    return dev
 
 
-def sync(device: str) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
     import torch
 
-    if device.startswith("cuda"):
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def time_call(
     fn: Callable[[], Any],
-    device: str,
+    device: torch.device,
     *,
     repeats: int = 5,
     target_s: float = 0.05,
@@ -64,21 +79,20 @@ def time_call(
     sync(device)
     once = max(time.perf_counter() - t0, 1e-7)
     k = max(1, min(max_calls, math.ceil(target_s / once)))
-    runs = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
+
+    def run() -> int:
         for _ in range(k):
             fn()
-        sync(device)
-        runs.append((time.perf_counter() - t0) / k)
-    return statistics.median(runs)
+        return k
+
+    # calls/s, inverted: with an odd number of repeats, the median run's seconds per call
+    return 1.0 / median_rate(run, device, repeats)
 
 
 def time_loader(
     make_iter: Callable[[], Any],
     consume: Callable[[Any], Any],
-    device: str,
+    device: torch.device,
     batches: int,
     repeats: int,
     warmup: int = 3,
@@ -100,12 +114,35 @@ def time_loader(
 
     for _ in range(warmup):
         consume(next_batch())
+
+    def one_run() -> int:
+        return sum(len(consume(next_batch())) for _ in range(batches))
+
+    return median_rate(one_run, device, repeats)
+
+
+def median_rate(
+    work: Callable[[], int],
+    device: torch.device,
+    repeats: int = 3,
+    *,
+    barrier: Callable[[], None] | None = None,
+) -> float:
+    """Median over ``repeats`` runs of ``work()``'s count (images, bytes) per second.
+
+    The device is synchronized, and ``barrier()`` called when given (several
+    processes timed together, e.g. ``torch.distributed.barrier``), before each
+    clock read. Warm up before calling: every run is timed.
+    """
     rates = []
     for _ in range(repeats):
         sync(device)
-        t0, count = time.perf_counter(), 0
-        for _ in range(batches):
-            count += len(consume(next_batch()))
+        if barrier is not None:
+            barrier()
+        t0 = time.perf_counter()
+        n = work()
         sync(device)
-        rates.append(count / (time.perf_counter() - t0))
+        if barrier is not None:
+            barrier()
+        rates.append(n / (time.perf_counter() - t0))
     return statistics.median(rates)

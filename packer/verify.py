@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from .decode import ResizeSpec, decode
 from .errors import DecodeError, PackerError, UsageError
 from .format import Layout, Manifest, check_files, digest, hash_blocks, read_manifest
 from .timing import check_device_name, resolve_device, sync, time_loader
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None]
@@ -47,7 +50,7 @@ class VerifyConfig:
     source: Path | None = None  # None: the build's source folder, if it still exists
     use_recorded_source: bool = True
     sample: int | None = 64  # None: every image
-    device: str = "auto"
+    device: str | torch.device = "auto"  # resolved once, by verify(), when it times
     batch_size: int = 64
     batches: int = 20  # timed batches per repeat
     repeats: int = 3
@@ -59,7 +62,8 @@ class VerifyConfig:
             raise UsageError("--batch-size must be at least 1")
         if self.sample is not None and self.sample < 0:
             raise UsageError("--sample must be a positive number or 'all'")
-        check_device_name(self.device)
+        if isinstance(self.device, str):
+            check_device_name(self.device)
 
 
 @dataclass
@@ -247,6 +251,7 @@ def measure(
     source: Path | None,
     config: VerifyConfig,
     report: VerifyReport,
+    device: torch.device,
     trace: Path | None = None,
 ) -> None:
     from PIL.Image import DecompressionBombError
@@ -254,7 +259,6 @@ def measure(
     from . import baseline
     from .loader import Normalize, PackLoader
 
-    device = report.device
     log.info("timing the pack through PackLoader on %s", device)
     norm = Normalize().to(device)
     loader = PackLoader(pack, config.batch_size, device=device, seed=0)
@@ -264,7 +268,7 @@ def measure(
     if trace is not None:
         from torch.profiler import ProfilerActivity, profile
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=acts) as prof:
             for i, (x, _y) in enumerate(loader):
                 norm(x)
@@ -360,6 +364,7 @@ def verify(
     elif source is not None and m.count:
         check_sources(pack, m, source, idx, report, progress)
     if config.throughput and m.count and report.ok:
-        report.device = resolve_device(config.device)
-        measure(pack, m, source, config, report, trace)
+        device = resolve_device(config.device)  # once; everything below takes this torch.device
+        report.device = str(device)
+        measure(pack, m, source, config, report, device, trace)
     return report

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiskFullError, InputError, PackBusyError
+from .format import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +160,7 @@ def _read_plan(work: Path) -> dict[str, Any]:
 
 
 def _write_plan(work: Path, plan: dict[str, Any]) -> None:
-    tmp = work / (PLAN + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(plan, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, work / PLAN)
+    write_json_atomic(work / PLAN, plan)
 
 
 def mark_assembled(work: Path, fingerprint: str) -> None:

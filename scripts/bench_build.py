@@ -14,23 +14,26 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _synth import dump, machine, make_jpeg_folder
+from _out import dump, machine
+from packer.bench.synth import make_jpeg_tree
 from packer.build import BuildConfig
 from packer.format import block_rows_for
+from packer.timing import median_rate
+
+CPU = torch.device("cpu")
 
 
-def pillow_loop(files: list[Path]) -> float:
-    t0 = time.perf_counter()
+def pillow_loop(files: list[Path]) -> int:
+    """Decode, resize and crop ``files`` one by one in this process; returns the count."""
     for f in files:
         with Image.open(f) as im:
             im = im.convert("RGB")
@@ -40,7 +43,7 @@ def pillow_loop(files: list[Path]) -> float:
             w, h = im.size
             left, top = (w - 224) // 2, (h - 224) // 2
             np.asarray(im.crop((left, top, left + 224, top + 224)))
-    return len(files) / (time.perf_counter() - t0)
+    return len(files)
 
 
 def _decode_slice(files: list[str]) -> int:
@@ -58,18 +61,16 @@ def _ready(_: int) -> int:
     return os.getpid()
 
 
-def ceiling(files: list[Path], procs: int, per_proc: int) -> float:
+def ceiling(files: list[Path], procs: int, per_proc: int, repeats: int = 3) -> float:
     """The machine's own limit: ``procs`` independent processes decoding disjoint
-    files with imgpack's decode (no pack, no writes, no coordination); img/s."""
+    files with imgpack's decode (no pack, no writes, no coordination); median img/s."""
     import multiprocessing as mp
 
     names = [str(f) for f in files]
     slices = [names[(i * per_proc) % len(names) :][:per_proc] for i in range(procs)]
     with mp.get_context("forkserver").Pool(procs) as pool:
-        pool.map(_ready, range(procs * 4), chunksize=1)
-        t0 = time.perf_counter()
-        n = sum(pool.map(_decode_slice, slices, chunksize=1))
-        return n / (time.perf_counter() - t0)
+        pool.map(_ready, range(procs * 4), chunksize=1)  # started, imports done: off the clock
+        return median_rate(lambda: sum(pool.map(_decode_slice, slices, chunksize=1)), CPU, repeats)
 
 
 def main() -> None:
@@ -77,7 +78,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-bench"))
     args = ap.parse_args()
-    src = make_jpeg_folder(args.work / "jpeg640", args.images)
+    src = args.work / "jpeg640"
+    make_jpeg_tree(src, args.images, (640, 480), classes=10, quality=90)
     files = sorted(src.rglob("*.jpg"))
     cores = os.cpu_count() or 1
     # 1 and 2 workers get a subset sized to run a few seconds; rates are per image anyway.
@@ -89,7 +91,7 @@ def main() -> None:
     ]
     plan = [p for i, p in enumerate(plan) if p[0] >= 1 and p[0] not in [q[0] for q in plan[:i]]]
     rows = []
-    base = statistics.median(pillow_loop(files[:300]) for _ in range(3))
+    base = median_rate(lambda: pillow_loop(files[:300]), CPU, 3)
     for workers, n in plan:
         sub = args.work / f"sub{n}"
         if not sub.exists():
@@ -111,7 +113,7 @@ def main() -> None:
     per_proc = 300
     ceil = {}
     for p in sorted(p for p in {1, 2, 4, 8, cores // 2, cores - 1, cores} if 1 <= p <= cores):
-        ceil[p] = statistics.median(ceiling(files, p, per_proc) for _ in range(3))
+        ceil[p] = ceiling(files, p, per_proc)
     print(f"\ndecode ceiling: {per_proc} images per independent process, no pack (median of 3)")
     print("| processes | img/s | vs 1 process | scaling |")
     print("|---|---|---|---|")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _synth import dump, machine, make_jpeg_folder
+from _out import dump, machine
+from packer.bench.synth import make_jpeg_tree
 from packer.compress import CompressConfig, ffmpeg_exe
 
 
@@ -29,10 +30,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=96)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-bench"))
     args = ap.parse_args()
-    src = make_jpeg_folder(
-        args.work / "photos", args.images, size=(3000, 2000), classes=1, quality=95
-    )
-    flat = src / "class_00"
+    src = args.work / "photos"
+    make_jpeg_tree(src, args.images, (3000, 2000), classes=1, quality=95)
+    flat = src / "class_0"
     files = sorted(flat.glob("*.jpg"))
     size_in = sum(f.stat().st_size for f in files)
     out = args.work / "loop_out"

@@ -6,8 +6,17 @@ Measured in one run:
   loader   PackLoader, shuffled, consumed on the GPU (Normalize), for batch
            sizes 64/256/1024 at 224^2, image sizes 64^2/224^2/512^2 at 256,
            gather threads 4/8/16, pre-populated mapping, GPU-resident mode.
-Each figure: one warm-up epoch (partial), then the median of 3 timed passes
-of up to 40,000 images, the device synchronized before every clock read.
+Each figure: a warm-up (up to 20 batches), then the median of 3 timed runs of
+up to 40,000 images, the device synchronized before every clock read
+(:mod:`packer.timing`, the clocks of ``imgpack bench`` too).
+
+Why this beside ``imgpack bench``: ``imgpack bench`` answers a user's questions on
+their machine (is a pack worth it here? which batch, dtype, loader?) on a grid
+that finishes in minutes, with plots. This script is the developer's stress test
+of PackLoader at ImageNet scale: 50,000-image packs, the machine's own limits
+(pinned copy, multi-threaded host memcpy) as the yardstick, and the loader's
+knobs (gather threads, prefetch, populate, GPU-resident mode) swept one by one.
+Its packs take GBs and minutes to make, which ``imgpack bench`` must not.
 
     python scripts/bench_stream.py [--images 50000] [--work /tmp/imgpack-bench]
 """
@@ -15,10 +24,8 @@ of up to 40,000 images, the device synchronized before every clock read.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,26 +33,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _synth import dump, machine, make_random_pack
+from _out import dump, machine
+from packer.bench.synth import make_random_pack
+from packer.timing import time_call, time_loader
 
-
-def sync() -> None:
-    torch.cuda.synchronize()
+CUDA = torch.device("cuda")
 
 
 def h2d_pinned(nbytes: int = 256 << 20) -> float:
+    """GB/s of one pinned host -> device copy of ``nbytes``."""
     src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    for _ in range(3):
-        dst.copy_(src, non_blocking=True)
-    sync()
-    ts = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(ts) / 1e9
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=CUDA)
+    sec = time_call(lambda: dst.copy_(src, non_blocking=True), CUDA, repeats=10)
+    return nbytes / sec / 1e9
 
 
 def host_to_pinned(threads: int, nbytes: int = 1 << 30) -> float:
@@ -56,16 +56,14 @@ def host_to_pinned(threads: int, nbytes: int = 1 << 30) -> float:
     def work(a: int, b: int) -> None:
         np.copyto(dst[a:b], src[a:b])
 
-    ts = []
-    for _ in range(4):
+    def copy() -> None:
         th = [threading.Thread(target=work, args=(a, b)) for a, b in zip(parts[:-1], parts[1:])]
-        t0 = time.perf_counter()
         for t in th:
             t.start()
         for t in th:
             t.join()
-        ts.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(ts[1:]) / 1e9
+
+    return nbytes / time_call(copy, torch.device("cpu"), repeats=3) / 1e9
 
 
 def stream(
@@ -91,23 +89,14 @@ def stream(
     )
     norm = packer.Normalize().cuda() if consume else (lambda x: x)
     limit = max(1, min(len(loader), max_images // bs))
-    for i, (x, _y) in enumerate(loader):  # warm-up
-        norm(x)
-        if i >= min(limit, 20):
-            break
-    rates = []
-    for _ in range(3):
-        sync()
-        t0, n = time.perf_counter(), 0
-        for i, (x, _y) in enumerate(loader):
-            norm(x)
-            n += len(x)
-            if i + 1 >= limit:
-                break
-        sync()
-        rates.append(n / (time.perf_counter() - t0))
+
+    def use(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        norm(batch[0])
+        return batch[0]
+
+    rate = time_loader(lambda: iter(loader), use, CUDA, limit, 3, warmup=min(limit, 20))
     loader.close()
-    return statistics.median(rates)
+    return rate
 
 
 def main() -> None:

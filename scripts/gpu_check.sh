@@ -2,13 +2,18 @@
 # On a GPU machine: the whole test suite (CUDA tests included), then the GPU benchmarks,
 # in one call (device time is scarce). Run from the repository root, after installing
 # what the machine lacks (see README "GPU machine"):
-#   bash scripts/gpu_check.sh [tests] [augment] [train] [bench]   # default: all but bench
+#   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp]
+#   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
 #          device copy of the same bytes
 # train    scripts/bench_train_aug.py: ResNet-18/50 fed by PackLoader+augmentation vs the
 #          same step on batches already on the GPU vs ImageFolder+torchvision; PackDataset
 # bench    the full `imgpack bench` grid (about 7 minutes on 16 cores)
+# stream   scripts/bench_stream.py: PackLoader on 50,000-image packs against the machine's
+#          copy limits, over threads, prefetch, populate and GPU-resident mode
+# build    scripts/bench_build.py: build speed against the machine's decode ceiling
+# ddp      scripts/train_ddp.py: DDP ResNet-18 on 1 GPU and on all (torchrun)
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -28,7 +33,14 @@ for w in "${what[@]}"; do
     augment) python3 scripts/bench_augment.py --device cuda --json "$OUT/augment.json" > "$OUT/augment.txt" 2>&1 ;;
     train) python3 scripts/bench_train_aug.py --work $W --out "$OUT" > "$OUT/train.txt" 2>&1 ;;
     bench) python3 -m packer bench --device cuda --out "$OUT/bench" -q > "$OUT/bench.txt" 2>&1 ;;
-    *) echo "unknown part: $w (tests, augment, train, bench)" >&2; exit 2 ;;
+    stream) python3 scripts/bench_stream.py --work $W > "$OUT/stream.txt" 2>&1 ;;
+    build) python3 scripts/bench_build.py --images 16000 --work $W > "$OUT/build.txt" 2>&1 ;;
+    ddp) n=$(nvidia-smi -L | wc -l)
+         for k in 1 "$n"; do
+           torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
+             --pack $W/ddp224 2>&1 | tail -5
+         done > "$OUT/ddp.txt" ;;
+    *) echo "unknown part: $w (tests, augment, train, bench, stream, build, ddp)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,25 +36,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _synth import dump, machine, make_random_pack
+from _out import dump, machine
+from packer.bench.synth import make_random_pack
+from packer.timing import median_rate
 from train_example import make_model, make_optimizer, train_step
 
 
 def timed(step: Callable[[], int], warmup: int, steps: int, repeats: int = 3) -> float:
-    """Median images/s (this rank) over ``repeats`` runs of ``steps`` calls."""
+    """Median images/s (this rank) over ``repeats`` runs of ``steps`` calls, every rank
+    synchronized and at a barrier before each clock read (``packer.timing``)."""
     for _ in range(warmup):
         step()
-    rates = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0, n = time.perf_counter(), 0
-        for _ in range(steps):
-            n += step()
-        torch.cuda.synchronize()
-        dist.barrier()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    return median_rate(
+        lambda: sum(step() for _ in range(steps)),
+        torch.device("cuda", torch.cuda.current_device()),
+        repeats,
+        barrier=dist.barrier,
+    )
 
 
 def forever(loader: packer.PackLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

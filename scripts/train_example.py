@@ -16,7 +16,6 @@ the step (the loss is read only at the end), torch.inference_mode() to evaluate.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import packer
+from packer.timing import time_loader
 
 
 def make_model(arch: str, num_classes: int) -> nn.Module:
@@ -76,21 +76,13 @@ def timed(
     steps: int,
     repeats: int = 3,
 ) -> float:
-    """Median images/s over ``repeats`` runs of ``steps`` training steps."""
-    for _ in range(warmup):
-        x, y = next(batches)
-        train_step(model, opt, x, y)
-    rates = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0, n = time.perf_counter(), 0
-        for _ in range(steps):
-            x, y = next(batches)
-            train_step(model, opt, x, y)
-            n += len(x)
-        torch.cuda.synchronize()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    """Median images/s over ``repeats`` runs of ``steps`` training steps (``packer.timing``)."""
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        train_step(model, opt, *batch)
+        return batch[0]
+
+    return time_loader(lambda: batches, step, torch.device("cuda"), steps, repeats, warmup=warmup)
 
 
 def forever(loader: object) -> Iterator:
@@ -130,11 +122,15 @@ def folder_batches(folder: Path, bs: int, workers: int) -> Iterator:
 
 
 def bench(args: argparse.Namespace) -> None:
-    from _synth import dump, machine, make_jpeg_folder, make_random_pack
+    from _out import dump, machine
+    from packer.bench.synth import make_jpeg_tree, make_random_pack
 
     work = args.work
     pack_path = args.pack or make_random_pack(work / "rand224", 50_000, 224)
-    folder = args.folder or make_jpeg_folder(work / "jpeg640", 8000)
+    folder = args.folder
+    if folder is None:
+        folder = work / "jpeg640"
+        make_jpeg_tree(folder, 8000, (640, 480), classes=10, quality=90)
     pack = packer.load(pack_path)
     classes = max(1, len(pack.classes))
     rows = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,15 @@ import pytest
 from PIL import Image
 
 from packer.build import BuildConfig, build
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment for a child Python, with the repository first on PYTHONPATH
+    (what was on it stays: a machine may carry packages there)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def write_image(

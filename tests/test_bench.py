@@ -10,10 +10,10 @@ import torch
 from click.testing import CliRunner
 
 from packer.bench import BenchConfig, count_points, to_markdown
+from packer.bench.plots import plot_bench
+from packer.bench.synth import make_jpeg_tree
 from packer.cli import cli
-from packer.plots import plot_bench
-from packer.synth import make_jpeg_tree
-from packer.timing import time_call
+from packer.timing import median_rate, time_call
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -129,7 +129,7 @@ def test_out_under_a_file_is_refused_before_the_run(
     def never(*a, **k):
         raise AssertionError("the bench ran")
 
-    monkeypatch.setattr(packer.bench, "bench", never)
+    monkeypatch.setattr(packer.bench, "run_bench", never)
     (tmp_path / "file").write_text("x")
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / under))
     assert code == 2 and "Traceback" not in stderr
@@ -208,9 +208,21 @@ def test_point_count_matches_the_grid() -> None:
 
 def test_time_call_runs_warmup_then_equal_repeats() -> None:
     calls = []
-    sec = time_call(lambda: calls.append(1), "cpu", repeats=5, target_s=0.0)
+    sec = time_call(lambda: calls.append(1), torch.device("cpu"), repeats=5, target_s=0.0)
     assert sec > 0
     assert len(calls) == 2 + 5  # target 0: one call per repeat
+
+
+def test_median_rate_calls_the_barrier_around_every_run() -> None:
+    events = []
+    rate = median_rate(
+        lambda: events.append("work") or 10,
+        torch.device("cpu"),
+        repeats=3,
+        barrier=lambda: events.append("barrier"),
+    )
+    assert rate > 0
+    assert events == ["barrier", "work", "barrier"] * 3
 
 
 @pytest.mark.cuda
@@ -235,7 +247,7 @@ def test_interrupt_exits_130_and_writes_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.bench, "bench", interrupted)
+    monkeypatch.setattr(packer.bench, "run_bench", interrupted)
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert code == 130
     assert "Interrupted; no results written" in stderr

@@ -122,3 +122,22 @@ def test_cli_json(photos: Path, tmp_path: Path) -> None:
 def test_output_inside_source_refused(photos: Path) -> None:
     r = CliRunner().invoke(cli, ["compress", str(photos), str(photos / "out")])
     assert r.exit_code == 2 and "inside the source" in r.stderr
+
+
+def test_cli_words_already_done_vs_skipped(photos: Path, tmp_path: Path) -> None:
+    """One word per meaning: a rerun's outputs are "already done", a bad input is "skipped"."""
+    (photos / "a" / "bad.jpg").write_bytes(b"nope")
+    dst = str(tmp_path / "o")
+    assert CliRunner().invoke(cli, ["compress", str(photos), dst, "-q"]).exit_code == 0
+    r = CliRunner().invoke(cli, ["compress", str(photos), dst])
+    assert r.exit_code == 0
+    lines = r.stderr.splitlines()
+    assert next(ln for ln in lines if "skipped a/" in ln).startswith("  skipped a/bad.jpg: ")
+    assert lines[-1].startswith("Wrote 0, 8 already done, 1 skipped (bad input); ")
+    out = json.loads(CliRunner().invoke(cli, ["compress", str(photos), dst, "--json"]).stdout)
+    assert out["already_done"] == out["skipped"] == 8 and out["written"] == 0
+    assert (
+        [s["path"] for s in out["skipped_inputs"]]
+        == ["a/bad.jpg"]
+        == [s["path"] for s in out["failed"]]
+    )

@@ -22,7 +22,7 @@ from PIL import Image
 
 import packer
 import packer.build
-from conftest import write_image
+from conftest import subprocess_env, write_image
 from packer.build import BuildConfig, build, work_dir_for
 from packer.cli import cli
 from packer.compress import CompressConfig, compress, output_names
@@ -36,7 +36,7 @@ PACK_FILES = (
     "_tensordict/meta.json",
     "meta.json",
 )
-ENV = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parent.parent)}
+ENV = subprocess_env()
 
 
 def assert_same_pack(a: Path, b: Path) -> None:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import packer
 import packer.build
-from conftest import write_image
+from conftest import subprocess_env, write_image
 from packer.build import BuildConfig, build
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
@@ -330,7 +330,8 @@ def test_human_summary_counts_ignored_images(image_tree: Path, tmp_path: Path) -
     assert rc == 0, err
     assert "  skipped gone.jpg: listed in" in err
     assert re.search(
-        rf"Packed 4 images .* \(1 skipped\) \(9 not in {re.escape(str(t))}: ignored\)", err
+        rf"Packed 4 images .* \(1 skipped, bad input\) \(9 not in {re.escape(str(t))}: ignored\)",
+        err,
     )
     rc, out, _ = run("info", tmp_path / "p")
     assert f"labels    from {t.resolve()} (9 images under the source had no row: ignored)" in out
@@ -482,7 +483,6 @@ build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 6), workers=1, labels=Path(
 
 
 def test_killed_build_with_a_table_resumes_byte_identical(tmp_path: Path) -> None:
-    import os
     import subprocess
     import sys
 
@@ -493,7 +493,7 @@ def test_killed_build_with_a_table_resumes_byte_identical(tmp_path: Path) -> Non
         rows.append(f"{i:02d}.png,{'ab'[i % 2]},{i / 3}")
     t = write(tmp_path / "l.csv", "\n".join(rows) + "\n")
     script = write(tmp_path / "kill.py", KILL_AFTER_FIRST_CHUNK)
-    env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parent.parent)}
+    env = subprocess_env()
     p = subprocess.run(
         [sys.executable, str(script), str(src), str(tmp_path / "p"), str(t)], env=env, timeout=60
     )

@@ -165,10 +165,7 @@ def test_cuda_resident_mode_same_batches(packed: Path) -> None:
 @cuda
 def test_cuda_many_batches_with_reused_buffers(tmp_path: Path) -> None:
     """More batches than pinned buffers, consumer slower than producer: no stale data."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from _synth import make_random_pack
+    from packer.bench.synth import make_random_pack
 
     pack = packer.load(make_random_pack(tmp_path / "r", 600, 16))
     fast = packer.PackLoader(pack, 7, device="cuda", seed=9, prefetch=2, num_threads=3)

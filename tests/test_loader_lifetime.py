@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import packer
+from conftest import subprocess_env
 from packer import loader as loader_mod
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +49,7 @@ def _passes_alive() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from _synth import make_random_pack
+    from packer.bench.synth import make_random_pack
 
     pack = packer.load(make_random_pack(tmp_path / "r", 256, 64))  # 12 KiB images
     with packer.PackLoader(pack, 32, device="cpu", num_threads=2) as warm:
@@ -119,7 +119,7 @@ _EXIT_SCRIPT = textwrap.dedent(
 def test_exit_mid_epoch_is_clean(packed: Path, tmp_path: Path) -> None:
     script = tmp_path / "exit_mid_epoch.py"
     script.write_text(_EXIT_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(packed), how],

@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,6 @@ from packer.errors import PackFormatError, UsageError
 from packer.format import Manifest, describe, read_manifest
 from packer.pack import ImagePack
 from packer.verify import VerifyConfig, verify
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 
 def edit(pack: Path, change) -> None:
@@ -161,7 +158,7 @@ def test_pack_attributes(packed: Path) -> None:
 
 
 def test_random_pack_of_the_scripts_verifies(tmp_path: Path) -> None:
-    from _synth import make_random_pack
+    from packer.bench.synth import make_random_pack
 
     path = make_random_pack(tmp_path / "r", 300, 8, classes=3)
     r = verify(path, VerifyConfig(throughput=False, use_recorded_source=False))

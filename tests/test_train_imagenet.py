@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import packer
+from conftest import subprocess_env
 from packer.build import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def run(*args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    env = subprocess_env(OMP_NUM_THREADS="2")
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts/train_imagenet.py"), *args],
         env=env,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from torchvision import transforms as tv
 from torchvision.transforms.v2 import functional as F
 
 import packer.transforms as T
+from conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -267,7 +267,7 @@ def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
         "    assert d.max() <= 1 and d.float().mean() < 0.1, (R.KERNEL, size)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    env = subprocess_env(TRITON_INTERPRET="1")
     r = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )

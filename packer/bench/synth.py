@@ -1,4 +1,5 @@
-"""Synthetic photo-like JPEGs, made on the spot for ``imgpack bench``.
+"""Synthetic data for ``imgpack bench``, the benchmark scripts and the tests: photo-like
+JPEG trees (:func:`make_jpeg_tree`) and packs of random pixels (:func:`make_random_pack`).
 
 Random pixels would be a poor stand-in: they compress badly and decode slowly,
 flattering a pack against JPEGs. These images have what photos have (smooth
@@ -9,6 +10,7 @@ decode costs are in the range of real photos of the same resolution.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,3 +77,39 @@ def make_jpeg_tree(
         tasks.append((i, d / f"img_{i:06d}.jpg", size[0], size[1], quality))
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as ex:
         return sum(ex.map(_write, tasks))
+
+
+def make_random_pack(path: Path, n: int, side: int, classes: int = 10) -> Path:
+    """A valid pack of ``n`` random images, uint8 [3, side, side] in [0, 255], labels
+    ``i mod classes``, written directly (fast, no decoding) through imgpack's own writer,
+    so it verifies like a built pack. Replaces a pack at ``path``."""
+    import shutil
+
+    from ..format import BuildInfo, Checksums, Manifest, is_pack, write_pack
+
+    if is_pack(path):
+        shutil.rmtree(path)
+    row = 3 * side * side
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 256, size=min(n, max(1, (256 << 20) // row)) * row, dtype=np.uint8)
+
+    def chunks():  # the same random block over and over: fast, and enough for streaming tests
+        left = n * row
+        while left:
+            k = min(left, len(block))
+            yield block[:k].data
+            left -= k
+
+    labels = (np.arange(n) % classes).astype("<i8")
+    manifest = Manifest(
+        count=n,
+        image_shape=(3, side, side),
+        resize="stretch",
+        classes=tuple(f"c{i}" for i in range(classes)),
+        class_counts=tuple(np.bincount(labels, minlength=classes).tolist()),
+        sources=tuple(f"synthetic/{i}.jpg" for i in range(n)),
+        source_sizes=((side, side),) * n,
+        build=BuildInfo(created=time.strftime("%F"), extra={"synthetic": True}),
+        checksums=Checksums(block_rows=0),  # write_pack computes them
+    )
+    return write_pack(path, chunks(), labels.tolist(), manifest)
