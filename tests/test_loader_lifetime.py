@@ -18,8 +18,6 @@ import packer
 from conftest import subprocess_env
 from packer import loader as loader_mod
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
