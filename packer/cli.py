@@ -332,22 +332,60 @@ def build(
     report(result, summary, skipped=result.skipped, as_json=as_json, quiet=quiet, strict=strict)
 
 
+def _parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(
+            f"--split {text!r}: give fractions separated by commas that sum to 1, e.g. 0.9,0.1"
+        ) from None
+
+
 @cli.command()
 @click.argument("pack", type=click.Path(path_type=Path))
+@click.option(
+    "--split",
+    "split_text",
+    metavar="F1,F2,...",
+    help="Also show the class histogram of each part of packer.split(PACK, fractions, "
+    "seed) (stratified by label), e.g. 0.9,0.1.",
+)
+@click.option("--seed", type=int, default=None, help="Seed of --split (default 0).")
 @json_option()
 @handle_errors
-def info(pack: Path, as_json: bool) -> None:
+def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) -> None:
     """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
+
+    With --split, also each part's size and class histogram, as packer.split
+    cuts it (the same seed gives the same parts in Python).
 
     \b
     Examples:
       imgpack info ./tensors
       imgpack info ./tensors --json | jq .class_counts
+      imgpack info ./tensors --split 0.9,0.1 --seed 1
     """
     from .format import describe
 
+    if seed is not None and split_text is None:
+        raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
+    fractions = _parse_fractions(split_text) if split_text is not None else None
     out = describe(pack)
+    splits = None
+    if fractions is not None:
+        from .dataset import class_histogram, split
+
+        try:
+            parts = split(pack, fractions, seed=seed or 0, stratify=True)
+        except UsageError as e:
+            raise UsageError(f"--split {split_text}: {e}") from None
+        splits = [
+            {"fraction": f, "count": len(part), "class_counts": class_histogram(pack, part)}
+            for f, part in zip(fractions, parts)
+        ]
     if as_json:
+        if splits is not None:
+            out["splits"] = splits
         _emit_json(out)
         return
     c, h, w = out["image_shape"]
@@ -378,6 +416,12 @@ def info(pack: Path, as_json: bool) -> None:
     click.echo(f"skipped   {len(out['skipped'])}")
     for s in out["skipped"][:20]:
         click.echo(f"  {s['path']}: {s['reason']}")
+    if splits is not None:
+        click.echo(f"split     {split_text} (seed {seed or 0}, stratified by label)")
+        for k, part in enumerate(splits, 1):
+            click.echo(f"  part {k}  {part['fraction']:g}: {part['count']} images (images, label)")
+            for name, count in part["class_counts"].items():
+                click.echo(f"    {count:>8}  {name}")
 
 
 @cli.command()

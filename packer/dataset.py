@@ -36,7 +36,8 @@ def _pack_path(pack: ImagePack | str | os.PathLike[str]) -> Path:
 
 
 class PackDataset(torch.utils.data.Dataset):
-    """A pack as a map-style Dataset: ``ds[i] -> (image, label)``.
+    """A pack as a map-style Dataset: ``ds[i] -> (image, label)``, or
+    ``(image, label, target)`` when the pack has targets.
 
     Args:
       pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
@@ -45,8 +46,11 @@ class PackDataset(torch.utils.data.Dataset):
         the process that reads it (a DataLoader worker).
 
     Items: ``image`` Tensor[3, H, W] uint8 in [0, 255] (or what ``transform``
-    returns) and ``label`` an int (class index, -1 unlabeled).
-    ``__getitems__`` fetches a batch of indices with one gather.
+    returns), ``label`` an int (class index, -1 unlabeled) and, only for a pack
+    built with ``--targets``, ``target`` Tensor[K] float32 (the row of
+    ``pack.targets``, columns in ``pack.target_names`` order; the default
+    collate stacks them to [B, K]). ``__getitems__`` fetches a batch of
+    indices with one gather.
 
     Pickling carries the path, never the mapped arrays: each worker opens the
     pack itself (no unpickling of pack files, as :func:`packer.load`). Use
@@ -84,26 +88,32 @@ class PackDataset(torch.utils.data.Dataset):
     def classes(self) -> list[str]:
         return self._open().classes
 
-    def __getitem__(self, i: int) -> tuple[Any, int]:
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
         pack = self._open()
         i = int(i)
         if not -self._len <= i < self._len:
             raise IndexError(f"index {i} is outside a pack of {self._len} images")
         image = pack.images[i].clone()  # own memory: the map is read-only and shared
         label = int(pack.labels[i])
-        return (image if self.transform is None else self.transform(image)), label
+        image = image if self.transform is None else self.transform(image)
+        if pack.targets is None:
+            return image, label
+        return image, label, pack.targets[i].clone()
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """Samples for ``indices`` (a list, as DataLoader's fetcher passes), one gather."""
         pack = self._open()
         idx = np.asarray(indices, dtype=np.intp)
         if len(idx) and (idx.min() < -self._len or idx.max() >= self._len):
             raise IndexError(f"an index is outside a pack of {self._len} images")
-        images = torch.from_numpy(np.take(pack.images.numpy(), idx, axis=0))
+        images = torch.from_numpy(np.take(pack.images.numpy(), idx, axis=0)).unbind(0)
         labels = np.take(pack.labels.numpy(), idx).tolist()
         if self.transform is not None:
-            return [(self.transform(x), y) for x, y in zip(images, labels)]
-        return list(zip(images.unbind(0), labels))
+            images = tuple(self.transform(x) for x in images)
+        if pack.targets is None:
+            return list(zip(images, labels))
+        targets = torch.from_numpy(np.take(pack.targets.numpy(), idx, axis=0)).unbind(0)
+        return list(zip(images, labels, targets))
 
 
 def _apportion(total: int, fractions: Sequence[float]) -> list[int]:
@@ -126,10 +136,12 @@ def split(
 
     Deterministic for a seed; together the parts hold every row once. Part
     sizes are the fractions of N rounded to integers that sum to N. With
-    ``stratify`` each class (and the unlabeled, label -1) is cut in the same
-    proportions: its count in part k is within one image per part of
-    ``fractions[k]`` times its size. Feed a part to ``PackLoader(indices=)``
-    or ``torch.utils.data.Subset(PackDataset(pack), part)``.
+    ``stratify`` the strata are the distinct label values, whether or not the
+    pack names them: class indices, integer labels from a table (``classes ==
+    []``), and -1 (unlabeled) as a stratum of its own. Each stratum is cut in
+    the same proportions: its count in part k is within one image per part of
+    ``fractions[k]`` times its size. Targets play no part. Feed a part to
+    ``PackLoader(indices=)`` or ``torch.utils.data.Subset(PackDataset(pack), part)``.
     """
     if isinstance(pack, (str, os.PathLike)):
         pack = open_pack(Path(pack))
@@ -149,7 +161,7 @@ def split(
         labels = torch.as_tensor(np.asarray(pack.labels.numpy()), dtype=torch.int64)
         leftovers = []
         have = [0] * len(fr)
-        for c in torch.unique(labels).tolist():  # ascending: deterministic
+        for c in torch.unique(labels).tolist():  # label values, ascending: deterministic
             rows = (labels == c).nonzero().flatten()
             rows = rows[torch.randperm(len(rows), generator=g)]
             base = [math.floor(f * len(rows)) for f in fr]
@@ -175,8 +187,13 @@ def split(
 def class_histogram(
     pack: ImagePack | str | os.PathLike[str], indices: torch.Tensor | None = None
 ) -> dict[str, int]:
-    """Images per class among ``indices`` (int rows or bool mask; default all), in class
-    order; unlabeled images (label -1) count under ``"(unlabeled)"`` when present."""
+    """Images per label among ``indices`` (int rows or bool mask; default all).
+
+    Keys: every class name, in class order (count 0 included); a label value
+    the pack does not name (integer labels from a table, ``classes == []``)
+    as its decimal string (``"7"``), ascending, only when present; unlabeled
+    images (label -1) under ``"(unlabeled)"``, last, only when present.
+    """
     if isinstance(pack, (str, os.PathLike)):
         pack = open_pack(Path(pack))
     labels = torch.as_tensor(np.asarray(pack.labels.numpy()), dtype=torch.int64)
@@ -186,6 +203,9 @@ def class_histogram(
     classes = pack.classes
     counts = torch.bincount(labels[labels >= 0], minlength=len(classes)).tolist()
     hist = {name: int(c) for name, c in zip(classes, counts)}
+    for value in range(len(classes), len(counts)):
+        if counts[value]:
+            hist[str(value)] = int(counts[value])
     unlabeled = int((labels < 0).sum())
     if unlabeled:
         hist["(unlabeled)"] = unlabeled

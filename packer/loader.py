@@ -9,6 +9,7 @@ The hot path, per batch (CUDA)::
     -> event -> bounded queue
     consumer: queue.get -> current stream waits on the event (the GPU waits,
     never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
+    (and float32 targets [B, K] when the pack has them, gathered by the same rows)
 
 Bytes cross the bus as uint8; normalisation to float happens on the GPU in
 :class:`packer.Normalize`. A pinned buffer is refilled only after the copy out
@@ -194,6 +195,25 @@ def _apply_transform(
     return transform(images, generator=gen)
 
 
+def _check_dtypes(images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None) -> None:
+    """Refuse, never cast: the batch buffers are built for exactly these dtypes and shapes."""
+    n = len(images)
+    got = []
+    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+        got.append(f"images {images.dtype} {list(images.shape)}")
+    if labels.dtype != torch.int64 or tuple(labels.shape) != (n,):
+        got.append(f"labels {labels.dtype} {list(labels.shape)}")
+    if targets is not None and (
+        targets.dtype != torch.float32 or targets.dim() != 2 or len(targets) != n
+    ):
+        got.append(f"targets {targets.dtype} {list(targets.shape)}")
+    if got:
+        raise UsageError(
+            f"PackLoader needs images uint8 [N, 3, H, W], labels int64 [N] and targets "
+            f"float32 [N, K] or None, not {', '.join(got)}; open a pack with packer.load()"
+        )
+
+
 def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """Copy rows ``idx`` of ``src`` into ``out`` (a memcpy per row, GIL released)."""
     np.take(src, idx, 0, out, "clip")
@@ -214,13 +234,15 @@ class _Shared:
                 self.pool = ThreadPoolExecutor(n, thread_name_prefix="imgpack-gather")
             return self.pool
 
-    def take_slots(self, k: int, bs: int, shape: tuple[int, ...], dev: torch.device) -> _Slots:
+    def take_slots(
+        self, k: int, bs: int, shape: tuple[int, ...], ntargets: int | None, dev: torch.device
+    ) -> _Slots:
         """Pinned buffers for one pass: a free set from an earlier pass, else new ones
         (allocating pinned memory costs far more than filling it)."""
         with self.lock:
             if self.free_slots:
                 return self.free_slots.pop()
-        return _Slots(k, bs, shape, dev)
+        return _Slots(k, bs, shape, ntargets, dev)
 
     def give_slots(self, slots: _Slots) -> None:
         with self.lock:
@@ -238,13 +260,26 @@ class _Shared:
 
 
 class _Slots:
-    """``k`` pinned batch buffers, the event after the last copy out of each, a copy stream."""
+    """``k`` pinned batch buffers (images, labels, targets if ``ntargets`` is not None),
+    the event after the last copy out of each, a copy stream."""
 
-    def __init__(self, k: int, bs: int, shape: tuple[int, ...], device: torch.device) -> None:
+    def __init__(
+        self,
+        k: int,
+        bs: int,
+        shape: tuple[int, ...],
+        ntargets: int | None,
+        device: torch.device,
+    ) -> None:
         self.images = [
             torch.empty((bs, *shape), dtype=torch.uint8, pin_memory=True) for _ in range(k)
         ]
         self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True) for _ in range(k)]
+        self.targets: list[torch.Tensor] | None = None
+        if ntargets is not None:
+            self.targets = [
+                torch.empty((bs, ntargets), dtype=torch.float32, pin_memory=True) for _ in range(k)
+            ]
         self.freed: list[torch.cuda.Event | None] = [None] * k
         self.stream = torch.cuda.Stream(device)
 
@@ -258,7 +293,8 @@ _DONE = object()
 
 
 class PackLoader:
-    """Iterate a pack in batches of ``(images, labels)`` on ``device``.
+    """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
+    ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
     Args:
       pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
@@ -292,7 +328,14 @@ class PackLoader:
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
         ``transform`` returns).
-      labels: Tensor[B], int64, on ``device``.
+      labels: Tensor[B], int64, on ``device``: class index, or -1 unlabeled.
+      targets: only for a pack with targets (built with ``--targets``):
+        Tensor[B, K], float32, on ``device``, any finite values; row i belongs
+        to image i (the same pack rows as ``labels``), columns in
+        ``pack.target_names`` order. A pack without targets yields 2-tuples.
+
+    ``B`` is ``batch_size`` except for a short last batch. Dtypes are the
+    pack's, never cast (a hand-built pack with other dtypes is refused).
 
     Epochs: a pass takes the loader's epoch counter when its first batch is
     asked for, and moves the counter on by one. ``set_epoch(e)`` (or
@@ -351,6 +394,8 @@ class PackLoader:
         self._populate = populate
         self._images = pack.images
         self._labels = pack.labels
+        self._targets: torch.Tensor | None = getattr(pack, "targets", None)
+        _check_dtypes(self._images, self._labels, self._targets)
         self._rows = None if indices is None else _check_indices(indices, len(pack))
         self._n = len(pack) if self._rows is None else len(self._rows)
         self._shape = tuple(pack.images.shape[1:])
@@ -359,7 +404,7 @@ class PackLoader:
         self._serial = 0  # passes started; the latest one is what state_dict() describes
         self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
-        self._resident: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._new_shared()
 
     def _new_shared(self) -> None:
@@ -520,10 +565,15 @@ class PackLoader:
         if serial == self._serial:
             self._progress = (epoch, yielded, exhausted)
 
-    def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The streamed rows on the device, in ``indices`` order (or the whole pack)."""
+    def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The streamed rows on the device, in ``indices`` order (or the whole pack):
+        images uint8 [M, 3, H, W], labels int64 [M], targets float32 [M, K] or None."""
         images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
         labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
+        targets = None
+        if self._targets is not None:
+            k = self._targets.shape[1]
+            targets = torch.empty((self._n, k), dtype=torch.float32, device=self.device)
         step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
         with PackLoader(
             self.pack,
@@ -537,11 +587,14 @@ class PackLoader:
             prefetch=2,
         ) as seq:
             start = 0
-            for x, y in seq:
+            for batch in seq:
+                x = batch[0]
                 images[start : start + len(x)].copy_(x)
-                labels[start : start + len(y)].copy_(y)
+                labels[start : start + len(x)].copy_(batch[1])
+                if targets is not None:
+                    targets[start : start + len(x)].copy_(batch[2])
                 start += len(x)
-        return images, labels
+        return images, labels, targets
 
     def close(self) -> None:
         """Stop background work and release threads and buffers (also done when
@@ -604,7 +657,9 @@ class _EpochIterator:
         self.next_batch = 0
         self._pass: _Pass | None = None
         self._finalizer: weakref.finalize | None = None
-        self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._resident: (
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None
+        ) = None
         self._gen: torch.Generator | None = None
 
     def __iter__(self) -> _EpochIterator:
@@ -623,8 +678,8 @@ class _EpochIterator:
         if ld.resident:
             if ld._resident is None:
                 ld._resident = ld._load_resident()
-            images, labels = ld._resident
-            self._resident = (images, labels, pos.to(ld.device, non_blocking=True))
+            images, labels, targets = ld._resident
+            self._resident = (images, labels, targets, pos.to(ld.device, non_blocking=True))
             return
         if ld._populate:
             populate(ld._images)
@@ -635,10 +690,12 @@ class _EpochIterator:
         shared = ld._shared_here()
         slots = None
         if ld.device.type == "cuda":
-            slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ld.device)
+            ntargets = None if ld._targets is None else ld._targets.shape[1]
+            slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device)
         p = _Pass(
             src=ld._images,
             labels=ld._labels,
+            targets=ld._targets,
             order=rows.numpy().astype(np.intp),
             batch_size=ld.batch_size,
             start=self.next_batch,
@@ -657,7 +714,7 @@ class _EpochIterator:
         self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
         p.thread.start()
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> tuple[torch.Tensor, ...]:
         if self.closed:
             raise StopIteration
         if self.pid != os.getpid() and self.started:
@@ -679,16 +736,18 @@ class _EpochIterator:
         self.close()
         raise StopIteration
 
-    def _next_resident(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels, pos = self._resident  # type: ignore[misc]
+    def _next_resident(self) -> tuple[torch.Tensor, ...]:
+        images, labels, targets, pos = self._resident  # type: ignore[misc]
         bs, b = self.loader.batch_size, self.next_batch
         idx = pos[b * bs : (b + 1) * bs]
         x = images.index_select(0, idx)
         ld = self.loader
         x = _apply_transform(ld.transform, x, self._gen, (ld.seed, self.epoch, ld.rank), b)
-        return x, labels.index_select(0, idx)
+        if targets is None:
+            return x, labels.index_select(0, idx)
+        return x, labels.index_select(0, idx), targets.index_select(0, idx)
 
-    def _next_streamed(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _next_streamed(self) -> tuple[torch.Tensor, ...]:
         p = self._pass
         assert p is not None
         while True:
@@ -704,13 +763,17 @@ class _EpochIterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
-        images, labels, ev = item
+        images, labels, targets, ev = item
         if ev is not None:
             cur = torch.cuda.current_stream(self.loader.device)
             cur.wait_event(ev)  # the GPU waits for the copy; the host does not
             images.record_stream(cur)
             labels.record_stream(cur)
-        return images, labels
+            if targets is not None:
+                targets.record_stream(cur)
+        if targets is None:
+            return images, labels
+        return images, labels, targets
 
     def close(self) -> None:
         if self.closed:
@@ -730,6 +793,7 @@ class _Pass:
         *,
         src: torch.Tensor,
         labels: torch.Tensor,
+        targets: torch.Tensor | None,
         order: np.ndarray,
         batch_size: int,
         start: int,
@@ -749,6 +813,7 @@ class _Pass:
         self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
         self.shape = tuple(src.shape[1:])
         self.labels = labels.numpy()
+        self.targets = None if targets is None else targets.numpy()
         self.order = order
         self.batch_size = batch_size
         self.start = start
@@ -817,9 +882,12 @@ class _Pass:
             images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
             for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
                 f.result()
-            labels = torch.from_numpy(self.labels[idx].astype(np.int64))
+            labels = torch.from_numpy(np.take(self.labels, idx, 0))
+            targets = None
+            if self.targets is not None:
+                targets = torch.from_numpy(np.take(self.targets, idx, 0))
             images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
-            if not self.put((images, labels, None)):
+            if not self.put((images, labels, targets, None)):
                 return
 
     def run_cuda(self) -> None:
@@ -836,6 +904,13 @@ class _Pass:
         slots = self.slots
         k = len(slots.images)
         pinned, pinned_lab, freed, stream = slots.images, slots.labels, slots.freed, slots.stream
+        pinned_tgt = slots.targets
+        # np.take into a buffer of another dtype would cast: the loader refused such packs
+        assert self.labels.dtype == np.int64 and pinned_lab[0].dtype == torch.int64
+        assert (self.targets is None) == (pinned_tgt is None)
+        if self.targets is not None and pinned_tgt is not None:
+            assert self.targets.dtype == np.float32 and pinned_tgt[0].dtype == torch.float32
+            assert pinned_tgt[0].shape[1] == self.targets.shape[1]
         pending: collections.deque[tuple[int, np.ndarray, int, list[Future[Any]]]] = (
             collections.deque()
         )
@@ -847,9 +922,14 @@ class _Pass:
             n = len(idx)
             buf, lab = pinned[s][:n], pinned_lab[s][:n]
             np.take(self.labels, idx, out=lab.numpy(), mode="clip")
+            tgt = None
+            if pinned_tgt is not None:
+                tgt = pinned_tgt[s][:n]
+                np.take(self.targets, idx, 0, out=tgt.numpy(), mode="clip")
             with torch.cuda.stream(stream):
                 images = buf.to(dev, non_blocking=True)
                 labels = lab.to(dev, non_blocking=True)
+                targets = None if tgt is None else tgt.to(dev, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(stream)
                 ready = copied
@@ -858,7 +938,7 @@ class _Pass:
                     ready = torch.cuda.Event()
                     ready.record(stream)
             freed[s] = copied
-            return self.put((images, labels, ready))
+            return self.put((images, labels, targets, ready))
 
         for j, (b, idx) in enumerate(self.batches()):
             s = j % k

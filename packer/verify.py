@@ -270,8 +270,8 @@ def measure(
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=acts) as prof:
-            for i, (x, _y) in enumerate(loader):
-                norm(x)
+            for i, batch in enumerate(loader):  # 2- or 3-tuples (a pack with targets)
+                norm(batch[0])
                 if i == 5:
                     break
             sync(device)
