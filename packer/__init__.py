@@ -4,7 +4,7 @@
     pack = packer.load("tensors/")            # ImagePack: images uint8 [N,3,H,W], labels int64 [N]
     loader = packer.PackLoader(pack, 256, device="cuda")
     model = torch.nn.Sequential(packer.Normalize(), net)
-    for images, labels in loader: ...
+    for images, labels in loader: ...     # (images, labels, targets) for a pack with targets
 
 The library behind the commands has one public name per function:
 ``packer.build_pack`` (``imgpack build``), ``packer.compress_tree`` (``imgpack

@@ -108,7 +108,7 @@ def train_rows(
         warmup = 2 * a.workers + 2 if folder else warm
 
         def consume(batch: Any, folder: bool = folder) -> torch.Tensor:
-            x, y = batch
+            x, y = batch[0], batch[1]
             if folder:
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             else:

@@ -17,7 +17,7 @@ norm = packer.Normalize().to(device)
 print(f"{len(pack)} images, classes {pack.classes}, streaming to {device}")
 for epoch in range(2):
     t0 = time.perf_counter()
-    for i, (images, labels) in enumerate(loader):
+    for i, (images, labels, *_) in enumerate(loader):  # a pack with targets adds a third
         x = norm(images)  # uint8 [B,3,H,W] -> float32, normalized on the device
         if i == 0:
             print(

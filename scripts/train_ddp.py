@@ -119,7 +119,7 @@ def main() -> None:
     opt = make_optimizer(model)
 
     def train_from_pack() -> int:
-        x, y = next(batches)
+        x, y, *_ = next(batches)
         train_step(model, opt, x, y)
         return len(x)
 

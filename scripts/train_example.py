@@ -59,7 +59,7 @@ def train_step(
 def evaluate(model: nn.Module, loader: packer.PackLoader) -> float:
     model.eval()
     correct = total = torch.zeros((), device="cuda", dtype=torch.int64)
-    for x, y in loader:
+    for x, y, *_ in loader:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             pred = model(x.contiguous(memory_format=torch.channels_last)).argmax(1)
         correct = correct + (pred == y).sum()
@@ -177,7 +177,7 @@ def train(args: argparse.Namespace) -> None:
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
         loss = torch.zeros((), device="cuda")
-        for x, y in loader:
+        for x, y, *_ in loader:
             loss = train_step(model, opt, x, y)
         torch.cuda.synchronize()
         n = len(loader) * args.batch_size

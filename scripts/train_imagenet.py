@@ -138,7 +138,7 @@ def evaluate(
     """Mean loss, top-1 and top-5 over this loader (summed over ranks under DDP)."""
     model.eval()
     sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, top1, top5, n
-    for x, y in loader:
+    for x, y, *_ in loader:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(x.contiguous(memory_format=torch.channels_last))
         loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
@@ -253,7 +253,7 @@ def main() -> None:
         t0 = time.perf_counter()
         sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss, top1, n
         n_img = 0
-        for step, (x, y) in enumerate(train_loader):
+        for step, (x, y, *_) in enumerate(train_loader):
             if step >= steps_per_epoch:
                 break
             x = x.contiguous(memory_format=torch.channels_last)
