@@ -407,18 +407,25 @@ class RandomResizedCrop(_Transform):
         out: np.ndarray,
     ) -> None:
         """:meth:`sample_boxes` into ``out[:, :4]`` (any integer dtype, [B, >=4])."""
-        hh = _np_sizes(height, batch)
-        ww = _np_sizes(width, batch)
-        if batch and ((hh < 1) | (ww < 1)).any():
-            raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
+        if type(height) is int and type(width) is int:  # one size: no numpy sizes
+            if height < 1 or width < 1:
+                raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
+            hh, ww = height, width
+        else:
+            hh = _np_sizes(height, batch)
+            ww = _np_sizes(width, batch)
+            if batch and ((hh < 1) | (ww < 1)).any():
+                raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
         # One draw from the generator, then a few numpy passes over [B, 10] in
         # place: each numpy or torch call costs the host microseconds, so there
         # are as few as the arithmetic allows (about 25 for a batch).
         u = torch.rand(batch, 2 * _TRIES + 2, generator=generator, dtype=torch.float64).numpy()
-        scalar = batch > 0 and hh.strides == (0,) and ww.strides == (0,)
+        scalar = batch > 0 and (isinstance(hh, int) or (hh.strides == (0,) and ww.strides == (0,)))
         if scalar:
-            hf, wf = float(hh[0]), float(ww[0])  # one image size: Python scalars
+            hh, ww = int(np.asarray(hh).flat[0]), int(np.asarray(ww).flat[0])
+            hf, wf = float(hh), float(ww)  # one image size: Python scalars
         else:
+            hh, ww = np.broadcast_to(hh, (batch,)), np.broadcast_to(ww, (batch,))
             hf, wf = hh.astype(np.float64), ww.astype(np.float64)
         area = hf * wf if scalar else (hf * wf)[:, None]
         lo, hi = self.scale
