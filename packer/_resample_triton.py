@@ -13,6 +13,7 @@ CUDA work asks for it (Triton compiles on first use per tap count).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -171,6 +172,7 @@ def _resample_dot_kernel(
         tl.store(dst + c * (oh * ow), y.to(tl.uint8), mask=m_out)
 
 
+@functools.lru_cache(maxsize=1024)  # a few hundred (block, scale) pairs at most
 def _span(block: int, scale: float) -> int:
     """Input patch length covering the windows of ``block`` outputs (power of 2, >= 16)."""
     need = math.ceil((block - 1) * scale + 2 * max(scale, 1.0)) + 2

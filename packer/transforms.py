@@ -19,14 +19,16 @@ with the crop box folded in. On CUDA a Triton kernel (``_resample_triton``)
 computes them from the boxes and applies them per 16x16 output tile as two small
 float16 products on the tensor cores (uint8 values are exact in float16); on the
 CPU, or without Triton, they are dense matrices applied as ``Ry @ X @ Rx^T`` in
-batched matrix products. Host work per batch: one draw from the generator, some
-numpy, one pinned [B, 5] int32 copy and one launch.
+batched matrix products. Host work per batch on CUDA (Compose of crop + flip):
+one draw from the generator, about 25 numpy passes written straight into a
+reused pinned [B, 5] int32 table, one async copy and one launch.
 This module needs only torch and numpy, so it also imports standalone.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -81,6 +83,61 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         # Pinned (from torch's caching host allocator) so the copy is truly async.
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+class _PinnedTables:
+    """A few reusable pinned int32 tables [cap, 5] feeding one CUDA device's kernel launches.
+
+    Pinning per call (``pin_memory()``) costs the host an allocator round trip and
+    a copy; here numpy writes the parameters straight into pinned memory and one
+    async copy moves them. A slot is reused only once the event recorded after its
+    copy has passed; a slot still in flight gets a fresh buffer instead (the old
+    one is freed through torch's caching host allocator, which waits for that
+    copy), so the host never waits for the device.
+    """
+
+    def __init__(self, device: torch.device, slots: int = 8) -> None:
+        self.device = device
+        self._bufs: list[torch.Tensor | None] = [None] * slots
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, batch: int) -> tuple[int, torch.Tensor, np.ndarray]:
+        """A free slot: (its index, pinned int32 [batch, 5] tensor, its numpy view)."""
+        with self._lock:
+            k = self._next
+            self._next = (k + 1) % len(self._bufs)
+            buf, ev = self._bufs[k], self._events[k]
+            if buf is None or buf.shape[0] < batch or (ev is not None and not ev.query()):
+                buf = torch.empty((max(batch, 256), 5), dtype=torch.int32, pin_memory=True)
+                self._bufs[k] = buf
+            # The slot is claimed until its copy is enqueued and recorded.
+            self._events[k] = None
+            self._bufs[k] = None
+        return k, buf[:batch], buf.numpy()[:batch]
+
+    def send(self, k: int, table: torch.Tensor) -> torch.Tensor:
+        """Copy slot ``k``'s ``table`` to the device (async) and release the slot."""
+        out = torch.empty(table.shape, dtype=torch.int32, device=self.device)
+        out.copy_(table, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        with self._lock:
+            base = table if table._base is None else table._base
+            if self._bufs[k] is None:
+                self._bufs[k], self._events[k] = base, ev
+        return out
+
+
+_PINNED: dict[torch.device, _PinnedTables] = {}
+
+
+def _pinned_tables(device: torch.device) -> _PinnedTables:
+    ring = _PINNED.get(device)
+    if ring is None:
+        ring = _PINNED.setdefault(device, _PinnedTables(device))
+    return ring
 
 
 # ---------------------------------------------------------------- interpolation weights
@@ -337,40 +394,87 @@ class RandomResizedCrop(_Transform):
         wins and its corner is uniform; else a centre crop of the whole image
         with its aspect clamped into ``ratio``. All tries are drawn at once.
         """
-        hh = _np_sizes(height, batch)
-        ww = _np_sizes(width, batch)
-        if batch and ((hh < 1) | (ww < 1)).any():
-            raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
-        # One draw from the generator, then numpy: on a batch of 256 this costs the
-        # host tens of microseconds, where ~30 small torch ops cost hundreds.
+        out = np.empty((batch, 4), dtype=np.int64)
+        self._draw(batch, height, width, generator, out)
+        return torch.from_numpy(out)
+
+    def _draw(
+        self,
+        batch: int,
+        height: int | torch.Tensor,
+        width: int | torch.Tensor,
+        generator: torch.Generator | None,
+        out: np.ndarray,
+    ) -> None:
+        """:meth:`sample_boxes` into ``out[:, :4]`` (any integer dtype, [B, >=4])."""
+        if type(height) is int and type(width) is int:  # one size: no numpy sizes
+            if height < 1 or width < 1:
+                raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
+            hh, ww = height, width
+        else:
+            hh = _np_sizes(height, batch)
+            ww = _np_sizes(width, batch)
+            if batch and ((hh < 1) | (ww < 1)).any():
+                raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
+        # One draw from the generator, then a few numpy passes over [B, 10] in
+        # place: each numpy or torch call costs the host microseconds, so there
+        # are as few as the arithmetic allows (about 25 for a batch).
         u = torch.rand(batch, 2 * _TRIES + 2, generator=generator, dtype=torch.float64).numpy()
-        hf, wf = hh.astype(np.float64), ww.astype(np.float64)
-        area = (hf * wf)[:, None]
+        scalar = batch > 0 and (isinstance(hh, int) or (hh.strides == (0,) and ww.strides == (0,)))
+        if scalar:
+            hh, ww = int(np.asarray(hh).flat[0]), int(np.asarray(ww).flat[0])
+            hf, wf = float(hh), float(ww)  # one image size: Python scalars
+        else:
+            hh, ww = np.broadcast_to(hh, (batch,)), np.broadcast_to(ww, (batch,))
+            hf, wf = hh.astype(np.float64), ww.astype(np.float64)
+        area = hf * wf if scalar else (hf * wf)[:, None]
         lo, hi = self.scale
-        target = area * (lo + (hi - lo) * u[:, :_TRIES])
+        # The same float operations, in the same order, as torchvision's get_params.
+        target = u[:, :_TRIES] * (hi - lo)
+        target += lo
+        target *= area
         lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = np.exp(lr0 + (lr1 - lr0) * u[:, _TRIES : 2 * _TRIES])
-        w = np.round(np.sqrt(target * aspect))  # round half to even, as Python's round
-        h = np.round(np.sqrt(target / aspect))
-        ok = (w > 0) & (w <= wf[:, None]) & (h > 0) & (h <= hf[:, None])
+        aspect = u[:, _TRIES : 2 * _TRIES] * (lr1 - lr0)
+        aspect += lr0
+        np.exp(aspect, out=aspect)
+        w = target * aspect
+        np.sqrt(w, out=w)
+        np.round(w, out=w)  # round half to even, as Python's round
+        h = np.divide(target, aspect, out=target)
+        np.sqrt(h, out=h)
+        np.round(h, out=h)
+        hcol, wcol = (hf, wf) if scalar else (hf[:, None], wf[:, None])
+        ok = w <= wcol
+        ok &= h <= hcol
+        ok &= w > 0
+        ok &= h > 0
         first = ok.argmax(1)  # the first accepted try
-        found = ok.any(1)
         rows = np.arange(batch)
-        h = h[rows, first].astype(np.int64)
-        w = w[rows, first].astype(np.int64)
-        # Fallback: the whole image, its aspect clamped into [min, max] ratio.
-        in_ratio = wf / hf
-        rmin, rmax = min(self.ratio), max(self.ratio)
-        fw = np.where(in_ratio > rmax, np.round(hf * rmax), wf).astype(np.int64)
-        fh = np.where(in_ratio < rmin, np.round(wf / rmin), hf).astype(np.int64)
-        h = np.where(found, h, fh)
-        w = np.where(found, w, fw)
+        found = ok[rows, first]
+        h = h[rows, first]
+        w = w[rows, first]
         # Corner ~ randint(0, H - h + 1), used where a try was accepted.
-        top = np.floor(u[:, -2] * (hh - h + 1)).astype(np.int64)
-        left = np.floor(u[:, -1] * (ww - w + 1)).astype(np.int64)
-        top = np.where(found, np.minimum(top, hh - h), (hh - h) // 2)
-        left = np.where(found, np.minimum(left, ww - w), (ww - w) // 2)
-        return torch.from_numpy(np.stack([top, left, h, w], 1))
+        top = np.floor(u[:, -2] * (hf - h + 1.0))
+        left = np.floor(u[:, -1] * (wf - w + 1.0))
+        np.minimum(top, hf - h, out=top)
+        np.minimum(left, wf - w, out=left)
+        if not found.all():
+            # Fallback: the whole image, its aspect clamped into [min, max] ratio,
+            # centred.
+            hfa = np.broadcast_to(np.asarray(hf), (batch,))
+            wfa = np.broadcast_to(np.asarray(wf), (batch,))
+            in_ratio = wfa / hfa
+            rmin, rmax = min(self.ratio), max(self.ratio)
+            fw = np.where(in_ratio > rmax, np.round(hfa * rmax), wfa)
+            fh = np.where(in_ratio < rmin, np.round(wfa / rmin), hfa)
+            h = np.where(found, h, fh)
+            w = np.where(found, w, fw)
+            top = np.where(found, top, (hh - h.astype(np.int64)) // 2)
+            left = np.where(found, left, (ww - w.astype(np.int64)) // 2)
+        out[:, 0] = top
+        out[:, 1] = left
+        out[:, 2] = h
+        out[:, 3] = w
 
     def forward(
         self,
@@ -529,6 +633,12 @@ class Compose(nn.Sequential):
             if isinstance(t, RandomResizedCrop) and isinstance(nxt, RandomHorizontalFlip):
                 _check_images(images)
                 b, _, h, w = images.shape
+                if images.is_cuda and b:
+                    fused = _crop_flip_cuda(t, nxt, images, generator)
+                    if fused is not None:
+                        images = fused
+                        i += 2
+                        continue
                 boxes = t.sample_boxes(b, h, w, generator)
                 flip = nxt.sample(b, generator)
                 images = resized_crop(images, boxes, t.size, flip=flip)
@@ -540,3 +650,33 @@ class Compose(nn.Sequential):
                 images = t(images)
             i += 1
         return images
+
+
+def _crop_flip_cuda(
+    crop: RandomResizedCrop,
+    flip: RandomHorizontalFlip,
+    images: torch.Tensor,
+    generator: torch.Generator | None,
+) -> torch.Tensor | None:
+    """RandomResizedCrop then flip on CUDA, with the least host work per batch.
+
+    Draws exactly what ``sample_boxes`` then ``RandomHorizontalFlip.sample`` draw,
+    writes them into one pinned int32 [B, 5] table (boxes from the sampler lie
+    inside the image, so there is nothing to check), copies it once and launches
+    the kernel. Returns None where the kernel does not apply (no Triton, or a
+    downscale the dense route handles better); nothing has been drawn then.
+    """
+    kernels = _triton()
+    if kernels is None:
+        return None
+    b, _, h, w = images.shape
+    oh, ow = crop.size
+    # The largest box is the whole image: if the kernel suits that, it suits all.
+    if not kernels.fits((h / oh, w / ow)):
+        return None
+    ring = _pinned_tables(images.device)
+    k, table, arr = ring.take(b)
+    crop._draw(b, h, w, generator, arr)
+    arr[:, 4] = torch.rand(b, generator=generator).numpy() < flip.p
+    sy, sx = int(arr[:, 2].max()) / oh, int(arr[:, 3].max()) / ow
+    return kernels.resample(images, ring.send(k, table), oh, ow, _taps(sy), _taps(sx), (sy, sx))

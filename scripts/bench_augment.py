@@ -78,22 +78,54 @@ def timed(
     iters: int,
     repeats: int,
     warmup: int,
-) -> list[float]:
-    """Images per second of ``repeats`` timings, each of ``iters`` calls."""
+) -> tuple[list[float], list[float]]:
+    """Images per second of ``repeats`` timings, each of ``iters`` calls, and the
+    host's microseconds per call in each (the loop's time before the final sync:
+    the host's own share while the device keeps up)."""
     dev = inputs[0].device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     for k in range(warmup):
         fn(inputs[k % len(inputs)], g)
-    rates = []
+    rates, host = [], []
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
         for k in range(iters):
             fn(inputs[k % len(inputs)], g)
+        t1 = time.perf_counter()
         sync()
         rates.append(iters * inputs[0].shape[0] / (time.perf_counter() - t0))
-    return rates
+        host.append((t1 - t0) / iters * 1e6)
+    return rates, host
+
+
+def sweep(kernels, inputs, ready, s_out, ky, args) -> list[dict]:
+    """Kernel-only rate for a few (rows, columns, warps) tiles of the dot kernel."""
+    keep, out = kernels.DOT_TILE, []
+    for tile in [(16, 16, 1), (16, 16, 2), (16, 32, 2), (32, 16, 2), (32, 32, 4), (8, 32, 1)]:
+        kernels.DOT_TILE = tile
+        try:
+            rates, host = timed(
+                lambda x, g: kernels.resample(x, ready, s_out, s_out, ky, ky),
+                inputs,
+                iters=args.iters,
+                repeats=args.repeats,
+                warmup=args.warmup,
+            )
+        finally:
+            kernels.DOT_TILE = keep
+        med = statistics.median(rates)
+        out.append(
+            {
+                "route": f"kernel tile {tile}",
+                "img_per_s": med,
+                "rates": rates,
+                "host_us": statistics.median(host),
+            }
+        )
+        print(f"  kernel tile {tile}: {med:,.0f} img/s", flush=True)
+    return out
 
 
 def machine(dev: torch.device) -> str:
@@ -139,6 +171,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="batch 16, 64² -> 56², few repeats")
+    ap.add_argument("--sweep", action="store_true", help="also time the kernel's tile sizes")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
     if args.device == "auto":
@@ -189,19 +222,22 @@ def main() -> None:
     )
     results = []
     for name, fn in routes.items():
-        rates = timed(fn, inputs, iters=args.iters, repeats=args.repeats, warmup=args.warmup)
-        med = statistics.median(rates)
-        results.append({"route": name, "img_per_s": med, "rates": rates})
-        print(f"  {name}: {med:,.0f} img/s", flush=True)
+        rates, host = timed(fn, inputs, iters=args.iters, repeats=args.repeats, warmup=args.warmup)
+        med, host_us = statistics.median(rates), statistics.median(host)
+        results.append({"route": name, "img_per_s": med, "rates": rates, "host_us": host_us})
+        print(f"  {name}: {med:,.0f} img/s, host {host_us:,.0f} µs/batch", flush=True)
+    if args.sweep and kernels is not None:
+        results += sweep(kernels, inputs, ready, s_out, ky, args)
     mads = accuracy(dev, b, s_in, s_out)
-    copy_rate = results[-1]["img_per_s"]
-    print("\n| route | img/s | vs device copy | MAD vs torchvision (0-255) |")
-    print("|---|---|---|---|")
+    copy_rate = next(r for r in results if r["route"].startswith("device copy"))["img_per_s"]
+    print("\n| route | img/s | host µs/batch | vs device copy | MAD vs torchvision (0-255) |")
+    print("|---|---|---|---|---|")
     for r in results:
         m = mads.get(r["route"])
         mtxt = f"{m:.3f}" if m is not None else "-"
         print(
-            f"| {r['route']} | {r['img_per_s']:,.0f} | {r['img_per_s'] / copy_rate:.1%} | {mtxt} |"
+            f"| {r['route']} | {r['img_per_s']:,.0f} | {r['host_us']:,.0f} "
+            f"| {r['img_per_s'] / copy_rate:.1%} | {mtxt} |"
         )
     report = {
         "machine": machine(dev),

@@ -304,6 +304,20 @@ def test_cuda_modules_draw_the_cpu_parameters() -> None:
 
 
 @cuda
+def test_cuda_compose_reuses_its_pinned_tables_safely() -> None:
+    # More calls than pinned slots, batch sizes changing, no sync in between: each
+    # output must still use its own parameters (a reused slot never overwrites a
+    # table whose copy is in flight).
+    xs = [photo_like(b, 48, 48) for b in (16, 3, 40, 1, 16)]
+    tf = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])
+    g_gpu, g_cpu = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    outs = [tf(x.cuda(), generator=g_gpu) for _ in range(4) for x in xs]
+    refs = [tf(x, generator=g_cpu) for _ in range(4) for x in xs]
+    for gpu, cpu in zip(outs, refs):
+        assert (gpu.cpu().int() - cpu.int()).abs().max() <= 1
+
+
+@cuda
 def test_cuda_transforms_never_make_the_host_wait() -> None:
     x = photo_like(32, 64, 64).cuda()
     torch.cuda.synchronize()
