@@ -35,19 +35,30 @@ Label tables (``--labels TABLE [--targets COL,...]``)
     * integers: used as they are, and ``classes`` stays ``[]`` unless a map is given,
       in which case each must be in ``[0, len(classes))``;
     * ``-1`` is "no label" in either kind (the flat-folder convention); any other
-      negative integer, an empty cell, a float or a mix of names and integers is an
-      error. When a map is given and every label is one of its names, the labels are
+      negative integer, an integer above ``2**31 - 1``, an empty cell, a float
+      (``inf`` and ``nan`` included) or a mix of names and integers is an error, and
+      so is a class name holding a control character (a quoted newline). When a map is given and every label is one of its names, the labels are
       names, even if they look like integers (class folders named ``0`` .. ``9``).
 
-    Paths are normalised to POSIX relative form (``./a//b.jpg`` -> ``a/b.jpg``,
-    Unicode NFC); absolute paths, drive letters, ``..`` and backslashes are refused,
-    since a row applies only to the file it names under SRC.
+    Targets are plain decimal or scientific notation (``1000``, ``-2.5e-3``); ``1_000``,
+    ``nan``, ``inf``, values beyond float32 and non-zero values float32 stores as 0 are
+    errors.
+
+    Paths are normalised to POSIX relative form (``./a//b.jpg`` -> ``a/b.jpg``);
+    absolute paths, drive letters, ``..`` and backslashes are refused, since a row
+    applies only to the file it names under SRC. A row matches the file it writes
+    exactly, else the one file whose name differs only in Unicode form (NFC vs NFD);
+    when several files fold to it, or two rows reach one file, the build is refused.
+
+    Tables and class maps are read only if they are regular files (after following
+    links): a FIFO or a device is refused, never waited on.
 
     :func:`apply_table` matches the rows to the images found under SRC. The pack keeps
     the found order (ImageFolder's sorted order, as :func:`list_source_images` returns
     it), not the table's, so reordering a table does not reorder the pack. Rows whose
-    file is not found are skips with a reason; images with no row are ignored and
-    counted.
+    file is not found are skips with a reason (the first :data:`MAX_MISSING_LISTED`;
+    the rest are counted) and name no class: without a map, the classes are those of
+    the rows that matched an image. Images with no row are ignored and counted.
 
 Manifest fields (the schema is :mod:`packer.format`'s: :class:`~packer.format.Manifest`
 writes them for every pack and checks them on load; :func:`label_fields` and
