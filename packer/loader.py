@@ -587,7 +587,7 @@ class PackLoader:
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
-        pos = self._positions(epoch)
+        pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
         return pos if self._rows is None else self._rows[pos]
 
     # ---- resumable state

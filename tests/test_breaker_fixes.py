@@ -193,6 +193,8 @@ def test_set_epoch_refuses_non_int(pack6) -> None:
     for bad in (1.5, "2", True):
         with pytest.raises(UsageError, match="epoch"):
             _loader(pack6).set_epoch(bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="epoch"):
+            _loader(pack6).indices(bad)  # type: ignore[arg-type]
 
 
 def test_dataset_indices_are_not_truncated(pack6) -> None:
