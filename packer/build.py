@@ -190,7 +190,8 @@ class BuildResult:
             "resumed": self.resumed,
             "ignored": self.ignored,
             "new_classes": self.new_classes,
-            "targets": self.targets,
+            # null without targets, as `imgpack info --json` says
+            "targets": self.targets or None,
         }
 
 
@@ -210,6 +211,7 @@ class _Labels:
     class_map: str | None = None  # absolute path of --classes
     table: str | None = None  # absolute path of --labels
     table_sha256: str | None = None
+    missing_rows: int = 0  # table rows naming no image (all, listed or not)
 
 
 def _plan_labels(src: Path, config: BuildConfig) -> _Labels:
@@ -233,10 +235,7 @@ def _plan_labels(src: Path, config: BuildConfig) -> _Labels:
         classes=fixed,
         allow_new_classes=config.allow_new_classes,
     )
-    try:
-        table_sha = digest(table_path.read_bytes())
-    except OSError as e:
-        raise InputError(f"{table_path}: cannot read the label table ({e.strerror})") from None
+    table_sha = table.sha256  # of exactly the bytes read_table parsed
     found = list_images(src)
     match = apply_table(table, [e.rel for e in found.entries], src=src)
     if not match.entries:
@@ -248,9 +247,20 @@ def _plan_labels(src: Path, config: BuildConfig) -> _Labels:
     if match.ignored:
         log.info("%d image(s) under %s have no row in %s; ignored", match.ignored, src, table_path)
     missing = [{"path": rel, "reason": reason} for rel, reason in match.missing]
+    if match.missing_count > len(match.missing):
+        # A table of a million rows naming no file would store a million skips; list
+        # the first ones and count the rest under the table's own path.
+        missing.append(
+            {
+                "path": str(table_path),
+                "reason": f"and {match.missing_count - len(match.missing)} more rows that "
+                f"name no image under SRC ({match.missing_count} in all; the first "
+                f"{len(match.missing)} are listed)",
+            }
+        )
     scan = Scan(
         root=found.root,
-        classes=list(table.classes),
+        classes=list(match.classes),
         entries=match.entries,
         skipped=found.skipped + missing,
     )
@@ -258,8 +268,9 @@ def _plan_labels(src: Path, config: BuildConfig) -> _Labels:
         scan=scan,
         targets=match.targets,
         target_names=tuple(table.target_names),
-        new_classes=list(table.new_classes),
+        new_classes=list(match.new_classes),
         ignored=match.ignored,
+        missing_rows=match.missing_count,
         class_map=class_map,
         table=str(table_path.resolve()),
         table_sha256=table_sha,
@@ -720,6 +731,7 @@ def _finalize(
             labels_table=plan.table,
             labels_sha256=plan.table_sha256,
             unlisted=plan.ignored if plan.table is not None else None,
+            extra={"missing_rows": plan.missing_rows} if plan.missing_rows else {},
         ),
         checksums=Checksums(
             block_rows=block,

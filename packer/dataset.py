@@ -21,6 +21,7 @@ import torch
 import torch.utils.data
 
 from .errors import UsageError
+from .loader import _check_indices, _int_arg
 from .pack import ImagePack, open_pack
 
 
@@ -90,7 +91,7 @@ class PackDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[Any, ...]:
         pack = self._open()
-        i = int(i)
+        i = _index(i, "index")
         if not -self._len <= i < self._len:
             raise IndexError(f"index {i} is outside a pack of {self._len} images")
         image = pack.images[i].clone()  # own memory: the map is read-only and shared
@@ -103,7 +104,7 @@ class PackDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """Samples for ``indices`` (a list, as DataLoader's fetcher passes), one gather."""
         pack = self._open()
-        idx = np.asarray(indices, dtype=np.intp)
+        idx = np.asarray([_index(i, "__getitems__ index") for i in indices], dtype=np.intp)
         if len(idx) and (idx.min() < -self._len or idx.max() >= self._len):
             raise IndexError(f"an index is outside a pack of {self._len} images")
         images = torch.from_numpy(np.take(pack.images.numpy(), idx, axis=0)).unbind(0)
@@ -114,6 +115,15 @@ class PackDataset(torch.utils.data.Dataset):
             return list(zip(images, labels))
         targets = torch.from_numpy(np.take(pack.targets.numpy(), idx, axis=0)).unbind(0)
         return list(zip(images, labels, targets))
+
+
+def _index(i: Any, name: str) -> int:
+    """A row index as an int; a float, bool or string is refused, never truncated."""
+    if isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point():
+        i = i.item()
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        raise TypeError(f"PackDataset {name} must be an integer, not {type(i).__name__} {i!r}")
+    return int(i)
 
 
 def _apportion(total: int, fractions: Sequence[float]) -> list[int]:
@@ -145,12 +155,19 @@ def split(
     """
     if isinstance(pack, (str, os.PathLike)):
         pack = open_pack(Path(pack))
-    fr = [float(f) for f in fractions]
+    if not isinstance(fractions, (Sequence, np.ndarray, torch.Tensor)) or isinstance(
+        fractions, str
+    ):
+        raise UsageError(f"fractions must be a sequence of floats, not {fractions!r}")
+    try:
+        fr = [float(f) for f in fractions]
+    except (TypeError, ValueError):
+        raise UsageError(f"fractions must be numbers, not {tuple(fractions)}") from None
     if not fr or any(not f > 0 for f in fr) or abs(sum(fr) - 1) > 1e-6:
         raise UsageError(f"fractions must be positive and sum to 1, not {tuple(fractions)}")
     n = len(pack)
     g = torch.Generator()
-    g.manual_seed(int(seed))
+    g.manual_seed(_int_arg("seed", seed, -(1 << 63), 1 << 63))
     targets = _apportion(n, fr)
     parts: list[list[torch.Tensor]] = [[] for _ in fr]
     if not stratify:
@@ -198,15 +215,20 @@ def class_histogram(
         pack = open_pack(Path(pack))
     labels = torch.as_tensor(np.asarray(pack.labels.numpy()), dtype=torch.int64)
     if indices is not None:
-        idx = torch.as_tensor(indices)
-        labels = labels[idx] if idx.dtype == torch.bool else labels[idx.to(torch.int64)]
+        labels = labels[_check_indices(indices, len(labels))]
     classes = pack.classes
-    counts = torch.bincount(labels[labels >= 0], minlength=len(classes)).tolist()
-    hist = {name: int(c) for name, c in zip(classes, counts)}
-    for value in range(len(classes), len(counts)):
-        if counts[value]:
-            hist[str(value)] = int(counts[value])
-    unlabeled = int((labels < 0).sum())
+    hist = dict.fromkeys(classes, 0)
+    # Counting the distinct values, not bincount up to the largest: a label of 2**63-1
+    # (a hand-edited manifest) must be counted, not allocate or overflow.
+    values, counts = torch.unique(labels, return_counts=True)
+    unlabeled = 0
+    for value, count in zip(values.tolist(), counts.tolist()):
+        if value < 0:
+            unlabeled += count
+        elif value < len(classes):
+            hist[classes[value]] = count
+        else:
+            hist[str(value)] = count
     if unlabeled:
         hist["(unlabeled)"] = unlabeled
     return hist

@@ -35,19 +35,30 @@ Label tables (``--labels TABLE [--targets COL,...]``)
     * integers: used as they are, and ``classes`` stays ``[]`` unless a map is given,
       in which case each must be in ``[0, len(classes))``;
     * ``-1`` is "no label" in either kind (the flat-folder convention); any other
-      negative integer, an empty cell, a float or a mix of names and integers is an
-      error. When a map is given and every label is one of its names, the labels are
+      negative integer, an integer above ``2**31 - 1``, an empty cell, a float
+      (``inf`` and ``nan`` included) or a mix of names and integers is an error, and
+      so is a class name holding a control character (a quoted newline). When a map is given and every label is one of its names, the labels are
       names, even if they look like integers (class folders named ``0`` .. ``9``).
 
-    Paths are normalised to POSIX relative form (``./a//b.jpg`` -> ``a/b.jpg``,
-    Unicode NFC); absolute paths, drive letters, ``..`` and backslashes are refused,
-    since a row applies only to the file it names under SRC.
+    Targets are plain decimal or scientific notation (``1000``, ``-2.5e-3``); ``1_000``,
+    ``nan``, ``inf``, values beyond float32 and non-zero values float32 stores as 0 are
+    errors.
+
+    Paths are normalised to POSIX relative form (``./a//b.jpg`` -> ``a/b.jpg``);
+    absolute paths, drive letters, ``..`` and backslashes are refused, since a row
+    applies only to the file it names under SRC. A row matches the file it writes
+    exactly, else the one file whose name differs only in Unicode form (NFC vs NFD);
+    when several files fold to it, or two rows reach one file, the build is refused.
+
+    Tables and class maps are read only if they are regular files (after following
+    links): a FIFO or a device is refused, never waited on.
 
     :func:`apply_table` matches the rows to the images found under SRC. The pack keeps
     the found order (ImageFolder's sorted order, as :func:`list_source_images` returns
     it), not the table's, so reordering a table does not reorder the pack. Rows whose
-    file is not found are skips with a reason; images with no row are ignored and
-    counted.
+    file is not found are skips with a reason (the first :data:`MAX_MISSING_LISTED`;
+    the rest are counted) and name no class: without a map, the classes are those of
+    the rows that matched an image. Images with no row are ignored and counted.
 
 Manifest fields (the schema is :mod:`packer.format`'s: :class:`~packer.format.Manifest`
 writes them for every pack and checks them on load; :func:`label_fields` and
@@ -72,21 +83,30 @@ table's SHA-256, the class map and the targets' bytes.
 from __future__ import annotations
 
 import csv
-import json
+import hashlib
+import io
 import logging
 import math
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from .errors import InputError, PackerError, PackFormatError, UsageError
-from .format import LABEL_DTYPE, MANIFEST, TARGET_DTYPE, check_label_fields_json, label_fields_json
+from .format import (
+    LABEL_DTYPE,
+    MANIFEST,
+    TARGET_DTYPE,
+    check_label_fields_json,
+    label_fields_json,
+    read_manifest,
+)
 from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, list_images
 
 log = logging.getLogger(__name__)
@@ -96,10 +116,59 @@ PATH_COLUMN = "path"
 LABEL_COLUMN = "label"
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
 _MAX_CLASS_FILE_BYTES = 64 << 20
-_MAX_MANIFEST_BYTES = 2 << 30
+_MAX_TABLE_BYTES = 4 << 30
+MAX_LABEL = (1 << 31) - 1  # integer labels lie in [0, MAX_LABEL] (or are -1)
+MAX_MISSING_LISTED = 1000  # table rows with no image listed one by one; the rest counted
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _NUMBER_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NONFINITE_WORDS = frozenset({"inf", "infinity", "nan"})
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_LINE_RE = re.compile(r"\r\n|\n|\r")
+
+
+def _is_nonfinite_word(text: str) -> bool:
+    """``inf``, ``-Infinity``, ``NaN``...: what ``float()`` reads as a non-finite number."""
+    return text.lower().lstrip("+-") in _NONFINITE_WORDS
+
+
+def _control_char(name: str) -> str | None:
+    """The first control or line-separator character of a class name, or None."""
+    for ch in name:
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+            return ch
+    return None
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file (symlinks followed), as
+    :func:`packer.decode.open_regular` does: the open never blocks (a FIFO would wait
+    for a writer forever) and the check is made on the open descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file; check the path") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them."""
+    with _open_regular(path) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit >> 20} MiB, too large for {what}")
+    return data
 
 
 # ---------------------------------------------------------------- class maps
@@ -143,19 +212,26 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
         raise InputError(
             f"{path}: a JSON file; give a text file with one class name per line, or a pack folder"
         )
-    if path.stat().st_size > _MAX_CLASS_FILE_BYTES:
-        raise InputError(f"{path}: too large for a class map (one class name per line)")
+    data = _read_regular(path, _MAX_CLASS_FILE_BYTES, "a class map (one class name per line)")
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(
             f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the class map as UTF-8"
         ) from None
     names: list[str] = []
     lines: list[int] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # Split on line ends only: any other control character is refused below, not
+    # taken as a line break (str.splitlines breaks on \x1c, \x85, U+2028 ...).
+    for lineno, line in enumerate(_LINE_RE.split(text), 1):
         name = line.strip()
         if name:
+            bad = _control_char(name)
+            if bad is not None:
+                raise InputError(
+                    f"{path} line {lineno}: class name {name!r} holds the control character "
+                    f"{bad!r}; class names are printable text"
+                )
             names.append(name)
             lines.append(lineno)
     if not names:
@@ -171,17 +247,20 @@ def _classes_of_pack(root: Path) -> list[str]:
             f"{root}: a folder but not an imgpack pack ({MANIFEST} is missing); give a pack "
             "or a text file with one class per line"
         )
-    if manifest.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise InputError(f"{manifest}: implausibly large; the pack is damaged")
     try:
-        m = json.loads(manifest.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"{manifest}: not valid JSON ({e}); the pack is damaged") from None
-    if not isinstance(m, dict) or m.get("format") != "imgpack":
-        raise InputError(f"{manifest}: not an imgpack manifest")
-    classes = m.get("classes")
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        # format's reader: size-bounded, depth-guarded, the whole schema checked
+        classes = list(read_manifest(root).classes)
+    except PackFormatError as e:
+        raise InputError(f"{e} (given as a class map)") from None
+    if not all(isinstance(c, str) for c in classes):
         raise InputError(f"{manifest}: 'classes' is not a list of names; the pack is damaged")
+    for i, c in enumerate(classes):
+        bad = _control_char(c)
+        if bad is not None:
+            raise InputError(
+                f"{manifest}: class {i} {c!r} holds the control character {bad!r}; "
+                "the pack's class map cannot be reused"
+            )
     if not classes:
         raise InputError(
             f"{root}: the pack has no classes (built from a flat folder or integer labels); "
@@ -251,11 +330,16 @@ def list_source_images(src: str | os.PathLike[str]) -> list[str]:
 class LabelTable:
     """A validated label table, one row per listed image, in the table's order.
 
-    ``paths``: each row's path relative to SRC, normalised (POSIX, no ``./``, NFC).
+    ``paths``: each row's path relative to SRC, normalised (POSIX, no ``./``), in the
+    Unicode form the table wrote it (matching folds forms, see :func:`apply_table`).
     ``labels``: int64 ``[N]``, class index or -1 (read-only).
     ``targets``: float32 ``[N, K]`` (read-only), finite values, or None without targets.
     ``classes``: names of the label indices; ``[]`` for integer labels without a map.
     ``new_classes``: names appended to the given map (``allow_new_classes``).
+    ``fixed_classes``: how many leading ``classes`` stay whatever the match: the map's,
+    or all of them for integer labels; the rest (names found in the table) are kept
+    by :func:`apply_table` only when a row naming them matches an image.
+    ``sha256``: of the table's bytes, exactly those parsed.
     """
 
     paths: list[str]
@@ -266,7 +350,10 @@ class LabelTable:
     source: Path
     new_classes: list[str] = field(default_factory=list)
     row_numbers: list[int] | None = None
+    fixed_classes: int | None = None
+    sha256: str | None = None
     _index: dict[str, int] = field(init=False, repr=False)
+    _folded: dict[str, list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n, k = check_label_arrays(
@@ -280,7 +367,11 @@ class LabelTable:
                 f"LabelTable: {len(self.paths)} paths ({len(index)} distinct), {n} labels, "
                 f"{k} target columns for {len(self.target_names)} names"
             )
+        folded: dict[str, list[int]] = {}
+        for i, p in enumerate(self.paths):
+            folded.setdefault(_match_key(p), []).append(i)
         object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_folded", folded)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -292,8 +383,17 @@ class LabelTable:
 
     def lookup(self, rel: str) -> int | None:
         """The 0-based data row for a path relative to SRC (normalised like the table's
-        paths), or None when the table does not list it."""
-        return self._index.get(_match_key(PurePosixPath(rel).as_posix()))
+        paths), or None when the table does not list it: the row that writes it exactly,
+        else the one row that writes it in another Unicode form (NFC vs NFD)."""
+        rel = PurePosixPath(rel).as_posix()
+        i = self._index.get(rel)
+        if i is not None:
+            return i
+        rows = self._folded.get(_match_key(rel), [])
+        return rows[0] if len(rows) == 1 else None
+
+    def kept_from(self) -> int:
+        return len(self.classes) if self.fixed_classes is None else self.fixed_classes
 
 
 def _match_key(rel: str) -> str:
@@ -321,7 +421,7 @@ def _norm_path(raw: str, where: str) -> str:
     rel = p.as_posix()
     if rel in ("", "."):
         raise InputError(f"{where}: path {s!r} names no file")
-    return _match_key(rel)
+    return rel
 
 
 def _cell_text(value: Any, column: str, where: str) -> str:
@@ -345,14 +445,18 @@ def _cell_text(value: Any, column: str, where: str) -> str:
 def _target_value(value: Any, column: str, where: str) -> float:
     if isinstance(value, str):
         text = value.strip()
-        try:
-            v = float(text)
-        except ValueError:
+        if not text:
+            raise InputError(f"{where}: target {column!r} is empty; every row needs a number")
+        if _is_nonfinite_word(text):
+            raise InputError(f"{where}: target {column!r} is {text}; targets must be finite")
+        # Plain decimal or scientific notation only: float() also takes "1_000", a
+        # typo's likelier reading than a thousand.
+        if not _NUMBER_RE.fullmatch(text):
             raise InputError(
-                f"{where}: target {column!r} is {text!r}, not a number"
-                if text
-                else f"{where}: target {column!r} is empty; every row needs a number"
-            ) from None
+                f"{where}: target {column!r} is {text!r}, not a number (write plain decimal "
+                "or scientific notation, e.g. 1000, -0.5 or 2.5e-3)"
+            )
+        v = float(text)
     elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     ):
@@ -369,18 +473,20 @@ def _target_value(value: Any, column: str, where: str) -> float:
         raise InputError(
             f"{where}: target {column!r} is {v}, beyond float32's range (about 3.4e38)"
         )
+    if v != 0 and float(np.float32(v)) == 0:
+        raise InputError(
+            f"{where}: target {column!r} is {v}, which float32 stores as 0 (its smallest "
+            "non-zero magnitude is about 1.4e-45); rescale the column"
+        )
     return v
 
 
 def _read_delimited(
-    path: Path, delimiter: str
+    path: Path, data: bytes, delimiter: str
 ) -> tuple[list[str], list[list[Any]], list[int], int]:
     """Header, data rows, their row numbers (blank rows count but are skipped) and
     the header's row number (1 unless blank rows come first)."""
-    try:
-        f = path.open(encoding="utf-8-sig", newline="")
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the label table ({e.strerror})") from None
+    f = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
     rows: list[list[Any]] = []
     numbers: list[int] = []
     header: list[str] | None = None
@@ -419,7 +525,7 @@ def _read_delimited(
     return header, rows, numbers, header_row
 
 
-def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int], int]:
+def _read_parquet(path: Path, data: bytes) -> tuple[list[str], list[list[Any]], list[int], int]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -428,7 +534,7 @@ def _read_parquet(path: Path) -> tuple[list[str], list[list[Any]], list[int], in
             "or convert the table to CSV"
         ) from None
     try:
-        t = pq.read_table(path)
+        t = pq.read_table(io.BytesIO(data))
     except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError kinds
         raise InputError(f"{path}: not a readable parquet file ({e})") from None
     header = [str(c) for c in t.column_names]
@@ -461,16 +567,15 @@ def read_table(
             f"{path}: unknown label table type {path.suffix or '(no extension)'!r}; "
             "give a .csv, .tsv or .parquet file"
         )
-    if not path.is_file():
-        raise InputError(
-            f"{path}: no such label table; check the path"
-            if not path.exists()
-            else f"{path}: not a file"
-        )
+    if not path.exists():
+        raise InputError(f"{path}: no such label table; check the path")
+    data = _read_regular(path, _MAX_TABLE_BYTES, "a label table")
     if suffix == ".parquet":
-        header, rows, numbers, header_row = _read_parquet(path)
+        header, rows, numbers, header_row = _read_parquet(path, data)
     else:
-        header, rows, numbers, header_row = _read_delimited(path, "," if suffix == ".csv" else "\t")
+        header, rows, numbers, header_row = _read_delimited(
+            path, data, "," if suffix == ".csv" else "\t"
+        )
     note = f"(header = row {header_row})"  # says which way rows are counted
 
     dup = sorted({c for c in header if header.count(c) > 1})
@@ -510,12 +615,13 @@ def read_table(
             _cell_text(r[col[LABEL_COLUMN]], LABEL_COLUMN, f"{path} row {n} {note}")
             for r, n in zip(rows, numbers)
         ]
-        label_list, final_classes, new = _labels_from_text(
+        label_list, final_classes, new, fixed = _labels_from_text(
             texts, numbers, path, note, classes, allow_new_classes
         )
     else:
         label_list = [UNLABELED] * len(rows)
         final_classes, new = (list(classes) if classes is not None else []), []
+        fixed = len(final_classes)
     labels = np.asarray(label_list, dtype=np.int64)
 
     target_arr: np.ndarray | None = None
@@ -536,6 +642,8 @@ def read_table(
         source=path,
         new_classes=new,
         row_numbers=numbers,
+        fixed_classes=fixed,
+        sha256=hashlib.sha256(data).hexdigest(),
     )
 
 
@@ -557,8 +665,9 @@ def _labels_from_text(
     note: str,
     classes: Sequence[str] | None,
     allow_new: bool,
-) -> tuple[list[int], list[str], list[str]]:
-    """Label indices, final classes and appended classes from label cells."""
+) -> tuple[list[int], list[str], list[str], int]:
+    """Label indices, final classes, appended classes, and how many leading classes
+    are fixed (the map's; all for integer labels) from label cells."""
 
     def where(i: int) -> str:
         return f"{path} row {numbers[i]} {note}"
@@ -574,10 +683,14 @@ def _labels_from_text(
     # names, and a table using them means those folders.
     if classes is not None and all(t in index or t == unlabeled for t in texts):
         labels = [UNLABELED if t == unlabeled and t not in index else index[t] for t in texts]
-        return labels, list(classes), []
+        return labels, list(classes), [], len(classes)
 
     for i, t in enumerate(texts):
-        if t not in index and not _INT_RE.fullmatch(t) and _NUMBER_RE.fullmatch(t):
+        if (
+            t not in index
+            and not _INT_RE.fullmatch(t)
+            and (_NUMBER_RE.fullmatch(t) or _is_nonfinite_word(t))
+        ):
             # 0.1, 0.2 and 0.3 were once all cast to class 0; they are neither
             # indices nor plausible class names, so say where they belong.
             raise InputError(
@@ -593,12 +706,18 @@ def _labels_from_text(
                     f"{where(i)}: label {v} is negative; class indices start at 0 and -1 "
                     "means no label"
                 )
+            if v > MAX_LABEL:
+                raise InputError(
+                    f"{where(i)}: label {texts[i]} out of range; class indices lie in "
+                    f"[0, {MAX_LABEL}] and -1 means no label"
+                )
             if classes is not None and v >= len(classes):
                 raise InputError(
                     f"{where(i)}: label {v} is out of range for the {len(classes)} classes of "
                     f"the class map (0 to {len(classes) - 1})"
                 )
-        return labels, (list(classes) if classes is not None else []), []
+        final = list(classes) if classes is not None else []
+        return labels, final, [], len(final)
 
     first_name = next(i for i, ok in enumerate(is_int) if not ok)
     for i, ok in enumerate(is_int):
@@ -609,6 +728,13 @@ def _labels_from_text(
                 f"{note}; use one kind"
             )
     names = [t for t in texts if t != unlabeled]
+    for i, t in enumerate(texts):
+        bad = _control_char(t)
+        if bad is not None and t not in index:
+            raise InputError(
+                f"{where(i)}: label {t!r} holds the control character {bad!r}; class names "
+                "are printable text (check the quoting)"
+            )
     if classes is not None:
         unknown = [i for i, t in enumerate(texts) if t != unlabeled and t not in index]
         if unknown and not allow_new:
@@ -621,7 +747,8 @@ def _labels_from_text(
             )
     final, new = resolve_classes(names, classes, allow_new)
     index = {c: i for i, c in enumerate(final)}
-    return [UNLABELED if t == unlabeled else index[t] for t in texts], final, new
+    labels = [UNLABELED if t == unlabeled else index[t] for t in texts]
+    return labels, final, new, (len(classes) if classes is not None else 0)
 
 
 # ---------------------------------------------------------------- matching
@@ -632,10 +759,13 @@ class TableMatch:
     """The table applied to the images found under SRC.
 
     ``entries``: one per matched image, in found (ImageFolder-sorted) order; ``rel`` is
-    the path as found on disk, ``label`` the table's label.
+    the path as found on disk, ``label`` an index into ``classes``.
     ``rows``: int64 ``[M]``, the 0-based table row of each entry.
     ``targets``: float32 ``[M, K]``, the entries' targets, or None.
-    ``missing``: ``(rel, reason)`` of each table row with no image, in table order.
+    ``classes``: the table's classes less the names (found in the table, not given by a
+    map) that only rows with no image carry; ``new_classes`` likewise.
+    ``missing``: ``(rel, reason)`` of the first :data:`MAX_MISSING_LISTED` table rows
+    with no image, in table order; ``missing_count`` counts them all.
     ``ignored``: how many found images the table does not list.
     """
 
@@ -644,6 +774,45 @@ class TableMatch:
     targets: np.ndarray | None
     missing: list[tuple[str, str]]
     ignored: int
+    classes: list[str] = field(default_factory=list)
+    new_classes: list[str] = field(default_factory=list)
+    missing_count: int = 0
+
+
+def _match_rows(table: LabelTable, found_rels: Sequence[str]) -> dict[str, int]:
+    """Found path -> table row. A row matches the file it writes exactly; failing that,
+    the one file whose name is the same in another Unicode form (tables typed on one
+    system, files named on another). Two files that differ only in form (distinct on
+    Linux) and a row naming neither exactly, or two rows reaching one file, is refused:
+    a row labels one file."""
+    found = set(found_rels)
+    by_form: dict[str, list[str]] = {}
+    for rel in found_rels:
+        by_form.setdefault(_match_key(rel), []).append(rel)
+    out: dict[str, int] = {}
+    for i, p in enumerate(table.paths):
+        if p in found:
+            rel = p
+        else:
+            same = by_form.get(_match_key(p), [])
+            if not same:
+                continue
+            if len(same) > 1:
+                raise InputError(
+                    f"{table.source} row {table.row_number(i)}: {p!r} matches "
+                    f"{' and '.join(repr(r) for r in same)} under SRC, the same name in "
+                    "different Unicode forms (distinct files); write the row with the exact "
+                    "bytes of the file's name"
+                )
+            rel = same[0]
+        if rel in out:
+            raise InputError(
+                f"{table.source}: rows {table.row_number(out[rel])} and "
+                f"{table.row_number(i)} both name {rel!r} (in different Unicode forms); "
+                "each image may have one row"
+            )
+        out[rel] = i
+    return out
 
 
 def apply_table(
@@ -655,49 +824,71 @@ def apply_table(
     """Match ``table`` to the images found under SRC (``found_rels``, POSIX relative
     paths in the order the pack should have, e.g. :func:`list_source_images`).
 
-    ``src``, when given, only sharpens a missing row's reason (a file that exists but is
-    not an image by its extension).
+    Classes named only by rows with no image are dropped (unless a ``--classes`` map
+    gives them), so a missing file never shifts the indices. ``src``, when given,
+    sharpens a missing row's reason (a folder, or a file that is not an image by its
+    extension); only the first :data:`MAX_MISSING_LISTED` missing rows get a reason.
     """
-    entries: list[Entry] = []
-    rows: list[int] = []
-    ignored = 0
-    for rel in found_rels:
-        i = table.lookup(rel)
-        if i is None:
-            ignored += 1
-            continue
-        entries.append(Entry(rel, int(table.labels[i])))
-        rows.append(i)
-    used = set(rows)
-    folded: dict[str, str] | None = None
+    row_of = _match_rows(table, found_rels)
+    rel_rows = [(rel, row_of[rel]) for rel in found_rels if rel in row_of]
+    ignored = len(found_rels) - len(rel_rows)
+    keep_from = table.kept_from()
+    used = {int(table.labels[i]) for _, i in rel_rows}
+    remap = {k: 0 for k in range(len(table.classes)) if k < keep_from or k in used}
+    remap = {k: j for j, k in enumerate(remap)}  # old index -> new, in the old order
+    kept = [table.classes[k] for k in remap]
+    entries = []
+    for rel, i in rel_rows:
+        label = int(table.labels[i])
+        if label != UNLABELED and keep_from < len(table.classes):
+            label = remap[label]  # integer labels (nothing to drop) stay as they are
+        entries.append(Entry(rel, label))
+    rows = [i for _, i in rel_rows]
+    kept_set = set(kept)
+    new_classes = [c for c in table.new_classes if c in kept_set]
+
+    matched = set(rows)
     missing: list[tuple[str, str]] = []
+    missing_count = 0
+    folded: dict[str, str] | None = None
     for i, rel in enumerate(table.paths):
-        if i in used:
+        if i in matched:
             continue
-        reason = f"listed in {table.source} row {table.row_number(i)} but not found under SRC"
-        if src is not None and (Path(src) / rel).is_file() and not is_image_name(rel):
-            reason = (
-                f"listed in {table.source} row {table.row_number(i)} but not an image "
-                f"imgpack reads ({', '.join(IMAGE_EXTENSIONS)})"
-            )
+        missing_count += 1
+        if len(missing) >= MAX_MISSING_LISTED:
+            continue
+        where = f"listed in {table.source} row {table.row_number(i)}"
+        reason = f"{where} but not found under SRC"
+        path = Path(src) / rel if src is not None else None
+        if path is not None and path.is_dir():
+            reason = f"{where} but is a folder, not an image"
+        elif path is not None and path.is_file() and not is_image_name(rel):
+            reason = f"{where} but not an image imgpack reads ({', '.join(IMAGE_EXTENSIONS)})"
         else:
             if folded is None:
                 folded = {_match_key(r).casefold(): r for r in found_rels}
-            other = folded.get(rel.casefold())
+            other = folded.get(_match_key(rel).casefold())
             if other is not None:
                 reason += f" (there is {other!r}, which differs in case)"
         missing.append((rel, reason))
     row_arr = np.asarray(rows, dtype=np.int64)
     targets = table.targets[row_arr] if table.targets is not None else None
-    if missing:
+    if missing_count:
         log.warning(
             "%s: %d row(s) name no image under SRC, e.g. %s",
             table.source,
-            len(missing),
+            missing_count,
             missing[0][0],
         )
     return TableMatch(
-        entries=entries, rows=row_arr, targets=targets, missing=missing, ignored=ignored
+        entries=entries,
+        rows=row_arr,
+        targets=targets,
+        missing=missing,
+        ignored=ignored,
+        classes=kept,
+        new_classes=new_classes,
+        missing_count=missing_count,
     )
 
 

@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import hashlib
 import itertools
+import logging
 import math
 import os
 import queue
@@ -52,7 +53,11 @@ from .normalize import IMAGENET_STD as IMAGENET_STD
 from .normalize import Normalize as Normalize
 from .pack import ImagePack, open_pack
 
+log = logging.getLogger(__name__)
+
 _MADV_POPULATE_READ = 22
+_MAX_SEED = 1 << 63  # |seed| below this and epoch below _MAX_EPOCH keep seed + epoch a
+_MAX_EPOCH = 1 << 62  # valid torch seed (manual_seed takes [-2**63, 2**64))
 _STATE_VERSION = 1
 _EVEN_SPLITS = ("pad", "trim")
 _JOIN_TIMEOUT_S = 10.0
@@ -105,6 +110,71 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
+def _int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a Python int, or UsageError naming ``name``: never cast (a bool, a
+    float, a string or a tensor is refused; numpy integer scalars are ints)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v >= hi):
+        bounds = (
+            f"at least {lo}" if hi is None else f"in [{lo if lo is not None else '-inf'}, {hi})"
+        )
+        raise UsageError(f"{name} must be {bounds}, not {v}")
+    return v
+
+
+def _bool_arg(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise UsageError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _transform_name(transform: Callable[..., Any]) -> str:
+    return getattr(transform, "__qualname__", None) or type(transform).__name__
+
+
+def _check_transformed(
+    transform: Callable[..., Any], images: torch.Tensor, out: Any
+) -> torch.Tensor:
+    """What a transform returned, if it can be yielded beside the batch's labels: a
+    Tensor [B, ...] (the same B as its input), uint8 or floating point, on the input's
+    device. Metadata only, so no host sync on CUDA."""
+    name = _transform_name(transform)
+    if not isinstance(out, torch.Tensor):
+        raise UsageError(
+            f"transform {name} returned {type(out).__name__}, not a Tensor; a transform "
+            "maps a uint8 batch [B, 3, H, W] to a Tensor [B, ...]"
+        )
+    b = images.shape[0]
+    if out.dim() == 0 or out.shape[0] != b:
+        raise UsageError(
+            f"transform {name} returned shape {list(out.shape)} for a batch of {b}; it must "
+            f"keep the batch size (first dimension {b}) so images and labels stay paired"
+        )
+    if out.dtype != torch.uint8 and not out.dtype.is_floating_point:
+        raise UsageError(
+            f"transform {name} returned {out.dtype}; a transform returns uint8 or floating "
+            "point images"
+        )
+    if out.device != images.device:
+        raise UsageError(
+            f"transform {name} returned images on {out.device}, not on the loader's device "
+            f"{images.device}"
+        )
+    return out
+
+
+def _rows_digest(rows: torch.Tensor | None, n: int, shape: tuple[int, ...]) -> str:
+    """A short digest of what a loader streams: the pack's image count and shape and the
+    rows it streams (``indices``, in order), so a state from another subset or pack is
+    refused mid-epoch."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"imgpack-rows/{n}/{list(shape)}/".encode())
+    h.update(b"all" if rows is None else rows.numpy().astype("<i8").tobytes())
+    return h.hexdigest()
+
+
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None or world_size is None:
         import torch.distributed as dist
@@ -112,8 +182,8 @@ def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
         if dist.is_available() and dist.is_initialized():
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else _int_arg("rank", rank)
+    world_size = 1 if world_size is None else _int_arg("world_size", world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
@@ -140,8 +210,21 @@ def _check_device(device: str | torch.device) -> torch.device:
 
 
 def _check_indices(indices: Any, n: int) -> torch.Tensor:
-    """Rows of the pack to stream, int64 [M], from an int tensor/sequence or a bool mask [N]."""
-    idx = torch.as_tensor(indices)
+    """Rows of the pack to stream, int64 [M], from an int tensor/array/list/tuple or a
+    bool mask [N]. An empty list or tuple is an empty set of rows."""
+    if isinstance(indices, (list, tuple)) and len(indices) == 0:
+        return torch.empty(0, dtype=torch.int64)
+    if not isinstance(indices, (torch.Tensor, np.ndarray, list, tuple, range)):
+        raise UsageError(
+            f"indices must be a tensor, array, list or tuple of int rows or a bool mask, "
+            f"not {type(indices).__name__}"
+        )
+    try:
+        idx = torch.as_tensor(indices)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise UsageError(
+            f"indices must be int rows or a bool mask, representable as int64 ({e})"
+        ) from None
     if idx.dim() != 1:
         raise UsageError(
             f"indices must be 1-D (int rows or a bool mask), not shape {tuple(idx.shape)}"
@@ -154,6 +237,12 @@ def _check_indices(indices: Any, n: int) -> torch.Tensor:
         return idx.nonzero().flatten()
     if idx.is_floating_point() or idx.is_complex():
         raise UsageError(f"indices must be integers or a bool mask, not {idx.dtype}")
+    if idx.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # torch has few ops on wide unsigned ints, and a value >= 2**63 would wrap
+        wide = idx.cpu().numpy()
+        if len(wide) and int(wide.max()) >= n:
+            raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
+        idx = torch.from_numpy(wide.astype(np.int64))
     idx = idx.to(torch.int64)
     if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n):
         raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
@@ -190,9 +279,9 @@ def _apply_transform(
     if transform is None:
         return images
     if gen is None:
-        return transform(images)
+        return _check_transformed(transform, images, transform(images))
     gen.manual_seed(batch_seed(seeds[0], seeds[1], seeds[2], b))
-    return transform(images, generator=gen)
+    return _check_transformed(transform, images, transform(images, generator=gen))
 
 
 def _check_dtypes(images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None) -> None:
@@ -298,8 +387,9 @@ class PackLoader:
 
     Args:
       pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
-      batch_size: images per batch.
-      shuffle, seed: each pass uses the permutation of ``seed + epoch``.
+      batch_size: images per batch (an int >= 1).
+      shuffle, seed: each pass uses the permutation of ``seed + epoch``
+        (seed: an int with ``abs(seed) < 2**63``).
       device: where batches land: "cuda", "cuda:1", "cpu" or a torch.device
         of those types (others raise UsageError).
       drop_last: drop the short last batch of each rank's epoch.
@@ -310,17 +400,19 @@ class PackLoader:
       rank, world_size: this process's part; default torch.distributed's when
         initialised, else 0 and 1. Parts are disjoint (up to the padding) and
         of equal length (see :func:`epoch_indices`).
-      indices: stream only these pack rows: int tensor [M] (repeats allowed)
-        or bool mask [N]. Shuffled per epoch and split across ranks like the
+      indices: stream only these pack rows: int tensor/array/list [M]
+        (repeats allowed; ``[]`` streams nothing) or bool mask [N]. Shuffled per epoch and split across ranks like the
         whole pack; the images are never copied.
       transform: a callable on each uint8 batch [B, 3, H, W] on ``device``,
-        returning the images to yield (any H, W; any dtype). Called as
+        returning the images to yield: a Tensor [B, ...] with the same B (any
+        other dimensions), uint8 or floating point, on ``device``; anything
+        else raises UsageError naming the transform. Called as
         ``transform(images, generator=g)`` if it has ``accepts_generator =
         True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
         epoch, rank, batch index); else ``transform(images)``. Runs in the
         background, on CUDA on the loader's copy stream.
-      num_threads: threads gathering rows (default min(8, cores)).
-      prefetch: batches in flight, one pinned buffer each.
+      num_threads: threads gathering rows, >= 1 (default min(8, cores)).
+      prefetch: batches in flight, >= 1, one pinned buffer each.
       resident: copy the streamed rows to ``device`` once and gather there (for
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
@@ -334,7 +426,10 @@ class PackLoader:
         to image i (the same pack rows as ``labels``), columns in
         ``pack.target_names`` order. A pack without targets yields 2-tuples.
 
-    ``B`` is ``batch_size`` except for a short last batch. Dtypes are the
+    ``B`` is ``batch_size`` except for a short last batch. An epoch can have
+    no batches (fewer rows per rank than ``batch_size`` with ``drop_last``, or
+    fewer rows than ranks with ``even_split="trim"``, or empty ``indices``):
+    the loader then logs a warning when it is built. Dtypes are the
     pack's, never cast (a hand-built pack with other dtypes is refused).
 
     Epochs: a pass takes the loader's epoch counter when its first batch is
@@ -345,7 +440,9 @@ class PackLoader:
     Several iterators may run at once (``zip(loader, loader)``, nested loops):
     each is its own pass, with its own pinned buffers.
 
-    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly. Use as
+    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly; a state
+    is refused mid-epoch when the loader streams other rows (``indices``) or
+    another pack shape. Use as
     a context manager, or call ``close()``, to stop background work at once;
     dropping an iterator or the loader also stops it.
     """
@@ -371,18 +468,23 @@ class PackLoader:
     ) -> None:
         if isinstance(pack, (str, os.PathLike)):
             pack = open_pack(Path(pack))
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
-        if prefetch < 1:
-            raise UsageError("prefetch must be at least 1")
-        if even_split not in _EVEN_SPLITS:
+        batch_size = _int_arg("batch_size", batch_size, 1)
+        prefetch = _int_arg("prefetch", prefetch, 1)
+        seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
+        if num_threads is not None:
+            num_threads = _int_arg("num_threads", num_threads, 1)
+        shuffle = _bool_arg("shuffle", shuffle)
+        drop_last = _bool_arg("drop_last", drop_last)
+        resident = _bool_arg("resident", resident)
+        populate = _bool_arg("populate", populate)
+        if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         if transform is not None and not callable(transform):
             raise UsageError(f"transform must be callable, not {type(transform).__name__}")
         self.pack = pack
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.seed = int(seed)
+        self.seed = seed
         self.drop_last = drop_last
         self.even_split = even_split
         self.device = _check_device(device)
@@ -399,6 +501,7 @@ class PackLoader:
         self._rows = None if indices is None else _check_indices(indices, len(pack))
         self._n = len(pack) if self._rows is None else len(self._rows)
         self._shape = tuple(pack.images.shape[1:])
+        self._digest = _rows_digest(self._rows, len(pack), self._shape)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
         self._serial = 0  # passes started; the latest one is what state_dict() describes
@@ -406,6 +509,18 @@ class PackLoader:
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._new_shared()
+        if len(self) == 0:
+            log.warning(
+                "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
+                "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
+                "yields nothing",
+                self.rank,
+                self._n,
+                self.world_size,
+                self.even_split,
+                self.batch_size,
+                self.drop_last,
+            )
 
     def _new_shared(self) -> None:
         self._shared = _Shared()
@@ -435,7 +550,7 @@ class PackLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order for the next pass (keeps a resume point of that epoch)."""
-        epoch = int(epoch)
+        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         self._epoch = epoch
@@ -472,7 +587,7 @@ class PackLoader:
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
-        pos = self._positions(epoch)
+        pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
         return pos if self._rows is None else self._rows[pos]
 
     # ---- resumable state
@@ -502,6 +617,7 @@ class PackLoader:
             "samples": self._n,
             "rank": self.rank,
             "world_size": self.world_size,
+            "rows": self._digest,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -509,20 +625,38 @@ class PackLoader:
         were left of that epoch, then epochs go on as in the saved run.
 
         Mid-epoch, the order must be the same (seed, shuffle, batch size,
-        drop_last, even_split, number of samples and world size); at an epoch
-        boundary (``batches == 0``) only the epoch is taken.
+        drop_last, even_split, number of samples, world size, and the rows
+        streamed: the ``rows`` digest of the pack's count, image shape and
+        ``indices``); a mismatch is always refused. At an epoch boundary
+        (``batches == 0``) only the epoch is taken, so the next epoch may use
+        other rows or ranks. States saved before ``rows`` existed have no
+        digest and are checked without it. Fields of the wrong type (a bool,
+        float or string for an int) are refused, never cast.
         """
+        if not isinstance(state, dict):
+            raise UsageError(
+                "not a PackLoader state: pass the dict PackLoader.state_dict() returned, "
+                f"not {type(state).__name__}"
+            )
         try:
             version, epoch, batches = state["version"], state["epoch"], state["batches"]
-        except (KeyError, TypeError):
+        except KeyError:
             raise UsageError(
                 "not a PackLoader state: pass what PackLoader.state_dict() returned"
             ) from None
-        if version != _STATE_VERSION:
+        if isinstance(version, bool) or version != _STATE_VERSION:
             raise UsageError(f"PackLoader state version {version!r} is not {_STATE_VERSION}")
-        epoch, batches = int(epoch), int(batches)
+        epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
+        batches = _int_arg("state['batches']", batches, 0)
         if batches:
             mine = self.state_dict()
+            if "rows" in state and state["rows"] != mine["rows"]:
+                raise UsageError(
+                    "cannot resume mid-epoch: the state was saved by a loader streaming other "
+                    f"rows (rows digest {state['rows']!r}, this loader's {mine['rows']!r}: "
+                    "another pack or other indices); use the same pack and indices, or "
+                    "resume from an epoch boundary"
+                )
             for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
                 if state.get(key) != mine[key]:
                     raise UsageError(

@@ -28,6 +28,10 @@ the long side's ends are not seen (for a 4:3 photo, 1/4 of its width).
     torchrun --standalone --nproc-per-node 8 scripts/train_imagenet.py --train ... --val ...
     python scripts/train_imagenet.py ... --res-schedule 160:0,192:6,224:12   # progressive
     python scripts/train_imagenet.py ... --resume runs/last.pt
+
+Bad input (a missing or unlabeled pack, a val pack whose class map is not
+train's, a checkpoint of something else, an out-of-range option) stops before
+any training with one ``Error: ...`` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pickle
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
@@ -47,7 +53,35 @@ import torchvision
 from torch import nn
 
 import packer
+from packer.errors import PackerError
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
+
+
+class Fail(Exception):
+    """Bad input: ``main`` prints ``Error: <message>`` and exits 2."""
+
+
+def _number(
+    kind: Callable[[str], float], lo: float, hi: float | None = None, *, lo_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: ``kind`` in [lo, hi] (or (lo, hi] with ``lo_open``), finite."""
+
+    def parse(text: str) -> float:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi):
+            span = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
+            raise argparse.ArgumentTypeError(f"{text} is outside {span}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE = _number(int, 1)
+NONNEGATIVE = _number(int, 0)
 
 
 def parse_schedule(text: str | None, default: int) -> list[tuple[int, int]]:
@@ -57,11 +91,11 @@ def parse_schedule(text: str | None, default: int) -> list[tuple[int, int]]:
     try:
         pairs = sorted((int(e), int(s)) for s, e in (item.split(":") for item in text.split(",")))
     except ValueError:
-        raise SystemExit(
-            f"Error: --res-schedule wants SIZE:EPOCH,... (e.g. 160:0,224:4), not {text!r}"
+        raise Fail(
+            f"--res-schedule wants SIZE:EPOCH,... (e.g. 160:0,224:4), not {text!r}"
         ) from None
     if pairs[0][0] != 0 or any(s < 1 for _, s in pairs):
-        raise SystemExit("Error: --res-schedule must start at epoch 0 with positive sizes")
+        raise Fail("--res-schedule must start at epoch 0 with positive sizes")
     return pairs
 
 
@@ -85,7 +119,7 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("Error: --device cuda but torch sees no CUDA device; use --device cpu")
+        raise Fail("--device cuda but torch sees no CUDA device; use --device cpu")
     if world > 1:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if want_cuda:
@@ -100,7 +134,7 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, int, int]:
 
 def make_model(arch: str, num_classes: int, device: torch.device) -> nn.Module:
     if not arch.startswith("resnet") or not hasattr(torchvision.models, arch):
-        raise SystemExit(f"Error: --arch {arch!r} is not a torchvision ResNet (e.g. resnet50)")
+        raise Fail(f"--arch {arch!r} is not a torchvision ResNet (e.g. resnet50)")
     net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
     # Normalize at the front: bytes stay uint8 up to the model, floats start on the device.
     model = nn.Sequential(packer.Normalize(), net).to(device)
@@ -152,7 +186,60 @@ def evaluate(
     return loss / n, top1 / n, top5 / n
 
 
-def main() -> None:
+def check_labels(pack: packer.ImagePack, path: Path, what: str) -> None:
+    """Refuse a pack whose labels cannot train a classifier: no class map (a flat
+    folder, integer labels from a table), unlabeled images (-1), labels past the map."""
+    if not pack.classes:
+        raise Fail(
+            f"{path}: the {what} pack has no classes (built from a flat folder or from "
+            "integer labels); build it from class folders, or with --classes"
+        )
+    labels = pack.labels
+    unlabeled = int((labels < 0).sum())
+    if unlabeled:
+        raise Fail(
+            f"{path}: {unlabeled} of its {len(pack)} images have no label (-1); a {what} "
+            "pack needs every image labelled"
+        )
+    if len(labels) and int(labels.max()) >= len(pack.classes):
+        raise Fail(f"{path}: a label is past its {len(pack.classes)} classes; rebuild the pack")
+
+
+def load_checkpoint(path: Path, device: torch.device, arch: str, classes: list[str]) -> dict:
+    """A checkpoint this script wrote, checked before any of it is used."""
+    if not path.is_file():
+        raise Fail(f"{path}: no such checkpoint (--resume); give a last.pt this script wrote")
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Fail(f"{path}: not a checkpoint this script can read ({first[:200]})") from None
+    need = {"model", "optimizer", "scheduler", "epoch"}
+    if not isinstance(ck, dict) or not need <= ck.keys():
+        raise Fail(
+            f"{path}: not a checkpoint of train_imagenet.py (it needs {sorted(need)}); "
+            "give a last.pt this script wrote"
+        )
+    if not isinstance(ck["epoch"], int) or isinstance(ck["epoch"], bool) or ck["epoch"] < 0:
+        raise Fail(f"{path}: its epoch {ck['epoch']!r} is not an epoch number")
+    if ck.get("arch", arch) != arch:
+        raise Fail(f"{path}: a checkpoint of --arch {ck['arch']}, not {arch}")
+    if ck.get("classes", classes) != classes:
+        raise Fail(f"{path}: a checkpoint trained on another class map than --train's")
+    return ck
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the script; returns the exit code (2 with ``Error: ...`` for bad input)."""
+    try:
+        train(argv)
+    except (Fail, PackerError) as e:
+        print(f"Error: {e}", file=sys.stderr, flush=True)
+        return getattr(e, "exit_code", 2)
+    return 0
+
+
+def train(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -161,26 +248,41 @@ def main() -> None:
         "--val", type=Path, default=None, help="val pack (built --size 256 --resize crop)"
     )
     ap.add_argument("--arch", default="resnet50", help="any torchvision resnet (resnet18...)")
-    ap.add_argument("--epochs", type=int, default=90)
-    ap.add_argument("--batch-size", type=int, default=256, help="per process")
-    ap.add_argument("--lr", type=float, default=0.1, help="for batch 256 in all; scale linearly")
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--wd", type=float, default=1e-4, help="weight decay")
+    ap.add_argument("--epochs", type=POSITIVE, default=90)
+    ap.add_argument("--batch-size", type=POSITIVE, default=256, help="per process")
+    ap.add_argument(
+        "--lr",
+        type=_number(float, 0, lo_open=True),
+        default=0.1,
+        help="for batch 256 in all; scale linearly",
+    )
+    ap.add_argument("--momentum", type=_number(float, 0, 1), default=0.9)
+    ap.add_argument("--wd", type=_number(float, 0), default=1e-4, help="weight decay")
     ap.add_argument("--lr-schedule", choices=["cosine", "step"], default="step")
-    ap.add_argument("--lr-step", type=int, default=30, help="step schedule: x0.1 every N epochs")
-    ap.add_argument("--warmup-epochs", type=float, default=0.0)
-    ap.add_argument("--label-smoothing", type=float, default=0.0)
-    ap.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size")
+    ap.add_argument(
+        "--lr-step", type=POSITIVE, default=30, help="step schedule: x0.1 every N epochs"
+    )
+    ap.add_argument("--warmup-epochs", type=_number(float, 0), default=0.0)
+    ap.add_argument("--label-smoothing", type=_number(float, 0, 1), default=0.0, help="in [0, 1]")
+    ap.add_argument("--crop", type=POSITIVE, default=224, help="RandomResizedCrop size")
     ap.add_argument("--res-schedule", default=None, help="progressive sizes SIZE:EPOCH,...")
-    ap.add_argument("--val-crop", type=int, default=224, help="CenterCrop of the val pack")
-    ap.add_argument("--workers", type=int, default=8, help="PackLoader gather threads")
+    ap.add_argument("--val-crop", type=POSITIVE, default=224, help="CenterCrop of the val pack")
+    ap.add_argument("--workers", type=POSITIVE, default=8, help="PackLoader gather threads")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--max-steps", type=int, default=0, help="stop each epoch after N steps")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--max-steps", type=NONNEGATIVE, default=0, help="stop each epoch after N steps"
+    )
+    ap.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
     ap.add_argument("--out", type=Path, default=Path("runs"), help="checkpoint folder")
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
-    ap.add_argument("--log-every", type=int, default=100)
-    args = ap.parse_args()
+    ap.add_argument("--log-every", type=NONNEGATIVE, default=100)
+    args = ap.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        raise Fail(f"--out {args.out} is a file; give a folder for the checkpoints")
+    if args.resume is not None and not args.resume.is_file():
+        raise Fail(
+            f"{args.resume}: no such checkpoint (--resume); give a last.pt this script wrote"
+        )
 
     device, rank, world = setup(args)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -189,9 +291,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     train_pack = packer.load(args.train)
+    check_labels(train_pack, args.train, "train")
     classes = len(train_pack.classes)
     if classes < 2:
-        raise SystemExit(f"Error: {args.train} has {classes} class; train needs labels")
+        raise Fail(f"{args.train} has {classes} class; training a classifier needs two or more")
     rrc = RandomResizedCrop(size_at(schedule, 0))
     train_loader = packer.PackLoader(
         train_pack,
@@ -205,10 +308,17 @@ def main() -> None:
     val_loader = None
     if args.val is not None:
         val_pack = packer.load(args.val)
+        if list(val_pack.classes) != list(train_pack.classes):
+            # Same names in another order would score every image against the wrong class.
+            raise Fail(
+                f"{args.val}: its class map differs from {args.train}'s; rebuild it with "
+                f"--classes {args.train}"
+            )
+        check_labels(val_pack, args.val, "val")
         vh, vw = val_pack.images.shape[-2:]
         if min(vh, vw) < args.val_crop:
-            raise SystemExit(
-                f"Error: {args.val} holds {vh}x{vw} images, smaller than --val-crop "
+            raise Fail(
+                f"{args.val} holds {vh}x{vw} images, smaller than --val-crop "
                 f"{args.val_crop}; build it with --size 256 --resize crop"
             )
         val_loader = packer.PackLoader(
@@ -226,16 +336,23 @@ def main() -> None:
     if args.max_steps:
         steps_per_epoch = min(steps_per_epoch, args.max_steps)
     if steps_per_epoch < 1:
-        raise SystemExit(f"Error: {args.train} has fewer images than one batch per rank")
+        raise Fail(f"{args.train} has fewer images than one batch per rank")
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, steps_per_epoch, args)
     )
     start = 0
     if args.resume is not None:
-        ck = torch.load(args.resume, map_location=device, weights_only=True)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
+        ck = load_checkpoint(args.resume, device, args.arch, list(train_pack.classes))
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise Fail(
+                f"{args.resume}: does not fit this model and optimizer ({first[:200]}); "
+                "resume with the --arch and options it was trained with"
+            ) from None
         start = ck["epoch"] + 1
         say(f"resumed from {args.resume} (epoch {ck['epoch']} done)", flush=True)
     ddp = model
@@ -245,7 +362,10 @@ def main() -> None:
         )
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     if rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Fail(f"--out {args.out}: cannot make the folder ({e.strerror})") from None
 
     for epoch in range(start, args.epochs):
         rrc.size = size_at(schedule, epoch)  # progressive resizing: before the epoch starts

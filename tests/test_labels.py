@@ -35,8 +35,22 @@ def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
 
 
 def fake_pack(root: Path, classes: object, fmt: str = "imgpack") -> Path:
+    """A folder whose imgpack.json is a valid empty pack's manifest, with ``classes``
+    and ``format`` put in as given (read_class_map reads the manifest alone)."""
+    from packer.format import Checksums, Manifest
+
     root.mkdir(parents=True)
-    (root / "imgpack.json").write_text(json.dumps({"format": fmt, "classes": classes}))
+    m = Manifest(
+        count=0,
+        image_shape=(3, 2, 2),
+        resize="crop",
+        classes=(),
+        sources=(),
+        source_sizes=(),
+        checksums=Checksums(block_rows=1),
+    ).to_json()
+    m.update(format=fmt, classes=classes)
+    (root / "imgpack.json").write_text(json.dumps(m))
     return root
 
 
@@ -99,11 +113,11 @@ def test_class_map_from_a_pack_manifest_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("classes", "fmt", "match"),
     [
-        ("cat", "imgpack", "'classes' is not a list of names"),
-        (["cat", 3], "imgpack", "'classes' is not a list of names"),
+        ("cat", "imgpack", "field 'classes' is missing or not a list"),
+        (["cat", 3], "imgpack", "class names must be strings"),
         (["cat"], "other", "not an imgpack manifest"),
         ([], "imgpack", "the pack has no classes"),
-        (["cat", "cat"], "imgpack", "class 'cat' appears twice"),
+        (["cat", "cat"], "imgpack", "class names must be distinct"),
     ],
 )
 def test_class_map_from_bad_pack(tmp_path: Path, classes: object, fmt: str, match: str) -> None:
@@ -115,7 +129,7 @@ def test_class_map_from_bad_pack(tmp_path: Path, classes: object, fmt: str, matc
 def test_class_map_pack_with_broken_json(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "imgpack.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"imgpack.json: not valid JSON"):
+    with pytest.raises(InputError, match=r"imgpack.json is not valid JSON"):
         read_class_map(tmp_path / "p")
 
 
@@ -449,7 +463,7 @@ def test_table_file_problems(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"none.csv: no such label table"):
         read_table(tmp_path / "none.csv")
     (tmp_path / "d.csv").mkdir()
-    with pytest.raises(InputError, match=r"d.csv: not a file"):
+    with pytest.raises(InputError, match=r"d.csv: not a regular file"):
         read_table(tmp_path / "d.csv")
     (tmp_path / "latin1.csv").write_bytes("path,label\nä.jpg,cät\n".encode("latin-1"))
     with pytest.raises(InputError, match=r"latin1.csv: not UTF-8"):

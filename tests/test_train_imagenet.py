@@ -59,3 +59,103 @@ def test_train_two_epochs_on_cpu_then_resume(tmp_path: Path) -> None:
     assert "resumed from" in text and "epoch 1 done" in text
     assert re.findall(r"^epoch (\d) size (\d+):", text, re.M) == [("2", "48")], text
     assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 2
+
+
+# ---- bad input stops before any training: one `Error:` line, exit 2
+
+
+@pytest.fixture(scope="module")
+def script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "train_imagenet", ROOT / "scripts/train_imagenet.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from conftest import write_image
+
+    root = tmp_path_factory.mktemp("packs")
+    for c in ("cat", "dog"):
+        for i in range(2):
+            write_image(root / "src" / c / f"{i}.png", (12, 10), seed=i)
+            write_image(root / "flat" / f"{c}{i}.png", (12, 10), seed=i)
+    (root / "rev.txt").write_text("dog\ncat\n")
+    cfg = BuildConfig(size=(8, 8), workers=1)
+    build(root / "src", root / "train", cfg)
+    build(
+        root / "src", root / "valrev", BuildConfig(size=(8, 8), workers=1, classes=root / "rev.txt")
+    )
+    build(root / "flat", root / "flatp", cfg)
+    (root / "text.pt").write_text("not a checkpoint\n")
+    torch.save({"weights": torch.zeros(2)}, root / "foreign.pt")
+    (root / "afile").write_text("x")
+    return {p.name: p for p in root.iterdir()}
+
+
+def _error(script, capsys, *argv: object) -> tuple[int, str]:
+    try:
+        code = script.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    return code, err.splitlines()[-1]
+
+
+def test_batch_size_zero_is_refused(script, packs, capsys) -> None:
+    code, line = _error(script, capsys, "--train", packs["train"], "--batch-size", "0")
+    assert code == 2 and re.search(r"--batch-size: .*0 is outside", line), line
+
+
+def test_val_with_another_class_map_is_refused(script, packs, capsys) -> None:
+    code, line = _error(
+        script, capsys, "--train", packs["train"], "--val", packs["valrev"], "--device", "cpu"
+    )
+    assert code == 2
+    assert line == (
+        f"Error: {packs['valrev']}: its class map differs from {packs['train']}'s; "
+        f"rebuild it with --classes {packs['train']}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--train", "flatp"], r"^Error: .*flatp: the train pack has no classes"),
+        (["--train", "train", "--val", "flatp"], r"^Error: .*flatp: its class map differs"),
+        (["--train", "nope"], r"^Error: .*nope: no such pack"),
+        (["--train", "train", "--val", "nope"], r"^Error: .*nope: no such pack"),
+        (
+            ["--train", "train", "--resume", "missing.pt"],
+            r"^Error: .*missing.pt: no such checkpoint",
+        ),
+        (
+            ["--train", "train", "--resume", "text.pt"],
+            r"^Error: .*text.pt: not a checkpoint this script can read",
+        ),
+        (
+            ["--train", "train", "--resume", "foreign.pt"],
+            r"^Error: .*foreign.pt: not a checkpoint of train_imagenet.py",
+        ),
+        (["--train", "train", "--out", "afile"], r"^Error: --out .*afile is a file"),
+        (["--train", "train", "--crop", "0"], r"--crop: .*0 is outside"),
+        (["--train", "train", "--lr-step", "0"], r"--lr-step: .*outside"),
+        (["--train", "train", "--label-smoothing", "5"], r"--label-smoothing: .*outside"),
+        (["--train", "train", "--lr", "nan"], r"--lr: .*outside"),
+        (["--train", "train", "--res-schedule", "x"], r"^Error: --res-schedule wants"),
+    ],
+)
+def test_bad_input_exits_2_before_training(script, packs, capsys, argv, match) -> None:
+    root = packs["train"].parent
+    names = {"flatp", "train", "nope", "missing.pt", "text.pt", "foreign.pt", "afile"}
+    argv = [str(root / a) if a in names else a for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(root / "o")]
+    code, line = _error(script, capsys, *argv, "--device", "cpu", "--batch-size", "2")
+    assert code == 2 and re.search(match, line), line
