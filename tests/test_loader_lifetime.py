@@ -54,7 +54,7 @@ def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> No
         next(iter(warm))
     _trim()
     threads, rss, tensors = threading.active_count(), _rss_mb(), _tensor_mb()
-    held = []
+    held, after = [], []
     for cycle in range(3):
         loaders, iters = [], []
         for i in range(40):
@@ -74,10 +74,12 @@ def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> No
         assert threading.active_count() == threads
         assert _passes_alive() == 0
         assert _tensor_mb() <= tensors
-    assert min(held) > 40  # ~75 MiB of prefetched batches is really held each time
-    # A leak keeps every cycle's batches (3x); the allocator and glibc's cache of
-    # thread stacks may keep about one cycle's worth.
-    assert _rss_mb() - rss < 1.5 * min(held)
+        after.append(_rss_mb() - rss)
+    assert min(held) > 40, held  # ~75 MiB of prefetched batches is really held each time
+    # A leak keeps every cycle's batches, so what stays grows by ~min(held) a cycle. What
+    # the allocator and glibc keep after the first cycle (more arenas on more cores) is
+    # reused by the next ones, so it does not grow.
+    assert after[-1] - after[0] < 0.5 * min(held), (held, after)
 
 
 def test_dropping_the_iterator_alone_stops_its_thread(packed: Path) -> None:
