@@ -269,6 +269,30 @@ def cli() -> None:
     help="Comma-separated numeric columns of the --labels table, stored as a float32 "
     "targets [N, K] field.",
 )
+@click.option(
+    "--store",
+    type=click.Choice(["raw", "jpeg"]),
+    default="raw",
+    show_default=True,
+    help="raw: decoded uint8 rows of --size. jpeg: each image's JPEG file (whole "
+    "image, decoded and cropped in batches when read; --size is then unused).",
+)
+@click.option(
+    "--quality",
+    "-Q",
+    type=click.IntRange(2, 31),
+    default=3,
+    show_default=True,
+    help="--store jpeg: quality of re-encoded inputs (non-JPEG, CMYK, EXIF-rotated, "
+    "over --max-side), compress's scale: 2 best .. 31 worst (Pillow quality 100-3*Q).",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(1),
+    default=None,
+    help="--store jpeg: longest stored side in pixels; larger images are scaled down "
+    "and re-encoded.",
+)
 @handle_errors
 @sigterm_as_interrupt
 def build(
@@ -286,6 +310,9 @@ def build(
     allow_new_classes: bool,
     labels_table: Path | None,
     targets: str | None,
+    store: str,
+    quality: int,
+    max_side: int | None,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
@@ -304,6 +331,7 @@ def build(
       imgpack build ./imgs ./tensors --overwrite --json > build.json
       imgpack build ./val ./val_pack --classes ./train_pack
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
+      imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
     """
     from .build import BuildConfig
     from .build import build as build_pack
@@ -318,6 +346,9 @@ def build(
         allow_new_classes=allow_new_classes,
         labels=labels_table,
         targets=tuple(c.strip() for c in targets.split(",")) if targets is not None else (),
+        store=store,
+        quality=quality,
+        max_side=max_side,
     )
     result = _run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
     summary = (
