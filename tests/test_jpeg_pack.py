@@ -250,3 +250,26 @@ def test_pil_decode_of_reencoded_bytes_is_upright_rgb(tmp_path: Path) -> None:
     pack = packer.load(tmp_path / "p")
     with Image.open(io.BytesIO(bytes(pack.read([0])[0].numpy()))) as im:
         assert im.format == "JPEG" and im.mode == "RGB" and im.size == (20, 10)
+
+
+def test_verify_checks_bytes_index_and_decodes(image_tree: Path, jpack: Path) -> None:
+    from packer.verify import VerifyConfig, verify
+
+    cfg = VerifyConfig(source=image_tree, throughput=False, sample=None)
+    r = verify(jpack, cfg)
+    assert r.ok, r.checks
+    assert [c["name"] for c in r.checks][-2:] == ["decode", "sources"]
+    pack = packer.load(jpack)
+    off, n = int(pack.offsets[6]), int(pack.lengths[6])
+    del pack
+    f = jpack / "_tensordict" / "jpeg.memmap"
+    raw = bytearray(f.read_bytes())
+    raw[off + 2 : off + n] = bytes(n - 2)
+    f.write_bytes(bytes(raw))
+    r = verify(jpack, cfg)
+    fails = {c["name"]: c["detail"] for c in r.checks if not c["ok"]}
+    assert set(fails) == {"images", "decode", "sources"}
+    assert "image 6: its stored JPEG does not decode" in fails["decode"]
+    _tamper(jpack, "lengths.memmap", 2, 5)
+    r = verify(jpack, VerifyConfig(throughput=False, use_recorded_source=False))
+    assert "offsets/lengths/sizes checksum mismatch" in r.checks[2]["detail"]
