@@ -136,6 +136,7 @@ class BuildConfig:
     store: str = "raw"  # "raw": uint8 rows of ``size``; "jpeg": each image's JPEG file
     quality: int = 3  # --store jpeg: re-encode quality, ffmpeg's -q:v scale (2 best..31)
     max_side: int | None = None  # --store jpeg: longest stored side; larger are re-encoded
+    device: str = "cpu"  # "cpu" (worker processes), "cuda" (batched nvjpeg), "auto"
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -172,6 +173,13 @@ class BuildConfig:
                 raise UsageError("--max-side bounds stored JPEGs; use it with --store jpeg")
             if not 1 <= self.max_side <= 65536:
                 raise UsageError(f"--max-side must be 1 to 65536 pixels, not {self.max_side}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise UsageError(f"--device must be cpu, cuda or auto, not {self.device!r}")
+        if self.store == "jpeg" and self.device not in ("cpu", "auto"):
+            raise UsageError(
+                "--device cuda decodes and resizes raw packs; --store jpeg stores the "
+                "files as they are (they are decoded on the GPU when read)"
+            )
         if self.allow_new_classes and self.classes is None:
             raise UsageError(
                 "--allow-new-classes extends a fixed class map; give the map with --classes"
@@ -183,6 +191,28 @@ class BuildConfig:
 
 
 STORES = ("raw", "jpeg")
+# --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
+# batched code run on the CPU; nvjpeg adds its IDCT's rounding): mean and max |diff|
+GPU_TOLERANCE = {"mean_abs": 3.0, "max_abs": 255}
+
+
+def _build_device(config: BuildConfig) -> Any:
+    """None for the CPU path, else the torch.device of the batched GPU path.
+    ``--device cuda`` without CUDA is a usage error (exit 2)."""
+    if config.device == "cpu" or config.store == "jpeg":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        if config.device == "auto":
+            return None
+        raise UsageError(
+            f"--device {config.device}: no CUDA device is available to this process; "
+            "use --device cpu (or auto, which falls back to the CPU)"
+        )
+    return torch.device("cuda" if config.device == "auto" else config.device)
+
+
 CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
 
 
@@ -444,7 +474,7 @@ def _encode_chunk(
 # ---------------------------------------------------------------- the build
 
 
-def _fingerprint(plan: _Labels, config: BuildConfig) -> str:
+def _fingerprint(plan: _Labels, config: BuildConfig, device: Any = None) -> str:
     """What the rows and labels of the work folder depend on: a rerun resumes only when
     this is unchanged (options, class map, table and targets, every source's stat)."""
     scan = plan.scan
@@ -454,6 +484,8 @@ def _fingerprint(plan: _Labels, config: BuildConfig) -> str:
             [FORMAT_VERSION, list(config.size), config.resize, config.max_pixels, scan.classes]
         ).encode()
     )
+    if device is not None:  # other pixels than the CPU path: never mixed with its chunks
+        h.update(json.dumps(["device", device.type]).encode())
     if config.store != "raw":  # only then, so raw builds keep their fingerprint
         h.update(json.dumps([config.store, config.quality, config.max_side]).encode())
     if plan.table_sha256 is not None or plan.class_map is not None:
@@ -491,6 +523,7 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
+    device = _build_device(config)
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
@@ -501,7 +534,7 @@ def build(
         with dest_lock(dst) as work:
             recover_trash(dst)
             check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
-            result = _build_locked(plan, dst, work, config, progress, on_start, t0)
+            result = _build_locked(plan, dst, work, config, progress, on_start, t0, device)
             result.path = given
             return result
     except OSError as e:
@@ -519,6 +552,7 @@ def _decode_all(
     new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
+    device: Any = None,
 ) -> tuple[float, int]:
     """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
 
@@ -575,7 +609,11 @@ def _decode_all(
             if progress:
                 progress(len(sizes))
 
-        if pool is None:  # in this process: no signal or parent-death handling of a worker
+        if device is not None:  # --device cuda: batched on the GPU, the rest on the workers
+            from .build_gpu import decode_chunks_batched
+
+            decode_chunks_batched(pending, config.spec, str(work / ROWS_FILE), device, pool, record)
+        elif pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
             _worker = _WorkerState(str(work / ROWS_FILE), config.spec, _store(config))
             try:
@@ -679,6 +717,7 @@ def _build_locked(
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
     t0: float,
+    device: Any = None,
 ) -> BuildResult:
     spec = config.spec
     scan = plan.scan
@@ -689,7 +728,7 @@ def _build_locked(
         (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
         for k in range((n_total + block - 1) // block)
     ]
-    fingerprint = _fingerprint(plan, config)
+    fingerprint = _fingerprint(plan, config, device)
     workers = min(config.workers or default_workers(), len(chunks))
 
     # started first: its processes boot while this one fingerprints and preallocates
@@ -706,7 +745,7 @@ def _build_locked(
                 on_start(n_total, n_total)
         else:
             t_first, resumed = _decode_all(
-                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, device
             )
         if pool is not None:
             pool.shutdown(wait=True)
@@ -715,7 +754,7 @@ def _build_locked(
             _stop_pool(pool)
         raise
     t_decoded = time.perf_counter()
-    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint)
+    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint, device)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
@@ -741,6 +780,7 @@ def _finalize(
     resumed: int,
     t0: float,
     fingerprint: str,
+    device: Any = None,
 ) -> BuildResult:
     """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
 
@@ -840,6 +880,9 @@ def _finalize(
         targets=plan.target_names,
         class_map=plan.class_map,
     )
+    if device is not None:
+        extra = {"device": device.type, "tolerance": GPU_TOLERANCE}
+        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
     if jpeg:
         manifest = replace(
             manifest,

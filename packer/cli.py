@@ -180,10 +180,11 @@ def workers_option(help: str) -> Callable[[Any], Any]:
 
 def device_option(
     help: str = "Where to run: auto (CUDA if present), cpu, cuda, cuda:N.",
+    default: str = "auto",
 ) -> Callable[[Any], Any]:
     """``--device`` as given; the library turns it into a ``torch.device`` once
     (``timing.resolve_device``) and passes that on."""
-    return click.option("--device", default="auto", show_default=True, help=help)
+    return click.option("--device", default=default, show_default=True, help=help)
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -293,6 +294,12 @@ def cli() -> None:
     help="--store jpeg: longest stored side in pixels; larger images are scaled down "
     "and re-encoded.",
 )
+@device_option(
+    "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
+    "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
+    "tolerance in docs). auto: cuda when present.",
+    default="cpu",
+)
 @handle_errors
 @sigterm_as_interrupt
 def build(
@@ -313,6 +320,7 @@ def build(
     store: str,
     quality: int,
     max_side: int | None,
+    device: str,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
@@ -332,6 +340,7 @@ def build(
       imgpack build ./val ./val_pack --classes ./train_pack
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
       imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
+      imgpack build ./small ./tensors --device cuda
     """
     from .build import BuildConfig
     from .build import build as build_pack
@@ -349,6 +358,7 @@ def build(
         store=store,
         quality=quality,
         max_side=max_side,
+        device=device,
     )
     result = _run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
     summary = (
