@@ -192,8 +192,9 @@ class BuildConfig:
 
 STORES = ("raw", "jpeg")
 # --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
-# batched code run on the CPU; nvjpeg adds its IDCT's rounding): mean and max |diff|
-GPU_TOLERANCE = {"mean_abs": 3.0, "max_abs": 255}
+# batched code run on the CPU, 500x375 q90 photos-like JPEGs: mean 0.15-1.2, p99 1-12;
+# nvjpeg adds its IDCT rounding): the mean absolute difference per pixel value, at most
+GPU_TOLERANCE = {"mean_abs": 2.0}
 
 
 def _build_device(config: BuildConfig) -> Any:
@@ -469,6 +470,20 @@ def _encode_chunk(
         os.close(fd)
     extra = {"lengths": lengths, "stored": stored, "reencoded": reencoded}
     return chunk, skips, sizes, digest(blob), extra
+
+
+def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, Any]]:
+    """--device cuda: the inputs the GPU does not take, decoded by a CPU worker exactly
+    as ``_decode_chunk`` does; per path (row bytes, upright (w, h)) or (None, reason)."""
+    out: list[tuple[bytes | None, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            size = decode_into(p, spec, buf)
+            out.append((buf.tobytes(), size))
+        except DecodeError as e:
+            out.append((None, str(e)))
+    return out
 
 
 # ---------------------------------------------------------------- the build

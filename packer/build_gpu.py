@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .decode import _EXIF_ORIENTATION, ResizeSpec, decode_into, jpeg_frame, open_image
-from .errors import DecodeError, PackerError
+from .decode import _EXIF_ORIENTATION, ResizeSpec, jpeg_frame, open_image
+from .errors import PackerError
 from .format import digest, image_bytes
 
 log = logging.getLogger(__name__)
@@ -53,20 +53,6 @@ def _classify(path: str, max_pixels: int) -> tuple[bytes | None, tuple[int, int]
             return data, im.size
     except Exception:  # anything odd: the CPU path decides, and names the reason
         return None, None
-
-
-def _cpu_decode(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, Any]]:
-    """In a CPU worker: each path decoded as the CPU build does; (row bytes, (w, h)) or
-    (None, reason)."""
-    out: list[tuple[bytes | None, Any]] = []
-    buf = np.empty(spec.shape, dtype=np.uint8)
-    for p in paths:
-        try:
-            size = decode_into(p, spec, buf)
-            out.append((buf.tobytes(), size))
-        except DecodeError as e:
-            out.append((None, str(e)))
-    return out
 
 
 def _gpu_rows(
@@ -173,10 +159,14 @@ def _submit_cpu(
     pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
 ) -> Callable[[], list[tuple[bytes | None, Any]]]:
     """Start decoding ``paths`` on the CPU workers (spread over them); return a getter."""
+    from .build import _decode_paths  # in build: the workers import no torch
+
     if not paths:
         return lambda: []
     if pool is None:
-        return lambda: _cpu_decode(paths, spec)
+        return lambda: _decode_paths(paths, spec)
     step = max(1, -(-len(paths) // 16))
-    futs = [pool.submit(_cpu_decode, paths[i : i + step], spec) for i in range(0, len(paths), step)]
+    futs = [
+        pool.submit(_decode_paths, paths[i : i + step], spec) for i in range(0, len(paths), step)
+    ]
     return lambda: [r for f in futs for r in f.result()]
