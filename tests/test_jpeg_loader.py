@@ -141,3 +141,31 @@ def test_corrupt_image_is_a_clean_error_in_the_loop(grey: Path, tmp_path: Path) 
     next(it)
     with pytest.raises(PackFormatError, match="image 9: offset 1099511627776"):
         next(it)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path) -> None:
+    pack = packer.load(grey)
+    for train in (False, True):
+        kw = dict(image_size=16, train=train, shuffle=True, seed=3)
+        cpu = [x for x, _ in packer.PackLoader(pack, 8, device="cpu", **kw)]
+        gpu = [(x, y) for x, y in packer.PackLoader(pack, 8, device="cuda", **kw)]
+        assert len(cpu) == len(gpu)
+        for a, (b, y) in zip(cpu, gpu):
+            assert b.is_cuda and y.is_cuda and a.shape == b.shape
+            assert (a.int() - b.cpu().int()).abs().float().mean() < 2
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(grey, bad)
+    f = bad / "_tensordict" / "jpeg.memmap"
+    p2 = packer.load(grey)
+    off, n = int(p2.offsets[3]), int(p2.lengths[3])
+    raw = bytearray(f.read_bytes())
+    raw[off + 2 : off + n] = bytes(n - 2)
+    f.write_bytes(bytes(raw))
+    ld = packer.PackLoader(bad, 8, device="cuda", image_size=8, shuffle=False)
+    with pytest.raises(PackFormatError, match="image 3: its stored JPEG does not decode"):
+        list(ld)
+    x, _ = next(iter(packer.PackLoader(grey, 8, device="cuda", image_size=8)))
+    assert x.is_cuda  # the process and the device still work after the error
