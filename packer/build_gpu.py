@@ -38,12 +38,16 @@ GROUP_CHUNKS = 4  # chunks (<= 64 images each) decoded as one GPU batch
 
 def _classify(path: str, max_pixels: int) -> tuple[bytes | None, tuple[int, int] | None]:
     """(bytes, (w, h)) of a JPEG the GPU decodes as the CPU path would see it
-    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation), else (None, None)."""
+    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
+    marker), else (None, None). CMYK fails in nvjpeg; a truncated file decodes there
+    without an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
         frame = jpeg_frame(data)
         if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
+            return None, None
+        if not data.endswith(b"\xff\xd9"):  # truncated: batched nvjpeg would not say so
             return None, None
         with open_image(io.BytesIO(data), path) as im:
             if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:

@@ -278,7 +278,8 @@ def jpeg_for_pack(
 
     A baseline/progressive 8-bit YCbCr or grayscale JPEG, upright (no EXIF
     rotation), within ``max_side`` and that Pillow decodes whole, is kept byte for
-    byte. Anything else (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic-coded,
+    byte (when it ends with its EOI marker: bytes appended after it are dropped by the
+    re-encode). Anything else (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic-coded,
     oversize) is decoded as :func:`load_resized` does (upright RGB, alpha on
     black, 16-bit scaled), its longer side scaled down to ``max_side`` (antialiased
     bilinear) and encoded once with Pillow at :func:`pil_quality` of ``quality``.
@@ -309,6 +310,7 @@ def jpeg_for_pack(
                 and im.mode in ("RGB", "L")
                 and orientation in (0, 1)
                 and (max_side is None or max(w, h) <= max_side)
+                and data.endswith(b"\xff\xd9")  # no trailer: readers check the EOI marker
             )
             im.seek(0)
             im.load()  # a truncated or corrupt file is refused here, not at read time

@@ -92,6 +92,14 @@ def decode_batch(
     names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
     if not datas:
         return []
+    for d, i in zip(datas, names):
+        # nvjpeg's batched decode returns a truncated file's partial image without an
+        # error: every stored JPEG must end with its EOI marker (the build ensures it)
+        if len(d) < 4 or int(d[-2]) != 0xFF or int(d[-1]) != 0xD9:
+            raise PackFormatError(
+                f"image {i}: its stored JPEG is truncated (no end-of-image marker); the "
+                "pack is damaged, run `imgpack verify` and rebuild it"
+            )
     if device.type == "cuda":
         from torchvision.io import decode_jpeg
 

@@ -162,7 +162,7 @@ def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path)
     p2 = packer.load(grey)
     off, n = int(p2.offsets[3]), int(p2.lengths[3])
     raw = bytearray(f.read_bytes())
-    raw[off + 2 : off + n] = bytes(n - 2)
+    raw[off + 2 : off + n - 2] = bytes(n - 4)  # keep SOI and EOI
     f.write_bytes(bytes(raw))
     ld = packer.PackLoader(bad, 8, device="cuda", image_size=8, shuffle=False)
     with pytest.raises(PackFormatError, match="image 3: its stored JPEG does not decode"):

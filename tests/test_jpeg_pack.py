@@ -231,7 +231,7 @@ def test_corrupt_jpeg_names_the_image(jpack: Path) -> None:
     off, n = int(pack.offsets[6]), int(pack.lengths[6])
     f = jpack / "_tensordict" / "jpeg.memmap"
     raw = bytearray(f.read_bytes())
-    raw[off + 2 : off + n] = bytes(n - 2)
+    raw[off + 2 : off + n - 2] = bytes(n - 4)  # keep SOI and EOI
     f.write_bytes(bytes(raw))
     with pytest.raises(PackFormatError, match="image 6: its stored JPEG does not decode"):
         packer.load(jpack).decode([5, 6])
@@ -264,7 +264,7 @@ def test_verify_checks_bytes_index_and_decodes(image_tree: Path, jpack: Path) ->
     del pack
     f = jpack / "_tensordict" / "jpeg.memmap"
     raw = bytearray(f.read_bytes())
-    raw[off + 2 : off + n] = bytes(n - 2)
+    raw[off + 2 : off + n - 2] = bytes(n - 4)  # keep SOI and EOI
     f.write_bytes(bytes(raw))
     r = verify(jpack, cfg)
     fails = {c["name"]: c["detail"] for c in r.checks if not c["ok"]}
