@@ -103,6 +103,14 @@ def device_rrc(datas: list[torch.Tensor], device: torch.device, batch: int, repe
     return median_rate(lambda: sum(one(b) for b in batches), device, repeats)
 
 
+def decode_only(datas: list[torch.Tensor], device: torch.device, batch: int, repeats: int) -> float:
+    """Where the time goes: ``decode_batch`` alone, and with ``pad_batch``."""
+    batches = [datas[i : i + batch] for i in range(0, len(datas) - batch + 1, batch)]
+    decode_batch(batches[0], device)
+    sync(device)
+    return median_rate(lambda: sum(len(decode_batch(b, device)) for b in batches), device, repeats)
+
+
 def loader_rate(path: Path, device: torch.device, batch: int, repeats: int) -> float:
     ld = packer.PackLoader(path, batch, device=device, image_size=224, train=True)
     it = iter(ld)
@@ -178,6 +186,7 @@ def main() -> None:
     res["cpu_ceiling_rrc_img_s"] = cpu_ceiling(files, cores, per_proc, repeats)
     res["cpu_procs"] = cores
     res["device_rrc_img_s"] = device_rrc(datas, device, args.batch, repeats)
+    res["device_decode_only_img_s"] = decode_only(datas, device, args.batch, repeats)
 
     jp = args.work / "jpeg_pack"
     t0 = time.perf_counter()
@@ -233,6 +242,7 @@ def main() -> None:
             f"{res['bytes_jpeg_pack'] / 1e6:,.1f} / {res['bytes_raw_pack_256'] / 1e6:,.1f} MB",
             f"{res['jpeg_over_raw_256']:.3f}",
         ),
+        ("  of which decode_batch alone", f"{res['device_decode_only_img_s']:,.0f} img/s", ""),
         ("build 256², CPU workers", f"{res['build_cpu_img_s']:,.0f} img/s", ""),
     ]
     if "build_gpu_img_s" in res:
