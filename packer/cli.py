@@ -394,7 +394,10 @@ def info(pack: Path, as_json: bool) -> None:
     c, h, w = out["image_shape"]
     b = out["build"]
     click.echo(f"pack      {pack}")
-    click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
+    if out.get("storage") == "jpeg":
+        click.echo(f"images    {out['count']} JPEG files, up to {h}x{w} (decoded when read)")
+    else:
+        click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
     click.echo(f"on disk   {_human_bytes(out['bytes'])}")
     if b.get("labels_table"):
         click.echo(

@@ -861,4 +861,6 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "build": j["build"],
         "skipped": j["skipped"],
         "format_version": m.version,
+        # only for other storage than raw, so raw packs' info stays as it was
+        **({"storage": m.storage, "jpeg_bytes": m.jpeg_bytes} if m.storage != "raw" else {}),
     }
