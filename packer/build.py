@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import io
 import json
 import logging
 import multiprocessing as mp
@@ -52,7 +53,16 @@ from typing import Any
 import numpy as np
 
 from ._version import __version__
-from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into, jpeg_for_pack
+from .decode import (
+    DEFAULT_MAX_PIXELS,
+    RESIZE_MODES,
+    ResizeSpec,
+    decode_into,
+    jpeg_for_pack,
+    jpeg_frame,
+    open_image,
+    open_regular,
+)
 from .errors import (
     DecodeError,
     InputError,
@@ -483,6 +493,55 @@ def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None
             out.append((buf.tobytes(), size))
         except DecodeError as e:
             out.append((None, str(e)))
+    return out
+
+
+def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None:
+    """(w, h) if ``data`` is a JPEG the GPU decodes as the CPU path would see it
+    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
+    marker), else None. CMYK fails in nvjpeg; a truncated file decodes there without
+    an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
+    frame = jpeg_frame(data)
+    if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
+        return None
+    if frame[2] not in (1, 3) or not data.endswith(b"\xff\xd9"):
+        return None
+    try:
+        with open_image(io.BytesIO(data), path) as im:
+            if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:
+                return None
+            if im.getexif().get(0x0112, 1) not in (0, 1):
+                return None
+            return im.size
+    except Exception:  # anything odd: the CPU path decides, and names the reason
+        return None
+
+
+def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, Any]]:
+    """--device cuda, in a CPU worker: per path ("jpeg", file bytes, (w, h)) for the GPU,
+    else the CPU build's own decode: ("row", row bytes, upright (w, h)) or
+    ("skip", reason, None)."""
+    out: list[tuple[str, Any, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            with open_regular(p) as f:
+                data = f.read()
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
+            continue
+        except OSError as e:
+            out.append(("skip", f"cannot read: {e.strerror}", None))
+            continue
+        size = _gpu_jpeg(data, p, spec.max_pixels)
+        if size is not None:
+            out.append(("jpeg", data, size))
+            continue
+        try:
+            out.append(("row", None, decode_into(p, spec, buf)))
+            out[-1] = ("row", buf.tobytes(), out[-1][2])
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
     return out
 
 

@@ -3,7 +3,7 @@
 Called by :mod:`packer.build` in place of its worker pool's decode; everything else
 (plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
 
-    read files + classify (threads) --GPU-able JPEGs--> packer.jpeg.decode_batch (nvjpeg)
+    CPU workers read + classify files --GPU-able JPEGs--> packer.jpeg.decode_batch (nvjpeg)
         -> pad_batch -> resize_batch (build's --resize boxes) -> pinned host rows
     the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
         workers' decode (packer.decode, as the CPU build), in parallel
@@ -17,46 +17,23 @@ by ``tests/test_build_gpu.py`` and recorded in the manifest as ``build.device``.
 
 from __future__ import annotations
 
-import io
+import contextlib
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from .decode import _EXIF_ORIENTATION, ResizeSpec, jpeg_frame, open_image
+from .decode import ResizeSpec
 from .errors import PackerError
 from .format import digest, image_bytes
 
 log = logging.getLogger(__name__)
 
 GROUP_CHUNKS = 4  # chunks (<= 64 images each) decoded as one GPU batch
-
-
-def _classify(path: str, max_pixels: int) -> tuple[bytes | None, tuple[int, int] | None]:
-    """(bytes, (w, h)) of a JPEG the GPU decodes as the CPU path would see it
-    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
-    marker), else (None, None). CMYK fails in nvjpeg; a truncated file decodes there
-    without an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        frame = jpeg_frame(data)
-        if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
-            return None, None
-        if not data.endswith(b"\xff\xd9"):  # truncated: batched nvjpeg would not say so
-            return None, None
-        with open_image(io.BytesIO(data), path) as im:
-            if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:
-                return None, None
-            if im.getexif().get(_EXIF_ORIENTATION, 1) not in (0, 1):
-                return None, None
-            return data, im.size
-    except Exception:  # anything odd: the CPU path decides, and names the reason
-        return None, None
 
 
 def _gpu_rows(
@@ -100,41 +77,44 @@ def decode_chunks_batched(
     device: torch.device,
     pool: ProcessPoolExecutor | None,
     record: Callable[[tuple[Any, ...]], None],
-    threads: int | None = None,
+    ahead: int = 2,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
     calling ``record((chunk, skips, sizes, sha))`` per chunk in order, as the CPU
-    workers' ``_decode_chunk`` results are recorded."""
+    workers' ``_decode_chunk`` results are recorded.
+
+    The CPU workers read every file and classify it (``build._read_for_gpu``), decoding
+    themselves what the GPU cannot take; ``ahead`` groups are in flight there while
+    this process decodes the current group's JPEGs on the GPU.
+    """
     row = image_bytes(spec.shape)
-    io_pool = ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1))
     fd = os.open(rows_path, os.O_WRONLY)
     groups = [chunks[i : i + GROUP_CHUNKS] for i in range(0, len(chunks), GROUP_CHUNKS)]
-
-    def classify(group: list[tuple[int, int, list[str]]]) -> list[Future[Any]]:
-        return [io_pool.submit(_classify, p, spec.max_pixels) for c in group for p in c[2]]
-
+    queue = [_submit_read(pool, [p for c in g for p in c[2]], spec) for g in groups[:ahead]]
     try:
-        ahead = classify(groups[0]) if groups else []
         for g, group in enumerate(groups):
-            found = [f.result() for f in ahead]
-            if g + 1 < len(groups):
-                ahead = classify(groups[g + 1])  # the next group's reads overlap this one
+            found = queue.pop(0)()
+            if g + ahead < len(groups):
+                nxt = groups[g + ahead]
+                queue.append(_submit_read(pool, [p for c in nxt for p in c[2]], spec))
             paths = [p for c in group for p in c[2]]
-            gpu = [i for i, (d, _) in enumerate(found) if d is not None]
-            cpu = [i for i, (d, _) in enumerate(found) if d is None]
-            cpu_fut = _submit_cpu(pool, [paths[i] for i in cpu], spec)
-            rows = _gpu_rows([found[i][0] for i in gpu], spec, device) if gpu else []
+            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]
+            rows = _gpu_rows([found[i][1] for i in gpu], spec, device) if gpu else []
             result: dict[int, tuple[bytes | None, Any]] = {}
             retry = []
+            for i, f in enumerate(found):
+                if f[0] == "row":
+                    result[i] = (f[1], f[2])
+                elif f[0] == "skip":
+                    result[i] = (None, f[1])
             for i, r in zip(gpu, rows):
                 if r is None:
                     retry.append(i)
                 else:
-                    result[i] = (r.tobytes(), found[i][1])
-            for i, r in zip(cpu, cpu_fut()):
-                result[i] = r
+                    result[i] = (r.tobytes(), found[i][2])
             if retry:  # failed on the GPU: the CPU decides (and names the reason)
-                for i, r in zip(retry, _submit_cpu(pool, [paths[i] for i in retry], spec)()):
+                redo = _submit_cpu(pool, [paths[i] for i in retry], spec)()
+                for i, r in zip(retry, redo):
                     result[i] = r
             k = 0
             for chunk, start, cpaths in group:
@@ -156,21 +136,34 @@ def decode_chunks_batched(
                 record((chunk, skips, sizes, digest(mv)))
     finally:
         os.close(fd)
-        io_pool.shutdown(wait=True, cancel_futures=True)
+        for get in queue:  # an error: let the reads in flight finish before returning
+            with contextlib.suppress(Exception):
+                get()
+
+
+def _spread(pool: ProcessPoolExecutor | None, fn: Any, paths: list[str], spec: ResizeSpec):
+    if not paths:
+        return lambda: []
+    if pool is None:
+        return lambda: fn(paths, spec)
+    step = max(1, -(-len(paths) // 16))
+    futs = [pool.submit(fn, paths[i : i + step], spec) for i in range(0, len(paths), step)]
+    return lambda: [r for f in futs for r in f.result()]
+
+
+def _submit_read(
+    pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
+) -> Callable[[], list[tuple[str, Any, Any]]]:
+    """Start reading/classifying ``paths`` on the CPU workers; return a getter."""
+    from .build import _read_for_gpu  # in build: the workers import no torch
+
+    return _spread(pool, _read_for_gpu, paths, spec)
 
 
 def _submit_cpu(
     pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
 ) -> Callable[[], list[tuple[bytes | None, Any]]]:
     """Start decoding ``paths`` on the CPU workers (spread over them); return a getter."""
-    from .build import _decode_paths  # in build: the workers import no torch
+    from .build import _decode_paths
 
-    if not paths:
-        return lambda: []
-    if pool is None:
-        return lambda: _decode_paths(paths, spec)
-    step = max(1, -(-len(paths) // 16))
-    futs = [
-        pool.submit(_decode_paths, paths[i : i + step], spec) for i in range(0, len(paths), step)
-    ]
-    return lambda: [r for f in futs for r in f.result()]
+    return _spread(pool, _decode_paths, paths, spec)
