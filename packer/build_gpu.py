@@ -33,7 +33,7 @@ from .format import digest, image_bytes
 
 log = logging.getLogger(__name__)
 
-GROUP_CHUNKS = 4  # chunks (<= 64 images each) decoded as one GPU batch
+GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
 
 
 def _gpu_rows(
@@ -89,7 +89,8 @@ def decode_chunks_batched(
     """
     row = image_bytes(spec.shape)
     fd = os.open(rows_path, os.O_WRONLY)
-    groups = [chunks[i : i + GROUP_CHUNKS] for i in range(0, len(chunks), GROUP_CHUNKS)]
+    per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
+    groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
     queue = [_submit_read(pool, [p for c in g for p in c[2]], spec) for g in groups[:ahead]]
     try:
         for g, group in enumerate(groups):
