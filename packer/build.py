@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import io
 import json
 import logging
 import multiprocessing as mp
@@ -45,14 +46,23 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._version import __version__
-from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
+from .decode import (
+    DEFAULT_MAX_PIXELS,
+    RESIZE_MODES,
+    ResizeSpec,
+    decode_into,
+    jpeg_for_pack,
+    jpeg_frame,
+    open_image,
+    open_regular,
+)
 from .errors import (
     DecodeError,
     InputError,
@@ -64,7 +74,12 @@ from .format import (
     DATA_DIR,
     FORMAT_VERSION,
     IMAGES_FILE,
+    JPEG_FILE,
+    JPEG_STORAGE_VERSION,
     LABELS_FILE,
+    LENGTHS_FILE,
+    OFFSETS_FILE,
+    SIZES_FILE,
     TARGETS_FILE,
     BuildInfo,
     Checksums,
@@ -128,6 +143,10 @@ class BuildConfig:
     allow_new_classes: bool = False
     labels: Path | None = None
     targets: tuple[str, ...] = ()
+    store: str = "raw"  # "raw": uint8 rows of ``size``; "jpeg": each image's JPEG file
+    quality: int = 3  # --store jpeg: re-encode quality, ffmpeg's -q:v scale (2 best..31)
+    max_side: int | None = None  # --store jpeg: longest stored side; larger are re-encoded
+    device: str = "cpu"  # "cpu" (worker processes), "cuda" (batched nvjpeg), "auto"
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -155,6 +174,22 @@ class BuildConfig:
                 "--targets names columns of a label table; give the table with --labels TABLE"
             )
         check_target_names(list(self.targets))
+        if self.store not in STORES:
+            raise UsageError(f"--store must be one of {', '.join(STORES)}, not {self.store!r}")
+        if not 2 <= self.quality <= 31:
+            raise UsageError(f"--quality must be 2 (best) to 31 (worst), not {self.quality}")
+        if self.max_side is not None:
+            if self.store != "jpeg":
+                raise UsageError("--max-side bounds stored JPEGs; use it with --store jpeg")
+            if not 1 <= self.max_side <= 65536:
+                raise UsageError(f"--max-side must be 1 to 65536 pixels, not {self.max_side}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise UsageError(f"--device must be cpu, cuda or auto, not {self.device!r}")
+        if self.store == "jpeg" and self.device not in ("cpu", "auto"):
+            raise UsageError(
+                "--device cuda decodes and resizes raw packs; --store jpeg stores the "
+                "files as they are (they are decoded on the GPU when read)"
+            )
         if self.allow_new_classes and self.classes is None:
             raise UsageError(
                 "--allow-new-classes extends a fixed class map; give the map with --classes"
@@ -163,6 +198,37 @@ class BuildConfig:
     @property
     def spec(self) -> ResizeSpec:
         return ResizeSpec(self.size[0], self.size[1], self.resize, self.max_pixels)
+
+
+STORES = ("raw", "jpeg")
+# --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
+# batched code run on the CPU, 500x375 q90 photos-like JPEGs: mean 0.15-1.2, p99 1-12;
+# nvjpeg adds its IDCT rounding): the mean absolute difference per pixel value, at most
+GPU_TOLERANCE = {"mean_abs": 2.0}
+
+
+def _build_device(config: BuildConfig) -> Any:
+    """None for the CPU path, else the torch.device of the batched GPU path.
+    ``--device cuda`` without CUDA is a usage error (exit 2)."""
+    if config.device == "cpu" or config.store == "jpeg":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        if config.device == "auto":
+            return None
+        raise UsageError(
+            f"--device {config.device}: no CUDA device is available to this process; "
+            "use --device cpu (or auto, which falls back to the CPU)"
+        )
+    return torch.device("cuda" if config.device == "auto" else config.device)
+
+
+CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
+
+
+def _chunk_file(work: Path | str, chunk: int) -> Path:
+    return Path(work) / CHUNKS_DIR / f"{chunk:08d}.jpg"
 
 
 @dataclass
@@ -309,6 +375,7 @@ class _WorkerState:
 
     rows_path: str
     spec: ResizeSpec
+    store: tuple[str, int, int | None] = ("raw", 3, None)  # (store, quality, max_side)
     fd: int | None = None  # the rows file, opened at the first chunk
     sync_file_range: Any = None  # libc's, on Linux
 
@@ -328,7 +395,9 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
+def _worker_init(
+    rows_path: str, spec: ResizeSpec, store: tuple[str, int, int | None] = ("raw", 3, None)
+) -> None:
     global _worker
     _die_with_parent()
     # The parent handles Ctrl-C and SIGTERM and then kills its workers; a worker
@@ -336,7 +405,7 @@ def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the rows file is opened at the first chunk: the pool starts before the file exists
-    _worker = _WorkerState(rows_path, spec)
+    _worker = _WorkerState(rows_path, spec, store)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
@@ -379,10 +448,118 @@ def _decode_chunk(
     return chunk, skips, sizes, digest(mv)
 
 
+def _encode_chunk(
+    task: tuple[int, int, list[str]],
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, Any]]:
+    """--store jpeg: the JPEG file of each image of a chunk, written back to back to the
+    chunk's own file in the work folder; return skips, source sizes, the file's SHA-256
+    and each image's stored byte length and (height, width) (0 and [0, 0] for skips)."""
+    chunk, start, paths = task
+    state = _worker
+    assert state is not None, "_worker_init was not run in this process"
+    _, quality, max_side = state.store
+    parts: list[bytes] = []
+    skips: list[list[Any]] = []
+    sizes: list[list[int]] = []
+    lengths: list[int] = []
+    stored: list[list[int]] = []
+    reencoded = 0
+    for i, path in enumerate(paths):
+        try:
+            data, hw, upright, again = jpeg_for_pack(path, max_side, quality, state.spec.max_pixels)
+        except DecodeError as e:
+            skips.append([start + i, str(e)])
+            sizes.append([0, 0])
+            lengths.append(0)
+            stored.append([0, 0])
+            continue
+        parts.append(data)
+        sizes.append(list(upright))
+        lengths.append(len(data))
+        stored.append(list(hw))
+        reencoded += again
+    blob = b"".join(parts)
+    path = _chunk_file(Path(state.rows_path).parent, chunk)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        mv, done = memoryview(blob), 0
+        while done < len(mv):
+            done += os.write(fd, mv[done:])
+        if state.sync_file_range is not None:
+            state.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(len(mv)), 2)
+    finally:
+        os.close(fd)
+    extra = {"lengths": lengths, "stored": stored, "reencoded": reencoded}
+    return chunk, skips, sizes, digest(blob), extra
+
+
+def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, Any]]:
+    """--device cuda: the inputs the GPU does not take, decoded by a CPU worker exactly
+    as ``_decode_chunk`` does; per path (row bytes, upright (w, h)) or (None, reason)."""
+    out: list[tuple[bytes | None, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            size = decode_into(p, spec, buf)
+            out.append((buf.tobytes(), size))
+        except DecodeError as e:
+            out.append((None, str(e)))
+    return out
+
+
+def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None:
+    """(w, h) if ``data`` is a JPEG the GPU decodes as the CPU path would see it
+    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
+    marker), else None. CMYK fails in nvjpeg; a truncated file decodes there without
+    an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
+    frame = jpeg_frame(data)
+    if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
+        return None
+    if frame[2] not in (1, 3) or not data.endswith(b"\xff\xd9"):
+        return None
+    try:
+        with open_image(io.BytesIO(data), path) as im:
+            if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:
+                return None
+            if im.getexif().get(0x0112, 1) not in (0, 1):
+                return None
+            return im.size
+    except Exception:  # anything odd: the CPU path decides, and names the reason
+        return None
+
+
+def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, Any]]:
+    """--device cuda, in a CPU worker: per path ("jpeg", file bytes, (w, h)) for the GPU,
+    else the CPU build's own decode: ("row", row bytes, upright (w, h)) or
+    ("skip", reason, None)."""
+    out: list[tuple[str, Any, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            with open_regular(p) as f:
+                data = f.read()
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
+            continue
+        except OSError as e:
+            out.append(("skip", f"cannot read: {e.strerror}", None))
+            continue
+        size = _gpu_jpeg(data, p, spec.max_pixels)
+        if size is not None:
+            out.append(("jpeg", data, size))
+            continue
+        try:
+            out.append(("row", None, decode_into(p, spec, buf)))
+            out[-1] = ("row", buf.tobytes(), out[-1][2])
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
+    return out
+
+
 # ---------------------------------------------------------------- the build
 
 
-def _fingerprint(plan: _Labels, config: BuildConfig) -> str:
+def _fingerprint(plan: _Labels, config: BuildConfig, device: Any = None) -> str:
     """What the rows and labels of the work folder depend on: a rerun resumes only when
     this is unchanged (options, class map, table and targets, every source's stat)."""
     scan = plan.scan
@@ -392,6 +569,10 @@ def _fingerprint(plan: _Labels, config: BuildConfig) -> str:
             [FORMAT_VERSION, list(config.size), config.resize, config.max_pixels, scan.classes]
         ).encode()
     )
+    if device is not None:  # other pixels than the CPU path: never mixed with its chunks
+        h.update(json.dumps(["device", device.type]).encode())
+    if config.store != "raw":  # only then, so raw builds keep their fingerprint
+        h.update(json.dumps([config.store, config.quality, config.max_side]).encode())
     if plan.table_sha256 is not None or plan.class_map is not None:
         # only with --classes/--labels, so plain builds keep their fingerprint
         targets = b"" if plan.targets is None else plan.targets.astype("<f4").tobytes()
@@ -427,6 +608,7 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
+    device = _build_device(config)
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
@@ -437,7 +619,7 @@ def build(
         with dest_lock(dst) as work:
             recover_trash(dst)
             check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
-            result = _build_locked(plan, dst, work, config, progress, on_start, t0)
+            result = _build_locked(plan, dst, work, config, progress, on_start, t0, device)
             result.path = given
             return result
     except OSError as e:
@@ -455,6 +637,7 @@ def _decode_all(
     new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
+    device: Any = None,
 ) -> tuple[float, int]:
     """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
 
@@ -465,7 +648,18 @@ def _decode_all(
     """
     n_total = len(scan.entries)
     done = state.done
-    if done and (work / ROWS_FILE).exists():
+    jpeg = config.store == "jpeg"
+    if jpeg and (work / ROWS_FILE).exists():
+        (work / CHUNKS_DIR).mkdir(exist_ok=True)
+        for k in [k for k in done if k < len(chunks)]:
+            try:
+                ok = digest(_chunk_file(work, k).read_bytes()) == done[k]["sha"]
+            except OSError:
+                ok = False
+            if not ok:
+                log.info("chunk %d of %s did not reach the disk; redoing it", k, work)
+                del done[k]
+    elif done and (work / ROWS_FILE).exists():
         # The journal is fsynced per chunk, the data only at the end: after a power
         # loss a listed chunk may not have reached the disk. Its SHA-256 tells.
         with open(work / ROWS_FILE, "rb") as f:
@@ -486,9 +680,11 @@ def _decode_all(
 
     with open(work / JOURNAL, "a", encoding="utf-8") as journal:
 
-        def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
-            chunk, skips, sizes, sha = res
+        def record(res: tuple[Any, ...]) -> None:
+            chunk, skips, sizes, sha = res[:4]
             rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
+            if len(res) > 4:
+                rec.update(res[4])
             journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
             journal.flush()
             os.fsync(journal.fileno())
@@ -498,16 +694,20 @@ def _decode_all(
             if progress:
                 progress(len(sizes))
 
-        if pool is None:  # in this process: no signal or parent-death handling of a worker
+        if device is not None:  # --device cuda: batched on the GPU, the rest on the workers
+            from .build_gpu import decode_chunks_batched
+
+            decode_chunks_batched(pending, config.spec, str(work / ROWS_FILE), device, pool, record)
+        elif pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
-            _worker = _WorkerState(str(work / ROWS_FILE), config.spec)
+            _worker = _WorkerState(str(work / ROWS_FILE), config.spec, _store(config))
             try:
                 for c in pending:
-                    record(_decode_chunk(c))
+                    record(_chunk_fn(config)(c))
             finally:
                 _worker.close()
                 _worker = None
-        elif not _run_chunks(pool, pending, done, record):
+        elif not _run_chunks(pool, pending, done, record, _chunk_fn(config)):
             # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
             # an operator's kill): the unfinished chunks get one fresh pool.
             _stop_pool(pool)
@@ -515,7 +715,7 @@ def _decode_all(
             log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
             retry = new_pool()
             try:
-                ok = _run_chunks(retry, left, done, record)
+                ok = _run_chunks(retry, left, done, record, _chunk_fn(config))
             finally:
                 _stop_pool(retry)
             if not ok:  # the pool cannot tell which image a dead worker was on
@@ -528,15 +728,24 @@ def _decode_all(
     return (t_first or [time.perf_counter()])[0], resumed
 
 
+def _store(config: BuildConfig) -> tuple[str, int, int | None]:
+    return (config.store, config.quality, config.max_side)
+
+
+def _chunk_fn(config: BuildConfig) -> Callable[[tuple[int, int, list[str]]], tuple[Any, ...]]:
+    return _encode_chunk if config.store == "jpeg" else _decode_chunk
+
+
 def _run_chunks(
     pool: ProcessPoolExecutor,
     chunks: list[tuple[int, int, list[str]]],
     done: dict[int, dict[str, Any]],
-    record: Callable[[tuple[int, list[list[Any]], list[list[int]], str]], None],
+    record: Callable[[tuple[Any, ...]], None],
+    fn: Callable[[tuple[int, int, list[str]]], tuple[Any, ...]] = _decode_chunk,
 ) -> bool:
-    """Decode ``chunks`` in ``pool``, recording each; False if the pool broke (a worker
-    died), after recording every chunk that had finished before."""
-    futures = [pool.submit(_decode_chunk, c) for c in chunks]
+    """Run ``fn`` on ``chunks`` in ``pool``, recording each; False if the pool broke (a
+    worker died), after recording every chunk that had finished before."""
+    futures = [pool.submit(fn, c) for c in chunks]
     try:
         for fut in as_completed(futures):
             record(fut.result())
@@ -549,7 +758,12 @@ def _run_chunks(
         return False
 
 
-def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolExecutor:
+def _start_pool(
+    workers: int,
+    rows_path: Path,
+    spec: ResizeSpec,
+    store: tuple[str, int, int | None] = ("raw", 3, None),
+) -> ProcessPoolExecutor:
     """A process pool whose workers boot now, while this process prepares the work dir.
 
     concurrent.futures rather than multiprocessing.Pool: when a worker dies,
@@ -561,7 +775,10 @@ def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolE
         # the fork server imports the decoder once; each worker forks from it ready to go
         ctx.set_forkserver_preload(["packer.build"])
     pool = ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=_worker_init, initargs=(str(rows_path), spec)
+        workers,
+        mp_context=ctx,
+        initializer=_worker_init,
+        initargs=(str(rows_path), spec, store),
     )
     for _ in range(workers):  # processes start as tasks arrive
         pool.submit(_warm_up)
@@ -585,22 +802,23 @@ def _build_locked(
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
     t0: float,
+    device: Any = None,
 ) -> BuildResult:
     spec = config.spec
     scan = plan.scan
     n_total = len(scan.entries)
-    row = image_bytes(spec.shape)
+    row = image_bytes(spec.shape) if config.store == "raw" else 0
     block = block_rows_for(n_total)
     chunks = [
         (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
         for k in range((n_total + block - 1) // block)
     ]
-    fingerprint = _fingerprint(plan, config)
+    fingerprint = _fingerprint(plan, config, device)
     workers = min(config.workers or default_workers(), len(chunks))
 
     # started first: its processes boot while this one fingerprints and preallocates
     def new_pool() -> ProcessPoolExecutor:
-        return _start_pool(workers, work / ROWS_FILE, spec)
+        return _start_pool(workers, work / ROWS_FILE, spec, _store(config))
 
     pool = new_pool() if workers > 1 else None
     try:
@@ -612,7 +830,7 @@ def _build_locked(
                 on_start(n_total, n_total)
         else:
             t_first, resumed = _decode_all(
-                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, device
             )
         if pool is not None:
             pool.shutdown(wait=True)
@@ -621,7 +839,7 @@ def _build_locked(
             _stop_pool(pool)
         raise
     t_decoded = time.perf_counter()
-    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint)
+    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint, device)
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
@@ -647,6 +865,7 @@ def _finalize(
     resumed: int,
     t0: float,
     fingerprint: str,
+    device: Any = None,
 ) -> BuildResult:
     """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
 
@@ -684,7 +903,11 @@ def _finalize(
         )
     images_path = work / DATA_DIR / IMAGES_FILE
     (work / DATA_DIR).mkdir(exist_ok=True)
-    if (work / ROWS_FILE).exists():
+    jpeg: dict[str, Any] = {}
+    if config.store == "jpeg":
+        jpeg = _assemble_jpeg(work, done, block)
+        shas = jpeg["shas"]
+    elif (work / ROWS_FILE).exists():
         fd = os.open(work / ROWS_FILE, os.O_RDONLY)
         try:
             os.fsync(fd)  # all rows durable before anything depends on them
@@ -738,17 +961,88 @@ def _finalize(
             images=tuple(shas),
             labels=digest(labels.tobytes()),
             targets=targets_sha,
+            index=jpeg.get("index", ""),
         ),
         targets=plan.target_names,
         class_map=plan.class_map,
     )
+    if device is not None:
+        extra = {"device": device.type, "tolerance": GPU_TOLERANCE}
+        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
+    if jpeg:
+        manifest = replace(
+            manifest,
+            image_shape=(3, *jpeg["max_hw"]),
+            storage="jpeg",
+            storage_version=JPEG_STORAGE_VERSION,
+            jpeg_bytes=jpeg["bytes"],
+            max_side=config.max_side,
+            quality=config.quality,
+            build=replace(manifest.build, extra={"reencoded": jpeg["reencoded"]}),
+        )
     write_pack_metadata(work, manifest)
     fsync_dir(work / DATA_DIR)
     fsync_dir(work)
     _reached("manifest")
     mark_assembled(work, fingerprint)
     _reached("assembled")
-    return _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
+    return result
+
+
+def _assemble_jpeg(work: Path, done: dict[int, dict[str, Any]], block: int) -> dict[str, Any]:
+    """--store jpeg: concatenate the chunk files, in order, into ``jpeg.memmap`` and write
+    the offsets, lengths and sizes of the kept images. Restartable: the chunk files are
+    removed only after the byte file is complete and fsynced; a rerun that finds them
+    gone hashes the byte file instead.
+
+    Returns ``shas`` (SHA-256 per block of ``block`` kept images' bytes), ``index`` (of
+    the three index files), ``bytes``, ``max_hw`` and ``reencoded``.
+    """
+    lengths: list[int] = []
+    stored: list[list[int]] = []
+    per_chunk: list[list[int]] = []
+    reencoded = 0
+    for k in sorted(done):
+        rec = done[k]
+        kept = [n for n in rec["lengths"] if n > 0]
+        per_chunk.append(kept)
+        lengths.extend(kept)
+        stored.extend(hw for n, hw in zip(rec["lengths"], rec["stored"]) if n > 0)
+        reencoded += int(rec.get("reencoded", 0))
+    lens = np.array(lengths, dtype="<i8")
+    offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype("<i8") if len(lens) else lens
+    sizes = np.array(stored, dtype="<i8").reshape(-1, 2)
+    out = work / DATA_DIR / JPEG_FILE
+    chunk_dir = work / CHUNKS_DIR
+    if (work / ROWS_FILE).exists():  # the marker: chunks not yet joined into ``out``
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "wb") as f:
+            for k in sorted(done):
+                f.write(_chunk_file(work, k).read_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        (work / ROWS_FILE).unlink()
+        fsync_dir(work)
+    shutil.rmtree(chunk_dir, ignore_errors=True)
+    shas: list[str] = []
+    with open(out, "rb") as f:
+        for b in range(0, len(lens), block):
+            shas.append(digest(f.read(int(lens[b : b + block].sum()))))
+    index = offsets.tobytes() + lens.tobytes() + sizes.tobytes()
+    _write_atomic(work / DATA_DIR / OFFSETS_FILE, offsets.tobytes())
+    _write_atomic(work / DATA_DIR / LENGTHS_FILE, lens.tobytes())
+    _write_atomic(work / DATA_DIR / SIZES_FILE, sizes.tobytes())
+    return {
+        "shas": shas,
+        "index": digest(index),
+        "bytes": int(lens.sum()),
+        "max_hw": tuple(int(v) for v in sizes.max(0)) if len(sizes) else (1, 1),
+        "reencoded": reencoded,
+    }
 
 
 def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:

@@ -180,10 +180,11 @@ def workers_option(help: str) -> Callable[[Any], Any]:
 
 def device_option(
     help: str = "Where to run: auto (CUDA if present), cpu, cuda, cuda:N.",
+    default: str = "auto",
 ) -> Callable[[Any], Any]:
     """``--device`` as given; the library turns it into a ``torch.device`` once
     (``timing.resolve_device``) and passes that on."""
-    return click.option("--device", default="auto", show_default=True, help=help)
+    return click.option("--device", default=default, show_default=True, help=help)
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -269,6 +270,36 @@ def cli() -> None:
     help="Comma-separated numeric columns of the --labels table, stored as a float32 "
     "targets [N, K] field.",
 )
+@click.option(
+    "--store",
+    type=click.Choice(["raw", "jpeg"]),
+    default="raw",
+    show_default=True,
+    help="raw: decoded uint8 rows of --size. jpeg: each image's JPEG file (whole "
+    "image, decoded and cropped in batches when read; --size is then unused).",
+)
+@click.option(
+    "--quality",
+    "-Q",
+    type=click.IntRange(2, 31),
+    default=3,
+    show_default=True,
+    help="--store jpeg: quality of re-encoded inputs (non-JPEG, CMYK, EXIF-rotated, "
+    "over --max-side), compress's scale: 2 best .. 31 worst (Pillow quality 100-3*Q).",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(1),
+    default=None,
+    help="--store jpeg: longest stored side in pixels; larger images are scaled down "
+    "and re-encoded.",
+)
+@device_option(
+    "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
+    "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
+    "tolerance in docs). auto: cuda when present.",
+    default="cpu",
+)
 @handle_errors
 @sigterm_as_interrupt
 def build(
@@ -286,6 +317,10 @@ def build(
     allow_new_classes: bool,
     labels_table: Path | None,
     targets: str | None,
+    store: str,
+    quality: int,
+    max_side: int | None,
+    device: str,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
@@ -304,6 +339,8 @@ def build(
       imgpack build ./imgs ./tensors --overwrite --json > build.json
       imgpack build ./val ./val_pack --classes ./train_pack
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
+      imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
+      imgpack build ./small ./tensors --device cuda
     """
     from .build import BuildConfig
     from .build import build as build_pack
@@ -318,6 +355,10 @@ def build(
         allow_new_classes=allow_new_classes,
         labels=labels_table,
         targets=tuple(c.strip() for c in targets.split(",")) if targets is not None else (),
+        store=store,
+        quality=quality,
+        max_side=max_side,
+        device=device,
     )
     result = _run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
     summary = (
@@ -391,7 +432,10 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     c, h, w = out["image_shape"]
     b = out["build"]
     click.echo(f"pack      {pack}")
-    click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
+    if out.get("storage") == "jpeg":
+        click.echo(f"images    {out['count']} JPEG files, up to {h}x{w} (decoded when read)")
+    else:
+        click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
     click.echo(f"on disk   {_human_bytes(out['bytes'])}")
     if b.get("labels_table"):
         click.echo(

@@ -229,6 +229,113 @@ def decode(path: str, spec: ResizeSpec) -> np.ndarray:
     return out
 
 
+# ---------------------------------------------------------------- JPEG packs
+
+# what torchvision's decode_jpeg (nvjpeg on CUDA, libjpeg on the CPU) takes as stored:
+# baseline, extended sequential or progressive Huffman JPEG, 8-bit, 1 or 3 components
+_SOF_OK = {0xC0, 0xC1, 0xC2}
+_SOF_ANY = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def pil_quality(q: int) -> int:
+    """Pillow's JPEG quality for ``--quality Q`` (ffmpeg's ``-q:v``, 2 best .. 31 worst):
+    ``100 - 3 * Q`` clamped to [5, 95], so 2 -> 94, 3 (the default) -> 91, 5 -> 85,
+    10 -> 70, 31 -> 7: about the size and look ffmpeg's mjpeg gives at that ``-q:v``."""
+    return max(5, min(95, 100 - 3 * int(q)))
+
+
+def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(SOF marker, sample precision, components) of a JPEG's frame header, or None
+    when ``data`` is not a JPEG or its header cannot be found."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            pos += 2
+            continue
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker in _SOF_ANY:
+            if pos + 10 > n:
+                return None
+            return marker, data[pos + 4], data[pos + 9]
+        if marker == 0xDA or length < 2:  # scan data before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def jpeg_for_pack(
+    path: str, max_side: int | None, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[bytes, tuple[int, int], tuple[int, int], bool]:
+    """The JPEG file to store for ``path`` in a JPEG pack.
+
+    A baseline/progressive 8-bit YCbCr or grayscale JPEG, upright (no EXIF
+    rotation), within ``max_side`` and that Pillow decodes whole, is kept byte for
+    byte (when it ends with its EOI marker: bytes appended after it are dropped by the
+    re-encode). Anything else (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic-coded,
+    oversize) is decoded as :func:`load_resized` does (upright RGB, alpha on
+    black, 16-bit scaled), its longer side scaled down to ``max_side`` (antialiased
+    bilinear) and encoded once with Pillow at :func:`pil_quality` of ``quality``.
+
+    Returns (bytes, stored (height, width), source upright (width, height),
+    re-encoded?). Raises DecodeError for an input that cannot be used.
+    """
+    try:
+        with open_regular(path) as fp:
+            data = fp.read()
+        import io
+
+        with open_image(io.BytesIO(data), path) as im:
+            w, h = im.size
+            if w * h > max_pixels:
+                raise DecodeError(
+                    f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
+                    f"{max_pixels:,} (possible decompression bomb)"
+                )
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+            upright = (h, w) if orientation in _TRANSPOSED else (w, h)
+            frame = jpeg_frame(data) if im.format == "JPEG" else None
+            keep = (
+                frame is not None
+                and frame[0] in _SOF_OK
+                and frame[1] == 8
+                and frame[2] in (1, 3)
+                and im.mode in ("RGB", "L")
+                and orientation in (0, 1)
+                and (max_side is None or max(w, h) <= max_side)
+                and data.endswith(b"\xff\xd9")  # no trailer: readers check the EOI marker
+            )
+            im.seek(0)
+            im.load()  # a truncated or corrupt file is refused here, not at read time
+            if keep:
+                return data, (h, w), upright, False
+            im = ImageOps.exif_transpose(im)
+            rgb = _to_rgb(im)
+            if max_side is not None and max(rgb.size) > max_side:
+                s = max_side / max(rgb.size)
+                size = (max(1, round(rgb.size[0] * s)), max(1, round(rgb.size[1] * s)))
+                rgb = rgb.resize(size, Image.Resampling.BILINEAR)
+            out = io.BytesIO()
+            rgb.save(out, "JPEG", quality=pil_quality(quality))
+            return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
+    except DecodeError:
+        raise
+    except Image.UnidentifiedImageError:
+        raise DecodeError("not an image Pillow can read (unknown or corrupt format)") from None
+    except MemoryError:
+        raise DecodeError("out of memory while decoding") from None
+    except Exception as e:  # hostile files can raise anything from a decoder
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise DecodeError(f"{type(e).__name__}: {msg}"[:300]) from None
+
+
 def parse_size(text: str) -> tuple[int, int]:
     """``"224"`` -> (224, 224); ``"320x240"`` -> (320, 240) as (width, height).
 
@@ -255,8 +362,11 @@ __all__ = [
     "ResizeSpec",
     "decode",
     "decode_into",
+    "jpeg_for_pack",
+    "jpeg_frame",
     "load_resized",
     "open_image",
     "open_regular",
     "parse_size",
+    "pil_quality",
 ]

@@ -10,6 +10,13 @@ A pack is a directory::
       _tensordict/targets.memmap float32 [N, K], only with ``--targets`` (C-order, little-endian)
       imgpack.json               imgpack's manifest: :class:`Manifest`
 
+A JPEG pack (``storage: "jpeg"``, ``--store jpeg``) holds, instead of ``images.memmap``::
+
+      _tensordict/jpeg.memmap    uint8 [total_bytes]: every image's JPEG file, back to back
+      _tensordict/offsets.memmap int64 [N]: where image i's bytes start in jpeg.memmap
+      _tensordict/lengths.memmap int64 [N]: how many bytes it has
+      _tensordict/sizes.memmap   int64 [N, 2]: its (height, width) in pixels, upright
+
 The two ``meta.json`` files follow tensordict's ``memmap_()`` layout, so
 tensordict can read the directory too. imgpack itself never trusts them:
 ``packer.pack.open_pack`` reads only the manifest (plain JSON, every field
@@ -49,7 +56,12 @@ TD_TYPE = "<class 'packer.pack.ImagePack'>"
 CHECKSUM = "sha256"
 MAX_MANIFEST_BYTES = 2 << 30
 MAX_COUNT = 1 << 40
-STORAGE_KINDS = ("raw",)  # "jpeg" comes next: variable-size rows with an offset table
+STORAGE_KINDS = ("raw", "jpeg")  # jpeg: variable-size JPEG files with an offset table
+JPEG_STORAGE_VERSION = 1  # the layout of a "jpeg" pack's four files, recorded in the manifest
+JPEG_FILE = "jpeg.memmap"
+OFFSETS_FILE = "offsets.memmap"
+LENGTHS_FILE = "lengths.memmap"
+SIZES_FILE = "sizes.memmap"
 DTYPE_BYTES = {"uint8": 1, "int64": 8, "float32": 4}
 LABEL_DTYPE = "int64"  # labels: int64 [N]; anything else is refused on load, never cast
 TARGET_DTYPE = "float32"  # targets: float32 [N, K]; likewise
@@ -77,6 +89,9 @@ class Layout:
     @property
     def targets(self) -> Path:
         return self.root / DATA_DIR / TARGETS_FILE
+
+    def data(self, name: str) -> Path:
+        return self.root / DATA_DIR / name
 
 
 # ---------------------------------------------------------------- the manifest
@@ -114,6 +129,7 @@ class Checksums:
     labels: str = ""
     algorithm: str = CHECKSUM
     targets: str = ""
+    index: str = ""  # jpeg packs: SHA-256 of offsets, lengths and sizes files, concatenated
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,7 @@ class FieldSpec:
     file: str
     dtype: str  # a key of DTYPE_BYTES
     row_shape: tuple[int, ...]
+    rows: int | None = None  # rows in the file; None: one per image (the pack's count)
 
     @property
     def row_bytes(self) -> int:
@@ -166,6 +183,12 @@ class Manifest:
     label_dtype: str = LABEL_DTYPE
     targets: tuple[str, ...] = ()  # column names of a float32 ``targets`` [N, K] field
     class_map: str | None = None  # where a fixed class list came from (``--classes``)
+    # storage "jpeg": bytes of jpeg.memmap, the layout version, and the build options
+    # that shaped the stored files (``--max-side``; ``--quality`` of re-encoded inputs)
+    jpeg_bytes: int = 0
+    storage_version: int = 0
+    max_side: int | None = None
+    quality: int | None = None
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -187,10 +210,19 @@ class Manifest:
     @property
     def fields(self) -> tuple[FieldSpec, ...]:
         """The memory-mapped fields of the pack, in the order tensordict writes them."""
-        out = [
-            FieldSpec("images", IMAGES_FILE, "uint8", self.image_shape),
-            FieldSpec("labels", LABELS_FILE, self.label_dtype, ()),
-        ]
+        if self.storage == "jpeg":
+            out = [
+                FieldSpec("jpeg", JPEG_FILE, "uint8", (), rows=self.jpeg_bytes),
+                FieldSpec("offsets", OFFSETS_FILE, "int64", ()),
+                FieldSpec("lengths", LENGTHS_FILE, "int64", ()),
+                FieldSpec("sizes", SIZES_FILE, "int64", (2,)),
+                FieldSpec("labels", LABELS_FILE, self.label_dtype, ()),
+            ]
+        else:
+            out = [
+                FieldSpec("images", IMAGES_FILE, "uint8", self.image_shape),
+                FieldSpec("labels", LABELS_FILE, self.label_dtype, ()),
+            ]
         if self.targets:
             out.append(FieldSpec("targets", TARGETS_FILE, TARGET_DTYPE, (len(self.targets),)))
         return tuple(out)
@@ -235,6 +267,11 @@ class Manifest:
             out["checksums"]["targets"] = self.checksums.targets
         if self.storage != "raw":
             out["storage"] = self.storage
+            out["storage_version"] = self.storage_version
+            out["jpeg_bytes"] = self.jpeg_bytes
+            out["max_side"] = self.max_side
+            out["quality"] = self.quality
+            out["checksums"]["index"] = self.checksums.index
         if self.class_map is not None:
             out["class_map"] = self.class_map
         return out
@@ -415,6 +452,17 @@ def _parse(m: Any) -> Manifest:
     )
     label_dtype, targets = _label_fields(m, n)
     class_map = _str(m, "class_map", optional=True)
+    jpeg_bytes, storage_version, max_side, quality = 0, 0, None, None
+    if storage == "jpeg":
+        storage_version = _int(m, "storage_version", "", lo=1, hi=1 << 31)
+        _want(
+            storage_version <= JPEG_STORAGE_VERSION,
+            f"jpeg storage version {storage_version} is newer than this imgpack reads "
+            f"({JPEG_STORAGE_VERSION}); upgrade imgpack",
+        )
+        jpeg_bytes = _int(m, "jpeg_bytes", "", hi=1 << 50)
+        max_side = _int(m, "max_side", "", lo=1) if m.get("max_side") is not None else None
+        quality = _int(m, "quality", "", lo=1, hi=100) if m.get("quality") is not None else None
 
     classes = _strs(_list(m, "classes"), "class names")
     _want(len(set(classes)) == len(classes), "class names must be distinct; rebuild the pack")
@@ -473,6 +521,7 @@ def _parse(m: Any) -> Manifest:
         labels=_str(ck, "labels", "checksums."),
         algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
         targets=_str(ck, "targets", "checksums.") if targets or "targets" in ck else "",
+        index=_str(ck, "index", "checksums.") if storage == "jpeg" else "",
     )
     _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
     _want(
@@ -496,6 +545,10 @@ def _parse(m: Any) -> Manifest:
         label_dtype=label_dtype,
         targets=targets,
         class_map=class_map,
+        jpeg_bytes=jpeg_bytes,
+        storage_version=storage_version,
+        max_side=max_side,
+        quality=quality,
     )
 
 
@@ -777,7 +830,7 @@ def check_files(root: Path, m: Manifest) -> None:
         if not path.resolve().is_relative_to(real_root):
             raise _fail(root, f"{rel} points outside the pack; refusing it")
         size = path.stat().st_size
-        want = n * spec.row_bytes
+        want = (n if spec.rows is None else spec.rows) * spec.row_bytes
         if size != want:
             shape = list(m.image_shape) if spec.name == "images" else list(spec.row_shape)
             raise _fail(
@@ -808,4 +861,6 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "build": j["build"],
         "skipped": j["skipped"],
         "format_version": m.version,
+        # only for other storage than raw, so raw packs' info stays as it was
+        **({"storage": m.storage, "jpeg_bytes": m.jpeg_bytes} if m.storage != "raw" else {}),
     }

@@ -284,11 +284,15 @@ def _apply_transform(
     return _check_transformed(transform, images, transform(images, generator=gen))
 
 
-def _check_dtypes(images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None) -> None:
-    """Refuse, never cast: the batch buffers are built for exactly these dtypes and shapes."""
-    n = len(images)
+def _check_dtypes(
+    images: torch.Tensor | None, labels: torch.Tensor, targets: torch.Tensor | None, n: int
+) -> None:
+    """Refuse, never cast: the batch buffers are built for exactly these dtypes and shapes.
+    ``images`` is None for a JPEG pack (its bytes are checked when read)."""
     got = []
-    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+    if images is not None and (
+        images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3
+    ):
         got.append(f"images {images.dtype} {list(images.shape)}")
     if labels.dtype != torch.int64 or tuple(labels.shape) != (n,):
         got.append(f"labels {labels.dtype} {list(labels.shape)}")
@@ -416,6 +420,15 @@ class PackLoader:
       resident: copy the streamed rows to ``device`` once and gather there (for
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
+      image_size, train: JPEG packs only (``imgpack build --store jpeg``): the side
+        (or (h, w)) of the yielded images, and the default crop: ``train=True``
+        RandomResizedCrop + horizontal flip, ``False`` the centre 87.5% of the
+        shorter side (Resize(S/0.875) + CenterCrop(S)). A ``transform`` starting with
+        RandomResizedCrop/CenterCrop/Resize((h, w)) replaces the default crop, its
+        boxes drawn relative to each image's own size. Images are decoded in
+        batches on ``device`` (nvjpeg on CUDA, a thread pool on the CPU) and
+        cropped/resized in one batched call; a damaged offset or JPEG raises
+        PackFormatError naming the image.
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -465,6 +478,8 @@ class PackLoader:
         prefetch: int = 4,
         resident: bool = False,
         populate: bool = False,
+        image_size: int | tuple[int, int] | None = None,
+        train: bool = True,
     ) -> None:
         if isinstance(pack, (str, os.PathLike)):
             pack = open_pack(Path(pack))
@@ -477,6 +492,21 @@ class PackLoader:
         drop_last = _bool_arg("drop_last", drop_last)
         resident = _bool_arg("resident", resident)
         populate = _bool_arg("populate", populate)
+        self._crop = None
+        if getattr(pack, "storage", "raw") == "jpeg":
+            from .jpeg import crop_for
+
+            if resident:
+                raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
+            try:
+                self._crop = crop_for(transform, image_size, train)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        elif image_size is not None:
+            raise UsageError(
+                "image_size is for JPEG packs; a raw pack's images have the size it was "
+                "built with (crop or resize them with transform=)"
+            )
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         if transform is not None and not callable(transform):
@@ -494,13 +524,15 @@ class PackLoader:
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._images = pack.images
+        self._images = pack.images if self._crop is None else pack.jpeg
         self._labels = pack.labels
         self._targets: torch.Tensor | None = getattr(pack, "targets", None)
-        _check_dtypes(self._images, self._labels, self._targets)
+        _check_dtypes(
+            self._images if self._crop is None else None, self._labels, self._targets, len(pack)
+        )
         self._rows = None if indices is None else _check_indices(indices, len(pack))
         self._n = len(pack) if self._rows is None else len(self._rows)
-        self._shape = tuple(pack.images.shape[1:])
+        self._shape = tuple(pack.images.shape[1:]) if self._crop is None else (3, *self._crop.size)
         self._digest = _rows_digest(self._rows, len(pack), self._shape)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
@@ -807,7 +839,9 @@ class _EpochIterator:
         self.started = True
         self.epoch, self.next_batch, self.serial = ld._start_pass()
         pos = ld._positions(self.epoch)
-        if getattr(ld.transform, "accepts_generator", False):
+        if getattr(ld.transform, "accepts_generator", False) or (
+            ld._crop is not None and ld._crop.random
+        ):
             self._gen = torch.Generator()
         if ld.resident:
             if ld._resident is None:
@@ -823,7 +857,7 @@ class _EpochIterator:
         rows = pos if ld._rows is None else ld._rows[pos]
         shared = ld._shared_here()
         slots = None
-        if ld.device.type == "cuda":
+        if ld.device.type == "cuda" and ld._crop is None:
             ntargets = None if ld._targets is None else ld._targets.shape[1]
             slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device)
         p = _Pass(
@@ -843,6 +877,7 @@ class _EpochIterator:
             transform=ld.transform,
             gen=self._gen,
             seeds=(ld.seed, self.epoch, ld.rank),
+            jpeg=None if ld._crop is None else (ld.pack, ld._crop),
         )
         self._pass = p
         self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
@@ -941,8 +976,10 @@ class _Pass:
         transform: Callable[..., torch.Tensor] | None,
         gen: torch.Generator | None,
         seeds: tuple[int, int, int],
+        jpeg: tuple[Any, Any] | None = None,
     ) -> None:
-        row = math.prod(src.shape[1:])
+        self.jpeg = jpeg
+        row = math.prod(src.shape[1:]) if jpeg is None else 1
         # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
         self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
         self.shape = tuple(src.shape[1:])
@@ -1024,6 +1061,49 @@ class _Pass:
             if not self.put((images, labels, targets, None)):
                 return
 
+    def run_jpeg(self) -> None:
+        """JPEG packs: per batch, read the files (offsets checked), decode them in one
+        batch on the device, crop/resize all at once, run the rest of the transform.
+
+        On CUDA the work runs on a side stream and the batch carries a ready event,
+        as the raw path's batches do; the queue keeps up to ``prefetch`` ahead.
+        """
+        from .jpeg import decode_batch, pad_batch, resize_batch
+
+        pack, crop = self.jpeg  # type: ignore[misc]
+        dev = self.device
+        cuda = dev.type == "cuda"
+        stream = torch.cuda.Stream(dev) if cuda else None
+        for b, idx in self.batches():
+            if self.gen is not None:
+                self.gen.manual_seed(batch_seed(*self.seeds, b))
+            datas = pack.read(idx)
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                imgs = decode_batch(
+                    datas, dev, indices=idx.tolist(), pool=None if cuda else self.pool
+                )
+                batch, sizes = pad_batch(imgs)
+                del imgs
+                boxes, flip = crop.boxes(sizes, self.gen)
+                images = resize_batch(batch, sizes, crop.size, boxes=boxes, flip=flip)
+                del batch
+                images = crop.after(images, self.gen)
+                labels = torch.from_numpy(np.take(self.labels, idx, 0))
+                targets = None
+                if self.targets is not None:
+                    targets = torch.from_numpy(np.take(self.targets, idx, 0))
+                ready = None
+                if cuda:
+                    labels = labels.pin_memory().to(dev, non_blocking=True)
+                    if targets is not None:
+                        targets = targets.pin_memory().to(dev, non_blocking=True)
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+            if not self.put((images, labels, targets, ready)):
+                return
+        if stream is not None:
+            stream.synchronize()
+
     def run_cuda(self) -> None:
         """Gather several batches at once (one pinned slot each), ship them in order.
 
@@ -1093,7 +1173,13 @@ class _Pass:
 
 def _produce(p: _Pass) -> None:
     try:
-        if p.slots is not None:
+        if p.jpeg is not None:
+            if p.device.type == "cuda":
+                with torch.cuda.device(p.device):
+                    p.run_jpeg()
+            else:
+                p.run_jpeg()
+        elif p.slots is not None:
             with torch.cuda.device(p.device):
                 p.run_cuda()
         else:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
@@ -135,14 +137,17 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     n = manifest.count
     tensors = {}
     for spec in manifest.fields:
-        shape = (n, *spec.row_shape)
+        shape = (n if spec.rows is None else spec.rows, *spec.row_shape)
         dtype = _TORCH_DTYPES[spec.dtype]
-        if n == 0:
+        if shape[0] == 0:
             tensors[spec.name] = torch.empty(shape, dtype=dtype)
         else:
             tensors[spec.name] = MemoryMappedTensor.from_filename(
                 root / DATA_DIR / spec.file, dtype, shape, mode="r"
             )
+    if manifest.storage == "jpeg":
+        check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
+        return JpegPack(tensors, manifest, root)
     if not {"images", "labels"} <= set(tensors) <= {"images", "labels", "targets"}:
         raise PackFormatError(
             f"{root}: holds fields {sorted(tensors)} this imgpack cannot open; upgrade imgpack"
@@ -160,3 +165,90 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     pack.__dict__["_imgpack_classes"] = list(manifest.classes)
     pack.__dict__["_imgpack_sources"] = list(manifest.sources)
     return pack
+
+
+class JpegPack:
+    """A pack of JPEG files (``imgpack build --store jpeg``), opened read-only.
+
+    Fields (memory-mapped, read-only):
+      jpeg: Tensor[total_bytes], uint8: every image's JPEG file, back to back.
+      offsets, lengths: Tensor[N], int64: where image i's bytes are in ``jpeg``.
+      sizes: Tensor[N, 2], int64: image i's (height, width), upright.
+      labels: Tensor[N], int64; targets: Tensor[N, K] float32 or None.
+    Plus ``classes``, ``class_to_idx``, ``target_names``, ``sources``, ``manifest``,
+    ``path`` as :class:`ImagePack`. Stream it with
+    ``PackLoader(pack, B, image_size=S)``; :meth:`decode` decodes a few images.
+    The offsets are never trusted: :meth:`read` checks each one.
+    """
+
+    storage = "jpeg"
+
+    def __init__(self, tensors: dict[str, torch.Tensor], manifest: Manifest, root: Path) -> None:
+        self.jpeg = tensors["jpeg"]
+        self.offsets = tensors["offsets"]
+        self.lengths = tensors["lengths"]
+        self.sizes = tensors["sizes"]
+        self.labels = tensors["labels"]
+        self.targets = tensors.get("targets")
+        self.manifest = manifest
+        self.path = root
+        self.classes = list(manifest.classes)
+        self.sources = list(manifest.sources)
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return dict(self.manifest.class_to_idx)
+
+    @property
+    def target_names(self) -> list[str]:
+        return list(self.manifest.targets)
+
+    @property
+    def images(self) -> torch.Tensor:
+        raise UsageError(
+            f"{self.path}: a JPEG pack stores compressed files, not an images tensor; "
+            "stream it with PackLoader(pack, batch_size, image_size=S) or decode a few "
+            "with pack.decode(indices)"
+        )
+
+    def read(self, indices: Any) -> list[torch.Tensor]:
+        """The stored bytes of images ``indices`` (ints into the pack): uint8 [n_i] each,
+        views of the mapped file. Raises PackFormatError naming the first image whose
+        offset or length leaves the byte file."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+            raise UsageError(f"image index {bad} is outside the pack of {len(self)} images")
+        off = self.offsets.numpy()[idx]
+        ln = self.lengths.numpy()[idx]
+        total = self.jpeg.shape[0]
+        bad = (off < 0) | (ln < 1) | (off > total) | (ln > total - np.clip(off, 0, total))
+        if bad.any():
+            k = int(bad.argmax())
+            raise PackFormatError(
+                f"{self.path}: image {int(idx[k])}: offset {int(off[k])} + length {int(ln[k])} "
+                f"leaves the {total}-byte JPEG file; the pack is damaged, rebuild it"
+            )
+        # numpy slices of the mapping, then plain tensors: slicing the MemoryMappedTensor
+        # subclass costs tens of microseconds per image, a batch of 256 milliseconds
+        data = self._bytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only mapping: never written
+            return [torch.from_numpy(data[o : o + n]) for o, n in zip(off.tolist(), ln.tolist())]
+
+    def _bytes(self) -> np.ndarray:
+        arr = self.__dict__.get("_np")
+        if arr is None:
+            arr = self.jpeg.numpy() if self.jpeg.numel() else np.empty(0, np.uint8)
+            self.__dict__["_np"] = arr
+        return arr
+
+    def decode(self, indices: Any, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Decode images ``indices``: list of uint8 [3, h_i, w_i] in [0, 255] on ``device``."""
+        from .jpeg import decode_batch
+
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return decode_batch(self.read(idx), device, indices=idx.tolist())

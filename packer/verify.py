@@ -117,7 +117,114 @@ def _threads() -> int:
     return min(32, os.cpu_count() or 1)
 
 
+def check_jpeg_files(
+    root: Path, m: Manifest, report: VerifyReport, progress: Progress | None
+) -> None:
+    """A JPEG pack: the index files' checksum, offsets that tile the byte file in order,
+    and the SHA-256 of each block of ``block_rows`` images' bytes."""
+    from .format import JPEG_FILE, LENGTHS_FILE, OFFSETS_FILE, SIZES_FILE
+
+    lay = Layout(root)
+    raw = [lay.data(f).read_bytes() for f in (OFFSETS_FILE, LENGTHS_FILE, SIZES_FILE)]
+    off, ln = (np.frombuffer(r, dtype="<i8") for r in raw[:2])
+    ck, n = m.checksums, m.count
+    problems = []
+    if digest(b"".join(raw)) != ck.index:
+        problems.append("offsets/lengths/sizes checksum mismatch")
+    ends = np.concatenate([[0], np.cumsum(ln)]) if n else np.zeros(1, np.int64)
+    if (ln < 1).any() or not np.array_equal(off, ends[:-1]) or int(ends[-1]) != m.jpeg_bytes:
+        problems.append("offsets and lengths do not tile the JPEG file in order")
+    block, want = ck.block_rows, ck.images
+    if block < 1 or len(want) != (n + block - 1) // block:
+        problems.append(f"manifest lists {len(want)} checksums for {n} images")
+    if problems:
+        report.add("images", False, "; ".join(problems) + "; the pack is damaged, rebuild it")
+        if progress:
+            progress(n)
+        return
+    bad = []
+    with open(lay.data(JPEG_FILE), "rb") as f:
+        for k, expect in enumerate(want):
+            lo, hi = k * block, min(n, (k + 1) * block)
+            f.seek(int(ends[lo]))
+            if digest(f.read(int(ends[hi] - ends[lo]))) != expect:
+                names = ", ".join(m.sources[lo : min(hi, lo + 3)])
+                bad.append(f"block {k} (images {lo}-{hi - 1}: {names})")
+            if progress:
+                progress(hi - lo)
+    if bad:
+        report.add(
+            "images",
+            False,
+            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
+            + "; ".join(bad[:5])
+            + ". The JPEG data changed since the build; rebuild the pack",
+        )
+    else:
+        report.add("images", True, f"{n} JPEGs ({m.jpeg_bytes:,} bytes), SHA-256 match")
+
+
+def check_jpeg_sources(
+    pack: Any,
+    m: Manifest,
+    source: Path,
+    idx: list[int],
+    report: VerifyReport,
+    progress: Progress | None,
+) -> None:
+    """A JPEG pack with its source: every stored JPEG decodes (CPU, every core) to its
+    recorded size, and the sample's sources give the same stored bytes again."""
+    from .decode import jpeg_for_pack
+    from .jpeg import decode_batch
+
+    n = m.count
+    sizes = pack.sizes.numpy()
+
+    def decodes(i: int) -> str | None:
+        try:
+            img = decode_batch(pack.read([i]), "cpu", indices=[i])[0]
+        except PackerError as e:
+            return str(e)
+        if list(img.shape[1:]) != sizes[i].tolist():
+            return f"image {i}: decodes to {list(img.shape[1:])}, recorded {sizes[i].tolist()}"
+        return None
+
+    def same(i: int) -> str | None:
+        path = source / m.sources[i]
+        if not path.is_file():
+            return "missing"
+        try:
+            data, *_ = jpeg_for_pack(str(path), m.max_side, m.quality or 3, m.build.max_pixels)
+        except DecodeError:
+            return "changed"
+        return None if data == bytes(pack.read([i])[0].numpy()) else "changed"
+
+    broken, missing, changed = [], [], []
+    with ThreadPoolExecutor(_threads()) as pool:
+        for what in pool.map(decodes, range(n)):
+            if what:
+                broken.append(what)
+            if progress:
+                progress(1)
+        for i, what in zip(idx, pool.map(same, idx)):
+            (missing if what == "missing" else changed if what else []).append(m.sources[i])
+    if broken:
+        report.add("decode", False, f"{len(broken)} of {n} stored JPEGs fail: {broken[0]}")
+    else:
+        report.add("decode", True, f"all {n} stored JPEGs decode to their recorded sizes")
+    if missing or changed:
+        parts = [f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else []
+        if changed:
+            parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
+        report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
+    else:
+        report.add("sources", True, f"{len(idx)} sources in {source} give the same JPEG bytes")
+
+
 def check_images(root: Path, m: Manifest, report: VerifyReport, progress: Progress | None) -> None:
+    if m.storage == "jpeg":
+        check_jpeg_files(root, m, report, progress)
+        return
     ck = m.checksums
     block, want, n = ck.block_rows, ck.images, m.count
     if block < 1 or len(want) != (n + block - 1) // block:
@@ -261,7 +368,11 @@ def measure(
 
     log.info("timing the pack through PackLoader on %s", device)
     norm = Normalize().to(device)
-    loader = PackLoader(pack, config.batch_size, device=device, seed=0)
+    jpeg = m.storage == "jpeg"
+    # a JPEG pack is timed decoding to 224² centre crops; the folder baseline's resize
+    # follows the pack's fixed size, so it is timed for raw packs only
+    size = {"image_size": 224, "train": False} if jpeg else {}
+    loader = PackLoader(pack, config.batch_size, device=device, seed=0, **size)
     report.pack_images_per_s = time_loader(
         lambda: iter(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
     )
@@ -277,7 +388,7 @@ def measure(
             sync(device)
         prof.export_chrome_trace(str(trace))
     loader.close()
-    if source is None:
+    if source is None or jpeg:
         return
     ds, missing = baseline.pack_files(source, m, pack.labels.tolist())
     report.folder_left_out = missing + len(m.skipped)
@@ -350,17 +461,20 @@ def verify(
         report.add("files", False, str(e))
         return report
     pack = open_pack(root, m)
-    report.image_bytes = m.image_bytes
+    report.image_bytes = 3 * 224 * 224 if m.storage == "jpeg" else m.image_bytes  # as delivered
     source = _source_folder(m, config)
     source_ok = source is not None and source.is_dir()
     idx = sample_indices(m.count, config.sample) if source_ok else []
     if on_start:
-        on_start(m.count + len(idx), 0)
+        decodes = m.count if source_ok and m.storage == "jpeg" else len(idx)
+        on_start(m.count + decodes, 0)
     check_images(root, m, report, progress)
     check_labels(root, m, report)
     if source is not None and not source_ok:
         report.add("sources", False, f"{source}: source folder not found")
         source = None
+    elif source is not None and m.count and m.storage == "jpeg":
+        check_jpeg_sources(pack, m, source, idx, report, progress)
     elif source is not None and m.count:
         check_sources(pack, m, source, idx, report, progress)
     if config.throughput and m.count and report.ok:

@@ -68,7 +68,8 @@ TAMPERED = [
     (put("build.unlisted", -1), "field 'build.unlisted' is missing or not an integer"),
     (put("build.labels_table", 3), "field 'build.labels_table' is not a string"),
     (put("checksums.targets", "ab"), "'checksums.targets' must be given exactly when"),
-    (put("storage", "jpeg"), "storage 'jpeg' is not one this imgpack reads"),
+    (put("storage", "webp"), "storage 'webp' is not one this imgpack reads"),
+    (put("storage", "jpeg"), "field 'storage_version' is missing or not an integer"),
     (lambda m: m.clear(), "not an imgpack manifest"),
 ]
 RAW = [

@@ -1,0 +1,99 @@
+"""imgpack build --device (issue 18 §2): the batched path, run here on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import packer
+import packer.build
+from conftest import write_image
+from packer.build import GPU_TOLERANCE, BuildConfig, build
+from packer.cli import cli
+
+
+@pytest.fixture
+def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The --device cuda path with torch.device("cpu") in place of the GPU."""
+    monkeypatch.setattr(
+        packer.build,
+        "_build_device",
+        lambda config: None if config.device == "cpu" else torch.device("cpu"),
+    )
+
+
+@pytest.fixture
+def photos(tmp_path: Path, image_tree: Path) -> Path:
+    for i in range(20):  # JPEGs of assorted sizes, the inputs the GPU takes
+        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+    (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
+    return image_tree
+
+
+@pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])
+def test_batched_path_matches_cpu_within_tolerance(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, mode: str
+) -> None:
+    cfg = dict(size=(24, 20), resize=mode, workers=2)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
+    monkey = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert monkey.count == cpu.count == 33
+    assert [s["path"] for s in monkey.skipped] == [s["path"] for s in cpu.skipped]
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    assert a.sources == b.sources and torch.equal(a.labels, b.labels)
+    assert a.manifest.source_sizes == b.manifest.source_sizes
+    diff = (a.images.int() - b.images.int()).abs().float()
+    assert diff.mean() <= GPU_TOLERANCE["mean_abs"], float(diff.mean())
+    m = json.loads((tmp_path / "gpu" / "imgpack.json").read_text())
+    assert m["build"]["device"] == "cpu" and m["build"]["tolerance"] == GPU_TOLERANCE
+    assert "device" not in json.loads((tmp_path / "cpu" / "imgpack.json").read_text())["build"]
+    # non-JPEG inputs went to the CPU workers: identical rows there
+    for i, s in enumerate(a.sources):
+        if not s.lower().endswith((".jpg", ".jpeg")):
+            assert torch.equal(a.images[i], b.images[i]), s
+
+
+def test_batched_build_resumes(photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch):
+    cfg = BuildConfig(size=(16, 16), workers=1, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    calls = []
+
+    def stop(n: int) -> None:
+        calls.append(n)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(photos, tmp_path / "out", cfg, progress=stop)
+    r = build(photos, tmp_path / "out", cfg)
+    assert r.resumed > 0
+    for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
+        assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_device_cuda_without_cuda_exits_2(image_tree: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--device", "cuda"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        "Error: --device cuda: no CUDA device is available to this process; use --device "
+        "cpu (or auto, which falls back to the CPU)"
+    )
+    r = CliRunner().invoke(cli, ["build", str(image_tree), str(tmp_path / "q"), "--device", "auto"])
+    assert r.exit_code == 0 and "device" not in packer.load(tmp_path / "q").manifest.build.extra
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_build_within_tolerance(photos: Path, tmp_path: Path) -> None:
+    cfg = dict(size=(24, 20), workers=2)
+    build(photos, tmp_path / "cpu", BuildConfig(**cfg))
+    build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    diff = (a.images.int() - b.images.int()).abs().float()
+    assert diff.mean() <= GPU_TOLERANCE["mean_abs"]
+    assert np.isfinite(float(diff.mean()))

@@ -1,0 +1,171 @@
+"""PackLoader on JPEG packs (issue 13 §2), on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+import packer
+from packer.build import BuildConfig, build
+from packer.errors import PackFormatError, UsageError
+from packer.jpeg import CROP_FRACTION, fit_boxes
+from packer.loader import batch_seed
+from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
+
+N = 37
+
+
+@pytest.fixture(scope="module")
+def grey(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """N flat grey JPEGs of assorted sizes: image i has value 6 * i, label i % 3."""
+    tmp = tmp_path_factory.mktemp("grey")
+    for i in range(N):
+        w, h = 24 + (i * 7) % 29, 20 + (i * 5) % 23
+        d = tmp / "src" / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (w, h), (6 * i,) * 3).save(d / f"{i:02d}.jpg", quality=95)
+    build(tmp / "src", tmp / "pack", BuildConfig(store="jpeg", workers=1))
+    return tmp / "pack"
+
+
+def _ids(images: torch.Tensor) -> list[int]:
+    return [round(float(v) / 6) for v in images.float().mean((1, 2, 3))]
+
+
+def _value(pack, row: int) -> int:
+    return int(pack.sources[row].split("/")[1][:2])
+
+
+def test_every_image_once_per_epoch_and_across_ranks(grey: Path) -> None:
+    pack = packer.load(grey)
+    want = sorted(_value(pack, r) for r in range(N))
+    for epoch in (0, 1):
+        seen: list[int] = []
+        for rank in range(3):
+            ld = packer.PackLoader(
+                pack, 5, device="cpu", image_size=8, rank=rank, world_size=3, even_split="trim"
+            )
+            ld.set_epoch(epoch)
+            for x, y in ld:
+                assert x.shape[1:] == (3, 8, 8) and x.dtype == torch.uint8
+                ids = _ids(x)
+                seen += ids
+                assert y.tolist() == [
+                    pack.labels[[_value(pack, r) for r in range(N)].index(i)] for i in ids
+                ]
+            assert ld.indices(epoch).tolist() == [
+                [_value(pack, r) for r in range(N)].index(i)
+                for i in seen[-len(ld.indices(epoch)) :]
+            ]
+        assert len(seen) == len(set(seen)) == N // 3 * 3
+        assert set(seen) <= set(want)
+
+
+def test_default_crops(grey: Path) -> None:
+    pack = packer.load(grey)
+    imgs = pack.decode(range(N))
+    ev = packer.PackLoader(pack, 8, device="cpu", image_size=10, train=False, shuffle=False)
+    x, _ = next(iter(ev))
+    for i in range(8):
+        hw = imgs[i].shape[1:]
+        box = fit_boxes(torch.tensor([list(hw)]), (10, 10), "crop", CROP_FRACTION)[0].tolist()
+        assert box[2] == box[3] == round(min(hw) * CROP_FRACTION)
+        ref = F.resized_crop(imgs[i], *box, [10, 10], antialias=True)
+        assert (ref.int() - x[i].int()).abs().max() <= 2
+    tr = packer.PackLoader(pack, 8, device="cpu", image_size=10, shuffle=False, seed=4)
+    x, _ = next(iter(tr))
+    g = torch.Generator().manual_seed(batch_seed(4, 0, 0, 0))
+    hs = torch.tensor([im.shape[1] for im in imgs[:8]])
+    ws = torch.tensor([im.shape[2] for im in imgs[:8]])
+    boxes = RandomResizedCrop(10).sample_boxes(8, hs, ws, g)
+    flip = RandomHorizontalFlip().sample(8, g)
+    for i in range(8):
+        ref = F.resized_crop(imgs[i], *boxes[i].tolist(), [10, 10], antialias=True)
+        ref = ref.flip(-1) if flip[i] else ref
+        assert (ref.int() - x[i].int()).abs().max() <= 2
+    # the same draws through an explicit transform, and a repeat of the epoch
+    same = packer.PackLoader(
+        pack,
+        8,
+        device="cpu",
+        shuffle=False,
+        seed=4,
+        transform=Compose([RandomResizedCrop(10), RandomHorizontalFlip()]),
+    )
+    assert torch.equal(next(iter(same))[0], x)
+    cc = packer.PackLoader(pack, 8, device="cpu", transform=CenterCrop(12), shuffle=False)
+    x, _ = next(iter(cc))
+    assert x.shape == (8, 3, 12, 12)
+
+
+def test_state_dict_resumes_mid_epoch(grey: Path) -> None:
+    pack = packer.load(grey)
+    ld = packer.PackLoader(pack, 4, device="cpu", image_size=8, seed=1)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    state = ld.state_dict()
+    rest = [x for x, _ in it]
+    ld2 = packer.PackLoader(pack, 4, device="cpu", image_size=8, seed=1)
+    ld2.load_state_dict(state)
+    again = [x for x, _ in ld2]
+    assert len(again) == len(rest) > 0
+    assert all(torch.equal(a, b) for a, b in zip(rest, again))
+
+
+def test_usage_errors(grey: Path, packed: Path) -> None:
+    with pytest.raises(UsageError, match="a JPEG pack needs an output size"):
+        packer.PackLoader(grey, 4, device="cpu")
+    with pytest.raises(UsageError, match="image_size is for JPEG packs"):
+        packer.PackLoader(packed, 4, device="cpu", image_size=8)
+    with pytest.raises(UsageError, match="resident=True is for raw packs"):
+        packer.PackLoader(grey, 4, device="cpu", image_size=8, resident=True)
+
+
+def test_corrupt_image_is_a_clean_error_in_the_loop(grey: Path, tmp_path: Path) -> None:
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(grey, bad)
+    f = bad / "_tensordict" / "offsets.memmap"
+    off = np.fromfile(f, dtype="<i8")
+    off[9] = 1 << 40
+    off.tofile(f)
+    ld = packer.PackLoader(bad, 8, device="cpu", image_size=8, shuffle=False)
+    it = iter(ld)
+    next(it)
+    with pytest.raises(PackFormatError, match="image 9: offset 1099511627776"):
+        next(it)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path) -> None:
+    pack = packer.load(grey)
+    for train in (False, True):
+        kw = dict(image_size=16, train=train, shuffle=True, seed=3)
+        cpu = [x for x, _ in packer.PackLoader(pack, 8, device="cpu", **kw)]
+        gpu = [(x, y) for x, y in packer.PackLoader(pack, 8, device="cuda", **kw)]
+        assert len(cpu) == len(gpu)
+        for a, (b, y) in zip(cpu, gpu):
+            assert b.is_cuda and y.is_cuda and a.shape == b.shape
+            assert (a.int() - b.cpu().int()).abs().float().mean() < 2
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(grey, bad)
+    f = bad / "_tensordict" / "jpeg.memmap"
+    p2 = packer.load(grey)
+    off, n = int(p2.offsets[3]), int(p2.lengths[3])
+    raw = bytearray(f.read_bytes())
+    raw[off + 2 : off + n - 2] = bytes(n - 4)  # keep SOI and EOI
+    f.write_bytes(bytes(raw))
+    ld = packer.PackLoader(bad, 8, device="cuda", image_size=8, shuffle=False)
+    with pytest.raises(PackFormatError, match="image 3: its stored JPEG does not decode"):
+        list(ld)
+    x, _ = next(iter(packer.PackLoader(grey, 8, device="cuda", image_size=8)))
+    assert x.is_cuda  # the process and the device still work after the error
