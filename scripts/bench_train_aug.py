@@ -4,6 +4,8 @@ For each architecture (ResNet-18, ResNet-50; bf16 autocast, channels_last,
 SGD, batch 256), images/s of one training step fed by:
 
   (a) pack      PackLoader(transform=RandomResizedCrop(224) + flip) from a 256² pack
+  (a') jpeg     with --jpeg: PackLoader over a JPEG pack of the same files, decoded and
+                cropped (RandomResizedCrop 224 + flip) on the GPU in batches
   (b) on GPU    the same augmentation on uint8 256² batches already on the GPU
                 (the ceiling: no loading at all)
   (c) folder    ImageFolder + torchvision RandomResizedCrop(224) + flip + ToTensor +
@@ -100,6 +102,10 @@ def train_rows(
     ways: list[tuple[str, Any, Any, int]] = [("(b) on GPU + RRC/flip", on_gpu, None, 5)]
     loader = packer.PackLoader(pack, b, device=dev, drop_last=True, transform=aug)
     ways.append(("(a) PackLoader + RRC/flip", lambda: iter(loader), loader, 5))
+    if a.jpeg:  # issue 13: a JPEG pack, decoded + RRC + flip on the GPU in batches
+        jpack = packer.load(a.work / "jpegpack")
+        jl = packer.PackLoader(jpack, b, device=dev, drop_last=True, image_size=224, train=True)
+        ways.append(("(a') JPEG pack, decode+RRC/flip on GPU", lambda: iter(jl), jl, 5))
     dl = folder_loader(jpegs, b, a.workers)
     ways.append((f"(c) ImageFolder + RRC/flip, {a.workers} workers", lambda: iter(dl), dl, 0))
     for name, make, holder, warm in ways:
@@ -116,7 +122,7 @@ def train_rows(
             return step(x, y)
 
         t0 = time.perf_counter()
-        rate = time_loader(make, consume, "cuda", steps, a.repeats, warmup=warmup)
+        rate = time_loader(make, consume, dev, steps, a.repeats, warmup=warmup)
         rows.append(
             {
                 "experiment": "training",
@@ -128,10 +134,11 @@ def train_rows(
             }
         )
         print(rows[-1], flush=True)
-        if holder is loader:
-            loader.close()
-    ceiling = rows[-3]["images_per_s"]
-    for r in rows[-3:]:
+        if holder is not None and hasattr(holder, "close"):
+            holder.close()
+    k = len(ways)
+    ceiling = rows[-k]["images_per_s"]
+    for r in rows[-k:]:
         r["of_ceiling"] = round(r["images_per_s"] / ceiling, 4)
 
     return rows
@@ -146,6 +153,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--jpeg", action="store_true", help="also train from a JPEG pack (issue 13)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -155,6 +163,8 @@ def main() -> None:
         make_jpeg_tree(jpegs, a.images, (500, 375), classes=10, quality=90)
     if not pack_dir.exists():
         packer.build_pack(jpegs, pack_dir, packer.BuildConfig(size=(256, 256)))
+    if a.jpeg and not (a.work / "jpegpack").exists():
+        packer.build_pack(jpegs, a.work / "jpegpack", packer.BuildConfig(store="jpeg"))
     pack = packer.load(pack_dir)
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
@@ -179,7 +189,7 @@ def main() -> None:
         rate = time_loader(
             lambda dl=dl: iter(dl),
             lambda t: t[0].to(dev, non_blocking=True),
-            "cuda",
+            dev,
             max(40, workers),
             a.repeats,
             warmup=2 * workers + 2,
@@ -195,7 +205,7 @@ def main() -> None:
         print(rows[-1], flush=True)
         del dl
     loader = packer.PackLoader(pack, b, device=dev, drop_last=True)
-    rate = time_loader(lambda: iter(loader), lambda t: t[0], "cuda", 80, a.repeats, warmup=5)
+    rate = time_loader(lambda: iter(loader), lambda t: t[0], dev, 80, a.repeats, warmup=5)
     loader.close()
     rows.append(
         {
