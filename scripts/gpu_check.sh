@@ -31,7 +31,7 @@ for w in "${what[@]}"; do
   case $w in
     tests) python3 -m pytest tests -q -p no:cacheprovider -x 2>&1 | tail -30 > "$OUT/tests.txt" ;;
     augment) python3 scripts/bench_augment.py --device cuda --json "$OUT/augment.json" > "$OUT/augment.txt" 2>&1 ;;
-    train) python3 scripts/bench_train_aug.py --work $W --out "$OUT" > "$OUT/train.txt" 2>&1 ;;
+    train) python3 scripts/bench_train_aug.py --jpeg --work $W --out "$OUT" > "$OUT/train.txt" 2>&1 ;;
     bench) python3 -m packer bench --device cuda --out "$OUT/bench" -q > "$OUT/bench.txt" 2>&1 ;;
     stream) python3 scripts/bench_stream.py --work $W > "$OUT/stream.txt" 2>&1 ;;
     build) python3 scripts/bench_build.py --images 16000 --work $W > "$OUT/build.txt" 2>&1 ;;
