@@ -43,7 +43,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._version import __version__
-from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, decode_into
+from .decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec, load_resized, store_into
 from .errors import (
     DecodeError,
     InputError,
@@ -300,6 +300,8 @@ class _WorkerState:
     spec: ResizeSpec
     fd: int | None = None  # the rows file, opened at the first chunk
     sync_file_range: Any = None  # libc's, on Linux
+    buf: np.ndarray | None = None  # the chunk buffer, reused: every row is rewritten
+    t_free: float = 0.0  # perf_counter (system-wide monotonic) when this worker last went idle
 
     def close(self) -> None:
         if self.fd is not None:
@@ -325,47 +327,88 @@ def _worker_init(rows_path: str, spec: ResizeSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the rows file is opened at the first chunk: the pool starts before the file exists
-    _worker = _WorkerState(rows_path, spec)
-    if sys.platform.startswith("linux"):
+    _worker = _WorkerState(rows_path, spec, t_free=time.perf_counter())
+    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
         with contextlib.suppress(Exception):
             _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+
+
+def _writeback_mode() -> str:
+    """``chunk``: start each chunk's writeback as soon as it is written (sync_file_range),
+    so the final fsync has little left; ``off``: leave it to the kernel and the final
+    fsync. ``IMGPACK_BUILD_WRITEBACK`` selects it, for benchmarks only."""
+    return "off" if os.environ.get("IMGPACK_BUILD_WRITEBACK") == "off" else "chunk"
 
 
 def _warm_up() -> None:
     """A no-op task: submitting one per worker starts the processes early."""
 
 
+# what a worker reports with each chunk: seconds per step, and when it ran (perf_counter
+# is CLOCK_MONOTONIC, one clock for every process of the machine)
+_WORKER_STEPS = ("decode", "copy", "pwrite", "sha256", "writeback", "idle")
+
+
 def _decode_chunk(
     task: tuple[int, int, list[str]],
-) -> tuple[int, list[list[Any]], list[list[int]], str]:
-    """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha."""
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
+    """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha
+    and the worker's time split (``_WORKER_STEPS``, plus ``t_start``, ``t_end``, ``pid``)."""
+    t_start = time.perf_counter()
     chunk, start, paths = task
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
     spec = state.spec
-    buf = np.zeros((len(paths), *spec.shape), dtype=np.uint8)
+    n = len(paths)
+    if state.buf is None or len(state.buf) < n:
+        state.buf = np.empty((n, *spec.shape), dtype=np.uint8)
+    buf = state.buf[:n]  # every row below is written: decoded pixels or zeros
     skips: list[list[Any]] = []
     sizes: list[list[int]] = []
+    t_decode = t_copy = 0.0
     for i, path in enumerate(paths):
+        t = time.perf_counter()
         try:
-            w, h = decode_into(path, spec, buf[i])
+            im, (w, h) = load_resized(path, spec)
+            t2 = time.perf_counter()
+            store_into(im, buf[i])
+            t_copy += time.perf_counter() - t2
+            t_decode += t2 - t
             sizes.append([w, h])
         except DecodeError as e:
             buf[i] = 0
             skips.append([start + i, str(e)])
             sizes.append([0, 0])
+            t_decode += time.perf_counter() - t
     row = image_bytes(spec.shape)
     mv = memoryview(buf).cast("B")
     off, done = start * row, 0
+    t1 = time.perf_counter()
     if state.fd is None:
         state.fd = os.open(state.rows_path, os.O_WRONLY)
     while done < len(mv):
         done += os.pwrite(state.fd, mv[done:], off + done)
+    t2 = time.perf_counter()
+    sha = digest(mv)
+    t3 = time.perf_counter()
     if state.sync_file_range is not None:
         # start writing this range to disk now (non-blocking), so the single fsync
         # at the end has little left to wait for
         state.sync_file_range(state.fd, ctypes.c_int64(off), ctypes.c_int64(len(mv)), 2)
-    return chunk, skips, sizes, digest(mv)
+    t_end = time.perf_counter()
+    times = {
+        "decode": t_decode,
+        "copy": t_copy,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
+    return chunk, skips, sizes, sha, times
 
 
 # ---------------------------------------------------------------- the build
@@ -444,6 +487,7 @@ def _decode_all(
     new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
+    times: dict[str, Any],
 ) -> tuple[float, int]:
     """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
 
@@ -475,28 +519,36 @@ def _decode_all(
 
     with open(work / JOURNAL, "a", encoding="utf-8") as journal:
 
-        def record(res: tuple[int, list[list[Any]], list[list[int]], str]) -> None:
-            chunk, skips, sizes, sha = res
-            rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
-            journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        def record(results: list[_ChunkResult]) -> None:
+            """Journal finished chunks: their lines, then one fsync for all of them."""
+            t = time.perf_counter()
+            recs = []
+            for chunk, skips, sizes, sha, chunk_times in results:
+                recs.append({"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha})
+                times["chunks"].append(chunk_times)
+            journal.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
             journal.flush()
             os.fsync(journal.fileno())
-            done[chunk] = rec
+            times["journal"] += time.perf_counter() - t
+            times["journal_fsyncs"] += 1
+            for rec in recs:
+                done[rec["chunk"]] = rec
             if not t_first:
                 t_first.append(time.perf_counter())
             if progress:
-                progress(len(sizes))
+                for rec in recs:
+                    progress(len(rec["sizes"]))
 
         if pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
             _worker = _WorkerState(str(work / ROWS_FILE), config.spec)
             try:
                 for c in pending:
-                    record(_decode_chunk(c))
+                    record([_decode_chunk(c)])
             finally:
                 _worker.close()
                 _worker = None
-        elif not _run_chunks(pool, pending, done, record):
+        elif not _run_chunks(pool, pending, done, record, times):
             # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
             # an operator's kill): the unfinished chunks get one fresh pool.
             _stop_pool(pool)
@@ -504,7 +556,7 @@ def _decode_all(
             log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
             retry = new_pool()
             try:
-                ok = _run_chunks(retry, left, done, record)
+                ok = _run_chunks(retry, left, done, record, times)
             finally:
                 _stop_pool(retry)
             if not ok:  # the pool cannot tell which image a dead worker was on
@@ -517,24 +569,39 @@ def _decode_all(
     return (t_first or [time.perf_counter()])[0], resumed
 
 
+_ChunkResult = tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]
+
+
 def _run_chunks(
     pool: ProcessPoolExecutor,
     chunks: list[tuple[int, int, list[str]]],
     done: dict[int, dict[str, Any]],
-    record: Callable[[tuple[int, list[list[Any]], list[list[int]], str]], None],
+    record: Callable[[list[_ChunkResult]], None],
+    times: dict[str, Any],
 ) -> bool:
     """Decode ``chunks`` in ``pool``, recording each; False if the pool broke (a worker
-    died), after recording every chunk that had finished before."""
+    died), after recording every chunk that had finished before.
+
+    Chunks that finish together are journaled together, with one fsync: the journal
+    keeps up with 16 workers even where an fsync takes longer than a chunk's share.
+    """
     futures = [pool.submit(_decode_chunk, c) for c in chunks]
+    waiting = set(futures)
     try:
-        for fut in as_completed(futures):
-            record(fut.result())
+        while waiting:
+            t = time.perf_counter()
+            finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+            times["wait"] += time.perf_counter() - t
+            record([f.result() for f in futures if f in finished])
         return True
     except BrokenProcessPool:
+        left = []
         for fut in futures:
-            finished = fut.done() and not fut.cancelled() and fut.exception() is None
-            if finished and fut.result()[0] not in done:
-                record(fut.result())
+            ok = fut.done() and not fut.cancelled() and fut.exception() is None
+            if ok and fut.result()[0] not in done:
+                left.append(fut.result())
+        if left:
+            record(left)
         return False
 
 
@@ -584,42 +651,96 @@ def _build_locked(
         (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
         for k in range((n_total + block - 1) // block)
     ]
-    fingerprint = _fingerprint(plan, config)
     workers = min(config.workers or default_workers(), len(chunks))
+    times: dict[str, Any] = {"chunks": [], "wait": 0.0, "journal": 0.0, "journal_fsyncs": 0}
 
     # started first: its processes boot while this one fingerprints and preallocates
     def new_pool() -> ProcessPoolExecutor:
         return _start_pool(workers, work / ROWS_FILE, spec)
 
+    t = time.perf_counter()
+    times["plan"] = t - t0
     pool = new_pool() if workers > 1 else None
+    t_pool = time.perf_counter()
+    times["pool_start"] = t_pool - t
     try:
+        fingerprint = _fingerprint(plan, config)
+        t = time.perf_counter()
+        times["fingerprint"] = t - t_pool
         state = prepare_work_dir(work, fingerprint, n_total * row)
         t_prepared = time.perf_counter()
+        times["prepare"] = t_prepared - t
         if state.assembled:
             t_first, resumed = t_prepared, n_total
             if on_start:
                 on_start(n_total, n_total)
         else:
             t_first, resumed = _decode_all(
-                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, times
             )
+        t = time.perf_counter()
         if pool is not None:
             pool.shutdown(wait=True)
+        times["pool_stop"] = time.perf_counter() - t
     except BaseException:
         if pool is not None:
             _stop_pool(pool)
         raise
     t_decoded = time.perf_counter()
-    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint)
+    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint, times)
+    t_end = time.perf_counter()
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
         "setup_s": round(t_prepared - t0, 3),
         "first_chunk_s": round(t_first - t_prepared, 3),
         "decode_s": round(t_decoded - t0, 3),
-        "finalize_s": round(time.perf_counter() - t_decoded, 3),
+        "finalize_s": round(t_end - t_decoded, 3),
+        **_time_split(times, workers, t_pool, t_prepared, t_decoded, t_end),
     }
     return result
+
+
+def _time_split(
+    times: dict[str, Any],
+    workers: int,
+    t_pool: float,
+    t_prepared: float,
+    t_decoded: float,
+    t_end: float,
+) -> dict[str, Any]:
+    """Where a build's time went, for benchmarks: the parent's steps (seconds of wall
+    time) and the workers' (seconds summed over workers: ``workers x wall`` in all).
+
+    ``worker_idle`` counts a worker's time between chunks (hand-off, waiting for the
+    parent) and before its first chunk after it started; ``worker_tail`` the time
+    workers sat idle at the end while others finished the last chunks;
+    ``worker_start`` the time from the pool's creation to the first chunk started.
+    """
+    chunks = times.pop("chunks")
+    parent = {
+        k: round(v, 3) if isinstance(v, float) else v for k, v in times.items() if k != "finalize"
+    }
+    parent.update({f"finalize_{k}": round(v, 3) for k, v in times.get("finalize", {}).items()})
+    out: dict[str, Any] = {"parent": parent, "workers": workers}
+    if chunks:
+        steps = {k: round(sum(c[k] for c in chunks), 3) for k in _WORKER_STEPS}
+        ends: dict[int, float] = {}
+        starts: dict[int, float] = {}
+        for c in chunks:
+            pid = int(c["pid"])
+            ends[pid] = max(ends.get(pid, 0.0), c["t_end"])
+            starts[pid] = min(starts.get(pid, c["t_start"]), c["t_start"])
+        last = max(ends.values())
+        steps["tail"] = round(sum(last - e for e in ends.values()), 3)
+        out["worker"] = steps
+        out["worker_start_s"] = round(min(starts.values()) - t_pool, 3)
+        out["first_start_after_prepared_s"] = round(min(starts.values()) - t_prepared, 3)
+        out["last_chunk_end_to_decoded_s"] = round(t_decoded - last, 3)
+        out["decode_window_s"] = round(last - min(starts.values()), 3)
+        out["processes_used"] = len(ends)
+    out["finalize_total_s"] = round(t_end - t_decoded, 3)
+    return out
 
 
 def _reached(step: str) -> None:
@@ -636,6 +757,7 @@ def _finalize(
     resumed: int,
     t0: float,
     fingerprint: str,
+    times: dict[str, Any] | None = None,
 ) -> BuildResult:
     """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
 
@@ -647,6 +769,8 @@ def _finalize(
     """
     spec = config.spec
     scan = plan.scan
+    clock = {} if times is None else times.setdefault("finalize", {})
+    t = time.perf_counter()
     if state.assembled:  # a crash came after the pack was complete: only the move is left
         m = read_manifest(work)
         count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
@@ -679,6 +803,8 @@ def _finalize(
             os.fsync(fd)  # all rows durable before anything depends on them
         finally:
             os.close(fd)
+        clock["fsync_rows"] = time.perf_counter() - t
+        t = time.perf_counter()
         if skip_reason:
             shas = _compact(work / ROWS_FILE, images_path, keep, row, block)
             os.remove(work / ROWS_FILE)
@@ -686,6 +812,8 @@ def _finalize(
             os.replace(work / ROWS_FILE, images_path)
     elif skip_reason:  # compacted by an earlier run that stopped before the manifest
         shas = _block_shas(images_path, row, block)
+    clock["compact_or_rename"] = time.perf_counter() - t
+    t = time.perf_counter()
     _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
     _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
@@ -736,7 +864,11 @@ def _finalize(
     _reached("manifest")
     mark_assembled(work, fingerprint)
     _reached("assembled")
-    return _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["metadata"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["move"] = time.perf_counter() - t
+    return result
 
 
 def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:
