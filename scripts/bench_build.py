@@ -253,7 +253,7 @@ def main() -> None:
         if key != args.keep:
             clean(dst)
         table.append(row)
-        dump(res | {"sets": table}, "bench_build.json")
+        dump(res | {"sets": table}, f"bench_build_{args.sets.replace(',', '')}.json")
     print(f"\nbuild vs ceiling, {cores} workers ({res['facts']['cpu']})")
     print("| set | ceiling img/s (1 / all) | build img/s (median of "
           f"{args.repeats}) | of ceiling | CLI wall img/s | 1 worker (of 1 proc) |")  # fmt: skip
