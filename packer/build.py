@@ -612,7 +612,10 @@ def _start_pool(workers: int, rows_path: Path, spec: ResizeSpec) -> ProcessPoolE
     multiprocessing.Pool loses its task and waits forever; this pool breaks,
     and every pending task raises BrokenProcessPool.
     """
-    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+    if method == "forkserver" and os.environ.get("IMGPACK_BUILD_START") == "fork":
+        method = "fork"  # benchmarks only, for now
+    ctx = mp.get_context(method)
     if ctx.get_start_method() == "forkserver":
         # the fork server imports the decoder once; each worker forks from it ready to go
         ctx.set_forkserver_preload(["packer.build"])

@@ -15,7 +15,8 @@ For each data set (made once under ``--work`` with ``packer.bench.synth``, quali
   with and without per-chunk ``sync_file_range``; SHA-256 speed of one core.
 
 Variants of the build (``--variants``): ``new`` (defaults), ``wb-off`` (no per-chunk
-writeback: ``IMGPACK_BUILD_WRITEBACK=off``).
+writeback: ``IMGPACK_BUILD_WRITEBACK=off``), ``fork`` (workers forked from the
+parent: ``IMGPACK_BUILD_START=fork``), ``old`` (the packer at ``--old-tree``).
 
     python scripts/bench_build.py [--images 16000] [--work /tmp/imgpack-bench]
 """
@@ -194,10 +195,19 @@ def main() -> None:
     ap.add_argument("--sets", default="a,b")
     ap.add_argument("--variants", default="new,wb-off")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--old-tree", type=Path, default=None, help="a checkout of the old packer")
     ap.add_argument("--keep", default="a", help="keep this set's last pack (for probe_stream)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
-    variants = {"new": {}, "wb-off": {"IMGPACK_BUILD_WRITEBACK": "off"}}
+    variants = {
+        "new": {},
+        "wb-off": {"IMGPACK_BUILD_WRITEBACK": "off"},
+        "fork": {"IMGPACK_BUILD_START": "fork"},
+        "fork-wb-off": {"IMGPACK_BUILD_START": "fork", "IMGPACK_BUILD_WRITEBACK": "off"},
+    }
+    if args.old_tree:  # the code before this work, same run: PYTHONPATH's first entry swapped
+        rest = os.environ.get("PYTHONPATH", "").split(os.pathsep)[1:]
+        variants["old"] = {"PYTHONPATH": os.pathsep.join([str(args.old_tree), *rest])}
     res: dict = {"facts": system_facts(args.work if args.work.exists() else Path("/tmp"))}
     res["sha256_GBps_1core"] = sha_rate()
     print("facts:", res["facts"], f"sha256 {res['sha256_GBps_1core']:.2f} GB/s/core", flush=True)
