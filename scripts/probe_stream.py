@@ -13,8 +13,9 @@ memory, into THP-backed memory registered with ``cudaHostRegister``, and into pl
 pageable memory), then ``PackLoader`` at batch 128/256/1024 with the default
 threads (and 16 threads at 256), min and median of 3 runs, each beside counters:
 minor/major page faults, RSS, AnonHugePages, the CUDA host allocator's stats, the
-gather threads' busy time. Variants of the loader (``--variants``) swap its pinned
-slots for other memory, to test a cause.
+gather threads' busy time (inside np.take, GIL re-acquisition included). Variants of
+the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
+``num_threads`` gather tasks whatever its size, as before issue 18).
 
     python scripts/probe_stream.py --pack PACK [--modes fresh,churn]
 """
@@ -145,7 +146,6 @@ def limit(src: Any, dst: Any, threads: int, rows: int, seconds: float = 0.6) -> 
 
 
 def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[str, Any]:
-    import numpy as np
     import torch
 
     import packer
@@ -162,19 +162,13 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
             busy[0] += time.perf_counter() - t
 
     L._take = timed_take
-    orig_slots = L._Slots
-    if variant == "registered":
+    orig_submit = L._Pass.submit
+    if variant == "old":  # the split before this work: every batch in num_threads parts
 
-        class RegSlots(orig_slots):  # type: ignore[misc,valid-type]
-            def __init__(self, k: int, bs: int, shape: tuple, device: Any) -> None:
-                row = int(np.prod(shape))
-                self.images = [registered_buffer(bs * row).view(bs, *shape) for _ in range(k)]
-                self.labels = [torch.empty((bs,), dtype=torch.int64, pin_memory=True)
-                               for _ in range(k)]  # fmt: skip
-                self.freed = [None] * k
-                self.stream = torch.cuda.Stream(device)
+        def old_submit(self: Any, idx: Any, out: Any, pipelined: bool = False) -> Any:
+            return orig_submit(self, idx, out, pipelined=False)
 
-        L._Slots = RegSlots
+        L._Pass.submit = old_submit
     try:
         loader = packer.PackLoader(pack, bs, device="cuda", num_threads=threads, seed=0)
         it = iter(loader)
@@ -206,7 +200,7 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
         loader.close()
     finally:
         L._take = orig_take
-        L._Slots = orig_slots
+        L._Pass.submit = orig_submit
     rates = [r["img_per_s"] for r in runs]
     return {"min": min(rates), "median": sorted(rates)[1], "runs": runs,
             "threads": loader.num_threads}  # fmt: skip
@@ -233,6 +227,7 @@ def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
     out["host_after_churn"] = host_stats()
     src = pack.images.numpy().reshape(len(pack), -1)
     row = src.shape[1]
+    out["row_bytes"] = row
     lim: dict[str, float] = {}
     rows = 1024
     dsts = {
@@ -267,7 +262,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pack", required=True)
     ap.add_argument("--modes", default="fresh,churn")
-    ap.add_argument("--variants", default="default,registered")
+    ap.add_argument("--variants", default="default,old")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -304,15 +299,19 @@ def main() -> None:
         print(f"| {mode} | {lim['torch_pinned_8t']:,.0f} / {lim['torch_pinned_16t']:,.0f}, "
               f"{lim['registered_thp_8t']:,.0f} / {lim['registered_thp_16t']:,.0f}, "
               f"{lim['pageable_8t']:,.0f} |")  # fmt: skip
-    print("\n| mode | loader | min img/s | median | % of torch-pinned 8t limit | faults/run |")
-    print("|---|---|---|---|---|---|")
+    print("\n| mode | loader | min img/s | median | % of torch-pinned 8t limit | faults/run "
+          "| gather threads busy | GB/s per busy thread |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         if mode not in results:
             continue
         lim8 = results[mode]["limit"]["torch_pinned_8t"]
         for key, r in results[mode]["loader"].items():
+            busy = sorted(x["gather_busy"] for x in r["runs"])[1]
+            row = results[mode]["row_bytes"]
             print(f"| {mode} | {key} | {r['min']:,.0f} | {r['median']:,.0f} | "
-                  f"{r['min'] / lim8:.0%} | {r['runs'][0]['minflt']} |")  # fmt: skip
+                  f"{r['min'] / lim8:.0%} | {r['runs'][0]['minflt']} | {busy:.1f} | "
+                  f"{r['median'] * row / 1e9 / max(busy, 1e-9):.1f} |")  # fmt: skip
     for mode in args.modes.split(","):
         if mode in results:
             r = results[mode]
