@@ -109,9 +109,10 @@ def lib_build(src: Path, dst: Path, side: int, workers: int, env: dict[str, str]
         "print('RESULT '+json.dumps({'count':r.count,'seconds':r.seconds,'extra':r.extra}))"
     )
     t = time.perf_counter()
-    p = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
-    )
+    p = subprocess.run(  # cwd "/": `-c` puts the cwd first on sys.path, hiding --old-tree
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+        cwd="/",
+    )  # fmt: skip
     wall = time.perf_counter() - t
     if p.returncode:
         raise RuntimeError(p.stderr[-3000:])
@@ -196,6 +197,7 @@ def main() -> None:
     ap.add_argument("--sets", default="a,b")
     ap.add_argument("--variants", default="new,wb-off")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-disk", action="store_true", help="skip the disk probe")
     ap.add_argument("--old-tree", type=Path, default=None, help="a checkout of the old packer")
     ap.add_argument("--keep", default="a", help="keep this set's last pack (for probe_stream)")
     args = ap.parse_args()
@@ -230,22 +232,26 @@ def main() -> None:
               f"{row['ceiling_1']:,.0f}", flush=True)  # fmt: skip
         nbytes = len(files) * 3 * side * side
         chunk = 3 * side * side * max(1, min(64, -(-len(files) // 256)))
-        row["disk"] = [disk_probe(args.work, nbytes, chunk, wb) for wb in (True, False)]
+        row["disk"] = [disk_probe(args.work, nbytes, chunk, wb) for wb in (True, False)][
+            : 0 if args.no_disk else 2
+        ]
         print("  disk:", [f"{d['GBps']:.2f} GB/s (wb={d['writeback']}, fsync "
                           f"{d['fsync_s']:.2f} s)" for d in row["disk"]], flush=True)  # fmt: skip
         dst = args.work / f"pack_{key}"
-        for name in args.variants.split(","):
-            runs = []
-            for _ in range(args.repeats):
+        names = args.variants.split(",")
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for _ in range(args.repeats):  # variants interleaved: a drift hits each alike
+            for name in names:
                 clean(dst)
                 r = lib_build(src, dst, side, cores, variants[name])
                 r["img_per_s"] = r["count"] / r["seconds"]
-                runs.append(r)
+                runs[name].append(r)
                 print(f"  build {name}: {r['img_per_s']:,.0f} img/s, {r['seconds']:.2f} s, "
                       f"extra {json.dumps(r['extra'])}", flush=True)  # fmt: skip
-            med = sorted(runs, key=lambda r: r["img_per_s"])[len(runs) // 2]
+        for name in names:
+            med = sorted(runs[name], key=lambda r: r["img_per_s"])[len(runs[name]) // 2]
             row[f"build_{name}"] = med
-            row[f"build_{name}_all"] = [r["img_per_s"] for r in runs]
+            row[f"build_{name}_all"] = [r["img_per_s"] for r in runs[name]]
         clean(dst)
         row["cli_wall_s"] = cli_build(src, dst, side, cores)
         row["cli_img_per_s"] = len(files) / row["cli_wall_s"]

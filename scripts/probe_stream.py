@@ -3,6 +3,7 @@
 Each condition runs in its own fresh interpreter (``--child MODE``):
 
 * ``fresh``: open the pack, measure, nothing else;
+* ``churn-pinned`` / ``churn-pageable``: only one of the two kinds below;
 * ``churn``: first allocate and free several GB: pinned tensors
   (``torch.empty(..., pin_memory=True)``, filled, copied to the GPU, ``del``) and
   pageable ones (``torch.empty``, touched, ``del``), as a training process does.
@@ -219,9 +220,13 @@ def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
             pass
     torch.zeros(1, device="cuda")
     out["host_before"] = host_stats()
-    if mode == "churn":
+    if mode.startswith("churn"):
         t = time.perf_counter()
-        churn(pinned_gb=4, pageable_gb=4)
+        kind = mode.split("-")[1] if "-" in mode else "both"
+        churn(
+            pinned_gb=4 if kind in ("both", "pinned") else 0,
+            pageable_gb=4 if kind in ("both", "pageable") else 0,
+        )
         out["churn_s"] = time.perf_counter() - t
     out["after_setup"] = counters()
     out["host_after_churn"] = host_stats()
@@ -232,7 +237,6 @@ def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
     rows = 1024
     dsts = {
         "torch_pinned": torch.empty(rows * row, dtype=torch.uint8, pin_memory=True).numpy(),
-        "registered_thp": registered_buffer(rows * row).numpy(),
         "pageable": np.ones(rows * row, np.uint8),
     }
     c0 = counters()
@@ -277,7 +281,10 @@ def main() -> None:
             facts[f"thp_{name}"] = f.read().strip()
     print("facts:", facts, flush=True)
     results = {"facts": facts}
-    for mode in args.modes.split(","):
+    labels = []
+    for i, mode in enumerate(args.modes.split(",")):
+        label = f"{mode}#{i}"
+        labels.append(label)
         p = subprocess.run(
             [sys.executable, __file__, "--pack", args.pack, "--child", mode,
              "--variants", args.variants],
@@ -286,23 +293,22 @@ def main() -> None:
         sys.stderr.write(p.stderr[-6000:])
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if not line:
-            print(f"{mode}: failed (rc {p.returncode})")
+            print(f"{label}: failed (rc {p.returncode})")
             continue
-        results[mode] = json.loads(line[-1][7:])
+        results[label] = json.loads(line[-1][7:])
         dump(results, "probe_stream.json")
-    print("\n| mode | limit img/s: torch pinned 8t/16t, registered THP 8t/16t, pageable 8t |")
+    print("\n| mode | limit img/s: torch pinned 8t/16t, pageable 8t |")
     print("|---|---|")
-    for mode in args.modes.split(","):
+    for mode in labels:
         if mode not in results:
             continue
         lim = results[mode]["limit"]
         print(f"| {mode} | {lim['torch_pinned_8t']:,.0f} / {lim['torch_pinned_16t']:,.0f}, "
-              f"{lim['registered_thp_8t']:,.0f} / {lim['registered_thp_16t']:,.0f}, "
               f"{lim['pageable_8t']:,.0f} |")  # fmt: skip
     print("\n| mode | loader | min img/s | median | % of torch-pinned 8t limit | faults/run "
           "| gather threads busy | GB/s per busy thread |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    for mode in args.modes.split(","):
+    for mode in labels:
         if mode not in results:
             continue
         lim8 = results[mode]["limit"]["torch_pinned_8t"]
@@ -312,7 +318,7 @@ def main() -> None:
             print(f"| {mode} | {key} | {r['min']:,.0f} | {r['median']:,.0f} | "
                   f"{r['min'] / lim8:.0%} | {r['runs'][0]['minflt']} | {busy:.1f} | "
                   f"{r['median'] * row / 1e9 / max(busy, 1e-9):.1f} |")  # fmt: skip
-    for mode in args.modes.split(","):
+    for mode in labels:
         if mode in results:
             r = results[mode]
             print(f"{mode}: host alloc {r.get('host_after_churn')} -> {r.get('host_end')}; "
