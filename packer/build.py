@@ -578,7 +578,7 @@ def _decode_all(
 
         if pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
-            _worker = _WorkerState(str(work / ROWS_FILE), config.spec)
+            _worker = _WorkerState(str(work / ROWS_FILE), config.spec, t_free=time.perf_counter())
             write_plan()
             try:
                 for c in pending:
