@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -556,25 +556,22 @@ def _decode_all(
 
     with open(work / JOURNAL, "a", encoding="utf-8") as journal:
 
-        def record(results: list[_ChunkResult]) -> None:
-            """Journal finished chunks: their lines, then one fsync for all of them."""
+        def record(res: _ChunkResult) -> None:
+            """Journal one finished chunk (its line fsynced), then report it."""
             t = time.perf_counter()
-            recs = []
-            for chunk, skips, sizes, sha, chunk_times in results:
-                recs.append({"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha})
-                times["chunks"].append(chunk_times)
-            journal.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+            chunk, skips, sizes, sha, chunk_times = res
+            rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
+            times["chunks"].append(chunk_times)
+            journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
             journal.flush()
             os.fsync(journal.fileno())
             times["journal"] += time.perf_counter() - t
             times["journal_fsyncs"] += 1
-            for rec in recs:
-                done[rec["chunk"]] = rec
+            done[chunk] = rec
             if not t_first:
                 t_first.append(time.perf_counter())
             if progress:
-                for rec in recs:
-                    progress(len(rec["sizes"]))
+                progress(len(sizes))
 
         if pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
@@ -582,7 +579,7 @@ def _decode_all(
             write_plan()
             try:
                 for c in pending:
-                    record([_decode_chunk(c)])
+                    record(_decode_chunk(c))
             finally:
                 _worker.close()
                 _worker = None
@@ -614,34 +611,26 @@ def _run_chunks(
     pool: ProcessPoolExecutor,
     chunks: list[tuple[int, int, list[str]]],
     done: dict[int, dict[str, Any]],
-    record: Callable[[list[_ChunkResult]], None],
+    record: Callable[[_ChunkResult], None],
     times: dict[str, Any],
     after_submit: Callable[[], None],
 ) -> bool:
     """Decode ``chunks`` in ``pool``, recording each; False if the pool broke (a worker
-    died), after recording every chunk that had finished before.
-
-    Chunks that finish together are journaled together, with one fsync: the journal
-    keeps up with 16 workers even where an fsync takes longer than a chunk's share.
-    """
+    died), after recording every chunk that had finished before."""
     futures = [pool.submit(_decode_chunk, c) for c in chunks]
-    waiting = set(futures)
     after_submit()  # this process's own work, while the workers decode
     try:
-        while waiting:
-            t = time.perf_counter()
-            finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        t = time.perf_counter()
+        for fut in as_completed(futures):
             times["wait"] += time.perf_counter() - t
-            record([f.result() for f in futures if f in finished])
+            record(fut.result())
+            t = time.perf_counter()
         return True
     except BrokenProcessPool:
-        left = []
         for fut in futures:
-            ok = fut.done() and not fut.cancelled() and fut.exception() is None
-            if ok and fut.result()[0] not in done:
-                left.append(fut.result())
-        if left:
-            record(left)
+            finished = fut.done() and not fut.cancelled() and fut.exception() is None
+            if finished and fut.result()[0] not in done:
+                record(fut.result())
         return False
 
 
