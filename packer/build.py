@@ -385,6 +385,7 @@ class _WorkerState:
     sync_file_range: Any = None  # libc's, on Linux
     buf: np.ndarray | None = None  # the chunk buffer, reused: every row is rewritten
     t_free: float = 0.0  # perf_counter (system-wide monotonic) when this worker last went idle
+    die_at: tuple[int, str | None] | None = None  # tests only: see _test_death
 
     def close(self) -> None:
         if self.fd is not None:
@@ -418,9 +419,41 @@ def _worker_init(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the rows file is opened at the first chunk: the pool starts before the file exists
     _worker = _WorkerState(rows_path, spec, store, t_free=time.perf_counter())
+    _worker.die_at = _test_death()
     if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
         with contextlib.suppress(Exception):
             _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+
+
+# Tests only: makes a pool worker SIGKILL itself as it starts a chosen chunk, so the
+# dead-worker tests kill a worker while work is certainly pending, whatever the load.
+TEST_DEATH_ENV = "IMGPACK_TEST_WORKER_DIES_AT"
+
+
+def _test_death() -> tuple[int, str | None] | None:
+    """``IMGPACK_TEST_WORKER_DIES_AT=K`` (tests only): a pool worker that starts chunk K
+    kills itself (every time: the retry pool dies too); ``K:PATH``: only the first
+    worker to create the file PATH does (one death, then the retry succeeds). Read once
+    per pool worker, never by an in-process build; unset (always, outside tests) it
+    has no effect."""
+    value = os.environ.get(TEST_DEATH_ENV)
+    if not value:
+        return None
+    chunk, _, marker = value.partition(":")
+    return int(chunk), marker or None
+
+
+def _maybe_die(state: _WorkerState, chunk: int) -> None:
+    """The test hook of :func:`_test_death`, at the start of a chunk."""
+    if state.die_at is None or state.die_at[0] != chunk:
+        return
+    marker = state.die_at[1]
+    if marker is not None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # a worker died here already
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _close_work_dir_fds(work: str) -> None:
@@ -478,6 +511,7 @@ def _decode_chunk(
     chunk, start, paths = task
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
     spec = state.spec
     n = len(paths)
     if state.buf is None or len(state.buf) < n:
@@ -543,6 +577,7 @@ def _encode_chunk(
     chunk, start, paths = task
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
     _, quality, max_side = state.store
     parts: list[bytes] = []
     skips: list[list[Any]] = []
