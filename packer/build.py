@@ -42,6 +42,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -60,8 +61,10 @@ from .decode import (
     decode_into,
     jpeg_for_pack,
     jpeg_frame,
+    load_resized,
     open_image,
     open_regular,
+    store_into,
 )
 from .errors import (
     DecodeError,
@@ -111,9 +114,11 @@ from .workdir import (
     dest_lock,
     destination_error,
     fsync_dir,
+    is_fresh_work_dir,
     mark_assembled,
     prepare_work_dir,
     recover_trash,
+    start_plan,
     trash_dir_for,
     work_dir_for,
 )
@@ -378,6 +383,9 @@ class _WorkerState:
     store: tuple[str, int, int | None] = ("raw", 3, None)  # (store, quality, max_side)
     fd: int | None = None  # the rows file, opened at the first chunk
     sync_file_range: Any = None  # libc's, on Linux
+    buf: np.ndarray | None = None  # the chunk buffer, reused: every row is rewritten
+    t_free: float = 0.0  # perf_counter (system-wide monotonic) when this worker last went idle
+    die_at: tuple[int, str | None] | None = None  # tests only: see _test_death
 
     def close(self) -> None:
         if self.fd is not None:
@@ -396,67 +404,180 @@ def _die_with_parent() -> None:
 
 
 def _worker_init(
-    rows_path: str, spec: ResizeSpec, store: tuple[str, int, int | None] = ("raw", 3, None)
+    rows_path: str,
+    spec: ResizeSpec,
+    store: tuple[str, int, int | None] = ("raw", 3, None),
+    forked: bool = False,
 ) -> None:
     global _worker
     _die_with_parent()
+    if forked:
+        _close_work_dir_fds(os.path.dirname(rows_path))
     # The parent handles Ctrl-C and SIGTERM and then kills its workers; a worker
     # that died of the signal itself would print a traceback and break the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the rows file is opened at the first chunk: the pool starts before the file exists
-    _worker = _WorkerState(rows_path, spec, store)
-    if sys.platform.startswith("linux"):
+    _worker = _WorkerState(rows_path, spec, store, t_free=time.perf_counter())
+    _worker.die_at = _test_death()
+    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
         with contextlib.suppress(Exception):
             _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+
+
+# Tests only: makes a pool worker SIGKILL itself as it starts a chosen chunk, so the
+# dead-worker tests kill a worker while work is certainly pending, whatever the load.
+TEST_DEATH_ENV = "IMGPACK_TEST_WORKER_DIES_AT"
+
+
+def _test_death() -> tuple[int, str | None] | None:
+    """``IMGPACK_TEST_WORKER_DIES_AT=K`` (tests only): a pool worker that starts chunk K
+    kills itself (every time: the retry pool dies too); ``K:PATH``: only the first
+    worker to create the file PATH does (one death, then the retry succeeds). Read once
+    per pool worker, never by an in-process build; unset (always, outside tests) it
+    has no effect."""
+    value = os.environ.get(TEST_DEATH_ENV)
+    if not value:
+        return None
+    chunk, _, marker = value.partition(":")
+    return int(chunk), marker or None
+
+
+def _maybe_die(state: _WorkerState, chunk: int) -> None:
+    """The test hook of :func:`_test_death`, at the start of a chunk."""
+    if state.die_at is None or state.die_at[0] != chunk:
+        return
+    marker = state.die_at[1]
+    if marker is not None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # a worker died here already
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _close_work_dir_fds(work: str) -> None:
+    """A worker forked from the parent inherits its descriptor of the work folder, which
+    holds the build's ``flock``: close it, so the lock never outlives the parent."""
+    work = os.path.realpath(work)
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == work:
+                    os.close(int(name))
+
+
+def _start_method() -> str:
+    """How decode workers start. ``fork`` (Linux) when it is safe: this process runs
+    no other thread and no CUDA context, so a child cannot inherit a lock held
+    mid-operation; workers then start in milliseconds with the decoder already
+    imported. Otherwise a fork server (boots a clean interpreter once, ~0.5 s for 16
+    workers) or spawn. ``IMGPACK_BUILD_START`` overrides it, for benchmarks."""
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    forced = os.environ.get("IMGPACK_BUILD_START")
+    if forced in ("fork", "forkserver"):
+        return forced
+    torch = sys.modules.get("torch")
+    cuda = False
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            cuda = bool(torch.cuda.is_initialized())
+    return "fork" if threading.active_count() == 1 and not cuda else "forkserver"
+
+
+def _writeback_mode() -> str:
+    """``chunk``: start each chunk's writeback as soon as it is written (sync_file_range),
+    so the final fsync has little left; ``off``: leave it to the kernel and the final
+    fsync. ``IMGPACK_BUILD_WRITEBACK`` selects it, for benchmarks only."""
+    return "off" if os.environ.get("IMGPACK_BUILD_WRITEBACK") == "off" else "chunk"
 
 
 def _warm_up() -> None:
     """A no-op task: submitting one per worker starts the processes early."""
 
 
+# what a worker reports with each chunk: seconds per step, and when it ran (perf_counter
+# is CLOCK_MONOTONIC, one clock for every process of the machine)
+_WORKER_STEPS = ("decode", "copy", "pwrite", "sha256", "writeback", "idle")
+
+
 def _decode_chunk(
     task: tuple[int, int, list[str]],
-) -> tuple[int, list[list[Any]], list[list[int]], str]:
-    """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha."""
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
+    """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha
+    and the worker's time split (``_WORKER_STEPS``, plus ``t_start``, ``t_end``, ``pid``)."""
+    t_start = time.perf_counter()
     chunk, start, paths = task
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
     spec = state.spec
-    buf = np.zeros((len(paths), *spec.shape), dtype=np.uint8)
+    n = len(paths)
+    if state.buf is None or len(state.buf) < n:
+        state.buf = np.empty((n, *spec.shape), dtype=np.uint8)
+    buf = state.buf[:n]  # every row below is written: decoded pixels or zeros
     skips: list[list[Any]] = []
     sizes: list[list[int]] = []
+    t_decode = t_copy = 0.0
     for i, path in enumerate(paths):
+        t = time.perf_counter()
         try:
-            w, h = decode_into(path, spec, buf[i])
+            im, (w, h) = load_resized(path, spec)
+            t2 = time.perf_counter()
+            store_into(im, buf[i])
+            t_copy += time.perf_counter() - t2
+            t_decode += t2 - t
             sizes.append([w, h])
         except DecodeError as e:
             buf[i] = 0
             skips.append([start + i, str(e)])
             sizes.append([0, 0])
+            t_decode += time.perf_counter() - t
     row = image_bytes(spec.shape)
     mv = memoryview(buf).cast("B")
     off, done = start * row, 0
+    t1 = time.perf_counter()
     if state.fd is None:
         state.fd = os.open(state.rows_path, os.O_WRONLY)
     while done < len(mv):
         done += os.pwrite(state.fd, mv[done:], off + done)
+    t2 = time.perf_counter()
+    sha = digest(mv)
+    t3 = time.perf_counter()
     if state.sync_file_range is not None:
         # start writing this range to disk now (non-blocking), so the single fsync
         # at the end has little left to wait for
         state.sync_file_range(state.fd, ctypes.c_int64(off), ctypes.c_int64(len(mv)), 2)
-    return chunk, skips, sizes, digest(mv)
+    t_end = time.perf_counter()
+    times = {
+        "decode": t_decode,
+        "copy": t_copy,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
+    return chunk, skips, sizes, sha, times
 
 
 def _encode_chunk(
     task: tuple[int, int, list[str]],
-) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, Any]]:
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float], dict[str, Any]]:
     """--store jpeg: the JPEG file of each image of a chunk, written back to back to the
-    chunk's own file in the work folder; return skips, source sizes, the file's SHA-256
-    and each image's stored byte length and (height, width) (0 and [0, 0] for skips)."""
+    chunk's own file in the work folder; return skips, source sizes, the file's SHA-256,
+    the worker's time split (as ``_decode_chunk``'s: ``decode`` is reading, checking and
+    any re-encoding, ``copy`` joining the bytes) and each image's stored byte length and
+    (height, width) (0 and [0, 0] for skips)."""
+    t_start = time.perf_counter()
     chunk, start, paths = task
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
     _, quality, max_side = state.store
     parts: list[bytes] = []
     skips: list[list[Any]] = []
@@ -478,19 +599,37 @@ def _encode_chunk(
         lengths.append(len(data))
         stored.append(list(hw))
         reencoded += again
+    t0 = time.perf_counter()
     blob = b"".join(parts)
+    t1 = time.perf_counter()
     path = _chunk_file(Path(state.rows_path).parent, chunk)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         mv, done = memoryview(blob), 0
         while done < len(mv):
             done += os.write(fd, mv[done:])
+        t2 = time.perf_counter()
+        sha = digest(blob)
+        t3 = time.perf_counter()
         if state.sync_file_range is not None:
             state.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(len(mv)), 2)
     finally:
         os.close(fd)
+    t_end = time.perf_counter()
+    times = {
+        "decode": t0 - t_start,
+        "copy": t1 - t0,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
     extra = {"lengths": lengths, "stored": stored, "reencoded": reencoded}
-    return chunk, skips, sizes, digest(blob), extra
+    return chunk, skips, sizes, sha, times, extra
 
 
 def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, Any]]:
@@ -582,9 +721,10 @@ def _fingerprint(plan: _Labels, config: BuildConfig, device: Any = None) -> str:
             ).encode()
         )
         h.update(hashlib.sha256(targets).digest())
+    root = str(scan.root)
     for e in scan.entries:
         try:
-            st = os.stat(scan.root / e.rel)
+            st = os.stat(os.path.join(root, e.rel))
             stamp = f"{st.st_size}:{st.st_mtime_ns}"
         except OSError:
             stamp = "missing"
@@ -637,6 +777,8 @@ def _decode_all(
     new_pool: Callable[[], ProcessPoolExecutor],
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
+    times: dict[str, Any],
+    write_plan: Callable[[], None],
     device: Any = None,
 ) -> tuple[float, int]:
     """Decode every chunk that ``state.done`` lacks into the work dir, journaling each.
@@ -680,14 +822,20 @@ def _decode_all(
 
     with open(work / JOURNAL, "a", encoding="utf-8") as journal:
 
-        def record(res: tuple[Any, ...]) -> None:
-            chunk, skips, sizes, sha = res[:4]
+        def record(res: _ChunkResult) -> None:
+            """Journal one finished chunk (its line fsynced), then report it."""
+            t = time.perf_counter()
+            chunk, skips, sizes, sha, chunk_times = res[:5]
             rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
-            if len(res) > 4:
-                rec.update(res[4])
+            if len(res) > 5:  # --store jpeg: each image's stored length and size
+                rec.update(res[5])
+            if chunk_times is not None:  # None from the GPU path: no worker split
+                times["chunks"].append(chunk_times)
             journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
             journal.flush()
             os.fsync(journal.fileno())
+            times["journal"] += time.perf_counter() - t
+            times["journal_fsyncs"] += 1
             done[chunk] = rec
             if not t_first:
                 t_first.append(time.perf_counter())
@@ -697,17 +845,22 @@ def _decode_all(
         if device is not None:  # --device cuda: batched on the GPU, the rest on the workers
             from .build_gpu import decode_chunks_batched
 
-            decode_chunks_batched(pending, config.spec, str(work / ROWS_FILE), device, pool, record)
+            decode_chunks_batched(
+                pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan
+            )
         elif pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
-            _worker = _WorkerState(str(work / ROWS_FILE), config.spec, _store(config))
+            _worker = _WorkerState(
+                str(work / ROWS_FILE), config.spec, _store(config), t_free=time.perf_counter()
+            )
+            write_plan()
             try:
                 for c in pending:
                     record(_chunk_fn(config)(c))
             finally:
                 _worker.close()
                 _worker = None
-        elif not _run_chunks(pool, pending, done, record, _chunk_fn(config)):
+        elif not _run_chunks(pool, pending, done, record, _chunk_fn(config), times, write_plan):
             # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
             # an operator's kill): the unfinished chunks get one fresh pool.
             _stop_pool(pool)
@@ -715,7 +868,7 @@ def _decode_all(
             log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
             retry = new_pool()
             try:
-                ok = _run_chunks(retry, left, done, record, _chunk_fn(config))
+                ok = _run_chunks(retry, left, done, record, _chunk_fn(config), times, write_plan)
             finally:
                 _stop_pool(retry)
             if not ok:  # the pool cannot tell which image a dead worker was on
@@ -732,7 +885,14 @@ def _store(config: BuildConfig) -> tuple[str, int, int | None]:
     return (config.store, config.quality, config.max_side)
 
 
-def _chunk_fn(config: BuildConfig) -> Callable[[tuple[int, int, list[str]]], tuple[Any, ...]]:
+# what a chunk's work returns, to ``record``: (chunk, skips [[row, reason]], source sizes
+# [[w, h]], SHA-256 of its bytes, the worker's time split or None (GPU path), and for
+# --store jpeg a dict of more journal fields: lengths, stored sizes, re-encoded count)
+_ChunkResult = tuple[Any, ...]
+_ChunkFn = Callable[[tuple[int, int, list[str]]], _ChunkResult]
+
+
+def _chunk_fn(config: BuildConfig) -> _ChunkFn:
     return _encode_chunk if config.store == "jpeg" else _decode_chunk
 
 
@@ -740,15 +900,21 @@ def _run_chunks(
     pool: ProcessPoolExecutor,
     chunks: list[tuple[int, int, list[str]]],
     done: dict[int, dict[str, Any]],
-    record: Callable[[tuple[Any, ...]], None],
-    fn: Callable[[tuple[int, int, list[str]]], tuple[Any, ...]] = _decode_chunk,
+    record: Callable[[_ChunkResult], None],
+    fn: _ChunkFn,
+    times: dict[str, Any],
+    after_submit: Callable[[], None],
 ) -> bool:
     """Run ``fn`` on ``chunks`` in ``pool``, recording each; False if the pool broke (a
     worker died), after recording every chunk that had finished before."""
     futures = [pool.submit(fn, c) for c in chunks]
+    after_submit()  # this process's own work, while the workers decode
     try:
+        t = time.perf_counter()
         for fut in as_completed(futures):
+            times["wait"] += time.perf_counter() - t
             record(fut.result())
+            t = time.perf_counter()
         return True
     except BrokenProcessPool:
         for fut in futures:
@@ -770,7 +936,8 @@ def _start_pool(
     multiprocessing.Pool loses its task and waits forever; this pool breaks,
     and every pending task raises BrokenProcessPool.
     """
-    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    method = _start_method()
+    ctx = mp.get_context(method)
     if ctx.get_start_method() == "forkserver":
         # the fork server imports the decoder once; each worker forks from it ready to go
         ctx.set_forkserver_preload(["packer.build"])
@@ -778,7 +945,7 @@ def _start_pool(
         workers,
         mp_context=ctx,
         initializer=_worker_init,
-        initargs=(str(rows_path), spec, store),
+        initargs=(str(rows_path), spec, store, method == "fork"),
     )
     for _ in range(workers):  # processes start as tasks arrive
         pool.submit(_warm_up)
@@ -809,46 +976,121 @@ def _build_locked(
     n_total = len(scan.entries)
     row = image_bytes(spec.shape) if config.store == "raw" else 0
     block = block_rows_for(n_total)
+    root = str(scan.root)
+    paths = [os.path.join(root, e.rel) for e in scan.entries]
     chunks = [
-        (k, k * block, [str(scan.root / e.rel) for e in scan.entries[k * block : (k + 1) * block]])
+        (k, k * block, paths[k * block : (k + 1) * block])
         for k in range((n_total + block - 1) // block)
     ]
-    fingerprint = _fingerprint(plan, config, device)
     workers = min(config.workers or default_workers(), len(chunks))
+    times: dict[str, Any] = {"chunks": [], "wait": 0.0, "journal": 0.0, "journal_fsyncs": 0}
 
     # started first: its processes boot while this one fingerprints and preallocates
     def new_pool() -> ProcessPoolExecutor:
         return _start_pool(workers, work / ROWS_FILE, spec, _store(config))
 
+    t = time.perf_counter()
+    times["plan"] = t - t0
     pool = new_pool() if workers > 1 else None
+    t_pool = time.perf_counter()
+    times["pool_start"] = t_pool - t
     try:
+        # A fresh work folder needs no fingerprint to start: its plan (the fingerprint)
+        # is written while the workers decode the first chunks, before the first
+        # journal line (a folder with rows and no plan is discarded by a rerun).
+        fresh = is_fresh_work_dir(work)
+        fingerprint = None if fresh else _fingerprint(plan, config, device)
+        t = time.perf_counter()
+        times["fingerprint"] = t - t_pool
         state = prepare_work_dir(work, fingerprint, n_total * row)
+        holder = [fingerprint]
+
+        def write_plan() -> None:
+            if holder[0] is None:
+                t = time.perf_counter()
+                holder[0] = _fingerprint(plan, config, device)
+                start_plan(work, holder[0])
+                times["fingerprint_overlapped"] = time.perf_counter() - t
+
         t_prepared = time.perf_counter()
+        times["prepare"] = t_prepared - t
         if state.assembled:
             t_first, resumed = t_prepared, n_total
             if on_start:
                 on_start(n_total, n_total)
         else:
             t_first, resumed = _decode_all(
-                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, device
-            )
+                scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, times,
+                write_plan, device,
+            )  # fmt: skip
+        t = time.perf_counter()
         if pool is not None:
             pool.shutdown(wait=True)
+        times["pool_stop"] = time.perf_counter() - t
     except BaseException:
         if pool is not None:
             _stop_pool(pool)
         raise
+    write_plan()  # nothing was left to decode
+    fingerprint = holder[0]
+    assert fingerprint is not None
     t_decoded = time.perf_counter()
-    result = _finalize(plan, dst, work, config, state, block, resumed, t0, fingerprint, device)
+    result = _finalize(
+        plan, dst, work, config, state, block, resumed, t0, fingerprint, device, times
+    )
+    t_end = time.perf_counter()
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
     result.extra = {
         "setup_s": round(t_prepared - t0, 3),
         "first_chunk_s": round(t_first - t_prepared, 3),
         "decode_s": round(t_decoded - t0, 3),
-        "finalize_s": round(time.perf_counter() - t_decoded, 3),
+        "finalize_s": round(t_end - t_decoded, 3),
+        **_time_split(times, workers, t_pool, t_prepared, t_decoded, t_end),
     }
     return result
+
+
+def _time_split(
+    times: dict[str, Any],
+    workers: int,
+    t_pool: float,
+    t_prepared: float,
+    t_decoded: float,
+    t_end: float,
+) -> dict[str, Any]:
+    """Where a build's time went, for benchmarks: the parent's steps (seconds of wall
+    time) and the workers' (seconds summed over workers: ``workers x wall`` in all).
+
+    ``worker_idle`` counts a worker's time between chunks (hand-off, waiting for the
+    parent) and before its first chunk after it started; ``worker_tail`` the time
+    workers sat idle at the end while others finished the last chunks;
+    ``worker_start`` the time from the pool's creation to the first chunk started.
+    """
+    chunks = times.pop("chunks")
+    parent = {
+        k: round(v, 3) if isinstance(v, float) else v for k, v in times.items() if k != "finalize"
+    }
+    parent.update({f"finalize_{k}": round(v, 3) for k, v in times.get("finalize", {}).items()})
+    out: dict[str, Any] = {"parent": parent, "workers": workers}
+    if chunks:
+        steps = {k: round(sum(c[k] for c in chunks), 3) for k in _WORKER_STEPS}
+        ends: dict[int, float] = {}
+        starts: dict[int, float] = {}
+        for c in chunks:
+            pid = int(c["pid"])
+            ends[pid] = max(ends.get(pid, 0.0), c["t_end"])
+            starts[pid] = min(starts.get(pid, c["t_start"]), c["t_start"])
+        last = max(ends.values())
+        steps["tail"] = round(sum(last - e for e in ends.values()), 3)
+        out["worker"] = steps
+        out["worker_start_s"] = round(min(starts.values()) - t_pool, 3)
+        out["first_start_after_prepared_s"] = round(min(starts.values()) - t_prepared, 3)
+        out["last_chunk_end_to_decoded_s"] = round(t_decoded - last, 3)
+        out["decode_window_s"] = round(last - min(starts.values()), 3)
+        out["processes_used"] = len(ends)
+    out["finalize_total_s"] = round(t_end - t_decoded, 3)
+    return out
 
 
 def _reached(step: str) -> None:
@@ -866,6 +1108,7 @@ def _finalize(
     t0: float,
     fingerprint: str,
     device: Any = None,
+    times: dict[str, Any] | None = None,
 ) -> BuildResult:
     """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
 
@@ -877,6 +1120,8 @@ def _finalize(
     """
     spec = config.spec
     scan = plan.scan
+    clock = {} if times is None else times.setdefault("finalize", {})
+    t = time.perf_counter()
     if state.assembled:  # a crash came after the pack was complete: only the move is left
         m = read_manifest(work)
         count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
@@ -913,6 +1158,8 @@ def _finalize(
             os.fsync(fd)  # all rows durable before anything depends on them
         finally:
             os.close(fd)
+        clock["fsync_rows"] = time.perf_counter() - t
+        t = time.perf_counter()
         if skip_reason:
             shas = _compact(work / ROWS_FILE, images_path, keep, row, block)
             os.remove(work / ROWS_FILE)
@@ -920,6 +1167,8 @@ def _finalize(
             os.replace(work / ROWS_FILE, images_path)
     elif skip_reason:  # compacted by an earlier run that stopped before the manifest
         shas = _block_shas(images_path, row, block)
+    clock["compact_or_rename"] = time.perf_counter() - t
+    t = time.perf_counter()
     _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
     _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
@@ -986,7 +1235,10 @@ def _finalize(
     _reached("manifest")
     mark_assembled(work, fingerprint)
     _reached("assembled")
+    clock["metadata"] = time.perf_counter() - t
+    t = time.perf_counter()
     result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["move"] = time.perf_counter() - t
     result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
     return result
 

@@ -77,11 +77,14 @@ def decode_chunks_batched(
     device: torch.device,
     pool: ProcessPoolExecutor | None,
     record: Callable[[tuple[Any, ...]], None],
+    after_submit: Callable[[], None] = lambda: None,
     ahead: int = 2,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
-    calling ``record((chunk, skips, sizes, sha))`` per chunk in order, as the CPU
-    workers' ``_decode_chunk`` results are recorded.
+    calling ``record((chunk, skips, sizes, sha, None))`` per chunk in order, as the CPU
+    workers' ``_decode_chunk`` results are recorded (None: no worker time split).
+    ``after_submit()`` runs once the first reads are queued, before the first record
+    (the build writes its plan there, while the workers read).
 
     The CPU workers read every file and classify it (``build._read_for_gpu``), decoding
     themselves what the GPU cannot take; ``ahead`` groups are in flight there while
@@ -92,6 +95,7 @@ def decode_chunks_batched(
     per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
     queue = [_submit_read(pool, [p for c in g for p in c[2]], spec) for g in groups[:ahead]]
+    after_submit()
     try:
         for g, group in enumerate(groups):
             found = queue.pop(0)()
@@ -134,7 +138,7 @@ def decode_chunks_batched(
                 mv, done = memoryview(buf), 0
                 while done < len(mv):
                     done += os.pwrite(fd, mv[done:], start * row + done)
-                record((chunk, skips, sizes, digest(mv)))
+                record((chunk, skips, sizes, digest(mv), None))
     finally:
         os.close(fd)
         for get in queue:  # an error: let the reads in flight finish before returning

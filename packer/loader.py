@@ -61,6 +61,7 @@ _MAX_EPOCH = 1 << 62  # valid torch seed (manual_seed takes [-2**63, 2**64))
 _STATE_VERSION = 1
 _EVEN_SPLITS = ("pad", "trim")
 _JOIN_TIMEOUT_S = 10.0
+_TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
 
 
 def epoch_indices(
@@ -1022,9 +1023,20 @@ class _Pass:
                 self.queue.get_nowait()
 
     # ---- producer side (runs in self.thread)
-    def submit(self, idx: np.ndarray, out: np.ndarray) -> list[Future[Any]]:
-        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads."""
+    def submit(
+        self, idx: np.ndarray, out: np.ndarray, pipelined: bool = False
+    ) -> list[Future[Any]]:
+        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads.
+
+        ``pipelined`` (several batches in flight): a task copies at least
+        ``_TASK_BYTES``. Each np.take must take the GIL back when its copy ends; with
+        2 MB tasks (batch 128 split 8 ways) the threads spent about half their time
+        queueing for it (scripts/probe_stream.py, docs/BENCHMARKS.md), and the batches
+        in flight keep every thread busy with fewer, larger tasks.
+        """
         parts = min(self.num_threads, max(1, len(idx) // 8))
+        if pipelined:
+            parts = min(parts, max(1, len(idx) * out.shape[1] // _TASK_BYTES))
         bounds = np.linspace(0, len(idx), parts + 1).astype(int)
         return [
             self.pool.submit(_take, self.src, idx[a:b], out[a:b])
@@ -1161,7 +1173,8 @@ class _Pass:
             if freed[s] is not None:
                 freed[s].synchronize()  # the copy out of this slot is done
             n = len(idx)
-            pending.append((b, idx, s, self.submit(idx, pinned[s][:n].numpy().reshape(n, -1))))
+            out = pinned[s][:n].numpy().reshape(n, -1)
+            pending.append((b, idx, s, self.submit(idx, out, pipelined=True)))
             while pending and all(f.done() for f in pending[0][3]):
                 if not ship():
                     return

@@ -211,9 +211,15 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
                 root,
                 len(loose),
             )
+        # os.walk joins names onto the folder given: a path under it starts with its
+        # text, so slicing gives relpath's answer without its per-file normalisation
+        prefix = str(root) + os.sep
         for label, name in enumerate(classes):
             for path in walk_images(root / name, skips):
-                entries.append(Entry(Path(os.path.relpath(path, root)).as_posix(), label))
+                rel = (
+                    path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, root)
+                )
+                entries.append(Entry(rel.replace(os.sep, "/"), label))
     else:
         for e in usable:
             if is_image_name(e.name) and not e.is_dir():

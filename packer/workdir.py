@@ -177,14 +177,31 @@ def clear_work_dir(work: Path) -> None:
             os.unlink(entry.path)
 
 
-def prepare_work_dir(work: Path, fingerprint: str, total_bytes: int) -> WorkState:
+def is_fresh_work_dir(work: Path) -> bool:
+    """True when ``work`` is empty: nothing to resume, a build starts afresh."""
+    return not any(work.iterdir())
+
+
+def start_plan(work: Path, fingerprint: str) -> None:
+    """Write the plan of a work folder started with ``prepare_work_dir(work, None, ...)``:
+    must come before its first journal line."""
+    _write_plan(work, {"fingerprint": fingerprint})
+
+
+def prepare_work_dir(work: Path, fingerprint: str | None, total_bytes: int) -> WorkState:
     """Reuse a matching partial build in ``work``, else start afresh there.
 
     A partial build is reused when its plan has the same fingerprint and its
     journal still lists its chunks (or its pack is already assembled); anything
     else (other inputs or options, a plan or journal lost in a crash) is
-    discarded, never mixed.
+    discarded, never mixed. ``fingerprint`` None: ``work`` is known to be empty
+    (:func:`is_fresh_work_dir`); the rows are preallocated and the caller writes the
+    plan later with :func:`start_plan`, before any journal line (rows without a plan
+    are discarded by a rerun).
     """
+    if fingerprint is None:
+        _preallocate(work / ROWS_FILE, total_bytes)
+        return WorkState()
     plan = _read_plan(work)
     if plan.get("fingerprint") == fingerprint:
         if plan.get("assembled") is True:

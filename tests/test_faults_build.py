@@ -95,46 +95,46 @@ def test_compress_killed_before_rename_leaves_nothing_that_becomes_an_image(
 
 
 DEAD_WORKER = textwrap.dedent("""
-    import multiprocessing, os, signal, sys
+    import sys
     from packer.build import BuildConfig, build
     from packer.errors import PackerError
-    calls = 0
-    def progress(n):
-        global calls
-        calls += 1
-        if sys.argv[3] == "always" or calls == 1:
-            for p in multiprocessing.active_children():  # the pool's workers
-                os.kill(p.pid, signal.SIGKILL)
     if __name__ == "__main__":
         try:
-            build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 8), workers=2),
-                  progress=progress)
+            build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 8), workers=2))
         except PackerError as e:
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(e.exit_code)
 """)
+DIES_AT = 75  # of 150 chunks (2 images each): earlier ones journaled, later ones pending
 
 
 @pytest.fixture
 def flat300(tmp_path: Path) -> Path:
     src = tmp_path / "flat"
     src.mkdir()
-    for i in range(300):  # 300 chunks: most are still pending when the workers die
+    for i in range(300):  # 150 chunks (block_rows_for(300) == 2)
         Image.new("L", (4, 4), i % 256).save(src / f"{i:03d}.png")
     return src
 
 
 def run_dead_worker(tmp_path: Path, src: Path, dst: Path, when: str) -> tuple[int, str]:
+    """Build in a subprocess whose pool worker SIGKILLs itself as it starts chunk
+    DIES_AT (packer.build's test hook): ``once`` (then the retry pool gets through) or
+    ``always`` (the retry pool's worker dies too). The kill lands while that chunk is
+    unfinished, however fast the other worker runs: no race with the machine's load."""
     script = tmp_path / "dead.py"
     script.write_text(DEAD_WORKER)
+    marker = tmp_path / "died-once"
+    hook = f"{DIES_AT}:{marker}" if when == "once" else str(DIES_AT)
     with open(tmp_path / "log.txt", "w") as log:  # not a pipe: see test_untrusted_faults
         p = subprocess.run(
-            [sys.executable, str(script), str(src), str(dst), when],
+            [sys.executable, str(script), str(src), str(dst)],
             stdout=log,
             stderr=log,
-            env=ENV,
+            env={**ENV, packer.build.TEST_DEATH_ENV: hook},
             timeout=60,  # the old pool waited here forever
         )
+    assert marker.exists() == (when == "once")
     return p.returncode, (tmp_path / "log.txt").read_text()
 
 
