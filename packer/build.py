@@ -1216,7 +1216,7 @@ def _finalize(
         class_map=plan.class_map,
     )
     if device is not None:
-        extra = {"device": device.type, "tolerance": GPU_TOLERANCE}
+        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
         manifest = replace(manifest, build=replace(manifest.build, extra=extra))
     if jpeg:
         manifest = replace(
@@ -1227,7 +1227,9 @@ def _finalize(
             jpeg_bytes=jpeg["bytes"],
             max_side=config.max_side,
             quality=config.quality,
-            build=replace(manifest.build, extra={"reencoded": jpeg["reencoded"]}),
+            build=replace(
+                manifest.build, extra={**manifest.build.extra, "reencoded": jpeg["reencoded"]}
+            ),
         )
     write_pack_metadata(work, manifest)
     fsync_dir(work / DATA_DIR)

@@ -40,3 +40,18 @@ def test_pack_from_a_table_streams_targets_in_both_storages(tmp_path: Path, stor
     order = [rels.index(s) for s in pack.sources]
     assert targets[:, 0].tolist() == [0.5 * i for i in order]
     assert targets[:, 1].tolist() == [-float(i) for i in order]
+
+
+def test_jpeg_build_keeps_the_tables_missing_row_count(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_jpeg_tree(src, 6, (40, 30), classes=2, quality=90, threads=1)
+    table = tmp_path / "t.csv"
+    with open(table, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label"])
+        for p in sorted(src.rglob("*.jpg")):
+            w.writerow([p.relative_to(src).as_posix(), "a"])
+        w.writerow(["gone.jpg", "a"])
+    cfg = packer.BuildConfig(size=(16, 16), workers=1, store="jpeg", labels=table)
+    extra = packer.load(packer.build_pack(src, tmp_path / "p", cfg).path).manifest.build.extra
+    assert extra["missing_rows"] == 1 and extra["reencoded"] == 0
