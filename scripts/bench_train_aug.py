@@ -37,7 +37,7 @@ import torch
 import torchvision
 
 import packer
-from packer.synth import make_jpeg_tree
+from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
