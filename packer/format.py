@@ -416,12 +416,14 @@ def _strs(items: list[Any], what: str) -> tuple[str, ...]:
 
 
 def _source_ok(s: Any) -> bool:
-    # cheap on a million paths: no PurePath objects
+    # A relative POSIX path with no ".." part, so joining it to the source root stays
+    # under that root. A backslash is an ordinary character in a POSIX name (scan
+    # packs such files), so it is accepted here: refusing it made packs that the
+    # build wrote unreadable. Cheap on a million paths: no PurePath objects.
     return (
         isinstance(s, str)
         and bool(s)
         and not s.startswith("/")
-        and "\\" not in s
         and "\x00" not in s
         and ".." not in s.split("/")
     )
