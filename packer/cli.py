@@ -344,7 +344,9 @@ def build(
     """
     from .build import BuildConfig
     from .build import build as build_pack
+    from .workdir import refuse_symlink_destination
 
+    refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
     config = BuildConfig(
         size=size,
         resize=resize,

@@ -62,3 +62,71 @@ def test_sources_that_leave_the_root_are_still_refused(bad: object) -> None:
 
     assert not _source_ok(bad)
     assert _source_ok("cat/x\\..\\y.png")  # one POSIX name: stays under the root
+
+
+# ---------------------------------------------------------------- 2, 3. symlinked DST
+
+
+def _beside(tmp_path: Path) -> set[str]:
+    return {p.name for p in tmp_path.iterdir()}
+
+
+def test_dst_symlink_to_an_empty_folder_is_refused_up_front(src: Path, tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    before = _beside(tmp_path)
+    for _ in range(2):  # and the rerun is refused the same way, nothing wedged
+        code, _, err = _build(src, tmp_path / "link")
+        assert code == 2
+        line = _one_error(err)
+        assert "is a symbolic link; give the real folder" in line and "real" in line
+        assert _beside(tmp_path) == before and not any((tmp_path / "real").iterdir())
+    code, _, err = _build(src, tmp_path / "real")  # the real folder works
+    assert code == 0, err
+    assert len(packer.load(tmp_path / "real")) == 3
+
+
+@pytest.mark.parametrize("target", ["pack", "missing"])
+def test_dst_symlink_with_overwrite_is_refused_and_link_kept(
+    src: Path, tmp_path: Path, target: str
+) -> None:
+    assert _build(src, tmp_path / "pack")[0] == 0
+    (tmp_path / "lp").symlink_to(target)
+    before = _beside(tmp_path)
+    code, _, err = _build(src, tmp_path / "lp", "--overwrite")
+    assert code == 2 and "is a symbolic link" in _one_error(err)
+    assert _beside(tmp_path) == before and (tmp_path / "lp").is_symlink()
+    assert len(packer.load(tmp_path / "pack")) == 3
+
+
+def test_library_build_refuses_symlinked_dst(src: Path, tmp_path: Path) -> None:
+    from packer.build import BuildConfig, build
+    from packer.errors import InputError
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    with pytest.raises(InputError, match="symbolic link"):
+        build(src, tmp_path / "link", BuildConfig(size=(8, 6), workers=1))
+    assert not any((tmp_path / "real").iterdir())
+
+
+def test_leftover_old_pack_that_is_a_symlink_does_not_wedge_overwrite(
+    src: Path, tmp_path: Path
+) -> None:
+    # what an older imgpack left after `--overwrite` onto a linked DST: the new pack
+    # at DST and the user's link moved aside as .DST.imgpack-old
+    assert _build(src, tmp_path / "rp")[0] == 0
+    assert _build(src, tmp_path / "dst")[0] == 0
+    (tmp_path / ".dst.imgpack-old").symlink_to("rp")
+    for _ in range(2):
+        code, _, err = _build(src, tmp_path / "dst", "--overwrite")
+        assert code == 0, err
+    assert not (tmp_path / ".dst.imgpack-old").is_symlink()
+    assert len(packer.load(tmp_path / "rp")) == 3  # the link's target is untouched
+    # a link left aside with no DST is put back (the swap never finished)
+    (tmp_path / "gone").symlink_to("rp")
+    (tmp_path / "gone").rename(tmp_path / ".gone.imgpack-old")
+    from packer.workdir import recover_trash
+
+    recover_trash(tmp_path / "gone")
+    assert (tmp_path / "gone").is_symlink() and not (tmp_path / ".gone.imgpack-old").exists()
