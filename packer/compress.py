@@ -46,6 +46,7 @@ import ffmpeg
 
 from .decode import DEFAULT_MAX_PIXELS, open_image, open_regular
 from .errors import DecodeError, FFmpegError, InputError, UsageError
+from .format import loads_json
 from .scan import IMAGE_EXTENSIONS, printable, walk_images
 from .workdir import default_workers, destination_error
 
@@ -451,7 +452,7 @@ def _record_options(dst: Path, config: CompressConfig) -> int:
     path = dst / OPTIONS_FILE
     opts = {"quality": config.quality, "max_side": config.max_side}
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = loads_json(path.read_bytes())
     except FileNotFoundError:
         old = {"keep_older": True, **opts}
     except (OSError, ValueError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiskFullError, InputError, PackBusyError
-from .format import write_json_atomic
+from .format import loads_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ def read_journal(path: Path) -> dict[int, dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
                 done[int(rec["chunk"])] = rec
             except (ValueError, KeyError, TypeError):
                 break  # a torn last line from a crash: that chunk is simply redone
@@ -179,7 +178,7 @@ def read_journal(path: Path) -> dict[int, dict[str, Any]]:
 
 def _read_plan(work: Path) -> dict[str, Any]:
     try:
-        plan = json.loads((work / PLAN).read_text(encoding="utf-8"))
+        plan = loads_json((work / PLAN).read_bytes())
         return plan if isinstance(plan, dict) else {}
     except (OSError, ValueError):
         return {}

@@ -3,6 +3,7 @@ symlinked destinations, compress nesting, signals, hostile JSON, huge sizes, bad
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,43 @@ def test_leftover_old_pack_that_is_a_symlink_does_not_wedge_overwrite(
 
     recover_trash(tmp_path / "gone")
     assert (tmp_path / "gone").is_symlink() and not (tmp_path / ".gone.imgpack-old").exists()
+
+
+# ---------------------------------------------------------------- 6. deep JSON
+
+DEEP = "[" * 100_000
+
+
+def test_compress_with_a_deeply_nested_options_record_redoes_instead_of_crashing(
+    src: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    assert _cli("compress", src, out, "-q")[0] == 0
+    (out / ".imgpack-compress.json").write_text(DEEP)
+    code, _, err = _cli("compress", src, out, "-q", "--json")
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads((out / ".imgpack-compress.json").read_text())["quality"] == 3
+
+
+@pytest.mark.parametrize("name", ["plan.json", "journal.jsonl"])
+def test_work_folder_files_nested_deeply_are_discarded(tmp_path: Path, name: str) -> None:
+    from packer.workdir import prepare_work_dir, read_journal
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / name).write_text(DEEP + "\n")
+    assert read_journal(work / "journal.jsonl") == {}
+    state = prepare_work_dir(work, "fp", 16)
+    assert state.done == {} and not state.assembled
+
+
+def test_every_json_reader_shares_the_guard() -> None:
+    # the class of problem: any json.loads on a file imgpack reads back
+    import re
+
+    root = Path(packer.__file__).parent
+    for mod in ("format.py", "workdir.py", "compress.py", "verify.py", "scan.py", "cli.py"):
+        text = (root / mod).read_text()
+        calls = re.findall(r"json\.loads?\(", text)
+        allowed = 1 if mod == "format.py" else 0  # loads_json itself
+        assert len(calls) == allowed, (mod, calls)
