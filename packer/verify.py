@@ -64,6 +64,13 @@ class VerifyConfig:
             raise UsageError("--sample must be a positive number or 'all'")
         if isinstance(self.device, str):
             check_device_name(self.device)
+        # a folder the user names that is not there is bad usage (exit 2), as bench
+        # --source; only the folder recorded at build time may have moved (a FAIL)
+        if self.source is not None and not Path(self.source).is_dir():
+            what = "this is a file" if Path(self.source).exists() else "no such folder"
+            raise UsageError(
+                f"{self.source}: --source must be a folder of the pack's images ({what})"
+            )
 
 
 @dataclass

@@ -201,3 +201,19 @@ def test_transform_sizes_are_bounded_up_front() -> None:
         T.Resize(1000)(strip)
     assert T.Resize(T.MAX_SIDE).size == T.MAX_SIDE  # the bound itself is allowed
     assert T.resized_crop(images, boxes, size=(2, 3)).shape == (1, 3, 2, 3)
+
+
+# ---------------------------------------------------------------- 8. verify --source
+
+
+def test_verify_source_missing_or_a_file_is_bad_usage(src: Path, tmp_path: Path) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    (tmp_path / "f.txt").write_text("x")
+    for bad, what in ((tmp_path / "nonexist", "no such folder"), (tmp_path / "f.txt", "a file")):
+        code, out, err = _cli("verify", tmp_path / "pk", "--source", bad, "--no-speed", "-q")
+        assert code == 2, out + err
+        line = _one_error(err)
+        assert line.startswith(f"Error: {bad}: --source must be a folder") and what in line
+    # the folder recorded at build time gone is not the user's mistake: no error
+    src.rename(tmp_path / "moved")
+    assert _cli("verify", tmp_path / "pk", "--no-speed", "-q")[0] == 0
