@@ -217,3 +217,52 @@ def test_verify_source_missing_or_a_file_is_bad_usage(src: Path, tmp_path: Path)
     # the folder recorded at build time gone is not the user's mistake: no error
     src.rename(tmp_path / "moved")
     assert _cli("verify", tmp_path / "pk", "--no-speed", "-q")[0] == 0
+
+
+# ---------------------------------------------------------------- 4. compress nesting
+
+
+@pytest.mark.parametrize("dst_rel", ["real/out", "real", "real/deeper/out", "holder/s/out"])
+def test_compress_into_a_folder_src_reaches_through_a_link_is_refused(
+    tmp_path: Path, dst_rel: str
+) -> None:
+    for i in range(2):
+        write_image(tmp_path / "real" / f"{i}.png", (12, 10), seed=i)
+    (tmp_path / "holder").mkdir()
+    (tmp_path / "holder" / "s").symlink_to("../real")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "real").rglob("*"))
+    for _ in range(2):
+        code, _, err = _cli("compress", tmp_path / "holder", tmp_path / dst_rel, "-q")
+        assert code == 2, err
+        line = _one_error(err)
+        assert "through a symbolic link" in line or "inside the source" in line
+    after = sorted(p.relative_to(tmp_path) for p in (tmp_path / "real").rglob("*"))
+    assert after == before  # nothing written, nothing nested
+
+
+def test_compress_beside_a_linked_source_still_works(tmp_path: Path) -> None:
+    write_image(tmp_path / "real" / "0.png", (12, 10))
+    (tmp_path / "holder").mkdir()
+    (tmp_path / "holder" / "s").symlink_to("../real")
+    code, _, err = _cli("compress", tmp_path / "holder", tmp_path / "out", "-q")
+    assert code == 0, err
+    assert [
+        p.relative_to(tmp_path / "out").parts[0] for p in (tmp_path / "out").rglob("*.jpg")
+    ] == ["s"]
+
+
+def test_compress_quiet_prints_nothing_for_a_symlink_loop(tmp_path: Path) -> None:
+    write_image(tmp_path / "src" / "a" / "0.png", (12, 10))
+    (tmp_path / "src" / "a" / "loop").symlink_to("..")
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    r = subprocess.run(
+        [sys.executable, "-m", "packer", "compress", tmp_path / "src", tmp_path / "out", "-q"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr
