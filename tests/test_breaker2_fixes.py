@@ -4,13 +4,17 @@ symlinked destinations, compress nesting, signals, hostile JSON, huge sizes, bad
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import packer
-from conftest import write_image
+from conftest import subprocess_env, write_image
 from packer.cli import cli
 
 
@@ -254,11 +258,6 @@ def test_compress_beside_a_linked_source_still_works(tmp_path: Path) -> None:
 def test_compress_quiet_prints_nothing_for_a_symlink_loop(tmp_path: Path) -> None:
     write_image(tmp_path / "src" / "a" / "0.png", (12, 10))
     (tmp_path / "src" / "a" / "loop").symlink_to("..")
-    import subprocess
-    import sys
-
-    from conftest import subprocess_env
-
     r = subprocess.run(
         [sys.executable, "-m", "packer", "compress", tmp_path / "src", tmp_path / "out", "-q"],
         capture_output=True,
@@ -266,3 +265,123 @@ def test_compress_quiet_prints_nothing_for_a_symlink_loop(tmp_path: Path) -> Non
         env=subprocess_env(),
     )
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+# ---------------------------------------------------------------- 5. SIGTERM, --trace
+
+
+def _start(args: list[object], **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(**env),
+    )
+
+
+def _stderr_until(proc: subprocess.Popen[str], needle: str) -> str:
+    """Read the child's stderr until a line holds ``needle`` (the child is then busy)."""
+    seen = ""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen += line
+        if needle in line:
+            return seen
+    raise AssertionError(f"{needle!r} never came; stderr: {seen}")
+
+
+def test_sigterm_during_verify_is_like_ctrl_c_and_leaves_no_trace(
+    src: Path, tmp_path: Path
+) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    trace = tmp_path / "t.json"
+    # enough timed batches that the run is still timing when the signal comes
+    proc = _start(
+        [
+            "verify",
+            tmp_path / "pk",
+            "--device",
+            "cpu",
+            "--no-source",
+            "--batches",
+            10**6,
+            "--trace",
+            trace,
+        ]
+    )
+    seen = _stderr_until(proc, "timing the pack")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    err = seen + err
+    assert proc.returncode == 130, err
+    assert "Interrupted. Nothing was changed" in err and "resume" not in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pk", "src"]
+
+
+def test_trace_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    from packer.verify import _export_trace
+
+    class Prof:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def export_chrome_trace(self, path: str) -> None:
+            Path(path).write_text('{"traceEvents": [')  # half written
+            if self.fail:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _export_trace(Prof(True), tmp_path / "t.json")
+    assert list(tmp_path.iterdir()) == []
+    _export_trace(Prof(False), tmp_path / "t.json.gz")  # the name keeps its suffix
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json.gz"]
+
+
+def test_verify_trace_on_cpu_is_quiet(src: Path, tmp_path: Path) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    env = {k: v for k, v in subprocess_env().items() if k != "KINETO_LOG_LEVEL"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "packer",
+            "verify",
+            tmp_path / "pk",
+            "--device",
+            "cpu",
+            "--no-source",
+            "--batches",
+            "1",
+            "-q",
+            "--json",
+            "--trace",
+            tmp_path / "t.json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and json.loads((tmp_path / "t.json").read_text())
+
+
+def test_sigterm_during_bench_removes_its_temporary_folder(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _start(
+        ["bench", "--quick", "--device", "cpu", "--only", "loading", "--out", tmp_path / "b"],
+        TMPDIR=str(tmp),
+    )
+    # signal once the temporary images folder exists (the bench is making them)
+    _stderr_until(proc, "points, expected to take")
+    while not any(p.name.startswith("imgpack-bench-") for p in tmp.iterdir()):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.01)  # polling for the folder, not timing a race
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted. No results written" in err and "Traceback" not in err
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("imgpack-bench-")] == []
+    assert not (tmp_path / "b").exists()
