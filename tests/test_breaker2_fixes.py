@@ -385,3 +385,60 @@ def test_sigterm_during_bench_removes_its_temporary_folder(tmp_path: Path) -> No
     assert "Interrupted. No results written" in err and "Traceback" not in err
     assert [p.name for p in tmp.iterdir() if p.name.startswith("imgpack-bench-")] == []
     assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------- 9. bench --source
+
+
+def test_bench_source_reports_broken_inputs_by_the_users_names(src: Path, tmp_path: Path):
+    (src / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
+    (src / "dog" / "empty.png").write_bytes(b"")
+    code, out, err = _cli(
+        "bench",
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--workers",
+        "1",
+        "--source",
+        src,
+        "--out",
+        tmp_path / "b",
+        "--json",
+        "-q",
+    )
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["dataset"]["images"] == 3  # usable images only
+    assert sorted(s["path"] for s in r["dataset"]["skipped_inputs"]) == [
+        "cat/broken.jpg",
+        "dog/empty.png",
+    ]
+    assert {s["what"] for s in r["skipped"]} >= {"input cat/broken.jpg", "input dog/empty.png"}
+    assert "imgpack-bench-" not in out and "/i0000" not in out
+
+
+def test_bench_source_all_broken_names_the_users_folder(tmp_path: Path) -> None:
+    (tmp_path / "bad" / "a").mkdir(parents=True)
+    (tmp_path / "bad" / "a" / "x.jpg").write_bytes(b"junk")
+    code, _, err = _cli(
+        "bench",
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--workers",
+        "1",
+        "--source",
+        tmp_path / "bad",
+        "--out",
+        tmp_path / "b",
+        "-q",
+    )
+    line = _one_error(err)
+    assert code in (1, 2) and line.startswith(f"Error: {tmp_path / 'bad'}:")
+    assert "a/x.jpg" in line and "imgpack-bench-" not in line and "i000000" not in line
+    assert not (tmp_path / "b").exists()
