@@ -805,6 +805,9 @@ def bench(
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
     _check_output(out, "--out", folder=True)
+    from .bench.report import check_out_folder
+
+    check_out_folder(out)
     # the one place the name becomes a torch.device; the library takes it as it is
     config = dataclasses.replace(config, device=resolve_device(device))
     if not quiet:

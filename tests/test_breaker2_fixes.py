@@ -442,3 +442,42 @@ def test_bench_source_all_broken_names_the_users_folder(tmp_path: Path) -> None:
     assert code in (1, 2) and line.startswith(f"Error: {tmp_path / 'bad'}:")
     assert "a/x.jpg" in line and "imgpack-bench-" not in line and "i000000" not in line
     assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------- 10. bench --out
+
+
+def test_bench_out_with_the_users_files_is_refused_and_a_previous_run_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import packer.bench
+    from packer.bench import BenchConfig, BenchResult
+
+    ran: list[int] = []
+
+    def tiny_run(*args: object, **kwargs: object) -> BenchResult:  # what is measured is moot
+        ran.append(1)
+        machine = {"cores": 1, "torch": "x", "python": "x", "cpu": "x", "date": "x"}
+        grid = {**dataclasses.asdict(BenchConfig(quick=True).grid), "workers": 1}
+        return BenchResult(device="cpu", device_name="CPU", quick=True, machine=machine, grid=grid)
+
+    monkeypatch.setattr(packer.bench, "run_bench", tiny_run)
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "results.md").write_text("mine")  # a bench name, but beside a foreign file
+    (out / "notes.txt").write_text("mine")
+    args = ("bench", "--quick", "--device", "cpu", "--only", "transfer", "-q", "--out", out)
+    code, _, err = _cli(*args)
+    assert code == 2 and "notes.txt" in _one_error(err) and "--out" in err
+    assert (out / "results.md").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    (out / "sub").mkdir()
+    assert _cli(*args)[0] == 2  # a folder is not a bench output either
+    (out / "sub").rmdir()
+    code, _, err = _cli(*args)  # only a previous run's names: replaced
+    assert code == 0, err
+    assert (out / "results.md").read_text() != "mine" and (out / "results.json").is_file()
+    assert _cli(*args)[0] == 0  # and rerun into its own results
+    assert len(ran) == 2  # the refusals came before any work
