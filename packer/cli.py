@@ -34,8 +34,24 @@ def _emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False))
 
 
+# What Ctrl-C (or SIGTERM) leaves, per command: only build and compress keep work to resume.
+_RESUME = "The work done so far is kept: run the same command again to resume."
+INTERRUPTED = {
+    "build": _RESUME,
+    "compress": _RESUME,
+    "verify": "Nothing was changed (verify only reads the pack); no report was written.",
+    "bench": "No results written (the temporary images are removed).",
+    "info": "Nothing was changed.",
+}
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors into ``Error: ...`` with their exit code; keep bugs' tracebacks."""
+    """Turn library errors into ``Error: ...`` with their exit code; keep bugs' tracebacks.
+
+    An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) exits 130
+    with what it left for this command (:data:`INTERRUPTED`).
+    """
+    left = INTERRUPTED.get(fn.__name__, "Nothing was changed.")
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,11 +61,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"Error: {e}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            click.echo(
-                "\nInterrupted. The work done so far is kept: run the same command "
-                "again to resume.",
-                err=True,
-            )
+            click.echo(f"\nInterrupted. {left}", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper
@@ -344,7 +356,9 @@ def build(
     """
     from .build import BuildConfig
     from .build import build as build_pack
+    from .workdir import refuse_symlink_destination
 
+    refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
     config = BuildConfig(
         size=size,
         resize=resize,
@@ -622,6 +636,7 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
 @json_option()
 @quiet_option()
 @handle_errors
+@sigterm_as_interrupt
 def verify(
     pack: Path,
     source: Path | None,
@@ -738,6 +753,7 @@ def verify(
 @json_option("Print one JSON object with every point.")
 @quiet_option()
 @handle_errors
+@sigterm_as_interrupt
 def bench(
     device: str,
     quick: bool,
@@ -789,6 +805,9 @@ def bench(
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
     _check_output(out, "--out", folder=True)
+    from .bench.report import check_out_folder
+
+    check_out_folder(out)
     # the one place the name becomes a torch.device; the library takes it as it is
     config = dataclasses.replace(config, device=resolve_device(device))
     if not quiet:
@@ -800,15 +819,8 @@ def bench(
             f"{count_points(config, cuda)} points, expected to take about {took}",
             err=True,
         )
-    try:
-        result = _run_with_bar(
-            "bench", quiet, as_json, functools.partial(run_bench, config), unit="pt"
-        )
-    except KeyboardInterrupt:  # no partial results: a bench is rerun, not resumed
-        click.echo(
-            "\nInterrupted; no results written (the temporary images are removed).", err=True
-        )
-        sys.exit(EXIT_INTERRUPTED)
+    # an interrupt ends in handle_errors: no partial results, a bench is rerun, not resumed
+    result = _run_with_bar("bench", quiet, as_json, functools.partial(run_bench, config), unit="pt")
     r = result.to_json()
     files = [str(p) for p in write_results(r, out)]
     if as_json:

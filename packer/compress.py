@@ -46,6 +46,7 @@ import ffmpeg
 
 from .decode import DEFAULT_MAX_PIXELS, open_image, open_regular
 from .errors import DecodeError, FFmpegError, InputError, UsageError
+from .format import loads_json
 from .scan import IMAGE_EXTENSIONS, printable, walk_images
 from .workdir import default_workers, destination_error
 
@@ -152,17 +153,20 @@ def ffmpeg_exe() -> str:
         ) from None
 
 
-def _list_images(src: Path, skipped: list[dict[str, str]]) -> list[str]:
+def _list_images(
+    src: Path, skipped: list[dict[str, str]], followed: list[str] | None = None
+) -> list[str]:
     """Relative POSIX paths of every image under src, sorted; symlinks followed, loop-safe.
 
-    Unreadable folders and names that are not UTF-8 go to ``skipped`` with the reason.
+    Unreadable folders and names that are not UTF-8 go to ``skipped`` with the reason;
+    ``followed`` gets the real path of every folder scanned.
     """
     if not src.exists():
         raise InputError(f"{src}: no such folder; check the path")
     if not src.is_dir():
         raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
     skips: list[tuple[str, str]] = []
-    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src, skips)]
+    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src, skips, followed)]
     for path, reason in skips:
         skipped.append(
             {"path": printable(Path(os.path.relpath(path, src)).as_posix()), "reason": reason}
@@ -371,12 +375,21 @@ def compress(
     config.validate()
     src, dst = Path(src), Path(dst)
     result = CompressResult()
-    rels = _list_images(src, result.skipped_inputs)
+    followed: list[str] = []
+    rels = _list_images(src, result.skipped_inputs, followed)
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
         raise InputError(
             f"{dst}: the output would be inside the source {src}; choose a destination outside it"
         )
+    # SRC may reach DST's folder through a symbolic link: every rerun would then
+    # compress its own outputs again, one level deeper each time
+    for real in map(Path, followed):
+        if rd == real or rd.is_relative_to(real):
+            raise InputError(
+                f"{dst}: the output would be inside {real}, which the scan of {src} reaches "
+                "through a symbolic link; choose a destination outside it"
+            )
     if dst.exists() and not dst.is_dir():
         raise InputError(f"{dst}: exists and is not a folder")
     exe = ffmpeg_exe()
@@ -451,7 +464,7 @@ def _record_options(dst: Path, config: CompressConfig) -> int:
     path = dst / OPTIONS_FILE
     opts = {"quality": config.quality, "max_side": config.max_side}
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = loads_json(path.read_bytes())
     except FileNotFoundError:
         old = {"keep_older": True, **opts}
     except (OSError, ValueError):

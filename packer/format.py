@@ -416,12 +416,14 @@ def _strs(items: list[Any], what: str) -> tuple[str, ...]:
 
 
 def _source_ok(s: Any) -> bool:
-    # cheap on a million paths: no PurePath objects
+    # A relative POSIX path with no ".." part, so joining it to the source root stays
+    # under that root. A backslash is an ordinary character in a POSIX name (scan
+    # packs such files), so it is accepted here: refusing it made packs that the
+    # build wrote unreadable. Cheap on a million paths: no PurePath objects.
     return (
         isinstance(s, str)
         and bool(s)
         and not s.startswith("/")
-        and "\\" not in s
         and "\x00" not in s
         and ".." not in s.split("/")
     )
@@ -615,6 +617,23 @@ def hash_blocks(
 # ---------------------------------------------------------------- writing
 
 
+class JSONNestingError(ValueError):
+    """JSON nested deeper than Python's parser can follow (a hostile or garbage file)."""
+
+
+def loads_json(data: bytes | str) -> Any:
+    """``json.loads`` for files imgpack reads back (manifests, plans, journals, records).
+
+    Nesting too deep for the parser's recursion raises :class:`JSONNestingError`, a
+    ``ValueError``, like any other invalid JSON, so every caller that already treats
+    ``ValueError`` as "not valid" is safe from ``RecursionError`` too.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise JSONNestingError("JSON nested too deeply") from None
+
+
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
     """Write JSON to ``path`` via a temporary file, fsync, rename: ``path`` is always whole."""
     path = Path(path)
@@ -775,14 +794,14 @@ def read_manifest(root: Path) -> Manifest:
     if lay.manifest.stat().st_size > MAX_MANIFEST_BYTES:
         raise _fail(root, f"{MANIFEST} is implausibly large; the pack is damaged")
     try:
-        raw = json.loads(lay.manifest.read_bytes())
+        raw = loads_json(lay.manifest.read_bytes())
+    except JSONNestingError:
+        raise _fail(
+            root, f"{MANIFEST} is nested too deeply to be a manifest; refusing the pack"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise _fail(
             root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it"
-        ) from None
-    except RecursionError:
-        raise _fail(
-            root, f"{MANIFEST} is nested too deeply to be a manifest; refusing the pack"
         ) from None
     except OSError as e:
         raise _fail(root, f"{MANIFEST} cannot be read ({e.strerror})") from None
@@ -812,8 +831,8 @@ def check_files(root: Path, m: Manifest) -> None:
     meta = root / "meta.json"
     if meta.is_file():
         try:
-            t = json.loads(meta.read_bytes()).get("_type")
-        except (ValueError, AttributeError, RecursionError):
+            t = loads_json(meta.read_bytes()).get("_type")
+        except (ValueError, AttributeError):
             t = None
         if t != TD_TYPE:
             raise _fail(

@@ -80,16 +80,22 @@ def _valid_utf8(name: str) -> bool:
 NOT_UTF8 = "file name is not valid UTF-8; rename it"
 
 
-def walk_images(top: Path, skipped: list[tuple[str, str]] | None = None) -> list[str]:
+def walk_images(
+    top: Path,
+    skipped: list[tuple[str, str]] | None = None,
+    followed: list[str] | None = None,
+) -> list[str]:
     """Image paths under ``top`` as absolute strings, ImageFolder's order, loop-safe.
 
     What cannot be used is appended to ``skipped`` as (absolute path, reason):
     folders that cannot be read, and names that are not valid UTF-8. Without
-    ``skipped`` they are logged.
+    ``skipped`` they are logged. ``followed``, when given, gets the real path
+    (symbolic links resolved) of every folder scanned: a writer checks its
+    output is under none of them, also where a link leads back into it.
     """
     if skipped is None:
         found_skips: list[tuple[str, str]] = []
-        paths = walk_images(top, found_skips)
+        paths = walk_images(top, found_skips, followed)
         for path, reason in found_skips:
             log.warning("skipping %s: %s", printable(path), reason)
         return paths
@@ -108,12 +114,13 @@ def walk_images(top: Path, skipped: list[tuple[str, str]] | None = None) -> list
             continue
         key = (st.st_dev, st.st_ino)
         if key in seen:
-            log.warning(
-                "skipping %s: a symlink loop leads back to a folder already scanned", dirpath
-            )
+            # expected and handled (the folder's images are listed once): not a warning
+            log.info("skipping %s: a symlink loop leads back to a folder already scanned", dirpath)
             dirnames[:] = []
             continue
         seen.add(key)
+        if followed is not None:
+            followed.append(os.path.realpath(dirpath))
         for d in list(dirnames):
             if is_own_name(d):
                 dirnames.remove(d)

@@ -41,7 +41,14 @@ Size = int | tuple[int, int] | Sequence[int]
 _TRIES = 10
 
 
+# Largest output side any transform makes: twice the build's --size limit (8192),
+# so upscaling a pack's images stays possible, while a typo such as 10**6 fails at
+# once instead of asking the allocator for terabytes.
+MAX_SIDE = 16384
+
+
 def _pair(size: Size, name: str = "size") -> tuple[int, int]:
+    """``size`` as (height, width), each 1 to :data:`MAX_SIDE`; ValueError otherwise."""
     if isinstance(size, bool):
         raise ValueError(f"{name} must be a positive int or (height, width), not {size!r}")
     if isinstance(size, int):
@@ -54,6 +61,10 @@ def _pair(size: Size, name: str = "size") -> tuple[int, int]:
         ) from None
     if h < 1 or w < 1:
         raise ValueError(f"{name} must be positive, not {size!r}")
+    if h > MAX_SIDE or w > MAX_SIDE:
+        raise ValueError(
+            f"{name} {size!r} is too large: each output side must be at most {MAX_SIDE} pixels"
+        )
     return h, w
 
 

@@ -64,6 +64,13 @@ class VerifyConfig:
             raise UsageError("--sample must be a positive number or 'all'")
         if isinstance(self.device, str):
             check_device_name(self.device)
+        # a folder the user names that is not there is bad usage (exit 2), as bench
+        # --source; only the folder recorded at build time may have moved (a FAIL)
+        if self.source is not None and not Path(self.source).is_dir():
+            what = "this is a file" if Path(self.source).exists() else "no such folder"
+            raise UsageError(
+                f"{self.source}: --source must be a folder of the pack's images ({what})"
+            )
 
 
 @dataclass
@@ -352,6 +359,19 @@ def check_sources(
 # ---------------------------------------------------------------- throughput
 
 
+def _export_trace(prof: Any, trace: Path) -> None:
+    """Write the Chrome trace whole or not at all: a temporary name beside it, then a
+    rename. The name ends like ``trace`` (the profiler gzips a ``.gz`` name) and is
+    one of imgpack's own (``.imgpack-tmp-``), removed if the export is interrupted."""
+    trace = Path(trace)
+    tmp = trace.with_name(f".imgpack-tmp-{os.getpid()}-{trace.name}")
+    try:
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, trace)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def measure(
     pack: Any,
     m: Manifest,
@@ -380,13 +400,19 @@ def measure(
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        if device.type != "cuda":
+            # the profiler's C++ side (kineto) probes for GPUs on its first use and logs
+            # "gpuGetDeviceCount failed" and trace markers on stderr even for CPU-only
+            # activities; a level above all of its own keeps a CPU trace quiet. Read once,
+            # at that first use; a value the user set wins.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         with profile(activities=acts) as prof:
             for i, batch in enumerate(loader):  # 2- or 3-tuples (a pack with targets)
                 norm(batch[0])
                 if i == 5:
                     break
             sync(device)
-        prof.export_chrome_trace(str(trace))
+        _export_trace(prof, trace)
     loader.close()
     if source is None or jpeg:
         return

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiskFullError, InputError, PackBusyError
-from .format import write_json_atomic
+from .format import loads_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,24 @@ def destination_error(e: OSError, dst: Path) -> Exception:
     return e
 
 
+def refuse_symlink_destination(dst: str | os.PathLike[str]) -> None:
+    """Refuse a DST that is a symbolic link (to a folder, a pack, or nothing).
+
+    The pack is put in place by renaming the work folder onto DST, and a rename
+    replaces the link itself, not the folder it points to; ``--overwrite`` would
+    move the link aside and then fail to remove it. So the user names the real
+    folder instead. Only DST's last component matters: links higher up the path
+    are resolved by the kernel like any other folder.
+    """
+    p = Path(os.path.abspath(dst))
+    if p.is_symlink():
+        try:
+            real = f"it points to {os.path.realpath(p)}"
+        except OSError:
+            real = "it cannot be resolved"
+        raise InputError(f"{dst}: is a symbolic link; give the real folder ({real})")
+
+
 def work_dir_for(dst: Path) -> Path:
     return dst.parent / f".{dst.name}.imgpack-partial"
 
@@ -81,8 +98,11 @@ def dest_lock(dst: Path) -> Iterator[Path]:
 
     The lock is an ``flock`` on the folder itself, released by the kernel when
     the process ends, even on a crash. An empty work folder is removed on exit,
-    so a build that wrote nothing leaves nothing beside DST.
+    so a build that wrote nothing leaves nothing beside DST. A DST that is a
+    symbolic link is refused before anything is created
+    (:func:`refuse_symlink_destination`).
     """
+    refuse_symlink_destination(dst)
     work = work_dir_for(dst)
     while True:
         with contextlib.suppress(FileExistsError):
@@ -117,13 +137,18 @@ def recover_trash(dst: Path) -> None:
     """Finish or undo an ``--overwrite`` swap that a crash interrupted (lock held).
 
     Old pack aside and no DST: the new one never arrived, so the old one goes
-    back. Both present: the swap completed, the old one is removed.
+    back. Both present: the swap completed, the old one is removed. A leftover
+    that is a symbolic link (an older imgpack moved a linked DST aside) is only
+    unlinked: what it points to is the user's, and rmtree refuses links.
     """
     trash = trash_dir_for(dst)
-    if not trash.exists():
+    if not (trash.exists() or trash.is_symlink()):
         return
     if dst.exists() or dst.is_symlink():
-        shutil.rmtree(trash)
+        if trash.is_symlink() or not trash.is_dir():
+            trash.unlink()
+        else:
+            shutil.rmtree(trash)
     else:
         log.info("restoring %s: an interrupted build had moved it aside", dst)
         os.replace(trash, dst)
@@ -144,7 +169,7 @@ def read_journal(path: Path) -> dict[int, dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
                 done[int(rec["chunk"])] = rec
             except (ValueError, KeyError, TypeError):
                 break  # a torn last line from a crash: that chunk is simply redone
@@ -153,7 +178,7 @@ def read_journal(path: Path) -> dict[int, dict[str, Any]]:
 
 def _read_plan(work: Path) -> dict[str, Any]:
     try:
-        plan = json.loads((work / PLAN).read_text(encoding="utf-8"))
+        plan = loads_json((work / PLAN).read_bytes())
         return plan if isinstance(plan, dict) else {}
     except (OSError, ValueError):
         return {}

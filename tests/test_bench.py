@@ -250,5 +250,5 @@ def test_interrupt_exits_130_and_writes_nothing(
     monkeypatch.setattr(packer.bench, "run_bench", interrupted)
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert code == 130
-    assert "Interrupted; no results written" in stderr
+    assert "Interrupted. No results written" in stderr and "resume" not in stderr
     assert not (tmp_path / "o").exists()

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from conftest import write_image
 from packer.cli import cli
+from packer.errors import UsageError
 from packer.verify import VerifyConfig, verify
 
 NO_SPEED = VerifyConfig(throughput=False, sample=None)
@@ -73,8 +74,9 @@ def test_label_out_of_range(packed: Path) -> None:
 
 def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
     shutil.rmtree(image_tree)
-    r = verify(packed, VerifyConfig(throughput=False, source=image_tree))
-    assert "source folder not found" in failed(r)["sources"]
+    # a folder the caller names that is not there is bad usage, before any work
+    with pytest.raises(UsageError, match="--source must be a folder"):
+        verify(packed, VerifyConfig(throughput=False, source=image_tree))
 
 
 def test_cli_exit_1_names_the_problem(packed: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError, PackerError
+from ..errors import PackerError
 from ..timing import time_loader
 from .config import BenchConfig, BenchResult
 
@@ -24,12 +24,17 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- data
 
 
-def _sample_source(source: Path, n: int, dst: Path) -> None:
-    """Link an even sample of ``n`` images of ``source`` into an ImageFolder tree at ``dst``."""
+def _sample_source(source: Path, n: int, dst: Path) -> dict[str, str]:
+    """Link an even sample of ``n`` images of ``source`` into an ImageFolder tree at ``dst``.
+
+    Returns each link's path relative to ``dst`` -> the image's path relative to
+    ``source``, so what the bench reports names the user's files, not its links.
+    """
     from ..scan import scan_tree
 
     scan = scan_tree(source)  # raises InputError when there is no image
     step = max(1, len(scan.entries) // n)
+    names: dict[str, str] = {}
     for k, e in enumerate(scan.entries[::step][:n]):
         path = scan.root / e.rel
         d = dst / (scan.classes[e.label] if scan.classes else "all")
@@ -39,6 +44,15 @@ def _sample_source(source: Path, n: int, dst: Path) -> None:
             os.symlink(path.resolve(), link)
         except OSError:
             shutil.copyfile(path, link)
+        names[link.relative_to(dst).as_posix()] = e.rel
+    return names
+
+
+def _user_names(text: str, work: Path, source: Path, names: dict[str, str]) -> str:
+    """``text`` with the bench's temporary names replaced by the user's own."""
+    for link, rel in names.items():
+        text = text.replace(str(work / link), str(source / rel)).replace(link, rel)
+    return text.replace(str(work), str(source))
 
 
 def _tree_bytes(root: Path) -> int:
@@ -49,24 +63,44 @@ def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str,
     """Originals, their compressed copy (if ffmpeg works) and a pack; returns their paths."""
     from ..build import BuildConfig, build
     from ..compress import CompressConfig, compress
+    from ..format import pack_bytes, read_manifest
     from .synth import make_jpeg_tree
 
     g = cfg.grid
     t0 = time.perf_counter()
     orig = work / "original"
+    names: dict[str, str] = {}
     if cfg.source is not None:
-        _sample_source(cfg.source, g.images, orig)
+        names = _sample_source(cfg.source, g.images, orig)
         kind = f"{cfg.source} (an even sample)"
     else:
         make_jpeg_tree(orig, g.images, g.photo_size, threads=cfg.workers)
         kind = f"synthetic {g.photo_size[0]}x{g.photo_size[1]} JPEG quality 95"
     paths = {"original": orig}
-    n = sum(1 for p in orig.rglob("*") if p.is_file() or p.is_symlink())
+    source = cfg.source or orig
+    # the pack first: it decides which inputs are usable, and every loader is timed
+    # on those only (the folder baseline reads the pack's sources)
+    pack = work / "pack"
+    try:
+        r = build(orig, pack, BuildConfig(size=(g.pack_side, g.pack_side), workers=cfg.workers))
+    except PackerError as e:  # every sampled image broken: say so in the user's names
+        raise type(e)(_user_names(str(e), orig, source, names)) from None
+    broken = [
+        {
+            "path": names.get(k["path"], k["path"]),
+            "reason": _user_names(k["reason"], orig, source, names),
+        }
+        for k in r.skipped
+    ]
+    for k in broken:
+        result.skip("loading", f"input {k['path']}", k["reason"])
+    usable = [orig / rel for rel in read_manifest(pack).sources]
     result.dataset = {
-        "images": n,
+        "images": r.count,
         "kind": kind,
-        "original_bytes": _tree_bytes(orig),
+        "original_bytes": sum(p.stat().st_size for p in usable),
         "pack_image": [3, g.pack_side, g.pack_side],
+        "skipped_inputs": broken,
     }
     comp = work / "compressed"
     try:
@@ -79,13 +113,7 @@ def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str,
             result.skip("loading", "compressed folder", "compress wrote no image")
     except PackerError as e:  # no ffmpeg, typically
         result.skip("loading", "compressed folder", str(e))
-    pack = work / "pack"
-    r = build(orig, pack, BuildConfig(size=(g.pack_side, g.pack_side), workers=cfg.workers))
-    if not r.count:
-        raise InputError(f"{cfg.source or orig}: no image could be decoded for the pack")
     paths["pack"] = pack
-    from ..format import pack_bytes
-
     result.dataset["pack_bytes"] = pack_bytes(pack)
     result.dataset["prepare_seconds"] = round(time.perf_counter() - t0, 2)
     return paths

@@ -12,6 +12,32 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+# Every name write_results can leave in --out (the plots, the tables, their temporary names)
+OUTPUTS = frozenset(
+    [f"{k}.png" for k in ("transfer", "conversion", "loading", "training")]
+    + ["results.md", "results.json", ".results.md.tmp", "results.json.tmp"]
+)
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse, before any work, an ``--out`` folder holding anything but a previous
+    bench's results: those are replaced, a user's own ``results.md`` never is."""
+    from ..errors import UsageError
+
+    if not out.is_dir():
+        return
+    try:
+        foreign = sorted(e.name for e in os.scandir(out) if e.name not in OUTPUTS)
+    except OSError as e:
+        raise UsageError(f"{out}: --out cannot be read ({e.strerror})") from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise UsageError(
+            f"{out}: --out holds files that are not a previous bench's results ({shown}); "
+            "choose a new or empty folder"
+        )
+
+
 def write_results(r: dict[str, Any], out: Path) -> list[Path]:
     """Write the plots, ``results.md`` and ``results.json`` of a result (its
     ``to_json()``) into the folder ``out`` (made if needed), each file whole or absent."""
