@@ -118,6 +118,7 @@ from .workdir import (
     mark_assembled,
     prepare_work_dir,
     recover_trash,
+    refuse_symlink_destination,
     start_plan,
     trash_dir_for,
     work_dir_for,
@@ -752,6 +753,7 @@ def build(
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
+    refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
     plan = _plan_labels(src, config)
     check_destination(src, dst, config.overwrite)
     try:
