@@ -90,3 +90,33 @@ def packed(image_tree: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "pack"
     build(image_tree, dst, BuildConfig(size=(32, 24), workers=1))
     return dst
+
+
+def cli_run(*args: object) -> tuple[int, str, str]:
+    """``imgpack ARGS`` through click's runner: exit code, stdout, stderr."""
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    r = CliRunner().invoke(cli, [str(a) for a in args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def cli_build(src: Path, dst: Path, *extra: object) -> tuple[int, str, str]:
+    """``imgpack build SRC DST`` at 8x6, one worker, quiet, plus ``extra``."""
+    return cli_run("build", src, dst, "--size", "8x6", "--workers", "1", "-q", *extra)
+
+
+def one_error(err: str) -> str:
+    """The single ``Error:`` line of a user error (no traceback, nothing else)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    """A tiny ImageFolder tree: cat/0.png, cat/1.png, dog/0.png (12x10)."""
+    for rel in ("cat/0.png", "cat/1.png", "dog/0.png"):
+        write_image(tmp_path / "src" / rel, (12, 10), seed=len(rel))
+    return tmp_path / "src"

@@ -11,34 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import packer
+from conftest import cli_build as _build
+from conftest import cli_run as _cli
+from conftest import one_error as _one_error
 from conftest import subprocess_env, write_image
-from packer.cli import cli
-
-
-def _cli(*args: object) -> tuple[int, str, str]:
-    r = CliRunner().invoke(cli, [str(a) for a in args])
-    return r.exit_code, r.stdout, r.stderr
-
-
-def _build(src: Path, dst: Path, *extra: object) -> tuple[int, str, str]:
-    return _cli("build", src, dst, "--size", "8x6", "--workers", "1", "-q", *extra)
-
-
-def _one_error(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    for rel in ("cat/0.png", "cat/1.png", "dog/0.png"):
-        write_image(tmp_path / "src" / rel, (12, 10), seed=len(rel))
-    return tmp_path / "src"
-
 
 # ---------------------------------------------------------------- 1. odd names
 

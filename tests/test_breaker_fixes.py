@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 import packer
+from conftest import cli_build as _build
+from conftest import cli_run as _cli
 from conftest import write_image
 from packer.build import BuildConfig, build
-from packer.cli import cli
 from packer.errors import InputError, UsageError
 from packer.labels import (
     MAX_MISSING_LISTED,
@@ -236,28 +236,6 @@ def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8", newline="")
     return path
-
-
-def _cli(*args: object) -> tuple[int, str, str]:
-    r = CliRunner().invoke(cli, [str(a) for a in args])
-    return r.exit_code, r.stdout, r.stderr
-
-
-def _build(src: Path, dst: Path, *extra: object) -> tuple[int, str, str]:
-    return _cli("build", src, dst, "--size", "8x6", "--workers", "1", "-q", *extra)
-
-
-def _one_error(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    for rel in ("cat/0.png", "cat/1.png", "dog/0.png"):
-        write_image(tmp_path / "src" / rel, (12, 10), seed=len(rel))
-    return tmp_path / "src"
 
 
 def _returns_within(fn, seconds: float = 10.0) -> BaseException | None:
