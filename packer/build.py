@@ -847,9 +847,16 @@ def _decode_all(
         if device is not None:  # --device cuda: batched on the GPU, the rest on the workers
             from .build_gpu import decode_chunks_batched
 
-            decode_chunks_batched(
-                pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan
-            )
+            try:
+                decode_chunks_batched(
+                    pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan
+                )
+            except BrokenProcessPool:
+                raise WorkerDiedError(
+                    "a CPU worker of the GPU build died (killed, or out of memory); "
+                    f"{len(done)} of {len(chunks)} chunks are kept in the work folder: run "
+                    "the same command again to resume"
+                ) from None
         elif pool is None:  # in this process: no signal or parent-death handling of a worker
             global _worker
             _worker = _WorkerState(
@@ -909,21 +916,29 @@ def _run_chunks(
 ) -> bool:
     """Run ``fn`` on ``chunks`` in ``pool``, recording each; False if the pool broke (a
     worker died), after recording every chunk that had finished before."""
-    futures = [pool.submit(fn, c) for c in chunks]
-    after_submit()  # this process's own work, while the workers decode
+    futures = []
+    broken = False
     try:
-        t = time.perf_counter()
-        for fut in as_completed(futures):
-            times["wait"] += time.perf_counter() - t
-            record(fut.result())
+        for c in chunks:
+            futures.append(pool.submit(fn, c))
+    except BrokenProcessPool:  # a worker died while chunks were still being submitted
+        broken = True
+    after_submit()  # this process's own work, while the workers decode
+    if not broken:
+        try:
             t = time.perf_counter()
-        return True
-    except BrokenProcessPool:
-        for fut in futures:
-            finished = fut.done() and not fut.cancelled() and fut.exception() is None
-            if finished and fut.result()[0] not in done:
+            for fut in as_completed(futures):
+                times["wait"] += time.perf_counter() - t
                 record(fut.result())
-        return False
+                t = time.perf_counter()
+            return True
+        except BrokenProcessPool:
+            pass
+    for fut in futures:
+        finished = fut.done() and not fut.cancelled() and fut.exception() is None
+        if finished and fut.result()[0] not in done:
+            record(fut.result())
+    return False
 
 
 def _start_pool(

@@ -505,3 +505,34 @@ def test_sigterm_handler_is_restored(image_tree: Path, tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     CliRunner().invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1"])
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def _die() -> None:
+    os._exit(1)
+
+
+def test_a_pool_that_breaks_while_chunks_are_submitted_is_a_dead_worker_not_a_traceback() -> None:
+    """``submit`` itself raises BrokenProcessPool once the pool knows a worker died (seen
+    in CI: the retry pool's worker died before all its chunks were queued)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from packer import build as build_mod
+
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+    with pytest.raises(BrokenProcessPool):
+        pool.submit(_die).result()
+    wrote_plan, recorded = [], []
+    times: dict = {"wait": 0.0}
+    ok = build_mod._run_chunks(
+        pool,
+        [(0, 0, ["a.jpg"]), (1, 1, ["b.jpg"])],
+        {},
+        recorded.append,
+        build_mod._decode_chunk,
+        times,
+        lambda: wrote_plan.append(True),
+    )
+    pool.shutdown(wait=True)
+    assert ok is False and recorded == [] and wrote_plan == [True]
