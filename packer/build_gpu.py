@@ -86,7 +86,7 @@ def decode_chunks_batched(
     ``after_submit()`` runs once the first reads are queued, before the first record
     (the build writes its plan there, while the workers read).
 
-    The CPU workers read every file and classify it (``build._read_for_gpu``), decoding
+    The CPU workers read every file and classify it (``build_workers._read_for_gpu``), decoding
     themselves what the GPU cannot take; ``ahead`` groups are in flight there while
     this process decodes the current group's JPEGs on the GPU.
     """
@@ -160,7 +160,7 @@ def _submit_read(
     pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
 ) -> Callable[[], list[tuple[str, Any, Any]]]:
     """Start reading/classifying ``paths`` on the CPU workers; return a getter."""
-    from .build import _read_for_gpu  # in build: the workers import no torch
+    from .build_workers import _read_for_gpu  # the workers import no torch
 
     return _spread(pool, _read_for_gpu, paths, spec)
 
@@ -169,6 +169,6 @@ def _submit_cpu(
     pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
 ) -> Callable[[], list[tuple[bytes | None, Any]]]:
     """Start decoding ``paths`` on the CPU workers (spread over them); return a getter."""
-    from .build import _decode_paths
+    from .build_workers import _decode_paths
 
     return _spread(pool, _decode_paths, paths, spec)

@@ -21,7 +21,7 @@ import torch
 import torch.utils.data
 
 from .errors import UsageError
-from .loader import _check_indices, _int_arg
+from .order import _check_indices, _int_arg
 from .pack import ImagePack, open_pack
 
 

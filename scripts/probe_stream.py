@@ -150,7 +150,7 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
     import torch
 
     import packer
-    import packer.loader as L
+    import packer._producer as L  # _take and _Pass live there (what the producer calls)
 
     busy = [0.0]
     lock = threading.Lock()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import packer.build as pb
+import packer.build_workers as pbw
 from packer.build import BuildConfig, build
 from packer.decode import ResizeSpec, decode_into, load_resized, store_into
 from packer.workdir import JOURNAL
@@ -98,10 +99,10 @@ def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:
 
 def test_start_method_falls_back_when_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
-    monkeypatch.setattr(pb.threading, "active_count", lambda: 1)
-    assert pb._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
-    monkeypatch.setattr(pb.threading, "active_count", lambda: 3)
-    assert pb._start_method() == "forkserver"
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
+    assert pbw._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 3)
+    assert pbw._start_method() == "forkserver"
 
 
 def test_planar_copy_matches_numpy_transpose(image_tree: Path) -> None:

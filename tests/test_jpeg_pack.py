@@ -19,6 +19,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 import packer
 import packer.build
+import packer.finalize
 from conftest import subprocess_env, write_image
 from packer.build import BuildConfig, build
 from packer.decode import pil_quality
@@ -164,7 +165,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.build, "_reached", crash)
+    monkeypatch.setattr(packer.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, dst, CFG)
     monkeypatch.undo()

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import packer
 import packer.build
+import packer.finalize
 from conftest import subprocess_env, write_image
 from packer.build import BuildConfig, build
 from packer.cli import cli
@@ -518,7 +519,7 @@ def test_crash_in_finalize_with_targets_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.build, "_reached", crash)
+    monkeypatch.setattr(packer.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, tmp_path / "p", cfg)
     monkeypatch.undo()

@@ -91,11 +91,11 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer.loader as loader_mod
+    import packer._producer as producer_mod  # where _Pass looks _take up
 
     loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
     calls = {"n": 0}
-    real = loader_mod._take
+    real = producer_mod._take
 
     def failing_take(*args):
         calls["n"] += 1
@@ -103,7 +103,7 @@ def test_background_error_reaches_the_consumer(
             raise OSError("disk went away")
         return real(*args)
 
-    monkeypatch.setattr(loader_mod, "_take", failing_take)
+    monkeypatch.setattr(producer_mod, "_take", failing_take)
     it = iter(loader)
     next(it)
     with pytest.raises(OSError, match="disk went away"):

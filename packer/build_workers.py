@@ -1,0 +1,372 @@
+"""The build's worker processes: what each worker runs on its chunks of rows.
+
+:func:`_worker_init` sets up a worker (its open rows file, resize spec, store);
+:func:`_decode_chunk` decodes a chunk and pwrites it into the preallocated data file,
+:func:`_encode_chunk` (``--store jpeg``) writes a chunk's JPEG bytes to its own file under
+``chunks/``; both return the chunk's SHA-256. :func:`_decode_paths` and
+:func:`_read_for_gpu` serve the GPU build's CPU side. No torch here: workers stay light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .decode import (
+    ResizeSpec,
+    decode_into,
+    jpeg_for_pack,
+    jpeg_frame,
+    load_resized,
+    open_image,
+    open_regular,
+    store_into,
+)
+from .errors import (
+    DecodeError,
+)
+from .format import (
+    digest,
+    image_bytes,
+)
+
+CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
+
+
+def _chunk_file(work: Path | str, chunk: int) -> Path:
+    return Path(work) / CHUNKS_DIR / f"{chunk:08d}.jpg"
+
+
+@dataclass
+class _WorkerState:
+    """What a decode worker needs: set once by the pool initializer, per process."""
+
+    rows_path: str
+    spec: ResizeSpec
+    store: tuple[str, int, int | None] = ("raw", 3, None)  # (store, quality, max_side)
+    fd: int | None = None  # the rows file, opened at the first chunk
+    sync_file_range: Any = None  # libc's, on Linux
+    buf: np.ndarray | None = None  # the chunk buffer, reused: every row is rewritten
+    t_free: float = 0.0  # perf_counter (system-wide monotonic) when this worker last went idle
+    die_at: tuple[int, str | None] | None = None  # tests only: see _test_death
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+_worker: _WorkerState | None = None
+
+
+def _die_with_parent() -> None:
+    """Linux: end this worker when the parent dies (so a killed build leaves no writers)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _worker_init(
+    rows_path: str,
+    spec: ResizeSpec,
+    store: tuple[str, int, int | None] = ("raw", 3, None),
+    forked: bool = False,
+) -> None:
+    global _worker
+    _die_with_parent()
+    if forked:
+        _close_work_dir_fds(os.path.dirname(rows_path))
+    # The parent handles Ctrl-C and SIGTERM and then kills its workers; a worker
+    # that died of the signal itself would print a traceback and break the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the rows file is opened at the first chunk: the pool starts before the file exists
+    _worker = _WorkerState(rows_path, spec, store, t_free=time.perf_counter())
+    _worker.die_at = _test_death()
+    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
+        with contextlib.suppress(Exception):
+            _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+
+
+# Tests only: makes a pool worker SIGKILL itself as it starts a chosen chunk, so the
+# dead-worker tests kill a worker while work is certainly pending, whatever the load.
+TEST_DEATH_ENV = "IMGPACK_TEST_WORKER_DIES_AT"
+
+
+def _test_death() -> tuple[int, str | None] | None:
+    """``IMGPACK_TEST_WORKER_DIES_AT=K`` (tests only): a pool worker that starts chunk K
+    kills itself (every time: the retry pool dies too); ``K:PATH``: only the first
+    worker to create the file PATH does (one death, then the retry succeeds). Read once
+    per pool worker, never by an in-process build; unset (always, outside tests) it
+    has no effect."""
+    value = os.environ.get(TEST_DEATH_ENV)
+    if not value:
+        return None
+    chunk, _, marker = value.partition(":")
+    return int(chunk), marker or None
+
+
+def _maybe_die(state: _WorkerState, chunk: int) -> None:
+    """The test hook of :func:`_test_death`, at the start of a chunk."""
+    if state.die_at is None or state.die_at[0] != chunk:
+        return
+    marker = state.die_at[1]
+    if marker is not None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # a worker died here already
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _close_work_dir_fds(work: str) -> None:
+    """A worker forked from the parent inherits its descriptor of the work folder, which
+    holds the build's ``flock``: close it, so the lock never outlives the parent."""
+    work = os.path.realpath(work)
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == work:
+                    os.close(int(name))
+
+
+def _start_method() -> str:
+    """How decode workers start. ``fork`` (Linux) when it is safe: this process runs
+    no other thread and no CUDA context, so a child cannot inherit a lock held
+    mid-operation; workers then start in milliseconds with the decoder already
+    imported. Otherwise a fork server (boots a clean interpreter once, ~0.5 s for 16
+    workers) or spawn. ``IMGPACK_BUILD_START`` overrides it, for benchmarks."""
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    forced = os.environ.get("IMGPACK_BUILD_START")
+    if forced in ("fork", "forkserver"):
+        return forced
+    torch = sys.modules.get("torch")
+    cuda = False
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            cuda = bool(torch.cuda.is_initialized())
+    return "fork" if threading.active_count() == 1 and not cuda else "forkserver"
+
+
+def _writeback_mode() -> str:
+    """``chunk``: start each chunk's writeback as soon as it is written (sync_file_range),
+    so the final fsync has little left; ``off``: leave it to the kernel and the final
+    fsync. ``IMGPACK_BUILD_WRITEBACK`` selects it, for benchmarks only."""
+    return "off" if os.environ.get("IMGPACK_BUILD_WRITEBACK") == "off" else "chunk"
+
+
+def _warm_up() -> None:
+    """A no-op task: submitting one per worker starts the processes early."""
+
+
+# what a worker reports with each chunk: seconds per step, and when it ran (perf_counter
+# is CLOCK_MONOTONIC, one clock for every process of the machine)
+_WORKER_STEPS = ("decode", "copy", "pwrite", "sha256", "writeback", "idle")
+
+
+def _decode_chunk(
+    task: tuple[int, int, list[str]],
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
+    """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha
+    and the worker's time split (``_WORKER_STEPS``, plus ``t_start``, ``t_end``, ``pid``)."""
+    t_start = time.perf_counter()
+    chunk, start, paths = task
+    state = _worker
+    assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
+    spec = state.spec
+    n = len(paths)
+    if state.buf is None or len(state.buf) < n:
+        state.buf = np.empty((n, *spec.shape), dtype=np.uint8)
+    buf = state.buf[:n]  # every row below is written: decoded pixels or zeros
+    skips: list[list[Any]] = []
+    sizes: list[list[int]] = []
+    t_decode = t_copy = 0.0
+    for i, path in enumerate(paths):
+        t = time.perf_counter()
+        try:
+            im, (w, h) = load_resized(path, spec)
+            t2 = time.perf_counter()
+            store_into(im, buf[i])
+            t_copy += time.perf_counter() - t2
+            t_decode += t2 - t
+            sizes.append([w, h])
+        except DecodeError as e:
+            buf[i] = 0
+            skips.append([start + i, str(e)])
+            sizes.append([0, 0])
+            t_decode += time.perf_counter() - t
+    row = image_bytes(spec.shape)
+    mv = memoryview(buf).cast("B")
+    off, done = start * row, 0
+    t1 = time.perf_counter()
+    if state.fd is None:
+        state.fd = os.open(state.rows_path, os.O_WRONLY)
+    while done < len(mv):
+        done += os.pwrite(state.fd, mv[done:], off + done)
+    t2 = time.perf_counter()
+    sha = digest(mv)
+    t3 = time.perf_counter()
+    if state.sync_file_range is not None:
+        # start writing this range to disk now (non-blocking), so the single fsync
+        # at the end has little left to wait for
+        state.sync_file_range(state.fd, ctypes.c_int64(off), ctypes.c_int64(len(mv)), 2)
+    t_end = time.perf_counter()
+    times = {
+        "decode": t_decode,
+        "copy": t_copy,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
+    return chunk, skips, sizes, sha, times
+
+
+def _encode_chunk(
+    task: tuple[int, int, list[str]],
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float], dict[str, Any]]:
+    """--store jpeg: the JPEG file of each image of a chunk, written back to back to the
+    chunk's own file in the work folder; return skips, source sizes, the file's SHA-256,
+    the worker's time split (as ``_decode_chunk``'s: ``decode`` is reading, checking and
+    any re-encoding, ``copy`` joining the bytes) and each image's stored byte length and
+    (height, width) (0 and [0, 0] for skips)."""
+    t_start = time.perf_counter()
+    chunk, start, paths = task
+    state = _worker
+    assert state is not None, "_worker_init was not run in this process"
+    _maybe_die(state, chunk)
+    _, quality, max_side = state.store
+    parts: list[bytes] = []
+    skips: list[list[Any]] = []
+    sizes: list[list[int]] = []
+    lengths: list[int] = []
+    stored: list[list[int]] = []
+    reencoded = 0
+    for i, path in enumerate(paths):
+        try:
+            data, hw, upright, again = jpeg_for_pack(path, max_side, quality, state.spec.max_pixels)
+        except DecodeError as e:
+            skips.append([start + i, str(e)])
+            sizes.append([0, 0])
+            lengths.append(0)
+            stored.append([0, 0])
+            continue
+        parts.append(data)
+        sizes.append(list(upright))
+        lengths.append(len(data))
+        stored.append(list(hw))
+        reencoded += again
+    t0 = time.perf_counter()
+    blob = b"".join(parts)
+    t1 = time.perf_counter()
+    path = _chunk_file(Path(state.rows_path).parent, chunk)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        mv, done = memoryview(blob), 0
+        while done < len(mv):
+            done += os.write(fd, mv[done:])
+        t2 = time.perf_counter()
+        sha = digest(blob)
+        t3 = time.perf_counter()
+        if state.sync_file_range is not None:
+            state.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(len(mv)), 2)
+    finally:
+        os.close(fd)
+    t_end = time.perf_counter()
+    times = {
+        "decode": t0 - t_start,
+        "copy": t1 - t0,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
+    extra = {"lengths": lengths, "stored": stored, "reencoded": reencoded}
+    return chunk, skips, sizes, sha, times, extra
+
+
+def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, Any]]:
+    """--device cuda: the inputs the GPU does not take, decoded by a CPU worker exactly
+    as ``_decode_chunk`` does; per path (row bytes, upright (w, h)) or (None, reason)."""
+    out: list[tuple[bytes | None, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            size = decode_into(p, spec, buf)
+            out.append((buf.tobytes(), size))
+        except DecodeError as e:
+            out.append((None, str(e)))
+    return out
+
+
+def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None:
+    """(w, h) if ``data`` is a JPEG the GPU decodes as the CPU path would see it
+    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
+    marker), else None. CMYK fails in nvjpeg; a truncated file decodes there without
+    an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
+    frame = jpeg_frame(data)
+    if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
+        return None
+    if frame[2] not in (1, 3) or not data.endswith(b"\xff\xd9"):
+        return None
+    try:
+        with open_image(io.BytesIO(data), path) as im:
+            if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:
+                return None
+            if im.getexif().get(0x0112, 1) not in (0, 1):
+                return None
+            return im.size
+    except Exception:  # anything odd: the CPU path decides, and names the reason
+        return None
+
+
+def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, Any]]:
+    """--device cuda, in a CPU worker: per path ("jpeg", file bytes, (w, h)) for the GPU,
+    else the CPU build's own decode: ("row", row bytes, upright (w, h)) or
+    ("skip", reason, None)."""
+    out: list[tuple[str, Any, Any]] = []
+    buf = np.empty(spec.shape, dtype=np.uint8)
+    for p in paths:
+        try:
+            with open_regular(p) as f:
+                data = f.read()
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
+            continue
+        except OSError as e:
+            out.append(("skip", f"cannot read: {e.strerror}", None))
+            continue
+        size = _gpu_jpeg(data, p, spec.max_pixels)
+        if size is not None:
+            out.append(("jpeg", data, size))
+            continue
+        try:
+            out.append(("row", None, decode_into(p, spec, buf)))
+            out[-1] = ("row", buf.tobytes(), out[-1][2])
+        except DecodeError as e:
+            out.append(("skip", str(e), None))
+    return out
+
+
+# ---------------------------------------------------------------- the build
