@@ -176,6 +176,28 @@ def _warm_up() -> None:
 _WORKER_STEPS = ("decode", "copy", "pwrite", "sha256", "writeback", "idle")
 
 
+def _chunk_times(
+    state: Any, t_start: float, decode: float, copy: float, t1: float, t2: float, t3: float
+) -> dict[str, Any]:
+    """One chunk's time split (seconds) for BuildResult.extra: ``t1``..``t3`` end the
+    copy, the pwrite and the SHA-256; what follows until now is the writeback start, and
+    the wait since the worker's previous chunk is its idle time."""
+    t_end = time.perf_counter()
+    times = {
+        "decode": decode,
+        "copy": copy,
+        "pwrite": t2 - t1,
+        "sha256": t3 - t2,
+        "writeback": t_end - t3,
+        "idle": t_start - state.t_free,
+        "t_start": t_start,
+        "t_end": t_end,
+        "pid": os.getpid(),
+    }
+    state.t_free = t_end
+    return times
+
+
 def _decode_chunk(
     task: tuple[int, int, list[str]],
 ) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
@@ -223,19 +245,7 @@ def _decode_chunk(
         # start writing this range to disk now (non-blocking), so the single fsync
         # at the end has little left to wait for
         state.sync_file_range(state.fd, ctypes.c_int64(off), ctypes.c_int64(len(mv)), 2)
-    t_end = time.perf_counter()
-    times = {
-        "decode": t_decode,
-        "copy": t_copy,
-        "pwrite": t2 - t1,
-        "sha256": t3 - t2,
-        "writeback": t_end - t3,
-        "idle": t_start - state.t_free,
-        "t_start": t_start,
-        "t_end": t_end,
-        "pid": os.getpid(),
-    }
-    state.t_free = t_end
+    times = _chunk_times(state, t_start, t_decode, t_copy, t1, t2, t3)
     return chunk, skips, sizes, sha, times
 
 
@@ -289,19 +299,7 @@ def _encode_chunk(
             state.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(len(mv)), 2)
     finally:
         os.close(fd)
-    t_end = time.perf_counter()
-    times = {
-        "decode": t0 - t_start,
-        "copy": t1 - t0,
-        "pwrite": t2 - t1,
-        "sha256": t3 - t2,
-        "writeback": t_end - t3,
-        "idle": t_start - state.t_free,
-        "t_start": t_start,
-        "t_end": t_end,
-        "pid": os.getpid(),
-    }
-    state.t_free = t_end
+    times = _chunk_times(state, t_start, t0 - t_start, t1 - t0, t1, t2, t3)
     extra = {"lengths": lengths, "stored": stored, "reencoded": reencoded}
     return chunk, skips, sizes, sha, times, extra
 
