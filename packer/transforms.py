@@ -343,7 +343,20 @@ class _Transform(nn.Module):
         return {}
 
 
-class RandomResizedCrop(_Transform):
+class _SizedTransform(_Transform):
+    """A transform with an output ``size`` (h, w), settable between epochs (progressive
+    resizing); validated by ``_pair``."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self._size
+
+    @size.setter
+    def size(self, value: Size) -> None:
+        self._size = _pair(value)
+
+
+class RandomResizedCrop(_SizedTransform):
     """Per image, a random box of random area and aspect ratio, resized to ``size``.
 
     Boxes follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly
@@ -377,14 +390,6 @@ class RandomResizedCrop(_Transform):
         self.scale = (lo, hi)
         self.ratio = (rlo, rhi)
         self.antialias = antialias
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self._size
-
-    @size.setter
-    def size(self, value: Size) -> None:
-        self._size = _pair(value)
 
     def _repr_fields(self) -> dict[str, object]:
         return {"size": self.size, "scale": self.scale, "ratio": self.ratio}
@@ -527,7 +532,7 @@ class RandomHorizontalFlip(_Transform):
         return torch.where(mask[:, None, None, None], images.flip(-1), images)
 
 
-class CenterCrop(_Transform):
+class CenterCrop(_SizedTransform):
     """The centre ``size`` of every image (no resampling), as torchvision's CenterCrop.
 
     Input: Tensor[B, C, H, W] uint8 with H, W >= size; output Tensor[B, C, *size]
@@ -537,14 +542,6 @@ class CenterCrop(_Transform):
     def __init__(self, size: Size) -> None:
         super().__init__()
         self.size = size
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self._size
-
-    @size.setter
-    def size(self, value: Size) -> None:
-        self._size = _pair(value)
 
     def _repr_fields(self) -> dict[str, object]:
         return {"size": self.size}
