@@ -30,6 +30,7 @@ from .order import batch_seed
 _MADV_POPULATE_READ = 22
 _JOIN_TIMEOUT_S = 10.0
 _TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
+_DECODE_AHEAD = 2  # JPEG packs: batches read and decoded ahead of the one being cropped
 
 
 def _transform_name(transform: Callable[..., Any]) -> str:
@@ -105,6 +106,30 @@ def _apply_transform(
 def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """Copy rows ``idx`` of ``src`` into ``out`` (a memcpy per row, GIL released)."""
     np.take(src, idx, 0, out, "clip")
+
+
+# How a batch's rows are gathered: "native" = one torch.index_select per batch, run by
+# torch's intra-op threads without the GIL from start to end; "threads" = np.take tasks
+# on the loader's gather threads, each taking the GIL back when its copy ends (the
+# comparison: scripts/probe_stream.py, docs/BENCHMARKS.md). IMGPACK_GATHER picks one.
+GATHER = os.environ.get("IMGPACK_GATHER", "native")
+
+
+def _word_view(rows: torch.Tensor) -> torch.Tensor:
+    """2-D uint8 rows viewed as the widest integer words that divide a row: index_select
+    then copies each row as one slice of few elements, and splits the batch's rows (not
+    each row's bytes) across its threads."""
+    row = rows.shape[1]
+    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row % size == 0 and rows.data_ptr() % size == 0:
+            return rows.view(dt)
+    return rows
+
+
+def _gather(src: torch.Tensor, idx: np.ndarray, out: torch.Tensor) -> None:
+    """Rows ``idx`` of ``src`` (a :func:`_word_view`) into ``out`` (uint8 [n, row]) in
+    one native call."""
+    torch.index_select(src, 0, torch.from_numpy(idx), out=out.view(src.dtype))
 
 
 class _Shared:
@@ -209,6 +234,8 @@ class _Pass:
         row = math.prod(src.shape[1:]) if jpeg is None else 1
         # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
         self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
+        self.native = GATHER == "native" and jpeg is None
+        self.src_words = _word_view(torch.from_numpy(self.src)) if self.native else None
         self.shape = tuple(src.shape[1:])
         self.labels = labels.numpy()
         self.targets = None if targets is None else targets.numpy()
@@ -286,10 +313,18 @@ class _Pass:
                 return
             yield b, self.order[b * bs : (b + 1) * bs]
 
+    def gather(self, idx: np.ndarray, out: np.ndarray, pipelined: bool) -> list[Future[Any]]:
+        """Rows ``idx`` into ``out`` (uint8 [n, row]): done on return ("native"), or
+        the np.take tasks started (wait on the returned futures)."""
+        if self.src_words is not None:
+            _gather(self.src_words, idx, torch.from_numpy(out))
+            return []
+        return self.submit(idx, out, pipelined)
+
     def run_cpu(self) -> None:
         for b, idx in self.batches():
             images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
-            for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
+            for f in self.gather(idx, images.numpy().reshape(len(idx), -1), False):
                 f.result()
             labels = torch.from_numpy(np.take(self.labels, idx, 0))
             targets = None
@@ -300,47 +335,57 @@ class _Pass:
                 return
 
     def run_jpeg(self) -> None:
-        """JPEG packs: per batch, read the files (offsets checked), decode them in one
-        batch on the device, crop/resize all at once, run the rest of the transform.
+        """JPEG packs: per batch, read the files (offsets and end markers checked), decode
+        them in one batch on the device, crop/resize all at once, run the rest of the
+        transform.
 
-        On CUDA the work runs on a side stream and the batch carries a ready event,
-        as the raw path's batches do; the queue keeps up to ``prefetch`` ahead.
+        The reads and decodes run ``_DECODE_AHEAD`` batches ahead on a thread of their
+        own (:func:`packer.jpeg.decode_ahead`) while this thread draws each batch's boxes,
+        in batch order, and crops it on a side stream; the batch carries a ready event,
+        as the raw path's batches do.
         """
-        from .jpeg import decode_batch, pad_batch, resize_batch
+        from .jpeg import decode_ahead, decode_batch, resize_images, sizes_of
 
         pack, crop = self.jpeg  # type: ignore[misc]
         dev = self.device
         cuda = dev.type == "cuda"
         stream = torch.cuda.Stream(dev) if cuda else None
-        for b, idx in self.batches():
-            if self.gen is not None:
-                self.gen.manual_seed(batch_seed(*self.seeds, b))
-            datas = pack.read(idx)
-            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                imgs = decode_batch(
-                    datas, dev, indices=idx.tolist(), pool=None if cuda else self.pool
-                )
-                batch, sizes = pad_batch(imgs)
-                del imgs
-                boxes, flip = crop.boxes(sizes, self.gen)
-                images = resize_batch(batch, sizes, crop.size, boxes=boxes, flip=flip)
-                del batch
-                images = crop.after(images, self.gen)
-                labels = torch.from_numpy(np.take(self.labels, idx, 0))
-                targets = None
-                if self.targets is not None:
-                    targets = torch.from_numpy(np.take(self.targets, idx, 0))
-                ready = None
-                if cuda:
-                    labels = labels.pin_memory().to(dev, non_blocking=True)
-                    if targets is not None:
-                        targets = targets.pin_memory().to(dev, non_blocking=True)
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-            if not self.put((images, labels, targets, ready)):
-                return
-        if stream is not None:
-            stream.synchronize()
+        pool = None if cuda else self.pool
+
+        def job(idx: np.ndarray) -> Callable[[], list[torch.Tensor]]:
+            def fn() -> list[torch.Tensor]:
+                datas = pack.read(idx, check_ends=True)
+                return decode_batch(datas, dev, indices=idx.tolist(), pool=pool, ends_checked=True)
+
+            return fn
+
+        jobs = (((b, idx), job(idx)) for b, idx in self.batches())
+        decoded = decode_ahead(jobs, dev, stream, ahead=_DECODE_AHEAD)
+        try:
+            for (b, idx), imgs in decoded:
+                if self.gen is not None:
+                    self.gen.manual_seed(batch_seed(*self.seeds, b))
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    sizes = sizes_of(imgs)
+                    boxes, flip = crop.boxes(sizes, self.gen)
+                    images = resize_images(imgs, crop.size, boxes=boxes, flip=flip, sizes=sizes)
+                    del imgs
+                    images = crop.after(images, self.gen)
+                    labels = torch.from_numpy(np.take(self.labels, idx, 0))
+                    targets = None
+                    if self.targets is not None:
+                        targets = torch.from_numpy(np.take(self.targets, idx, 0))
+                    ready = None
+                    if cuda:
+                        labels = labels.pin_memory().to(dev, non_blocking=True)
+                        if targets is not None:
+                            targets = targets.pin_memory().to(dev, non_blocking=True)
+                        ready = torch.cuda.Event()
+                        ready.record(stream)
+                if not self.put((images, labels, targets, ready)):
+                    return
+        finally:
+            decoded.close()
 
     def run_cuda(self) -> None:
         """Gather several batches at once (one pinned slot each), ship them in order.
@@ -400,7 +445,7 @@ class _Pass:
                 freed[s].synchronize()  # the copy out of this slot is done
             n = len(idx)
             out = pinned[s][:n].numpy().reshape(n, -1)
-            pending.append((b, idx, s, self.submit(idx, out, pipelined=True)))
+            pending.append((b, idx, s, self.gather(idx, out, True)))
             while pending and all(f.done() for f in pending[0][3]):
                 if not ship():
                     return

@@ -124,6 +124,51 @@ def _dense_weights(o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.conste
 
 
 @triton.jit
+def _dot_tile(
+    x_base,
+    out_base,
+    sxc,
+    sxh,
+    sxw,
+    top,
+    left,
+    bh,
+    bw,
+    flip,
+    i0,
+    j0,
+    oh,
+    ow,
+    C: tl.constexpr,
+    SY: tl.constexpr,
+    SX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # The tile's input patch [SY, SX] (one coalesced load per channel) goes
+    # through two small matrix products on the tensor cores:
+    # out[BLOCK_H, BLOCK_W] = Wy[BLOCK_H, SY] @ (X[SY, SX] @ Wx^T[SX, BLOCK_W]).
+    fy, wy = _dense_weights(i0, oh, bh, 0, BLOCK_H, SY)
+    fx, wx = _dense_weights(j0, ow, bw, flip, BLOCK_W, SX)
+    wy = wy.to(tl.float16)
+    wxt = tl.trans(wx).to(tl.float16)
+    ry = fy + tl.arange(0, SY)
+    rx = fx + tl.arange(0, SX)
+    m_in = (ry < bh)[:, None] & (rx < bw)[None, :]
+    src = x_base + (top + ry)[:, None] * sxh + (left + rx)[None, :] * sxw
+    i = i0 + tl.arange(0, BLOCK_H)
+    j = j0 + tl.arange(0, BLOCK_W)
+    m_out = (i < oh)[:, None] & (j < ow)[None, :]
+    dst = out_base + i[:, None] * ow + j[None, :]
+    for c in tl.static_range(C):
+        x = tl.load(src + c * sxc, mask=m_in, other=0).to(tl.float16)
+        h = tl.dot(x, wxt)  # [SY, BLOCK_W], float32 accumulation
+        y = tl.dot(wy, h.to(tl.float16))
+        y = tl.minimum(tl.maximum(y + 0.5, 0.0), 255.0)
+        tl.store(dst + c * (oh * ow), y.to(tl.uint8), mask=m_out)
+
+
+@triton.jit
 def _resample_dot_kernel(
     x_ptr,
     out_ptr,
@@ -140,36 +185,82 @@ def _resample_dot_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    # The tile's input patch [SY, SX] (one coalesced load per channel) goes
-    # through two small matrix products on the tensor cores:
-    # out[BLOCK_H, BLOCK_W] = Wy[BLOCK_H, SY] @ (X[SY, SX] @ Wx^T[SX, BLOCK_W]).
     b = tl.program_id(0)
-    i0 = tl.program_id(1) * BLOCK_H
-    j0 = tl.program_id(2) * BLOCK_W
     top = tl.load(box_ptr + b * 5 + 0)
     left = tl.load(box_ptr + b * 5 + 1)
     bh = tl.load(box_ptr + b * 5 + 2)
     bw = tl.load(box_ptr + b * 5 + 3)
     flip = tl.load(box_ptr + b * 5 + 4)
-    fy, wy = _dense_weights(i0, oh, bh, 0, BLOCK_H, SY)
-    fx, wx = _dense_weights(j0, ow, bw, flip, BLOCK_W, SX)
-    wy = wy.to(tl.float16)
-    wxt = tl.trans(wx).to(tl.float16)
-    ry = fy + tl.arange(0, SY)
-    rx = fx + tl.arange(0, SX)
-    m_in = (ry < bh)[:, None] & (rx < bw)[None, :]
     b64 = b.to(tl.int64)
-    src = x_ptr + b64 * sxb + (top + ry)[:, None] * sxh + (left + rx)[None, :] * sxw
-    i = i0 + tl.arange(0, BLOCK_H)
-    j = j0 + tl.arange(0, BLOCK_W)
-    m_out = (i < oh)[:, None] & (j < ow)[None, :]
-    dst = out_ptr + b64 * (C * oh * ow) + i[:, None] * ow + j[None, :]
-    for c in tl.static_range(C):
-        x = tl.load(src + c * sxc, mask=m_in, other=0).to(tl.float16)
-        h = tl.dot(x, wxt)  # [SY, BLOCK_W], float32 accumulation
-        y = tl.dot(wy, h.to(tl.float16))
-        y = tl.minimum(tl.maximum(y + 0.5, 0.0), 255.0)
-        tl.store(dst + c * (oh * ow), y.to(tl.uint8), mask=m_out)
+    _dot_tile(
+        x_ptr + b64 * sxb,
+        out_ptr + b64 * (C * oh * ow),
+        sxc,
+        sxh,
+        sxw,
+        top,
+        left,
+        bh,
+        bw,
+        flip,
+        tl.program_id(1) * BLOCK_H,
+        tl.program_id(2) * BLOCK_W,
+        oh,
+        ow,
+        C,
+        SY,
+        SX,
+        BLOCK_H,
+        BLOCK_W,
+    )
+
+
+@triton.jit
+def _resample_ragged_kernel(
+    table_ptr,
+    out_ptr,
+    oh,
+    ow,
+    C: tl.constexpr,
+    SY: tl.constexpr,
+    SX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # Images of different sizes, each in its own allocation: row b of the int64
+    # table is (address, top, left, height, width, flip, image height, image width)
+    # of a contiguous uint8 [C, H, W]. No padded copy of the batch is ever made.
+    b = tl.program_id(0)
+    row = table_ptr + b * 8
+    x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
+    top = tl.load(row + 1).to(tl.int32)
+    left = tl.load(row + 2).to(tl.int32)
+    bh = tl.load(row + 3).to(tl.int32)
+    bw = tl.load(row + 4).to(tl.int32)
+    flip = tl.load(row + 5).to(tl.int32)
+    ih = tl.load(row + 6)
+    iw = tl.load(row + 7)
+    _dot_tile(
+        x_base,
+        out_ptr + b.to(tl.int64) * (C * oh * ow),
+        ih * iw,
+        iw,
+        1,
+        top,
+        left,
+        bh,
+        bw,
+        flip,
+        tl.program_id(1) * BLOCK_H,
+        tl.program_id(2) * BLOCK_W,
+        oh,
+        ow,
+        C,
+        SY,
+        SX,
+        BLOCK_H,
+        BLOCK_W,
+    )
 
 
 @functools.lru_cache(maxsize=1024)  # a few hundred (block, scale) pairs at most
@@ -245,6 +336,44 @@ def resample(
         C=c,
         KY=ky,
         KX=kx,
+        BLOCK_H=block_h,
+        BLOCK_W=block_w,
+        num_warps=warps,
+    )
+    return out
+
+
+def resample_ragged(
+    table: torch.Tensor,
+    channels: int,
+    oh: int,
+    ow: int,
+    max_scale: tuple[float, float],
+    device: torch.device,
+) -> torch.Tensor:
+    """Images of different sizes -> uint8 [B, C, oh, ow], each cropped, resized, flipped.
+
+    ``table``: int64 [B, 8] on ``device``: each image's address (``data_ptr()`` of a
+    contiguous uint8 [C, H, W] on ``device``), its box (top, left, height, width), flip
+    flag, H and W. ``max_scale``: the largest box height / oh and width / ow.
+    """
+    b = table.shape[0]
+    out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
+    if b == 0:
+        return out
+    block_h, block_w, warps = DOT_TILE
+    sy, sx = _span(block_h, max_scale[0]), _span(block_w, max_scale[1])
+    if max(sy, sx) > 32:
+        warps = max(warps, 4)
+    grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
+    _resample_ragged_kernel[grid](
+        table,
+        out,
+        oh,
+        ow,
+        C=channels,
+        SY=sy,
+        SX=sx,
         BLOCK_H=block_h,
         BLOCK_W=block_w,
         num_warps=warps,

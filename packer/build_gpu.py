@@ -4,7 +4,7 @@ Called by :mod:`packer.build` in place of its worker pool's decode; everything e
 (plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
 
     CPU workers read + classify files --GPU-able JPEGs--> packer.jpeg.decode_batch (nvjpeg)
-        -> pad_batch -> resize_batch (build's --resize boxes) -> pinned host rows
+        -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows
     the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
         workers' decode (packer.decode, as the CPU build), in parallel
     -> each chunk's rows pwritten into rows.u8, its SHA-256 journaled as the CPU build does
@@ -17,16 +17,20 @@ by ``tests/test_build_gpu.py`` and recorded in the manifest as ``build.device``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import logging
 import os
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
+from .build_workers import _writeback_mode
 from .decode import ResizeSpec
 from .errors import PackerError
 from .format import digest, image_bytes
@@ -34,40 +38,102 @@ from .format import digest, image_bytes
 log = logging.getLogger(__name__)
 
 GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
+_WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 free the GIL)
+_READ_AHEAD = 3  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _gpu_rows(
-    datas: list[bytes], spec: ResizeSpec, device: torch.device
-) -> list[np.ndarray | None]:
-    """Decode and fit JPEGs on ``device`` in one batch: uint8 [3, H, W] rows, None for
-    one that fails there (the CPU path then decides)."""
-    from .jpeg import decode_batch, pad_batch, resize_batch
+def _decode_group(
+    found: list[tuple[str, Any, Any]], device: torch.device
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """In the decoder thread: the GPU-able JPEGs of one group decoded in one batch.
+    Returns their positions in ``found`` and, per position, the image or None for one
+    that fails there (the CPU path then decides, and names the reason)."""
+    from .jpeg import decode_batch
 
-    tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+    gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]
+    tensors = [torch.frombuffer(bytearray(found[i][1]), dtype=torch.uint8) for i in gpu]
+    if not tensors:
+        return gpu, []
     try:
-        imgs: list[torch.Tensor | None] = list(decode_batch(tensors, device))
+        return gpu, list(decode_batch(tensors, device))
     except PackerError:
-        imgs = []
+        imgs: list[torch.Tensor | None] = []
         for t in tensors:
             try:
                 imgs.append(decode_batch([t], device)[0])
             except PackerError:
                 imgs.append(None)
-    ok = [i for i, x in enumerate(imgs) if x is not None]
-    rows: list[np.ndarray | None] = [None] * len(datas)
-    if not ok:
-        return rows
-    batch, sizes = pad_batch([imgs[i] for i in ok])  # type: ignore[misc]
-    del imgs
-    out = resize_batch(batch, sizes, (spec.height, spec.width), mode=spec.mode)
-    host = torch.empty(out.shape, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    host.copy_(out, non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-    arr = host.numpy()
-    for j, i in enumerate(ok):
-        rows[i] = arr[j]
-    return rows
+        return gpu, imgs
+
+
+def _write_group(
+    fd: int,
+    row: int,
+    group: list[tuple[int, int, list[str]]],
+    found: list[tuple[str, Any, Any]],
+    at: dict[int, int],
+    host: torch.Tensor | None,
+    copied: Any,
+    redo: Callable[[], list[tuple[bytes | None, Any]]],
+    retry: list[int],
+    writeback: Any,
+) -> list[tuple[Any, ...]]:
+    """In a writer thread: each chunk of a group into its place in the rows file, hashed;
+    returns the chunks' results in order (as the CPU workers' ``_decode_chunk``).
+
+    ``at``: position in the group -> row of ``host`` (the GPU's rows, pinned, valid once
+    ``copied`` has completed); other positions are the workers' rows or skips in
+    ``found``, or (``retry``) the CPU decode of what failed on the GPU (``redo()``).
+    A chunk made only of GPU rows is written straight from ``host``.
+    """
+    if copied is not None:
+        copied.synchronize()
+    arr = host.numpy().reshape(len(host), row) if host is not None else None
+    again = dict(zip(retry, redo())) if retry else {}
+    out = []
+    k = 0
+    for chunk, start, cpaths in group:
+        n = len(cpaths)
+        skips: list[list[Any]] = []
+        sizes: list[list[int]] = []
+        first = at.get(k)
+        if (
+            arr is not None
+            and first is not None
+            and all(at.get(k + j) == first + j for j in range(n))
+        ):
+            mv = memoryview(arr[first : first + n]).cast("B")
+            sizes = [[int(found[k + j][2][0]), int(found[k + j][2][1])] for j in range(n)]
+        else:
+            buf = np.zeros((n, row), dtype=np.uint8)
+            for j in range(n):
+                i = k + j
+                if i in at and arr is not None:  # decoded on the GPU
+                    buf[j], info = arr[at[i]], found[i][2]
+                elif i in again:  # failed there: the CPU workers' decode decided
+                    data, info = again[i]
+                    if data is None:
+                        skips.append([start + j, info])
+                        sizes.append([0, 0])
+                        continue
+                    buf[j] = np.frombuffer(data, dtype=np.uint8)
+                elif found[i][0] == "row":  # decoded by a CPU worker (not for the GPU)
+                    buf[j], info = np.frombuffer(found[i][1], dtype=np.uint8), found[i][2]
+                else:  # "skip": unreadable or broken, with its reason
+                    skips.append([start + j, found[i][1]])
+                    sizes.append([0, 0])
+                    continue
+                sizes.append([int(info[0]), int(info[1])])
+            mv = memoryview(buf).cast("B")
+        done = 0
+        while done < len(mv):
+            done += os.pwrite(fd, mv[done:], start * row + done)
+        sha = digest(mv)
+        if writeback is not None:  # start writing it to disk now: a short final fsync
+            writeback(fd, ctypes.c_int64(start * row), ctypes.c_int64(len(mv)), 2)
+        out.append((chunk, skips, sizes, sha, None))
+        k += n
+    return out
 
 
 def decode_chunks_batched(
@@ -76,74 +142,105 @@ def decode_chunks_batched(
     rows_path: str,
     device: torch.device,
     pool: ProcessPoolExecutor | None,
-    record: Callable[[tuple[Any, ...]], None],
+    record: Callable[..., None],
     after_submit: Callable[[], None] = lambda: None,
-    ahead: int = 2,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
-    calling ``record((chunk, skips, sizes, sha, None))`` per chunk in order, as the CPU
-    workers' ``_decode_chunk`` results are recorded (None: no worker time split).
-    ``after_submit()`` runs once the first reads are queued, before the first record
-    (the build writes its plan there, while the workers read).
+    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
+    as the CPU workers' ``_decode_chunk`` results are recorded (None: no worker time
+    split; ``sync`` False for all but the last chunk of a group: one journal fsync per
+    group). ``after_submit()`` runs once the first reads are queued, before the first
+    record (the build writes its plan there, while the workers read).
 
-    The CPU workers read every file and classify it (``build_workers._read_for_gpu``), decoding
-    themselves what the GPU cannot take; ``ahead`` groups are in flight there while
-    this process decodes the current group's JPEGs on the GPU.
+    A pipeline, each stage on its own threads, so none waits for another:
+
+    * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
+      decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
+    * a decoder thread decodes a group's JPEGs in one nvjpeg batch
+      (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), a group ahead;
+    * this thread crops/resizes the group in one kernel (:func:`packer.jpeg.resize_images`)
+      and starts its copy into pinned memory;
+    * ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk; this
+      thread journals the chunks in order as their groups complete.
     """
+    from .jpeg import decode_ahead, resize_images
+
     row = image_bytes(spec.shape)
-    fd = os.open(rows_path, os.O_WRONLY)
+    cuda = device.type == "cuda"
     per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
-    queue = [_submit_read(pool, [p for c in g for p in c[2]], spec) for g in groups[:ahead]]
+    reads: collections.deque[Callable[[], Any]] = collections.deque(
+        _submit_read(pool, _paths(g), spec) for g in groups[:_READ_AHEAD]
+    )
     after_submit()
-    try:
+    writeback = None
+    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
+        with contextlib.suppress(Exception):
+            writeback = ctypes.CDLL(None, use_errno=True).sync_file_range
+    stream = torch.cuda.Stream(device) if cuda else None
+    fd = os.open(rows_path, os.O_WRONLY)
+    writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
+    written: collections.deque[Future[list[tuple[Any, ...]]]] = collections.deque()
+
+    def jobs() -> Iterator[tuple[Any, Callable[[], Any]]]:
         for g, group in enumerate(groups):
-            found = queue.pop(0)()
-            if g + ahead < len(groups):
-                nxt = groups[g + ahead]
-                queue.append(_submit_read(pool, [p for c in nxt for p in c[2]], spec))
-            paths = [p for c in group for p in c[2]]
-            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]
-            rows = _gpu_rows([found[i][1] for i in gpu], spec, device) if gpu else []
-            result: dict[int, tuple[bytes | None, Any]] = {}
-            retry = []
-            for i, f in enumerate(found):
-                if f[0] == "row":
-                    result[i] = (f[1], f[2])
-                elif f[0] == "skip":
-                    result[i] = (None, f[1])
-            for i, r in zip(gpu, rows):
-                if r is None:
-                    retry.append(i)
-                else:
-                    result[i] = (r.tobytes(), found[i][2])
-            if retry:  # failed on the GPU: the CPU decides (and names the reason)
-                redo = _submit_cpu(pool, [paths[i] for i in retry], spec)()
-                for i, r in zip(retry, redo):
-                    result[i] = r
-            k = 0
-            for chunk, start, cpaths in group:
-                buf = bytearray(len(cpaths) * row)
-                skips: list[list[Any]] = []
-                sizes: list[list[int]] = []
-                for j in range(len(cpaths)):
-                    data, info = result[k + j]
-                    if data is None:
-                        skips.append([start + j, info])
-                        sizes.append([0, 0])
-                    else:
-                        buf[j * row : (j + 1) * row] = data
-                        sizes.append([int(info[0]), int(info[1])])
-                k += len(cpaths)
-                mv, done = memoryview(buf), 0
-                while done < len(mv):
-                    done += os.pwrite(fd, mv[done:], start * row + done)
-                record((chunk, skips, sizes, digest(mv), None))
+            get = reads.popleft()
+            if g + _READ_AHEAD < len(groups):
+                reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
+
+            def fn(get: Callable[[], Any] = get) -> Any:
+                found = get()
+                return found, _decode_group(found, device)
+
+            yield group, fn
+
+    def journal(block: bool) -> None:
+        while written and (block or written[0].done() or len(written) > 2 * _WRITERS):
+            recs = written.popleft().result()
+            for j, rec in enumerate(recs):
+                record(rec, sync=j == len(recs) - 1)
+
+    decoded = decode_ahead(jobs(), device, stream, ahead=2)
+    try:
+        for group, (found, (gpu, imgs)) in decoded:
+            ok = [i for i, x in zip(gpu, imgs) if x is not None]
+            retry = [i for i, x in zip(gpu, imgs) if x is None]
+            host = copied = None
+            if ok:
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    rows = resize_images(
+                        [x for x in imgs if x is not None],
+                        (spec.height, spec.width),
+                        mode=spec.mode,
+                    )
+                    host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=cuda)
+                    host.copy_(rows, non_blocking=cuda)
+                    if cuda:
+                        copied = torch.cuda.Event()
+                        copied.record(stream)
+                del rows
+            del imgs
+            paths = _paths(group)
+            redo = _submit_cpu(pool, [paths[i] for i in retry], spec) if retry else list
+            at = {i: j for j, i in enumerate(ok)}
+            written.append(
+                writers.submit(
+                    _write_group, fd, row, group, found, at, host, copied, redo, retry, writeback
+                )
+            )
+            journal(block=False)
+        journal(block=True)
     finally:
+        decoded.close()
+        writers.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
-        for get in queue:  # an error: let the reads in flight finish before returning
+        for get in reads:  # an error: let the reads in flight finish before returning
             with contextlib.suppress(Exception):
                 get()
+
+
+def _paths(group: list[tuple[int, int, list[str]]]) -> list[str]:
+    return [p for c in group for p in c[2]]
 
 
 def _spread(pool: ProcessPoolExecutor | None, fn: Any, paths: list[str], spec: ResizeSpec):

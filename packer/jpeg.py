@@ -23,8 +23,10 @@ A JPEG that fails to decode raises :class:`PackFormatError` naming its index
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import collections
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,6 +77,7 @@ def decode_batch(
     *,
     indices: Sequence[int] | None = None,
     pool: ThreadPoolExecutor | None = None,
+    ends_checked: bool = False,
 ) -> list[torch.Tensor]:
     """Decode JPEGs to RGB on ``device``.
 
@@ -83,6 +86,8 @@ def decode_batch(
       device: "cpu" or a CUDA device (nvjpeg, the whole list in one call).
       indices: how errors name each image (default its position in ``datas``).
       pool: CPU threads to decode on (default: this thread).
+      ends_checked: the caller checked that every file ends with its EOI marker
+        (:meth:`packer.pack.JpegPack.read` does, for a whole batch at once).
 
     Returns:
       list of Tensor[3, h_i, w_i], uint8 in [0, 255], on ``device``.
@@ -92,14 +97,12 @@ def decode_batch(
     names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
     if not datas:
         return []
-    for d, i in zip(datas, names):
-        # nvjpeg's batched decode returns a truncated file's partial image without an
-        # error: every stored JPEG must end with its EOI marker (the build ensures it)
-        if len(d) < 4 or int(d[-2]) != 0xFF or int(d[-1]) != 0xD9:
-            raise PackFormatError(
-                f"image {i}: its stored JPEG is truncated (no end-of-image marker); the "
-                "pack is damaged, run `imgpack verify` and rebuild it"
-            )
+    # nvjpeg's batched decode returns a truncated file's partial image without an
+    # error: every stored JPEG must end with its EOI marker (the build ensures it)
+    for d, i in zip(datas, [] if ends_checked else names):
+        e = d.numpy()[-2:]
+        if len(d) < 4 or e[0] != 0xFF or e[1] != 0xD9:
+            raise truncated(i)
     if device.type == "cuda":
         from torchvision.io import decode_jpeg
 
@@ -119,6 +122,14 @@ def decode_batch(
         return [_decode_one(d, i, device) for d, i in zip(datas, names)]
     futures = [pool.submit(_decode_one, d, i, device) for d, i in zip(datas, names)]
     return [f.result() for f in futures]
+
+
+def truncated(index: int) -> PackFormatError:
+    """The error for a stored JPEG without its end-of-image marker."""
+    return PackFormatError(
+        f"image {index}: its stored JPEG is truncated (no end-of-image marker); the "
+        "pack is damaged, run `imgpack verify` and rebuild it"
+    )
 
 
 def pad_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,6 +228,72 @@ def resize_batch(
     return out
 
 
+def sizes_of(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 [B, 2] (h, w) of images uint8 [3, h_i, w_i], on the CPU."""
+    return torch.tensor([x.shape[1:] for x in images], dtype=torch.int64).reshape(-1, 2)
+
+
+def resize_images(
+    images: Sequence[torch.Tensor],
+    out_size: tuple[int, int],
+    *,
+    boxes: torch.Tensor | None = None,
+    mode: str = "crop",
+    flip: torch.Tensor | None = None,
+    sizes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`resize_batch` of a list of images of different sizes, uint8 [3, h_i, w_i].
+
+    On CUDA with Triton (``mode`` "crop"/"stretch" or ``boxes``) one kernel reads every
+    image where it lies, through a table of addresses: no padded batch is made or
+    copied. Otherwise (the CPU, "pad") the images are padded first. Same result either
+    way (the kernels' rounding: at most 1/255 apart). ``sizes``: their (h, w), if known.
+    """
+    if sizes is None:
+        sizes = sizes_of(images)
+    n = len(images)
+    dev = images[0].device if n else torch.device("cpu")
+    if boxes is None and mode != "pad":
+        boxes = fit_boxes(sizes, out_size, mode)
+    if boxes is None or not n:
+        return resize_batch(*pad_batch(images), out_size, mode=mode, flip=flip)
+    s = sizes.numpy()
+    bn = boxes.to(torch.int64).numpy()
+    top, left, bh, bw = bn.T
+    bad = (top < 0) | (left < 0) | (bh < 1) | (bw < 1)
+    bad |= (top + bh > s[:, 0]) | (left + bw > s[:, 1])
+    if bad.any():  # checked against each image, not the padded batch
+        i = int(bad.argmax())
+        raise ValueError(
+            f"box {i} {bn[i].tolist()} (top, left, height, width) is empty or leaves "
+            f"the {s[i, 0]}x{s[i, 1]} image"
+        )
+    oh, ow = out_size
+    scale = (float(bh.max()) / oh, float(bw.max()) / ow)
+    kernels = _ragged_kernels(dev)
+    if kernels is not None and kernels.fits(scale):
+        table = np.empty((n, 8), dtype=np.int64)
+        for i, x in enumerate(images):
+            if not x.is_contiguous() or x.shape[0] != 3 or x.device != dev:
+                raise ValueError(f"image {i} must be a contiguous uint8 [3, H, W] on {dev}")
+            table[i, 0] = x.data_ptr()
+        table[:, 1:5] = bn
+        table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
+        table[:, 6:] = s
+        t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
+        return kernels.resample_ragged(t, 3, oh, ow, scale, dev)
+    return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
+
+
+def _ragged_kernels(device: torch.device):  # -> module | None
+    if device.type != "cuda":
+        return None
+    from .transforms import _triton
+
+    kernels = _triton()
+    return kernels if kernels is not None and hasattr(kernels, "resample_ragged") else None
+
+
 def decode_resized(
     datas: Sequence[torch.Tensor],
     out_size: tuple[int, int],
@@ -234,13 +311,79 @@ def decode_resized(
     boxes. Returns uint8 [B, 3, *out_size] on ``device``.
     """
     imgs = decode_batch(datas, device, indices=indices, pool=pool)
-    batch, sizes = pad_batch(imgs)
     if not imgs:
         return torch.empty((0, 3, *out_size), dtype=torch.uint8, device=device)
+    sizes = sizes_of(imgs)
     if boxes_for is not None:
         boxes, flip = boxes_for(sizes)  # type: ignore[operator]
-        return resize_batch(batch, sizes, out_size, boxes=boxes, flip=flip)
-    return resize_batch(batch, sizes, out_size, mode=mode)
+        return resize_images(imgs, out_size, boxes=boxes, flip=flip, sizes=sizes)
+    return resize_images(imgs, out_size, mode=mode, sizes=sizes)
+
+
+def decode_ahead(
+    jobs: Iterable[tuple[Any, Callable[[], Any]]],
+    device: torch.device,
+    stream: torch.cuda.Stream | None = None,
+    *,
+    ahead: int = 2,
+) -> Iterator[tuple[Any, Any]]:
+    """Run each job's decode ``fn()`` on a thread of its own, ``ahead`` jobs ahead of
+    the caller; yield ``(key, fn())`` in order.
+
+    ``jobs``: ``(key, fn)`` pairs; ``fn`` reads and decodes (e.g. :func:`decode_batch`:
+    nvjpeg and the CPU decoder run without the GIL, so the caller's Python, such as the
+    crop of the previous batch, runs meanwhile). Pulled from ``jobs`` on the caller's
+    thread, so a ``jobs`` generator may use state the caller owns.
+
+    On CUDA, ``fn`` runs with a decode stream of its own current, where nothing else
+    allocates: nvjpeg writes its output on its own stream, so memory it is given must
+    not be memory a pending kernel still reads. ``stream`` (the caller's, where it uses
+    the decoded tensors) waits for each decode before the item is yielded, and an
+    item's tensors are kept until the work the caller queued on ``stream`` by the next
+    resume has run. Closing the generator waits for the jobs in flight.
+    """
+    cuda = device.type == "cuda"
+    dstream = torch.cuda.Stream(device) if cuda else None
+
+    def run(fn: Callable[[], Any]) -> tuple[Any, Any]:
+        if not cuda:
+            return fn(), None
+        with torch.cuda.device(device), torch.cuda.stream(dstream):
+            out = fn()
+            done = torch.cuda.Event()
+            done.record(dstream)
+            return out, done
+
+    todo = iter(jobs)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="imgpack-decode")
+    inflight: collections.deque[tuple[Any, Future[Any]]] = collections.deque()
+    held: collections.deque[tuple[torch.cuda.Event, Any]] = collections.deque()
+    try:
+        while True:
+            while len(inflight) < ahead:
+                job = next(todo, None)
+                if job is None:
+                    break
+                inflight.append((job[0], pool.submit(run, job[1])))
+            if not inflight:
+                return
+            key, fut = inflight.popleft()
+            out, done = fut.result()
+            if done is not None and stream is not None:
+                stream.wait_event(done)
+            yield key, out
+            if cuda and stream is not None:
+                used = torch.cuda.Event()
+                used.record(stream)
+                held.append((used, out))
+                while held and held[0][0].query():
+                    held.popleft()
+            del out
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if stream is not None:
+            stream.synchronize()  # the caller's work on the decoded images has run
+        held.clear()
 
 
 class JpegCrop:
@@ -359,9 +502,12 @@ __all__ = [
     "CROP_FRACTION",
     "JpegCrop",
     "crop_for",
+    "decode_ahead",
     "decode_batch",
     "decode_resized",
     "fit_boxes",
     "pad_batch",
     "resize_batch",
+    "resize_images",
+    "sizes_of",
 ]

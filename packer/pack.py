@@ -214,10 +214,11 @@ class JpegPack:
             "with pack.decode(indices)"
         )
 
-    def read(self, indices: Any) -> list[torch.Tensor]:
+    def read(self, indices: Any, check_ends: bool = False) -> list[torch.Tensor]:
         """The stored bytes of images ``indices`` (ints into the pack): uint8 [n_i] each,
         views of the mapped file. Raises PackFormatError naming the first image whose
-        offset or length leaves the byte file."""
+        offset or length leaves the byte file, and with ``check_ends`` the first that
+        does not end with a JPEG's end-of-image marker."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             bad = int(idx[(idx < 0) | (idx >= len(self))][0])
@@ -235,6 +236,15 @@ class JpegPack:
         # numpy slices of the mapping, then plain tensors: slicing the MemoryMappedTensor
         # subclass costs tens of microseconds per image, a batch of 256 milliseconds
         data = self._bytes()
+        if check_ends and len(idx):
+            # every stored JPEG ends with its EOI marker (nvjpeg decodes a truncated one
+            # inside a batch without an error): two bytes per image, one gather
+            end = off + ln
+            bad = (ln < 4) | (data[np.maximum(end - 2, 0)] != 0xFF) | (data[end - 1] != 0xD9)
+            if bad.any():
+                from .jpeg import truncated
+
+                raise truncated(int(idx[int(bad.argmax())]))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only mapping: never written
             return [torch.from_numpy(data[o : o + n]) for o, n in zip(off.tolist(), ln.tolist())]
@@ -251,4 +261,6 @@ class JpegPack:
         from .jpeg import decode_batch
 
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return decode_batch(self.read(idx), device, indices=idx.tolist())
+        return decode_batch(
+            self.read(idx, check_ends=True), device, indices=idx.tolist(), ends_checked=True
+        )

@@ -14,7 +14,8 @@ For each data set (made once under ``--work`` with ``packer.bench.synth``, quali
 * what the disk does with the same bytes: pwrite in chunk-sized pieces + one fsync,
   with and without per-chunk ``sync_file_range``; SHA-256 speed of one core.
 
-Variants of the build (``--variants``): ``new`` (defaults), ``wb-off`` (no per-chunk
+Variants of the build (``--variants``): ``new`` (defaults), ``gpu`` (``--device cuda``;
+then also the pixel difference from the CPU build), ``wb-off`` (no per-chunk
 writeback: ``IMGPACK_BUILD_WRITEBACK=off``), ``forkserver`` / ``fork`` (how workers
 start: ``IMGPACK_BUILD_START``; the default forks when that is safe), ``old`` (the
 packer at ``--old-tree``, same run).
@@ -100,12 +101,15 @@ def clean(dst: Path) -> None:
     os.sync()
 
 
-def lib_build(src: Path, dst: Path, side: int, workers: int, env: dict[str, str]) -> dict:
-    """One library build in a child interpreter (own forkserver, own env); its result."""
+def lib_build(
+    src: Path, dst: Path, side: int, workers: int, env: dict[str, str], device: str = "cpu"
+) -> dict:
+    """One library build in a child interpreter (own forkserver, own env); its result.
+    ``device`` "cuda": ``--device cuda`` (CUDA start-up inside the timed call)."""
     code = (
         "import json,sys,packer;from packer.build import BuildConfig;"
         f"r=packer.build_pack({str(src)!r},{str(dst)!r},BuildConfig(size=({side},{side}),"
-        f"workers={workers},overwrite=True));"
+        f"workers={workers},overwrite=True,device={device!r}));"
         "print('RESULT '+json.dumps({'count':r.count,'seconds':r.seconds,'extra':r.extra}))"
     )
     t = time.perf_counter()
@@ -120,6 +124,18 @@ def lib_build(src: Path, dst: Path, side: int, workers: int, env: dict[str, str]
     res = json.loads(line[7:])
     res["process_wall_s"] = wall
     return res
+
+
+def pixel_diff(a: Path, b: Path) -> dict:
+    """Mean and 99th percentile of |a - b| over two packs of the same sources (0-255)."""
+    import numpy as np
+
+    import packer
+
+    x, y = packer.load(a).images.numpy(), packer.load(b).images.numpy()
+    d = np.abs(x[:2000].astype(np.int16) - y[:2000].astype(np.int16))
+    return {"mean_abs": round(float(d.mean()), 3), "p99_abs": float(np.percentile(d, 99)),
+            "max_abs": int(d.max())}  # fmt: skip
 
 
 def cli_build(src: Path, dst: Path, side: int, workers: int) -> float:
@@ -207,6 +223,7 @@ def main() -> None:
         "wb-off": {"IMGPACK_BUILD_WRITEBACK": "off"},
         "forkserver": {"IMGPACK_BUILD_START": "forkserver"},
         "fork": {"IMGPACK_BUILD_START": "fork"},
+        "gpu": {},  # --device cuda
     }
     if args.old_tree:  # the code before this work, same run: PYTHONPATH's first entry swapped
         rest = os.environ.get("PYTHONPATH", "").split(os.pathsep)[1:]
@@ -243,7 +260,8 @@ def main() -> None:
         for _ in range(args.repeats):  # variants interleaved: a drift hits each alike
             for name in names:
                 clean(dst)
-                r = lib_build(src, dst, side, cores, variants[name])
+                dev = "cuda" if name == "gpu" else "cpu"
+                r = lib_build(src, dst, side, cores, variants[name], dev)
                 r["img_per_s"] = r["count"] / r["seconds"]
                 runs[name].append(r)
                 print(f"  build {name}: {r['img_per_s']:,.0f} img/s, {r['seconds']:.2f} s, "
@@ -252,6 +270,15 @@ def main() -> None:
             med = sorted(runs[name], key=lambda r: r["img_per_s"])[len(runs[name]) // 2]
             row[f"build_{name}"] = med
             row[f"build_{name}_all"] = [r["img_per_s"] for r in runs[name]]
+        if "gpu" in names and "new" in names:  # pixels: GPU build vs CPU build, same sources
+            clean(dst)
+            lib_build(src, dst, side, cores, {}, "cpu")
+            gdst = args.work / f"pack_{key}_gpu"
+            clean(gdst)
+            lib_build(src, gdst, side, cores, {}, "cuda")
+            row["gpu_vs_cpu"] = pixel_diff(dst, gdst)
+            print(f"  GPU vs CPU pixels: {row['gpu_vs_cpu']}", flush=True)
+            clean(gdst)
         clean(dst)
         row["cli_wall_s"] = cli_build(src, dst, side, cores)
         row["cli_img_per_s"] = len(files) / row["cli_wall_s"]

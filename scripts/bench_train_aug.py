@@ -106,8 +106,9 @@ def train_rows(
         jpack = packer.load(a.work / "jpegpack")
         jl = packer.PackLoader(jpack, b, device=dev, drop_last=True, image_size=224, train=True)
         ways.append(("(a') JPEG pack, decode+RRC/flip on GPU", lambda: iter(jl), jl, 5))
-    dl = folder_loader(jpegs, b, a.workers)
-    ways.append((f"(c) ImageFolder + RRC/flip, {a.workers} workers", lambda: iter(dl), dl, 0))
+    if not a.no_folder:
+        dl = folder_loader(jpegs, b, a.workers)
+        ways.append((f"(c) ImageFolder + RRC/flip, {a.workers} workers", lambda: iter(dl), dl, 0))
     for name, make, holder, warm in ways:
         folder = name.startswith("(c)")
         steps = max(a.steps, a.workers) if folder else a.steps
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--jpeg", action="store_true", help="also train from a JPEG pack (issue 13)")
+    ap.add_argument("--no-folder", action="store_true", help="skip (c), the ImageFolder road")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     a = ap.parse_args()
     dev = torch.device("cuda")

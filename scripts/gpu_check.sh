@@ -2,7 +2,8 @@
 # On a GPU machine: the whole test suite (CUDA tests included), then the GPU benchmarks,
 # in one call (device time is scarce). Run from the repository root, after installing
 # what the machine lacks (see README "GPU machine"):
-#   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp]
+#   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
+#                             [jpeg] [rn50] [gpubuild] [probe]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -14,6 +15,11 @@
 #          copy limits, over threads, prefetch, populate and GPU-resident mode
 # build    scripts/bench_build.py: build speed against the machine's decode ceiling
 # ddp      scripts/train_ddp.py: DDP ResNet-18 on 1 GPU and on all (torchrun)
+# cuda     the test files with CUDA tests only (loader, JPEG, GPU build, transforms)
+# jpeg     scripts/bench_jpeg.py: JPEG packs and the GPU build vs the CPU ceiling
+# rn50     scripts/bench_train_aug.py --jpeg, ResNet-50 only, no ImageFolder road
+# gpubuild scripts/bench_build.py set b: --device cuda vs the CPU build vs the ceiling
+# probe    scripts/probe_stream.py on a 16,000-image 224² pack: native vs threaded gather
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -35,12 +41,24 @@ for w in "${what[@]}"; do
     bench) python3 -m packer bench --device cuda --out "$OUT/bench" -q > "$OUT/bench.txt" 2>&1 ;;
     stream) python3 scripts/bench_stream.py --work $W > "$OUT/stream.txt" 2>&1 ;;
     build) python3 scripts/bench_build.py --images 16000 --work $W > "$OUT/build.txt" 2>&1 ;;
+    cuda) python3 -m pytest -q -p no:cacheprovider -x tests/test_jpeg.py tests/test_jpeg_loader.py \
+            tests/test_jpeg_pack.py tests/test_build_gpu.py tests/test_loader.py \
+            tests/test_loader_lifetime.py tests/test_targets_loader.py tests/test_transforms.py \
+            2>&1 | tail -30 > "$OUT/cuda.txt" ;;
+    jpeg) python3 scripts/bench_jpeg.py --images 8192 --work $W/jpeg > "$OUT/jpeg.txt" 2>&1 ;;
+    rn50) python3 scripts/bench_train_aug.py --jpeg --archs resnet50 --no-folder --work $W \
+            --out "$OUT" > "$OUT/rn50.txt" 2>&1 ;;
+    gpubuild) python3 scripts/bench_build.py --sets b --variants new,gpu --no-disk --repeats 3 \
+            --images 16000 --work $W/build > "$OUT/gpubuild.txt" 2>&1 ;;
+    probe) python3 -c "from packer.bench.synth import make_random_pack as m; m('$W/p224', 16000, 224)" \
+           && python3 scripts/probe_stream.py --pack $W/p224 --modes fresh,churn \
+              --variants native,threads > "$OUT/probe.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests, augment, train, bench, stream, build, ddp)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg rn50 gpubuild probe)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

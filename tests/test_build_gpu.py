@@ -97,3 +97,34 @@ def test_cuda_build_within_tolerance(photos: Path, tmp_path: Path) -> None:
     diff = (a.images.int() - b.images.int()).abs().float()
     assert diff.mean() <= GPU_TOLERANCE["mean_abs"]
     assert np.isfinite(float(diff.mean()))
+
+
+def test_an_image_the_gpu_fails_is_decoded_by_the_cpu_workers(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JPEG that passes the workers' checks but fails in the batched decode: the
+    batch is retried image by image, and the one that still fails goes to the CPU
+    workers' decode, whose row is the CPU build's own."""
+    import packer.jpeg
+    from packer.errors import PackFormatError
+
+    cfg = dict(size=(24, 20), workers=2)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
+    bad = (photos / "zebra" / "p07.jpg").read_bytes()
+    real = packer.jpeg.decode_batch
+    seen = {"batches": 0, "refused": 0}
+
+    def flaky(datas, device="cpu", **kw):
+        if any(bytes(d.numpy()) == bad for d in datas):
+            seen["refused"] += 1
+            raise PackFormatError("image 0: its stored JPEG does not decode (test)")
+        seen["batches"] += 1
+        return real(datas, device, **kw)
+
+    monkeypatch.setattr(packer.jpeg, "decode_batch", flaky)
+    out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert seen["refused"] == 2 and seen["batches"] > 1  # the batch, then the image alone
+    assert out.count == cpu.count and out.skipped == cpu.skipped
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    i = a.sources.index("zebra/p07.jpg")
+    assert torch.equal(a.images[i], b.images[i])  # the CPU workers' row, byte for byte

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,8 +14,17 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
+from conftest import subprocess_env
 from packer.errors import PackFormatError
-from packer.jpeg import decode_batch, decode_resized, fit_boxes, pad_batch, resize_batch
+from packer.jpeg import (
+    decode_batch,
+    decode_resized,
+    fit_boxes,
+    pad_batch,
+    resize_batch,
+    resize_images,
+    sizes_of,
+)
 from packer.transforms import RandomResizedCrop
 
 
@@ -128,3 +139,70 @@ def test_cuda_decode_matches_cpu_within_tolerance(datas):
     bad[2:-2] = 0
     with pytest.raises(PackFormatError, match="image 1:"):
         decode_batch([datas[0], bad, datas[2]], "cuda")
+
+
+def test_resize_images_equals_the_padded_route(datas):
+    imgs = decode_batch(datas)
+    sizes = sizes_of(imgs)
+    assert sizes.tolist() == [[h, w] for w, h in SIZES]
+    boxes = RandomResizedCrop(8).sample_boxes(4, sizes[:, 0], sizes[:, 1], torch.Generator())
+    flip = torch.tensor([True, False, True, False])
+    a = resize_images(imgs, (10, 14), boxes=boxes, flip=flip)
+    b = resize_batch(*pad_batch(imgs), (10, 14), boxes=boxes, flip=flip)
+    assert torch.equal(a, b)  # on the CPU it is the padded route
+    # checked against each image's own size, not the padded batch (64x64)
+    bad = torch.tensor([[0, 0, 5, 5]] * 3 + [[0, 0, 10, 12]])
+    with pytest.raises(ValueError, match=r"box 3 \[0, 0, 10, 12\] .* leaves the 9x17 image"):
+        resize_images(imgs, (10, 14), boxes=bad)
+
+
+RAGGED = """
+import numpy as np, torch, packer.transforms as T, packer._resample_triton as R
+from packer import jpeg as J
+g = torch.Generator().manual_seed(0)
+shapes = [(20, 26), (17, 31), (33, 12)]
+imgs = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in shapes]
+sizes = J.sizes_of(imgs)
+boxes = T.RandomResizedCrop(8).sample_boxes(3, sizes[:, 0], sizes[:, 1], g)
+flip = torch.tensor([True, False, True])
+for size in [(12, 16), (30, 20)]:
+    a = J.resize_batch(*J.pad_batch(imgs), size, boxes=boxes, flip=flip)
+    table = np.empty((3, 8), np.int64)
+    table[:, 0] = [x.data_ptr() for x in imgs]
+    table[:, 1:5] = boxes.numpy()
+    table[:, 5] = flip.numpy()
+    table[:, 6:] = sizes.numpy()
+    sc = (float(boxes[:, 2].max()) / size[0], float(boxes[:, 3].max()) / size[1])
+    b = R.resample_ragged(torch.from_numpy(table), 3, *size, sc, torch.device("cpu"))
+    d = (a.int() - b.int()).abs()
+    assert d.max() <= 1 and d.float().mean() < 0.1, (size, d.max())
+print("ok")
+"""
+
+
+def test_ragged_kernel_matches_the_padded_route_in_the_interpreter():
+    # the CUDA kernel that reads each image where nvjpeg left it (a table of addresses),
+    # run by Triton's interpreter on the CPU
+    pytest.importorskip("triton")
+    r = subprocess.run(
+        [sys.executable, "-c", RAGGED],
+        env=subprocess_env(TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_resize_images_reads_images_in_place(datas):
+    imgs = decode_batch(datas, "cuda")
+    sizes = sizes_of(imgs)
+    boxes = RandomResizedCrop(8).sample_boxes(4, sizes[:, 0], sizes[:, 1], torch.Generator())
+    flip = torch.tensor([True, False, True, False])
+    a = resize_images(imgs, (24, 20), boxes=boxes, flip=flip)
+    b = resize_batch(*pad_batch(imgs), (24, 20), boxes=boxes, flip=flip)
+    assert a.is_cuda and (a.int() - b.int()).abs().max() <= 1
+    c = resize_images(imgs, (24, 20), mode="crop")
+    d = resize_batch(*pad_batch(imgs), (24, 20), mode="crop")
+    assert (c.int() - d.int()).abs().max() <= 1

@@ -238,6 +238,25 @@ def test_corrupt_jpeg_names_the_image(jpack: Path) -> None:
         packer.load(jpack).decode([5, 6])
 
 
+def test_a_file_without_its_end_marker_names_the_image(jpack: Path) -> None:
+    # nvjpeg decodes a truncated file inside a batch without an error: the reader checks
+    # every file's last two bytes (one gather per batch) before decoding
+    pack = packer.load(jpack)
+    off, n = int(pack.offsets[3]), int(pack.lengths[3])
+    del pack
+    f = jpack / "_tensordict" / "jpeg.memmap"
+    raw = bytearray(f.read_bytes())
+    raw[off + n - 1] = 0
+    f.write_bytes(bytes(raw))
+    pack = packer.load(jpack)
+    pack.read([3])  # bytes only: not checked unless asked
+    with pytest.raises(PackFormatError, match="image 3: its stored JPEG is truncated"):
+        pack.read([1, 3], check_ends=True)
+    with pytest.raises(PackFormatError, match="image 3: its stored JPEG is truncated"):
+        pack.decode([2, 3])
+    assert len(pack.decode([0, 1, 2])) == 3
+
+
 def test_jpeg_smaller_than_raw_at_full_size(jpack: Path) -> None:
     pack = packer.load(jpack)
     raw = int((pack.sizes[:, 0] * pack.sizes[:, 1] * 3).sum())

@@ -91,19 +91,23 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer._producer as producer_mod  # where _Pass looks _take up
+    import packer._producer as producer_mod  # where _Pass looks its gathers up
 
     loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
     calls = {"n": 0}
-    real = producer_mod._take
 
-    def failing_take(*args):
-        calls["n"] += 1
-        if calls["n"] >= 2:
-            raise OSError("disk went away")
-        return real(*args)
+    def failing(real):
+        def gather(*args):
+            calls["n"] += 1
+            if calls["n"] >= 2:
+                raise OSError("disk went away")
+            return real(*args)
 
-    monkeypatch.setattr(producer_mod, "_take", failing_take)
+        return gather
+
+    # both gather routes: the native one (default) and the thread pool's
+    monkeypatch.setattr(producer_mod, "_take", failing(producer_mod._take))
+    monkeypatch.setattr(producer_mod, "_gather", failing(producer_mod._gather))
     it = iter(loader)
     next(it)
     with pytest.raises(OSError, match="disk went away"):
