@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import itertools
 import math
 import os
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UsageError
+from .errors import PackerError, UsageError
 from .order import batch_seed
 
 _MADV_POPULATE_READ = 22
@@ -103,33 +104,13 @@ def _apply_transform(
     return _check_transformed(transform, images, transform(images, generator=gen))
 
 
+def _raise(e: BaseException) -> None:
+    raise e
+
+
 def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """Copy rows ``idx`` of ``src`` into ``out`` (a memcpy per row, GIL released)."""
     np.take(src, idx, 0, out, "clip")
-
-
-# How a batch's rows are gathered: "native" = one torch.index_select per batch, run by
-# torch's intra-op threads without the GIL from start to end; "threads" = np.take tasks
-# on the loader's gather threads, each taking the GIL back when its copy ends (the
-# comparison: scripts/probe_stream.py, docs/BENCHMARKS.md). IMGPACK_GATHER picks one.
-GATHER = os.environ.get("IMGPACK_GATHER", "native")
-
-
-def _word_view(rows: torch.Tensor) -> torch.Tensor:
-    """2-D uint8 rows viewed as the widest integer words that divide a row: index_select
-    then copies each row as one slice of few elements, and splits the batch's rows (not
-    each row's bytes) across its threads."""
-    row = rows.shape[1]
-    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if row % size == 0 and rows.data_ptr() % size == 0:
-            return rows.view(dt)
-    return rows
-
-
-def _gather(src: torch.Tensor, idx: np.ndarray, out: torch.Tensor) -> None:
-    """Rows ``idx`` of ``src`` (a :func:`_word_view`) into ``out`` (uint8 [n, row]) in
-    one native call."""
-    torch.index_select(src, 0, torch.from_numpy(idx), out=out.view(src.dtype))
 
 
 class _Shared:
@@ -234,8 +215,6 @@ class _Pass:
         row = math.prod(src.shape[1:]) if jpeg is None else 1
         # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
         self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
-        self.native = GATHER == "native" and jpeg is None
-        self.src_words = _word_view(torch.from_numpy(self.src)) if self.native else None
         self.shape = tuple(src.shape[1:])
         self.labels = labels.numpy()
         self.targets = None if targets is None else targets.numpy()
@@ -313,18 +292,10 @@ class _Pass:
                 return
             yield b, self.order[b * bs : (b + 1) * bs]
 
-    def gather(self, idx: np.ndarray, out: np.ndarray, pipelined: bool) -> list[Future[Any]]:
-        """Rows ``idx`` into ``out`` (uint8 [n, row]): done on return ("native"), or
-        the np.take tasks started (wait on the returned futures)."""
-        if self.src_words is not None:
-            _gather(self.src_words, idx, torch.from_numpy(out))
-            return []
-        return self.submit(idx, out, pipelined)
-
     def run_cpu(self) -> None:
         for b, idx in self.batches():
             images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
-            for f in self.gather(idx, images.numpy().reshape(len(idx), -1), False):
+            for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
                 f.result()
             labels = torch.from_numpy(np.take(self.labels, idx, 0))
             targets = None
@@ -339,8 +310,9 @@ class _Pass:
         them in one batch on the device, crop/resize all at once, run the rest of the
         transform.
 
-        The reads and decodes run ``_DECODE_AHEAD`` batches ahead on a thread of their
-        own (:func:`packer.jpeg.decode_ahead`) while this thread draws each batch's boxes,
+        The decodes run ``_DECODE_AHEAD`` batches ahead on a thread of their own
+        (:func:`packer.jpeg.decode_ahead`) while this thread reads the next batches' bytes
+        and draws each batch's boxes,
         in batch order, and crops it on a side stream; the batch carries a ready event,
         as the raw path's batches do.
         """
@@ -352,15 +324,20 @@ class _Pass:
         stream = torch.cuda.Stream(dev) if cuda else None
         pool = None if cuda else self.pool
 
-        def job(idx: np.ndarray) -> Callable[[], list[torch.Tensor]]:
-            def fn() -> list[torch.Tensor]:
-                datas = pack.read(idx, check_ends=True)
-                return decode_batch(datas, dev, indices=idx.tolist(), pool=pool, ends_checked=True)
+        def jobs() -> Iterator[tuple[Any, Callable[[], list[torch.Tensor]]]]:
+            # the reads (offsets and end markers checked) run here, on the producer
+            # thread: the decoder thread, the pipeline's slowest stage, only decodes
+            # (a damaged offset raises when its batch comes, not while an earlier one waits)
+            for b, idx in self.batches():
+                try:
+                    datas = pack.read(idx, check_ends=True)
+                except PackerError as e:
+                    yield (b, idx), functools.partial(_raise, e)
+                    continue
+                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True}
+                yield (b, idx), functools.partial(decode_batch, datas, dev, **kw)
 
-            return fn
-
-        jobs = (((b, idx), job(idx)) for b, idx in self.batches())
-        decoded = decode_ahead(jobs, dev, stream, ahead=_DECODE_AHEAD)
+        decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
         try:
             for (b, idx), imgs in decoded:
                 if self.gen is not None:
@@ -445,7 +422,7 @@ class _Pass:
                 freed[s].synchronize()  # the copy out of this slot is done
             n = len(idx)
             out = pinned[s][:n].numpy().reshape(n, -1)
-            pending.append((b, idx, s, self.gather(idx, out, True)))
+            pending.append((b, idx, s, self.submit(idx, out, pipelined=True)))
             while pending and all(f.done() for f in pending[0][3]):
                 if not ship():
                     return

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -42,28 +43,23 @@ _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 
 _READ_AHEAD = 3  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _decode_group(
-    found: list[tuple[str, Any, Any]], device: torch.device
-) -> tuple[list[int], list[torch.Tensor | None]]:
-    """In the decoder thread: the GPU-able JPEGs of one group decoded in one batch.
-    Returns their positions in ``found`` and, per position, the image or None for one
-    that fails there (the CPU path then decides, and names the reason)."""
+def _decode_list(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
+    """In the decoder thread: JPEGs decoded in one batch; per image the image, or None
+    for one that fails there (the CPU path then decides, and names the reason)."""
     from .jpeg import decode_batch
 
-    gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]
-    tensors = [torch.frombuffer(bytearray(found[i][1]), dtype=torch.uint8) for i in gpu]
     if not tensors:
-        return gpu, []
+        return []
     try:
-        return gpu, list(decode_batch(tensors, device))
+        return list(decode_batch(tensors, device, ends_checked=True))
     except PackerError:
         imgs: list[torch.Tensor | None] = []
         for t in tensors:
             try:
-                imgs.append(decode_batch([t], device)[0])
+                imgs.append(decode_batch([t], device, ends_checked=True)[0])
             except PackerError:
                 imgs.append(None)
-        return gpu, imgs
+        return imgs
 
 
 def _write_group(
@@ -188,11 +184,11 @@ def decode_chunks_batched(
             if g + _READ_AHEAD < len(groups):
                 reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
 
-            def fn(get: Callable[[], Any] = get) -> Any:
-                found = get()
-                return found, _decode_group(found, device)
-
-            yield group, fn
+            # here, on this thread: the decoder thread, the slowest stage, only decodes
+            found = get()
+            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
+            tensors = [torch.frombuffer(bytearray(found[i][1]), dtype=torch.uint8) for i in gpu]
+            yield (group, found, gpu), functools.partial(_decode_list, tensors, device)
 
     def journal(block: bool) -> None:
         while written and (block or written[0].done() or len(written) > 2 * _WRITERS):
@@ -202,7 +198,7 @@ def decode_chunks_batched(
 
     decoded = decode_ahead(jobs(), device, stream, ahead=2)
     try:
-        for group, (found, (gpu, imgs)) in decoded:
+        for (group, found, gpu), imgs in decoded:
             ok = [i for i, x in zip(gpu, imgs) if x is not None]
             retry = [i for i, x in zip(gpu, imgs) if x is None]
             host = copied = None

@@ -3,7 +3,7 @@
 # in one call (device time is scarce). Run from the repository root, after installing
 # what the machine lacks (see README "GPU machine"):
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
-#                             [jpeg] [rn50] [gpubuild] [probe]
+#                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -19,7 +19,8 @@
 # jpeg     scripts/bench_jpeg.py: JPEG packs and the GPU build vs the CPU ceiling
 # rn50     scripts/bench_train_aug.py --jpeg, ResNet-50 only, no ImageFolder road
 # gpubuild scripts/bench_build.py set b: --device cuda vs the CPU build vs the ceiling
-# probe    scripts/probe_stream.py on a 16,000-image 224² pack: native vs threaded gather
+# nvjpeg   scripts/probe_nvjpeg.py: where the batched GPU decode's time goes
+# probe    scripts/probe_stream.py on a 16,000-image 224² pack, fresh and after churn
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -46,19 +47,20 @@ for w in "${what[@]}"; do
             tests/test_loader_lifetime.py tests/test_targets_loader.py tests/test_transforms.py \
             2>&1 | tail -30 > "$OUT/cuda.txt" ;;
     jpeg) python3 scripts/bench_jpeg.py --images 8192 --work $W/jpeg > "$OUT/jpeg.txt" 2>&1 ;;
+    nvjpeg) python3 scripts/probe_nvjpeg.py > "$OUT/nvjpeg.txt" 2>&1 ;;
     rn50) python3 scripts/bench_train_aug.py --jpeg --archs resnet50 --no-folder --work $W \
             --out "$OUT" > "$OUT/rn50.txt" 2>&1 ;;
     gpubuild) python3 scripts/bench_build.py --sets b --variants new,gpu --no-disk --repeats 3 \
             --images 16000 --work $W/build > "$OUT/gpubuild.txt" 2>&1 ;;
-    probe) python3 -c "from packer.bench.synth import make_random_pack as m; m('$W/p224', 16000, 224)" \
+    probe) python3 -c "from pathlib import Path; from packer.bench.synth import make_random_pack as m; m(Path('$W/p224'), 16000, 224)" \
            && python3 scripts/probe_stream.py --pack $W/p224 --modes fresh,churn \
-              --variants native,threads > "$OUT/probe.txt" 2>&1 ;;
+              --variants default > "$OUT/probe.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg rn50 gpubuild probe)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

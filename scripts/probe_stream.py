@@ -14,11 +14,11 @@ memory, into THP-backed memory registered with ``cudaHostRegister``, and into pl
 pageable memory), then ``PackLoader`` at batch 128/256/1024 with the default
 threads (and 16 threads at 256), min and median of 3 runs, each beside counters:
 minor/major page faults, RSS, AnonHugePages, the CUDA host allocator's stats, the
-gather threads' busy time (inside np.take, GIL re-acquisition included; for the native
-gather, the time inside its one call per batch). Variants of the loader (``--variants``):
-``native`` (the default: one ``torch.index_select`` per batch on torch's intra-op threads),
-``threads`` (np.take tasks of >= 8 MB on the loader's gather threads), ``old`` (each
-batch split into ``num_threads`` np.take tasks whatever its size, as before issue 18).
+gather threads' busy time (inside np.take, GIL re-acquisition included). Variants of
+the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
+``num_threads`` gather tasks whatever its size, as before issue 18). (A third, one
+``torch.index_select`` per batch on torch's intra-op threads, was measured and
+rejected: docs/BENCHMARKS.md.)
 
     python scripts/probe_stream.py --pack PACK [--modes fresh,churn]
 """
@@ -164,17 +164,7 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
         with lock:
             busy[0] += time.perf_counter() - t
 
-    orig_gather, orig_mode = L._gather, L.GATHER
-
-    def timed_gather(src: Any, idx: Any, out: Any) -> None:
-        t = time.perf_counter()
-        orig_gather(src, idx, out)
-        with lock:
-            busy[0] += time.perf_counter() - t
-
     L._take = timed_take
-    L._gather = timed_gather
-    L.GATHER = "native" if variant in ("native", "default") else "threads"
     orig_submit = L._Pass.submit
     if variant == "old":  # the split before this work: every batch in num_threads parts
 
@@ -213,7 +203,6 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
         loader.close()
     finally:
         L._take = orig_take
-        L._gather, L.GATHER = orig_gather, orig_mode
         L._Pass.submit = orig_submit
     rates = [r["img_per_s"] for r in runs]
     return {"min": min(rates), "median": sorted(rates)[1], "runs": runs,
@@ -279,7 +268,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pack", required=True)
     ap.add_argument("--modes", default="fresh,churn")
-    ap.add_argument("--variants", default="native,threads")
+    ap.add_argument("--variants", default="default,old")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     variants = args.variants.split(",")

@@ -91,23 +91,19 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer._producer as producer_mod  # where _Pass looks its gathers up
+    import packer._producer as producer_mod  # where _Pass looks _take up
 
     loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
     calls = {"n": 0}
+    real = producer_mod._take
 
-    def failing(real):
-        def gather(*args):
-            calls["n"] += 1
-            if calls["n"] >= 2:
-                raise OSError("disk went away")
-            return real(*args)
+    def failing_take(*args):
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise OSError("disk went away")
+        return real(*args)
 
-        return gather
-
-    # both gather routes: the native one (default) and the thread pool's
-    monkeypatch.setattr(producer_mod, "_take", failing(producer_mod._take))
-    monkeypatch.setattr(producer_mod, "_gather", failing(producer_mod._gather))
+    monkeypatch.setattr(producer_mod, "_take", failing_take)
     it = iter(loader)
     next(it)
     with pytest.raises(OSError, match="disk went away"):
@@ -314,7 +310,9 @@ def test_cuda_concurrent_passes_and_transform_match_cpu(packed: Path) -> None:
 @cuda
 def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
     import gc
+    import sys
     import threading
+    import traceback
 
     a = packer.PackLoader(packed, 3, device="cuda", seed=6)
     ref = [y.cpu().tolist() for _, y in a]
@@ -326,10 +324,16 @@ def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
     c.load_state_dict(b.state_dict())
     assert [y.cpu().tolist() for _, y in c] == ref[2:]
     before = threading.active_count()
+    names = {t.name for t in threading.enumerate()}
     loaders = [packer.PackLoader(packed, 1, device="cuda", num_threads=2) for _ in range(8)]
     iters = [iter(ld) for ld in loaders]
     for i in iters:
         next(i)
     del loaders, iters, it, b
     gc.collect()
-    assert threading.active_count() <= before
+    left = [t for t in threading.enumerate() if t.name not in names]
+    frames = sys._current_frames()
+    where = {
+        t.name: traceback.format_stack(frames[t.ident])[-3:] for t in left if t.ident in frames
+    }
+    assert threading.active_count() <= before, where

@@ -67,7 +67,7 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
         for it in iters:  # let every producer fill its queue: 4 batches of 384 KiB each
             while not it._pass.queue.full():
                 it._pass.stop.wait(0.001)
-        assert threading.active_count() >= threads + 40  # a producer each (+ gather threads)
+        assert threading.active_count() >= threads + 40 * 3
         held.append(_rss_mb() - rss)
         assert _tensor_mb() > tensors + 40 * 4 * 0.375
         del loaders, iters, ld, it
