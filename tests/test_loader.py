@@ -329,7 +329,7 @@ def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
     iters = [iter(ld) for ld in loaders]
     for i in iters:
         next(i)
-    del loaders, iters, it, b
+    del loaders, iters, it, b, i  # (the loop variable holds the last iterator)
     gc.collect()
     left = [t for t in threading.enumerate() if t.name not in names]
     frames = sys._current_frames()
