@@ -4,7 +4,13 @@ reader (:class:`packer.loader.PackLoader`) and the GPU build share.
 Data flow::
 
     JPEG bytes (uint8 [n_i] each) --decode_batch--> list of uint8 [3, h_i, w_i]
-        --pad_batch--> uint8 [B, 3, Hmax, Wmax] --transforms.resized_crop(boxes)--> [B, 3, S, S]
+        --resize_images(boxes)--> uint8 [B, 3, S, S]
+
+* ``resize_images`` on CUDA: one Triton kernel reads each image where it lies (a table
+  of addresses), no padded batch; elsewhere ``pad_batch`` (uint8 [B, 3, Hmax, Wmax]) +
+  ``transforms.resized_crop``, the same result within 1/255.
+* ``decode_ahead`` runs the decodes on a thread of their own, a batch or two ahead of
+  the caller's crops (the loader and the GPU build both use it).
 
 * On CUDA the whole list goes to nvjpeg in one ``torchvision.io.decode_jpeg(list,
   device=...)`` call; if that call fails, the batch is decoded again image by
