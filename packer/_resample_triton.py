@@ -270,6 +270,17 @@ def _span(block: int, scale: float) -> int:
     return max(16, triton.next_power_of_2(need))
 
 
+def _dot_launch(
+    b: int, oh: int, ow: int, max_scale: tuple[float, float]
+) -> tuple[tuple[int, int, int], int, int, int]:
+    """Grid, input patch spans and warps of the dot kernels for ``b`` outputs of oh x ow."""
+    block_h, block_w, warps = DOT_TILE
+    sy, sx = _span(block_h, max_scale[0]), _span(block_w, max_scale[1])
+    if max(sy, sx) > 32:  # strong downscaling: a bigger patch wants more warps
+        warps = max(warps, 4)
+    return (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w)), sy, sx, warps
+
+
 def fits(max_scale: tuple[float, float]) -> bool:
     """Whether the kernels suit crops up to ``max_scale`` (crop / output length) per axis.
 
@@ -303,12 +314,8 @@ def resample(
     if b == 0:
         return out
     if KERNEL == "dot":
-        sy_max, sx_max = max_scale or (h / oh, w / ow)
-        block_h, block_w, warps = DOT_TILE
-        sy, sx = _span(block_h, sy_max), _span(block_w, sx_max)
-        if max(sy, sx) > 32:  # strong downscaling: a bigger patch wants more warps
-            warps = max(warps, 4)
-        grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
+        grid, sy, sx, warps = _dot_launch(b, oh, ow, max_scale or (h / oh, w / ow))
+        block_h, block_w, _ = DOT_TILE
         _resample_dot_kernel[grid](
             images,
             out,
@@ -361,11 +368,8 @@ def resample_ragged(
     out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
     if b == 0:
         return out
-    block_h, block_w, warps = DOT_TILE
-    sy, sx = _span(block_h, max_scale[0]), _span(block_w, max_scale[1])
-    if max(sy, sx) > 32:
-        warps = max(warps, 4)
-    grid = (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w))
+    grid, sy, sx, warps = _dot_launch(b, oh, ow, max_scale)
+    block_h, block_w, _ = DOT_TILE
     _resample_ragged_kernel[grid](
         table,
         out,
