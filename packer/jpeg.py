@@ -44,6 +44,7 @@ from .transforms import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
+    check_boxes,
     resized_crop,
 )
 
@@ -265,15 +266,8 @@ def resize_images(
         return resize_batch(*pad_batch(images), out_size, mode=mode, flip=flip)
     s = sizes.numpy()
     bn = boxes.to(torch.int64).numpy()
-    top, left, bh, bw = bn.T
-    bad = (top < 0) | (left < 0) | (bh < 1) | (bw < 1)
-    bad |= (top + bh > s[:, 0]) | (left + bw > s[:, 1])
-    if bad.any():  # checked against each image, not the padded batch
-        i = int(bad.argmax())
-        raise ValueError(
-            f"box {i} {bn[i].tolist()} (top, left, height, width) is empty or leaves "
-            f"the {s[i, 0]}x{s[i, 1]} image"
-        )
+    check_boxes(bn, s)  # against each image, not the padded batch
+    _, _, bh, bw = bn.T
     oh, ow = out_size
     scale = (float(bh.max()) / oh, float(bw.max()) / ow)
     kernels = _ragged_kernels(dev)
@@ -292,12 +286,9 @@ def resize_images(
 
 
 def _ragged_kernels(device: torch.device):  # -> module | None
-    if device.type != "cuda":
-        return None
     from .transforms import _triton
 
-    kernels = _triton()
-    return kernels if kernels is not None and hasattr(kernels, "resample_ragged") else None
+    return _triton() if device.type == "cuda" else None
 
 
 def decode_resized(

@@ -189,6 +189,20 @@ def aa_weights(
     return index, w
 
 
+def check_boxes(boxes: np.ndarray, sizes: np.ndarray) -> None:
+    """Raise ValueError naming the first box (int [B, 4] top, left, height, width) that
+    is empty or leaves its image; ``sizes``: int [B, 2] (or [1, 2], for all) (h, w)."""
+    top, left, bh, bw = boxes.T
+    h, w = np.broadcast_to(sizes, (len(boxes), 2)).T
+    bad = (top < 0) | (left < 0) | (bh < 1) | (bw < 1) | (top + bh > h) | (left + bw > w)
+    if bad.any():
+        i = int(bad.argmax())
+        raise ValueError(
+            f"box {i} {boxes[i].tolist()} (top, left, height, width) is empty or leaves "
+            f"the {h[i]}x{w[i]} image"
+        )
+
+
 def _dense(index: torch.Tensor, weight: torch.Tensor, in_size: int) -> torch.Tensor:
     """Windowed weights as a dense interpolation matrix, float32 [B, out, in_size]."""
     b, out, _ = index.shape
@@ -241,16 +255,8 @@ def resized_crop(
     boxes_on_cpu = boxes.device.type == "cpu"
     if boxes_on_cpu:
         bn = boxes.numpy()
-        top, left, bh, bw = bn.T
-        bad = (
-            (top < 0) | (left < 0) | (bh < 1) | (bw < 1) | (top + bh > h_img) | (left + bw > w_img)
-        )
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(
-                f"box {i} {bn[i].tolist()} (top, left, height, width) is empty or leaves "
-                f"the {h_img}x{w_img} image"
-            )
+        check_boxes(bn, np.array([[h_img, w_img]]))
+        _, _, bh, bw = bn.T
         sy, sx = (int(bh.max()) / oh, int(bw.max()) / ow) if b else (1.0, 1.0)
     else:
         sy, sx = h_img / oh, w_img / ow
