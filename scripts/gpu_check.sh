@@ -3,7 +3,7 @@
 # in one call (device time is scarce). Run from the repository root, after installing
 # what the machine lacks (see README "GPU machine"):
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
-#                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe]
+#                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -21,6 +21,7 @@
 # gpubuild scripts/bench_build.py set b: --device cuda vs the CPU build vs the ceiling
 # nvjpeg   scripts/probe_nvjpeg.py: where the batched GPU decode's time goes
 # probe    scripts/probe_stream.py on a 16,000-image 224² pack, fresh and after churn
+# buildprobe scripts/probe_build_gpu.py: the GPU build's stages alone and inside a build
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -55,12 +56,13 @@ for w in "${what[@]}"; do
     probe) python3 -c "from pathlib import Path; from packer.bench.synth import make_random_pack as m; m(Path('$W/p224'), 16000, 224)" \
            && python3 scripts/probe_stream.py --pack $W/p224 --modes fresh,churn \
               --variants default > "$OUT/probe.txt" 2>&1 ;;
+    buildprobe) python3 scripts/probe_build_gpu.py --work $W/build > "$OUT/buildprobe.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

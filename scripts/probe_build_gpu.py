@@ -1,0 +1,325 @@
+"""Where ``imgpack build --device cuda`` spends its time (issue 18 §2), stage by stage.
+
+On the set ``b`` of ``scripts/bench_build.py`` (16,000 JPEGs 500x375 -> 256²), in one
+process, CUDA and the kernels warmed off the clock:
+
+* each stage alone, as fast as it goes: the CPU workers' read + classify
+  (``_read_for_gpu``, 16 processes), the batched nvjpeg decode, decode + crop + pinned
+  copy (``decode_ahead`` + ``resize_images``), the writers (pwrite + SHA-256 +
+  writeback of 256-image groups, 4 threads, final fsync), the disk alone;
+* the whole build (library call, warm process), with timers wrapped around its stages:
+  the main thread's waits (reads, decode), its own work, the decoder thread's and the
+  writers' busy time, and the rate after the first 10% of the groups (steady state);
+* the 16-process Pillow ceiling of ``bench_build.py`` and the CPU build, same run.
+
+    python scripts/probe_build_gpu.py [--images 16000] [--work /tmp/imgpack-gpu/build]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import functools
+import hashlib
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_build import SETS, ceiling, clean, disk_probe, make_set
+
+from _out import dump
+
+GROUP = 256
+
+
+class Clock:
+    """Seconds per stage name, summed over threads, with a lock."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = collections.defaultdict(float)
+        self.n: dict[str, int] = collections.defaultdict(int)
+        self.marks: list[float] = []
+        self.lock = threading.Lock()
+
+    def add(self, name: str, dt: float) -> None:
+        with self.lock:
+            self.s[name] += dt
+            self.n[name] += 1
+
+    def wrap(self, name: str, fn):
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.add(name, time.perf_counter() - t)
+
+        return timed
+
+
+def stage_read(files: list[str], spec, procs: int) -> float:
+    from packer.build_workers import _read_for_gpu
+
+    groups = [files[i : i + GROUP] for i in range(0, len(files), GROUP)]
+    with ProcessPoolExecutor(procs) as pool:
+        list(pool.map(_read_for_gpu, [g[:2] for g in groups[:procs]], [spec] * procs))
+        t = time.perf_counter()
+        futs = []
+        for g in groups:
+            step = -(-len(g) // 16)
+            futs += [
+                pool.submit(_read_for_gpu, g[i : i + step], spec) for i in range(0, len(g), step)
+            ]
+        n = sum(len(f.result()) for f in futs)
+        return n / (time.perf_counter() - t)
+
+
+def stage_decode(datas: list, device) -> float:
+    import torch
+
+    from packer.jpeg import decode_batch
+
+    groups = [datas[i : i + GROUP] for i in range(0, len(datas), GROUP)]
+    decode_batch(groups[0], device, ends_checked=True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for g in groups:
+        decode_batch(g, device, ends_checked=True)
+    torch.cuda.synchronize()
+    return len(datas) / (time.perf_counter() - t)
+
+
+def stage_gpu(datas: list, device, side: int, pinned: bool = True) -> float:
+    """decode_ahead + resize_images + copy into pinned host memory, synchronised per group."""
+    import torch
+
+    from packer.jpeg import decode_ahead, decode_batch, resize_images
+
+    stream = torch.cuda.Stream(device)
+    groups = [datas[i : i + GROUP] for i in range(0, len(datas), GROUP)]
+    jobs = ((None, functools.partial(decode_batch, g, device, ends_checked=True)) for g in groups)
+    t = time.perf_counter()
+    prev = None
+    for _, imgs in decode_ahead(jobs, device, stream):
+        with torch.cuda.stream(stream):
+            rows = resize_images(imgs, (side, side), mode="crop")
+            host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=pinned)
+            host.copy_(rows, non_blocking=pinned)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        if prev is not None:
+            prev.synchronize()
+        prev = ev
+    prev.synchronize()
+    return len(datas) / (time.perf_counter() - t)
+
+
+def stage_write(folder: Path, n: int, side: int, writers: int = 4) -> dict:
+    """``n`` rows of 3·side² bytes in groups of 256, from one pinned buffer: pwrite +
+    SHA-256 + sync_file_range per group on ``writers`` threads, then one fsync."""
+    import torch
+
+    row = 3 * side * side
+    host = torch.randint(0, 255, (GROUP, row), dtype=torch.uint8).pin_memory()
+    mv = memoryview(host.numpy()).cast("B")
+    sfr = ctypes.CDLL(None, use_errno=True).sync_file_range
+    path = folder / ".imgpack-probe-rows"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.posix_fallocate(fd, 0, n * row)
+    busy = {"pwrite": 0.0, "sha": 0.0, "sfr": 0.0}
+    lock = threading.Lock()
+
+    def one(g: int) -> None:
+        k = min(GROUP, n - g * GROUP)
+        t0 = time.perf_counter()
+        off, done = g * GROUP * row, 0
+        while done < k * row:
+            done += os.pwrite(fd, mv[done : k * row], off + done)
+        t1 = time.perf_counter()
+        hashlib.sha256(mv[: k * row]).digest()
+        t2 = time.perf_counter()
+        sfr(fd, ctypes.c_int64(off), ctypes.c_int64(k * row), 2)
+        t3 = time.perf_counter()
+        with lock:
+            busy["pwrite"] += t1 - t0
+            busy["sha"] += t2 - t1
+            busy["sfr"] += t3 - t2
+
+    try:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(writers) as ex:
+            list(ex.map(one, range(-(-n // GROUP))))
+        t_w = time.perf_counter()
+        os.fsync(fd)
+        t_end = time.perf_counter()
+    finally:
+        os.close(fd)
+        os.unlink(path)
+        os.sync()
+    return {
+        "img_per_s": n / (t_end - t),
+        "write_s": t_w - t,
+        "fsync_s": t_end - t_w,
+        "busy_s": {k: round(v, 3) for k, v in busy.items()},
+    }
+
+
+def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
+    """One warm-process GPU build with timers around its stages."""
+    import packer
+    import packer.build_gpu as bg
+    import packer.jpeg as pj
+    from packer.build import BuildConfig
+
+    clock = Clock()
+    saved = {
+        (bg, "_submit_read"): bg._submit_read,
+        (bg, "_decode_list"): bg._decode_list,
+        (bg, "_write_group"): bg._write_group,
+        (bg, "digest"): bg.digest,
+        (bg, "decode_chunks_batched"): bg.decode_chunks_batched,
+        (pj, "decode_ahead"): pj.decode_ahead,
+        (pj, "resize_images"): pj.resize_images,
+    }
+
+    def submit_read(*a, **k):
+        get = saved[(bg, "_submit_read")](*a, **k)
+        return clock.wrap("main: wait for reads", get)
+
+    def decode_ahead(*a, **k):
+        it = saved[(pj, "decode_ahead")](*a, **k)
+        try:
+            while True:
+                t = time.perf_counter()
+                try:
+                    item = next(it)
+                finally:
+                    clock.add("main: next decoded (reads incl.)", time.perf_counter() - t)
+                yield item
+        except StopIteration:
+            return
+        finally:
+            it.close()
+
+    def write_group(*a, **k):
+        out = clock.wrap("writers: busy", saved[(bg, "_write_group")])(*a, **k)
+        clock.marks.append(time.perf_counter())
+        return out
+
+    bg._submit_read = submit_read
+    bg._decode_list = clock.wrap("decoder: busy", saved[(bg, "_decode_list")])
+    bg._write_group = write_group
+    bg.digest = clock.wrap("writers: sha256", saved[(bg, "digest")])
+    bg.decode_chunks_batched = clock.wrap("main: total", saved[(bg, "decode_chunks_batched")])
+    pj.decode_ahead = decode_ahead
+    pj.resize_images = clock.wrap("main: resize launch", saved[(pj, "resize_images")])
+    try:
+        clean(dst)
+        t = time.perf_counter()
+        r = packer.build_pack(
+            str(src), str(dst),
+            BuildConfig(size=(side, side), workers=workers, overwrite=True, device="cuda"),
+        )  # fmt: skip
+        wall = time.perf_counter() - t
+    finally:
+        for (mod, name), fn in saved.items():
+            setattr(mod, name, fn)
+    marks = sorted(clock.marks)
+    k = max(1, len(marks) // 10)
+    steady = (len(marks) - k) * GROUP / (marks[-1] - marks[k - 1]) if len(marks) > k else 0.0
+    s = dict(clock.s)
+    s["main: own work"] = (
+        s.get("main: total", 0.0)
+        - s.get("main: next decoded (reads incl.)", 0.0)
+        - s.get("main: resize launch", 0.0)
+        - r.extra["parent"].get("journal", 0.0)
+    )
+    return {
+        "count": r.count,
+        "wall_s": wall,
+        "img_per_s": r.count / wall,
+        "steady_img_per_s": steady,
+        "stages_s": {k: round(v, 3) for k, v in sorted(s.items())},
+        "calls": dict(clock.n),
+        "extra": r.extra,
+    }
+
+
+def plain_build(src: Path, dst: Path, side: int, workers: int, device: str) -> float:
+    import packer
+    from packer.build import BuildConfig
+
+    clean(dst)
+    t = time.perf_counter()
+    r = packer.build_pack(
+        str(src), str(dst),
+        BuildConfig(size=(side, side), workers=workers, overwrite=True, device=device),
+    )  # fmt: skip
+    return r.count / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=16000)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-gpu/build"))
+    args = ap.parse_args()
+    import torch
+
+    from packer.decode import ResizeSpec
+
+    cores = len(os.sched_getaffinity(0))
+    side = SETS["b"]["out"]
+    src = args.work / "set_b"
+    make_set(src, args.images, SETS["b"]["size"], cores)
+    files = sorted(str(p) for p in src.rglob("*.jpg"))
+    spec = ResizeSpec(side, side, "crop", 100_000_000)
+    device = torch.device("cuda")
+    datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]
+    res: dict = {"files": len(files), "cores": cores, "gpu": torch.cuda.get_device_name()}
+
+    def show(name: str, v) -> None:
+        res[name] = v
+        print(f"{name}: {v}", flush=True)
+
+    show("ceiling_16proc", ceiling(files, cores, side))
+    show("read_classify_16proc", stage_read(files, spec, cores))
+    show("decode_only", stage_decode(datas, device))
+    show("decode_crop_pinned", stage_gpu(datas, device, side))
+    show("write_4threads", stage_write(args.work, len(files), side))
+    show("disk", disk_probe(args.work, len(files) * 3 * side * side, GROUP * 3 * side * side, True))
+    dst = args.work / "pack_probe"
+    show("build_cpu", plain_build(src, dst, side, cores, "cpu"))
+    show("build_gpu_warm", plain_build(src, dst, side, cores, "cuda"))
+    show("build_gpu_instrumented", instrumented_build(src, dst, side, cores))
+    show("build_gpu_warm_2", plain_build(src, dst, side, cores, "cuda"))
+    clean(dst)
+    dump(res, "probe_build_gpu.json")
+    c = res["ceiling_16proc"]
+    ib = res["build_gpu_instrumented"]
+    print(f"\n| stage (set b, {len(files)} imgs) | img/s | x ceiling |\n|---|---|---|")
+    for name, v in [
+        ("16-proc Pillow ceiling", c),
+        ("read+classify, 16 procs", res["read_classify_16proc"]),
+        ("nvjpeg decode only", res["decode_only"]),
+        ("decode+crop+pinned copy", res["decode_crop_pinned"]),
+        ("write: pwrite+sha+writeback, 4 thr, fsync", res["write_4threads"]["img_per_s"]),
+        ("disk alone (pwrite+writeback+fsync)", len(files) / (res["disk"]["write_s"] + res["disk"]["fsync_s"])),
+        ("CPU build (warm process)", res["build_cpu"]),
+        ("GPU build (warm process)", res["build_gpu_warm"]),
+        ("GPU build, 2nd", res["build_gpu_warm_2"]),
+        ("GPU build instrumented", ib["img_per_s"]),
+        ("  its steady state (after 10% of groups)", ib["steady_img_per_s"]),
+    ]:  # fmt: skip
+        print(f"| {name} | {v:,.0f} | {v / c:.2f} |")
+    print("instrumented stages (s):", ib["stages_s"])
+    print("parent:", ib["extra"]["parent"])
+
+
+if __name__ == "__main__":
+    main()
