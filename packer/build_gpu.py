@@ -43,13 +43,14 @@ _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 
 _READ_AHEAD = 3  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _decode_list(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
-    """In the decoder thread: JPEGs decoded in one batch; per image the image, or None
-    for one that fails there (the CPU path then decides, and names the reason)."""
+def _decode_list(datas: list[bytes], device: torch.device) -> list[torch.Tensor | None]:
+    """In the decoder thread: JPEG files' bytes decoded in one batch; per image the image,
+    or None for one that fails there (the CPU path then decides, and names the reason)."""
     from .jpeg import decode_batch
 
-    if not tensors:
+    if not datas:
         return []
+    tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
     try:
         return list(decode_batch(tensors, device, ends_checked=True))
     except PackerError:
@@ -60,6 +61,22 @@ def _decode_list(tensors: list[torch.Tensor], device: torch.device) -> list[torc
             except PackerError:
                 imgs.append(None)
         return imgs
+
+
+def _warm_up(device: torch.device, spec: ResizeSpec) -> None:
+    """On a thread of its own while the workers read the first groups: the CUDA context,
+    nvjpeg and the crop kernel (loaded, or compiled for an image 1.5x the output, the
+    typical scale), which take seconds in a fresh process."""
+    from torchvision.io import encode_jpeg
+
+    from .jpeg import decode_batch, resize_images
+
+    h, w = spec.height, spec.width
+    data = encode_jpeg(torch.zeros((3, h * 3 // 2, w * 3 // 2), dtype=torch.uint8))
+    with torch.cuda.device(device):
+        imgs = decode_batch([data, data], device, ends_checked=True)
+        resize_images(imgs, (h, w), mode=spec.mode)
+        torch.cuda.synchronize(device)
 
 
 def _write_group(
@@ -142,7 +159,8 @@ def decode_chunks_batched(
     after_submit: Callable[[], None] = lambda: None,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
-    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
+    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order
+    (from one journal thread),
     as the CPU workers' ``_decode_chunk`` results are recorded (None: no worker time
     split; ``sync`` False for all but the last chunk of a group: one journal fsync per
     group). ``after_submit()`` runs once the first reads are queued, before the first
@@ -156,8 +174,12 @@ def decode_chunks_batched(
       (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), a group ahead;
     * this thread crops/resizes the group in one kernel (:func:`packer.jpeg.resize_images`)
       and starts its copy into pinned memory;
-    * ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk; this
-      thread journals the chunks in order as their groups complete.
+    * ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk; a journal
+      thread records the chunks in order as their groups complete (one fsync per
+      group), so this thread never waits on the disk.
+
+    In a fresh process CUDA, nvjpeg and the crop kernel start (:func:`_warm_up`) while
+    the workers read the first groups and ``after_submit()`` runs.
     """
     from .jpeg import decode_ahead, resize_images
 
@@ -168,7 +190,12 @@ def decode_chunks_batched(
     reads: collections.deque[Callable[[], Any]] = collections.deque(
         _submit_read(pool, _paths(g), spec) for g in groups[:_READ_AHEAD]
     )
+    warm = ThreadPoolExecutor(1, thread_name_prefix="imgpack-warm") if cuda else None
+    warmed = warm.submit(_warm_up, device, spec) if warm is not None else None
     after_submit()
+    if warm is not None and warmed is not None:
+        warm.shutdown(wait=True)
+        warmed.result()
     writeback = None
     if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
         with contextlib.suppress(Exception):
@@ -176,7 +203,6 @@ def decode_chunks_batched(
     stream = torch.cuda.Stream(device) if cuda else None
     fd = os.open(rows_path, os.O_WRONLY)
     writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
-    written: collections.deque[Future[list[tuple[Any, ...]]]] = collections.deque()
 
     def jobs() -> Iterator[tuple[Any, Callable[[], Any]]]:
         for g, group in enumerate(groups):
@@ -184,18 +210,26 @@ def decode_chunks_batched(
             if g + _READ_AHEAD < len(groups):
                 reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
 
-            # here, on this thread: the decoder thread, the slowest stage, only decodes
             found = get()
             gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
-            tensors = [torch.frombuffer(bytearray(found[i][1]), dtype=torch.uint8) for i in gpu]
-            yield (group, found, gpu), functools.partial(_decode_list, tensors, device)
+            yield (
+                (group, found, gpu),
+                functools.partial(_decode_list, [found[i][1] for i in gpu], device),
+            )
 
-    def journal(block: bool) -> None:
-        while written and (block or written[0].done() or len(written) > 2 * _WRITERS):
-            recs = written.popleft().result()
-            for j, rec in enumerate(recs):
-                record(rec, sync=j == len(recs) - 1)
+    def journal(written: Future[list[tuple[Any, ...]]]) -> None:
+        """In the journal thread, group after group in order: one fsync per group."""
+        recs = written.result()
+        for j, rec in enumerate(recs):
+            record(rec, sync=j == len(recs) - 1)
 
+    def check(block: bool) -> None:
+        """Raise a writer's or the journal's error here; bound the groups in flight."""
+        while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
+            journaled.popleft().result()
+
+    journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
+    journaled: collections.deque[Future[None]] = collections.deque()
     decoded = decode_ahead(jobs(), device, stream, ahead=2)
     try:
         for (group, found, gpu), imgs in decoded:
@@ -219,16 +253,16 @@ def decode_chunks_batched(
             paths = _paths(group)
             redo = _submit_cpu(pool, [paths[i] for i in retry], spec) if retry else list
             at = {i: j for j, i in enumerate(ok)}
-            written.append(
-                writers.submit(
-                    _write_group, fd, row, group, found, at, host, copied, redo, retry, writeback
-                )
+            written = writers.submit(
+                _write_group, fd, row, group, found, at, host, copied, redo, retry, writeback
             )
-            journal(block=False)
-        journal(block=True)
+            journaled.append(journaler.submit(journal, written))
+            check(block=False)
+        check(block=True)
     finally:
         decoded.close()
         writers.shutdown(wait=True, cancel_futures=True)
+        journaler.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
         for get in reads:  # an error: let the reads in flight finish before returning
             with contextlib.suppress(Exception):

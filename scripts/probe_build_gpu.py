@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import SETS, ceiling, clean, disk_probe, make_set
+from bench_build import SETS, ceiling, clean, disk_probe, lib_build, make_set
 
 from _out import dump
 
@@ -103,6 +103,8 @@ def stage_gpu(datas: list, device, side: int, pinned: bool = True) -> float:
 
     stream = torch.cuda.Stream(device)
     groups = [datas[i : i + GROUP] for i in range(0, len(datas), GROUP)]
+    resize_images(decode_batch(groups[0], device), (side, side), mode="crop")  # compiled
+    torch.cuda.synchronize()
     jobs = ((None, functools.partial(decode_batch, g, device, ends_checked=True)) for g in groups)
     t = time.perf_counter()
     prev = None
@@ -238,8 +240,8 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
         s.get("main: total", 0.0)
         - s.get("main: next decoded (reads incl.)", 0.0)
         - s.get("main: resize launch", 0.0)
-        - r.extra["parent"].get("journal", 0.0)
     )
+    s["journal thread: busy"] = r.extra["parent"].get("journal", 0.0)
     return {
         "count": r.count,
         "wall_s": wall,
@@ -251,11 +253,16 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
     }
 
 
-def plain_build(src: Path, dst: Path, side: int, workers: int, device: str) -> float:
+def plain_build(
+    src: Path, dst: Path, side: int, workers: int, device: str, writers: int = 0
+) -> float:
     import packer
+    import packer.build_gpu as bg
     from packer.build import BuildConfig
 
     clean(dst)
+    if writers:
+        bg._WRITERS = writers
     t = time.perf_counter()
     r = packer.build_pack(
         str(src), str(dst),
@@ -298,6 +305,13 @@ def main() -> None:
     show("build_gpu_warm", plain_build(src, dst, side, cores, "cuda"))
     show("build_gpu_instrumented", instrumented_build(src, dst, side, cores))
     show("build_gpu_warm_2", plain_build(src, dst, side, cores, "cuda"))
+    show("build_gpu_warm_6writers", plain_build(src, dst, side, cores, "cuda", writers=6))
+    plain_build(src, dst, side, cores, "cuda", writers=4)
+    for k in range(2):  # fresh interpreters: CUDA, nvjpeg and the kernels start on the clock
+        clean(dst)
+        show(f"build_gpu_fresh_{k}", lib_build(src, dst, side, cores, {}, "cuda"))
+    clean(dst)
+    show("build_cpu_fresh", lib_build(src, dst, side, cores, {}, "cpu"))
     clean(dst)
     dump(res, "probe_build_gpu.json")
     c = res["ceiling_16proc"]
@@ -313,10 +327,23 @@ def main() -> None:
         ("CPU build (warm process)", res["build_cpu"]),
         ("GPU build (warm process)", res["build_gpu_warm"]),
         ("GPU build, 2nd", res["build_gpu_warm_2"]),
+        ("GPU build, 6 writers", res["build_gpu_warm_6writers"]),
         ("GPU build instrumented", ib["img_per_s"]),
         ("  its steady state (after 10% of groups)", ib["steady_img_per_s"]),
+        *[
+            (f"{what} build, fresh interpreter {k}", r["count"] / r["seconds"])
+            for what, k, r in [
+                ("GPU", 0, res["build_gpu_fresh_0"]),
+                ("GPU", 1, res["build_gpu_fresh_1"]),
+                ("CPU", 0, res["build_cpu_fresh"]),
+            ]
+        ],
     ]:  # fmt: skip
         print(f"| {name} | {v:,.0f} | {v / c:.2f} |")
+    for k in range(2):
+        e = res[f"build_gpu_fresh_{k}"]["extra"]
+        print(f"fresh GPU build {k}: setup {e['setup_s']} s, first chunk {e['first_chunk_s']} s, "
+              f"decode {e['decode_s']} s, finalize {e['finalize_s']} s")  # fmt: skip
     print("instrumented stages (s):", ib["stages_s"])
     print("parent:", ib["extra"]["parent"])
 

@@ -128,3 +128,36 @@ def test_an_image_the_gpu_fails_is_decoded_by_the_cpu_workers(
     a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
     i = a.sources.index("zebra/p07.jpg")
     assert torch.equal(a.images[i], b.images[i])  # the CPU workers' row, byte for byte
+
+
+def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writers and the journal run on threads of their own: an error there (here a
+    full disk at the third group) still ends the build with its one-line error, the
+    groups journaled before it are kept, and the rerun's pack is the same bytes."""
+    import errno
+
+    import packer.build_gpu
+    from packer.errors import DiskFullError
+
+    cfg = BuildConfig(size=(16, 16), workers=2, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 4)
+    real = packer.build_gpu._write_group
+    calls: list[int] = []
+
+    def full_at_third(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a)
+
+    monkeypatch.setattr(packer.build_gpu, "_write_group", full_at_third)
+    with pytest.raises(DiskFullError, match="disk is full"):
+        build(photos, tmp_path / "out", cfg)
+    monkeypatch.setattr(packer.build_gpu, "_write_group", real)
+    r = build(photos, tmp_path / "out", cfg)
+    assert r.resumed >= 4  # at least the first two groups
+    for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
+        assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
