@@ -32,35 +32,55 @@ import numpy as np
 import torch
 
 from .build_workers import _writeback_mode
-from .decode import ResizeSpec
-from .errors import PackerError
+from .decode import ResizeSpec, open_regular
+from .errors import DecodeError, PackerError
 from .format import digest, image_bytes
 
 log = logging.getLogger(__name__)
 
 GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
 _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 free the GIL)
-_READ_AHEAD = 3  # groups being read and classified by the CPU workers ahead of the decode
+_READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _decode_list(datas: list[bytes], device: torch.device) -> list[torch.Tensor | None]:
-    """In the decoder thread: JPEG files' bytes decoded in one batch; per image the image,
-    or None for one that fails there (the CPU path then decides, and names the reason)."""
+def _read_files(paths: list[str], lengths: list[int]) -> list[bytes | None]:
+    """In a reader thread: each JPEG the workers classified, read again (from the page
+    cache); None where it is no longer the file they saw (another length, no end
+    marker, gone): the CPU path then decides."""
+    out: list[bytes | None] = []
+    for p, n in zip(paths, lengths):
+        try:
+            with open_regular(p) as f:
+                data = f.read()
+        except (DecodeError, OSError):
+            data = None
+        ok = data is not None and len(data) == n and data.endswith(b"\xff\xd9")
+        out.append(data if ok else None)
+    return out
+
+
+def _decode_list(
+    datas: Future[list[bytes | None]], device: torch.device
+) -> list[torch.Tensor | None]:
+    """In the decoder thread: the JPEGs ``datas`` reads, decoded in one batch; per image
+    the image, or None for one that fails to read or decode (the CPU path then decides,
+    and names the reason)."""
     from .jpeg import decode_batch
 
-    if not datas:
-        return []
-    tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
-    try:
-        return list(decode_batch(tensors, device, ends_checked=True))
-    except PackerError:
-        imgs: list[torch.Tensor | None] = []
-        for t in tensors:
-            try:
-                imgs.append(decode_batch([t], device, ends_checked=True)[0])
-            except PackerError:
-                imgs.append(None)
+    files = datas.result()
+    imgs: list[torch.Tensor | None] = [None] * len(files)
+    have = [i for i, d in enumerate(files) if d is not None]
+    tensors = [torch.frombuffer(bytearray(files[i]), dtype=torch.uint8) for i in have]
+    if not tensors:
         return imgs
+    try:
+        for i, img in zip(have, decode_batch(tensors, device, ends_checked=True)):
+            imgs[i] = img
+    except PackerError:
+        for i, t in zip(have, tensors):
+            with contextlib.suppress(PackerError):
+                imgs[i] = decode_batch([t], device, ends_checked=True)[0]
+    return imgs
 
 
 def _warm_up(device: torch.device, spec: ResizeSpec) -> None:
@@ -212,10 +232,10 @@ def decode_chunks_batched(
 
             found = get()
             gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
-            yield (
-                (group, found, gpu),
-                functools.partial(_decode_list, [found[i][1] for i in gpu], device),
-            )
+            paths = _paths(group)
+            lengths = [found[i][1] for i in gpu]
+            files = readers.submit(_read_files, [paths[i] for i in gpu], lengths)
+            yield (group, found, gpu), functools.partial(_decode_list, files, device)
 
     def journal(written: Future[list[tuple[Any, ...]]]) -> None:
         """In the journal thread, group after group in order: one fsync per group."""
@@ -228,6 +248,7 @@ def decode_chunks_batched(
         while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
             journaled.popleft().result()
 
+    readers = ThreadPoolExecutor(2, thread_name_prefix="imgpack-read")
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
     decoded = decode_ahead(jobs(), device, stream, ahead=2)
@@ -261,6 +282,7 @@ def decode_chunks_batched(
         check(block=True)
     finally:
         decoded.close()
+        readers.shutdown(wait=True, cancel_futures=True)
         writers.shutdown(wait=True, cancel_futures=True)
         journaler.shutdown(wait=True, cancel_futures=True)
         os.close(fd)

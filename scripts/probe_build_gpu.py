@@ -22,6 +22,7 @@ import collections
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -172,6 +173,36 @@ def stage_write(folder: Path, n: int, side: int, writers: int = 4) -> dict:
     }
 
 
+STARTUP = """
+import json, sys, time
+t = [time.perf_counter()]
+def mark(): t.append(time.perf_counter())
+import torch; mark()
+torch.cuda.is_available(); mark()
+torch.zeros(1, device="cuda"); torch.cuda.synchronize(); mark()
+from torchvision.io import decode_jpeg, encode_jpeg; mark()
+data = encode_jpeg(torch.zeros((3, 384, 384), dtype=torch.uint8))
+imgs = decode_jpeg([data, data], device="cuda"); torch.cuda.synchronize(); mark()
+from packer.transforms import _triton; _triton(); mark()
+from packer.jpeg import resize_images
+resize_images(imgs, (256, 256), mode="crop"); torch.cuda.synchronize(); mark()
+names = ["import torch", "cuda.is_available", "CUDA context", "import torchvision.io",
+         "first nvjpeg decode", "import triton + kernels", "first crop kernel"]
+print("STARTUP " + json.dumps({n: round(b - a, 3) for n, a, b in zip(names, t, t[1:])}))
+"""
+
+
+def startup() -> dict:
+    """Seconds of each start-up step of a GPU build, in a fresh interpreter."""
+    import subprocess
+
+    p = subprocess.run(
+        [sys.executable, "-c", STARTUP], capture_output=True, text=True, cwd="/", check=True
+    )
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("STARTUP ")][-1]
+    return json.loads(line[8:])
+
+
 def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
     """One warm-process GPU build with timers around its stages."""
     import packer
@@ -294,6 +325,8 @@ def main() -> None:
         res[name] = v
         print(f"{name}: {v}", flush=True)
 
+    show("startup_fresh_0", startup())
+    show("startup_fresh_1", startup())
     show("ceiling_16proc", ceiling(files, cores, side))
     show("read_classify_16proc", stage_read(files, spec, cores))
     show("decode_only", stage_decode(datas, device))

@@ -161,3 +161,43 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
     assert r.resumed >= 4  # at least the first two groups
     for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
         assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
+
+
+def test_the_parent_rereads_only_the_file_the_workers_classified(tmp_path: Path) -> None:
+    """The workers send a JPEG's length, not its bytes; the parent's read of a file that
+    changed since (other length, no end marker, gone, not a regular file) gives None,
+    and the CPU workers then decide about it."""
+    import os
+
+    from packer.build_gpu import _read_files
+
+    good = b"\xff\xd8" + b"x" * 10 + b"\xff\xd9"
+    (tmp_path / "a.jpg").write_bytes(good)
+    (tmp_path / "b.jpg").write_bytes(good + b"\x00")  # grew after it was classified
+    (tmp_path / "c.jpg").write_bytes(good[:-2] + b"xx")  # rewritten without its end
+    os.mkfifo(tmp_path / "d.jpg")  # swapped for a FIFO: refused, not waited on
+    names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg", "gone.jpg"]
+    out = _read_files([str(tmp_path / n) for n in names], [len(good)] * 5)
+    assert out == [good, None, None, None, None]
+
+
+def test_a_jpeg_the_parent_cannot_reread_is_decoded_by_the_cpu_workers(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import packer.build_gpu
+
+    cfg = dict(size=(24, 20), workers=2)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
+    real = packer.build_gpu._read_files
+
+    def changed(paths, lengths):
+        return [None if p.endswith("p03.jpg") else d for p, d in zip(paths, real(paths, lengths))]
+
+    monkeypatch.setattr(packer.build_gpu, "_read_files", changed)
+    out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert out.count == cpu.count and out.skipped == cpu.skipped
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    i = a.sources.index("zebra/p03.jpg")
+    assert torch.equal(a.images[i], b.images[i])  # the CPU workers' row, byte for byte
+    j = a.sources.index("zebra/p04.jpg")
+    assert not torch.equal(a.images[j], b.images[j])  # the others: the batched decode's
