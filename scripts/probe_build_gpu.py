@@ -214,6 +214,7 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
     saved = {
         (bg, "_submit_read"): bg._submit_read,
         (bg, "_decode_list"): bg._decode_list,
+        (bg, "_read_files"): bg._read_files,
         (bg, "_write_group"): bg._write_group,
         (bg, "digest"): bg.digest,
         (bg, "decode_chunks_batched"): bg.decode_chunks_batched,
@@ -248,6 +249,7 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
     bg._submit_read = submit_read
     bg._decode_list = clock.wrap("decoder: busy", saved[(bg, "_decode_list")])
     bg._write_group = write_group
+    bg._read_files = clock.wrap("readers: busy", saved[(bg, "_read_files")])
     bg.digest = clock.wrap("writers: sha256", saved[(bg, "digest")])
     bg.decode_chunks_batched = clock.wrap("main: total", saved[(bg, "decode_chunks_batched")])
     pj.decode_ahead = decode_ahead
