@@ -23,6 +23,7 @@ import ctypes
 import functools
 import logging
 import os
+import queue
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -43,24 +44,25 @@ _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 
 _READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _read_files(paths: list[str], lengths: list[int]) -> list[bytes | None]:
+def _read_files(paths: list[str], lengths: list[int]) -> list[torch.Tensor | None]:
     """In a reader thread: each JPEG the workers classified, read again (from the page
-    cache); None where it is no longer the file they saw (another length, no end
-    marker, gone): the CPU path then decides."""
-    out: list[bytes | None] = []
+    cache) into a uint8 tensor of its own; None where it is no longer the file they saw
+    (another length, no end marker, gone): the CPU path then decides."""
+    out: list[torch.Tensor | None] = []
     for p, n in zip(paths, lengths):
+        buf = bytearray(max(n, 4))
         try:
             with open_regular(p) as f:
-                data = f.read()
+                ok = f.readinto(buf) == n and not f.read(1)  # the whole file, no more
         except (DecodeError, OSError):
-            data = None
-        ok = data is not None and len(data) == n and data.endswith(b"\xff\xd9")
-        out.append(data if ok else None)
+            ok = False
+        ok = ok and n >= 4 and buf[-2:] == b"\xff\xd9"
+        out.append(torch.frombuffer(buf, dtype=torch.uint8) if ok else None)
     return out
 
 
 def _decode_list(
-    datas: Future[list[bytes | None]], device: torch.device
+    datas: Future[list[torch.Tensor | None]], device: torch.device
 ) -> list[torch.Tensor | None]:
     """In the decoder thread: the JPEGs ``datas`` reads, decoded in one batch; per image
     the image, or None for one that fails to read or decode (the CPU path then decides,
@@ -70,7 +72,7 @@ def _decode_list(
     files = datas.result()
     imgs: list[torch.Tensor | None] = [None] * len(files)
     have = [i for i, d in enumerate(files) if d is not None]
-    tensors = [torch.frombuffer(bytearray(files[i]), dtype=torch.uint8) for i in have]
+    tensors = [files[i] for i in have]
     if not tensors:
         return imgs
     try:
@@ -110,6 +112,7 @@ def _write_group(
     redo: Callable[[], list[tuple[bytes | None, Any]]],
     retry: list[int],
     writeback: Any,
+    release: Callable[[], None] = lambda: None,
 ) -> list[tuple[Any, ...]]:
     """In a writer thread: each chunk of a group into its place in the rows file, hashed;
     returns the chunks' results in order (as the CPU workers' ``_decode_chunk``).
@@ -117,8 +120,27 @@ def _write_group(
     ``at``: position in the group -> row of ``host`` (the GPU's rows, pinned, valid once
     ``copied`` has completed); other positions are the workers' rows or skips in
     ``found``, or (``retry``) the CPU decode of what failed on the GPU (``redo()``).
-    A chunk made only of GPU rows is written straight from ``host``.
+    A chunk made only of GPU rows is written straight from ``host``. ``release()``
+    hands ``host`` back for reuse once it is written (or the write failed).
     """
+    try:
+        return _write_chunks(fd, row, group, found, at, host, copied, redo, retry, writeback)
+    finally:
+        release()
+
+
+def _write_chunks(
+    fd: int,
+    row: int,
+    group: list[tuple[int, int, list[str]]],
+    found: list[tuple[str, Any, Any]],
+    at: dict[int, int],
+    host: torch.Tensor | None,
+    copied: Any,
+    redo: Callable[[], list[tuple[bytes | None, Any]]],
+    retry: list[int],
+    writeback: Any,
+) -> list[tuple[Any, ...]]:
     if copied is not None:
         copied.synchronize()
     arr = host.numpy().reshape(len(host), row) if host is not None else None
@@ -248,15 +270,29 @@ def decode_chunks_batched(
         while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
             journaled.popleft().result()
 
+    # pinned host buffers for the groups' rows, reused: a fresh 50 MB pinned allocation
+    # per group costs this thread more than the group's crop
+    cap = max(len(_paths(g)) for g in groups) if groups else 0
+    free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+    made = [0]
+
+    def take() -> torch.Tensor:
+        if made[0] < 2 * _WRITERS + 2:
+            with contextlib.suppress(queue.Empty):
+                return free.get_nowait()
+            made[0] += 1
+            return torch.empty((cap, row), dtype=torch.uint8, pin_memory=cuda)
+        return free.get()  # all in use: wait for a writer to finish one
+
     readers = ThreadPoolExecutor(2, thread_name_prefix="imgpack-read")
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
-    decoded = decode_ahead(jobs(), device, stream, ahead=2)
+    decoded = decode_ahead(jobs(), device, stream, ahead=3)
     try:
         for (group, found, gpu), imgs in decoded:
             ok = [i for i, x in zip(gpu, imgs) if x is not None]
             retry = [i for i, x in zip(gpu, imgs) if x is None]
-            host = copied = None
+            host = copied = buf = None
             if ok:
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                     rows = resize_images(
@@ -264,7 +300,8 @@ def decode_chunks_batched(
                         (spec.height, spec.width),
                         mode=spec.mode,
                     )
-                    host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=cuda)
+                    buf = take()
+                    host = buf[: len(ok)].view(rows.shape)
                     host.copy_(rows, non_blocking=cuda)
                     if cuda:
                         copied = torch.cuda.Event()
@@ -274,9 +311,11 @@ def decode_chunks_batched(
             paths = _paths(group)
             redo = _submit_cpu(pool, [paths[i] for i in retry], spec) if retry else list
             at = {i: j for j, i in enumerate(ok)}
+            release = functools.partial(free.put, buf) if buf is not None else lambda: None
             written = writers.submit(
-                _write_group, fd, row, group, found, at, host, copied, redo, retry, writeback
-            )
+                _write_group,
+                fd, row, group, found, at, host, copied, redo, retry, writeback, release,
+            )  # fmt: skip
             journaled.append(journaler.submit(journal, written))
             check(block=False)
         check(block=True)

@@ -97,7 +97,8 @@ def stage_decode(datas: list, device) -> float:
 
 
 def stage_gpu(datas: list, device, side: int, pinned: bool = True) -> float:
-    """decode_ahead + resize_images + copy into pinned host memory, synchronised per group."""
+    """decode_ahead + resize_images + copy into two pinned host buffers in turn, each
+    group's copy waited for before the next group's."""
     import torch
 
     from packer.jpeg import decode_ahead, decode_batch, resize_images
@@ -107,12 +108,14 @@ def stage_gpu(datas: list, device, side: int, pinned: bool = True) -> float:
     resize_images(decode_batch(groups[0], device), (side, side), mode="crop")  # compiled
     torch.cuda.synchronize()
     jobs = ((None, functools.partial(decode_batch, g, device, ends_checked=True)) for g in groups)
+    bufs = [torch.empty((GROUP, 3, side, side), dtype=torch.uint8, pin_memory=pinned)] * 2
+    bufs[1] = torch.empty_like(bufs[0], pin_memory=pinned)
     t = time.perf_counter()
     prev = None
-    for _, imgs in decode_ahead(jobs, device, stream):
+    for g, (_, imgs) in enumerate(decode_ahead(jobs, device, stream)):
         with torch.cuda.stream(stream):
             rows = resize_images(imgs, (side, side), mode="crop")
-            host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=pinned)
+            host = bufs[g % 2][: len(rows)]
             host.copy_(rows, non_blocking=pinned)
             ev = torch.cuda.Event()
             ev.record(stream)
