@@ -3,8 +3,9 @@
 Called by :mod:`packer.build` in place of its worker pool's decode; everything else
 (plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
 
-    CPU workers read + classify files --GPU-able JPEGs--> packer.jpeg.decode_batch (nvjpeg)
-        -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows
+    CPU workers read + classify files --GPU-able JPEGs: their lengths-->
+        reader threads read them again (page cache) -> packer.jpeg.decode_batch (nvjpeg)
+        -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
     the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
         workers' decode (packer.decode, as the CPU build), in parallel
     -> each chunk's rows pwritten into rows.u8, its SHA-256 journaled as the CPU build does
@@ -212,10 +213,12 @@ def decode_chunks_batched(
 
     * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
       decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
+    * 2 reader threads read the JPEGs again into tensors (the workers send lengths,
+      not bytes: unpickling 8 MB per group held this process's GIL longer);
     * a decoder thread decodes a group's JPEGs in one nvjpeg batch
-      (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), a group ahead;
+      (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3 groups ahead;
     * this thread crops/resizes the group in one kernel (:func:`packer.jpeg.resize_images`)
-      and starts its copy into pinned memory;
+      and starts its copy into a pinned buffer (``2 * _WRITERS + 2`` of them, reused);
     * ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk; a journal
       thread records the chunks in order as their groups complete (one fsync per
       group), so this thread never waits on the disk.
