@@ -125,71 +125,56 @@ def _write_group(
     hands ``host`` back for reuse once it is written (or the write failed).
     """
     try:
-        return _write_chunks(fd, row, group, found, at, host, copied, redo, retry, writeback)
-    finally:
-        release()
-
-
-def _write_chunks(
-    fd: int,
-    row: int,
-    group: list[tuple[int, int, list[str]]],
-    found: list[tuple[str, Any, Any]],
-    at: dict[int, int],
-    host: torch.Tensor | None,
-    copied: Any,
-    redo: Callable[[], list[tuple[bytes | None, Any]]],
-    retry: list[int],
-    writeback: Any,
-) -> list[tuple[Any, ...]]:
-    if copied is not None:
-        copied.synchronize()
-    arr = host.numpy().reshape(len(host), row) if host is not None else None
-    again = dict(zip(retry, redo())) if retry else {}
-    out = []
-    k = 0
-    for chunk, start, cpaths in group:
-        n = len(cpaths)
-        skips: list[list[Any]] = []
-        sizes: list[list[int]] = []
-        first = at.get(k)
-        if (
-            arr is not None
-            and first is not None
-            and all(at.get(k + j) == first + j for j in range(n))
-        ):
-            mv = memoryview(arr[first : first + n]).cast("B")
-            sizes = [[int(found[k + j][2][0]), int(found[k + j][2][1])] for j in range(n)]
-        else:
-            buf = np.zeros((n, row), dtype=np.uint8)
-            for j in range(n):
-                i = k + j
-                if i in at and arr is not None:  # decoded on the GPU
-                    buf[j], info = arr[at[i]], found[i][2]
-                elif i in again:  # failed there: the CPU workers' decode decided
-                    data, info = again[i]
-                    if data is None:
-                        skips.append([start + j, info])
+        if copied is not None:
+            copied.synchronize()
+        arr = host.numpy().reshape(len(host), row) if host is not None else None
+        again = dict(zip(retry, redo())) if retry else {}
+        out = []
+        k = 0
+        for chunk, start, cpaths in group:
+            n = len(cpaths)
+            skips: list[list[Any]] = []
+            sizes: list[list[int]] = []
+            first = at.get(k)
+            if (
+                arr is not None
+                and first is not None
+                and all(at.get(k + j) == first + j for j in range(n))
+            ):
+                mv = memoryview(arr[first : first + n]).cast("B")
+                sizes = [[int(found[k + j][2][0]), int(found[k + j][2][1])] for j in range(n)]
+            else:
+                buf = np.zeros((n, row), dtype=np.uint8)
+                for j in range(n):
+                    i = k + j
+                    if i in at and arr is not None:  # decoded on the GPU
+                        buf[j], info = arr[at[i]], found[i][2]
+                    elif i in again:  # failed there: the CPU workers' decode decided
+                        data, info = again[i]
+                        if data is None:
+                            skips.append([start + j, info])
+                            sizes.append([0, 0])
+                            continue
+                        buf[j] = np.frombuffer(data, dtype=np.uint8)
+                    elif found[i][0] == "row":  # decoded by a CPU worker (not for the GPU)
+                        buf[j], info = np.frombuffer(found[i][1], dtype=np.uint8), found[i][2]
+                    else:  # "skip": unreadable or broken, with its reason
+                        skips.append([start + j, found[i][1]])
                         sizes.append([0, 0])
                         continue
-                    buf[j] = np.frombuffer(data, dtype=np.uint8)
-                elif found[i][0] == "row":  # decoded by a CPU worker (not for the GPU)
-                    buf[j], info = np.frombuffer(found[i][1], dtype=np.uint8), found[i][2]
-                else:  # "skip": unreadable or broken, with its reason
-                    skips.append([start + j, found[i][1]])
-                    sizes.append([0, 0])
-                    continue
-                sizes.append([int(info[0]), int(info[1])])
-            mv = memoryview(buf).cast("B")
-        done = 0
-        while done < len(mv):
-            done += os.pwrite(fd, mv[done:], start * row + done)
-        sha = digest(mv)
-        if writeback is not None:  # start writing it to disk now: a short final fsync
-            writeback(fd, ctypes.c_int64(start * row), ctypes.c_int64(len(mv)), 2)
-        out.append((chunk, skips, sizes, sha, None))
-        k += n
-    return out
+                    sizes.append([int(info[0]), int(info[1])])
+                mv = memoryview(buf).cast("B")
+            done = 0
+            while done < len(mv):
+                done += os.pwrite(fd, mv[done:], start * row + done)
+            sha = digest(mv)
+            if writeback is not None:  # start writing it to disk now: a short final fsync
+                writeback(fd, ctypes.c_int64(start * row), ctypes.c_int64(len(mv)), 2)
+            out.append((chunk, skips, sizes, sha, None))
+            k += n
+        return out
+    finally:
+        release()
 
 
 def decode_chunks_batched(
@@ -202,11 +187,10 @@ def decode_chunks_batched(
     after_submit: Callable[[], None] = lambda: None,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
-    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order
-    (from one journal thread),
-    as the CPU workers' ``_decode_chunk`` results are recorded (None: no worker time
-    split; ``sync`` False for all but the last chunk of a group: one journal fsync per
-    group). ``after_submit()`` runs once the first reads are queued, before the first
+    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
+    from one journal thread, as the CPU workers' ``_decode_chunk`` results are recorded
+    (None: no worker time split; ``sync`` False for all but the last chunk of a group:
+    one journal fsync per group). ``after_submit()`` runs once the first reads are queued, before the first
     record (the build writes its plan there, while the workers read).
 
     A pipeline, each stage on its own threads, so none waits for another:
