@@ -31,17 +31,6 @@ from .order import batch_seed
 _MADV_POPULATE_READ = 22
 _JOIN_TIMEOUT_S = 10.0
 _TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
-_SHIP_BYTES = 32 << 20  # CUDA: small batches are gathered and copied this many at a time
-
-
-def ship_group(batch_size: int, row_bytes: int) -> int:
-    """How many consecutive batches one pinned slot holds and one copy ships (CUDA):
-    enough for ``_SHIP_BYTES``. Each batch costs the producer and consumer threads
-    Python work (tasks, events, the copy's launch, the queue) while holding the GIL;
-    at batch 128 of 224² images that is 1,500 batches a second."""
-    return max(1, min(16, _SHIP_BYTES // max(1, batch_size * row_bytes)))
-
-
 _DECODE_AHEAD = 2  # JPEG packs: batches read and decoded ahead of the one being cropped
 
 
@@ -388,8 +377,6 @@ class _Pass:
         dev = self.device
         slots = self.slots
         k = len(slots.images)
-        bs = self.batch_size
-        g = max(1, len(slots.images[0]) // bs)  # batches per slot (ship_group)
         pinned, pinned_lab, freed, stream = slots.images, slots.labels, slots.freed, slots.stream
         pinned_tgt = slots.targets
         # np.take into a buffer of another dtype would cast: the loader refused such packs
@@ -398,12 +385,12 @@ class _Pass:
         if self.targets is not None and pinned_tgt is not None:
             assert self.targets.dtype == np.float32 and pinned_tgt[0].dtype == torch.float32
             assert pinned_tgt[0].shape[1] == self.targets.shape[1]
-        pending: collections.deque[tuple[list[int], np.ndarray, int, list[Future[Any]]]] = (
+        pending: collections.deque[tuple[int, np.ndarray, int, list[Future[Any]]]] = (
             collections.deque()
         )
 
         def ship() -> bool:
-            bs_, idx, s, futs = pending.popleft()
+            b, idx, s, futs = pending.popleft()
             for f in futs:
                 f.result()
             n = len(idx)
@@ -414,39 +401,20 @@ class _Pass:
                 tgt = pinned_tgt[s][:n]
                 np.take(self.targets, idx, 0, out=tgt.numpy(), mode="clip")
             with torch.cuda.stream(stream):
-                all_images = buf.to(dev, non_blocking=True)
-                all_labels = lab.to(dev, non_blocking=True)
-                all_targets = None if tgt is None else tgt.to(dev, non_blocking=True)
+                images = buf.to(dev, non_blocking=True)
+                labels = lab.to(dev, non_blocking=True)
+                targets = None if tgt is None else tgt.to(dev, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(stream)
-            freed[s] = copied
-            for j, b in enumerate(bs_):  # the slot's batches: views of one copy
-                part = slice(j * bs, min((j + 1) * bs, n))
-                images, labels = all_images[part], all_labels[part]
-                targets = None if all_targets is None else all_targets[part]
                 ready = copied
                 if self.transform is not None:
-                    with torch.cuda.stream(stream):
-                        images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
-                        ready = torch.cuda.Event()
-                        ready.record(stream)
-                if not self.put((images, labels, targets, ready)):
-                    return False
-            return True
+                    images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+            freed[s] = copied
+            return self.put((images, labels, targets, ready))
 
-        def groups() -> Iterator[tuple[list[int], np.ndarray]]:
-            nums: list[int] = []
-            parts: list[np.ndarray] = []
-            for b, idx in self.batches():
-                nums.append(b)
-                parts.append(idx)
-                if len(nums) == g:
-                    yield nums, np.concatenate(parts) if g > 1 else parts[0]
-                    nums, parts = [], []
-            if nums:
-                yield nums, np.concatenate(parts)
-
-        for j, (nums, idx) in enumerate(groups()):
+        for j, (b, idx) in enumerate(self.batches()):
             s = j % k
             if len(pending) == k and not ship():
                 return
@@ -454,7 +422,7 @@ class _Pass:
                 freed[s].synchronize()  # the copy out of this slot is done
             n = len(idx)
             out = pinned[s][:n].numpy().reshape(n, -1)
-            pending.append((nums, idx, s, self.submit(idx, out, pipelined=True)))
+            pending.append((b, idx, s, self.submit(idx, out, pipelined=True)))
             while pending and all(f.done() for f in pending[0][3]):
                 if not ship():
                     return

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ._producer import _DONE, _apply_transform, _Failure, _Pass, _Shared, populate, ship_group
+from ._producer import _DONE, _apply_transform, _Failure, _Pass, _Shared, populate
 from .errors import UsageError
 from .normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
 from .normalize import IMAGENET_STD as IMAGENET_STD
@@ -96,9 +96,7 @@ class PackLoader:
         epoch, rank, batch index); else ``transform(images)``. Runs in the
         background, on CUDA on the loader's copy stream.
       num_threads: threads gathering rows, >= 1 (default min(8, cores)).
-      prefetch: batches in flight, >= 1, one pinned buffer each (on CUDA, batches
-        under 32 MB travel in groups of consecutive batches, one buffer and one copy
-        per group: ``prefetch`` groups in flight).
+      prefetch: batches in flight, >= 1, one pinned buffer each.
       resident: copy the streamed rows to ``device`` once and gather there (for
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
@@ -541,10 +539,7 @@ class _EpochIterator:
         slots = None
         if ld.device.type == "cuda" and ld._crop is None:
             ntargets = None if ld._targets is None else ld._targets.shape[1]
-            g = ship_group(ld.batch_size, math.prod(ld._shape))  # small batches: g a slot
-            slots = shared.take_slots(
-                ld.prefetch, ld.batch_size * g, ld._shape, ntargets, ld.device
-            )
+            slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device)
         p = _Pass(
             src=ld._images,
             labels=ld._labels,

@@ -16,9 +16,7 @@ threads (and 16 threads at 256), min and median of 3 runs, each beside counters:
 minor/major page faults, RSS, AnonHugePages, the CUDA host allocator's stats, the
 gather threads' busy time (inside np.take, GIL re-acquisition included). Variants of
 the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
-``num_threads`` gather tasks whatever its size, as before issue 18), ``ungrouped``
-(one batch per pinned slot and per copy: small batches not grouped, as before
-``_producer.ship_group``). (A third, one
+``num_threads`` gather tasks whatever its size, as before issue 18). (A third, one
 ``torch.index_select`` per batch on torch's intra-op threads, was measured and
 rejected: docs/BENCHMARKS.md.)
 
@@ -174,9 +172,6 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
             return orig_submit(self, idx, out, pipelined=False)
 
         L._Pass.submit = old_submit
-    orig_ship = L._SHIP_BYTES
-    if variant == "ungrouped":  # one batch a slot and a copy, as before the grouping
-        L._SHIP_BYTES = 0
     try:
         loader = packer.PackLoader(pack, bs, device="cuda", num_threads=threads, seed=0)
         it = iter(loader)
@@ -209,7 +204,6 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
     finally:
         L._take = orig_take
         L._Pass.submit = orig_submit
-        L._SHIP_BYTES = orig_ship
     rates = [r["img_per_s"] for r in runs]
     return {"min": min(rates), "median": sorted(rates)[1], "runs": runs,
             "threads": loader.num_threads}  # fmt: skip
