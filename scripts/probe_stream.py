@@ -16,9 +16,12 @@ threads (and 16 threads at 256), min and median of 3 runs, each beside counters:
 minor/major page faults, RSS, AnonHugePages, the CUDA host allocator's stats, the
 gather threads' busy time (inside np.take, GIL re-acquisition included). Variants of
 the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
-``num_threads`` gather tasks whatever its size, as before issue 18). (A third, one
-``torch.index_select`` per batch on torch's intra-op threads, was measured and
-rejected: docs/BENCHMARKS.md.)
+``num_threads`` gather tasks whatever its size, as before issue 18), ``switch0.5``
+(the GIL switch interval at 0.5 ms instead of 5 during the runs). (Two more were
+measured and rejected, docs/BENCHMARKS.md: one ``torch.index_select`` per batch on
+torch's intra-op threads, and small batches gathered and copied in groups.) Each run
+also gives the share of its wall time the consumer spent inside ``next()`` and the
+producer blocked on its full queue.
 
     python scripts/probe_stream.py --pack PACK [--modes fresh,churn]
 """
@@ -165,6 +168,20 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
             busy[0] += time.perf_counter() - t
 
     L._take = timed_take
+    orig_put = L._Pass.put
+    put_wait = [0.0]
+
+    def timed_put(self: Any, item: Any) -> bool:  # the producer blocked on a full queue
+        t = time.perf_counter()
+        try:
+            return orig_put(self, item)
+        finally:
+            put_wait[0] += time.perf_counter() - t
+
+    L._Pass.put = timed_put
+    orig_switch = sys.getswitchinterval()
+    if variant.startswith("switch"):  # the GIL's switch interval, 5 ms by default
+        sys.setswitchinterval(float(variant[6:] or 0.5) / 1000)
     orig_submit = L._Pass.submit
     if variant == "old":  # the split before this work: every batch in num_threads parts
 
@@ -190,20 +207,27 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
         torch.cuda.synchronize()
         runs = []
         for _ in range(3):
-            c0, b0 = counters(), busy[0]
+            c0, b0, p0 = counters(), busy[0], put_wait[0]
             t0 = time.perf_counter()
             n = 0
+            waited = 0.0
             for _ in range(per_run):
+                t = time.perf_counter()
                 x, _y = next_batch()
+                waited += time.perf_counter() - t
                 n += len(x)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
             runs.append({"img_per_s": n / wall, "gather_busy": (busy[0] - b0) / wall,
+                         "consumer_in_next": waited / wall,
+                         "producer_in_put": (put_wait[0] - p0) / wall,
                          **delta(c0, counters())})  # fmt: skip
         loader.close()
     finally:
         L._take = orig_take
         L._Pass.submit = orig_submit
+        L._Pass.put = orig_put
+        sys.setswitchinterval(orig_switch)
     rates = [r["img_per_s"] for r in runs]
     return {"min": min(rates), "median": sorted(rates)[1], "runs": runs,
             "threads": loader.num_threads}  # fmt: skip
@@ -256,7 +280,9 @@ def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
             print(f"  [{mode}] {key}: min {res[key]['min']:,.0f} median "
                   f"{res[key]['median']:,.0f} img/s, faults "
                   f"{[r['minflt'] for r in res[key]['runs']]}, gather busy "
-                  f"{[round(r['gather_busy'], 2) for r in res[key]['runs']]}",
+                  f"{[round(r['gather_busy'], 2) for r in res[key]['runs']]}, consumer in "
+                  f"next {[round(r['consumer_in_next'], 2) for r in res[key]['runs']]}, "
+                  f"producer in put {[round(r['producer_in_put'], 2) for r in res[key]['runs']]}",
                   file=sys.stderr, flush=True)  # fmt: skip
     out["loader"] = res
     out["host_end"] = host_stats()
