@@ -178,6 +178,46 @@ class _Slots:
         self.stream = torch.cuda.Stream(device)
 
 
+class _Handoff:
+    """The bounded queue from a producer thread to its consumer, both ends in C
+    (``queue.SimpleQueue``): ``maxsize`` tokens of room, one taken per item put, one
+    given back per item got.
+
+    The consumer waits here for every batch and must take the GIL back to return it,
+    while 8 gather threads and the producer want it too. ``queue.Queue``'s get goes
+    through Python-level locks and condition variables, taking the GIL back several
+    times per item; this takes it back once.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(maxsize):
+            self.room.put(None)
+
+    def put(self, item: Any, timeout: float) -> None:
+        """Raises queue.Full when there was no room for ``timeout`` seconds."""
+        try:
+            self.room.get(timeout=timeout)
+        except queue.Empty:
+            raise queue.Full from None
+        self.items.put(item)
+
+    def get(self, timeout: float) -> Any:
+        """Raises queue.Empty when nothing came for ``timeout`` seconds."""
+        item = self.items.get(timeout=timeout)
+        self.room.put(None)
+        return item
+
+    def get_nowait(self) -> Any:
+        item = self.items.get_nowait()
+        self.room.put(None)
+        return item
+
+    def full(self) -> bool:
+        return self.room.empty()
+
+
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
@@ -231,7 +271,7 @@ class _Pass:
         self.gen = gen
         self.seeds = seeds
         self.pid = os.getpid()
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+        self.queue = _Handoff(prefetch)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=_produce, args=(self,), name="imgpack-producer")
         self.thread.daemon = True  # a leftover never blocks exit; stop_and_join runs at exit

@@ -17,7 +17,8 @@ minor/major page faults, RSS, AnonHugePages, the CUDA host allocator's stats, th
 gather threads' busy time (inside np.take, GIL re-acquisition included). Variants of
 the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
 ``num_threads`` gather tasks whatever its size, as before issue 18), ``switch0.5``
-(the GIL switch interval at 0.5 ms instead of 5 during the runs). (Two more were
+(the GIL switch interval at 0.5 ms instead of 5 during the runs), ``pyqueue``
+(``queue.Queue`` between producer and consumer, as before ``_producer._Handoff``). (Two more were
 measured and rejected, docs/BENCHMARKS.md: one ``torch.index_select`` per batch on
 torch's intra-op threads, and small batches gathered and copied in groups.) Each run
 also gives the share of its wall time the consumer spent inside ``next()`` and the
@@ -182,6 +183,15 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
     orig_switch = sys.getswitchinterval()
     if variant.startswith("switch"):  # the GIL's switch interval, 5 ms by default
         sys.setswitchinterval(float(variant[6:] or 0.5) / 1000)
+    orig_handoff = L._Handoff
+    if variant == "pyqueue":  # the producer-consumer queue before _Handoff
+
+        def py_queue(maxsize: int) -> Any:
+            import queue
+
+            return queue.Queue(maxsize=maxsize)
+
+        L._Handoff = py_queue
     orig_submit = L._Pass.submit
     if variant == "old":  # the split before this work: every batch in num_threads parts
 
@@ -227,6 +237,7 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
         L._take = orig_take
         L._Pass.submit = orig_submit
         L._Pass.put = orig_put
+        L._Handoff = orig_handoff
         sys.setswitchinterval(orig_switch)
     rates = [r["img_per_s"] for r in runs]
     return {"min": min(rates), "median": sorted(rates)[1], "runs": runs,
