@@ -257,7 +257,7 @@ def build(
     """Build a pack at ``dst`` from the images under ``src``.
 
     ``progress(n)`` is called in this process after each chunk with the number
-    of images it finished; ``on_start(total, already_done)`` once before work.
+    of images it finished (by the GPU path from its journal thread); ``on_start(total, already_done)`` once before work.
     Raises PackerError subclasses for unusable input; broken images are skipped
     and listed in the result. Interrupted builds resume when rerun.
     """

@@ -3,7 +3,7 @@
 Called by :mod:`packer.build` in place of its worker pool's decode; everything else
 (plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
 
-    CPU workers read + classify files --GPU-able JPEGs: their lengths-->
+    CPU workers read + classify files --GPU-able JPEGs: length + SHA-256-->
         reader threads read them again (page cache) -> packer.jpeg.decode_batch (nvjpeg)
         -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
     the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
@@ -45,19 +45,19 @@ _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 
 _READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
 
 
-def _read_files(paths: list[str], lengths: list[int]) -> list[torch.Tensor | None]:
+def _read_files(paths: list[str], seen: list[tuple[int, str]]) -> list[torch.Tensor | None]:
     """In a reader thread: each JPEG the workers classified, read again (from the page
     cache) into a uint8 tensor of its own; None where it is no longer the file they saw
-    (another length, no end marker, gone): the CPU path then decides."""
+    (``seen``: its length and SHA-256; changed, gone): the CPU path then decides."""
     out: list[torch.Tensor | None] = []
-    for p, n in zip(paths, lengths):
+    for p, (n, sha) in zip(paths, seen):
         buf = bytearray(max(n, 4))
         try:
             with open_regular(p) as f:
                 ok = f.readinto(buf) == n and not f.read(1)  # the whole file, no more
         except (DecodeError, OSError):
             ok = False
-        ok = ok and n >= 4 and buf[-2:] == b"\xff\xd9"
+        ok = ok and n >= 4 and buf[-2:] == b"\xff\xd9" and digest(buf) == sha
         out.append(torch.frombuffer(buf, dtype=torch.uint8) if ok else None)
     return out
 
@@ -197,8 +197,9 @@ def decode_chunks_batched(
 
     * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
       decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
-    * 2 reader threads read the JPEGs again into tensors (the workers send lengths,
-      not bytes: unpickling 8 MB per group held this process's GIL longer);
+    * 2 reader threads read the JPEGs again into tensors (the workers send each one's
+      length and SHA-256, not its bytes: unpickling 8 MB per group held this process's
+      GIL longer; a file that changed since goes to the CPU workers);
     * a decoder thread decodes a group's JPEGs in one nvjpeg batch
       (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3 groups ahead;
     * this thread crops/resizes the group in one kernel (:func:`packer.jpeg.resize_images`)
@@ -221,9 +222,12 @@ def decode_chunks_batched(
     )
     warm = ThreadPoolExecutor(1, thread_name_prefix="imgpack-warm") if cuda else None
     warmed = warm.submit(_warm_up, device, spec) if warm is not None else None
-    after_submit()
-    if warm is not None and warmed is not None:
-        warm.shutdown(wait=True)
+    try:
+        after_submit()
+    finally:
+        if warm is not None:  # on an error too: not left running behind it
+            warm.shutdown(wait=True)
+    if warmed is not None:
         warmed.result()
     writeback = None
     if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
@@ -242,8 +246,8 @@ def decode_chunks_batched(
             found = get()
             gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
             paths = _paths(group)
-            lengths = [found[i][1] for i in gpu]
-            files = readers.submit(_read_files, [paths[i] for i in gpu], lengths)
+            seen = [found[i][1] for i in gpu]  # (length, SHA-256) the workers classified
+            files = readers.submit(_read_files, [paths[i] for i in gpu], seen)
             yield (group, found, gpu), functools.partial(_decode_list, files, device)
 
     def journal(written: Future[list[tuple[Any, ...]]]) -> None:

@@ -340,7 +340,7 @@ def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None
 
 
 def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, Any]]:
-    """--device cuda, in a CPU worker: per path ("jpeg", file length, (w, h)) for the GPU
+    """--device cuda, in a CPU worker: per path ("jpeg", (length, SHA-256), (w, h)) for the GPU
     (the parent reads the file again: a JPEG's bytes through the pool's result pipe
     would cost the parent more than the read), else the CPU build's own decode:
     ("row", row bytes, upright (w, h)) or ("skip", reason, None)."""
@@ -358,7 +358,7 @@ def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, An
             continue
         size = _gpu_jpeg(data, p, spec.max_pixels)
         if size is not None:
-            out.append(("jpeg", len(data), size))
+            out.append(("jpeg", (len(data), digest(data)), size))
             continue
         try:
             out.append(("row", None, decode_into(p, spec, buf)))

@@ -170,6 +170,7 @@ def test_the_parent_rereads_only_the_file_the_workers_classified(tmp_path: Path)
     import os
 
     from packer.build_gpu import _read_files
+    from packer.format import digest
 
     good = b"\xff\xd8" + b"x" * 10 + b"\xff\xd9"
     (tmp_path / "a.jpg").write_bytes(good)
@@ -177,7 +178,7 @@ def test_the_parent_rereads_only_the_file_the_workers_classified(tmp_path: Path)
     (tmp_path / "c.jpg").write_bytes(good[:-2] + b"xx")  # rewritten without its end
     os.mkfifo(tmp_path / "d.jpg")  # swapped for a FIFO: refused, not waited on
     names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg", "gone.jpg"]
-    out = _read_files([str(tmp_path / n) for n in names], [len(good)] * 5)
+    out = _read_files([str(tmp_path / n) for n in names], [(len(good), digest(good))] * 5)
     assert bytes(out[0].numpy()) == good and out[1:] == [None] * 4
 
 
