@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
 _WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 free the GIL)
+_READERS = 4  # parent threads rereading and hashing the JPEGs (read and SHA-256 free the GIL)
 _READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
 
 
@@ -197,7 +198,7 @@ def decode_chunks_batched(
 
     * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
       decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
-    * 2 reader threads read the JPEGs again into tensors (the workers send each one's
+    * ``_READERS`` threads read the JPEGs again into tensors (the workers send each one's
       length and SHA-256, not its bytes: unpickling 8 MB per group held this process's
       GIL longer; a file that changed since goes to the CPU workers);
     * a decoder thread decodes a group's JPEGs in one nvjpeg batch
@@ -275,7 +276,7 @@ def decode_chunks_batched(
             return torch.empty((cap, row), dtype=torch.uint8, pin_memory=cuda)
         return free.get()  # all in use: wait for a writer to finish one
 
-    readers = ThreadPoolExecutor(2, thread_name_prefix="imgpack-read")
+    readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
     decoded = decode_ahead(jobs(), device, stream, ahead=3)
