@@ -28,9 +28,12 @@ byte for byte.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -38,6 +41,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from .errors import DecodeError
+from .scan import NotRegularFile, open_if_regular
 
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -96,29 +100,22 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open ``path`` for reading if it is a regular file (symlinks followed).
-
-    The check is made on the opened descriptor (no race with a swap), and the
-    open does not block (``O_NONBLOCK``: opening a FIFO would wait for a writer).
-    Raises DecodeError for anything else, naming what it is.
+    """Open ``path`` for reading if it is a regular file (:func:`packer.scan.open_if_regular`:
+    no race with a swap, never blocks on a FIFO). Raises DecodeError for anything else,
+    naming what it is.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_if_regular(path)
     except FileNotFoundError:
         raise DecodeError("file vanished (or is a broken symlink)") from None
     except PermissionError:
         raise DecodeError("permission denied; make the file readable") from None
     except OSError as e:
         raise DecodeError(f"cannot open: {e.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise DecodeError(f"not a regular file ({_kind(mode)}); only image files are read")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    except NotRegularFile as e:
+        raise DecodeError(
+            f"not a regular file ({_kind(e.mode)}); only image files are read"
+        ) from None
 
 
 def _kind(mode: int) -> str:
@@ -160,26 +157,26 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
     Returns the image and the source's upright (width, height) in pixels.
     Raises DecodeError with a one-line reason for anything that cannot be used.
     """
+    with _decoder_errors(), open_regular(path) as fp, open_image(fp, path) as im:
+        orientation, upright = _upright_size(im, spec.max_pixels)
+        if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
+            tw, th = _scaled_size(*upright, spec)
+            if orientation in _TRANSPOSED:
+                tw, th = th, tw
+            im.draft(None, (tw, th))
+        im.seek(0)
+        im.load()
+        im = ImageOps.exif_transpose(im)
+        rgb = _to_rgb(im)
+        return _fit(rgb, spec), upright
+
+
+@contextlib.contextmanager
+def _decoder_errors() -> Iterator[None]:
+    """Any failure while opening or decoding an input as a one-line DecodeError
+    (hostile files can raise anything from a decoder)."""
     try:
-        with open_regular(path) as fp, open_image(fp, path) as im:
-            w, h = im.size
-            if w * h > spec.max_pixels:
-                raise DecodeError(
-                    f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
-                    f"{spec.max_pixels:,} (possible decompression bomb)"
-                )
-            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
-            upright = (h, w) if orientation in _TRANSPOSED else (w, h)
-            if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
-                tw, th = _scaled_size(*upright, spec)
-                if orientation in _TRANSPOSED:
-                    tw, th = th, tw
-                im.draft(None, (tw, th))
-            im.seek(0)
-            im.load()
-            im = ImageOps.exif_transpose(im)
-            rgb = _to_rgb(im)
-            return _fit(rgb, spec), upright
+        yield
     except DecodeError:
         raise
     except Image.UnidentifiedImageError:
@@ -190,9 +187,22 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
         raise DecodeError("file vanished during the build") from None
     except PermissionError:
         raise DecodeError("permission denied; make the file readable") from None
-    except Exception as e:  # hostile files can raise anything from a decoder
+    except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else ""
         raise DecodeError(f"{type(e).__name__}: {msg}"[:300]) from None
+
+
+def _upright_size(im: Image.Image, max_pixels: int) -> tuple[int, tuple[int, int]]:
+    """An opened image's EXIF orientation and upright (width, height); DecodeError
+    above ``max_pixels`` (before anything is decoded)."""
+    w, h = im.size
+    if w * h > max_pixels:
+        raise DecodeError(
+            f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
+            f"{max_pixels:,} (possible decompression bomb)"
+        )
+    orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+    return orientation, ((h, w) if orientation in _TRANSPOSED else (w, h))
 
 
 def _fit(im: Image.Image, spec: ResizeSpec) -> Image.Image:
@@ -299,20 +309,12 @@ def jpeg_for_pack(
     Returns (bytes, stored (height, width), source upright (width, height),
     re-encoded?). Raises DecodeError for an input that cannot be used.
     """
-    try:
+    with _decoder_errors():
         with open_regular(path) as fp:
             data = fp.read()
-        import io
-
         with open_image(io.BytesIO(data), path) as im:
             w, h = im.size
-            if w * h > max_pixels:
-                raise DecodeError(
-                    f"image is {w}x{h} = {w * h:,} pixels, above the limit of "
-                    f"{max_pixels:,} (possible decompression bomb)"
-                )
-            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
-            upright = (h, w) if orientation in _TRANSPOSED else (w, h)
+            orientation, upright = _upright_size(im, max_pixels)
             frame = jpeg_frame(data) if im.format == "JPEG" else None
             keep = (
                 frame is not None
@@ -337,15 +339,6 @@ def jpeg_for_pack(
             out = io.BytesIO()
             rgb.save(out, "JPEG", quality=pil_quality(quality))
             return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
-    except DecodeError:
-        raise
-    except Image.UnidentifiedImageError:
-        raise DecodeError("not an image Pillow can read (unknown or corrupt format)") from None
-    except MemoryError:
-        raise DecodeError("out of memory while decoding") from None
-    except Exception as e:  # hostile files can raise anything from a decoder
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise DecodeError(f"{type(e).__name__}: {msg}"[:300]) from None
 
 
 def parse_size(text: str) -> tuple[int, int]:

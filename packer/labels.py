@@ -89,7 +89,6 @@ import logging
 import math
 import os
 import re
-import stat
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +106,15 @@ from .format import (
     label_fields_json,
     read_manifest,
 )
-from .scan import IMAGE_EXTENSIONS, Entry, Scan, is_image_name, list_images
+from .scan import (
+    IMAGE_EXTENSIONS,
+    Entry,
+    NotRegularFile,
+    Scan,
+    is_image_name,
+    list_images,
+    open_if_regular,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,23 +147,16 @@ def _control_char(name: str) -> str | None:
 
 
 def _open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading if it is a regular file (symlinks followed), as
-    :func:`packer.decode.open_regular` does: the open never blocks (a FIFO would wait
-    for a writer forever) and the check is made on the open descriptor."""
+    """``path`` opened for reading if it is a regular file (:func:`packer.scan.open_if_regular`:
+    the open never blocks, and the check is made on the open descriptor)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_if_regular(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file; check the path") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read it ({e.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    except NotRegularFile:
+        raise InputError(f"{path}: not a regular file") from None
 
 
 def _read_regular(path: Path, limit: int, what: str) -> bytes:

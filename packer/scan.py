@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import InputError
 
@@ -53,6 +55,33 @@ class Scan:
     entries: list[Entry]
     # what could not be listed: {"path": relative to root, "reason": why}
     skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+class NotRegularFile(Exception):
+    """What :func:`open_if_regular` opened is not a regular file (``mode``: its st_mode)."""
+
+    def __init__(self, mode: int) -> None:
+        super().__init__(mode)
+        self.mode = mode
+
+
+def open_if_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open ``path`` for reading if it is a regular file (symlinks followed).
+
+    The check is made on the opened descriptor (no race with a swap), and the open
+    does not block (``O_NONBLOCK``: opening a FIFO would wait for a writer). Raises
+    the open's OSError, or NotRegularFile; callers word them for their own users.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def is_image_name(name: str) -> bool:
