@@ -47,7 +47,7 @@ import ffmpeg
 from .decode import DEFAULT_MAX_PIXELS, open_image, open_regular
 from .errors import DecodeError, FFmpegError, InputError, UsageError
 from .format import loads_json
-from .scan import IMAGE_EXTENSIONS, printable, walk_images
+from .scan import IMAGE_EXTENSIONS, printable, relative, walk_images
 from .workdir import default_workers, destination_error
 
 log = logging.getLogger(__name__)
@@ -166,11 +166,9 @@ def _list_images(
     if not src.is_dir():
         raise InputError(f"{src}: is a file, not a folder; give the folder that holds the images")
     skips: list[tuple[str, str]] = []
-    out = [Path(os.path.relpath(p, src)).as_posix() for p in walk_images(src, skips, followed)]
+    out = [relative(p, src) for p in walk_images(src, skips, followed)]
     for path, reason in skips:
-        skipped.append(
-            {"path": printable(Path(os.path.relpath(path, src)).as_posix()), "reason": reason}
-        )
+        skipped.append({"path": printable(relative(path, src)), "reason": reason})
     if not out:
         raise InputError(
             f"{src}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any case)"

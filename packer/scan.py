@@ -175,11 +175,20 @@ def _source_root(src: str | os.PathLike[str]) -> Path:
     return root
 
 
+def relative(path: str, root: Path) -> str:
+    """``path``, found under ``root`` by :func:`walk_images`, relative to it in POSIX form.
+
+    os.walk joins names onto the folder given: a path under it starts with its text,
+    so slicing gives relpath's answer without its per-file normalisation (seconds for
+    a million files).
+    """
+    prefix = str(root) + os.sep
+    rel = path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, root)
+    return rel.replace(os.sep, "/")
+
+
 def _relative_skips(root: Path, skips: list[tuple[str, str]]) -> list[dict[str, str]]:
-    skipped = [
-        {"path": printable(Path(os.path.relpath(p, root)).as_posix()), "reason": r}
-        for p, r in skips
-    ]
+    skipped = [{"path": printable(relative(p, root)), "reason": r} for p, r in skips]
     for s in skipped:
         log.warning("skipping %s: %s", s["path"], s["reason"])
     return skipped
@@ -202,7 +211,7 @@ def list_images(src: str | os.PathLike[str]) -> Scan:
         ) from e
     skips: list[tuple[str, str]] = []
     paths = walk_images(root, skips)
-    entries = [Entry(Path(os.path.relpath(p, root)).as_posix(), -1) for p in paths]
+    entries = [Entry(relative(p, root), -1) for p in paths]
     skipped = _relative_skips(root, skips)
     if not entries:
         raise InputError(
@@ -247,15 +256,9 @@ def scan_tree(src: str | os.PathLike[str]) -> Scan:
                 root,
                 len(loose),
             )
-        # os.walk joins names onto the folder given: a path under it starts with its
-        # text, so slicing gives relpath's answer without its per-file normalisation
-        prefix = str(root) + os.sep
         for label, name in enumerate(classes):
             for path in walk_images(root / name, skips):
-                rel = (
-                    path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, root)
-                )
-                entries.append(Entry(rel.replace(os.sep, "/"), label))
+                entries.append(Entry(relative(path, root), label))
     else:
         for e in usable:
             if is_image_name(e.name) and not e.is_dir():
