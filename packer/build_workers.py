@@ -31,6 +31,7 @@ from .decode import (
     load_resized,
     open_image,
     open_regular,
+    plain_jpeg,
     store_into,
 )
 from .errors import (
@@ -324,17 +325,14 @@ def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None
     marker), else None. CMYK fails in nvjpeg; a truncated file decodes there without
     an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
     frame = jpeg_frame(data)
-    if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1] != 8:
-        return None
-    if frame[2] not in (1, 3) or not data.endswith(b"\xff\xd9"):
+    if frame is None:  # not a JPEG: no need to open it here
         return None
     try:
         with open_image(io.BytesIO(data), path) as im:
-            if im.mode not in ("RGB", "L") or im.size[0] * im.size[1] > max_pixels:
-                return None
-            if im.getexif().get(0x0112, 1) not in (0, 1):
-                return None
-            return im.size
+            ok = im.size[0] * im.size[1] <= max_pixels and plain_jpeg(
+                data, frame, im.mode, im.getexif().get(0x0112, 1)
+            )
+            return im.size if ok else None
     except Exception:  # anything odd: the CPU path decides, and names the reason
         return None
 

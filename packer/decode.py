@@ -315,16 +315,10 @@ def jpeg_for_pack(
         with open_image(io.BytesIO(data), path) as im:
             w, h = im.size
             orientation, upright = _upright_size(im, max_pixels)
-            frame = jpeg_frame(data) if im.format == "JPEG" else None
             keep = (
-                frame is not None
-                and frame[0] in _SOF_OK
-                and frame[1] == 8
-                and frame[2] in (1, 3)
-                and im.mode in ("RGB", "L")
-                and orientation in (0, 1)
+                im.format == "JPEG"
+                and plain_jpeg(data, jpeg_frame(data), im.mode, orientation)
                 and (max_side is None or max(w, h) <= max_side)
-                and data.endswith(b"\xff\xd9")  # no trailer: readers check the EOI marker
             )
             im.seek(0)
             im.load()  # a truncated or corrupt file is refused here, not at read time
@@ -339,6 +333,24 @@ def jpeg_for_pack(
             out = io.BytesIO()
             rgb.save(out, "JPEG", quality=pil_quality(quality))
             return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
+
+
+def plain_jpeg(
+    data: bytes, frame: tuple[int, int, int] | None, mode: str, orientation: int
+) -> bool:
+    """Whether ``data`` (its :func:`jpeg_frame`, Pillow ``mode``, EXIF ``orientation``)
+    is a JPEG kept and decoded as it is, by a JPEG pack and by nvjpeg alike: baseline or
+    progressive, 8-bit, YCbCr or grey, upright, ending with its EOI marker (readers check
+    it: no trailer)."""
+    return (
+        frame is not None
+        and frame[0] in _SOF_OK
+        and frame[1] == 8
+        and frame[2] in (1, 3)
+        and mode in ("RGB", "L")
+        and orientation in (0, 1)
+        and data.endswith(b"\xff\xd9")
+    )
 
 
 def parse_size(text: str) -> tuple[int, int]:
