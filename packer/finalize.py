@@ -41,6 +41,7 @@ from .format import (
     Manifest,
     Skip,
     digest,
+    hash_blocks,
     image_bytes,
     read_manifest,
     write_pack_metadata,
@@ -131,7 +132,8 @@ def _finalize(
         else:
             os.replace(work / ROWS_FILE, images_path)
     elif skip_reason:  # compacted by an earlier run that stopped before the manifest
-        shas = _block_shas(images_path, row, block)
+        size = os.path.getsize(images_path)
+        shas = hash_blocks(images_path, row * block, -(-size // (row * block)))
     clock["compact_or_rename"] = time.perf_counter() - t
     t = time.perf_counter()
     _reached("data")
@@ -338,12 +340,4 @@ def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: 
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, out_path)
-    return shas
-
-
-def _block_shas(path: Path, row: int, block: int) -> list[str]:
-    shas = []
-    with open(path, "rb") as f:
-        while chunk := f.read(row * block):
-            shas.append(digest(chunk))
     return shas
