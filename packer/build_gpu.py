@@ -25,7 +25,6 @@ import functools
 import logging
 import os
 import queue
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .build_workers import _writeback_mode
+from .build_workers import _writeback_fn
 from .decode import ResizeSpec, open_regular
 from .errors import DecodeError, PackerError
 from .format import digest, image_bytes
@@ -230,10 +229,7 @@ def decode_chunks_batched(
             warm.shutdown(wait=True)
     if warmed is not None:
         warmed.result()
-    writeback = None
-    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
-        with contextlib.suppress(Exception):
-            writeback = ctypes.CDLL(None, use_errno=True).sync_file_range
+    writeback = _writeback_fn()
     stream = torch.cuda.Stream(device) if cuda else None
     fd = os.open(rows_path, os.O_WRONLY)
     writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")

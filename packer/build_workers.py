@@ -95,9 +95,7 @@ def _worker_init(
     # the rows file is opened at the first chunk: the pool starts before the file exists
     _worker = _WorkerState(rows_path, spec, store, t_free=time.perf_counter())
     _worker.die_at = _test_death()
-    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
-        with contextlib.suppress(Exception):
-            _worker.sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _worker.sync_file_range = _writeback_fn()
 
 
 # Tests only: makes a pool worker SIGKILL itself as it starts a chosen chunk, so the
@@ -159,6 +157,15 @@ def _start_method() -> str:
         with contextlib.suppress(Exception):
             cuda = bool(torch.cuda.is_initialized())
     return "fork" if threading.active_count() == 1 and not cuda else "forkserver"
+
+
+def _writeback_fn() -> Any:
+    """libc's ``sync_file_range`` when each chunk's writeback is started as it is
+    written (Linux, :func:`_writeback_mode` ``chunk``), else None."""
+    if sys.platform.startswith("linux") and _writeback_mode() == "chunk":
+        with contextlib.suppress(Exception):
+            return ctypes.CDLL(None, use_errno=True).sync_file_range
+    return None
 
 
 def _writeback_mode() -> str:
