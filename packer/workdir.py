@@ -231,10 +231,8 @@ def prepare_work_dir(work: Path, fingerprint: str | None, total_bytes: int) -> W
     if plan.get("fingerprint") == fingerprint:
         if plan.get("assembled") is True:
             return WorkState(assembled=True)
-        if (work / ROWS_FILE).exists():
-            return WorkState(done=read_journal(work / JOURNAL))
         done = read_journal(work / JOURNAL)
-        if done:  # rows already moved into the pack's data file by finalize
+        if done or (work / ROWS_FILE).exists():  # rows there, or moved by finalize
             return WorkState(done=done)
     if any(work.iterdir()):
         log.info("discarding %s: it was started with other inputs or options", work)
