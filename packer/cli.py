@@ -429,13 +429,15 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     splits = None
     if fractions is not None:
         from .dataset import class_histogram, split
+        from .pack import open_pack
 
         try:
-            parts = split(pack, fractions, seed=seed or 0, stratify=True)
+            opened = open_pack(pack)  # once: the split and every histogram read it
+            parts = split(opened, fractions, seed=seed or 0, stratify=True)
         except UsageError as e:
             raise UsageError(f"--split {split_text}: {e}") from None
         splits = [
-            {"fraction": f, "count": len(part), "class_counts": class_histogram(pack, part)}
+            {"fraction": f, "count": len(part), "class_counts": class_histogram(opened, part)}
             for f, part in zip(fractions, parts)
         ]
     if as_json:
