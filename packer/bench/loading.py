@@ -55,10 +55,6 @@ def _user_names(text: str, work: Path, source: Path, names: dict[str, str]) -> s
     return text.replace(str(work), str(source))
 
 
-def _tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
 def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str, Path]:
     """Originals, their compressed copy (if ffmpeg works) and a pack; returns their paths."""
     from ..build import BuildConfig, build
