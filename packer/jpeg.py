@@ -186,11 +186,11 @@ def fit_boxes(
 
 
 def _pad_fit(hw: tuple[int, int], out_size: tuple[int, int]) -> tuple[int, int]:
-    """(h, w) of an image letterboxed into ``out_size`` (the rule of ``decode._scaled_size``)."""
-    h, w = hw
-    oh, ow = out_size
-    s = min(ow / w, oh / h)
-    return max(1, round(h * s)), max(1, round(w * s))
+    """(h, w) of an image letterboxed into ``out_size``: the CPU build's own rule."""
+    from .decode import ResizeSpec, _scaled_size
+
+    w, h = _scaled_size(hw[1], hw[0], ResizeSpec(out_size[1], out_size[0], "pad"))
+    return h, w
 
 
 def resize_batch(
