@@ -274,11 +274,15 @@ def resized_crop(
             return images.new_empty((0, c, oh, ow))
         # One small int32 table [B, 5] (box + flip), one async copy: the kernel
         # computes its weights itself, so the host launches nothing else.
-        if boxes_on_cpu:
-            table = np.empty((b, 5), dtype=np.int32)
-            table[:, :4] = bn
-            table[:, 4] = flip.numpy() if flip is not None else 0
-            table = _to(torch.from_numpy(table), dev)
+        if boxes_on_cpu:  # on CUDA written straight into a reused pinned table
+            ring = _pinned_tables(dev) if dev.type == "cuda" else None
+            if ring is not None:
+                k, pinned, arr = ring.take(b)
+            else:
+                arr = np.empty((b, 5), dtype=np.int32)
+            arr[:, :4] = bn
+            arr[:, 4] = flip.numpy() if flip is not None else 0
+            table = ring.send(k, pinned) if ring is not None else torch.from_numpy(arr)
         else:
             f = _to(flip, dev) if flip is not None else torch.zeros(b, dtype=torch.bool, device=dev)
             table = torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32)
