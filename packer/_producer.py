@@ -357,6 +357,7 @@ class _Pass:
         as the raw path's batches do.
         """
         from .jpeg import decode_ahead, decode_batch, resize_images, sizes_of
+        from .transforms import _to
 
         pack, crop = self.jpeg  # type: ignore[misc]
         dev = self.device
@@ -394,9 +395,9 @@ class _Pass:
                         targets = torch.from_numpy(np.take(self.targets, idx, 0))
                     ready = None
                     if cuda:
-                        labels = labels.pin_memory().to(dev, non_blocking=True)
+                        labels = _to(labels, dev)
                         if targets is not None:
-                            targets = targets.pin_memory().to(dev, non_blocking=True)
+                            targets = _to(targets, dev)
                         ready = torch.cuda.Event()
                         ready.record(stream)
                 if not self.put((images, labels, targets, ready)):
