@@ -120,3 +120,28 @@ def src(tmp_path: Path) -> Path:
     for rel in ("cat/0.png", "cat/1.png", "dog/0.png"):
         write_image(tmp_path / "src" / rel, (12, 10), seed=len(rel))
     return tmp_path / "src"
+
+
+@pytest.fixture
+def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU build's path (``--device cuda``) with torch.device("cpu") in place of
+    the GPU (tests/test_build_gpu*.py)."""
+    import torch
+
+    import packer.build
+
+    monkeypatch.setattr(
+        packer.build,
+        "_build_device",
+        lambda config: None if config.device == "cpu" else torch.device("cpu"),
+    )
+
+
+@pytest.fixture
+def photos(tmp_path: Path, image_tree: Path) -> Path:
+    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs of assorted
+    sizes (the inputs the GPU takes) + a broken one."""
+    for i in range(20):
+        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+    (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
+    return image_tree

@@ -12,27 +12,8 @@ from click.testing import CliRunner
 
 import packer
 import packer.build
-from conftest import write_image
 from packer.build import GPU_TOLERANCE, BuildConfig, build
 from packer.cli import cli
-
-
-@pytest.fixture
-def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The --device cuda path with torch.device("cpu") in place of the GPU."""
-    monkeypatch.setattr(
-        packer.build,
-        "_build_device",
-        lambda config: None if config.device == "cpu" else torch.device("cpu"),
-    )
-
-
-@pytest.fixture
-def photos(tmp_path: Path, image_tree: Path) -> Path:
-    for i in range(20):  # JPEGs of assorted sizes, the inputs the GPU takes
-        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
-    (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
-    return image_tree
 
 
 @pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])

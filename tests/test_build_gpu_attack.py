@@ -32,25 +32,6 @@ from packer.workdir import work_dir_for
 FILES = ("_tensordict/images.memmap", "_tensordict/labels.memmap")
 
 
-@pytest.fixture
-def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The --device cuda path with torch.device("cpu") in place of the GPU."""
-    monkeypatch.setattr(
-        packer.build,
-        "_build_device",
-        lambda config: None if config.device == "cpu" else torch.device("cpu"),
-    )
-
-
-@pytest.fixture
-def photos(tmp_path: Path, image_tree: Path) -> Path:
-    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs + a broken one."""
-    for i in range(20):
-        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
-    (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
-    return image_tree
-
-
 def _same(a: Path, b: Path) -> bool:
     return all((a / f).read_bytes() == (b / f).read_bytes() for f in FILES)
 
