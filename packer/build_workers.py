@@ -366,10 +366,11 @@ def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, An
             out.append(("jpeg", (len(data), digest(data)), size))
             continue
         try:
-            out.append(("row", None, decode_into(p, spec, buf)))
-            out[-1] = ("row", buf.tobytes(), out[-1][2])
+            size = decode_into(p, spec, buf)
         except DecodeError as e:
             out.append(("skip", str(e), None))
+            continue
+        out.append(("row", buf.tobytes(), size))
     return out
 
 
