@@ -23,7 +23,11 @@ def run(*args: str) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
-def test_quick_cpu_measures_every_point_and_writes_plots(tmp_path: Path) -> None:
+def test_quick_cpu_measures_every_point_and_writes_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the batch cap follows this machine's memory; pin it so the grid is the same everywhere
+    monkeypatch.setattr("packer.bench.transfer._free_memory", lambda: 8 << 30)
     out = tmp_path / "res"
     code, stdout, _ = run("--quick", "--device", "cpu", "--out", str(out), "--json", "-q")
     assert code == 0, stdout
@@ -252,3 +256,15 @@ def test_interrupt_exits_130_and_writes_nothing(
     assert code == 130
     assert "Interrupted. No results written" in stderr and "resume" not in stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_free_memory_counts_reclaimable_cache(tmp_path: Path) -> None:
+    """MemAvailable, not MemFree: a full page cache must not shrink the batch grid."""
+    from packer.bench.config import _free_memory
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal: 16000000 kB\nMemFree: 100 kB\nMemAvailable: 12000000 kB\n")
+    assert _free_memory(str(info)) == 12000000 * 1024
+    # no such file (not Linux): falls back to the page count, never raises
+    got = _free_memory(str(tmp_path / "missing"))
+    assert got is None or got > 0

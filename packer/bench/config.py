@@ -78,7 +78,7 @@ class BenchConfig:
     source: Path | None = None  # the user's images instead of synthetic ones
     workers: int | None = None  # DataLoader workers and build/compress processes
     sections: tuple[str, ...] = SECTIONS
-    max_batch_bytes: int | None = None  # default: a quarter of free memory, at most 4 GiB
+    max_batch_bytes: int | None = None  # default: a quarter of available memory, at most 4 GiB
 
     @property
     def grid(self) -> Grid:
@@ -130,7 +130,18 @@ class BenchResult:
 # ---------------------------------------------------------------- the plan
 
 
-def _free_memory() -> int | None:
+def _free_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Memory a new allocation can have: Linux's MemAvailable, which counts the page
+    cache the kernel gives back on demand. ``SC_AVPHYS_PAGES`` (MemFree) does not, so
+    on a machine whose cache has filled after a few builds it reads near zero and the
+    bench would skip batches that fit easily."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

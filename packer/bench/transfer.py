@@ -50,7 +50,7 @@ def run_transfer(
                         "transfer",
                         f"{label} {w}x{h} batch {b}",
                         f"{_batch_bytes(b, size, dtype) / 1e9:.1f} GB per batch is over "
-                        f"the {cap / 1e9:.1f} GB limit (a quarter of free memory)",
+                        f"the {cap / 1e9:.1f} GB limit (a quarter of available memory)",
                     )
                     tick()
             if not fits:
