@@ -4,6 +4,7 @@
 # what the machine lacks (see README "GPU machine"):
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
 #                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
+#                             [buildprobe_shm] [rn50probe]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -22,6 +23,8 @@
 # nvjpeg   scripts/probe_nvjpeg.py: where the batched GPU decode's time goes
 # probe    scripts/probe_stream.py on a 16,000-image 224² pack, fresh and after churn
 # buildprobe scripts/probe_build_gpu.py: the GPU build's stages alone and inside a build
+# buildprobe_shm the same with its set and packs in /dev/shm: the pipeline without the disk
+# rn50probe scripts/probe_train_jpeg.py: where ResNet-50 fed by a JPEG pack loses time
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -57,12 +60,16 @@ for w in "${what[@]}"; do
            && python3 scripts/probe_stream.py --pack $W/p224 --modes fresh,churn \
               --variants default > "$OUT/probe.txt" 2>&1 ;;
     buildprobe) python3 scripts/probe_build_gpu.py --work $W/build > "$OUT/buildprobe.txt" 2>&1 ;;
+    buildprobe_shm) { df -h /dev/shm; python3 scripts/probe_build_gpu.py --work /dev/shm/imgpack-build; \
+                      rm -rf /dev/shm/imgpack-build; } > "$OUT/buildprobe_shm.txt" 2>&1 ;;
+    rn50probe) python3 scripts/probe_train_jpeg.py --work $W/rn50probe --out "$OUT" \
+                 > "$OUT/rn50probe.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do
