@@ -4,7 +4,7 @@
 # what the machine lacks (see README "GPU machine"):
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
 #                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
-#                             [buildprobe_shm] [rn50probe]
+#                             [buildprobe_shm] [rn50probe] [buildworkers]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -25,6 +25,7 @@
 # buildprobe scripts/probe_build_gpu.py: the GPU build's stages alone and inside a build
 # buildprobe_shm the same with its set and packs in /dev/shm: the pipeline without the disk
 # rn50probe scripts/probe_train_jpeg.py: where ResNet-50 fed by a JPEG pack loses time
+# buildworkers scripts/probe_build_workers.py: the GPU build with 16, 8, 4 CPU workers
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -62,6 +63,7 @@ for w in "${what[@]}"; do
     buildprobe) python3 scripts/probe_build_gpu.py --work $W/build > "$OUT/buildprobe.txt" 2>&1 ;;
     buildprobe_shm) { df -h /dev/shm; python3 scripts/probe_build_gpu.py --work /dev/shm/imgpack-build; \
                       rm -rf /dev/shm/imgpack-build; } > "$OUT/buildprobe_shm.txt" 2>&1 ;;
+    buildworkers) python3 scripts/probe_build_workers.py --work $W/bw > "$OUT/buildworkers.txt" 2>&1 ;;
     rn50probe) python3 scripts/probe_train_jpeg.py --work $W/rn50probe --out "$OUT" \
                  > "$OUT/rn50probe.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
@@ -69,7 +71,7 @@ for w in "${what[@]}"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do
