@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import PackerError, UsageError
+from .errors import PackerError, PackFormatError, UsageError
 from .order import batch_seed
 
 _MADV_POPULATE_READ = 22
 _JOIN_TIMEOUT_S = 10.0
 _TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
 _DECODE_AHEAD = 2  # JPEG packs: batches read and decoded ahead of the one being cropped
+_CPU_TASK = 4  # JPEG packs: images a CPU decode task takes at most
 
 
 def _transform_name(transform: Callable[..., Any]) -> str:
@@ -102,6 +103,18 @@ def _apply_transform(
         return _check_transformed(transform, images, transform(images))
     gen.manual_seed(batch_seed(seeds[0], seeds[1], seeds[2], b))
     return _check_transformed(transform, images, transform(images, generator=gen))
+
+
+def _check_sizes(got: torch.Tensor, stored: torch.Tensor, idx: np.ndarray) -> None:
+    """Decoded (h, w) [g, 2] against the pack's stored sizes: the boxes were drawn from
+    those, so a mismatch is a damaged pack, named by its first image."""
+    if not torch.equal(got, stored):
+        j = int((got != stored).any(1).int().argmax())
+        (h, w), (sh, sw) = got[j].tolist(), stored[j].tolist()
+        raise PackFormatError(
+            f"image {int(idx[j])}: its stored JPEG decodes to {w}x{h}, the pack says "
+            f"{sw}x{sh}; the pack is damaged, run `imgpack verify` and rebuild it"
+        )
 
 
 def _raise(e: BaseException) -> None:
@@ -346,24 +359,29 @@ class _Pass:
                 return
 
     def run_jpeg(self) -> None:
-        """JPEG packs: per batch, read the files (offsets and end markers checked), decode
-        them in one batch on the device, crop/resize all at once, run the rest of the
-        transform.
+        """JPEG packs: per batch, read the files (offsets and end markers checked), draw
+        every image's box from its stored size, decode and crop the batch, run the rest
+        of the transform.
 
-        The decodes run ``_DECODE_AHEAD`` batches ahead on a thread of their own
-        (:func:`packer.jpeg.decode_ahead`) while this thread reads the next batches' bytes
-        and draws each batch's boxes,
-        in batch order, and crops it on a side stream; the batch carries a ready event,
-        as the raw path's batches do.
+        On the device (``on_cpu`` False) the batch is decoded in one call and cropped in
+        one batched call; the decodes run ``_DECODE_AHEAD`` batches ahead on a thread of
+        their own (:func:`packer.jpeg.decode_ahead`) while this thread reads the next
+        batches' bytes and crops each batch, in batch order, on a side stream; the batch
+        carries a ready event, as the raw path's batches do. With ``on_cpu`` each image
+        is decoded and cropped by Pillow on the loader's threads as soon as its batch is
+        read (:func:`packer.jpeg.decode_crop_pil`), into a new buffer (pinned, then
+        copied, when the batch goes to CUDA). Either way the boxes, and the generator
+        state the rest of the transform continues from, depend on the seed alone.
         """
         from .jpeg import decode_ahead, decode_batch, resize_images, sizes_of
         from .transforms import _to
 
-        pack, crop = self.jpeg  # type: ignore[misc]
+        pack, crop, on_cpu = self.jpeg  # type: ignore[misc]
         dev = self.device
         cuda = dev.type == "cuda"
         stream = torch.cuda.Stream(dev) if cuda else None
         pool = None if cuda else self.pool
+        stored = pack.sizes.numpy()
 
         def jobs() -> Iterator[tuple[Any, Callable[[], list[torch.Tensor]]]]:
             # the reads (offsets and end markers checked) run here, on the producer
@@ -372,22 +390,43 @@ class _Pass:
             for b, idx in self.batches():
                 try:
                     datas = pack.read(idx, check_ends=True)
-                except PackerError as e:
-                    yield (b, idx), functools.partial(_raise, e)
+                    sizes = torch.from_numpy(stored[idx])
+                    if self.gen is not None:
+                        self.gen.manual_seed(batch_seed(*self.seeds, b))
+                    boxes, flip = crop.boxes(sizes, self.gen)
+                except (PackerError, ValueError) as e:
+                    yield (b, idx, None), functools.partial(_raise, e)
                     continue
-                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True}
-                yield (b, idx), functools.partial(decode_batch, datas, dev, **kw)
+                state = None if self.gen is None else self.gen.get_state()
+                g = 0 if on_cpu else len(idx)  # images [0, g) decoded on the device
+                cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, g, crop.size)
+                kw = {"indices": idx[:g].tolist(), "pool": pool, "ends_checked": True}
+                job = (b, idx, (sizes, boxes, flip, state, g, cpu))
+                yield job, functools.partial(decode_batch, datas[:g], dev, **kw)
 
         decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
         try:
-            for (b, idx), imgs in decoded:
-                if self.gen is not None:
-                    self.gen.manual_seed(batch_seed(*self.seeds, b))
+            for (_, idx, meta), imgs in decoded:
+                sizes, boxes, flip, state, g, cpu = meta
+                if state is not None:
+                    self.gen.set_state(state)  # type: ignore[union-attr]
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                    sizes = sizes_of(imgs)
-                    boxes, flip = crop.boxes(sizes, self.gen)
-                    images = resize_images(imgs, crop.size, boxes=boxes, flip=flip, sizes=sizes)
+                    parts = []
+                    if g:
+                        got = sizes_of(imgs)
+                        _check_sizes(got, sizes[:g], idx)
+                        fl = None if flip is None else flip[:g]
+                        parts.append(
+                            resize_images(imgs, crop.size, boxes=boxes[:g], flip=fl, sizes=got)
+                        )
                     del imgs
+                    if cpu is not None:
+                        out, futs = cpu
+                        for f in futs:
+                            f.result()
+                        parts.append(out.to(dev, non_blocking=True) if cuda else out)
+                    images = parts[0] if len(parts) == 1 else torch.cat(parts)
+                    del parts
                     images = crop.after(images, self.gen)
                     labels = torch.from_numpy(np.take(self.labels, idx, 0))
                     targets = None
@@ -404,6 +443,36 @@ class _Pass:
                     return
         finally:
             decoded.close()
+
+    def _decode_on_cpu(
+        self,
+        datas: list[torch.Tensor],
+        idx: np.ndarray,
+        sizes: torch.Tensor,
+        boxes: torch.Tensor,
+        flip: torch.Tensor | None,
+        g: int,
+        size: tuple[int, int],
+    ) -> tuple[torch.Tensor, list[Future[Any]]] | None:
+        """Start decoding images ``g:`` of a batch on the CPU threads into one new
+        uint8 [k, 3, *size] buffer (pinned when the batch goes to CUDA); None if none."""
+        from .jpeg import decode_crop_pil
+
+        k = len(idx) - g
+        if k <= 0:
+            return None
+        out = torch.empty((k, 3, *size), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        o, hw, bx = out.numpy(), sizes.numpy(), boxes.numpy()
+        fl = np.zeros(len(idx), bool) if flip is None else flip.numpy()
+
+        def run(a: int, z: int) -> None:
+            for j in range(a, z):
+                decode_crop_pil(datas[j], int(idx[j]), hw[j], bx[j], bool(fl[j]), o[j - g])
+
+        # a few images a task: one submit per image would cost more GIL than it spares
+        step = max(1, min(_CPU_TASK, -(-k // self.num_threads)))
+        futs = [self.pool.submit(run, a, min(a + step, len(idx))) for a in range(g, len(idx), step)]
+        return out, futs
 
     def run_cuda(self) -> None:
         """Gather several batches at once (one pinned slot each), ship them in order.

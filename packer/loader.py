@@ -109,6 +109,14 @@ class PackLoader:
         batches on ``device`` (nvjpeg on CUDA, a thread pool on the CPU) and
         cropped/resized in one batched call; a damaged offset or JPEG raises
         PackFormatError naming the image.
+      decode: JPEG packs: who decodes. "device": in batches on ``device`` (nvjpeg on
+        CUDA; on the CPU torchvision's decode on the threads, then one batched crop of
+        the padded batch). "cpu": Pillow on the loader's ``num_threads`` threads, each
+        image decoded and only its box resampled, then copied to ``device``. "auto"
+        (default): "device" on CUDA, "cpu" on the CPU (the fastest on each:
+        docs/BENCHMARKS.md, "Who decodes"). Boxes and flips are the seed's whichever
+        decodes; the decoders' pixels differ by about 1/255 on average (libjpeg vs
+        nvjpeg chroma upsampling), and each gives the same pixels from run to run.
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -160,6 +168,7 @@ class PackLoader:
         populate: bool = False,
         image_size: int | tuple[int, int] | None = None,
         train: bool = True,
+        decode: str = "auto",
     ) -> None:
         if isinstance(pack, (str, os.PathLike)):
             pack = open_pack(Path(pack))
@@ -168,6 +177,8 @@ class PackLoader:
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
+        if not isinstance(decode, str) or decode not in ("auto", "device", "cpu"):
+            raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
         shuffle = _bool_arg("shuffle", shuffle)
         drop_last = _bool_arg("drop_last", drop_last)
         resident = _bool_arg("resident", resident)
@@ -182,6 +193,8 @@ class PackLoader:
                 self._crop = crop_for(transform, image_size, train)
             except ValueError as e:
                 raise UsageError(str(e)) from None
+        elif decode != "auto":
+            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
         elif image_size is not None:
             raise UsageError(
                 "image_size is for JPEG packs; a raw pack's images have the size it was "
@@ -220,6 +233,11 @@ class PackLoader:
         self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._pil = False  # JPEG packs: decoded by Pillow on the threads (decode=)
+        if self._crop is not None:
+            from .jpeg import decodes_on_cpu
+
+            self._pil = decodes_on_cpu(decode, self.device)
         self._new_shared()
         if len(self) == 0:
             log.warning(
@@ -557,7 +575,7 @@ class _EpochIterator:
             transform=ld.transform,
             gen=self._gen,
             seeds=(ld.seed, self.epoch, ld.rank),
-            jpeg=None if ld._crop is None else (ld.pack, ld._crop),
+            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._pil),
         )
         self._pass = p
         self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)

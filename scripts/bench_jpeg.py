@@ -137,11 +137,12 @@ def decode_only(datas: list[torch.Tensor], device: torch.device, batch: int, rep
     )
 
 
-def loader_rate(path: Path, device: torch.device, batch: int, repeats: int) -> float:
-    ld = packer.PackLoader(path, batch, device=device, image_size=224, train=True)
-    it = iter(ld)
-    for _ in range(2):
-        next(it)
+def loader_rate(
+    path: Path, device: torch.device, batch: int, repeats: int, decode: str = "auto"
+) -> float:
+    ld = packer.PackLoader(path, batch, device=device, image_size=224, train=True, decode=decode)
+    for _ in ld:  # one pass off the clock: threads, pinned buffers, kernels
+        pass
 
     def run() -> int:
         n = 0
@@ -221,6 +222,10 @@ def main() -> None:
     build(src, jp, BuildConfig(store="jpeg"))
     res["jpeg_build_s"] = round(time.perf_counter() - t0, 2)
     res["loader_jpeg_img_s"] = loader_rate(jp, device, args.batch, repeats)
+    res["loader_jpeg_pil_img_s"] = loader_rate(jp, device, args.batch, repeats, "cpu")
+    cpu = torch.device("cpu")  # a CPU user's loader: Pillow per image vs the batched way
+    res["cpu_loader_pil_img_s"] = loader_rate(jp, cpu, args.batch, repeats, "cpu")
+    res["cpu_loader_batched_img_s"] = loader_rate(jp, cpu, args.batch, repeats, "device")
 
     raw256 = args.work / "raw256"
     t0 = time.perf_counter()
@@ -266,9 +271,19 @@ def main() -> None:
             f"{res['device_rrc_serial_img_s'] / ceil:.2f}x ceiling",
         ),
         (
-            "PackLoader, JPEG pack, train crops",
+            "PackLoader, JPEG pack, train crops (decode='auto')",
             f"{res['loader_jpeg_img_s']:,.0f} img/s",
             f"{res['loader_jpeg_img_s'] / ceil:.2f}x ceiling",
+        ),
+        (
+            f"  the same with decode='cpu' (Pillow on the loader's threads), to {device.type}",
+            f"{res['loader_jpeg_pil_img_s']:,.0f} img/s",
+            f"{res['loader_jpeg_pil_img_s'] / ceil:.2f}x ceiling",
+        ),
+        (
+            "PackLoader to the CPU: Pillow per image / batched decode + padded crop",
+            f"{res['cpu_loader_pil_img_s']:,.0f} / {res['cpu_loader_batched_img_s']:,.0f} img/s",
+            f"{res['cpu_loader_pil_img_s'] / res['cpu_loader_batched_img_s']:.2f}x",
         ),
         (
             "bytes: JPEG pack / raw pack 256²",

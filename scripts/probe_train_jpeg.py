@@ -8,6 +8,8 @@ synchronized before each clock read:
               ceiling of ``bench_train_aug.py``'s row (b))
   jpeg        PackLoader over the JPEG pack (decode + RRC/flip on the GPU); its pass
               is ``--tile`` times the pack, so no run crosses an epoch start
+  jpeg_cpu    the same with decode="cpu": Pillow decodes and crops on the loader's
+              8 CPU threads, the GPU only trains
   shadow      the resident step, and each step also takes a JPEG batch and drops it:
               the loader's work shares the GPU and the host, but the step never waits
               for it. jpeg - shadow = waiting for batches; shadow - resident = sharing
@@ -16,11 +18,14 @@ synchronized before each clock read:
   resident_hp, jpeg_hp
               the same two with the training step on a high-priority CUDA stream
               (the loader's decode and crop streams keep the default, lowest, priority)
-  loader      the JPEG loader alone, no model (how far ahead it can run)
+  loader, loader_cpu
+              the two JPEG loaders alone, no model (how far ahead they can run)
 
 Measured and dropped (2026-11-23, docs/BENCHMARKS.md): copying each batch's bytes into
 pinned memory before nvjpeg (its per-image host-to-device copies are from pageable
-memory) made the loader slower, not faster.
+memory) made the loader slower, not faster; splitting each batch between nvjpeg and
+Pillow on the CPU threads (a share adapted per batch) starved the training loop of the
+GIL (the probe's ways "jpeg_device" and "jpeg" of that run are now "jpeg" and gone).
 
     python3 scripts/probe_train_jpeg.py [--images 4096] [--work /tmp/imgpack-rn50probe]
 """
@@ -53,7 +58,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ways", default="resident,jpeg,shadow,small,resident_hp,jpeg_hp,loader")
+    ap.add_argument(
+        "--ways",
+        default="resident,jpeg,jpeg_cpu,shadow,small,resident_hp,jpeg_hp,loader,loader_cpu",
+    )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -67,9 +75,12 @@ def main() -> None:
     jpack = packer.load(jdir)
     n = len(jpack)
     tiled = torch.arange(n).repeat(a.tile)
-    jl = packer.PackLoader(
-        jpack, b, device=dev, drop_last=True, image_size=224, train=True, indices=tiled
-    )
+    jls = {
+        mode: packer.PackLoader(
+            jpack, b, device=dev, drop_last=True, image_size=224, indices=tiled, decode=mode
+        )
+        for mode in ("device", "cpu")
+    }
     js = packer.PackLoader(jpack, b, device=dev, drop_last=True, image_size=224, train=True)
 
     torch.manual_seed(0)
@@ -117,14 +128,17 @@ def main() -> None:
         res_i[0] += 1
         return aug(x, generator=g), y
 
-    nexts = {"jpeg": cycling(lambda: iter(jl)), "small": cycling(lambda: iter(js))}
+    nexts = {"small": cycling(lambda: iter(js))}
+    for mode, ld in jls.items():
+        nexts["jpeg" if mode == "device" else f"jpeg_{mode}"] = cycling(lambda ld=ld: iter(ld))
 
     def way_fn(way: str) -> tuple[Callable[[], tuple[Any, Any]], torch.cuda.Stream | None]:
         on = hp if way.endswith("_hp") else None
         if way.startswith("resident"):
             return res_batch, on
         if way.startswith("jpeg"):
-            return (lambda: nexts["jpeg"]()[:2]), on
+            key = way.removesuffix("_hp")
+            return (lambda: nexts[key]()[:2]), on
         if way == "small":
             return (lambda: nexts["small"]()[:2]), None
         if way == "shadow":
@@ -137,8 +151,8 @@ def main() -> None:
         raise SystemExit(f"unknown way {way}")
 
     def run(way: str, steps: int) -> dict[str, Any]:
-        if way == "loader":
-            jnext = nexts["jpeg"]
+        if way.startswith("loader"):
+            jnext = nexts[way.replace("loader", "jpeg")]
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -194,7 +208,7 @@ def main() -> None:
             run(way, 10)
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
         (a.out / f"rn50probe_profile_{way}.txt").write_text(table)
-    for ld in (jl, js):
+    for ld in (*jls.values(), js):
         ld.close()
 
     base = statistics.median(x["img_s"] for x in results.get("resident", [{"img_s": 1}]))

@@ -169,3 +169,95 @@ def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path)
         list(ld)
     x, _ = next(iter(packer.PackLoader(grey, 8, device="cuda", image_size=8)))
     assert x.is_cuda  # the process and the device still work after the error
+
+
+# ---- who decodes: DecodeSplit, the Pillow path, a batch split between both
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 photo-like JPEGs of two sizes (4:2:0, quality 90), so decoders can differ."""
+    from packer.bench.synth import make_jpeg_tree
+
+    tmp = tmp_path_factory.mktemp("photos")
+    make_jpeg_tree(tmp / "a", 12, (61, 47), quality=90, threads=1)
+    make_jpeg_tree(tmp / "a" / "more", 12, (40, 52), quality=90, threads=1)
+    build(tmp / "a", tmp / "pack", BuildConfig(store="jpeg", workers=1))
+    return tmp / "pack"
+
+
+def _pass(pack: Path, decode: str, **kw) -> list:
+    ld = packer.PackLoader(pack, 8, device="cpu", image_size=16, seed=5, decode=decode, **kw)
+    return [(x, y) for x, y in ld]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_pillow_batches_match_the_batched_decode(photos: Path, train: bool) -> None:
+    ref = _pass(photos, "device", train=train)
+    for decode in ("cpu", "auto"):  # "auto" on the CPU is Pillow
+        got = _pass(photos, decode, train=train)
+        assert len(got) == len(ref) == 3
+        for (a, ya), (b, yb) in zip(ref, got):
+            assert torch.equal(ya, yb)  # same rows, same order
+            assert a.shape == b.shape and b.dtype == torch.uint8
+            d = (a.int() - b.int()).abs().float()
+            assert d.mean() < 1.5 and d.max() <= 24, (decode, d.mean(), d.max())
+        assert all(
+            torch.equal(x, y) for (x, _), (y, _) in zip(got, _pass(photos, decode, train=train))
+        )
+    # and the same crops: a mirrored batch would differ far more than the decoders do
+    flipped = _pass(photos, "cpu")
+    assert any(
+        (a.int() - b.flip(-1).int()).abs().float().mean() > 5
+        for (a, _), (b, _) in zip(ref, flipped)
+    )
+
+
+def test_pillow_path_errors_name_the_image(photos: Path, tmp_path: Path) -> None:
+    import shutil
+
+    p = packer.load(photos)
+    bad = tmp_path / "bad"
+    shutil.copytree(photos, bad)
+    f = bad / "_tensordict" / "jpeg.memmap"
+    off = int(p.offsets[3])
+    raw = bytearray(f.read_bytes())
+    raw[off + 2 : off + 40] = bytes(38)  # headers zeroed, SOI and EOI kept
+    f.write_bytes(bytes(raw))
+    ld = packer.PackLoader(bad, 8, device="cpu", image_size=8, shuffle=False, decode="cpu")
+    with pytest.raises(PackFormatError, match="image 3: its stored JPEG does not decode"):
+        list(ld)
+    bad2 = tmp_path / "bad2"
+    shutil.copytree(photos, bad2)
+    s = bad2 / "_tensordict" / "sizes.memmap"
+    sizes = np.fromfile(s, dtype="<i8")
+    sizes[2 * 5] += 1  # image 5's height
+    sizes.tofile(s)
+    for decode in ("cpu", "device"):
+        ld = packer.PackLoader(bad2, 8, device="cpu", image_size=8, shuffle=False, decode=decode)
+        with pytest.raises(PackFormatError, match="image 5: its stored JPEG decodes to"):
+            list(ld)
+
+
+def test_decode_usage_errors(photos: Path, packed: Path) -> None:
+    with pytest.raises(UsageError, match="decode must be 'auto', 'device' or 'cpu', not 'gpu'"):
+        packer.PackLoader(photos, 4, device="cpu", image_size=8, decode="gpu")
+    with pytest.raises(UsageError, match="decode= is for JPEG packs"):
+        packer.PackLoader(packed, 4, device="cpu", decode="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_decode_modes_agree(photos: Path) -> None:
+    kw = dict(device="cuda", image_size=16, seed=2)
+    ref = [(x.cpu(), y.cpu()) for x, y in packer.PackLoader(photos, 8, decode="device", **kw)]
+    runs = {m: packer.PackLoader(photos, 8, decode=m, **kw) for m in ("cpu", "auto", "device")}
+    for name, ld in runs.items():
+        got = [(x, y) for x, y in ld]
+        assert len(got) == len(ref)
+        for (a, ya), (b, yb) in zip(ref, got):
+            assert b.is_cuda and yb.is_cuda and b.shape == a.shape
+            assert torch.equal(ya, yb.cpu())
+            d = (a.int() - b.cpu().int()).abs().float()
+            if name != "cpu":
+                assert d.max() == 0  # "auto" is nvjpeg on CUDA; the same pixels each run
+            assert d.mean() < 2, (name, d.mean())
