@@ -105,6 +105,20 @@ def _apply_transform(
     return _check_transformed(transform, images, transform(images, generator=gen))
 
 
+def _stored_sizes(stored: np.ndarray, idx: np.ndarray, path: object) -> np.ndarray:
+    """The pack's (h, w) [n, 2] of images ``idx``; PackFormatError naming the first
+    that is not a positive size (the boxes are drawn from these before decoding)."""
+    hw = stored[idx]
+    bad = (hw < 1).any(1) if len(hw) else np.zeros(0, bool)
+    if bad.any():
+        j = int(bad.argmax())
+        raise PackFormatError(
+            f"{path}: image {int(idx[j])}: the pack gives its size as {hw[j, 1]}x{hw[j, 0]}; "
+            "the pack is damaged, rebuild it"
+        )
+    return hw
+
+
 def _check_sizes(got: torch.Tensor, stored: torch.Tensor, idx: np.ndarray) -> None:
     """Decoded (h, w) [g, 2] against the pack's stored sizes: the boxes were drawn from
     those, so a mismatch is a damaged pack, named by its first image."""
@@ -262,7 +276,7 @@ class _Pass:
         transform: Callable[..., torch.Tensor] | None,
         gen: torch.Generator | None,
         seeds: tuple[int, int, int],
-        jpeg: tuple[Any, Any] | None = None,
+        jpeg: tuple[Any, Any, bool] | None = None,
     ) -> None:
         self.jpeg = jpeg
         row = math.prod(src.shape[1:]) if jpeg is None else 1
@@ -368,8 +382,8 @@ class _Pass:
         their own (:func:`packer.jpeg.decode_ahead`) while this thread reads the next
         batches' bytes and crops each batch, in batch order, on a side stream; the batch
         carries a ready event, as the raw path's batches do. With ``on_cpu`` each image
-        is decoded and cropped by Pillow on the loader's threads as soon as its batch is
-        read (:func:`packer.jpeg.decode_crop_pil`), into a new buffer (pinned, then
+        is decoded and its box resampled on the loader's threads as soon as its batch is
+        read (:func:`packer.jpeg.decode_crop_cpu`), into a new buffer (pinned, then
         copied, when the batch goes to CUDA). Either way the boxes, and the generator
         state the rest of the transform continues from, depend on the seed alone.
         """
@@ -390,7 +404,7 @@ class _Pass:
             for b, idx in self.batches():
                 try:
                     datas = pack.read(idx, check_ends=True)
-                    sizes = torch.from_numpy(stored[idx])
+                    sizes = torch.from_numpy(_stored_sizes(stored, idx, pack.path))
                     if self.gen is not None:
                         self.gen.manual_seed(batch_seed(*self.seeds, b))
                     boxes, flip = crop.boxes(sizes, self.gen)
@@ -398,35 +412,31 @@ class _Pass:
                     yield (b, idx, None), functools.partial(_raise, e)
                     continue
                 state = None if self.gen is None else self.gen.get_state()
-                g = 0 if on_cpu else len(idx)  # images [0, g) decoded on the device
-                cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, g, crop.size)
-                kw = {"indices": idx[:g].tolist(), "pool": pool, "ends_checked": True}
-                job = (b, idx, (sizes, boxes, flip, state, g, cpu))
-                yield job, functools.partial(decode_batch, datas[:g], dev, **kw)
+                if on_cpu:  # decoded on the threads from now on; the decoder thread idles
+                    cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, crop.size)
+                    yield (b, idx, (sizes, boxes, flip, state, cpu)), list
+                    continue
+                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True}
+                decode = functools.partial(decode_batch, datas, dev, **kw)
+                yield (b, idx, (sizes, boxes, flip, state, None)), decode
 
         decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
         try:
             for (_, idx, meta), imgs in decoded:
-                sizes, boxes, flip, state, g, cpu = meta
+                sizes, boxes, flip, state, cpu = meta
                 if state is not None:
                     self.gen.set_state(state)  # type: ignore[union-attr]
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                    parts = []
-                    if g:
+                    if cpu is None:
                         got = sizes_of(imgs)
-                        _check_sizes(got, sizes[:g], idx)
-                        fl = None if flip is None else flip[:g]
-                        parts.append(
-                            resize_images(imgs, crop.size, boxes=boxes[:g], flip=fl, sizes=got)
-                        )
-                    del imgs
-                    if cpu is not None:
+                        _check_sizes(got, sizes, idx)
+                        images = resize_images(imgs, crop.size, boxes=boxes, flip=flip, sizes=got)
+                    else:
                         out, futs = cpu
                         for f in futs:
                             f.result()
-                        parts.append(out.to(dev, non_blocking=True) if cuda else out)
-                    images = parts[0] if len(parts) == 1 else torch.cat(parts)
-                    del parts
+                        images = out.to(dev, non_blocking=True) if cuda else out
+                    del imgs
                     images = crop.after(images, self.gen)
                     labels = torch.from_numpy(np.take(self.labels, idx, 0))
                     targets = None
@@ -451,28 +461,24 @@ class _Pass:
         sizes: torch.Tensor,
         boxes: torch.Tensor,
         flip: torch.Tensor | None,
-        g: int,
         size: tuple[int, int],
-    ) -> tuple[torch.Tensor, list[Future[Any]]] | None:
-        """Start decoding images ``g:`` of a batch on the CPU threads into one new
-        uint8 [k, 3, *size] buffer (pinned when the batch goes to CUDA); None if none."""
-        from .jpeg import decode_crop_pil
+    ) -> tuple[torch.Tensor, list[Future[Any]]]:
+        """Start decoding a batch image by image on the CPU threads into one new
+        uint8 [n, 3, *size] buffer (pinned when the batch goes to CUDA)."""
+        from .jpeg import decode_crop_cpu
 
-        k = len(idx) - g
-        if k <= 0:
-            return None
-        out = torch.empty((k, 3, *size), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        n = len(idx)
+        out = torch.empty((n, 3, *size), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         o, hw, bx = out.numpy(), sizes.numpy(), boxes.numpy()
-        fl = np.zeros(len(idx), bool) if flip is None else flip.numpy()
+        fl = np.zeros(n, bool) if flip is None else flip.numpy()
 
         def run(a: int, z: int) -> None:
             for j in range(a, z):
-                decode_crop_pil(datas[j], int(idx[j]), hw[j], bx[j], bool(fl[j]), o[j - g])
+                decode_crop_cpu(datas[j], int(idx[j]), hw[j], bx[j], bool(fl[j]), o[j])
 
         # a few images a task: one submit per image would cost more GIL than it spares
-        step = max(1, min(_CPU_TASK, -(-k // self.num_threads)))
-        futs = [self.pool.submit(run, a, min(a + step, len(idx))) for a in range(g, len(idx), step)]
-        return out, futs
+        step = max(1, min(_CPU_TASK, -(-n // self.num_threads)))
+        return out, [self.pool.submit(run, a, min(a + step, n)) for a in range(0, n, step)]
 
     def run_cuda(self) -> None:
         """Gather several batches at once (one pinned slot each), ship them in order.

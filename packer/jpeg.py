@@ -11,9 +11,9 @@ Data flow::
   ``transforms.resized_crop``, the same result within 1/255.
 * ``decode_ahead`` runs the decodes on a thread of their own, a batch or two ahead of
   the caller's crops (the loader and the GPU build both use it).
-* ``decode_crop_pil`` decodes and crops one image with Pillow on the calling thread
-  (decode and resample without the GIL): the loader's way on the CPU, where it beats
-  decoding a batch and cropping it padded (:func:`decodes_on_cpu`).
+* ``decode_crop_cpu`` decodes one image and resamples only its box (Pillow), on the
+  calling thread without the GIL: the loader's way on the CPU, where it beats decoding
+  a batch and cropping it padded (:func:`decodes_on_cpu`).
 
 * On CUDA the whole list goes to nvjpeg in one ``torchvision.io.decode_jpeg(list,
   device=...)`` call; if that call fails, the batch is decoded again image by
@@ -33,7 +33,6 @@ A JPEG that fails to decode raises :class:`PackFormatError` naming its index
 from __future__ import annotations
 
 import collections
-import io
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -143,58 +142,49 @@ def truncated(index: int) -> PackFormatError:
     )
 
 
-def decode_crop_pil(
-    data: torch.Tensor | np.ndarray,
+def decode_crop_cpu(
+    data: torch.Tensor,
     index: int,
-    hw: tuple[int, int],
+    hw: Sequence[int],
     box: Sequence[int],
     flip: bool,
     out: np.ndarray,
 ) -> None:
-    """Decode one stored JPEG with Pillow and crop/resize it into ``out``, on this thread.
+    """Decode one stored JPEG on the CPU and crop/resize it into ``out``, on this thread.
 
     Args:
-      data: uint8 [n], the file's bytes (a view of the pack is fine).
+      data: uint8 [n] CPU tensor, the file's bytes (a view of the pack is fine).
       index: how an error names the image (its pack row).
       hw: its stored (height, width); a file of another size is refused.
       box: (top, left, height, width) inside the image, in its pixels.
       flip: mirror the output left-right.
-      out: uint8 [3, h, w] numpy array (a row of a pinned batch), written planar.
+      out: uint8 [3, h, w] numpy array (a row of a batch), written planar.
 
-    Pillow decodes and resamples in C without the GIL, with the triangle filter that
-    :func:`packer.transforms.resized_crop` uses: the same crop as the device path within
-    rounding, up to the two decoders' own differences (libjpeg vs nvjpeg chroma
-    upsampling: about 1/255 mean on photos). Raises PackFormatError naming ``index``.
+    The decode is the batched CPU path's (``torchvision.io.decode_jpeg``: libjpeg-turbo,
+    a damaged file raises); only the box is copied out and resampled, by Pillow's
+    antialiased bilinear (the triangle filter :func:`packer.transforms.resized_crop`
+    uses: the same pixels within rounding, ±1-2/255). Both run in C without the GIL.
+    Raises PackFormatError naming ``index``.
     """
     from PIL import Image
 
     from .decode import store_into
 
+    x = _decode_one(data, index, torch.device("cpu"))
     h, w = (int(v) for v in hw)
-    try:
-        im = Image.open(io.BytesIO(np.asarray(data)))
-        if im.format != "JPEG" or im.mode not in ("RGB", "L"):
-            raise ValueError(f"a {im.format} file in mode {im.mode}, not an RGB or gray JPEG")
-        if im.size != (w, h):
-            raise PackFormatError(
-                f"image {index}: its stored JPEG decodes to {im.size[0]}x{im.size[1]}, the "
-                f"pack says {w}x{h}; the pack is damaged, run `imgpack verify` and rebuild it"
-            )
-        top, left, bh, bw = (int(v) for v in box)
-        oh, ow = out.shape[1:]
-        im = im.resize((ow, oh), Image.Resampling.BILINEAR, box=(left, top, left + bw, top + bh))
-        if im.mode != "RGB":
-            im = im.convert("RGB")
-        if flip:
-            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    except PackFormatError:
-        raise
-    except Exception as e:  # a damaged file can raise anything from the decoder
-        msg = (str(e).splitlines() or [""])[0][:200]
+    if tuple(x.shape[1:]) != (h, w):
         raise PackFormatError(
-            f"image {index}: its stored JPEG does not decode ({type(e).__name__}: {msg}); "
-            "the pack is damaged, run `imgpack verify` and rebuild it"
-        ) from None
+            f"image {index}: its stored JPEG decodes to {x.shape[2]}x{x.shape[1]}, the "
+            f"pack says {w}x{h}; the pack is damaged, run `imgpack verify` and rebuild it"
+        )
+    top, left, bh, bw = (int(v) for v in box)
+    hwc = x.permute(1, 2, 0)  # torchvision decodes to [h, w, 3] and returns a view
+    part = hwc[top : top + bh, left : left + bw].contiguous().numpy()
+    im = Image.frombuffer("RGB", (bw, bh), part, "raw", "RGB", 0, 1)
+    oh, ow = out.shape[1:]
+    im = im.resize((ow, oh), Image.Resampling.BILINEAR)
+    if flip:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     store_into(im, out)
 
 
@@ -202,11 +192,11 @@ DECODE_MODES = ("auto", "device", "cpu")
 
 
 def decodes_on_cpu(decode: str, device: torch.device) -> bool:
-    """Does a JPEG-pack loader with ``decode`` on ``device`` decode with Pillow on its
-    CPU threads (:func:`decode_crop_pil`), rather than in batches on the device?
+    """Does a JPEG-pack loader with ``decode`` on ``device`` decode image by image on
+    its CPU threads (:func:`decode_crop_cpu`), rather than in batches on the device?
 
-    "auto": on the CPU yes (image by image, only each box resampled: 2.4-3.6x
-    torchvision's decode + a padded batch's crop), on CUDA no (nvjpeg). Splitting a
+    "auto": on the CPU yes (only each box resampled: 2.5x the padded batch's
+    crop), on CUDA no (nvjpeg). Splitting a
     CUDA batch between both was measured and dropped (docs/BENCHMARKS.md, "Who
     decodes"): the CPU threads' Python starves a training loop of the GIL.
     """
@@ -578,7 +568,7 @@ __all__ = [
     "crop_for",
     "decode_ahead",
     "decode_batch",
-    "decode_crop_pil",
+    "decode_crop_cpu",
     "decode_resized",
     "decodes_on_cpu",
     "fit_boxes",

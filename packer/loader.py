@@ -105,18 +105,18 @@ class PackLoader:
         RandomResizedCrop + horizontal flip, ``False`` the centre 87.5% of the
         shorter side (Resize(S/0.875) + CenterCrop(S)). A ``transform`` starting with
         RandomResizedCrop/CenterCrop/Resize((h, w)) replaces the default crop, its
-        boxes drawn relative to each image's own size. Images are decoded in
-        batches on ``device`` (nvjpeg on CUDA, a thread pool on the CPU) and
-        cropped/resized in one batched call; a damaged offset or JPEG raises
+        boxes drawn relative to each image's own size (its stored size, checked
+        against the decoded one). A damaged offset, size or JPEG raises
         PackFormatError naming the image.
       decode: JPEG packs: who decodes. "device": in batches on ``device`` (nvjpeg on
-        CUDA; on the CPU torchvision's decode on the threads, then one batched crop of
-        the padded batch). "cpu": Pillow on the loader's ``num_threads`` threads, each
-        image decoded and only its box resampled, then copied to ``device``. "auto"
-        (default): "device" on CUDA, "cpu" on the CPU (the fastest on each:
-        docs/BENCHMARKS.md, "Who decodes"). Boxes and flips are the seed's whichever
-        decodes; the decoders' pixels differ by about 1/255 on average (libjpeg vs
-        nvjpeg chroma upsampling), and each gives the same pixels from run to run.
+        CUDA, then one batched crop; on the CPU torchvision's decode on the threads,
+        then one crop of the padded batch). "cpu": image by image on the loader's
+        ``num_threads`` threads (torchvision's libjpeg decode, then only the box
+        resampled by Pillow), then copied to ``device``. "auto" (default): "device" on
+        CUDA, "cpu" on the CPU, the faster on each (docs/BENCHMARKS.md, "Who
+        decodes"). Boxes and flips are the seed's whichever decodes; the CPU ways
+        differ by resampling rounding (±1-2/255), nvjpeg from libjpeg by about 1/255
+        on average (chroma upsampling); each gives the same pixels from run to run.
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -233,7 +233,7 @@ class PackLoader:
         self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
-        self._pil = False  # JPEG packs: decoded by Pillow on the threads (decode=)
+        self._pil = False  # JPEG packs: decoded image by image on the threads (decode=)
         if self._crop is not None:
             from .jpeg import decodes_on_cpu
 

@@ -171,7 +171,7 @@ def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path)
     assert x.is_cuda  # the process and the device still work after the error
 
 
-# ---- who decodes: DecodeSplit, the Pillow path, a batch split between both
+# ---- who decodes: in batches on the device, or image by image on the CPU threads
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def _pass(pack: Path, decode: str, **kw) -> list:
 @pytest.mark.parametrize("train", [True, False])
 def test_pillow_batches_match_the_batched_decode(photos: Path, train: bool) -> None:
     ref = _pass(photos, "device", train=train)
-    for decode in ("cpu", "auto"):  # "auto" on the CPU is Pillow
+    for decode in ("cpu", "auto"):  # "auto" on the CPU is image by image
         got = _pass(photos, decode, train=train)
         assert len(got) == len(ref) == 3
         for (a, ya), (b, yb) in zip(ref, got):
@@ -237,6 +237,54 @@ def test_pillow_path_errors_name_the_image(photos: Path, tmp_path: Path) -> None
         ld = packer.PackLoader(bad2, 8, device="cpu", image_size=8, shuffle=False, decode=decode)
         with pytest.raises(PackFormatError, match="image 5: its stored JPEG decodes to"):
             list(ld)
+
+
+def test_damaged_scan_data_and_sizes_are_errors_both_ways(photos: Path, tmp_path: Path) -> None:
+    import shutil
+
+    p = packer.load(photos)
+    bad = tmp_path / "scan"
+    shutil.copytree(photos, bad)
+    f = bad / "_tensordict" / "jpeg.memmap"
+    off, n = int(p.offsets[7]), int(p.lengths[7])
+    raw = bytearray(f.read_bytes())
+    junk = np.random.default_rng(0).integers(0, 256, n - 2 - n // 2, dtype=np.uint8)
+    raw[off + n // 2 : off + n - 2] = junk.tobytes()  # the second half of the scan
+    f.write_bytes(bytes(raw))
+    zero = tmp_path / "zero"
+    shutil.copytree(photos, zero)
+    s = zero / "_tensordict" / "sizes.memmap"
+    sizes = np.fromfile(s, dtype="<i8")
+    sizes[2 * 6 + 1] = 0  # image 6's width
+    sizes.tofile(s)
+    for decode in ("cpu", "device"):
+        kw = dict(device="cpu", image_size=8, shuffle=False, decode=decode)
+        with pytest.raises(PackFormatError, match="image 7: its stored JPEG does not decode"):
+            list(packer.PackLoader(bad, 8, **kw))
+        ld = packer.PackLoader(zero, 4, **kw)
+        it = iter(ld)
+        next(it)  # the batch before the damaged one comes first
+        with pytest.raises(PackFormatError, match="image 6: the pack gives its size as 0x"):
+            next(it)
+
+
+def test_cpu_crop_reads_only_its_box(tmp_path: Path) -> None:
+    """The box is cut out before resampling: nothing from outside it bleeds in."""
+    from packer.jpeg import decode_crop_cpu
+
+    im = Image.new("RGB", (64, 32))
+    im.paste((255, 255, 255), (32, 0, 64, 32))  # black left half, white right half
+    buf = tmp_path / "half.jpg"
+    im.save(buf, quality=100, subsampling=0)
+    data = torch.frombuffer(bytearray(buf.read_bytes()), dtype=torch.uint8)
+    out = np.empty((3, 8, 8), np.uint8)
+    decode_crop_cpu(data, 0, (32, 64), (0, 0, 32, 32), False, out)  # the black half
+    assert out.max() <= 2
+    decode_crop_cpu(data, 0, (32, 64), (0, 8, 32, 48), True, out)  # both, mirrored
+    from torchvision.io import decode_jpeg
+
+    ref = F.resized_crop(decode_jpeg(data), 0, 8, 32, 48, [8, 8], antialias=True).flip(-1)
+    assert np.abs(out.astype(int) - ref.numpy().astype(int)).max() <= 2
 
 
 def test_decode_usage_errors(photos: Path, packed: Path) -> None:
