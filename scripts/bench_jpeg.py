@@ -223,7 +223,7 @@ def main() -> None:
     res["jpeg_build_s"] = round(time.perf_counter() - t0, 2)
     res["loader_jpeg_img_s"] = loader_rate(jp, device, args.batch, repeats)
     res["loader_jpeg_pil_img_s"] = loader_rate(jp, device, args.batch, repeats, "cpu")
-    cpu = torch.device("cpu")  # a CPU user's loader: Pillow per image vs the batched way
+    cpu = torch.device("cpu")  # a CPU user's loader: image by image vs the batched way
     res["cpu_loader_pil_img_s"] = loader_rate(jp, cpu, args.batch, repeats, "cpu")
     res["cpu_loader_batched_img_s"] = loader_rate(jp, cpu, args.batch, repeats, "device")
 
@@ -276,12 +276,12 @@ def main() -> None:
             f"{res['loader_jpeg_img_s'] / ceil:.2f}x ceiling",
         ),
         (
-            f"  the same with decode='cpu' (Pillow on the loader's threads), to {device.type}",
+            f"  the same with decode='cpu' (image by image on the threads), to {device.type}",
             f"{res['loader_jpeg_pil_img_s']:,.0f} img/s",
             f"{res['loader_jpeg_pil_img_s'] / ceil:.2f}x ceiling",
         ),
         (
-            "PackLoader to the CPU: Pillow per image / batched decode + padded crop",
+            "PackLoader to the CPU: image by image / batched decode + padded crop",
             f"{res['cpu_loader_pil_img_s']:,.0f} / {res['cpu_loader_batched_img_s']:,.0f} img/s",
             f"{res['cpu_loader_pil_img_s'] / res['cpu_loader_batched_img_s']:.2f}x",
         ),

@@ -8,7 +8,7 @@ synchronized before each clock read:
               ceiling of ``bench_train_aug.py``'s row (b))
   jpeg        PackLoader over the JPEG pack (decode + RRC/flip on the GPU); its pass
               is ``--tile`` times the pack, so no run crosses an epoch start
-  jpeg_cpu    the same with decode="cpu": Pillow decodes and crops on the loader's
+  jpeg_cpu    the same with decode="cpu": image by image on the loader's
               8 CPU threads, the GPU only trains
   shadow      the resident step, and each step also takes a JPEG batch and drops it:
               the loader's work shares the GPU and the host, but the step never waits
