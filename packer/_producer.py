@@ -109,7 +109,7 @@ def _stored_sizes(stored: np.ndarray, idx: np.ndarray, path: object) -> np.ndarr
     """The pack's (h, w) [n, 2] of images ``idx``; PackFormatError naming the first
     that is not a positive size (the boxes are drawn from these before decoding)."""
     hw = stored[idx]
-    bad = (hw < 1).any(1) if len(hw) else np.zeros(0, bool)
+    bad = (hw < 1).any(1)
     if bad.any():
         j = int(bad.argmax())
         raise PackFormatError(
@@ -123,12 +123,10 @@ def _check_sizes(got: torch.Tensor, stored: torch.Tensor, idx: np.ndarray) -> No
     """Decoded (h, w) [g, 2] against the pack's stored sizes: the boxes were drawn from
     those, so a mismatch is a damaged pack, named by its first image."""
     if not torch.equal(got, stored):
+        from .jpeg import size_mismatch
+
         j = int((got != stored).any(1).int().argmax())
-        (h, w), (sh, sw) = got[j].tolist(), stored[j].tolist()
-        raise PackFormatError(
-            f"image {int(idx[j])}: its stored JPEG decodes to {w}x{h}, the pack says "
-            f"{sw}x{sh}; the pack is damaged, run `imgpack verify` and rebuild it"
-        )
+        raise size_mismatch(int(idx[j]), got[j].tolist(), stored[j].tolist())
 
 
 def _raise(e: BaseException) -> None:

@@ -142,6 +142,16 @@ def truncated(index: int) -> PackFormatError:
     )
 
 
+def size_mismatch(index: int, got_hw: Sequence[int], stored_hw: Sequence[int]) -> PackFormatError:
+    """The error for a stored JPEG that decodes to another (h, w) than the pack records
+    (the crop boxes are drawn from the recorded size)."""
+    (h, w), (sh, sw) = (int(v) for v in got_hw), (int(v) for v in stored_hw)
+    return PackFormatError(
+        f"image {index}: its stored JPEG decodes to {w}x{h}, the pack says {sw}x{sh}; "
+        "the pack is damaged, run `imgpack verify` and rebuild it"
+    )
+
+
 def decode_crop_cpu(
     data: torch.Tensor,
     index: int,
@@ -171,12 +181,8 @@ def decode_crop_cpu(
     from .decode import store_into
 
     x = _decode_one(data, index, torch.device("cpu"))
-    h, w = (int(v) for v in hw)
-    if tuple(x.shape[1:]) != (h, w):
-        raise PackFormatError(
-            f"image {index}: its stored JPEG decodes to {x.shape[2]}x{x.shape[1]}, the "
-            f"pack says {w}x{h}; the pack is damaged, run `imgpack verify` and rebuild it"
-        )
+    if tuple(x.shape[1:]) != tuple(int(v) for v in hw):
+        raise size_mismatch(index, x.shape[1:], hw)
     top, left, bh, bw = (int(v) for v in box)
     hwc = x.permute(1, 2, 0)  # torchvision decodes to [h, w, 3] and returns a view
     part = hwc[top : top + bh, left : left + bw].contiguous().numpy()
@@ -195,13 +201,12 @@ def decodes_on_cpu(decode: str, device: torch.device) -> bool:
     """Does a JPEG-pack loader with ``decode`` on ``device`` decode image by image on
     its CPU threads (:func:`decode_crop_cpu`), rather than in batches on the device?
 
-    "auto": on the CPU yes (only each box resampled: 2.5x the padded batch's
-    crop), on CUDA no (nvjpeg). Splitting a
-    CUDA batch between both was measured and dropped (docs/BENCHMARKS.md, "Who
-    decodes"): the CPU threads' Python starves a training loop of the GIL.
+    ``decode`` is one of :data:`DECODE_MODES` (the loader checks it). "auto": on the
+    CPU yes (only each box resampled: 2.5x the padded batch's crop), on CUDA no
+    (nvjpeg). Splitting a CUDA batch between both was measured and dropped
+    (docs/BENCHMARKS.md, "Who decodes"): the CPU threads' Python starves a training
+    loop of the GIL.
     """
-    if decode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
     return decode == "cpu" or (decode == "auto" and device.type != "cuda")
 
 
@@ -575,5 +580,6 @@ __all__ = [
     "pad_batch",
     "resize_batch",
     "resize_images",
+    "size_mismatch",
     "sizes_of",
 ]

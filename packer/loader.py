@@ -177,7 +177,9 @@ class PackLoader:
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
-        if not isinstance(decode, str) or decode not in ("auto", "device", "cpu"):
+        from .jpeg import DECODE_MODES, decodes_on_cpu
+
+        if not isinstance(decode, str) or decode not in DECODE_MODES:
             raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
         shuffle = _bool_arg("shuffle", shuffle)
         drop_last = _bool_arg("drop_last", drop_last)
@@ -233,11 +235,8 @@ class PackLoader:
         self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
-        self._pil = False  # JPEG packs: decoded image by image on the threads (decode=)
-        if self._crop is not None:
-            from .jpeg import decodes_on_cpu
-
-            self._pil = decodes_on_cpu(decode, self.device)
+        # JPEG packs: decoded image by image on the threads (decode=)
+        self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
         self._new_shared()
         if len(self) == 0:
             log.warning(
@@ -575,7 +574,7 @@ class _EpochIterator:
             transform=ld.transform,
             gen=self._gen,
             seeds=(ld.seed, self.epoch, ld.rank),
-            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._pil),
+            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._on_cpu),
         )
         self._pass = p
         self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
