@@ -2,9 +2,11 @@
 
 A producer thread per pass (:func:`_produce`) gathers rows over the loader's gather
 threads (:func:`_take`) into pinned slots (:class:`_Slots`, shared through
-:class:`_Shared`), copies them to the device on a side stream, runs the transform there
-and puts each batch, :data:`_DONE` or a :class:`_Failure` on a bounded queue. It refers
-to no iterator and no loader (see the lifetime note in :mod:`packer.loader`).
+:class:`_Shared`), copies them to the device on a side stream (or, ``gather="device"``,
+has the GPU read them from the registered pack: :meth:`_Pass.run_device`), runs the
+transform there and puts each batch, :data:`_DONE` or a :class:`_Failure` on a bounded
+queue. It refers to no iterator and no loader (see the lifetime note in
+:mod:`packer.loader`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _JOIN_TIMEOUT_S = 10.0
 _TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
 _DECODE_AHEAD = 2  # JPEG packs: batches read and decoded ahead of the one being cropped
 _CPU_TASK = 4  # JPEG packs: images a CPU decode task takes at most
+GATHER_MODES = ("cpu", "device")  # PackLoader(gather=): who copies a raw pack's rows
 
 
 def _transform_name(transform: Callable[..., Any]) -> str:
@@ -146,6 +149,22 @@ class _Shared:
         self.pool: ThreadPoolExecutor | None = None
         self.free_slots: list[_Slots] = []
         self.lock = threading.Lock()
+        self.rows: Any = None  # packer._device_gather.PackRows once registered
+        self.rows_why: str | None = None  # why the GPU cannot read the pack in place
+        self.rows_tried = False
+
+    def device_rows(
+        self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None
+    ) -> Any:
+        """The pack's files registered for the GPU to read (the first call registers
+        them), or None when that is not possible here (``rows_why`` says why)."""
+        with self.lock:
+            if not self.rows_tried:
+                self.rows_tried = True
+                from ._device_gather import open_rows
+
+                self.rows, self.rows_why = open_rows(images, labels, targets)
+            return self.rows
 
     def thread_pool(self, n: int) -> ThreadPoolExecutor:
         with self.lock:
@@ -173,6 +192,9 @@ class _Shared:
         with self.lock:
             pool, self.pool = self.pool, None
             self.free_slots = []
+            rows, self.rows = self.rows, None
+        if rows is not None:
+            rows.close()  # after every kernel reading it (the passes were stopped first)
         if pool is not None:
             mine = threading.current_thread() in getattr(pool, "_threads", ())
             pool.shutdown(wait=not mine)
@@ -275,8 +297,10 @@ class _Pass:
         gen: torch.Generator | None,
         seeds: tuple[int, int, int],
         jpeg: tuple[Any, Any, bool] | None = None,
+        rows: Any = None,
     ) -> None:
         self.jpeg = jpeg
+        self.rows = rows
         row = math.prod(src.shape[1:]) if jpeg is None else 1
         # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
         self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
@@ -545,6 +569,37 @@ class _Pass:
                 return
         stream.synchronize()
 
+    def run_device(self) -> None:
+        """The GPU reads each batch's rows from the registered pack itself
+        (:mod:`packer._device_gather`): no CPU copy, no pinned buffer. The pass's
+        order goes to the device once; per batch, three copy kernels (images,
+        labels, targets) and the transform run on a side stream, then its event."""
+        rows = self.rows
+        dev = self.device
+        bs = self.batch_size
+        stream = torch.cuda.Stream(dev)
+        with torch.cuda.stream(stream):
+            order = torch.from_numpy(np.ascontiguousarray(self.order, np.int64)).to(dev)
+            for b, idx in self.batches():
+                n = len(idx)
+                pos = order[b * bs : b * bs + n]
+                images = torch.empty((n, *self.shape), dtype=torch.uint8, device=dev)
+                rows.images.gather(pos, images)
+                labels = torch.empty((n,), dtype=torch.int64, device=dev)
+                rows.labels.gather(pos, labels)
+                targets = None
+                if rows.targets is not None and self.targets is not None:
+                    k = self.targets.shape[1]
+                    targets = torch.empty((n, k), dtype=torch.float32, device=dev)
+                    rows.targets.gather(pos, targets)
+                if self.transform is not None:
+                    images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+                if not self.put((images, labels, targets, ready)):
+                    return
+        stream.synchronize()
+
 
 def _produce(p: _Pass) -> None:
     try:
@@ -554,6 +609,9 @@ def _produce(p: _Pass) -> None:
                     p.run_jpeg()
             else:
                 p.run_jpeg()
+        elif p.rows is not None:
+            with torch.cuda.device(p.device):
+                p.run_device()
         elif p.slots is not None:
             with torch.cuda.device(p.device):
                 p.run_cuda()

@@ -1,15 +1,23 @@
 """Stream a pack in shuffled batches to a device: :class:`PackLoader`.
 
-The hot path, per batch (CUDA)::
+The hot path, per batch (CUDA), ``gather="cpu"`` (the default)::
 
     background thread: pick a free pinned buffer -> T threads gather random rows
     from the page-cached memmap into it (np.take, GIL released, memcpy per row;
     several batches in flight so no thread waits at a batch boundary)
     -> in order: async H2D copy on a side stream -> [transform on that stream]
     -> event -> bounded queue
-    consumer: queue.get -> current stream waits on the event (the GPU waits,
-    never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
-    (and float32 targets [B, K] when the pack has them, gathered by the same rows)
+
+``gather="device"``::
+
+    background thread: the pass's order on the device once -> per batch, a Triton
+    kernel reads its rows straight from the page-cached pack (mapped read-only,
+    registered with CUDA) into device memory, labels and targets likewise
+    -> [transform] on that side stream -> event -> bounded queue
+
+Either way the consumer: queue.get -> current stream waits on the event (the GPU
+waits, never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
+(and float32 targets [B, K] when the pack has them, gathered by the same rows)
 
 Bytes cross the bus as uint8; normalisation to float happens on the GPU in
 :class:`packer.Normalize`. A pinned buffer is refilled only after the copy out
@@ -40,7 +48,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ._producer import _DONE, _apply_transform, _Failure, _Pass, _Shared, populate
+from ._producer import _DONE, GATHER_MODES, _apply_transform, _Failure, _Pass, _Shared, populate
 from .errors import UsageError
 from .normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
 from .normalize import IMAGENET_STD as IMAGENET_STD
@@ -95,8 +103,19 @@ class PackLoader:
         True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
         epoch, rank, batch index); else ``transform(images)``. Runs in the
         background, on CUDA on the loader's copy stream.
+      gather: raw packs on CUDA: who copies a batch's rows out of the pack. "cpu"
+        (default): ``num_threads`` threads copy them into pinned buffers, then the copy
+        engine moves them. "device": the GPU reads them itself from the page cache
+        (the pack's files are mapped read-only and registered with CUDA, which locks
+        them in RAM; a Triton kernel copies the rows; no CPU copy, no pinned buffers):
+        1.1-2.5x the streaming rate on an H100, but its copy kernels cost a model
+        beside them 1.5-2.5% (ResNet-18), so it is for loading-bound work (small
+        models, inference or embedding passes over a pack). Needs whole pack files
+        taking at most half the machine's RAM; otherwise the first batch raises
+        UsageError saying why. Same batches either way, bit for bit
+        (docs/BENCHMARKS.md, "The GPU reads the pack itself").
       num_threads: threads gathering rows, >= 1 (default min(8, cores)).
-      prefetch: batches in flight, >= 1, one pinned buffer each.
+      prefetch: batches in flight, >= 1 (one pinned buffer each on the "cpu" way).
       resident: copy the streamed rows to ``device`` once and gather there (for
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
@@ -169,6 +188,7 @@ class PackLoader:
         image_size: int | tuple[int, int] | None = None,
         train: bool = True,
         decode: str = "auto",
+        gather: str = "cpu",
     ) -> None:
         if isinstance(pack, (str, os.PathLike)):
             pack = open_pack(Path(pack))
@@ -181,6 +201,8 @@ class PackLoader:
 
         if not isinstance(decode, str) or decode not in DECODE_MODES:
             raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
+        if not isinstance(gather, str) or gather not in GATHER_MODES:
+            raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")
         shuffle = _bool_arg("shuffle", shuffle)
         drop_last = _bool_arg("drop_last", drop_last)
         resident = _bool_arg("resident", resident)
@@ -195,6 +217,8 @@ class PackLoader:
                 self._crop = crop_for(transform, image_size, train)
             except ValueError as e:
                 raise UsageError(str(e)) from None
+            if gather != "cpu":
+                raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
         elif decode != "auto":
             raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
         elif image_size is not None:
@@ -213,6 +237,11 @@ class PackLoader:
         self.drop_last = drop_last
         self.even_split = even_split
         self.device = _check_device(device)
+        if gather == "device" and self.device.type != "cuda":
+            raise UsageError(
+                f"gather='device' has a CUDA GPU read the pack; device is {self.device}"
+            )
+        self._gather = gather
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.transform = transform
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
@@ -448,6 +477,7 @@ class PackLoader:
             indices=self._rows,
             num_threads=self.num_threads,
             prefetch=2,
+            gather=self._gather,
         ) as seq:
             start = 0
             for batch in seq:
@@ -553,10 +583,22 @@ class _EpochIterator:
             return  # nothing left (an empty epoch, or resumed at its end): no thread
         rows = pos if ld._rows is None else ld._rows[pos]
         shared = ld._shared_here()
-        slots = None
+        slots = in_place = None
         if ld.device.type == "cuda" and ld._crop is None:
-            ntargets = None if ld._targets is None else ld._targets.shape[1]
-            slots = shared.take_slots(ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device)
+            if ld._gather == "device":
+                with torch.cuda.device(ld.device):
+                    in_place = shared.device_rows(ld._images, ld._labels, ld._targets)
+                if in_place is None:
+                    self.close()
+                    raise UsageError(
+                        f"gather='device': the GPU cannot read this pack in place: "
+                        f"{shared.rows_why}; use gather='cpu' (the default)"
+                    )
+            if in_place is None:
+                ntargets = None if ld._targets is None else ld._targets.shape[1]
+                slots = shared.take_slots(
+                    ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device
+                )
         p = _Pass(
             src=ld._images,
             labels=ld._labels,
@@ -575,6 +617,7 @@ class _EpochIterator:
             gen=self._gen,
             seeds=(ld.seed, self.epoch, ld.rank),
             jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._on_cpu),
+            rows=in_place,
         )
         self._pass = p
         self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)

@@ -4,7 +4,7 @@
 # what the machine lacks (see README "GPU machine"):
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
 #                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
-#                             [buildprobe_shm] [rn50probe] [buildworkers]
+#                             [buildprobe_shm] [rn50probe] [buildworkers] [zerocopy] [gathertrain]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -26,6 +26,9 @@
 # buildprobe_shm the same with its set and packs in /dev/shm: the pipeline without the disk
 # rn50probe scripts/probe_train_jpeg.py: where ResNet-50 fed by a JPEG pack loses time
 # buildworkers scripts/probe_build_workers.py: the GPU build with 16, 8, 4 CPU workers
+# zerocopy scripts/probe_zero_copy.py then probe_stream.py --variants device,cpu: the GPU
+#          reading a 16,000-image 224² pack in place vs the CPU way
+# gathertrain scripts/probe_gather_train.py: what gather="device" costs ResNet-18 beside it
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -66,12 +69,16 @@ for w in "${what[@]}"; do
     buildworkers) python3 scripts/probe_build_workers.py --work $W/bw > "$OUT/buildworkers.txt" 2>&1 ;;
     rn50probe) python3 scripts/probe_train_jpeg.py --work $W/rn50probe --out "$OUT" \
                  > "$OUT/rn50probe.txt" 2>&1 ;;
+    zerocopy) python3 -c "from pathlib import Path; from packer.bench.synth import make_random_pack as m; m(Path('$W/p224'), 16000, 224)" \
+           && { python3 scripts/probe_zero_copy.py --pack $W/p224; python3 scripts/probe_stream.py \
+                --pack $W/p224 --modes fresh,churn,fresh --variants device,cpu; } > "$OUT/zerocopy.txt" 2>&1 ;;
+    gathertrain) python3 scripts/probe_gather_train.py --work $W > "$OUT/gathertrain.txt" 2>&1 ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers zerocopy gathertrain)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

@@ -18,7 +18,10 @@ gather threads' busy time (inside np.take, GIL re-acquisition included). Variant
 the loader (``--variants``): ``default`` (this tree), ``old`` (each batch split into
 ``num_threads`` gather tasks whatever its size, as before issue 18), ``switch0.5``
 (the GIL switch interval at 0.5 ms instead of 5 during the runs), ``pyqueue``
-(``queue.Queue`` between producer and consumer, as before ``_producer._Handoff``). (Two more were
+(``queue.Queue`` between producer and consumer, as before ``_producer._Handoff``),
+``device`` (``gather="device"``: the GPU reading the pack in place; ``default`` and
+``cpu`` are the CPU threads), ``procs``
+(a prototype: gather processes, each with its own GIL, into shared registered slots). (Two more were
 measured and rejected, docs/BENCHMARKS.md: one ``torch.index_select`` per batch on
 torch's intra-op threads, and small batches gathered and copied in groups.) Each run
 also gives the share of its wall time the consumer spent inside ``next()`` and the
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -200,7 +204,10 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
 
         L._Pass.submit = old_submit
     try:
-        loader = packer.PackLoader(pack, bs, device="cuda", num_threads=threads, seed=0)
+        gather = "device" if variant == "device" else "cpu"
+        loader = packer.PackLoader(
+            pack, bs, device="cuda", num_threads=threads, seed=0, gather=gather
+        )
         it = iter(loader)
         per_run = max(40, 40_000 // bs)
 
@@ -244,6 +251,212 @@ def loader_runs(pack: Any, bs: int, threads: int | None, variant: str) -> dict[s
             "threads": loader.num_threads}  # fmt: skip
 
 
+# ---- prototype: gather in worker processes (own GIL each) into shared pinned slots
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    import os
+
+    buf = b""
+    while len(buf) < n:
+        got = os.read(fd, n - len(buf))
+        if not got:
+            return buf
+        buf += got
+    return buf
+
+
+def gather_child(path: str, nrows: int, row: int, fd: int, size: int) -> None:
+    """Worker: read (offset, n, idx[n]) from stdin, copy rows into the shared slots, ack."""
+    import mmap
+    import os
+    import struct
+
+    import numpy as np
+
+    src = np.memmap(path, np.uint8, "r", shape=(nrows, row))
+    mm = mmap.mmap(fd, size)
+    dst = np.frombuffer(mm, np.uint8)
+    while True:
+        hdr = _read_exact(0, 16)
+        if len(hdr) < 16:
+            return
+        off, n = struct.unpack("<qq", hdr)
+        idx = np.frombuffer(_read_exact(0, 8 * n), np.int64)
+        np.take(src, idx, 0, dst[off : off + n * row].reshape(n, row), "clip")
+        os.write(1, hdr[:8])
+
+
+class ProcGather:
+    def __init__(self, path: str, nrows: int, row: int, nprocs: int, slot_bytes: int,
+                 nslots: int, pin: bool = True) -> None:  # fmt: skip
+        import mmap
+        import os
+
+        import numpy as np
+        import torch
+
+        self.row = row
+        self.slot_bytes = slot_bytes
+        size = slot_bytes * nslots
+        size = (size + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+        fd = os.memfd_create("imgpack-slots")
+        os.ftruncate(fd, size)
+        self.mm = mmap.mmap(fd, size)
+        arr = np.frombuffer(self.mm, np.uint8)
+        arr[::4096] = 0
+        ptr = arr.ctypes.data
+        self.pin = pin
+        if pin:
+            rc = torch.cuda.cudart().cudaHostRegister(ptr, size, 0)
+            assert int(rc) == 0, f"cudaHostRegister failed: {rc}"
+        self.ptr, self.arr = ptr, arr
+        self.slots = [torch.from_numpy(arr[i * slot_bytes : (i + 1) * slot_bytes])
+                      for i in range(nslots)]  # fmt: skip
+        self.procs = [
+            subprocess.Popen([sys.executable, __file__, "--gather-child",
+                              f"{path},{nrows},{row},{fd},{size}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,))
+            for _ in range(nprocs)
+        ]  # fmt: skip
+        os.close(fd)
+        self.next = 0
+
+    def submit(self, slot: int, idx: Any, parts: int) -> list[int]:
+        import os
+        import struct
+
+        import numpy as np
+
+        bounds = np.linspace(0, len(idx), parts + 1).astype(int)
+        used = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b <= a:
+                continue
+            p = self.procs[self.next]
+            self.next = (self.next + 1) % len(self.procs)
+            off = slot * self.slot_bytes + int(a) * self.row
+            os.write(p.stdin.fileno(), struct.pack("<qq", off, b - a)
+                     + np.ascontiguousarray(idx[a:b], np.int64).tobytes())  # fmt: skip
+            used.append(p)
+        return used
+
+    def wait(self, used: list[Any]) -> None:
+        for p in used:
+            got = _read_exact(p.stdout.fileno(), 8)
+            assert len(got) == 8, "gather process died"
+
+    def close(self) -> None:
+        import torch
+
+        for p in self.procs:
+            p.stdin.close()
+        for p in self.procs:
+            p.wait()
+        if self.pin:
+            torch.cuda.cudart().cudaHostUnregister(self.ptr)
+
+
+def proc_runs(
+    pack_path: str, pack: Any, bs: int, nprocs: int, device: str = "cuda"
+) -> dict[str, Any]:
+    """The CUDA loader's loop (k slots in flight, ship in order) with process gather."""
+    import collections
+
+    import numpy as np
+    import torch
+
+    n, row = len(pack), math.prod(pack.images.shape[1:])
+    path = str(Path(pack_path) / "_tensordict" / "images.memmap")
+    k = 8 if bs < 1024 else 6
+    dev = torch.device(device)
+    g = ProcGather(path, n, row, nprocs, bs * row, k, pin=dev.type == "cuda")
+    labels = pack.labels.numpy()
+    lab_slots = [torch.empty(bs, dtype=torch.int64, pin_memory=dev.type == "cuda")
+                 for _ in range(k)]  # fmt: skip
+    stream = torch.cuda.Stream() if dev.type == "cuda" else None
+    freed: list[Any] = [None] * k
+    rng = np.random.default_rng(0)
+    shape = tuple(pack.images.shape[1:])
+    task = 8 << 20
+
+    def batches(count: int) -> Any:
+        done = 0
+        while done < count:
+            perm = rng.permutation(n)
+            for b in range(n // bs):
+                if done == count:
+                    return
+                done += 1
+                yield perm[b * bs : (b + 1) * bs]
+
+    def run(count: int) -> int:
+        """A producer thread gathers and ships; this thread takes batches as a consumer."""
+        from packer._producer import _Handoff
+
+        q = _Handoff(4)
+        cuda = dev.type == "cuda"
+
+        def produce() -> None:
+            pending: Any = collections.deque()
+
+            def ship() -> None:
+                s, idx, used = pending.popleft()
+                g.wait(used)
+                lab = lab_slots[s][: len(idx)]
+                np.take(labels, idx, out=lab.numpy(), mode="clip")
+                x = g.slots[s][: len(idx) * row].view(len(idx), *shape)
+                if not cuda:
+                    q.put((x.clone(), lab.clone(), None), 60)
+                    return
+                with torch.cuda.stream(stream):
+                    x = x.to(dev, non_blocking=True)
+                    y = lab.to(dev, non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                freed[s] = ev
+                q.put((x, y, ev), 60)
+
+            for j, idx in enumerate(batches(count)):
+                s = j % k
+                if len(pending) == k:
+                    ship()
+                if freed[s] is not None:
+                    freed[s].synchronize()
+                parts = min(nprocs, max(1, len(idx) * row // task))
+                pending.append((s, idx, g.submit(s, idx, parts)))
+            while pending:
+                ship()
+            q.put(None, 60)
+
+        th = threading.Thread(target=produce)
+        th.start()
+        got = 0
+        while (item := q.get(60)) is not None:
+            x, _y, ev = item
+            if ev is not None:
+                cur = torch.cuda.current_stream()
+                cur.wait_event(ev)
+                x.record_stream(cur)
+            got += len(x)
+        th.join()
+        if cuda:
+            torch.cuda.synchronize()
+        return got
+
+    per_run = max(40, 40_000 // bs)
+    run(min(per_run, 20) + 200)  # warm-up: also maps the pack in every child
+    rates = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        got = run(per_run)
+        rates.append(got / (time.perf_counter() - t0))
+    g.close()
+    return {"min": min(rates), "median": sorted(rates)[1],
+            "runs": [{"img_per_s": r, "gather_busy": 0.0, "minflt": 0} for r in rates],
+            "threads": nprocs}  # fmt: skip
+
+
 def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -284,16 +497,19 @@ def child(mode: str, pack_path: str, variants: list[str]) -> dict[str, Any]:
     out["limit_counters"] = delta(c0, counters())
     out["host_after_limit"] = host_stats()
     res = {}
-    for variant in variants:
-        for bs, th in ((128, None), (256, None), (1024, None), (256, 16), (1024, 16)):
+    for bs, th in ((128, None), (256, None), (1024, None), (256, 16), (1024, 16)):
+        for variant in variants:
             key = f"{variant} bs{bs} t{th or 'default'}"
-            res[key] = loader_runs(pack, bs, th, variant)
+            if variant.startswith("procs"):
+                res[key] = proc_runs(pack_path, pack, bs, th or int(variant[5:] or 8))
+            else:
+                res[key] = loader_runs(pack, bs, th, variant)
             print(f"  [{mode}] {key}: min {res[key]['min']:,.0f} median "
                   f"{res[key]['median']:,.0f} img/s, faults "
                   f"{[r['minflt'] for r in res[key]['runs']]}, gather busy "
-                  f"{[round(r['gather_busy'], 2) for r in res[key]['runs']]}, consumer in "
-                  f"next {[round(r['consumer_in_next'], 2) for r in res[key]['runs']]}, "
-                  f"producer in put {[round(r['producer_in_put'], 2) for r in res[key]['runs']]}",
+                  f"{[round(r.get('gather_busy', 0), 2) for r in res[key]['runs']]}, consumer in "
+                  f"next {[round(r.get('consumer_in_next', 0), 2) for r in res[key]['runs']]}, "
+                  f"producer in put {[round(r.get('producer_in_put', 0), 2) for r in res[key]['runs']]}",
                   file=sys.stderr, flush=True)  # fmt: skip
     out["loader"] = res
     out["host_end"] = host_stats()
@@ -307,6 +523,11 @@ def main() -> None:
     ap.add_argument("--modes", default="fresh,churn")
     ap.add_argument("--variants", default="default,old")
     ap.add_argument("--child", default=None)
+    ap.add_argument("--gather-child", default=None)
+    if "--gather-child" in sys.argv:  # a gather process: numpy only, no torch
+        path, *nums = sys.argv[sys.argv.index("--gather-child") + 1].split(",")
+        gather_child(path, *map(int, nums))
+        return
     args = ap.parse_args()
     variants = args.variants.split(",")
     if args.child:
