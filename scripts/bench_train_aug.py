@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 
 import packer
+from packer.bench.loading import train_step
 from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -74,20 +74,7 @@ def train_rows(
     dev = torch.device("cuda")
     rows: list[dict[str, Any]] = []
     b = a.batch
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, arch)(num_classes=10)
-    model = model.to(dev, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return x
+    step = train_step(arch, 10, dev, weight_decay=5e-5)
 
     # (b) the ceiling: uint8 256² batches already on the GPU, same augmentation
     resident = [

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import packer
 import packer._device_gather as dg
+from packer.bench.loading import train_step
 from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -51,20 +51,10 @@ def main() -> None:
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
     b = 256
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=10).to(dev, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    train = train_step("resnet18", 10, dev)
 
     def step(batch: Any) -> torch.Tensor:
-        x, y = batch[0], batch[1]
-        x = norm(x).contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return x
+        return train(norm(batch[0]), batch[1])
 
     resident = [
         (pack.images[i * b : (i + 1) * b].to(dev), pack.labels[i * b : (i + 1) * b].to(dev))

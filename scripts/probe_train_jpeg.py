@@ -46,6 +46,7 @@ import torch
 import torchvision
 
 import packer
+from packer.bench.loading import train_step
 from packer.bench.synth import make_jpeg_tree
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
@@ -83,10 +84,7 @@ def main() -> None:
     }
     js = packer.PackLoader(jpack, b, device=dev, drop_last=True, image_size=224, train=True)
 
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(num_classes=10).to(dev, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    train = train_step("resnet50", 10, dev, weight_decay=5e-5)
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
     g = torch.Generator().manual_seed(0)
@@ -100,12 +98,7 @@ def main() -> None:
     hp = torch.cuda.Stream(dev, priority=-1)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        x = norm(x).contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train(norm(x), y)
 
     def cycling(make: Callable[[], Iterator[Any]]) -> Callable[[], Any]:
         state = {"it": make(), "restarts": 0}

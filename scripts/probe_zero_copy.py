@@ -10,7 +10,8 @@ process, min of 3 runs each:
 * the CPU gather limit (8 threads np.take into pinned memory) and PackLoader
   (the default threads) at batch 128 / 256 / 1024, as in probe_stream.py;
 * the zero-copy gather: ``torch.index_select`` on a CUDA view of the registered
-  mapping (int64 / complex128 elements) and a Triton copy kernel with 16-byte loads;
+  mapping (int64 / complex128 elements), a Triton copy kernel with a program per
+  (row, block), and packer's own kernel (``packer._rows_triton``, persistent programs);
 * the same zero-copy gather beside a busy GPU (a bf16 matmul loop on another stream).
 
     python scripts/probe_zero_copy.py --pack PACK
@@ -34,6 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from packer._device_gather import _Ptr
+from packer._rows_triton import _copy_rows_kernel
+
 DEV = torch.device("cuda")
 
 
@@ -56,34 +60,14 @@ def _rows_kernel(src, idx, dst, ROW: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(dst + b.to(tl.int64) * ROW + offs, x, mask=m)
 
 
-@triton.jit
-def _rows_persistent(src, idx, dst, nb, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                     CHUNKS: tl.constexpr):  # fmt: skip
-    pid = tl.program_id(0)
-    total = nb * CHUNKS
-    for t in range(pid, total, tl.num_programs(0)):
-        b = t // CHUNKS
-        c = t % CHUNKS
-        r = tl.load(idx + b).to(tl.int64)
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        m = offs < ROW
-        x = tl.load(src + r * ROW + offs, mask=m)
-        tl.store(dst + b.to(tl.int64) * ROW + offs, x, mask=m)
-
-
-def persistent_gather(ptr: int, row_words: int, idx: torch.Tensor, out: torch.Tensor,
-                      programs: int, block: int = 4096, warps: int = 4) -> None:  # fmt: skip
+def persistent_gather(
+    ptr: int, row_words: int, idx: torch.Tensor, out: torch.Tensor,
+    programs: int, block: int = 4096, warps: int = 4,
+) -> None:  # fmt: skip
+    """packer's own row-copy kernel (``_rows_triton``) with ``programs`` programs."""
     chunks = triton.cdiv(row_words, block)
-    _rows_persistent[(programs,)](_Ptr(ptr, torch.int32), idx, out, len(idx), ROW=row_words,
-                                  BLOCK=block, CHUNKS=chunks, num_warps=warps)  # fmt: skip
-
-
-class _Ptr:
-    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
-        self.ptr, self.dtype = ptr, dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
+    _copy_rows_kernel[(programs,)](_Ptr(ptr, torch.int32), idx, out, len(idx), ROW=row_words,
+                                   BLOCK=block, CHUNKS=chunks, num_warps=warps)  # fmt: skip
 
 
 def triton_gather(ptr: int, row_words: int, idx: torch.Tensor, out: torch.Tensor) -> None:

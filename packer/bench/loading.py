@@ -256,6 +256,33 @@ def run_loading(
 # ---------------------------------------------------------------- training
 
 
+def train_step(
+    arch: str, classes: int, device: torch.device, weight_decay: float = 0.0
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``step(x, y)``: one SGD step (lr 0.01, momentum 0.9) of a fresh torchvision
+    ``arch`` (weights seeded 0) in bf16 autocast, channels_last, on float images ``x``;
+    returns ``x`` as the model saw it. The step every training figure times."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(num_classes=classes)
+    model = model.to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=weight_decay)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return x
+
+    return step
+
+
 def run_training(
     cfg: BenchConfig,
     paths: dict[str, Path],
@@ -265,24 +292,10 @@ def run_training(
     tick: Callable[[], None],
 ) -> None:
     import torch
-    import torchvision
 
     g = cfg.grid
     classes = max(2, len([p for p in paths["original"].iterdir() if p.is_dir()]))
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=classes)
-    model = model.to(device, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: Any, y: Any) -> Any:
-        x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return x
+    step = train_step("resnet18", classes, device)
 
     b, side = g.train_batch, g.pack_side
     x0 = torch.randn(b, 3, side, side, device=device)
