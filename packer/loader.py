@@ -109,7 +109,7 @@ class PackLoader:
         (the pack's files are mapped read-only and registered with CUDA, which locks
         them in RAM; a Triton kernel copies the rows; no CPU copy, no pinned buffers):
         1.1-2.5x the streaming rate on an H100, but its copy kernels cost a model
-        beside them 1.5-2.5% (ResNet-18), so it is for loading-bound work (small
+        beside them up to 2.4% (ResNet-18), so it is for loading-bound work (small
         models, inference or embedding passes over a pack). Needs whole pack files
         taking at most half the machine's RAM; otherwise the first batch raises
         UsageError saying why. Same batches either way, bit for bit

@@ -51,10 +51,10 @@ def main() -> None:
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
     b = 256
-    train = train_step("resnet18", 10, dev)
+    model_step = train_step("resnet18", 10, dev)
 
     def step(batch: Any) -> torch.Tensor:
-        return train(norm(batch[0]), batch[1])
+        return model_step(norm(batch[0]), batch[1])
 
     resident = [
         (pack.images[i * b : (i + 1) * b].to(dev), pack.labels[i * b : (i + 1) * b].to(dev))

@@ -84,7 +84,7 @@ def main() -> None:
     }
     js = packer.PackLoader(jpack, b, device=dev, drop_last=True, image_size=224, train=True)
 
-    train = train_step("resnet50", 10, dev, weight_decay=5e-5)
+    model_step = train_step("resnet50", 10, dev, weight_decay=5e-5)
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
     g = torch.Generator().manual_seed(0)
@@ -98,7 +98,7 @@ def main() -> None:
     hp = torch.cuda.Stream(dev, priority=-1)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        train(norm(x), y)
+        model_step(norm(x), y)
 
     def cycling(make: Callable[[], Iterator[Any]]) -> Callable[[], Any]:
         state = {"it": make(), "restarts": 0}
