@@ -369,7 +369,8 @@ def _decode_all(
                 )
             except BrokenProcessPool:
                 raise WorkerDiedError(
-                    "a CPU worker of the GPU build died (killed, or out of memory); "
+                    "a CPU worker or GPU decoder process of the build died (killed, or out "
+                    "of memory); "
                     f"{len(done)} of {len(chunks)} chunks are kept in the work folder: run "
                     "the same command again to resume"
                 ) from None

@@ -4,11 +4,14 @@ Called by :mod:`packer.build` in place of its worker pool's decode; everything e
 (plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
 
     CPU workers read + classify files --GPU-able JPEGs: length + SHA-256-->
+        a GPU decoder process (groups go round ``DECODERS`` of them):
         reader threads read them again (page cache) -> packer.jpeg.decode_batch (nvjpeg)
         -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
+        -> each chunk's rows pwritten into rows.u8 and hashed
     the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
-        workers' decode (packer.decode, as the CPU build), in parallel
-    -> each chunk's rows pwritten into rows.u8, its SHA-256 journaled as the CPU build does
+        workers' decode (packer.decode, as the CPU build), in parallel; their rows go
+        to the decoder with the group
+    -> the build's process journals each chunk's SHA-256 in order, as the CPU build does
 
 The batched decode and resize are :mod:`packer.jpeg`'s, the JPEG-pack reader's own.
 Pixels differ from the CPU path (nvjpeg vs libjpeg without ``draft()``; integer
@@ -23,10 +26,16 @@ import contextlib
 import ctypes
 import functools
 import logging
+import multiprocessing as mp
 import os
+import pickle
 import queue
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -40,9 +49,16 @@ from .format import digest, image_bytes
 log = logging.getLogger(__name__)
 
 GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
-_WRITERS = 4  # threads writing and hashing finished groups (pwrite and SHA-256 free the GIL)
-_READERS = 4  # parent threads rereading and hashing the JPEGs (read and SHA-256 free the GIL)
+# GPU decoder processes on CUDA: off. Measured (docs/BENCHMARKS.md, "Decoder processes"),
+# 2 or 3 of them built no faster than the build's own decoder thread once started, and
+# each takes ~11 s to start. Set it (and PROCESSES_FROM) to try them.
+DECODERS = 0
+PROCESSES_FROM = 100_000  # images from which a build starts them
+_WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256 free the GIL)
+_READERS = 4  # per decoder: threads rereading and hashing the JPEGs (read, SHA-256 free it)
 _READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
+_IN_FLIGHT = 8  # groups sent to one decoder and not yet written
+_LOCAL_FIRST = True  # a decoder thread of the build's process works until the processes start
 
 
 def _read_files(paths: list[str], seen: list[tuple[int, str]]) -> list[torch.Tensor | None]:
@@ -177,6 +193,328 @@ def _write_group(
         release()
 
 
+def _serve(
+    take_item: Callable[[], Any],
+    put: Callable[[tuple[Any, ...]], None],
+    rows_path: str,
+    spec: ResizeSpec,
+    device: torch.device,
+    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
+    stop: threading.Event | None = None,
+) -> None:
+    """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
+    build's process (the CPU stand-in of the tests).
+
+    ``take_item()`` gives the next group, ``(g, group, found)`` (``found``: the CPU
+    workers' verdict per image, :func:`packer.build_workers._read_for_gpu`), or None
+    at the end. Each group's rows go into ``rows_path``; ``put(("done", g, results))``
+    then reports its chunks' results (as the CPU workers' ``_decode_chunk``), from a
+    writer thread, groups in any order. An error is ``put(("error", exc))`` and ends
+    the pipeline. ``cpu_decode(paths)`` starts the CPU build's decode of what the GPU
+    failed on and returns its getter. ``stop`` set: end early (the build failed).
+
+    Stages, each on threads of its own: ``_READERS`` threads reread the JPEGs the
+    workers classified (their length and SHA-256 checked: a file changed since goes to
+    the CPU decode); a decoder thread decodes a group's JPEGs in one nvjpeg batch
+    (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3 groups ahead;
+    this thread crops/resizes a group in one kernel (:func:`packer.jpeg.resize_images`)
+    and starts its copy into a pinned buffer (``2 * _WRITERS + 2``, reused);
+    ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk.
+    """
+    from .jpeg import decode_ahead, resize_images
+
+    row = image_bytes(spec.shape)
+    cuda = device.type == "cuda"
+    writeback = _writeback_fn()
+    failed = threading.Event()
+    try:
+        stream = torch.cuda.Stream(device) if cuda else None
+        fd = os.open(rows_path, os.O_WRONLY)
+    except BaseException as e:
+        put(("error", e))
+        return
+
+    def items() -> Iterator[tuple[Any, Callable[[], Any]]]:
+        while not failed.is_set() and not (stop is not None and stop.is_set()):
+            item = take_item()
+            if item is None:
+                return
+            g, group, found = item
+            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
+            paths = _paths(group)
+            seen = [found[i][1] for i in gpu]  # (length, SHA-256) the workers classified
+            files = readers.submit(_read_files, [paths[i] for i in gpu], seen)
+            yield (g, group, found, gpu), functools.partial(_decode_list, files, device)
+
+    def finish(g: int, written: Future[list[tuple[Any, ...]]]) -> None:
+        if written.cancelled():
+            return
+        e = written.exception()
+        if e is not None:
+            failed.set()
+            put(("error", e))
+        else:
+            put(("done", g, written.result()))
+
+    free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+    made = [0]
+
+    def take(n: int) -> torch.Tensor:
+        """A pinned host buffer of at least ``n`` rows, reused (at most ``2 * _WRITERS +
+        2``): a fresh 50 MB pinned allocation per group costs more than its crop."""
+        buf = None
+        if made[0] < 2 * _WRITERS + 2:
+            with contextlib.suppress(queue.Empty):
+                buf = free.get_nowait()
+        else:
+            buf = free.get()  # all in use: wait for a writer to finish one
+        if buf is not None and len(buf) >= n:
+            return buf
+        if buf is None:
+            made[0] += 1
+        return torch.empty((max(n, GROUP_IMAGES), row), dtype=torch.uint8, pin_memory=cuda)
+
+    readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
+    writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
+    decoded = decode_ahead(items(), device, stream, ahead=3)
+    try:
+        for (g, group, found, gpu), imgs in decoded:
+            ok = [i for i, x in zip(gpu, imgs) if x is not None]
+            retry = [i for i, x in zip(gpu, imgs) if x is None]
+            host = copied = buf = None
+            if ok:
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    rows = resize_images(
+                        [x for x in imgs if x is not None],
+                        (spec.height, spec.width),
+                        mode=spec.mode,
+                    )
+                    buf = take(len(ok))
+                    host = buf[: len(ok)].view(rows.shape)
+                    host.copy_(rows, non_blocking=cuda)
+                    if cuda:
+                        copied = torch.cuda.Event()
+                        copied.record(stream)
+                del rows
+            del imgs
+            paths = _paths(group)
+            redo = cpu_decode([paths[i] for i in retry]) if retry else list
+            at = {i: j for j, i in enumerate(ok)}
+            release = functools.partial(free.put, buf) if buf is not None else lambda: None
+            written = writers.submit(
+                _write_group,
+                fd, row, group, found, at, host, copied, redo, retry, writeback, release,
+            )  # fmt: skip
+            written.add_done_callback(functools.partial(finish, g))
+            if failed.is_set():
+                break
+        writers.shutdown(wait=True)  # every group written and reported
+    except BaseException as e:
+        failed.set()
+        put(("error", e))
+    finally:
+        decoded.close()
+        readers.shutdown(wait=True, cancel_futures=True)
+        writers.shutdown(wait=True, cancel_futures=True)
+        os.close(fd)
+
+
+def _decoder_main(
+    inbox: Connection, outbox: Connection, rows_path: str, spec: ResizeSpec, device: str
+) -> None:
+    """A GPU decoder process (spawned: a clean CUDA start): :func:`_serve` on the groups
+    the build sends, until it sends None. Ends with the build (Linux: the parent's
+    death kills it); Ctrl-C is the build's to handle."""
+    from .build_workers import _decode_paths, _die_with_parent
+
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dev = torch.device(device)
+    lock = threading.Lock()
+
+    def put(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "error":
+            msg = ("error", _picklable(msg[1]))
+        with lock, contextlib.suppress(OSError):
+            outbox.send(msg)
+
+    try:
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+            _warm_up(dev, spec)
+    except BaseException as e:
+        put(("error", e))
+        return
+
+    put(("ready",))
+
+    def take_item() -> Any:
+        try:
+            return inbox.recv()
+        except (EOFError, OSError):  # the build is gone
+            return None
+
+    def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
+        return functools.partial(_decode_paths, paths, spec)  # on the writer thread
+
+    _serve(take_item, put, rows_path, spec, dev, cpu_decode)
+    with lock, contextlib.suppress(OSError):
+        outbox.send(("end",))
+
+
+def _picklable(e: BaseException) -> BaseException:
+    """``e`` if it crosses a pipe intact, else a PackerError with its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return PackerError(f"{type(e).__name__}: {e}")
+
+
+class _Decoders:
+    """The build's GPU decoders: one :func:`_serve` on a thread of this process, which
+    works from the start, and ``n`` spawned processes on ``device``, which take the
+    groups over once they are ready (their start-up: about 11 s on the H100 machine,
+    importing torch and torchvision, CUDA, nvjpeg, the crop kernel); a small build ends
+    before they are, and they are killed. ``local`` False: the processes alone (tests).
+    With ``n`` 0 the thread alone (the CPU stand-in of the tests, which patch this
+    module's functions). Messages from all of them arrive on one queue, ``self.box``:
+    ("done", g, results), ("error", exc), ("died", what), ("ready", k), ("end",)."""
+
+    def __init__(
+        self,
+        n: int,
+        rows_path: str,
+        spec: ResizeSpec,
+        device: torch.device,
+        pool: ProcessPoolExecutor | None,
+        local: bool = True,
+    ) -> None:
+        self.box: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.threads: list[threading.Thread] = []
+        self.sends: list[Callable[[Any], None]] = []
+        self.ready: list[int] = []  # the processes that have started, by index
+        self.stop = threading.Event()
+        if n:
+            self._spawn(n, rows_path, spec, device)
+        self.local = len(self.sends) if local or not n else None  # index of the thread
+        if self.local is None:
+            return
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.sends.append(inbox.put)
+
+        def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
+            return _submit_cpu(pool, paths, spec)
+
+        def run() -> None:
+            if device.type == "cuda":
+                try:
+                    _warm_up(device, spec)
+                except BaseException as e:
+                    self.box.put(("error", e))
+                    return
+            _serve(inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop)
+            self.box.put(("end",))
+
+        t = threading.Thread(target=run, name="imgpack-decoder", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _spawn(self, n: int, rows_path: str, spec: ResizeSpec, device: torch.device) -> None:
+        ctx = mp.get_context("spawn")  # a clean CUDA start, whatever this process holds
+        if device.type == "cuda" and device.index is None:  # this process's current GPU
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+            device = torch.device("cuda", index)
+        for k in range(n):
+            recv_in, send_in = ctx.Pipe(duplex=False)
+            recv_out, send_out = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_decoder_main,
+                args=(recv_in, send_out, rows_path, spec, str(device)),
+                name=f"imgpack-decoder-{k}",
+                daemon=True,
+            )
+            p.start()
+            recv_in.close()
+            send_out.close()
+            self.procs.append(p)
+            self.conns.append(send_in)
+            self.sends.append(send_in.send)
+            t = threading.Thread(
+                target=self._listen, args=(k, recv_out, p), name=f"imgpack-listen-{k}", daemon=True
+            )
+            self.threads.append(t)
+            t.start()
+
+    def _listen(self, k: int, conn: Connection, proc: Any) -> None:
+        """In a thread of this process: one decoder process's messages onto ``box``."""
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    proc.join(timeout=5)
+                    if not self.stop.is_set():
+                        self.box.put(("died", f"{proc.name} (exit code {proc.exitcode})"))
+                    return
+                self.box.put(("ready", k) if msg[0] == "ready" else msg)
+                if msg[0] in ("end", "error"):
+                    return
+        finally:
+            conn.close()
+
+    def working(self) -> int:
+        """How many decoders take groups now."""
+        return len(self.ready) or (1 if self.local is not None else len(self.procs))
+
+    def pick(self, g: int) -> int:
+        """The decoder for group ``g``: round the ready processes; before any is, this
+        process's thread (or, without it, round all the processes)."""
+        if self.ready:
+            return self.ready[g % len(self.ready)]
+        return self.local if self.local is not None else g % len(self.procs)
+
+    def send(self, k: int, item: Any) -> None:
+        try:
+            self.sends[k](item)
+        except OSError:  # a dead process: its listener reports it
+            pass
+
+    def close(self, abort: bool) -> None:
+        """End every decoder: after the work sent (``abort`` False), or now. Processes
+        not yet started are killed either way: nothing was sent to them."""
+        if abort:
+            self.stop.set()
+        for k in range(len(self.sends)):
+            self.send(k, None)
+        late = [p for k, p in enumerate(self.procs) if abort or k not in self.ready]
+        if late:
+            self.stop.set()  # their deaths are not failures
+        for p in late:
+            with contextlib.suppress(Exception):
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        for t in self.threads:
+            t.join()
+
+
+def decoder_count(device: torch.device, images: int) -> int:
+    """How many GPU decoder processes a build of ``images`` on ``device`` starts:
+    ``DECODERS`` on CUDA from ``PROCESSES_FROM`` images on, else 0 (the build's decoder
+    thread alone). A process takes about 11 s to start on the H100 machine, and a
+    build of fewer images is over by then (docs/BENCHMARKS.md)."""
+    return DECODERS if device.type == "cuda" and images >= PROCESSES_FROM else 0
+
+
 def decode_chunks_batched(
     chunks: list[tuple[int, int, list[str]]],
     spec: ResizeSpec,
@@ -190,129 +528,87 @@ def decode_chunks_batched(
     calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
     from one journal thread, as the CPU workers' ``_decode_chunk`` results are recorded
     (None: no worker time split; ``sync`` False for all but the last chunk of a group:
-    one journal fsync per group). ``after_submit()`` runs once the first reads are queued, before the first
-    record (the build writes its plan there, while the workers read).
+    one journal fsync per group). ``after_submit()`` runs once the first reads are
+    queued, before the first record (the build writes its plan there, while the
+    workers read and the decoders start).
 
-    A pipeline, each stage on its own threads, so none waits for another:
+    This thread only hands work along, so no stage waits for another:
 
     * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
       decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
-    * ``_READERS`` threads read the JPEGs again into tensors (the workers send each one's
-      length and SHA-256, not its bytes: unpickling 8 MB per group held this process's
-      GIL longer; a file that changed since goes to the CPU workers);
-    * a decoder thread decodes a group's JPEGs in one nvjpeg batch
-      (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3 groups ahead;
-    * this thread crops/resizes the group in one kernel (:func:`packer.jpeg.resize_images`)
-      and starts its copy into a pinned buffer (``2 * _WRITERS + 2`` of them, reused);
-    * ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk; a journal
-      thread records the chunks in order as their groups complete (one fsync per
-      group), so this thread never waits on the disk.
-
-    In a fresh process CUDA, nvjpeg and the crop kernel start (:func:`_warm_up`) while
-    the workers read the first groups and ``after_submit()`` runs.
+    * the groups go to the GPU decoders (:class:`_Decoders`, each running :func:`_serve`:
+      reread, nvjpeg decode, one crop kernel, pinned copy, pwrite + SHA-256), at most
+      ``_IN_FLIGHT`` groups each: a thread of this process, and, where
+      :func:`decoder_count` says so (off by default), decoder processes that take the
+      groups over once started;
+    * a journal thread records the finished groups' chunks in chunk order (one fsync
+      per group), so this thread never waits on the disk.
     """
-    from .jpeg import decode_ahead, resize_images
-
-    row = image_bytes(spec.shape)
-    cuda = device.type == "cuda"
     per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
+    if not groups:
+        return
     reads: collections.deque[Callable[[], Any]] = collections.deque(
         _submit_read(pool, _paths(g), spec) for g in groups[:_READ_AHEAD]
     )
-    warm = ThreadPoolExecutor(1, thread_name_prefix="imgpack-warm") if cuda else None
-    warmed = warm.submit(_warm_up, device, spec) if warm is not None else None
-    try:
-        after_submit()
-    finally:
-        if warm is not None:  # on an error too: not left running behind it
-            warm.shutdown(wait=True)
-    if warmed is not None:
-        warmed.result()
-    writeback = _writeback_fn()
-    stream = torch.cuda.Stream(device) if cuda else None
-    fd = os.open(rows_path, os.O_WRONLY)
-    writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
+    n = min(decoder_count(device, sum(len(c[2]) for c in chunks)), len(groups))
+    decoders = _Decoders(n, rows_path, spec, device, pool, _LOCAL_FIRST)
+    journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
+    journaled: collections.deque[Future[None]] = collections.deque()
+    done: dict[int, list[tuple[Any, ...]]] = {}
+    state = {"next": 0, "sent": 0}
+    ok = False
 
-    def jobs() -> Iterator[tuple[Any, Callable[[], Any]]]:
-        for g, group in enumerate(groups):
-            get = reads.popleft()
-            if g + _READ_AHEAD < len(groups):
-                reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
-
-            found = get()
-            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
-            paths = _paths(group)
-            seen = [found[i][1] for i in gpu]  # (length, SHA-256) the workers classified
-            files = readers.submit(_read_files, [paths[i] for i in gpu], seen)
-            yield (group, found, gpu), functools.partial(_decode_list, files, device)
-
-    def journal(written: Future[list[tuple[Any, ...]]]) -> None:
+    def journal(recs: list[tuple[Any, ...]]) -> None:
         """In the journal thread, group after group in order: one fsync per group."""
-        recs = written.result()
         for j, rec in enumerate(recs):
             record(rec, sync=j == len(recs) - 1)
 
     def check(block: bool) -> None:
-        """Raise a writer's or the journal's error here; bound the groups in flight."""
+        """Raise the journal's error here; bound the groups waiting for it."""
         while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
             journaled.popleft().result()
 
-    # pinned host buffers for the groups' rows, reused: a fresh 50 MB pinned allocation
-    # per group costs this thread more than the group's crop
-    cap = max(len(_paths(g)) for g in groups) if groups else 0
-    free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
-    made = [0]
+    def handle(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "error":
+            raise msg[1]
+        if msg[0] == "died":
+            raise BrokenProcessPool(f"the GPU decoder {msg[1]} died")
+        if msg[0] == "ready":
+            decoders.ready.append(msg[1])
+        if msg[0] == "done":
+            done[msg[1]] = msg[2]
+            while state["next"] in done:  # the journal in chunk order
+                journaled.append(journaler.submit(journal, done.pop(state["next"])))
+                state["next"] += 1
+        check(block=False)
 
-    def take() -> torch.Tensor:
-        if made[0] < 2 * _WRITERS + 2:
-            with contextlib.suppress(queue.Empty):
-                return free.get_nowait()
-            made[0] += 1
-            return torch.empty((cap, row), dtype=torch.uint8, pin_memory=cuda)
-        return free.get()  # all in use: wait for a writer to finish one
+    def pending() -> int:
+        return state["sent"] - state["next"] - len(done)
 
-    readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
-    journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
-    journaled: collections.deque[Future[None]] = collections.deque()
-    decoded = decode_ahead(jobs(), device, stream, ahead=3)
     try:
-        for (group, found, gpu), imgs in decoded:
-            ok = [i for i, x in zip(gpu, imgs) if x is not None]
-            retry = [i for i, x in zip(gpu, imgs) if x is None]
-            host = copied = buf = None
-            if ok:
-                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                    rows = resize_images(
-                        [x for x in imgs if x is not None],
-                        (spec.height, spec.width),
-                        mode=spec.mode,
-                    )
-                    buf = take()
-                    host = buf[: len(ok)].view(rows.shape)
-                    host.copy_(rows, non_blocking=cuda)
-                    if cuda:
-                        copied = torch.cuda.Event()
-                        copied.record(stream)
-                del rows
-            del imgs
-            paths = _paths(group)
-            redo = _submit_cpu(pool, [paths[i] for i in retry], spec) if retry else list
-            at = {i: j for j, i in enumerate(ok)}
-            release = functools.partial(free.put, buf) if buf is not None else lambda: None
-            written = writers.submit(
-                _write_group,
-                fd, row, group, found, at, host, copied, redo, retry, writeback, release,
-            )  # fmt: skip
-            journaled.append(journaler.submit(journal, written))
-            check(block=False)
+        after_submit()
+        for g, group in enumerate(groups):
+            get = reads.popleft()
+            if g + _READ_AHEAD < len(groups):
+                reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
+            found = get()
+            while pending() >= _IN_FLIGHT * decoders.working():
+                handle(decoders.box.get())
+            decoders.send(decoders.pick(g), (g, group, found))
+            state["sent"] += 1
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    handle(decoders.box.get_nowait())
+        for k in range(len(decoders.sends)):  # no more: each finishes what it holds
+            decoders.send(k, None)
+        while state["next"] < len(groups):
+            handle(decoders.box.get())
         check(block=True)
+        ok = True
     finally:
-        decoded.close()
-        readers.shutdown(wait=True, cancel_futures=True)
-        writers.shutdown(wait=True, cancel_futures=True)
+        decoders.close(abort=not ok)
         journaler.shutdown(wait=True, cancel_futures=True)
-        os.close(fd)
         for get in reads:  # an error: let the reads in flight finish before returning
             with contextlib.suppress(Exception):
                 get()

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
 #                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
 #                             [buildprobe_shm] [rn50probe] [buildworkers] [zerocopy] [gathertrain]
+#                             [buildprocs]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -29,6 +30,7 @@
 # zerocopy scripts/probe_zero_copy.py then probe_stream.py --variants device,cpu: the GPU
 #          reading a 16,000-image 224² pack in place vs the CPU way
 # gathertrain scripts/probe_gather_train.py: what gather="device" costs ResNet-18 beside it
+# buildprocs scripts/probe_build_procs.py: the GPU half of the build in 1-4 decoder processes
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -73,12 +75,14 @@ for w in "${what[@]}"; do
            && { python3 scripts/probe_zero_copy.py --pack $W/p224; python3 scripts/probe_stream.py \
                 --pack $W/p224 --modes fresh,churn,fresh --variants device,cpu; } > "$OUT/zerocopy.txt" 2>&1 ;;
     gathertrain) python3 scripts/probe_gather_train.py --work $W > "$OUT/gathertrain.txt" 2>&1 ;;
+    buildprocs) python3 scripts/probe_build_procs.py --work $W/procs > "$OUT/buildprocs.txt" 2>&1; \
+                rm -rf /dev/shm/imgpack-procs ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers zerocopy gathertrain)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers zerocopy gathertrain buildprocs)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do
