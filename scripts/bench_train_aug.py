@@ -31,14 +31,13 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import packer
-from packer.bench.loading import train_step
+from packer.bench.loading import resident_batches, train_step
 from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -77,16 +76,7 @@ def train_rows(
     step = train_step(arch, 10, dev, weight_decay=5e-5)
 
     # (b) the ceiling: uint8 256² batches already on the GPU, same augmentation
-    resident = [
-        (pack.images[i * b : (i + 1) * b].to(dev), pack.labels[i * b : (i + 1) * b].to(dev))
-        for i in range(min(8, len(pack) // b))
-    ]
-    g = torch.Generator().manual_seed(0)
-
-    def on_gpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            for x, y in resident:
-                yield aug(x, generator=g), y
+    on_gpu = resident_batches(pack, b, dev, aug)
 
     ways: list[tuple[str, Any, Any, int]] = [("(b) on GPU + RRC/flip", on_gpu, None, 5)]
     loader = packer.PackLoader(pack, b, device=dev, drop_last=True, transform=aug)

@@ -17,7 +17,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import packer
 import packer._device_gather as dg
-from packer.bench.loading import train_step
+from packer.bench.loading import resident_batches, train_step
 from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -56,16 +55,7 @@ def main() -> None:
     def step(batch: Any) -> torch.Tensor:
         return model_step(norm(batch[0]), batch[1])
 
-    resident = [
-        (pack.images[i * b : (i + 1) * b].to(dev), pack.labels[i * b : (i + 1) * b].to(dev))
-        for i in range(min(8, len(pack) // b))
-    ]
-    g = torch.Generator().manual_seed(0)
-
-    def on_gpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            for x, y in resident:
-                yield aug(x, generator=g), y
+    on_gpu = resident_batches(pack, b, dev, aug)
 
     ways: dict[str, tuple[str, int]] = {
         "cpu": ("cpu", 16),

@@ -283,6 +283,29 @@ def train_step(
     return step
 
 
+def resident_batches(
+    pack: Any, batch: int, device: torch.device, aug: Callable[..., Any], count: int = 8
+) -> Callable[[], Iterator[tuple[Any, Any]]]:
+    """The ceiling's batches: the pack's first ``count`` batches of ``batch`` (uint8
+    images, labels) already on ``device``; returns a function giving an endless
+    iterator over them, each image batch through ``aug`` (its generator seeded 0)."""
+    import torch
+
+    resident = [
+        (pack.images[i * batch : (i + 1) * batch].to(device),
+         pack.labels[i * batch : (i + 1) * batch].to(device))
+        for i in range(min(count, len(pack) // batch))
+    ]  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+
+    def on_gpu() -> Iterator[tuple[Any, Any]]:
+        while True:
+            for x, y in resident:
+                yield aug(x, generator=g), y
+
+    return on_gpu
+
+
 def run_training(
     cfg: BenchConfig,
     paths: dict[str, Path],
