@@ -62,7 +62,6 @@ from .build_workers import (
 from .build_workers import TEST_DEATH_ENV as TEST_DEATH_ENV
 from .build_workers import _close_work_dir_fds as _close_work_dir_fds
 from .build_workers import _decode_paths as _decode_paths
-from .build_workers import _read_for_gpu as _read_for_gpu
 from .decode import (
     ResizeSpec,
 )

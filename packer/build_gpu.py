@@ -1,16 +1,17 @@
 """``imgpack build --device cuda``: JPEGs decoded and resized on the GPU in batches.
 
 Called by :mod:`packer.build` in place of its worker pool's decode; everything else
-(plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks:
+(plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks, in a
+GPU decoder (:func:`_serve`):
 
-    CPU workers read + classify files --GPU-able JPEGs: length + SHA-256-->
-        a GPU decoder process (groups go round ``DECODERS`` of them):
-        reader threads read them again (page cache) -> packer.jpeg.decode_batch (nvjpeg)
-        -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
-        -> each chunk's rows pwritten into rows.u8 and hashed
-    the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, corrupt) -> the CPU
-        workers' decode (packer.decode, as the CPU build), in parallel; their rows go
-        to the decoder with the group
+    reader threads read each file once and classify it from its header bytes
+    (packer.decode.plain_jpeg_size, no Pillow)
+      -> the JPEGs the GPU takes: packer.jpeg.decode_batch (nvjpeg), one batch
+         -> packer.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
+      -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
+         JPEG nvjpeg refuses: the CPU workers' decode (packer.decode, as the CPU
+         build), started at once, in parallel
+    -> each chunk's rows pwritten into rows.u8 and hashed
     -> the build's process journals each chunk's SHA-256 in order, as the CPU build does
 
 The batched decode and resize are :mod:`packer.jpeg`'s, the JPEG-pack reader's own.
@@ -36,13 +37,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .build_workers import _writeback_fn
-from .decode import ResizeSpec, open_regular
+from .decode import ResizeSpec, open_regular, plain_jpeg_size
 from .errors import DecodeError, PackerError
 from .format import digest, image_bytes
 
@@ -55,51 +56,81 @@ GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU b
 DECODERS = 0
 PROCESSES_FROM = 100_000  # images from which a build starts them
 _WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256 free the GIL)
-_READERS = 4  # per decoder: threads rereading and hashing the JPEGs (read, SHA-256 free it)
-_READ_AHEAD = 6  # groups being read and classified by the CPU workers ahead of the decode
+_READERS = 4  # per decoder: threads reading and classifying the files (read frees the GIL)
+_READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahead of it
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 _LOCAL_FIRST = True  # a decoder thread of the build's process works until the processes start
 
 
-def _read_files(paths: list[str], seen: list[tuple[int, str]]) -> list[torch.Tensor | None]:
-    """In a reader thread: each JPEG the workers classified, read again (from the page
-    cache) into a uint8 tensor of its own; None where it is no longer the file they saw
-    (``seen``: its length and SHA-256; changed, gone): the CPU path then decides."""
-    out: list[torch.Tensor | None] = []
-    for p, (n, sha) in zip(paths, seen):
-        buf = bytearray(max(n, 4))
-        try:
-            with open_regular(p) as f:
-                ok = f.readinto(buf) == n and not f.read(1)  # the whole file, no more
-        except (DecodeError, OSError):
-            ok = False
-        ok = ok and n >= 4 and buf[-2:] == b"\xff\xd9" and digest(buf) == sha
-        out.append(torch.frombuffer(buf, dtype=torch.uint8) if ok else None)
-    return out
+class _Read(NamedTuple):
+    """A group's files as a reader thread left them (positions in the group)."""
+
+    gpu: list[int]  # the JPEGs for the GPU,
+    datas: list[torch.Tensor]  # their bytes (uint8),
+    sizes: list[tuple[int, int]]  # their (w, h);
+    cpu: list[int]  # the rest, for the CPU build's decode,
+    decoded: Callable[[], list[tuple[bytes | None, Any]]]  # its results' getter
+
+
+def _read_whole(path: str) -> bytearray | None:
+    """A regular file's bytes, or None where it cannot be read whole (gone, special,
+    unreadable, changing size): the CPU build's decode then names the reason."""
+    try:
+        with open_regular(path) as f:
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            if f.readinto(buf) == len(buf) and not f.read(1):
+                return buf
+    except (DecodeError, OSError):
+        pass
+    return None
+
+
+def _read_group(
+    paths: list[str],
+    max_pixels: int,
+    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
+) -> _Read:
+    """In a reader thread: each file read once and classified from those bytes (what
+    the GPU decodes is what was classified: no second read, no race). The JPEGs the
+    GPU takes as they are (:func:`packer.decode.plain_jpeg_size`) go to the decoder;
+    the CPU build's decode of the rest (``cpu_decode``: on the CPU workers) starts now,
+    so it runs beside the GPU's."""
+    gpu: list[int] = []
+    datas: list[torch.Tensor] = []
+    sizes: list[tuple[int, int]] = []
+    cpu: list[int] = []
+    for i, p in enumerate(paths):
+        data = _read_whole(p)
+        size = None if data is None else plain_jpeg_size(data, max_pixels)
+        if size is None or data is None:
+            cpu.append(i)
+            continue
+        gpu.append(i)
+        datas.append(torch.frombuffer(data, dtype=torch.uint8))
+        sizes.append(size)
+    decoded = cpu_decode([paths[i] for i in cpu]) if cpu else list
+    return _Read(gpu, datas, sizes, cpu, decoded)
 
 
 def _decode_list(
-    datas: Future[list[torch.Tensor | None]], device: torch.device
-) -> list[torch.Tensor | None]:
-    """In the decoder thread: the JPEGs ``datas`` reads, decoded in one batch; per image
-    the image, or None for one that fails to read or decode (the CPU path then decides,
-    and names the reason)."""
+    read: Future[_Read], device: torch.device
+) -> tuple[_Read, list[torch.Tensor | None]]:
+    """In the decoder thread: a group's JPEGs (``read``) decoded in one batch; per JPEG
+    the image, or None for one that fails to decode (the CPU path then decides, and
+    names the reason)."""
     from .jpeg import decode_batch
 
-    files = datas.result()
-    imgs: list[torch.Tensor | None] = [None] * len(files)
-    have = [i for i, d in enumerate(files) if d is not None]
-    tensors = [files[i] for i in have]
-    if not tensors:
-        return imgs
+    r = read.result()
+    imgs: list[torch.Tensor | None] = [None] * len(r.datas)
+    if not r.datas:
+        return r, imgs
     try:
-        for i, img in zip(have, decode_batch(tensors, device, ends_checked=True)):
-            imgs[i] = img
+        imgs = list(decode_batch(r.datas, device, ends_checked=True))
     except PackerError:
-        for i, t in zip(have, tensors):
+        for i, t in enumerate(r.datas):
             with contextlib.suppress(PackerError):
                 imgs[i] = decode_batch([t], device, ends_checked=True)[0]
-    return imgs
+    return r, imgs
 
 
 def _warm_up(device: torch.device, spec: ResizeSpec) -> None:
@@ -122,12 +153,11 @@ def _write_group(
     fd: int,
     row: int,
     group: list[tuple[int, int, list[str]]],
-    found: list[tuple[str, Any, Any]],
     at: dict[int, int],
+    sizes: dict[int, tuple[int, int]],
     host: torch.Tensor | None,
     copied: Any,
-    redo: Callable[[], list[tuple[bytes | None, Any]]],
-    retry: list[int],
+    cpu: list[tuple[list[int], Callable[[], list[tuple[bytes | None, Any]]]]],
     writeback: Any,
     release: Callable[[], None] = lambda: None,
 ) -> list[tuple[Any, ...]]:
@@ -135,22 +165,23 @@ def _write_group(
     returns the chunks' results in order (as the CPU workers' ``_decode_chunk``).
 
     ``at``: position in the group -> row of ``host`` (the GPU's rows, pinned, valid once
-    ``copied`` has completed); other positions are the workers' rows or skips in
-    ``found``, or (``retry``) the CPU decode of what failed on the GPU (``redo()``).
-    A chunk made only of GPU rows is written straight from ``host``. ``release()``
-    hands ``host`` back for reuse once it is written (or the write failed).
+    ``copied`` has completed), with the source's (w, h) in ``sizes``. Every other
+    position is in one of ``cpu``'s (positions, getter) pairs: the CPU build's decode,
+    (row bytes, (w, h)) or (None, reason: a skip). A chunk made only of GPU rows is
+    written straight from ``host``. ``release()`` hands ``host`` back for reuse once it
+    is written (or the write failed).
     """
     try:
         if copied is not None:
             copied.synchronize()
         arr = host.numpy().reshape(len(host), row) if host is not None else None
-        again = dict(zip(retry, redo())) if retry else {}
+        other = {i: res for where, get in cpu for i, res in zip(where, get())}
         out = []
         k = 0
         for chunk, start, cpaths in group:
             n = len(cpaths)
             skips: list[list[Any]] = []
-            sizes: list[list[int]] = []
+            wh: list[list[int]] = []
             first = at.get(k)
             if (
                 arr is not None
@@ -158,27 +189,21 @@ def _write_group(
                 and all(at.get(k + j) == first + j for j in range(n))
             ):
                 mv = memoryview(arr[first : first + n]).cast("B")
-                sizes = [[int(found[k + j][2][0]), int(found[k + j][2][1])] for j in range(n)]
+                wh = [list(sizes[k + j]) for j in range(n)]
             else:
                 buf = np.zeros((n, row), dtype=np.uint8)
                 for j in range(n):
                     i = k + j
                     if i in at and arr is not None:  # decoded on the GPU
-                        buf[j], info = arr[at[i]], found[i][2]
-                    elif i in again:  # failed there: the CPU workers' decode decided
-                        data, info = again[i]
-                        if data is None:
+                        buf[j], info = arr[at[i]], sizes[i]
+                    else:  # the CPU build's decode decided
+                        data, info = other[i]
+                        if data is None:  # unreadable or broken, with its reason
                             skips.append([start + j, info])
-                            sizes.append([0, 0])
+                            wh.append([0, 0])
                             continue
                         buf[j] = np.frombuffer(data, dtype=np.uint8)
-                    elif found[i][0] == "row":  # decoded by a CPU worker (not for the GPU)
-                        buf[j], info = np.frombuffer(found[i][1], dtype=np.uint8), found[i][2]
-                    else:  # "skip": unreadable or broken, with its reason
-                        skips.append([start + j, found[i][1]])
-                        sizes.append([0, 0])
-                        continue
-                    sizes.append([int(info[0]), int(info[1])])
+                    wh.append([int(info[0]), int(info[1])])
                 mv = memoryview(buf).cast("B")
             done = 0
             while done < len(mv):
@@ -186,7 +211,7 @@ def _write_group(
             sha = digest(mv)
             if writeback is not None:  # start writing it to disk now: a short final fsync
                 writeback(fd, ctypes.c_int64(start * row), ctypes.c_int64(len(mv)), 2)
-            out.append((chunk, skips, sizes, sha, None))
+            out.append((chunk, skips, wh, sha, None))
             k += n
         return out
     finally:
@@ -194,7 +219,7 @@ def _write_group(
 
 
 def _serve(
-    take_item: Callable[[], Any],
+    take_item: Callable[[bool], Any],
     put: Callable[[tuple[Any, ...]], None],
     rows_path: str,
     spec: ResizeSpec,
@@ -205,21 +230,21 @@ def _serve(
     """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
     build's process (the CPU stand-in of the tests).
 
-    ``take_item()`` gives the next group, ``(g, group, found)`` (``found``: the CPU
-    workers' verdict per image, :func:`packer.build_workers._read_for_gpu`), or None
-    at the end. Each group's rows go into ``rows_path``; ``put(("done", g, results))``
-    then reports its chunks' results (as the CPU workers' ``_decode_chunk``), from a
-    writer thread, groups in any order. An error is ``put(("error", exc))`` and ends
-    the pipeline. ``cpu_decode(paths)`` starts the CPU build's decode of what the GPU
-    failed on and returns its getter. ``stop`` set: end early (the build failed).
+    ``take_item(block)`` gives the next group, ``(g, group)``, or None at the end
+    (``block`` False: raises queue.Empty where none has arrived yet). Each
+    group's rows go into ``rows_path``; ``put(("done", g, results))`` then reports its
+    chunks' results (as the CPU workers' ``_decode_chunk``), from a writer thread,
+    groups in any order. An error is ``put(("error", exc))`` and ends the pipeline.
+    ``cpu_decode(paths)`` starts the CPU build's decode of what the GPU does not take
+    and returns its getter. ``stop`` set: end early (the build failed).
 
-    Stages, each on threads of its own: ``_READERS`` threads reread the JPEGs the
-    workers classified (their length and SHA-256 checked: a file changed since goes to
-    the CPU decode); a decoder thread decodes a group's JPEGs in one nvjpeg batch
-    (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3 groups ahead;
-    this thread crops/resizes a group in one kernel (:func:`packer.jpeg.resize_images`)
-    and starts its copy into a pinned buffer (``2 * _WRITERS + 2``, reused);
-    ``_WRITERS`` threads wait for the copy, then pwrite and hash each chunk.
+    Stages, each on threads of its own: ``_READERS`` threads read and classify a
+    group's files (:func:`_read_group`); a decoder thread decodes a group's JPEGs in
+    one nvjpeg batch (:func:`packer.jpeg.decode_ahead`, the JPEG-pack reader's own), 3
+    groups ahead; this thread crops/resizes a group in one kernel
+    (:func:`packer.jpeg.resize_images`) and starts its copy into a pinned buffer
+    (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
+    decodes, then pwrite and hash each chunk.
     """
     from .jpeg import decode_ahead, resize_images
 
@@ -235,16 +260,27 @@ def _serve(
         return
 
     def items() -> Iterator[tuple[Any, Callable[[], Any]]]:
+        """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
+        ahead (as many as have arrived): the reads and the CPU decodes they start run
+        beside the GPU's work."""
+        reads: collections.deque[tuple[Any, Future[_Read]]] = collections.deque()
+        more = True
         while not failed.is_set() and not (stop is not None and stop.is_set()):
-            item = take_item()
-            if item is None:
+            while more and len(reads) < _READ_AHEAD:
+                try:
+                    item = take_item(not reads)  # wait only when nothing is read
+                except queue.Empty:
+                    break
+                if item is None:
+                    more = False
+                    break
+                g, group = item
+                read = readers.submit(_read_group, _paths(group), spec.max_pixels, cpu_decode)
+                reads.append(((g, group), read))
+            if not reads:
                 return
-            g, group, found = item
-            gpu = [i for i, f in enumerate(found) if f[0] == "jpeg"]  # checked by the workers
-            paths = _paths(group)
-            seen = [found[i][1] for i in gpu]  # (length, SHA-256) the workers classified
-            files = readers.submit(_read_files, [paths[i] for i in gpu], seen)
-            yield (g, group, found, gpu), functools.partial(_decode_list, files, device)
+            key, read = reads.popleft()
+            yield key, functools.partial(_decode_list, read, device)
 
     def finish(g: int, written: Future[list[tuple[Any, ...]]]) -> None:
         if written.cancelled():
@@ -278,9 +314,9 @@ def _serve(
     writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
     decoded = decode_ahead(items(), device, stream, ahead=3)
     try:
-        for (g, group, found, gpu), imgs in decoded:
-            ok = [i for i, x in zip(gpu, imgs) if x is not None]
-            retry = [i for i, x in zip(gpu, imgs) if x is None]
+        for (g, group), (read, imgs) in decoded:
+            ok = [i for i, x in zip(read.gpu, imgs) if x is not None]
+            retry = [i for i, x in zip(read.gpu, imgs) if x is None]
             host = copied = buf = None
             if ok:
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
@@ -297,13 +333,16 @@ def _serve(
                         copied.record(stream)
                 del rows
             del imgs
-            paths = _paths(group)
-            redo = cpu_decode([paths[i] for i in retry]) if retry else list
+            cpu = [(read.cpu, read.decoded)]
+            if retry:  # JPEGs nvjpeg refused: the CPU build's decode, which names why
+                paths = _paths(group)
+                cpu.append((retry, cpu_decode([paths[i] for i in retry])))
             at = {i: j for j, i in enumerate(ok)}
             release = functools.partial(free.put, buf) if buf is not None else lambda: None
             written = writers.submit(
                 _write_group,
-                fd, row, group, found, at, host, copied, redo, retry, writeback, release,
+                fd, row, group, at, dict(zip(read.gpu, read.sizes)), host, copied, cpu,
+                writeback, release,
             )  # fmt: skip
             written.add_done_callback(functools.partial(finish, g))
             if failed.is_set():
@@ -349,8 +388,10 @@ def _decoder_main(
 
     put(("ready",))
 
-    def take_item() -> Any:
+    def take_item(block: bool) -> Any:
         try:
+            if not block and not inbox.poll():
+                raise queue.Empty
             return inbox.recv()
         except (EOFError, OSError):  # the build is gone
             return None
@@ -528,19 +569,18 @@ def decode_chunks_batched(
     calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
     from one journal thread, as the CPU workers' ``_decode_chunk`` results are recorded
     (None: no worker time split; ``sync`` False for all but the last chunk of a group:
-    one journal fsync per group). ``after_submit()`` runs once the first reads are
-    queued, before the first record (the build writes its plan there, while the
-    workers read and the decoders start).
+    one journal fsync per group). ``after_submit()`` runs once the first groups are
+    sent, before the first record (the build writes its plan there, while the decoders
+    read). ``pool``: the CPU workers, for what the GPU does not take (None: in this
+    process).
 
     This thread only hands work along, so no stage waits for another:
 
-    * the CPU workers read every file and classify it (``build_workers._read_for_gpu``),
-      decoding themselves what the GPU cannot take, ``_READ_AHEAD`` groups ahead;
     * the groups go to the GPU decoders (:class:`_Decoders`, each running :func:`_serve`:
-      reread, nvjpeg decode, one crop kernel, pinned copy, pwrite + SHA-256), at most
-      ``_IN_FLIGHT`` groups each: a thread of this process, and, where
-      :func:`decoder_count` says so (off by default), decoder processes that take the
-      groups over once started;
+      read and classify, nvjpeg decode, one crop kernel, pinned copy, the CPU workers'
+      decode of the rest, pwrite + SHA-256), at most ``_IN_FLIGHT`` groups each: a
+      thread of this process, and, where :func:`decoder_count` says so (off by
+      default), decoder processes that take the groups over once started;
     * a journal thread records the finished groups' chunks in chunk order (one fsync
       per group), so this thread never waits on the disk.
     """
@@ -548,26 +588,37 @@ def decode_chunks_batched(
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
     if not groups:
         return
-    reads: collections.deque[Callable[[], Any]] = collections.deque(
-        _submit_read(pool, _paths(g), spec) for g in groups[:_READ_AHEAD]
-    )
     n = min(decoder_count(device, sum(len(c[2]) for c in chunks)), len(groups))
     decoders = _Decoders(n, rows_path, spec, device, pool, _LOCAL_FIRST)
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
     done: dict[int, list[tuple[Any, ...]]] = {}
-    state = {"next": 0, "sent": 0}
+    state = {"next": 0, "sent": 0, "torn": False}
     ok = False
 
     def journal(recs: list[tuple[Any, ...]]) -> None:
-        """In the journal thread, group after group in order: one fsync per group."""
-        for j, rec in enumerate(recs):
-            record(rec, sync=j == len(recs) - 1)
+        """In the journal thread, group after group in order: one fsync per group. After
+        a failed record, none: a line after a torn one would not be read."""
+        if state["torn"]:
+            return
+        try:
+            for j, rec in enumerate(recs):
+                record(rec, sync=j == len(recs) - 1)
+        except BaseException:
+            state["torn"] = True
+            raise
 
     def check(block: bool) -> None:
         """Raise the journal's error here; bound the groups waiting for it."""
         while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
             journaled.popleft().result()
+
+    def take(msg: tuple[Any, ...]) -> None:
+        """A finished group: journal it and the ones after it, in chunk order."""
+        done[msg[1]] = msg[2]
+        while state["next"] in done:
+            journaled.append(journaler.submit(journal, done.pop(state["next"])))
+            state["next"] += 1
 
     def handle(msg: tuple[Any, ...]) -> None:
         if msg[0] == "error":
@@ -577,26 +628,20 @@ def decode_chunks_batched(
         if msg[0] == "ready":
             decoders.ready.append(msg[1])
         if msg[0] == "done":
-            done[msg[1]] = msg[2]
-            while state["next"] in done:  # the journal in chunk order
-                journaled.append(journaler.submit(journal, done.pop(state["next"])))
-                state["next"] += 1
+            take(msg)
         check(block=False)
 
     def pending() -> int:
         return state["sent"] - state["next"] - len(done)
 
     try:
-        after_submit()
         for g, group in enumerate(groups):
-            get = reads.popleft()
-            if g + _READ_AHEAD < len(groups):
-                reads.append(_submit_read(pool, _paths(groups[g + _READ_AHEAD]), spec))
-            found = get()
             while pending() >= _IN_FLIGHT * decoders.working():
                 handle(decoders.box.get())
-            decoders.send(decoders.pick(g), (g, group, found))
+            decoders.send(decoders.pick(g), (g, group))
             state["sent"] += 1
+            if g == 0:
+                after_submit()
             with contextlib.suppress(queue.Empty):
                 while True:
                     handle(decoders.box.get_nowait())
@@ -607,11 +652,14 @@ def decode_chunks_batched(
         check(block=True)
         ok = True
     finally:
-        decoders.close(abort=not ok)
-        journaler.shutdown(wait=True, cancel_futures=True)
-        for get in reads:  # an error: let the reads in flight finish before returning
-            with contextlib.suppress(Exception):
-                get()
+        decoders.close(abort=not ok)  # waits for the writes in flight
+        if not ok:  # keep what was written: journal the finished groups still in order
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    msg = decoders.box.get_nowait()
+                    if msg[0] == "done":
+                        take(msg)
+        journaler.shutdown(wait=True)
 
 
 def _paths(group: list[tuple[int, int, list[str]]]) -> list[str]:
@@ -626,15 +674,6 @@ def _spread(pool: ProcessPoolExecutor | None, fn: Any, paths: list[str], spec: R
     step = max(1, -(-len(paths) // 16))
     futs = [pool.submit(fn, paths[i : i + step], spec) for i in range(0, len(paths), step)]
     return lambda: [r for f in futs for r in f.result()]
-
-
-def _submit_read(
-    pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
-) -> Callable[[], list[tuple[str, Any, Any]]]:
-    """Start reading/classifying ``paths`` on the CPU workers; return a getter."""
-    from .build_workers import _read_for_gpu  # the workers import no torch
-
-    return _spread(pool, _read_for_gpu, paths, spec)
 
 
 def _submit_cpu(

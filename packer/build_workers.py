@@ -3,15 +3,14 @@
 :func:`_worker_init` sets up a worker (its open rows file, resize spec, store);
 :func:`_decode_chunk` decodes a chunk and pwrites it into the preallocated data file,
 :func:`_encode_chunk` (``--store jpeg``) writes a chunk's JPEG bytes to its own file under
-``chunks/``; both return the chunk's SHA-256. :func:`_decode_paths` and
-:func:`_read_for_gpu` serve the GPU build's CPU side. No torch here: workers stay light.
+``chunks/``; both return the chunk's SHA-256. :func:`_decode_paths` is the GPU build's CPU
+side (what the GPU does not take). No torch here: workers stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import os
 import signal
 import sys
@@ -27,11 +26,7 @@ from .decode import (
     ResizeSpec,
     decode_into,
     jpeg_for_pack,
-    jpeg_frame,
     load_resized,
-    open_image,
-    open_regular,
-    plain_jpeg,
     store_into,
 )
 from .errors import (
@@ -323,54 +318,6 @@ def _decode_paths(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None
             out.append((buf.tobytes(), size))
         except DecodeError as e:
             out.append((None, str(e)))
-    return out
-
-
-def _gpu_jpeg(data: bytes, path: str, max_pixels: int) -> tuple[int, int] | None:
-    """(w, h) if ``data`` is a JPEG the GPU decodes as the CPU path would see it
-    (baseline/progressive 8-bit, YCbCr or grey, no EXIF rotation, ending with its EOI
-    marker), else None. CMYK fails in nvjpeg; a truncated file decodes there without
-    an error (scripts/check_nvjpeg.py, H100, torchvision 0.26)."""
-    frame = jpeg_frame(data)
-    if frame is None:  # not a JPEG: no need to open it here
-        return None
-    try:
-        with open_image(io.BytesIO(data), path) as im:
-            ok = im.size[0] * im.size[1] <= max_pixels and plain_jpeg(
-                data, frame, im.mode, im.getexif().get(0x0112, 1)
-            )
-            return im.size if ok else None
-    except Exception:  # anything odd: the CPU path decides, and names the reason
-        return None
-
-
-def _read_for_gpu(paths: list[str], spec: ResizeSpec) -> list[tuple[str, Any, Any]]:
-    """--device cuda, in a CPU worker: per path ("jpeg", (length, SHA-256), (w, h)) for the GPU
-    (the parent reads the file again: a JPEG's bytes through the pool's result pipe
-    would cost the parent more than the read), else the CPU build's own decode:
-    ("row", row bytes, upright (w, h)) or ("skip", reason, None)."""
-    out: list[tuple[str, Any, Any]] = []
-    buf = np.empty(spec.shape, dtype=np.uint8)
-    for p in paths:
-        try:
-            with open_regular(p) as f:
-                data = f.read()
-        except DecodeError as e:
-            out.append(("skip", str(e), None))
-            continue
-        except OSError as e:
-            out.append(("skip", f"cannot read: {e.strerror}", None))
-            continue
-        size = _gpu_jpeg(data, p, spec.max_pixels)
-        if size is not None:
-            out.append(("jpeg", (len(data), digest(data)), size))
-            continue
-        try:
-            size = decode_into(p, spec, buf)
-        except DecodeError as e:
-            out.append(("skip", str(e), None))
-            continue
-        out.append(("row", buf.tobytes(), size))
     return out
 
 

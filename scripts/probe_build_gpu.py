@@ -3,12 +3,13 @@
 On the set ``b`` of ``scripts/bench_build.py`` (16,000 JPEGs 500x375 -> 256²), in one
 process, CUDA and the kernels warmed off the clock:
 
-* each stage alone, as fast as it goes: the CPU workers' read + classify
-  (``_read_for_gpu``, 16 processes), the batched nvjpeg decode, decode + crop + pinned
+* each stage alone, as fast as it goes: the readers' read + classify (``_read_group``,
+  4 threads; until round 8 this was the CPU workers' ``_read_for_gpu``, 16 processes,
+  with Pillow and SHA-256), the batched nvjpeg decode, decode + crop + pinned
   copy (``decode_ahead`` + ``resize_images``), the writers (pwrite + SHA-256 +
   writeback of 256-image groups, 4 threads, final fsync), the disk alone;
 * the whole build (library call, warm process), with timers wrapped around its stages:
-  the main thread's waits (reads, decode), its own work, the decoder thread's and the
+  the main thread's waits (decode), its own work, the decoder thread's and the
   writers' busy time, and the rate after the first 10% of the groups (steady state);
 * the 16-process Pillow ceiling of ``bench_build.py`` and the CPU build, same run.
 
@@ -27,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,21 +65,18 @@ class Clock:
         return timed
 
 
-def stage_read(files: list[str], spec, procs: int) -> float:
-    from packer.build_workers import _read_for_gpu
+def stage_read(files: list[str], spec, threads: int = 4) -> float:
+    """The decoder's readers alone: each file read once and classified from its bytes
+    (``packer.build_gpu._read_group``), groups of 256 on ``threads`` threads."""
+    from packer.build_gpu import _read_group
 
     groups = [files[i : i + GROUP] for i in range(0, len(files), GROUP)]
-    with ProcessPoolExecutor(procs) as pool:
-        list(pool.map(_read_for_gpu, [g[:2] for g in groups[:procs]], [spec] * procs))
+    with ThreadPoolExecutor(threads) as pool:
         t = time.perf_counter()
-        futs = []
-        for g in groups:
-            step = -(-len(g) // 16)
-            futs += [
-                pool.submit(_read_for_gpu, g[i : i + step], spec) for i in range(0, len(g), step)
-            ]
-        n = sum(len(f.result()) for f in futs)
-        return n / (time.perf_counter() - t)
+        reads = list(pool.map(lambda g: _read_group(g, spec.max_pixels, None), groups))
+        dt = time.perf_counter() - t
+    assert not any(r.cpu for r in reads), "a file of the set was not for the GPU"
+    return len(files) / dt
 
 
 def stage_decode(datas: list, device) -> float:
@@ -215,19 +213,14 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
 
     clock = Clock()
     saved = {
-        (bg, "_submit_read"): bg._submit_read,
         (bg, "_decode_list"): bg._decode_list,
-        (bg, "_read_files"): bg._read_files,
+        (bg, "_read_group"): bg._read_group,
         (bg, "_write_group"): bg._write_group,
         (bg, "digest"): bg.digest,
         (bg, "decode_chunks_batched"): bg.decode_chunks_batched,
         (pj, "decode_ahead"): pj.decode_ahead,
         (pj, "resize_images"): pj.resize_images,
     }
-
-    def submit_read(*a, **k):
-        get = saved[(bg, "_submit_read")](*a, **k)
-        return clock.wrap("main: wait for reads", get)
 
     def decode_ahead(*a, **k):
         it = saved[(pj, "decode_ahead")](*a, **k)
@@ -249,10 +242,9 @@ def instrumented_build(src: Path, dst: Path, side: int, workers: int) -> dict:
         clock.marks.append(time.perf_counter())
         return out
 
-    bg._submit_read = submit_read
     bg._decode_list = clock.wrap("decoder: busy", saved[(bg, "_decode_list")])
     bg._write_group = write_group
-    bg._read_files = clock.wrap("readers: busy", saved[(bg, "_read_files")])
+    bg._read_group = clock.wrap("readers: busy", saved[(bg, "_read_group")])
     bg.digest = clock.wrap("writers: sha256", saved[(bg, "digest")])
     bg.decode_chunks_batched = clock.wrap("main: total", saved[(bg, "decode_chunks_batched")])
     pj.decode_ahead = decode_ahead
@@ -311,6 +303,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=16000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-gpu/build"))
+    ap.add_argument("--quick", action="store_true", help="no start-up probe, no fresh builds")
     args = ap.parse_args()
     import torch
 
@@ -330,10 +323,11 @@ def main() -> None:
         res[name] = v
         print(f"{name}: {v}", flush=True)
 
-    show("startup_fresh_0", startup())
-    show("startup_fresh_1", startup())
+    if not args.quick:
+        show("startup_fresh_0", startup())
+        show("startup_fresh_1", startup())
     show("ceiling_16proc", ceiling(files, cores, side))
-    show("read_classify_16proc", stage_read(files, spec, cores))
+    show("read_classify_4threads", stage_read(files, spec))
     show("decode_only", stage_decode(datas, device))
     show("decode_crop_pinned", stage_gpu(datas, device, side))
     show("write_4threads", stage_write(args.work, len(files), side))
@@ -345,11 +339,10 @@ def main() -> None:
     show("build_gpu_warm_2", plain_build(src, dst, side, cores, "cuda"))
     show("build_gpu_warm_6writers", plain_build(src, dst, side, cores, "cuda", writers=6))
     plain_build(src, dst, side, cores, "cuda", writers=4)
-    for k in range(2):  # fresh interpreters: CUDA, nvjpeg and the kernels start on the clock
+    fresh = [] if args.quick else [("GPU", 0, "cuda"), ("GPU", 1, "cuda"), ("CPU", 0, "cpu")]
+    for what, k, dev in fresh:  # fresh interpreters: CUDA, nvjpeg and kernels on the clock
         clean(dst)
-        show(f"build_gpu_fresh_{k}", lib_build(src, dst, side, cores, {}, "cuda"))
-    clean(dst)
-    show("build_cpu_fresh", lib_build(src, dst, side, cores, {}, "cpu"))
+        show(f"build_{what.lower()}_fresh_{k}", lib_build(src, dst, side, cores, {}, dev))
     clean(dst)
     dump(res, "probe_build_gpu.json")
     c = res["ceiling_16proc"]
@@ -357,7 +350,7 @@ def main() -> None:
     print(f"\n| stage (set b, {len(files)} imgs) | img/s | x ceiling |\n|---|---|---|")
     for name, v in [
         ("16-proc Pillow ceiling", c),
-        ("read+classify, 16 procs", res["read_classify_16proc"]),
+        ("read+classify, 4 reader threads", res["read_classify_4threads"]),
         ("nvjpeg decode only", res["decode_only"]),
         ("decode+crop+pinned copy", res["decode_crop_pinned"]),
         ("write: pwrite+sha+writeback, 4 thr, fsync", res["write_4threads"]["img_per_s"]),
@@ -370,15 +363,12 @@ def main() -> None:
         ("  its steady state (after 10% of groups)", ib["steady_img_per_s"]),
         *[
             (f"{what} build, fresh interpreter {k}", r["count"] / r["seconds"])
-            for what, k, r in [
-                ("GPU", 0, res["build_gpu_fresh_0"]),
-                ("GPU", 1, res["build_gpu_fresh_1"]),
-                ("CPU", 0, res["build_cpu_fresh"]),
-            ]
+            for what, k, _ in fresh
+            for r in [res[f"build_{what.lower()}_fresh_{k}"]]
         ],
     ]:  # fmt: skip
         print(f"| {name} | {v:,.0f} | {v / c:.2f} |")
-    for k in range(2):
+    for k in range(2 if fresh else 0):
         e = res[f"build_gpu_fresh_{k}"]["extra"]
         print(f"fresh GPU build {k}: setup {e['setup_s']} s, first chunk {e['first_chunk_s']} s, "
               f"decode {e['decode_s']} s, finalize {e['finalize_s']} s")  # fmt: skip

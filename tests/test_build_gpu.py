@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import packer
 import packer.build
+from conftest import write_image
 from packer.build import GPU_TOLERANCE, BuildConfig, build
 from packer.cli import cli
 
@@ -144,38 +145,58 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
         assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
 
 
-def test_the_parent_rereads_only_the_file_the_workers_classified(tmp_path: Path) -> None:
-    """The workers send a JPEG's length, not its bytes; the parent's read of a file that
-    changed since (other length, no end marker, gone, not a regular file) gives None,
-    and the CPU workers then decide about it."""
+def test_each_file_is_read_once_and_what_the_gpu_does_not_take_goes_to_the_cpu(
+    tmp_path: Path,
+) -> None:
+    """A reader thread reads each file once and classifies those bytes: the JPEGs the GPU
+    takes as they are keep their bytes and size; everything else (PNG, CMYK, EXIF-rotated,
+    no end marker, a FIFO, a file gone) goes, in one call, to the CPU build's decode."""
     import os
 
-    from packer.build_gpu import _read_files
-    from packer.format import digest
+    from PIL import Image
 
-    good = b"\xff\xd8" + b"x" * 10 + b"\xff\xd9"
-    (tmp_path / "a.jpg").write_bytes(good)
-    (tmp_path / "b.jpg").write_bytes(good + b"\x00")  # grew after it was classified
-    (tmp_path / "c.jpg").write_bytes(good[:-2] + b"xx")  # rewritten without its end
-    os.mkfifo(tmp_path / "d.jpg")  # swapped for a FIFO: refused, not waited on
-    names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg", "gone.jpg"]
-    out = _read_files([str(tmp_path / n) for n in names], [(len(good), digest(good))] * 5)
-    assert bytes(out[0].numpy()) == good and out[1:] == [None] * 4
+    from packer.build_gpu import _read_group
+
+    good = write_image(tmp_path / "a.jpg", (40, 30))
+    write_image(tmp_path / "b.png", (40, 30))
+    write_image(tmp_path / "c.jpg", (40, 30), mode="CMYK")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    write_image(tmp_path / "d.jpg", (40, 30), exif=exif.tobytes())
+    (tmp_path / "e.jpg").write_bytes(good.read_bytes()[:-2])  # cut before its end marker
+    os.mkfifo(tmp_path / "f.jpg")  # refused, not waited on
+    write_image(tmp_path / "g.jpg", (50, 20), mode="L")
+    names = ["a.jpg", "b.png", "c.jpg", "d.jpg", "e.jpg", "f.jpg", "gone.jpg", "g.jpg"]
+    sent: list[list[str]] = []
+
+    def cpu_decode(paths: list[str]):
+        sent.append(paths)
+        return lambda: [(None, "test")] * len(paths)
+
+    r = _read_group([str(tmp_path / n) for n in names], 10**8, cpu_decode)
+    assert r.gpu == [0, 7] and r.sizes == [(40, 30), (50, 20)]
+    assert bytes(r.datas[0].numpy()) == good.read_bytes()
+    assert r.cpu == [1, 2, 3, 4, 5, 6]
+    assert sent == [[str(tmp_path / names[i]) for i in r.cpu]]
+    assert r.decoded() == [(None, "test")] * 6
+    assert _read_group([str(tmp_path / "a.jpg")], 1199, cpu_decode).cpu == [0]  # > max pixels
 
 
-def test_a_jpeg_the_parent_cannot_reread_is_decoded_by_the_cpu_workers(
+def test_a_jpeg_the_reader_does_not_pass_is_decoded_by_the_cpu_workers(
     photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import packer.build_gpu
 
     cfg = dict(size=(24, 20), workers=2)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
-    real = packer.build_gpu._read_files
+    real = packer.build_gpu.plain_jpeg_size
+    size03 = (40 + 9 * 3, 30 + 5 * 3)  # zebra/p03.jpg's, no other image's
 
-    def changed(paths, lengths):
-        return [None if p.endswith("p03.jpg") else t for p, t in zip(paths, real(paths, lengths))]
+    def refuse(data, max_pixels):
+        size = real(data, max_pixels)
+        return None if size == size03 else size
 
-    monkeypatch.setattr(packer.build_gpu, "_read_files", changed)
+    monkeypatch.setattr(packer.build_gpu, "plain_jpeg_size", refuse)
     out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert out.count == cpu.count and out.skipped == cpu.skipped
     a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")

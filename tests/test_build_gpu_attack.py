@@ -1,8 +1,8 @@
 """Hostile tests of the GPU build's pipeline (packer.build_gpu), run on the CPU.
 
-Each attacks one stage (workers, readers, decoder, main thread, writers, journal) or
-the inputs (files that change between the workers' look and the parent's reread,
-groups of mixed or all-CPU images, one image, ``workers=1``)."""
+Each attacks one stage (readers, decoder, main thread, writers, CPU decode, journal) or
+the inputs (files that change before or after the reader's one read, groups of mixed or
+all-CPU images, one image, ``workers=1``)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,7 @@ def _nth(n: int, real, err: type[BaseException]):
 
 STAGES = {
     # where: (module, attribute) of the function made to fail on its 2nd call
-    "worker": (packer.build_workers, "_read_for_gpu"),  # in-process: workers=1 only
-    "reader": (packer.build_gpu, "_read_files"),
+    "reader": (packer.build_gpu, "_read_group"),
     "decoder": (packer.jpeg, "decode_batch"),
     "main": (packer.jpeg, "resize_images"),
     "writer": (packer.build_gpu, "_write_group"),
@@ -78,7 +77,7 @@ STAGES = {
 @pytest.mark.parametrize("err", [Boom, KeyboardInterrupt])
 @pytest.mark.parametrize(
     "stage,workers",
-    [(s, w) for s in STAGES for w in (1, 2) if not (s in ("worker", "retry") and w == 2)]
+    [(s, w) for s in STAGES for w in (1, 2) if not (s == "retry" and w == 2)]
     + [("journal", 1), ("journal", 2)],
 )
 def test_an_error_in_any_stage_ends_the_build_and_the_rerun_is_identical(
@@ -181,12 +180,12 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
     first: list[int] = []
     groups = [0]
 
-    def held(fd, row, group, found, at, host, copied, redo, retry, writeback, release):
+    def held(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
         with lock:  # 8 groups past the held one: as far as the main thread goes
             if first and group[0][0] >= first[0] + 2 * packer.build_gpu._WRITERS:
                 go.set()
         if host is None:
-            return real(fd, row, group, found, at, host, copied, redo, retry, writeback, release)
+            return real(fd, row, group, at, sizes, host, copied, cpu, writeback, release)
         ptr = host.untyped_storage().data_ptr()
         with lock:
             assert ptr not in in_use, "a buffer in use was handed to another writer"
@@ -205,7 +204,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
                 in_use.discard(ptr)
             release()
 
-        return real(fd, row, group, found, at, host, copied, redo, retry, writeback, rel)
+        return real(fd, row, group, at, sizes, host, copied, cpu, writeback, rel)
 
     monkeypatch.setattr(packer.build_gpu, "_write_group", held)
     build(photos, tmp_path / "out", cfg)
@@ -280,39 +279,49 @@ def _change(path: Path, how: str, small_big: tuple[bytes, bytes]) -> None:
         path.write_bytes(small_big[1])  # another JPEG, as long, over --max-pixels
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize(
     "how", ["grow", "shrink", "vanish", "fifo", "directory", "same_length_too_many_pixels"]
 )
-def test_a_file_changed_between_classification_and_reread_gets_the_cpu_builds_answer(
+def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
     image_tree: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch,
-    how: str,
+    how: str, when: str,
 ) -> None:  # fmt: skip
-    """The workers classified a GPU-able JPEG; before the parent reads it again it
-    changes. Whatever it became, the image gets what the CPU path makes of the file
-    as it now is (its row, or a skip with the reason), never a decode of bytes no
-    check has seen."""
+    """A GPU-able JPEG changes while the build runs. Before the reader's read: the image
+    gets what the CPU path makes of the file as it now is (its row, or a skip with the
+    reason). After it: the GPU decodes the bytes the reader read and classified, so the
+    pack holds the unchanged file's image; never a decode of bytes no check has seen."""
     small, big = _jpeg((40, 30), 1), _jpeg((300, 200), 2, solid=True)
     n = max(len(small), len(big)) + 8
     small, big = _pad(small, n), _pad(big, n)
     target = image_tree / "zebra" / "swap.jpg"
     target.write_bytes(small)
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", max_pixels=20_000)
-    real = packer.build_gpu._read_files
+    build(image_tree, tmp_path / "ref", cfg)
+    real = packer.build_gpu._read_group
 
-    def change_first(paths, lengths):
-        if str(target) in paths and target.is_file() and target.read_bytes() == small:
-            _change(target, how, (small, big))  # once: before the parent's read
-        return real(paths, lengths)
+    def change_once(paths, max_pixels, cpu_decode):
+        mine = str(target) in paths and target.is_file() and target.read_bytes() == small
+        if mine and when == "before":
+            _change(target, how, (small, big))
+        out = real(paths, max_pixels, cpu_decode)
+        if mine and when == "after":
+            _change(target, how, (small, big))
+        return out
 
-    monkeypatch.setattr(packer.build_gpu, "_read_files", change_first)
+    monkeypatch.setattr(packer.build_gpu, "_read_group", change_once)
     out = build(image_tree, tmp_path / "out", cfg)
+    skips = {s["path"]: s["reason"] for s in out.skipped}
+    if when == "after":
+        assert "zebra/swap.jpg" not in skips
+        assert _row(tmp_path / "out", "zebra/swap.jpg") == _row(tmp_path / "ref", "zebra/swap.jpg")
+        return
     buf = np.empty(cfg.spec.shape, dtype=np.uint8)
     try:
         decode_into(str(target), cfg.spec, buf)
         want: str | None = None
     except DecodeError as e:
         want = str(e)
-    skips = {s["path"]: s["reason"] for s in out.skipped}
     if want is None:
         assert "zebra/swap.jpg" not in skips
         assert _row(tmp_path / "out", "zebra/swap.jpg") == buf.tobytes()
@@ -322,13 +331,13 @@ def test_a_file_changed_between_classification_and_reread_gets_the_cpu_builds_an
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("group", [2, 256])
-@pytest.mark.parametrize("where", ["decode", "reread"])
+@pytest.mark.parametrize("where", ["decode", "classify"])
 def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
     photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch,
     workers: int, group: int, where: str,
 ) -> None:  # fmt: skip
-    """No image decodes on the "GPU" (the batch and every image alone fail, or no reread
-    matches): every group is written from the CPU workers' rows alone (no pinned
+    """No image decodes on the "GPU" (the batch and every image alone fail, or the
+    reader passes none): every group is written from the CPU workers' rows alone (no pinned
     buffer), and the pack is the CPU build's, byte for byte."""
     monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", group)
     cfg = dict(size=(16, 12), workers=workers)
@@ -340,7 +349,7 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
 
         monkeypatch.setattr(packer.jpeg, "decode_batch", refuse)
     else:
-        monkeypatch.setattr(packer.build_gpu, "_read_files", lambda p, n: [None] * len(p))
+        monkeypatch.setattr(packer.build_gpu, "plain_jpeg_size", lambda data, max_pixels: None)
     gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
     assert _same(tmp_path / "cpu", tmp_path / "gpu")
