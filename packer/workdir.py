@@ -18,11 +18,13 @@ scanning never mistakes them for images.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,24 +245,54 @@ def prepare_work_dir(work: Path, fingerprint: str | None, total_bytes: int) -> W
 
 
 def _preallocate(path: Path, total_bytes: int) -> None:
+    """The rows file at its full size, its blocks reserved now: a full disk is found
+    before any decode, and the rows lie in one piece. In memory (tmpfs, ramfs) there is
+    nothing to lay out, and reserving would zero every page the rows then overwrite
+    (0.7 s for 3 GB on the H100 machine, a fifth of a GPU build): there the free room is
+    checked, and the writes take the pages."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if total_bytes:
+            if _in_memory(fd):
+                if shutil.disk_usage(path.parent).free < total_bytes:
+                    raise _no_room(path, total_bytes)
+                os.ftruncate(fd, total_bytes)
+                return
             try:
                 os.posix_fallocate(fd, 0, total_bytes)
             except OSError as e:
                 if e.errno == errno.ENOSPC:
-                    free = shutil.disk_usage(path.parent).free
-                    raise DiskFullError(
-                        f"{path.parent.parent}: not enough disk space for the pack (needs "
-                        f"{total_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free); free space "
-                        "and run the same command again"
-                    ) from None
+                    raise _no_room(path, total_bytes) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
                 os.ftruncate(fd, total_bytes)
     finally:
         os.close(fd)
+
+
+def _no_room(path: Path, total_bytes: int) -> DiskFullError:
+    free = shutil.disk_usage(path.parent).free
+    return DiskFullError(
+        f"{path.parent.parent}: not enough disk space for the pack (needs "
+        f"{total_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free); free space "
+        "and run the same command again"
+    )
+
+
+_IN_MEMORY = {0x01021994, 0x858458F6}  # statfs f_type of tmpfs, ramfs
+
+
+def _in_memory(fd: int) -> bool:
+    """Whether ``fd``'s file system keeps its files in memory (Linux; else False)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        buf = ctypes.create_string_buffer(256)  # struct statfs, its f_type (a long) first
+        if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buf) != 0:
+            return False
+        return ctypes.c_long.from_buffer(buf).value in _IN_MEMORY
+    except (OSError, AttributeError):
+        return False
 
 
 def fsync_dir(path: Path) -> None:

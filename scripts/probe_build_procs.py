@@ -44,15 +44,12 @@ GROUP = 256
 
 
 def _read(paths: list[str]):
+    """The JPEGs' bytes as the build's readers read them (``build_gpu._read_whole``)."""
     import torch
 
-    out = []
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            buf = bytearray(os.fstat(f.fileno()).st_size)
-            f.readinto(buf)
-        out.append(torch.frombuffer(buf, dtype=torch.uint8))
-    return out
+    from packer.build_gpu import _read_whole
+
+    return [torch.from_numpy(_read_whole(p)) for p in paths]
 
 
 def _child(k: int, procs: int, files: list[str], side: int, rows: str, go, results) -> None:
