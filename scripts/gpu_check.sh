@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh [tests] [augment] [train] [bench] [stream] [build] [ddp] [cuda]
 #                             [jpeg] [nvjpeg] [rn50] [gpubuild] [probe] [buildprobe]
 #                             [buildprobe_shm] [rn50probe] [buildworkers] [zerocopy] [gathertrain]
-#                             [buildprocs]
+#                             [buildprocs] [buildread]
 #   (default: tests augment train)
 # tests    pytest, CUDA tests included
 # augment  scripts/bench_augment.py: RandomResizedCrop+flip on the GPU vs roi_align vs a
@@ -31,6 +31,8 @@
 #          reading a 16,000-image 224² pack in place vs the CPU way
 # gathertrain scripts/probe_gather_train.py: what gather="device" costs ResNet-18 beside it
 # buildprocs scripts/probe_build_procs.py: the GPU half of the build in 1-4 decoder processes
+# buildread scripts/probe_build_read.py: whole GPU builds, warm, disk and tmpfs, against the
+#          packer at $OLD_TREE (a carried `git archive` of an older commit) when set
 # Logs and JSON go under $OUT (or ./out); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -77,12 +79,14 @@ for w in "${what[@]}"; do
     gathertrain) python3 scripts/probe_gather_train.py --work $W > "$OUT/gathertrain.txt" 2>&1 ;;
     buildprocs) python3 scripts/probe_build_procs.py --work $W/procs > "$OUT/buildprocs.txt" 2>&1; \
                 rm -rf /dev/shm/imgpack-procs ;;
+    buildread) python3 scripts/probe_build_read.py ${OLD_TREE:+--old-tree "$OLD_TREE"} --work $W/read \
+                 > "$OUT/buildread.txt" 2>&1; rm -rf /dev/shm/imgpack-read ;;
     ddp) n=$(nvidia-smi -L | wc -l)
          for k in 1 "$n"; do
            torchrun --standalone --nproc-per-node "$k" scripts/train_ddp.py --make-pack 20000 \
              --pack $W/ddp224 2>&1 | tail -5
          done > "$OUT/ddp.txt" ;;
-    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers zerocopy gathertrain buildprocs)" >&2; exit 2 ;;
+    *) echo "unknown part: $w (tests augment train bench stream build ddp cuda jpeg nvjpeg rn50 gpubuild probe buildprobe buildprobe_shm rn50probe buildworkers zerocopy gathertrain buildprocs buildread)" >&2; exit 2 ;;
   esac
 done
 for w in "${what[@]}"; do

@@ -17,7 +17,8 @@ does not take. On set b of ``bench_build.py`` (16,000 JPEGs 500x375 q90 -> 256²
   after the first chunk (images / (wall - first chunk), as in the round-8 tables);
 * one build of each tree in a fresh interpreter (imports and CUDA start included).
 
-    python scripts/probe_build_read.py --old-tree .oldtree [--images 16000] [--rounds 3]
+    python scripts/probe_build_read.py --old-tree .oldtree [--tree mid=.midtree]
+        [--images 16000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=16000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--old-tree", type=Path, required=False)
+    ap.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH",
+        help="another checkout to build with, beside old and new (repeatable)",
+    )  # fmt: skip
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-gpu/read"))
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     args = ap.parse_args()
@@ -121,6 +126,9 @@ def main() -> None:
     trees = {"new": repo}
     if args.old_tree:
         trees = {"old": args.old_tree, **trees}
+    for t in args.tree:
+        name, _, path = t.partition("=")
+        trees = {**{k: v for k, v in trees.items() if k != "new"}, name: Path(path), "new": repo}
     cores = len(os.sched_getaffinity(0))
     side = SETS["b"]["out"]
     src = args.work / "set_b"
@@ -185,7 +193,7 @@ def main() -> None:
             after = sorted(r["after_first_img_per_s"] for r in runs)
             first = sorted(r["first_chunk_s"] for r in runs)
             row(
-                f"{name} build, warm, pack on {where}: whole, min / median / max",
+                f"{name} build, warm, pack on {where}: whole, runs sorted",
                 *whole[:: max(1, len(whole) // 2)][:3],
             )
             row("  after the first chunk (median)", after[len(after) // 2])
