@@ -66,6 +66,15 @@ def make_set(root: Path, n: int, size: tuple[int, int], procs: int) -> None:
     done.write_text("ok")
 
 
+def set_b(work: Path, images: int) -> tuple[int, int, Path, list[str]]:
+    """Set b under ``work`` (made once), for the GPU build probes: (cores, the output
+    side, its folder, its files sorted)."""
+    cores = len(os.sched_getaffinity(0))
+    src = work / "set_b"
+    make_set(src, images, SETS["b"]["size"], cores)
+    return cores, SETS["b"]["out"], src, sorted(str(p) for p in src.rglob("*.jpg"))
+
+
 def _decode_slice(args: tuple[list[str], int]) -> int:
     from packer.decode import ResizeSpec, decode
 

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import SETS, ceiling, clean, disk_probe, lib_build, make_set
+from bench_build import ceiling, clean, disk_probe, lib_build, set_b
 
 from _out import dump
 
@@ -309,11 +309,7 @@ def main() -> None:
 
     from packer.decode import ResizeSpec
 
-    cores = len(os.sched_getaffinity(0))
-    side = SETS["b"]["out"]
-    src = args.work / "set_b"
-    make_set(src, args.images, SETS["b"]["size"], cores)
-    files = sorted(str(p) for p in src.rglob("*.jpg"))
+    cores, side, src, files = set_b(args.work, args.images)
     spec = ResizeSpec(side, side, "crop", 100_000_000)
     device = torch.device("cuda")
     datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import SETS, ceiling, clean, disk_probe, lib_build, make_set
+from bench_build import ceiling, clean, disk_probe, lib_build, set_b
 
 from _out import dump
 
@@ -210,11 +210,7 @@ def main() -> None:
     ap.add_argument("--prototype", action="store_true")
     args = ap.parse_args()
     args.procs = args.procs or ("1,2,3,4" if args.prototype else "2,3")
-    cores = len(os.sched_getaffinity(0))
-    side = SETS["b"]["out"]
-    src = args.work / "set_b"
-    make_set(src, args.images, SETS["b"]["size"], cores)
-    files = sorted(str(p) for p in src.rglob("*.jpg"))
+    cores, side, src, files = set_b(args.work, args.images)
     shm = Path("/dev/shm/imgpack-procs")
     shm.mkdir(parents=True, exist_ok=True)
     res: dict = {"files": len(files), "cores": cores}

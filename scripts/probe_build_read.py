@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import SETS, ceiling, clean, disk_probe, lib_build, make_set
+from bench_build import ceiling, clean, disk_probe, lib_build, set_b
 
 from _out import dump
 
@@ -129,11 +129,7 @@ def main() -> None:
     for t in args.tree:
         name, _, path = t.partition("=")
         trees = {**{k: v for k, v in trees.items() if k != "new"}, name: Path(path), "new": repo}
-    cores = len(os.sched_getaffinity(0))
-    side = SETS["b"]["out"]
-    src = args.work / "set_b"
-    make_set(src, args.images, SETS["b"]["size"], cores)
-    files = sorted(str(p) for p in src.rglob("*.jpg"))
+    cores, side, src, files = set_b(args.work, args.images)
     shm = Path("/dev/shm/imgpack-read")
     shm.mkdir(parents=True, exist_ok=True)
     places = {"disk": args.work, "shm": shm}
