@@ -356,6 +356,10 @@ def plain_jpeg(
 
 _EXIF = b"Exif\x00\x00"
 _XMP = b"http://ns.adobe.com/xap/1.0/\x00"
+# the segments a JPEG header holds: SOFn, DHT, DAC, DQT, DRI, APPn, COM
+_HEADER_SEGMENTS = (
+    (set(range(0xC0, 0xD0)) - {0xC8}) | {0xDB, 0xDD} | set(range(0xE0, 0xF0)) | {0xFE}
+)
 _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')  # as Pillow's getexif
 
 
@@ -384,17 +388,21 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
     """(width, height) of ``data`` if it is a JPEG that torchvision's decoder takes as it
     is, read from its header bytes alone (no Pillow: about 2 us, where opening it with
     Pillow and reading its EXIF takes 50): baseline, extended or progressive Huffman,
-    8-bit, YCbCr or grey (Pillow's "RGB" and "L"), at most ``max_pixels``, upright (no
+    8-bit, YCbCr or grey (Pillow's "RGB" and "L"; not colour stored as RGB, which an Adobe
+    transform of 0 or components named R, G, B mean), at most ``max_pixels``, upright (no
     EXIF or XMP orientation other than 1), ending with its EOI marker. Else None: the
     caller decodes it as the CPU build does (which names the reason for anything it
     refuses). Anything unusual in the header (two frames or EXIF blocks, a bad length, a
-    frame without its height) is None too, so the answer errs towards Pillow."""
+    frame without its height, a marker that is no header segment, such as FF 00, which
+    libjpeg reads past where this walk would skip a length) is None too, so the answer
+    errs towards Pillow."""
     n = len(data)
     if n < 4 or data[:2] != b"\xff\xd8" or data[-2:] != b"\xff\xd9":
         return None
     pos, size = 2, None
     orientation: int | None = None  # EXIF's tag; 0: an EXIF block without it
     xmp: int | None = None  # XMP's tiff:Orientation
+    colour = adobe_rgb = False
     while True:
         if pos + 4 > n or data[pos] != 0xFF:
             return None
@@ -402,11 +410,10 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
-            pos += 2
-            continue
         if marker == 0xDA:  # start of scan: the header is over
             break
+        if marker not in _HEADER_SEGMENTS:  # FF 00, RST, reserved: libjpeg reads on past
+            return None  # them, so what follows is not what this walk would skip
         end = pos + 2 + ((data[pos + 2] << 8) | data[pos + 3])
         if end < pos + 4 or end > n:
             return None
@@ -419,7 +426,14 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
             w = (data[pos + 7] << 8) | data[pos + 8]
             if not w or not h or w * h > max_pixels:
                 return None
+            colour = data[pos + 9] == 3
+            if colour and (end < pos + 19 or bytes(data[pos + 10 : pos + 17 : 3]) == b"RGB"):
+                return None  # components named R, G, B: libjpeg reads RGB, not YCbCr
             size = (w, h)
+        elif marker == 0xEE and data[pos + 4 : pos + 9] == b"Adobe":
+            if end < pos + 16:
+                return None
+            adobe_rgb = data[pos + 15] == 0  # transform 0: colour stored as RGB, not YCbCr
         elif marker == 0xE1:
             if data[pos + 4 : pos + 10] == _EXIF:
                 if orientation is not None:
@@ -435,7 +449,7 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
         pos = end
     if not orientation and xmp is not None:  # Pillow reads XMP's when EXIF has no tag
         orientation = xmp
-    if size is None or orientation not in (None, 0, 1):
+    if size is None or orientation not in (None, 0, 1) or (colour and adobe_rgb):
         return None
     return size
 
