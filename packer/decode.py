@@ -267,33 +267,6 @@ def pil_quality(q: int) -> int:
     return max(5, min(95, 100 - 3 * int(q)))
 
 
-def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
-    """(SOF marker, sample precision, components) of a JPEG's frame header, or None
-    when ``data`` is not a JPEG or its header cannot be found."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    pos, n = 2, len(data)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
-            pos += 2
-            continue
-        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
-        if marker in _SOF_ANY:
-            if pos + 10 > n:
-                return None
-            return marker, data[pos + 4], data[pos + 9]
-        if marker == 0xDA or length < 2:  # scan data before any frame header
-            return None
-        pos += 2 + length
-    return None
-
-
 def jpeg_for_pack(
     path: str, max_side: int | None, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[bytes, tuple[int, int], tuple[int, int], bool]:
@@ -302,8 +275,8 @@ def jpeg_for_pack(
     A baseline/progressive 8-bit YCbCr or grayscale JPEG, upright (no EXIF
     rotation), within ``max_side`` and that Pillow decodes whole, is kept byte for
     byte (when it ends with its EOI marker: bytes appended after it are dropped by the
-    re-encode). Anything else (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic-coded,
-    oversize) is decoded as :func:`load_resized` does (upright RGB, alpha on
+    re-encode): :func:`plain_jpeg_size`, the GPU build's rule. Anything else (PNG, CMYK,
+    16-bit, EXIF-rotated, arithmetic-coded, colour stored as RGB, oversize) is decoded as :func:`load_resized` does (upright RGB, alpha on
     black, 16-bit scaled), its longer side scaled down to ``max_side`` (antialiased
     bilinear) and encoded once with Pillow at :func:`pil_quality` of ``quality``.
 
@@ -318,7 +291,8 @@ def jpeg_for_pack(
             orientation, upright = _upright_size(im, max_pixels)
             keep = (
                 im.format == "JPEG"
-                and plain_jpeg(data, jpeg_frame(data), im.mode, orientation)
+                and plain_jpeg_size(data, max_pixels) == (w, h)  # as the GPU build's rule
+                and orientation in (0, 1)
                 and (max_side is None or max(w, h) <= max_side)
             )
             im.seek(0)
@@ -334,24 +308,6 @@ def jpeg_for_pack(
             out = io.BytesIO()
             rgb.save(out, "JPEG", quality=pil_quality(quality))
             return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
-
-
-def plain_jpeg(
-    data: bytes, frame: tuple[int, int, int] | None, mode: str, orientation: int
-) -> bool:
-    """Whether ``data`` (its :func:`jpeg_frame`, Pillow ``mode``, EXIF ``orientation``)
-    is a JPEG kept and decoded as it is, by a JPEG pack and by nvjpeg alike: baseline or
-    progressive, 8-bit, YCbCr or grey, upright, ending with its EOI marker (readers check
-    it: no trailer)."""
-    return (
-        frame is not None
-        and frame[0] in _SOF_OK
-        and frame[1] == 8
-        and frame[2] in (1, 3)
-        and mode in ("RGB", "L")
-        and orientation in (0, 1)
-        and data.endswith(b"\xff\xd9")
-    )
 
 
 _EXIF = b"Exif\x00\x00"
@@ -481,7 +437,6 @@ __all__ = [
     "decode",
     "decode_into",
     "jpeg_for_pack",
-    "jpeg_frame",
     "load_resized",
     "open_image",
     "open_regular",

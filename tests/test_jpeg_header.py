@@ -10,22 +10,43 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.decode import jpeg_frame, open_image, plain_jpeg, plain_jpeg_size
+from packer.decode import open_image, plain_jpeg_size
 
 BIG = 10**9
+
+
+def _frame(data: bytes) -> tuple[int, int, int] | None:
+    """(SOF marker, precision, components) of the first frame header, walking the
+    segments as the rule's reference did before it read headers itself."""
+    pos = 2
+    while data[:2] == b"\xff\xd8" and pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            pos += 1 if marker == 0xFF else 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return (marker, data[pos + 4], data[pos + 9]) if pos + 10 <= len(data) else None
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker == 0xDA or length < 2:
+            return None
+        pos += 2 + length
+    return None
 
 
 def _pillow(data: bytes, max_pixels: int = BIG) -> tuple[int, int] | None:
     """The reference: the same rule with Pillow opening the file (its mode, its EXIF and
     XMP orientation), as the GPU build classified before it read headers itself."""
-    frame = jpeg_frame(data)
-    if frame is None:
+    frame = _frame(data)
+    if frame is None or frame[0] not in (0xC0, 0xC1, 0xC2) or frame[1:] not in ((8, 1), (8, 3)):
         return None
     try:
         with open_image(io.BytesIO(data)) as im:
             orientation = im.getexif().get(0x0112, 1)
-            ok = im.size[0] * im.size[1] <= max_pixels and plain_jpeg(
-                data, frame, im.mode, orientation
+            ok = (
+                im.size[0] * im.size[1] <= max_pixels
+                and im.mode in ("RGB", "L")
+                and orientation in (0, 1)
+                and data.endswith(b"\xff\xd9")
             )
             return im.size if ok else None
     except Exception:

@@ -106,6 +106,9 @@ def test_reencodes_cmyk_16bit_exif_and_oversize(tmp_path: Path) -> None:
     im.save(src / "rot.jpg", "JPEG", exif=exif, quality=95)
     write_image(src / "big.jpg", (300, 100), seed=5)
     write_image(src / "ok.jpg", (50, 40), seed=6)
+    ok = (src / "ok.jpg").read_bytes()  # the same, marked as colour stored as RGB (Adobe
+    adobe = b"Adobe\x00\x64\x00\x00\x00\x00\x00"  # transform 0), which nvjpeg ignores
+    (src / "rgb.jpg").write_bytes(ok[:2] + b"\xff\xee\x00\x0e" + adobe + ok[2:])
     dst = tmp_path / "p"
     build(src.parent, dst, BuildConfig(store="jpeg", max_side=100, workers=1, quality=2))
     pack = packer.load(dst)
@@ -115,14 +118,18 @@ def test_reencodes_cmyk_16bit_exif_and_oversize(tmp_path: Path) -> None:
         "c/cmyk.jpg": [20, 30],
         "c/deep.png": [24, 32],
         "c/ok.jpg": [40, 50],
+        "c/rgb.jpg": [40, 50],
         "c/rot.jpg": [40, 20],
     }
-    data = dict(zip(pack.sources, pack.read(range(5))))
+    data = dict(zip(pack.sources, pack.read(range(6))))
     assert bytes(data["c/ok.jpg"].numpy()) == (src / "ok.jpg").read_bytes()
     for rel, d in data.items():
         assert bytes(d.numpy()) != (src.parent / rel).read_bytes() or rel == "c/ok.jpg"
         px = decode_jpeg(d, mode=ImageReadMode.RGB)
         assert list(px.shape[1:]) == got[rel]
+    with Image.open(src / "rgb.jpg") as im:  # re-encoded as YCbCr, libjpeg's colours kept
+        rgb = decode_jpeg(data["c/rgb.jpg"], mode=ImageReadMode.RGB)
+        assert (_chw(im).int() - rgb.int()).abs().float().mean() < 4
     with Image.open(src / "cmyk.jpg") as im:
         ref = _chw(im)
     cmyk = decode_jpeg(data["c/cmyk.jpg"], mode=ImageReadMode.RGB)
