@@ -22,6 +22,7 @@ is synchronized before every clock read; the median of repeats is reported.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -406,7 +407,12 @@ def measure(
             # activities; a level above all of its own keeps a CPU trace quiet. Read once,
             # at that first use; a value the user set wins.
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        with profile(activities=acts) as prof:
+        kw = {}
+        if "acc_events" in inspect.signature(profile).parameters:  # torch >= 2.5
+            # one cycle, all its events kept; without it, torch 2.11 warns on stderr when
+            # its profiler object is reused ("Profiler clears events at the end of ...")
+            kw["acc_events"] = True
+        with profile(activities=acts, **kw) as prof:
             for i, batch in enumerate(loader):  # 2- or 3-tuples (a pack with targets)
                 norm(batch[0])
                 if i == 5:
