@@ -32,7 +32,6 @@ import os
 import pickle
 import queue
 import signal
-import stat
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -47,6 +46,7 @@ from .build_workers import _writeback_fn
 from .decode import ResizeSpec, plain_jpeg_size
 from .errors import PackerError
 from .format import digest, image_bytes
+from .scan import NotRegularFile, open_fd_if_regular
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +76,15 @@ class _Read(NamedTuple):
 def _read_whole(path: str) -> np.ndarray | None:
     """A regular file's bytes (uint8), or None where it cannot be read whole at once
     (gone, unreadable, not a regular file, changing size): the CPU build's decode then
-    names the reason. The rule of :func:`packer.scan.open_if_regular` (checked on the
-    opened descriptor; a FIFO's open does not wait), without its file object, and
-    into memory nothing zeroes first: the readers' time with the GIL is what paces
-    them, and these took a third of it (4 threads: 10k files/s on the H100 machine)."""
+    names the reason. A bare descriptor (:func:`packer.scan.open_fd_if_regular`) and
+    memory nothing zeroes first: the readers' time with the GIL is what paces them,
+    and a file object and a zeroed buffer took a third of it (4 threads: 10k files/s
+    on the H100 machine)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd, st = open_fd_if_regular(path)
+    except (OSError, NotRegularFile):
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
         buf = np.empty(st.st_size + 1, dtype=np.uint8)  # a byte more: a file that grew shows
         n = os.readv(fd, [buf])
     except OSError:

@@ -276,9 +276,10 @@ def jpeg_for_pack(
     rotation), within ``max_side`` and that Pillow decodes whole, is kept byte for
     byte (when it ends with its EOI marker: bytes appended after it are dropped by the
     re-encode): :func:`plain_jpeg_size`, the GPU build's rule. Anything else (PNG, CMYK,
-    16-bit, EXIF-rotated, arithmetic-coded, colour stored as RGB, oversize) is decoded as :func:`load_resized` does (upright RGB, alpha on
-    black, 16-bit scaled), its longer side scaled down to ``max_side`` (antialiased
-    bilinear) and encoded once with Pillow at :func:`pil_quality` of ``quality``.
+    16-bit, EXIF-rotated, arithmetic-coded, colour stored as RGB, oversize) is decoded
+    as :func:`load_resized` does (upright RGB, alpha on black, 16-bit scaled), its
+    longer side scaled down to ``max_side`` (antialiased bilinear) and encoded once
+    with Pillow at :func:`pil_quality` of ``quality``.
 
     Returns (bytes, stored (height, width), source upright (width, height),
     re-encoded?). Raises DecodeError for an input that cannot be used.

@@ -72,13 +72,24 @@ def open_if_regular(path: str | os.PathLike[str]) -> BinaryIO:
     does not block (``O_NONBLOCK``: opening a FIFO would wait for a writer). Raises
     the open's OSError, or NotRegularFile; callers word them for their own users.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd, _ = open_fd_if_regular(path)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(mode)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_fd_if_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """:func:`open_if_regular` as a bare descriptor (non-blocking, which a regular file
+    ignores), with its stat: no file object, for hot loops of whole-file reads."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(st.st_mode)
+        return fd, st
     except BaseException:
         os.close(fd)
         raise

@@ -43,6 +43,17 @@ from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
 
+def photo_set(work: Path, images: int) -> tuple[Path, Path]:
+    """The training benches' data under ``work``, made once: ``images`` 500x375 q90 JPEGs
+    in 10 classes, and their 256² raw pack. Returns (JPEG folder, pack folder)."""
+    jpegs, pack_dir = work / "jpeg500", work / "pack256"
+    if not jpegs.exists():
+        make_jpeg_tree(jpegs, images, (500, 375), classes=10, quality=90)
+    if not pack_dir.exists():
+        packer.build_pack(jpegs, pack_dir, packer.BuildConfig(size=(256, 256)))
+    return jpegs, pack_dir
+
+
 def folder_loader(root: Path, batch: int, workers: int) -> Any:
     from torchvision import datasets, transforms
 
@@ -141,11 +152,7 @@ def main() -> None:
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    jpegs, pack_dir = a.work / "jpeg500", a.work / "pack256"
-    if not jpegs.exists():
-        make_jpeg_tree(jpegs, a.images, (500, 375), classes=10, quality=90)
-    if not pack_dir.exists():
-        packer.build_pack(jpegs, pack_dir, packer.BuildConfig(size=(256, 256)))
+    jpegs, pack_dir = photo_set(a.work, a.images)
     if a.jpeg and not (a.work / "jpegpack").exists():
         packer.build_pack(jpegs, a.work / "jpegpack", packer.BuildConfig(store="jpeg"))
     pack = packer.load(pack_dir)

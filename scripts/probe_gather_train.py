@@ -23,10 +23,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train_aug import photo_set
+
 import packer
 import packer._device_gather as dg
 from packer.bench.loading import resident_batches, train_step
-from packer.bench.synth import make_jpeg_tree
 from packer.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
@@ -41,11 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    jpegs, pack_dir = a.work / "jpeg500", a.work / "pack256"
-    if not jpegs.exists():
-        make_jpeg_tree(jpegs, a.images, (500, 375), classes=10, quality=90)
-    if not pack_dir.exists():
-        packer.build_pack(jpegs, pack_dir, packer.BuildConfig(size=(256, 256)))
+    _, pack_dir = photo_set(a.work, a.images)
     pack = packer.load(pack_dir)
     aug = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     norm = packer.Normalize().to(dev)
