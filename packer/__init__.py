@@ -12,8 +12,10 @@ compress``), ``packer.verify_pack`` (``imgpack verify``), each taking its frozen
 config (``BuildConfig``, ``CompressConfig``, ``VerifyConfig``) and returning its
 result (``BuildResult``, ``CompressResult``, ``VerifyReport``); the errors they
 raise are ``PackerError`` and its subclasses. ``packer.build``,
-``packer.compress``, ``packer.verify`` etc. are always the submodules (where
-those functions are defined), never functions.
+``packer.compress``, ``packer.transforms`` and the stage packages (``packer.pack``,
+``packer.sources``, ``packer.imaging``, ``packer.loading``, ``packer.measure``) are
+always modules, never functions. Everything below the stage packages is private:
+import the names above, not the modules that define them.
 
 Names are imported lazily, so ``imgpack --help`` and build workers stay light.
 """
@@ -25,25 +27,25 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 _EXPORTS = {
-    "load": "packer.pack:open_pack",
-    "ImagePack": "packer.pack:ImagePack",
-    "PackLoader": "packer.loader:PackLoader",
-    "PackSampler": "packer.loader:PackSampler",
-    "batch_seed": "packer.loader:batch_seed",
-    "Normalize": "packer.normalize:Normalize",
-    "PackDataset": "packer.dataset:PackDataset",
-    "split": "packer.dataset:split",
-    "class_histogram": "packer.dataset:class_histogram",
-    "build_pack": "packer.build:build",
-    "BuildConfig": "packer.build:BuildConfig",
-    "BuildResult": "packer.build:BuildResult",
+    "load": "packer.pack.reader:open_pack",
+    "ImagePack": "packer.pack.reader:ImagePack",
+    "PackLoader": "packer.loading.loader:PackLoader",
+    "PackSampler": "packer.loading.loader:PackSampler",
+    "batch_seed": "packer.loading.loader:batch_seed",
+    "Normalize": "packer.imaging.normalize:Normalize",
+    "PackDataset": "packer.loading.dataset:PackDataset",
+    "split": "packer.loading.dataset:split",
+    "class_histogram": "packer.loading.dataset:class_histogram",
+    "build_pack": "packer.build.run:build",
+    "BuildConfig": "packer.build.run:BuildConfig",
+    "BuildResult": "packer.build.run:BuildResult",
     "compress_tree": "packer.compress:compress",
     "CompressConfig": "packer.compress:CompressConfig",
     "CompressResult": "packer.compress:CompressResult",
-    "verify_pack": "packer.verify:verify",
-    "VerifyConfig": "packer.verify:VerifyConfig",
-    "VerifyReport": "packer.verify:VerifyReport",
-    "Manifest": "packer.format:Manifest",
+    "verify_pack": "packer.measure.verify:verify",
+    "VerifyConfig": "packer.measure.verify:VerifyConfig",
+    "VerifyReport": "packer.measure.verify:VerifyReport",
+    "Manifest": "packer.pack.format:Manifest",
     "PackerError": "packer.errors:PackerError",
     "UsageError": "packer.errors:UsageError",
     "InputError": "packer.errors:InputError",
@@ -55,38 +57,28 @@ _EXPORTS = {
     "FFmpegError": "packer.errors:FFmpegError",
 }
 
-# ``packer.<name>`` for these is the submodule, importable without an import statement
+# ``packer.<name>`` for these is the module, importable without an import statement
 # first (so ``packer.build`` is never an AttributeError one moment and a module the next).
 _SUBMODULES = (
-    "baseline",
-    "bench",  # imgpack bench, a peer of verify (a subpackage)
-    "build",
+    "build",  # the writer (its ``build`` is ``packer.build_pack``)
     "cli",
     "compress",
-    "dataset",
-    "decode",
     "errors",
-    "format",
-    "labels",
-    "loader",
-    "normalize",
+    "imaging",
+    "loading",
+    "measure",
     "pack",
-    "plots",
-    "scan",
-    "timing",
+    "sources",
     "transforms",
-    "verify",
-    "workdir",
 )
 
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .build import BuildConfig, BuildResult
-    from .build import build as build_pack
+    from .build.run import BuildConfig, BuildResult
+    from .build.run import build as build_pack
     from .compress import CompressConfig, CompressResult
     from .compress import compress as compress_tree
-    from .dataset import PackDataset, class_histogram, split
     from .errors import (
         DiskFullError,
         FFmpegError,
@@ -98,13 +90,14 @@ if TYPE_CHECKING:
         UsageError,
         WorkerDiedError,
     )
-    from .format import Manifest
-    from .loader import PackLoader, PackSampler, batch_seed
-    from .normalize import Normalize
-    from .pack import ImagePack
-    from .pack import open_pack as load
-    from .verify import VerifyConfig, VerifyReport
-    from .verify import verify as verify_pack
+    from .imaging.normalize import Normalize
+    from .loading.dataset import PackDataset, class_histogram, split
+    from .loading.loader import PackLoader, PackSampler, batch_seed
+    from .measure.verify import VerifyConfig, VerifyReport
+    from .measure.verify import verify as verify_pack
+    from .pack.format import Manifest
+    from .pack.reader import ImagePack
+    from .pack.reader import open_pack as load
 
 
 def __getattr__(name: str) -> Any:

@@ -24,8 +24,8 @@ from typing import Any
 import click
 
 from ._version import __version__
-from .bench import SECTIONS
 from .errors import PackerError, UsageError
+from .measure.bench import SECTIONS
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -200,7 +200,7 @@ def device_option(
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
-    from .decode import parse_size
+    from .imaging.decode import parse_size
 
     try:
         return parse_size(value)
@@ -354,9 +354,9 @@ def build(
       imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
       imgpack build ./small ./tensors --device cuda
     """
-    from .build import BuildConfig
-    from .build import build as build_pack
-    from .workdir import refuse_symlink_destination
+    from .build.run import BuildConfig
+    from .build.run import build as build_pack
+    from .build.workdir import refuse_symlink_destination
 
     refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
     config = BuildConfig(
@@ -420,7 +420,7 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
       imgpack info ./tensors --json | jq .class_counts
       imgpack info ./tensors --split 0.9,0.1 --seed 1
     """
-    from .format import describe
+    from .pack.format import describe
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
@@ -428,8 +428,8 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     out = describe(pack)
     splits = None
     if fractions is not None:
-        from .dataset import class_histogram, split
-        from .pack import open_pack
+        from .loading.dataset import class_histogram, split
+        from .pack.reader import open_pack
 
         try:
             opened = open_pack(pack)  # once: the split and every histogram read it
@@ -667,8 +667,8 @@ def verify(
       imgpack verify ./tensors --device cuda --batch-size 256 --plot speed.png
       imgpack verify ./tensors --no-speed --sample all --json
     """
-    from .verify import VerifyConfig
-    from .verify import verify as verify_pack
+    from .measure.verify import VerifyConfig
+    from .measure.verify import verify as verify_pack
 
     if plot is not None:
         _check_output(plot, "--plot")
@@ -692,7 +692,7 @@ def verify(
         "verify", quiet, as_json, functools.partial(verify_pack, pack, config, trace=trace)
     )
     if plot is not None and report.pack_images_per_s:
-        from .plots import plot_verify
+        from .measure.plots import plot_verify
 
         plot_verify(report, plot)
     if as_json:
@@ -789,7 +789,7 @@ def bench(
       imgpack bench --device cuda --out bench/    # the full grid, with plots
       imgpack bench --only loading --source ~/data/train --json > loading.json
     """
-    from .bench import (
+    from .measure.bench import (
         BenchConfig,
         count_points,
         estimate_seconds,
@@ -797,7 +797,7 @@ def bench(
         to_markdown,
         write_results,
     )
-    from .timing import resolve_device
+    from .measure.timing import resolve_device
 
     sections = tuple(s.strip() for s in only.split(",") if s.strip())
     config = BenchConfig(
@@ -807,7 +807,7 @@ def bench(
     if out is None:
         out = Path(time.strftime("imgpack-bench-%Y%m%d-%H%M%S"))
     _check_output(out, "--out", folder=True)
-    from .bench.report import check_out_folder
+    from .measure.bench.report import check_out_folder
 
     check_out_folder(out)
     # the one place the name becomes a torch.device; the library takes it as it is

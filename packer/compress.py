@@ -44,11 +44,11 @@ from typing import Any
 
 import ffmpeg
 
-from .decode import DEFAULT_MAX_PIXELS, open_image, open_regular
+from .build.workdir import default_workers, destination_error
 from .errors import DecodeError, FFmpegError, InputError, UsageError
-from .format import loads_json
-from .scan import IMAGE_EXTENSIONS, printable, relative, walk_images
-from .workdir import default_workers, destination_error
+from .imaging.decode import DEFAULT_MAX_PIXELS, open_image, open_regular
+from .pack.format import loads_json
+from .sources.scan import IMAGE_EXTENSIONS, printable, relative, walk_images
 
 log = logging.getLogger(__name__)
 

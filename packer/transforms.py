@@ -332,7 +332,7 @@ def _triton():  # -> module | None
     """The Triton kernels' module (``resample``, ``fits``), or None without Triton."""
     try:
         if __package__:
-            from . import _resample_triton as kernels
+            from .imaging import resample_triton as kernels
         else:  # imported standalone, next to _resample_triton.py
             import _resample_triton as kernels
     except ImportError:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,10 +128,10 @@ def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     the GPU (tests/test_build_gpu*.py)."""
     import torch
 
-    import packer.build
+    import packer.build.run
 
     monkeypatch.setattr(
-        packer.build,
+        packer.build.run,
         "_build_device",
         lambda config: None if config.device == "cpu" else torch.device("cpu"),
     )

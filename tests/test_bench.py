@@ -9,11 +9,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from packer.bench import BenchConfig, count_points, to_markdown
-from packer.bench.plots import plot_bench
-from packer.bench.synth import make_jpeg_tree
 from packer.cli import cli
-from packer.timing import median_rate, time_call
+from packer.measure.bench import BenchConfig, count_points, to_markdown
+from packer.measure.bench.plots import plot_bench
+from packer.measure.bench.synth import make_jpeg_tree
+from packer.measure.timing import median_rate, time_call
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -27,7 +27,7 @@ def test_quick_cpu_measures_every_point_and_writes_plots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the batch cap follows this machine's memory; pin it so the grid is the same everywhere
-    monkeypatch.setattr("packer.bench.transfer._free_memory", lambda: 8 << 30)
+    monkeypatch.setattr("packer.measure.bench.transfer._free_memory", lambda: 8 << 30)
     out = tmp_path / "res"
     code, stdout, _ = run("--quick", "--device", "cpu", "--out", str(out), "--json", "-q")
     assert code == 0, stdout
@@ -128,12 +128,12 @@ def test_out_must_be_a_folder(tmp_path: Path) -> None:
 def test_out_under_a_file_is_refused_before_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under: str
 ) -> None:
-    import packer.bench
+    import packer.measure.bench
 
     def never(*a, **k):
         raise AssertionError("the bench ran")
 
-    monkeypatch.setattr(packer.bench, "run_bench", never)
+    monkeypatch.setattr(packer.measure.bench, "run_bench", never)
     (tmp_path / "file").write_text("x")
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / under))
     assert code == 2 and "Traceback" not in stderr
@@ -246,12 +246,12 @@ def test_quick_cuda_measures_pinned_and_training(tmp_path: Path) -> None:
 def test_interrupt_exits_130_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer.bench
+    import packer.measure.bench
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.bench, "run_bench", interrupted)
+    monkeypatch.setattr(packer.measure.bench, "run_bench", interrupted)
     code, _, stderr = run("--quick", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert code == 130
     assert "Interrupted. No results written" in stderr and "resume" not in stderr
@@ -260,7 +260,7 @@ def test_interrupt_exits_130_and_writes_nothing(
 
 def test_free_memory_counts_reclaimable_cache(tmp_path: Path) -> None:
     """MemAvailable, not MemFree: a full page cache must not shrink the batch grid."""
-    from packer.bench.config import _free_memory
+    from packer.measure.bench.config import _free_memory
 
     info = tmp_path / "meminfo"
     info.write_text("MemTotal: 16000000 kB\nMemFree: 100 kB\nMemAvailable: 12000000 kB\n")

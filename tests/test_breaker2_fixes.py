@@ -41,7 +41,7 @@ def test_backslash_and_odd_names_build_load_info_verify(src: Path, tmp_path: Pat
     "bad", ["/etc/passwd", "../x.png", "cat/../../x.png", "", "a\x00b", "cat/..", 5]
 )
 def test_sources_that_leave_the_root_are_still_refused(bad: object) -> None:
-    from packer.format import _source_ok
+    from packer.pack.format import _source_ok
 
     assert not _source_ok(bad)
     assert _source_ok("cat/x\\..\\y.png")  # one POSIX name: stays under the root
@@ -83,7 +83,7 @@ def test_dst_symlink_with_overwrite_is_refused_and_link_kept(
 
 
 def test_library_build_refuses_symlinked_dst(src: Path, tmp_path: Path) -> None:
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
     from packer.errors import InputError
 
     (tmp_path / "real").mkdir()
@@ -109,7 +109,7 @@ def test_leftover_old_pack_that_is_a_symlink_does_not_wedge_overwrite(
     # a link left aside with no DST is put back (the swap never finished)
     (tmp_path / "gone").symlink_to("rp")
     (tmp_path / "gone").rename(tmp_path / ".gone.imgpack-old")
-    from packer.workdir import recover_trash
+    from packer.build.workdir import recover_trash
 
     recover_trash(tmp_path / "gone")
     assert (tmp_path / "gone").is_symlink() and not (tmp_path / ".gone.imgpack-old").exists()
@@ -133,7 +133,7 @@ def test_compress_with_a_deeply_nested_options_record_redoes_instead_of_crashing
 
 @pytest.mark.parametrize("name", ["plan.json", "journal.jsonl"])
 def test_work_folder_files_nested_deeply_are_discarded(tmp_path: Path, name: str) -> None:
-    from packer.workdir import prepare_work_dir, read_journal
+    from packer.build.workdir import prepare_work_dir, read_journal
 
     work = tmp_path / "w"
     work.mkdir()
@@ -148,10 +148,10 @@ def test_every_json_reader_shares_the_guard() -> None:
     import re
 
     root = Path(packer.__file__).parent
-    for mod in ("format.py", "workdir.py", "compress.py", "verify.py", "scan.py", "cli.py"):
-        text = (root / mod).read_text()
-        calls = re.findall(r"json\.loads?\(", text)
-        allowed = 1 if mod == "format.py" else 0  # loads_json itself
+    for path in sorted(root.rglob("*.py")):
+        mod = path.relative_to(root).as_posix()
+        calls = re.findall(r"json\.loads?\(", path.read_text())
+        allowed = 1 if mod == "pack/format.py" else 0  # loads_json itself
         assert len(calls) == allowed, (mod, calls)
 
 
@@ -299,7 +299,7 @@ def test_sigterm_during_verify_is_like_ctrl_c_and_leaves_no_trace(
 
 
 def test_trace_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
-    from packer.verify import _export_trace
+    from packer.measure.verify import _export_trace
 
     class Prof:
         def __init__(self, fail: bool) -> None:
@@ -430,8 +430,8 @@ def test_bench_out_with_the_users_files_is_refused_and_a_previous_run_is_replace
 ) -> None:
     import dataclasses
 
-    import packer.bench
-    from packer.bench import BenchConfig, BenchResult
+    import packer.measure.bench
+    from packer.measure.bench import BenchConfig, BenchResult
 
     ran: list[int] = []
 
@@ -441,7 +441,7 @@ def test_bench_out_with_the_users_files_is_refused_and_a_previous_run_is_replace
         grid = {**dataclasses.asdict(BenchConfig(quick=True).grid), "workers": 1}
         return BenchResult(device="cpu", device_name="CPU", quick=True, machine=machine, grid=grid)
 
-    monkeypatch.setattr(packer.bench, "run_bench", tiny_run)
+    monkeypatch.setattr(packer.measure.bench, "run_bench", tiny_run)
     out = tmp_path / "b"
     out.mkdir()
     (out / "results.md").write_text("mine")  # a bench name, but beside a foreign file

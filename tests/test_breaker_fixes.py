@@ -19,15 +19,10 @@ import packer
 from conftest import cli_build as _build
 from conftest import cli_run as _cli
 from conftest import write_image
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 from packer.errors import InputError, UsageError
-from packer.labels import (
-    MAX_MISSING_LISTED,
-    apply_table,
-    list_source_images,
-    read_class_map,
-    read_table,
-)
+from packer.pack.reader import read_class_map
+from packer.sources.labels import MAX_MISSING_LISTED, apply_table, list_source_images, read_table
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +103,14 @@ def test_state_of_other_rows_refused_mid_epoch(pack6) -> None:
 )
 def test_zero_batch_epochs_warn(pack6, kw: dict, caplog: pytest.LogCaptureFixture) -> None:
     bs = kw.pop("bs")
-    with caplog.at_level(logging.WARNING, logger="packer.loader"):
+    with caplog.at_level(logging.WARNING, logger="packer.loading.loader"):
         ld = _loader(pack6, bs, **kw)
     assert len(ld) == 0 and list(ld) == []
     assert "0 batches" in caplog.text
 
 
 def test_nonempty_epoch_does_not_warn(pack6, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="packer.loader"):
+    with caplog.at_level(logging.WARNING, logger="packer.loading.loader"):
         _loader(pack6, 4, drop_last=True)
     assert "0 batches" not in caplog.text
 

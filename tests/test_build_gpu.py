@@ -11,9 +11,9 @@ import torch
 from click.testing import CliRunner
 
 import packer
-import packer.build
+import packer.build.run
 from conftest import write_image
-from packer.build import GPU_TOLERANCE, BuildConfig, build
+from packer.build.run import GPU_TOLERANCE, BuildConfig, build
 from packer.cli import cli
 
 
@@ -87,13 +87,13 @@ def test_an_image_the_gpu_fails_is_decoded_by_the_cpu_workers(
     """A JPEG that passes the workers' checks but fails in the batched decode: the
     batch is retried image by image, and the one that still fails goes to the CPU
     workers' decode, whose row is the CPU build's own."""
-    import packer.jpeg
+    import packer.imaging.jpeg
     from packer.errors import PackFormatError
 
     cfg = dict(size=(24, 20), workers=2)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
     bad = (photos / "zebra" / "p07.jpg").read_bytes()
-    real = packer.jpeg.decode_batch
+    real = packer.imaging.jpeg.decode_batch
     seen = {"batches": 0, "refused": 0}
 
     def flaky(datas, device="cpu", **kw):
@@ -103,7 +103,7 @@ def test_an_image_the_gpu_fails_is_decoded_by_the_cpu_workers(
         seen["batches"] += 1
         return real(datas, device, **kw)
 
-    monkeypatch.setattr(packer.jpeg, "decode_batch", flaky)
+    monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", flaky)
     out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert seen["refused"] == 2 and seen["batches"] > 1  # the batch, then the image alone
     assert out.count == cpu.count and out.skipped == cpu.skipped
@@ -120,13 +120,13 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
     groups journaled before it are kept, and the rerun's pack is the same bytes."""
     import errno
 
-    import packer.build_gpu
+    import packer.build.gpu
     from packer.errors import DiskFullError
 
     cfg = BuildConfig(size=(16, 16), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 4)
-    real = packer.build_gpu._write_group
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
+    real = packer.build.gpu._write_group
     calls: list[int] = []
 
     def full_at_third(*a):
@@ -135,10 +135,10 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*a)
 
-    monkeypatch.setattr(packer.build_gpu, "_write_group", full_at_third)
+    monkeypatch.setattr(packer.build.gpu, "_write_group", full_at_third)
     with pytest.raises(DiskFullError, match="disk is full"):
         build(photos, tmp_path / "out", cfg)
-    monkeypatch.setattr(packer.build_gpu, "_write_group", real)
+    monkeypatch.setattr(packer.build.gpu, "_write_group", real)
     r = build(photos, tmp_path / "out", cfg)
     assert r.resumed >= 4  # at least the first two groups
     for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
@@ -155,7 +155,7 @@ def test_each_file_is_read_once_and_what_the_gpu_does_not_take_goes_to_the_cpu(
 
     from PIL import Image
 
-    from packer.build_gpu import _read_group
+    from packer.build.gpu import _read_group
 
     good = write_image(tmp_path / "a.jpg", (40, 30))
     write_image(tmp_path / "b.png", (40, 30))
@@ -185,18 +185,18 @@ def test_each_file_is_read_once_and_what_the_gpu_does_not_take_goes_to_the_cpu(
 def test_a_jpeg_the_reader_does_not_pass_is_decoded_by_the_cpu_workers(
     photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer.build_gpu
+    import packer.build.gpu
 
     cfg = dict(size=(24, 20), workers=2)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
-    real = packer.build_gpu.plain_jpeg_size
+    real = packer.build.gpu.plain_jpeg_size
     size03 = (40 + 9 * 3, 30 + 5 * 3)  # zebra/p03.jpg's, no other image's
 
     def refuse(data, max_pixels):
         size = real(data, max_pixels)
         return None if size == size03 else size
 
-    monkeypatch.setattr(packer.build_gpu, "plain_jpeg_size", refuse)
+    monkeypatch.setattr(packer.build.gpu, "plain_jpeg_size", refuse)
     out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert out.count == cpu.count and out.skipped == cpu.skipped
     a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")

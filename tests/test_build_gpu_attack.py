@@ -1,4 +1,4 @@
-"""Hostile tests of the GPU build's pipeline (packer.build_gpu), run on the CPU.
+"""Hostile tests of the GPU build's pipeline (packer.build.gpu), run on the CPU.
 
 Each attacks one stage (readers, decoder, main thread, writers, CPU decode, journal) or
 the inputs (files that change before or after the reader's one read, groups of mixed or
@@ -18,16 +18,16 @@ import torch
 from PIL import Image
 
 import packer
-import packer.build
-import packer.build_gpu
-import packer.build_workers
-import packer.jpeg
+import packer.build.gpu
+import packer.build.run
+import packer.build.workers
+import packer.imaging.jpeg
 from conftest import write_image
-from packer.build import GPU_TOLERANCE, BuildConfig, build
-from packer.decode import decode_into
+from packer.build.run import GPU_TOLERANCE, BuildConfig, build
+from packer.build.workdir import work_dir_for
 from packer.errors import DecodeError, PackFormatError
-from packer.format import digest, image_bytes
-from packer.workdir import work_dir_for
+from packer.imaging.decode import decode_into
+from packer.pack.format import digest, image_bytes
 
 FILES = ("_tensordict/images.memmap", "_tensordict/labels.memmap")
 
@@ -66,11 +66,11 @@ def _nth(n: int, real, err: type[BaseException]):
 
 STAGES = {
     # where: (module, attribute) of the function made to fail on its 2nd call
-    "reader": (packer.build_gpu, "_read_group"),
-    "decoder": (packer.jpeg, "decode_batch"),
-    "main": (packer.jpeg, "resize_images"),
-    "writer": (packer.build_gpu, "_write_group"),
-    "retry": (packer.build_workers, "_decode_paths"),  # on a writer thread: workers=1 only
+    "reader": (packer.build.gpu, "_read_group"),
+    "decoder": (packer.imaging.jpeg, "decode_batch"),
+    "main": (packer.imaging.jpeg, "resize_images"),
+    "writer": (packer.build.gpu, "_write_group"),
+    "retry": (packer.build.workers, "_decode_paths"),  # on a writer thread: workers=1 only
 }
 
 
@@ -91,10 +91,10 @@ def test_an_error_in_any_stage_ends_the_build_and_the_rerun_is_identical(
         raise PackFormatError("image 0: test")
 
     def setting() -> None:  # the same for the clean build, the faulty one and the rerun
-        monkeypatch.setattr(packer.build, "_build_device", lambda c: torch.device("cpu"))
-        monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 4)  # 9 groups
+        monkeypatch.setattr(packer.build.run, "_build_device", lambda c: torch.device("cpu"))
+        monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)  # 9 groups
         if stage == "retry":  # no JPEG decodes: the writers run the CPU decode (pool None)
-            monkeypatch.setattr(packer.jpeg, "decode_batch", refuse)
+            monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
 
     setting()
     cfg = BuildConfig(size=(16, 12), workers=workers, device="cuda")
@@ -123,16 +123,16 @@ def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
     """Every chunk is recorded once, in chunk order, from one thread; ``sync`` only on a
     group's last chunk; and when a chunk is recorded its rows are already in the rows
     file (its SHA-256 matches). Groups mix GPU rows, workers' rows, skips and retries."""
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 3)
-    real_decode = packer.jpeg.decode_batch
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 3)
+    real_decode = packer.imaging.jpeg.decode_batch
 
     def some_fail(datas, device="cpu", **kw):  # every image of an odd length: retried
         if any(len(d) % 2 for d in datas):
             raise PackFormatError("image 0: test")
         return real_decode(datas, device, **kw)
 
-    monkeypatch.setattr(packer.jpeg, "decode_batch", some_fail)
-    real = packer.build_gpu.decode_chunks_batched
+    monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", some_fail)
+    real = packer.build.gpu.decode_chunks_batched
     seen: list[tuple[int, bool, str]] = []
     given: list[int] = []
 
@@ -151,7 +151,7 @@ def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
 
         return real(chunks, spec, rows_path, device, pool, rec, after_submit)
 
-    monkeypatch.setattr(packer.build_gpu, "decode_chunks_batched", wrapped)
+    monkeypatch.setattr(packer.build.gpu, "decode_chunks_batched", wrapped)
     cfg = dict(size=(16, 12), workers=2)
     build(photos, tmp_path / "cpu", BuildConfig(**cfg))
     build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
@@ -170,10 +170,10 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
     far ahead as the main thread goes) has started, the buffers going round meanwhile:
     no buffer is handed to two writers at once, a held buffer's rows do not change
     under its writer, buffers are reused, and the pack is the unheld build's."""
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 1)  # a group per image
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 1)  # a group per image
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
-    real = packer.build_gpu._write_group
+    real = packer.build.gpu._write_group
     lock, go = threading.Lock(), threading.Event()
     in_use: set[int] = set()
     ptrs: set[int] = set()
@@ -182,7 +182,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
     def held(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
         with lock:  # 8 groups past the held one: as far as the main thread goes
-            if first and group[0][0] >= first[0] + 2 * packer.build_gpu._WRITERS:
+            if first and group[0][0] >= first[0] + 2 * packer.build.gpu._WRITERS:
                 go.set()
         if host is None:
             return real(fd, row, group, at, sizes, host, copied, cpu, writeback, release)
@@ -206,9 +206,9 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
         return real(fd, row, group, at, sizes, host, copied, cpu, writeback, rel)
 
-    monkeypatch.setattr(packer.build_gpu, "_write_group", held)
+    monkeypatch.setattr(packer.build.gpu, "_write_group", held)
     build(photos, tmp_path / "out", cfg)
-    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build_gpu._WRITERS + 2
+    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build.gpu._WRITERS + 2
     assert _same(tmp_path / "out", tmp_path / "ref")
 
 
@@ -217,7 +217,7 @@ def test_a_write_failing_mid_group_journals_no_chunk_of_that_group(
 ) -> None:
     """pwrite fails on the 2nd chunk of a group: its 1st chunk (written) is not
     journaled either, the error ends the build, and the rerun is a clean build."""
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 4)
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
     row = image_bytes(cfg.spec.shape)
@@ -298,7 +298,7 @@ def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
     target.write_bytes(small)
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", max_pixels=20_000)
     build(image_tree, tmp_path / "ref", cfg)
-    real = packer.build_gpu._read_group
+    real = packer.build.gpu._read_group
 
     def change_once(paths, max_pixels, cpu_decode):
         mine = str(target) in paths and target.is_file() and target.read_bytes() == small
@@ -309,7 +309,7 @@ def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
             _change(target, how, (small, big))
         return out
 
-    monkeypatch.setattr(packer.build_gpu, "_read_group", change_once)
+    monkeypatch.setattr(packer.build.gpu, "_read_group", change_once)
     out = build(image_tree, tmp_path / "out", cfg)
     skips = {s["path"]: s["reason"] for s in out.skipped}
     if when == "after":
@@ -339,7 +339,7 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
     """No image decodes on the "GPU" (the batch and every image alone fail, or the
     reader passes none): every group is written from the CPU workers' rows alone (no pinned
     buffer), and the pack is the CPU build's, byte for byte."""
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", group)
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", group)
     cfg = dict(size=(16, 12), workers=workers)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg))
     if where == "decode":
@@ -347,9 +347,9 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
         def refuse(datas, device="cpu", **kw):
             raise PackFormatError("image 0: test")
 
-        monkeypatch.setattr(packer.jpeg, "decode_batch", refuse)
+        monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
     else:
-        monkeypatch.setattr(packer.build_gpu, "plain_jpeg_size", lambda data, max_pixels: None)
+        monkeypatch.setattr(packer.build.gpu, "plain_jpeg_size", lambda data, max_pixels: None)
     gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
     assert _same(tmp_path / "cpu", tmp_path / "gpu")
@@ -388,7 +388,7 @@ def test_interrupted_anywhere_then_rerun_is_byte_identical(
     """KeyboardInterrupt at the n-th journaled chunk (groups of 4, 2 workers), then a
     rerun: the clean build's bytes. (How far the first run's journal got varies: the
     journal thread goes on with groups already written until the main thread stops it.)"""
-    monkeypatch.setattr(packer.build_gpu, "GROUP_IMAGES", 4)
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
     stop = _nth(stop_at, lambda n: None, KeyboardInterrupt)

@@ -12,9 +12,9 @@ from PIL import Image
 
 import packer
 from conftest import write_image
-from packer.build import BuildConfig, build
-from packer.decode import ResizeSpec, decode
+from packer.build.run import BuildConfig, build
 from packer.errors import InputError, UsageError
+from packer.imaging.decode import ResizeSpec, decode
 
 
 def test_pixels_equal_decode_of_each_source(packed: Path, image_tree: Path) -> None:
@@ -86,7 +86,7 @@ def test_bad_options(image_tree: Path, tmp_path: Path, config: BuildConfig, mess
 
 
 def test_tensordict_opens_the_same_directory(packed: Path) -> None:
-    from packer.pack import ImagePack
+    from packer.pack.reader import ImagePack
 
     td = ImagePack.load_memmap(packed)
     ours = packer.load(packed)

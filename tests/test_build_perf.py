@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import packer.build as pb
-import packer.build_workers as pbw
-from packer.build import BuildConfig, build
-from packer.decode import ResizeSpec, decode_into, load_resized, store_into
-from packer.workdir import JOURNAL
+import packer.build.run as pb
+import packer.build.workers as pbw
+from packer.build.run import BuildConfig, build
+from packer.build.workdir import JOURNAL
+from packer.imaging.decode import ResizeSpec, decode_into, load_resized, store_into
 
 
 def test_time_split_accounts_for_each_chunk(image_tree: Path, tmp_path: Path) -> None:

@@ -106,12 +106,12 @@ def test_existing_pack_refused(runner: CliRunner, packed: Path, image_tree: Path
 def test_ctrl_c_says_how_to_resume(
     runner: CliRunner, image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer.build
+    import packer.build.run
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.build, "build", interrupted)
+    monkeypatch.setattr(packer.build.run, "build", interrupted)
     r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p")])
     assert r.exit_code == 130 and "run the same command again to resume" in r.stderr
 
@@ -152,12 +152,12 @@ def test_verify_output_paths_refused_before_the_work(
     path: str,
     line: str,
 ) -> None:
-    import packer.verify
+    import packer.measure.verify
 
     def never(*a, **k):
         raise AssertionError("verify ran")
 
-    monkeypatch.setattr(packer.verify, "verify", never)
+    monkeypatch.setattr(packer.measure.verify, "verify", never)
     (tmp_path / "file.txt").write_text("x")
     fmt = {"tmp": str(tmp_path)}
     r = runner.invoke(cli, ["verify", str(packed), option, path.format(**fmt)])

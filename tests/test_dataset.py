@@ -71,7 +71,7 @@ def test_stateful_dataloader_resumes_mid_epoch(packed: Path) -> None:
 
 def test_split_deterministic_disjoint_complete_stratified(tmp_path: Path) -> None:
 
-    from packer.bench.synth import make_random_pack
+    from packer.measure.bench.synth import make_random_pack
 
     pack = packer.load(make_random_pack(tmp_path / "r", 103, 4, classes=5))
     parts = packer.split(pack, fractions=(0.7, 0.2, 0.1), seed=3)

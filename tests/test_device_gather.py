@@ -17,10 +17,10 @@ from test_loader import RecordingTransform
 from test_targets_loader import build_with_table, image_paths
 
 import packer
-from packer import _device_gather as dg
-from packer.build import build
-from packer.build_config import BuildConfig
+from packer.build.config import BuildConfig
+from packer.build.run import build
 from packer.errors import UsageError
+from packer.loading import device_gather as dg
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -15,8 +15,8 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
         "import packer, types\n"
         "for name in packer.__all__:\n"
         "    assert getattr(packer, name) is not None, name\n"
-        "assert isinstance(packer.build, types.ModuleType)\n"
-        "assert callable(packer.build_pack) and packer.build_pack is packer.build.build\n"
+        "assert isinstance(packer.build.run, types.ModuleType)\n"
+        "assert callable(packer.build_pack) and packer.build_pack is packer.build.run.build\n"
         "assert issubclass(packer.InputError, packer.PackerError)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -66,3 +66,58 @@ def test_no_module_imports_upward() -> None:
                     if a.name in ("packer", "packer.cli")
                 ]
     assert bad == []
+
+
+# The stages of the data path, lowest first: a module may import its own stage and the
+# stages below it, never one above (lazy imports inside functions count too).
+_STAGE_RANK = {
+    "errors": 0,
+    "_version": 0,
+    "sources": 1,
+    "imaging": 2,
+    "transforms": 2,  # the public face of imaging's transforms
+    "pack": 3,
+    "build": 4,
+    "loading": 4,
+    "compress": 5,
+    "measure": 6,
+    "cli": 9,
+    "__main__": 9,
+    "__init__": 9,
+}
+_PEERS = {frozenset({"imaging", "transforms"}), frozenset({"cli", "__main__"})}
+
+
+def _imports_of(path, module: str, is_pkg: bool):
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = module.split(".") if is_pkg else module.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            yield from [target] if node.module else (f"{target}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("packer."):
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.startswith("packer."))
+
+
+def test_stages_import_only_downward() -> None:
+    from pathlib import Path
+
+    root = Path(packer.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        is_pkg = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_pkg else parts)
+        mine = parts[1] if len(parts) > 1 else "__init__"
+        for target in _imports_of(path, module, is_pkg):
+            theirs = target.split(".")[1] if "." in target else "__init__"
+            if theirs == mine or frozenset({mine, theirs}) in _PEERS:
+                continue
+            assert mine in _STAGE_RANK and theirs in _STAGE_RANK, (module, target)
+            if _STAGE_RANK[theirs] >= _STAGE_RANK[mine]:
+                bad.append(f"{module} imports {target}")
+    assert not bad, "\n".join(bad)

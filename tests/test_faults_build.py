@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import packer
-import packer.build
-import packer.finalize
+import packer.build.finalize
+import packer.build.run
 from conftest import subprocess_env, write_image
-from packer.build import BuildConfig, build, work_dir_for
+from packer.build.run import BuildConfig, build, work_dir_for
 from packer.cli import cli
 from packer.compress import CompressConfig, compress, output_names
-from packer.decode import ResizeSpec, load_resized, open_image
 from packer.errors import InputError, NoUsableImagesError
-from packer.scan import scan_tree, walk_images
+from packer.imaging.decode import ResizeSpec, load_resized, open_image
+from packer.sources.scan import scan_tree, walk_images
 
 PACK_FILES = (
     "_tensordict/images.memmap",
@@ -97,7 +97,7 @@ def test_compress_killed_before_rename_leaves_nothing_that_becomes_an_image(
 
 DEAD_WORKER = textwrap.dedent("""
     import sys
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
     from packer.errors import PackerError
     if __name__ == "__main__":
         try:
@@ -120,7 +120,7 @@ def flat300(tmp_path: Path) -> Path:
 
 def run_dead_worker(tmp_path: Path, src: Path, dst: Path, when: str) -> tuple[int, str]:
     """Build in a subprocess whose pool worker SIGKILLs itself as it starts chunk
-    DIES_AT (packer.build's test hook): ``once`` (then the retry pool gets through) or
+    DIES_AT (packer.build.run's test hook): ``once`` (then the retry pool gets through) or
     ``always`` (the retry pool's worker dies too). The kill lands while that chunk is
     unfinished, however fast the other worker runs: no race with the machine's load."""
     script = tmp_path / "dead.py"
@@ -132,7 +132,7 @@ def run_dead_worker(tmp_path: Path, src: Path, dst: Path, when: str) -> tuple[in
             [sys.executable, str(script), str(src), str(dst)],
             stdout=log,
             stderr=log,
-            env={**ENV, packer.build.TEST_DEATH_ENV: hook},
+            env={**ENV, packer.build.run.TEST_DEATH_ENV: hook},
             timeout=60,  # the old pool waited here forever
         )
     assert marker.exists() == (when == "once")
@@ -224,7 +224,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.finalize, "_reached", crash)
+    monkeypatch.setattr(packer.build.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, dst, config)
     monkeypatch.undo()
@@ -519,7 +519,7 @@ def test_a_pool_that_breaks_while_chunks_are_submitted_is_a_dead_worker_not_a_tr
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from packer import build as build_mod
+    from packer.build import run as build_mod
 
     pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
     with pytest.raises(BrokenProcessPool):

@@ -1,4 +1,4 @@
-"""packer.jpeg: batched JPEG decode, boxes and resize (CPU; CUDA with skipif)."""
+"""packer.imaging.jpeg: batched JPEG decode, boxes and resize (CPU; CUDA with skipif)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torchvision.transforms.v2 import functional as F
 
 from conftest import subprocess_env
 from packer.errors import PackFormatError
-from packer.jpeg import (
+from packer.imaging.jpeg import (
     decode_batch,
     decode_resized,
     fit_boxes,
@@ -157,8 +157,8 @@ def test_resize_images_equals_the_padded_route(datas):
 
 
 RAGGED = """
-import numpy as np, torch, packer.transforms as T, packer._resample_triton as R
-from packer import jpeg as J
+import numpy as np, torch, packer.transforms as T, packer.imaging.resample_triton as R
+from packer.imaging import jpeg as J
 g = torch.Generator().manual_seed(0)
 shapes = [(20, 26), (17, 31), (33, 12)]
 imgs = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in shapes]

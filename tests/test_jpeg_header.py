@@ -1,4 +1,4 @@
-"""packer.decode.plain_jpeg_size: which files the GPU build decodes on the GPU, read from
+"""packer.imaging.decode.plain_jpeg_size: which files the GPU build decodes on the GPU, read from
 the header bytes alone, against what Pillow says of the same bytes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.decode import open_image, plain_jpeg_size
+from packer.imaging.decode import open_image, plain_jpeg_size
 
 BIG = 10**9
 

@@ -11,10 +11,10 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 import packer
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
-from packer.jpeg import CROP_FRACTION, fit_boxes
-from packer.loader import batch_seed
+from packer.imaging.jpeg import CROP_FRACTION, fit_boxes
+from packer.loading.loader import batch_seed
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 
 N = 37
@@ -177,7 +177,7 @@ def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path)
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 photo-like JPEGs of two sizes (4:2:0, quality 90), so decoders can differ."""
-    from packer.bench.synth import make_jpeg_tree
+    from packer.measure.bench.synth import make_jpeg_tree
 
     tmp = tmp_path_factory.mktemp("photos")
     make_jpeg_tree(tmp / "a", 12, (61, 47), quality=90, threads=1)
@@ -270,7 +270,7 @@ def test_damaged_scan_data_and_sizes_are_errors_both_ways(photos: Path, tmp_path
 
 def test_cpu_crop_reads_only_its_box(tmp_path: Path) -> None:
     """The box is cut out before resampling: nothing from outside it bleeds in."""
-    from packer.jpeg import decode_crop_cpu
+    from packer.imaging.jpeg import decode_crop_cpu
 
     im = Image.new("RGB", (64, 32))
     im.paste((255, 255, 255), (32, 0, 64, 32))  # black left half, white right half

@@ -18,12 +18,12 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 import packer
-import packer.build
-import packer.finalize
+import packer.build.finalize
+import packer.build.run
 from conftest import subprocess_env, write_image
-from packer.build import BuildConfig, build
-from packer.decode import pil_quality
+from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
+from packer.imaging.decode import pil_quality
 
 JPEG_FILES = (
     "_tensordict/jpeg.memmap",
@@ -172,7 +172,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.finalize, "_reached", crash)
+    monkeypatch.setattr(packer.build.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, dst, CFG)
     monkeypatch.undo()
@@ -183,7 +183,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
 
 KILL = textwrap.dedent("""
     import os, signal, sys
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
     def progress(n):
         os.kill(os.getpid(), signal.SIGKILL)  # after the first journaled chunk
     if __name__ == "__main__":
@@ -210,7 +210,7 @@ def test_kill_9_then_rerun_gives_identical_bytes(tmp_path: Path) -> None:
             timeout=120,
         )
     assert p.returncode == -signal.SIGKILL, err.read_text()[-2000:]
-    work = packer.build.work_dir_for(dst)
+    work = packer.build.run.work_dir_for(dst)
     assert (work / "journal.jsonl").read_text().count("\n") >= 1
     r = build(src.parent, dst, BuildConfig(store="jpeg", workers=2))
     assert r.resumed > 0
@@ -280,7 +280,7 @@ def test_pil_decode_of_reencoded_bytes_is_upright_rgb(tmp_path: Path) -> None:
 
 
 def test_verify_checks_bytes_index_and_decodes(image_tree: Path, jpack: Path) -> None:
-    from packer.verify import VerifyConfig, verify
+    from packer.measure.verify import VerifyConfig, verify
 
     cfg = VerifyConfig(source=image_tree, throughput=False, sample=None)
     r = verify(jpack, cfg)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import packer
-from packer.bench.synth import make_jpeg_tree
+from packer.measure.bench.synth import make_jpeg_tree
 
 
 @pytest.mark.parametrize("store", ["raw", "jpeg"])

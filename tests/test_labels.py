@@ -13,19 +13,17 @@ import torch
 
 from conftest import write_image
 from packer.errors import InputError, PackFormatError, UsageError
-from packer.labels import (
+from packer.pack.format import check_label_arrays, check_label_fields, label_fields
+from packer.pack.reader import read_class_map
+from packer.sources.labels import (
     LabelTable,
     apply_class_map,
     apply_table,
-    check_label_arrays,
-    check_label_fields,
-    label_fields,
     list_source_images,
-    read_class_map,
     read_table,
     resolve_classes,
 )
-from packer.scan import scan_tree
+from packer.sources.scan import scan_tree
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -37,7 +35,7 @@ def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
 def fake_pack(root: Path, classes: object, fmt: str = "imgpack") -> Path:
     """A folder whose imgpack.json is a valid empty pack's manifest, with ``classes``
     and ``format`` put in as given (read_class_map reads the manifest alone)."""
-    from packer.format import Checksums, Manifest
+    from packer.pack.format import Checksums, Manifest
 
     root.mkdir(parents=True)
     m = Manifest(

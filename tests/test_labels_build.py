@@ -13,13 +13,13 @@ import torch
 from click.testing import CliRunner
 
 import packer
-import packer.build
-import packer.finalize
+import packer.build.finalize
+import packer.build.run
 from conftest import subprocess_env, write_image
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
-from packer.format import describe
+from packer.pack.format import describe
 
 FILES = ("images.memmap", "labels.memmap", "targets.memmap", "meta.json")
 
@@ -473,7 +473,7 @@ def test_class_to_idx_and_target_names_belong_to_the_whole_pack(packed: Path) ->
 KILL_AFTER_FIRST_CHUNK = """
 import os, signal, sys
 from pathlib import Path
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 
 def progress(n):
     os.kill(os.getpid(), signal.SIGKILL)  # the journal line of one chunk is on disk
@@ -519,7 +519,7 @@ def test_crash_in_finalize_with_targets_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.finalize, "_reached", crash)
+    monkeypatch.setattr(packer.build.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, tmp_path / "p", cfg)
     monkeypatch.undo()

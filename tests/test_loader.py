@@ -7,7 +7,7 @@ import torch
 
 import packer
 from packer.errors import UsageError
-from packer.loader import epoch_indices
+from packer.loading.loader import epoch_indices
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -91,7 +91,7 @@ def test_bad_rank(packed: Path) -> None:
 def test_background_error_reaches_the_consumer(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer._producer as producer_mod  # where _Pass looks _take up
+    import packer.loading.producer as producer_mod  # where _Pass looks _take up
 
     loader = packer.PackLoader(packed, 4, device="cpu", prefetch=1)
     calls = {"n": 0}
@@ -165,7 +165,7 @@ def test_cuda_resident_mode_same_batches(packed: Path) -> None:
 @cuda
 def test_cuda_many_batches_with_reused_buffers(tmp_path: Path) -> None:
     """More batches than pinned buffers, consumer slower than producer: no stale data."""
-    from packer.bench.synth import make_random_pack
+    from packer.measure.bench.synth import make_random_pack
 
     pack = packer.load(make_random_pack(tmp_path / "r", 600, 16))
     fast = packer.PackLoader(pack, 7, device="cuda", seed=9, prefetch=2, num_threads=3)
@@ -288,7 +288,7 @@ def test_transform_without_generator_and_error(packed: Path) -> None:
 
 
 def test_normalize_still_importable_from_loader() -> None:
-    from packer.loader import IMAGENET_MEAN, Normalize
+    from packer.loading.loader import IMAGENET_MEAN, Normalize
 
     assert Normalize is packer.Normalize and IMAGENET_MEAN[0] == 0.485
 

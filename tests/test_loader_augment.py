@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 import packer
-from packer.bench.synth import make_random_pack
+from packer.measure.bench.synth import make_random_pack
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
 

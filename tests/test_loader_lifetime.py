@@ -17,7 +17,7 @@ import torch
 
 import packer
 from conftest import subprocess_env
-from packer import loader as loader_mod
+from packer.loading import loader as loader_mod
 
 
 def _rss_mb() -> float:
@@ -81,7 +81,7 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> None:
-    from packer.bench.synth import make_random_pack
+    from packer.measure.bench.synth import make_random_pack
 
     pack = packer.load(make_random_pack(tmp_path / "r", 256, 64))  # 12 KiB images
     _cycles(pack)  # threads, passes and tensors checked inside
@@ -96,7 +96,7 @@ def test_dropped_loaders_hand_their_memory_back(tmp_path: Path) -> None:
     cycle depends on the core count (seen on 16 cores: +86, +159, +180 MiB with nothing
     referenced). With the arena count fixed, a leak still shows as growth by about one
     cycle's batches each cycle; what the allocator keeps does not grow."""
-    from packer.bench.synth import make_random_pack
+    from packer.measure.bench.synth import make_random_pack
 
     path = make_random_pack(tmp_path / "r", 256, 64)
     code = textwrap.dedent(

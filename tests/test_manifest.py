@@ -14,9 +14,9 @@ from click.testing import CliRunner
 import packer
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
-from packer.format import Manifest, describe, read_manifest
-from packer.pack import ImagePack
-from packer.verify import VerifyConfig, verify
+from packer.measure.verify import VerifyConfig, verify
+from packer.pack.format import Manifest, describe, read_manifest
+from packer.pack.reader import ImagePack
 
 
 def edit(pack: Path, change) -> None:
@@ -159,7 +159,7 @@ def test_pack_attributes(packed: Path) -> None:
 
 
 def test_random_pack_of_the_scripts_verifies(tmp_path: Path) -> None:
-    from packer.bench.synth import make_random_pack
+    from packer.measure.bench.synth import make_random_pack
 
     path = make_random_pack(tmp_path / "r", 300, 8, classes=3)
     r = verify(path, VerifyConfig(throughput=False, use_recorded_source=False))

@@ -9,9 +9,9 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from conftest import write_image
-from packer.decode import ResizeSpec, decode, parse_size
 from packer.errors import DecodeError, InputError
-from packer.scan import scan_tree
+from packer.imaging.decode import ResizeSpec, decode, parse_size
+from packer.sources.scan import scan_tree
 
 
 def test_classes_and_order_match_imagefolder(image_tree: Path) -> None:
@@ -160,7 +160,7 @@ def test_parse_size_rejects(text: str) -> None:
 
 @pytest.mark.parametrize("text", ["0", "9000", "-5", "224x0"])
 def test_size_range_checked_once_by_the_build_config(text: str) -> None:
-    from packer.build import BuildConfig
+    from packer.build.run import BuildConfig
     from packer.errors import UsageError
 
     size = parse_size(text)  # the syntax is fine; the range is the config's to check

@@ -1,4 +1,4 @@
-"""scripts/train_imagenet.py runs the standard recipe on the CPU: two tiny epochs, then resumes."""
+"""examples/train_imagenet.py runs the standard recipe on the CPU: two tiny epochs, then resumes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 import packer
 from conftest import subprocess_env
-from packer.build import BuildConfig, build
+from packer.build.run import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 def run(*args: str) -> str:
     env = subprocess_env(OMP_NUM_THREADS="2")
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/train_imagenet.py"), *args],
+        [sys.executable, str(ROOT / "examples/train_imagenet.py"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -69,7 +69,7 @@ def script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "train_imagenet", ROOT / "scripts/train_imagenet.py"
+        "train_imagenet", ROOT / "examples/train_imagenet.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -254,7 +254,7 @@ def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """The CUDA kernel's logic, run by Triton's CPU interpreter against the matmul path."""
     pytest.importorskip("triton")
     code = (
-        "import torch, packer.transforms as T, packer._resample_triton as R\n"
+        "import torch, packer.transforms as T, packer.imaging.resample_triton as R\n"
         "R.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python\n"
         "g = torch.Generator().manual_seed(0)\n"
         "x = torch.randint(0, 256, (3, 3, 20, 26), generator=g, dtype=torch.uint8)\n"
@@ -339,7 +339,7 @@ def test_cuda_transforms_never_make_the_host_wait() -> None:
 
 def test_kernel_choice_by_scale() -> None:
     pytest.importorskip("triton")
-    from packer import _resample_triton as R
+    from packer.imaging import resample_triton as R
 
     assert R.fits((256 / 224, 256 / 224))  # RandomResizedCrop 256² -> 224²
     assert R.fits((1024 / 224, 768 / 224))  # Resize of a large photo

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.build import BuildConfig, build, dest_lock, work_dir_for
+from packer.build.run import BuildConfig, build, dest_lock, work_dir_for
 from packer.errors import DiskFullError, PackBusyError, PackFormatError
 
 
@@ -73,7 +73,7 @@ def test_loading_imports_nothing_named_in_the_pack(packed: Path) -> None:
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
     seen = 0
     def progress(n):
         global seen
@@ -191,7 +191,7 @@ def test_rows_in_memory_are_not_preallocated_but_room_is_checked(
     import shutil
     from collections import namedtuple
 
-    import packer.workdir as wd
+    import packer.build.workdir as wd
 
     monkeypatch.setattr(wd, "_in_memory", lambda fd: False)
     build(image_tree, tmp_path / "disk", BuildConfig(size=(8, 8), workers=1))
@@ -225,7 +225,7 @@ def _mount_type(path: Path) -> str | None:
 
 @pytest.mark.skipif(not Path("/proc/self/mounts").exists(), reason="Linux only")
 def test_in_memory_agrees_with_the_mount_table(tmp_path: Path) -> None:
-    import packer.workdir as wd
+    import packer.build.workdir as wd
 
     for path in (tmp_path, Path("/dev/shm"), Path("/")):
         if not path.is_dir():

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import write_image
 from packer.cli import cli
 from packer.errors import UsageError
-from packer.verify import VerifyConfig, verify
+from packer.measure.verify import VerifyConfig, verify
 
 NO_SPEED = VerifyConfig(throughput=False, sample=None)
 
@@ -112,7 +112,7 @@ def test_plot_is_written(packed: Path, tmp_path: Path) -> None:
 
 
 def test_folder_baseline_times_only_the_packed_images(image_tree: Path, tmp_path: Path) -> None:
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
 
     (image_tree / "cat" / "empty.jpg").write_bytes(b"")
     (image_tree / "dog" / "trunc.jpg").write_bytes(
@@ -131,7 +131,7 @@ def test_folder_baseline_times_only_the_packed_images(image_tree: Path, tmp_path
 
 
 def test_cli_verify_says_what_the_baseline_left_out(image_tree: Path, tmp_path: Path) -> None:
-    from packer.build import BuildConfig, build
+    from packer.build.run import BuildConfig, build
 
     (image_tree / "cat" / "empty.jpg").write_bytes(b"")
     build(image_tree, tmp_path / "p", BuildConfig(size=(16, 16), workers=1))

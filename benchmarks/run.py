@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""The maintained benchmarks, one entry point: list them, run some, print their tables.
+
+    python3 benchmarks/run.py list                     # what there is
+    python3 benchmarks/run.py augment train            # on a GPU machine, in one call
+    OUT=/tmp/out python3 benchmarks/run.py tests cuda  # logs and JSON under $OUT (./out)
+
+Each benchmark measures its baseline in the same run and prints a table last; logs
+and JSON go under ``$OUT``. The tables are printed again at the end, in order, so
+one call's output tail holds all of them. Exit status: 0 when every part ran,
+1 when one failed (the others still run), 2 for an unknown part.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORK = os.environ.get("IMGPACK_BENCH_WORK", "/tmp/imgpack-gpu")
+PY = sys.executable
+
+# name: (what it answers, the command; {out} and {work} are filled in)
+PARTS: dict[str, tuple[str, list[str]]] = {
+    "tests": ("the whole test suite, CUDA tests included",
+              [PY, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-x"]),
+    "cuda": ("the test files that hold CUDA tests",
+             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-m", "cuda", "tests"]),
+    "augment": ("batched per-image augmentation on the GPU vs a device copy of the same bytes",
+                [PY, str(HERE / "augment.py"), "--device", "cuda", "--json", "{out}/augment.json"]),
+    "train": ("ResNet-18/50 fed by PackLoader + augmentation vs resident batches vs ImageFolder",
+              [PY, str(HERE / "train_aug.py"), "--jpeg", "--work", "{work}", "--out", "{out}"]),
+    "rn50": ("ResNet-50 fed by a JPEG pack vs resident batches",
+             [PY, str(HERE / "train_aug.py"), "--jpeg", "--archs", "resnet50", "--no-folder",
+              "--work", "{work}", "--out", "{out}"]),
+    "stream": ("PackLoader on 50,000-image packs vs the machine's copy limits",
+               [PY, str(HERE / "stream.py"), "--work", "{work}"]),
+    "build": ("build speed vs the machine's 16-process decode ceiling",
+              [PY, str(HERE / "build.py"), "--images", "16000", "--work", "{work}"]),
+    "gpubuild": ("build --device cuda vs the CPU build vs the ceiling",
+                 [PY, str(HERE / "build.py"), "--sets", "b", "--variants", "new,gpu", "--no-disk",
+                  "--repeats", "3", "--images", "16000", "--work", "{work}/build"]),
+    "jpeg": ("JPEG packs and the GPU build vs the CPU ceiling",
+             [PY, str(HERE / "jpeg.py"), "--images", "8192", "--work", "{work}/jpeg"]),
+    "compress": ("imgpack compress: size and time per quality",
+                 [PY, str(HERE / "compress.py"), "--work", "{work}/compress"]),
+    "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
+              [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
+}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("list", "-h", "--help"):
+        print(__doc__)
+        for name, (what, _) in PARTS.items():
+            print(f"  {name:10s} {what}")
+        return 0
+    unknown = [a for a in argv if a not in PARTS]
+    if unknown:
+        print(f"unknown part(s): {' '.join(unknown)}; choose from {' '.join(PARTS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    out = Path(os.environ.get("OUT", ROOT / "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OUT": str(out), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    failed = []
+    for name in argv:
+        cmd = [c.format(out=out, work=WORK) for c in PARTS[name][1]]
+        print(f"==== {name}: {' '.join(cmd)}", flush=True)
+        with open(out / f"{name}.txt", "w") as log:
+            rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if rc:
+            failed.append(name)
+    for name in argv:
+        lines = (out / f"{name}.txt").read_text(errors="replace").splitlines()
+        print(f"==== {name}" + (" (FAILED)" if name in failed else ""))
+        print("\n".join(lines[-25:]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,422 @@
+"""Train a torchvision ResNet on ImageNet-style packs with the standard recipe.
+
+The recipe of torchvision's reference script and the classic ImageNet example,
+fed by packs instead of JPEG folders:
+  train  per-image RandomResizedCrop(224) + horizontal flip (packer.transforms,
+         on the loader's device and stream), Normalize at the model's front,
+         SGD with momentum and weight decay, cosine or step LR with linear warm-up,
+         optional label smoothing, bf16 autocast and channels_last on CUDA
+  val    CenterCrop(224) of a pack built at 256 (see below), top-1 / top-5
+  after every epoch a checkpoint (written to a temporary name, then renamed);
+  --resume continues from one. Under torchrun each process is one DDP rank.
+
+Packs:
+    imgpack build imagenet/train train256/ --size 256 --resize crop
+    imgpack build imagenet/val   val256/   --size 256 --resize crop
+
+A val pack built ``--size 256 --resize crop`` holds the centre 256x256 of each
+image after its shorter side was resized to 256, so its CenterCrop(224) is the
+window of torchvision's ``Resize(256) + CenterCrop(224)`` to within half a pixel:
+the build cuts the exact centre with one sub-pixel Pillow resample (antialiased
+bilinear) from the original, where torchvision truncates the resized long side
+and rounds the crop offset; on sample_data the pixels differ by 1.0 grey level
+(median over images; worst 5.4, a fine texture). Train crops come from the
+256-short-side image's centre square rather than from the whole original image, so boxes near
+the long side's ends are not seen (for a 4:3 photo, 1/4 of its width).
+
+    python examples/train_imagenet.py --train train256 --val val256 --arch resnet50
+    torchrun --standalone --nproc-per-node 8 examples/train_imagenet.py --train ... --val ...
+    python examples/train_imagenet.py ... --res-schedule 160:0,192:6,224:12   # progressive
+    python examples/train_imagenet.py ... --resume runs/last.pt
+
+Bad input (a missing or unlabeled pack, a val pack whose class map is not
+train's, a checkpoint of something else, an out-of-range option) stops before
+any training with one ``Error: ...`` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+
+import torch
+import torch.distributed as dist
+import torchvision
+from torch import nn
+
+import packer
+from packer.errors import PackerError
+from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
+
+
+class Fail(Exception):
+    """Bad input: ``main`` prints ``Error: <message>`` and exits 2."""
+
+
+def _number(
+    kind: Callable[[str], float], lo: float, hi: float | None = None, *, lo_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: ``kind`` in [lo, hi] (or (lo, hi] with ``lo_open``), finite."""
+
+    def parse(text: str) -> float:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi):
+            span = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
+            raise argparse.ArgumentTypeError(f"{text} is outside {span}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE = _number(int, 1)
+NONNEGATIVE = _number(int, 0)
+
+
+def parse_schedule(text: str | None, default: int) -> list[tuple[int, int]]:
+    """ "160:0,192:2,224:4" -> [(0, 160), (2, 192), (4, 224)] (start epoch, size)."""
+    if not text:
+        return [(0, default)]
+    try:
+        pairs = sorted((int(e), int(s)) for s, e in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        raise Fail(
+            f"--res-schedule wants SIZE:EPOCH,... (e.g. 160:0,224:4), not {text!r}"
+        ) from None
+    if pairs[0][0] != 0 or any(s < 1 for _, s in pairs):
+        raise Fail("--res-schedule must start at epoch 0 with positive sizes")
+    return pairs
+
+
+def size_at(schedule: list[tuple[int, int]], epoch: int) -> int:
+    return [s for e, s in schedule if e <= epoch][-1]
+
+
+def lr_factor(step: int, steps_per_epoch: int, args: argparse.Namespace) -> float:
+    """Multiplier of --lr at optimizer step ``step``: linear warm-up, then cosine or step."""
+    epoch = step / steps_per_epoch
+    if epoch < args.warmup_epochs:
+        return (step + 1) / (args.warmup_epochs * steps_per_epoch)
+    if args.lr_schedule == "cosine":
+        span = max(args.epochs - args.warmup_epochs, 1e-9)
+        return 0.5 * (1 + math.cos(math.pi * min((epoch - args.warmup_epochs) / span, 1.0)))
+    return 0.1 ** int(epoch // args.lr_step)
+
+
+def setup(args: argparse.Namespace) -> tuple[torch.device, int, int]:
+    """Device, rank and world size; starts the process group under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise Fail("--device cuda but torch sees no CUDA device; use --device cpu")
+    if world > 1:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if want_cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if want_cuda else "gloo")
+        rank = dist.get_rank()
+    else:
+        local, rank = 0, 0
+    device = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+    return device, rank, world
+
+
+def make_model(arch: str, num_classes: int, device: torch.device) -> nn.Module:
+    if not arch.startswith("resnet") or not hasattr(torchvision.models, arch):
+        raise Fail(f"--arch {arch!r} is not a torchvision ResNet (e.g. resnet50)")
+    net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    # Normalize at the front: bytes stay uint8 up to the model, floats start on the device.
+    model = nn.Sequential(packer.Normalize(), net).to(device)
+    return model.to(memory_format=torch.channels_last)
+
+
+def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    kw = {"lr": args.lr, "momentum": args.momentum, "weight_decay": args.wd}
+    if next(model.parameters()).is_cuda:
+        try:
+            return torch.optim.SGD(model.parameters(), fused=True, **kw)
+        except (TypeError, RuntimeError):
+            pass
+    return torch.optim.SGD(model.parameters(), **kw)
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    """Write to a temporary name in the same folder, then rename: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    """int64 [len(ks)]: how many rows have y among their top-k logits, on the device."""
+    k = min(max(ks), logits.shape[1])
+    hit = logits.topk(k, 1).indices.eq(y[:, None])
+    return torch.stack([hit[:, : min(kk, k)].any(1).sum() for kk in ks])
+
+
+@torch.inference_mode()
+def evaluate(
+    model: nn.Module, loader: packer.PackLoader, device: torch.device, amp: bool
+) -> tuple[float, float, float]:
+    """Mean loss, top-1 and top-5 over this loader (summed over ranks under DDP)."""
+    model.eval()
+    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, top1, top5, n
+    for x, y, *_ in loader:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(x.contiguous(memory_format=torch.channels_last))
+        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        hits = topk_correct(logits, y, (1, 5)).double()
+        sums += torch.cat([loss.double()[None], hits, hits.new_tensor([len(y)])])
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    model.train()
+    loss, top1, top5, n = sums.tolist()
+    n = max(n, 1)
+    return loss / n, top1 / n, top5 / n
+
+
+def check_labels(pack: packer.ImagePack, path: Path, what: str) -> None:
+    """Refuse a pack whose labels cannot train a classifier: no class map (a flat
+    folder, integer labels from a table), unlabeled images (-1), labels past the map."""
+    if not pack.classes:
+        raise Fail(
+            f"{path}: the {what} pack has no classes (built from a flat folder or from "
+            "integer labels); build it from class folders, or with --classes"
+        )
+    labels = pack.labels
+    unlabeled = int((labels < 0).sum())
+    if unlabeled:
+        raise Fail(
+            f"{path}: {unlabeled} of its {len(pack)} images have no label (-1); a {what} "
+            "pack needs every image labelled"
+        )
+    if len(labels) and int(labels.max()) >= len(pack.classes):
+        raise Fail(f"{path}: a label is past its {len(pack.classes)} classes; rebuild the pack")
+
+
+def load_checkpoint(path: Path, device: torch.device, arch: str, classes: list[str]) -> dict:
+    """A checkpoint this script wrote, checked before any of it is used."""
+    if not path.is_file():
+        raise Fail(f"{path}: no such checkpoint (--resume); give a last.pt this script wrote")
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Fail(f"{path}: not a checkpoint this script can read ({first[:200]})") from None
+    need = {"model", "optimizer", "scheduler", "epoch"}
+    if not isinstance(ck, dict) or not need <= ck.keys():
+        raise Fail(
+            f"{path}: not a checkpoint of train_imagenet.py (it needs {sorted(need)}); "
+            "give a last.pt this script wrote"
+        )
+    if not isinstance(ck["epoch"], int) or isinstance(ck["epoch"], bool) or ck["epoch"] < 0:
+        raise Fail(f"{path}: its epoch {ck['epoch']!r} is not an epoch number")
+    if ck.get("arch", arch) != arch:
+        raise Fail(f"{path}: a checkpoint of --arch {ck['arch']}, not {arch}")
+    if ck.get("classes", classes) != classes:
+        raise Fail(f"{path}: a checkpoint trained on another class map than --train's")
+    return ck
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the script; returns the exit code (2 with ``Error: ...`` for bad input)."""
+    try:
+        train(argv)
+    except (Fail, PackerError) as e:
+        print(f"Error: {e}", file=sys.stderr, flush=True)
+        return getattr(e, "exit_code", 2)
+    return 0
+
+
+def train(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--train", type=Path, required=True, help="train pack (built --size 256+)")
+    ap.add_argument(
+        "--val", type=Path, default=None, help="val pack (built --size 256 --resize crop)"
+    )
+    ap.add_argument("--arch", default="resnet50", help="any torchvision resnet (resnet18...)")
+    ap.add_argument("--epochs", type=POSITIVE, default=90)
+    ap.add_argument("--batch-size", type=POSITIVE, default=256, help="per process")
+    ap.add_argument(
+        "--lr",
+        type=_number(float, 0, lo_open=True),
+        default=0.1,
+        help="for batch 256 in all; scale linearly",
+    )
+    ap.add_argument("--momentum", type=_number(float, 0, 1), default=0.9)
+    ap.add_argument("--wd", type=_number(float, 0), default=1e-4, help="weight decay")
+    ap.add_argument("--lr-schedule", choices=["cosine", "step"], default="step")
+    ap.add_argument(
+        "--lr-step", type=POSITIVE, default=30, help="step schedule: x0.1 every N epochs"
+    )
+    ap.add_argument("--warmup-epochs", type=_number(float, 0), default=0.0)
+    ap.add_argument("--label-smoothing", type=_number(float, 0, 1), default=0.0, help="in [0, 1]")
+    ap.add_argument("--crop", type=POSITIVE, default=224, help="RandomResizedCrop size")
+    ap.add_argument("--res-schedule", default=None, help="progressive sizes SIZE:EPOCH,...")
+    ap.add_argument("--val-crop", type=POSITIVE, default=224, help="CenterCrop of the val pack")
+    ap.add_argument("--workers", type=POSITIVE, default=8, help="PackLoader gather threads")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument(
+        "--max-steps", type=NONNEGATIVE, default=0, help="stop each epoch after N steps"
+    )
+    ap.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
+    ap.add_argument("--out", type=Path, default=Path("runs"), help="checkpoint folder")
+    ap.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
+    ap.add_argument("--log-every", type=NONNEGATIVE, default=100)
+    args = ap.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        raise Fail(f"--out {args.out} is a file; give a folder for the checkpoints")
+    if args.resume is not None and not args.resume.is_file():
+        raise Fail(
+            f"{args.resume}: no such checkpoint (--resume); give a last.pt this script wrote"
+        )
+
+    device, rank, world = setup(args)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    amp = device.type == "cuda"  # bf16 autocast; on the CPU it would only be slower
+    schedule = parse_schedule(args.res_schedule, args.crop)
+    torch.manual_seed(args.seed)
+
+    train_pack = packer.load(args.train)
+    check_labels(train_pack, args.train, "train")
+    classes = len(train_pack.classes)
+    if classes < 2:
+        raise Fail(f"{args.train} has {classes} class; training a classifier needs two or more")
+    rrc = RandomResizedCrop(size_at(schedule, 0))
+    train_loader = packer.PackLoader(
+        train_pack,
+        args.batch_size,
+        device=device,
+        seed=args.seed,
+        drop_last=True,
+        num_threads=args.workers,
+        transform=Compose([rrc, RandomHorizontalFlip()]),
+    )
+    val_loader = None
+    if args.val is not None:
+        val_pack = packer.load(args.val)
+        if list(val_pack.classes) != list(train_pack.classes):
+            # Same names in another order would score every image against the wrong class.
+            raise Fail(
+                f"{args.val}: its class map differs from {args.train}'s; rebuild it with "
+                f"--classes {args.train}"
+            )
+        check_labels(val_pack, args.val, "val")
+        vh, vw = val_pack.images.shape[-2:]
+        if min(vh, vw) < args.val_crop:
+            raise Fail(
+                f"{args.val} holds {vh}x{vw} images, smaller than --val-crop "
+                f"{args.val_crop}; build it with --size 256 --resize crop"
+            )
+        val_loader = packer.PackLoader(
+            val_pack,
+            args.batch_size,
+            device=device,
+            shuffle=False,
+            num_threads=args.workers,
+            transform=CenterCrop(args.val_crop),
+        )
+
+    model = make_model(args.arch, classes, device)
+    opt = make_optimizer(model, args)
+    steps_per_epoch = len(train_loader)
+    if args.max_steps:
+        steps_per_epoch = min(steps_per_epoch, args.max_steps)
+    if steps_per_epoch < 1:
+        raise Fail(f"{args.train} has fewer images than one batch per rank")
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(step, steps_per_epoch, args)
+    )
+    start = 0
+    if args.resume is not None:
+        ck = load_checkpoint(args.resume, device, args.arch, list(train_pack.classes))
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise Fail(
+                f"{args.resume}: does not fit this model and optimizer ({first[:200]}); "
+                "resume with the --arch and options it was trained with"
+            ) from None
+        start = ck["epoch"] + 1
+        say(f"resumed from {args.resume} (epoch {ck['epoch']} done)", flush=True)
+    ddp = model
+    if world > 1:
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    if rank == 0:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Fail(f"--out {args.out}: cannot make the folder ({e.strerror})") from None
+
+    for epoch in range(start, args.epochs):
+        rrc.size = size_at(schedule, epoch)  # progressive resizing: before the epoch starts
+        train_loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss, top1, n
+        n_img = 0
+        for step, (x, y, *_) in enumerate(train_loader):
+            if step >= steps_per_epoch:
+                break
+            x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                logits = ddp(x)
+                loss = criterion(logits, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            # Accumulated on the device: no host sync inside the step.
+            hit1 = topk_correct(logits.detach(), y, (1,))[0].double()
+            sums += torch.stack([loss.detach().double() * len(y), hit1, hit1.new_tensor(len(y))])
+            n_img += len(y)
+            if args.log_every and (step + 1) % args.log_every == 0:
+                s = sums.tolist()
+                say(f"  epoch {epoch} step {step + 1}/{steps_per_epoch}: loss {s[0] / s[2]:.4f}")
+        if dist.is_initialized():
+            dist.all_reduce(sums)
+        loss_sum, top1_sum, n = sums.tolist()
+        rate = n_img * world / (time.perf_counter() - t0)
+        line = (
+            f"epoch {epoch} size {rrc.size[0]}: train loss {loss_sum / max(n, 1):.4f} "
+            f"top1 {top1_sum / max(n, 1):.2%} lr {sched.get_last_lr()[0]:.4g} {rate:,.0f} img/s"
+        )
+        if val_loader is not None:
+            vloss, v1, v5 = evaluate(model, val_loader, device, amp)
+            line += f" | val loss {vloss:.4f} top1 {v1:.2%} top5 {v5:.2%}"
+        say(line, flush=True)
+        if rank == 0:
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "epoch": epoch,
+                "arch": args.arch,
+                "classes": list(train_pack.classes),
+            }
+            save_atomic(state, args.out / "last.pt")
+            say(f"checkpoint {args.out / 'last.pt'} (epoch {epoch})", flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""What a build takes and returns: :class:`BuildConfig`, :class:`BuildResult`, and the
+labelled image list (:class:`_Labels`) fixed before any decoding. Imported by
+:mod:`packer.build.run` and :mod:`packer.build.finalize` (no build work here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
+from ..errors import UsageError
+from ..sources.labels import check_target_names
+from ..sources.scan import Scan
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Options of a build. ``size`` is (width, height) in pixels.
+
+    ``classes``: a class-map file (one name per line) or a pack whose ``classes`` are
+    reused: fixes the class -> index map. ``allow_new_classes``: append classes not in
+    the map instead of refusing them. ``labels``: a label table (.csv, .tsv, .parquet)
+    with ``path`` and ``label`` columns. ``targets``: numeric columns of the table,
+    stored as float32 ``targets [N, K]`` in this order.
+    """
+
+    size: tuple[int, int] = (224, 224)
+    resize: str = "crop"
+    workers: int | None = None  # None: every core
+    overwrite: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    classes: Path | None = None
+    allow_new_classes: bool = False
+    labels: Path | None = None
+    targets: tuple[str, ...] = ()
+    store: str = "raw"  # "raw": uint8 rows of ``size``; "jpeg": each image's JPEG file
+    quality: int = 3  # --store jpeg: re-encode quality, ffmpeg's -q:v scale (2 best..31)
+    max_side: int | None = None  # --store jpeg: longest stored side; larger are re-encoded
+    device: str = "cpu"  # "cpu" (worker processes), "cuda" (batched nvjpeg), "auto"
+
+    def __post_init__(self) -> None:
+        # paths given as str and column names as a list are the same options
+        for name in ("classes", "labels"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if not isinstance(self.targets, tuple):
+            object.__setattr__(self, "targets", tuple(self.targets))
+
+    def validate(self) -> None:
+        w, h = self.size
+        if not (1 <= w <= 8192 and 1 <= h <= 8192):
+            raise UsageError(f"--size {w}x{h} is out of range: each side must be 1 to 8192 pixels")
+        if self.resize not in RESIZE_MODES:
+            raise UsageError(
+                f"--resize must be one of {', '.join(RESIZE_MODES)}, not {self.resize!r}"
+            )
+        if self.workers is not None and not 1 <= self.workers <= 1024:
+            raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
+        if self.max_pixels < 1:
+            raise UsageError("--max-pixels must be positive")
+        if self.targets and self.labels is None:
+            raise UsageError(
+                "--targets names columns of a label table; give the table with --labels TABLE"
+            )
+        check_target_names(list(self.targets))
+        if self.store not in STORES:
+            raise UsageError(f"--store must be one of {', '.join(STORES)}, not {self.store!r}")
+        if not 2 <= self.quality <= 31:
+            raise UsageError(f"--quality must be 2 (best) to 31 (worst), not {self.quality}")
+        if self.max_side is not None:
+            if self.store != "jpeg":
+                raise UsageError("--max-side bounds stored JPEGs; use it with --store jpeg")
+            if not 1 <= self.max_side <= 65536:
+                raise UsageError(f"--max-side must be 1 to 65536 pixels, not {self.max_side}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise UsageError(f"--device must be cpu, cuda or auto, not {self.device!r}")
+        if self.store == "jpeg" and self.device not in ("cpu", "auto"):
+            raise UsageError(
+                "--device cuda decodes and resizes raw packs; --store jpeg stores the "
+                "files as they are (they are decoded on the GPU when read)"
+            )
+        if self.allow_new_classes and self.classes is None:
+            raise UsageError(
+                "--allow-new-classes extends a fixed class map; give the map with --classes"
+            )
+
+    @property
+    def spec(self) -> ResizeSpec:
+        return ResizeSpec(self.size[0], self.size[1], self.resize, self.max_pixels)
+
+
+STORES = ("raw", "jpeg")
+# --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
+# batched code run on the CPU, 500x375 q90 photos-like JPEGs: mean 0.15-1.2, p99 1-12;
+# nvjpeg adds its IDCT rounding): the mean absolute difference per pixel value, at most
+GPU_TOLERANCE = {"mean_abs": 2.0}
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    count: int
+    skipped: list[dict[str, str]]
+    classes: list[str]
+    image_shape: list[int]
+    seconds: float
+    resumed: int = 0  # images taken from an interrupted earlier run
+    extra: dict[str, Any] = field(default_factory=dict)
+    ignored: int = 0  # images under SRC that the --labels table has no row for
+    new_classes: list[str] = field(default_factory=list)  # appended by --allow-new-classes
+    targets: list[str] = field(default_factory=list)  # names of the targets columns
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "count": self.count,
+            "skipped": self.skipped,
+            "classes": self.classes,
+            "image_shape": self.image_shape,
+            "seconds": round(self.seconds, 3),
+            "resumed": self.resumed,
+            "ignored": self.ignored,
+            "new_classes": self.new_classes,
+            # null without targets, as `imgpack info --json` says
+            "targets": self.targets or None,
+        }
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """The images to pack and what labels them, fixed before any decoding.
+
+    ``scan.entries``: the images in pack order with their label index into
+    ``scan.classes``; ``targets``: float32 [len(entries), K] aligned with them, or None.
+    """
+
+    scan: Scan
+    targets: np.ndarray | None = None
+    target_names: tuple[str, ...] = ()
+    new_classes: list[str] = field(default_factory=list)
+    ignored: int = 0
+    class_map: str | None = None  # absolute path of --classes
+    table: str | None = None  # absolute path of --labels
+    table_sha256: str | None = None
+    missing_rows: int = 0  # table rows naming no image (all, listed or not)

@@ -1,0 +1,311 @@
+"""Finalizing a build: assemble the pack from the finished work folder, move it into place.
+
+A sequence of idempotent steps, each recoverable from what is on disk (see
+:func:`_finalize`): compaction when images were skipped, labels, targets, manifest,
+tensordict meta, the JPEG pack's assembly, then the rename into place. :func:`_reached`
+marks each step (crash tests patch it here to stop the build there).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from .config import GPU_TOLERANCE, BuildConfig, BuildResult, _Labels
+from .workers import CHUNKS_DIR, _chunk_file
+from ..imaging.decode import ResizeSpec
+from ..errors import NoUsableImagesError
+from ..pack.format import DATA_DIR, IMAGES_FILE, JPEG_FILE, JPEG_STORAGE_VERSION, LABELS_FILE, LENGTHS_FILE, OFFSETS_FILE, SIZES_FILE, TARGETS_FILE, BuildInfo, Checksums, Manifest, Skip, digest, hash_blocks, image_bytes, read_manifest, write_pack_metadata
+from ..sources.scan import Scan
+from .workdir import JOURNAL, PLAN, ROWS_FILE, WorkState, clear_work_dir, fsync_dir, mark_assembled, trash_dir_for
+
+
+def _reached(step: str) -> None:
+    """Called between finalize's steps; crash tests make it raise to stop the build there."""
+
+
+def _finalize(
+    plan: _Labels,
+    dst: Path,
+    work: Path,
+    config: BuildConfig,
+    state: WorkState,
+    block: int,
+    resumed: int,
+    t0: float,
+    fingerprint: str,
+    device: Any = None,
+    times: dict[str, Any] | None = None,
+) -> BuildResult:
+    """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
+
+    Each step's result is on disk before the next starts, and a rerun finds
+    where a crash stopped: rows file present (data not yet moved), journal and
+    plan (assembly not finished), ``"assembled"`` in the plan (only the move is
+    left), no plan (the work is discarded and rebuilt), an old pack aside
+    (:func:`recover_trash`).
+    """
+    spec = config.spec
+    scan = plan.scan
+    clock = {} if times is None else times.setdefault("finalize", {})
+    t = time.perf_counter()
+    if state.assembled:  # a crash came after the pack was complete: only the move is left
+        m = read_manifest(work)
+        count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
+        return _move_into_place(work, dst, count, skipped, plan, spec, resumed, t0)
+    done = state.done
+    spec = config.spec
+    row = image_bytes(spec.shape)
+    skip_reason: dict[int, str] = {}
+    sizes: list[list[int]] = []
+    shas: list[str] = []
+    for k in sorted(done):
+        rec = done[k]
+        skip_reason.update({int(i): r for i, r in rec["skips"]})
+        sizes.extend(rec["sizes"])
+        shas.append(rec["sha"])
+    keep = [i for i in range(len(scan.entries)) if i not in skip_reason]
+    n = len(keep)
+    if not keep:
+        clear_work_dir(work)  # nothing usable: no pack, and nothing left beside DST
+        first = scan.entries[0].rel
+        raise NoUsableImagesError(
+            f"{scan.root}: none of its {len(scan.entries)} images could be used (first: "
+            f"{first}: {skip_reason[0]}); no pack was written"
+        )
+    images_path = work / DATA_DIR / IMAGES_FILE
+    (work / DATA_DIR).mkdir(exist_ok=True)
+    jpeg: dict[str, Any] = {}
+    if config.store == "jpeg":
+        jpeg = _assemble_jpeg(work, done, block)
+        shas = jpeg["shas"]
+    elif (work / ROWS_FILE).exists():
+        fd = os.open(work / ROWS_FILE, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # all rows durable before anything depends on them
+        finally:
+            os.close(fd)
+        clock["fsync_rows"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if skip_reason:
+            shas = _compact(work / ROWS_FILE, images_path, keep, row, block)
+            os.remove(work / ROWS_FILE)
+        else:
+            os.replace(work / ROWS_FILE, images_path)
+    elif skip_reason:  # compacted by an earlier run that stopped before the manifest
+        size = os.path.getsize(images_path)
+        shas = hash_blocks(images_path, row * block, -(-size // (row * block)))
+    clock["compact_or_rename"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _reached("data")
+    labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
+    _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
+    targets_sha = ""
+    if plan.targets is not None:
+        # the same kept rows as the labels; float32 as read, never cast (little-endian
+        # C-order, what tensordict's memmap and packer.load map)
+        targets = np.ascontiguousarray(plan.targets[keep], dtype="<f4")
+        _write_atomic(work / DATA_DIR / TARGETS_FILE, targets.tobytes())
+        targets_sha = digest(targets.tobytes())
+    _reached("labels")
+    skipped = _skip_list(scan, skip_reason)
+    counts = (
+        np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
+        if scan.classes
+        else []  # integer labels from a table without a map: no classes to count
+    )
+    manifest = Manifest(
+        count=n,
+        image_shape=spec.shape,
+        resize=config.resize,
+        classes=tuple(scan.classes),
+        class_counts=tuple(counts),
+        sources=tuple(scan.entries[i].rel for i in keep),
+        source_sizes=tuple((sizes[i][0], sizes[i][1]) for i in keep),
+        skipped=tuple(Skip(s["path"], s["reason"]) for s in skipped),
+        build=BuildInfo(
+            max_pixels=config.max_pixels,
+            source_root=str(scan.root.resolve()),
+            imgpack_version=__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            labels_table=plan.table,
+            labels_sha256=plan.table_sha256,
+            unlisted=plan.ignored if plan.table is not None else None,
+            extra={"missing_rows": plan.missing_rows} if plan.missing_rows else {},
+        ),
+        checksums=Checksums(
+            block_rows=block,
+            images=tuple(shas),
+            labels=digest(labels.tobytes()),
+            targets=targets_sha,
+            index=jpeg.get("index", ""),
+        ),
+        targets=plan.target_names,
+        class_map=plan.class_map,
+    )
+    if device is not None:
+        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
+        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
+    if jpeg:
+        manifest = replace(
+            manifest,
+            image_shape=(3, *jpeg["max_hw"]),
+            storage="jpeg",
+            storage_version=JPEG_STORAGE_VERSION,
+            jpeg_bytes=jpeg["bytes"],
+            max_side=config.max_side,
+            quality=config.quality,
+            build=replace(
+                manifest.build, extra={**manifest.build.extra, "reencoded": jpeg["reencoded"]}
+            ),
+        )
+    write_pack_metadata(work, manifest)
+    fsync_dir(work / DATA_DIR)
+    fsync_dir(work)
+    _reached("manifest")
+    mark_assembled(work, fingerprint)
+    _reached("assembled")
+    clock["metadata"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["move"] = time.perf_counter() - t
+    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
+    return result
+
+
+def _assemble_jpeg(work: Path, done: dict[int, dict[str, Any]], block: int) -> dict[str, Any]:
+    """--store jpeg: concatenate the chunk files, in order, into ``jpeg.memmap`` and write
+    the offsets, lengths and sizes of the kept images. Restartable: the chunk files are
+    removed only after the byte file is complete and fsynced; a rerun that finds them
+    gone hashes the byte file instead.
+
+    Returns ``shas`` (SHA-256 per block of ``block`` kept images' bytes), ``index`` (of
+    the three index files), ``bytes``, ``max_hw`` and ``reencoded``.
+    """
+    lengths: list[int] = []
+    stored: list[list[int]] = []
+    per_chunk: list[list[int]] = []
+    reencoded = 0
+    for k in sorted(done):
+        rec = done[k]
+        kept = [n for n in rec["lengths"] if n > 0]
+        per_chunk.append(kept)
+        lengths.extend(kept)
+        stored.extend(hw for n, hw in zip(rec["lengths"], rec["stored"]) if n > 0)
+        reencoded += int(rec.get("reencoded", 0))
+    lens = np.array(lengths, dtype="<i8")
+    offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype("<i8") if len(lens) else lens
+    sizes = np.array(stored, dtype="<i8").reshape(-1, 2)
+    out = work / DATA_DIR / JPEG_FILE
+    chunk_dir = work / CHUNKS_DIR
+    if (work / ROWS_FILE).exists():  # the marker: chunks not yet joined into ``out``
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "wb") as f:
+            for k in sorted(done):
+                f.write(_chunk_file(work, k).read_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        (work / ROWS_FILE).unlink()
+        fsync_dir(work)
+    shutil.rmtree(chunk_dir, ignore_errors=True)
+    shas: list[str] = []
+    with open(out, "rb") as f:
+        for b in range(0, len(lens), block):
+            shas.append(digest(f.read(int(lens[b : b + block].sum()))))
+    index = offsets.tobytes() + lens.tobytes() + sizes.tobytes()
+    _write_atomic(work / DATA_DIR / OFFSETS_FILE, offsets.tobytes())
+    _write_atomic(work / DATA_DIR / LENGTHS_FILE, lens.tobytes())
+    _write_atomic(work / DATA_DIR / SIZES_FILE, sizes.tobytes())
+    return {
+        "shas": shas,
+        "index": digest(index),
+        "bytes": int(lens.sum()),
+        "max_hw": tuple(int(v) for v in sizes.max(0)) if len(sizes) else (1, 1),
+        "reencoded": reencoded,
+    }
+
+
+def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:
+    """Every skip, by path: what the scan could not read and the images that did not decode."""
+    skipped = [{"path": scan.entries[i].rel, "reason": r} for i, r in skip_reason.items()]
+    return sorted(scan.skipped + skipped, key=lambda s: s["path"])
+
+
+def _move_into_place(
+    work: Path,
+    dst: Path,
+    count: int,
+    skipped: list[dict[str, str]],
+    plan: _Labels,
+    spec: ResizeSpec,
+    resumed: int,
+    t0: float,
+) -> BuildResult:
+    """The last steps: drop the build's bookkeeping, then rename the pack to DST."""
+    for name in (JOURNAL, PLAN):  # the plan last: it says what the work folder is
+        (work / name).unlink(missing_ok=True)
+        fsync_dir(work)
+        _reached(name)
+    if dst.exists() and any(dst.iterdir()):
+        trash = trash_dir_for(dst)
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.replace(dst, trash)
+        _reached("aside")
+        os.replace(work, dst)
+        _reached("moved")
+        shutil.rmtree(trash)
+    else:
+        os.replace(work, dst)  # onto a missing or empty DST: one atomic rename
+    fsync_dir(dst.parent)
+    return BuildResult(
+        path=dst,
+        count=count,
+        skipped=skipped,
+        classes=plan.scan.classes,
+        image_shape=list(spec.shape),
+        seconds=time.perf_counter() - t0,
+        resumed=resumed,
+        ignored=plan.ignored,
+        new_classes=list(plan.new_classes),
+        targets=list(plan.target_names),
+    )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: int) -> list[str]:
+    """Copy the kept rows, in order, into a new file; return per-block checksums.
+
+    Restartable: the source file is untouched until the copy is complete.
+    """
+    shas: list[str] = []
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    with open(rows_path, "rb") as src, open(tmp, "wb") as out:
+        for b in range(0, len(keep), block):
+            buf = bytearray()
+            for i in keep[b : b + block]:
+                src.seek(i * row)
+                buf += src.read(row)
+            out.write(buf)
+            shas.append(digest(buf))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, out_path)
+    return shas

@@ -1,0 +1,694 @@
+"""``imgpack build --device cuda``: JPEGs decoded and resized on the GPU in batches.
+
+Called by :mod:`packer.build.run` in place of its worker pool's decode; everything else
+(plan, journal, resume, finalize, rename) is the CPU build's. Per group of chunks, in a
+GPU decoder (:func:`_serve`):
+
+    reader threads read each file once and classify it from its header bytes
+    (packer.imaging.decode.plain_jpeg_size, no Pillow)
+      -> the JPEGs the GPU takes: packer.imaging.jpeg.decode_batch (nvjpeg), one batch
+         -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
+      -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
+         JPEG nvjpeg refuses: the CPU workers' decode (packer.imaging.decode, as the CPU
+         build), started at once, in parallel
+    -> each chunk's rows pwritten into rows.u8 and hashed
+    -> the build's process journals each chunk's SHA-256 in order, as the CPU build does
+
+The batched decode and resize are :mod:`packer.imaging.jpeg`'s, the JPEG-pack reader's own.
+Pixels differ from the CPU path (nvjpeg vs libjpeg without ``draft()``; integer
+crop boxes and torch's antialiased bilinear vs Pillow's): the tolerance is measured
+by ``tests/test_build_gpu.py`` and recorded in the manifest as ``build.device``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import functools
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .workers import _writeback_fn
+from ..imaging.decode import ResizeSpec, plain_jpeg_size
+from ..errors import PackerError
+from ..pack.format import digest, image_bytes
+from ..sources.scan import NotRegularFile, open_fd_if_regular
+
+log = logging.getLogger(__name__)
+
+GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
+# GPU decoder processes on CUDA: off. Measured (docs/BENCHMARKS.md, "Decoder processes"),
+# 2 or 3 of them built no faster than the build's own decoder thread once started, and
+# each takes ~11 s to start. Set it (and PROCESSES_FROM) to try them.
+DECODERS = 0
+PROCESSES_FROM = 100_000  # images from which a build starts them
+_WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256 free the GIL)
+_READERS = 4  # per decoder: threads reading and classifying the files (read frees the GIL)
+_READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahead of it
+_IN_FLIGHT = 8  # groups sent to one decoder and not yet written
+_LOCAL_FIRST = True  # a decoder thread of the build's process works until the processes start
+
+
+class _Read(NamedTuple):
+    """A group's files as a reader thread left them (positions in the group)."""
+
+    gpu: list[int]  # the JPEGs for the GPU,
+    datas: list[torch.Tensor]  # their bytes (uint8),
+    sizes: list[tuple[int, int]]  # their (w, h);
+    cpu: list[int]  # the rest, for the CPU build's decode,
+    decoded: Callable[[], list[tuple[bytes | None, Any]]]  # its results' getter
+
+
+def _read_whole(path: str) -> np.ndarray | None:
+    """A regular file's bytes (uint8), or None where it cannot be read whole at once
+    (gone, unreadable, not a regular file, changing size): the CPU build's decode then
+    names the reason. A bare descriptor (:func:`packer.sources.scan.open_fd_if_regular`) and
+    memory nothing zeroes first: the readers' time with the GIL is what paces them,
+    and a file object and a zeroed buffer took a third of it (4 threads: 10k files/s
+    on the H100 machine)."""
+    try:
+        fd, st = open_fd_if_regular(path)
+    except (OSError, NotRegularFile):
+        return None
+    try:
+        buf = np.empty(st.st_size + 1, dtype=np.uint8)  # a byte more: a file that grew shows
+        n = os.readv(fd, [buf])
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return buf[:n] if n == st.st_size else None
+
+
+def _read_group(
+    paths: list[str],
+    max_pixels: int,
+    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
+) -> _Read:
+    """In a reader thread: each file read once and classified from those bytes (what
+    the GPU decodes is what was classified: no second read, no race). The JPEGs the
+    GPU takes as they are (:func:`packer.imaging.decode.plain_jpeg_size`) go to the decoder;
+    the CPU build's decode of the rest (``cpu_decode``: on the CPU workers) starts now,
+    so it runs beside the GPU's."""
+    gpu: list[int] = []
+    datas: list[torch.Tensor] = []
+    sizes: list[tuple[int, int]] = []
+    cpu: list[int] = []
+    for i, p in enumerate(paths):
+        data = _read_whole(p)
+        size = None if data is None else plain_jpeg_size(memoryview(data), max_pixels)
+        if size is None or data is None:
+            cpu.append(i)
+            continue
+        gpu.append(i)
+        datas.append(torch.from_numpy(data))
+        sizes.append(size)
+    decoded = cpu_decode([paths[i] for i in cpu]) if cpu else list
+    return _Read(gpu, datas, sizes, cpu, decoded)
+
+
+def _decode_list(
+    read: Future[_Read], device: torch.device
+) -> tuple[_Read, list[torch.Tensor | None]]:
+    """In the decoder thread: a group's JPEGs (``read``) decoded in one batch; per JPEG
+    the image, or None for one that fails to decode (the CPU path then decides, and
+    names the reason)."""
+    from ..imaging.jpeg import decode_batch
+
+    r = read.result()
+    imgs: list[torch.Tensor | None] = [None] * len(r.datas)
+    if not r.datas:
+        return r, imgs
+    try:
+        imgs = list(decode_batch(r.datas, device, ends_checked=True))
+    except PackerError:
+        for i, t in enumerate(r.datas):
+            with contextlib.suppress(PackerError):
+                imgs[i] = decode_batch([t], device, ends_checked=True)[0]
+    return r, imgs
+
+
+def _warm_up(device: torch.device, spec: ResizeSpec) -> None:
+    """On a thread of its own while the workers read the first groups: the CUDA context,
+    nvjpeg and the crop kernel (loaded, or compiled for an image 1.5x the output, the
+    typical scale), which take seconds in a fresh process."""
+    from torchvision.io import encode_jpeg
+
+    from ..imaging.jpeg import decode_batch, resize_images
+
+    h, w = spec.height, spec.width
+    data = encode_jpeg(torch.zeros((3, h * 3 // 2, w * 3 // 2), dtype=torch.uint8))
+    with torch.cuda.device(device):
+        imgs = decode_batch([data, data], device, ends_checked=True)
+        resize_images(imgs, (h, w), mode=spec.mode)
+        torch.cuda.synchronize(device)
+
+
+def _write_group(
+    fd: int,
+    row: int,
+    group: list[tuple[int, int, list[str]]],
+    at: dict[int, int],
+    sizes: dict[int, tuple[int, int]],
+    host: torch.Tensor | None,
+    copied: Any,
+    cpu: list[tuple[list[int], Callable[[], list[tuple[bytes | None, Any]]]]],
+    writeback: Any,
+    release: Callable[[], None] = lambda: None,
+) -> list[tuple[Any, ...]]:
+    """In a writer thread: each chunk of a group into its place in the rows file, hashed;
+    returns the chunks' results in order (as the CPU workers' ``_decode_chunk``).
+
+    ``at``: position in the group -> row of ``host`` (the GPU's rows, pinned, valid once
+    ``copied`` has completed), with the source's (w, h) in ``sizes``. Every other
+    position is in one of ``cpu``'s (positions, getter) pairs: the CPU build's decode,
+    (row bytes, (w, h)) or (None, reason: a skip). A chunk made only of GPU rows is
+    written straight from ``host``. ``release()`` hands ``host`` back for reuse once it
+    is written (or the write failed).
+    """
+    try:
+        if copied is not None:
+            copied.synchronize()
+        arr = host.numpy().reshape(len(host), row) if host is not None else None
+        other = {i: res for where, get in cpu for i, res in zip(where, get())}
+        out = []
+        k = 0
+        for chunk, start, cpaths in group:
+            n = len(cpaths)
+            skips: list[list[Any]] = []
+            wh: list[list[int]] = []
+            first = at.get(k)
+            if (
+                arr is not None
+                and first is not None
+                and all(at.get(k + j) == first + j for j in range(n))
+            ):
+                mv = memoryview(arr[first : first + n]).cast("B")
+                wh = [list(sizes[k + j]) for j in range(n)]
+            else:
+                buf = np.zeros((n, row), dtype=np.uint8)
+                for j in range(n):
+                    i = k + j
+                    if i in at and arr is not None:  # decoded on the GPU
+                        buf[j], info = arr[at[i]], sizes[i]
+                    else:  # the CPU build's decode decided
+                        data, info = other[i]
+                        if data is None:  # unreadable or broken, with its reason
+                            skips.append([start + j, info])
+                            wh.append([0, 0])
+                            continue
+                        buf[j] = np.frombuffer(data, dtype=np.uint8)
+                    wh.append([int(info[0]), int(info[1])])
+                mv = memoryview(buf).cast("B")
+            done = 0
+            while done < len(mv):
+                done += os.pwrite(fd, mv[done:], start * row + done)
+            sha = digest(mv)
+            if writeback is not None:  # start writing it to disk now: a short final fsync
+                writeback(fd, ctypes.c_int64(start * row), ctypes.c_int64(len(mv)), 2)
+            out.append((chunk, skips, wh, sha, None))
+            k += n
+        return out
+    finally:
+        release()
+
+
+def _serve(
+    take_item: Callable[[bool], Any],
+    put: Callable[[tuple[Any, ...]], None],
+    rows_path: str,
+    spec: ResizeSpec,
+    device: torch.device,
+    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
+    stop: threading.Event | None = None,
+) -> None:
+    """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
+    build's process (the CPU stand-in of the tests).
+
+    ``take_item(block)`` gives the next group, ``(g, group)``, or None at the end
+    (``block`` False: raises queue.Empty where none has arrived yet). Each
+    group's rows go into ``rows_path``; ``put(("done", g, results))`` then reports its
+    chunks' results (as the CPU workers' ``_decode_chunk``), from a writer thread,
+    groups in any order. An error is ``put(("error", exc))`` and ends the pipeline.
+    ``cpu_decode(paths)`` starts the CPU build's decode of what the GPU does not take
+    and returns its getter. ``stop`` set: end early (the build failed).
+
+    Stages, each on threads of its own: ``_READERS`` threads read and classify a
+    group's files (:func:`_read_group`); a decoder thread decodes a group's JPEGs in
+    one nvjpeg batch (:func:`packer.imaging.jpeg.decode_ahead`, the JPEG-pack reader's own), 3
+    groups ahead; this thread crops/resizes a group in one kernel
+    (:func:`packer.imaging.jpeg.resize_images`) and starts its copy into a pinned buffer
+    (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
+    decodes, then pwrite and hash each chunk.
+    """
+    from ..imaging.jpeg import decode_ahead, resize_images
+
+    row = image_bytes(spec.shape)
+    cuda = device.type == "cuda"
+    writeback = _writeback_fn()
+    failed = threading.Event()
+    try:
+        stream = torch.cuda.Stream(device) if cuda else None
+        fd = os.open(rows_path, os.O_WRONLY)
+    except BaseException as e:
+        put(("error", e))
+        return
+
+    def items() -> Iterator[tuple[Any, Callable[[], Any]]]:
+        """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
+        ahead (as many as have arrived): the reads and the CPU decodes they start run
+        beside the GPU's work."""
+        reads: collections.deque[tuple[Any, Future[_Read]]] = collections.deque()
+        more = True
+        while not failed.is_set() and not (stop is not None and stop.is_set()):
+            while more and len(reads) < _READ_AHEAD:
+                try:
+                    item = take_item(not reads)  # wait only when nothing is read
+                except queue.Empty:
+                    break
+                if item is None:
+                    more = False
+                    break
+                g, group = item
+                read = readers.submit(_read_group, _paths(group), spec.max_pixels, cpu_decode)
+                reads.append(((g, group), read))
+            if not reads:
+                return
+            key, read = reads.popleft()
+            yield key, functools.partial(_decode_list, read, device)
+
+    def finish(g: int, written: Future[list[tuple[Any, ...]]]) -> None:
+        if written.cancelled():
+            return
+        e = written.exception()
+        if e is not None:
+            failed.set()
+            put(("error", e))
+        else:
+            put(("done", g, written.result()))
+
+    free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+    made = [0]
+
+    def take(n: int) -> torch.Tensor:
+        """A pinned host buffer of at least ``n`` rows, reused (at most ``2 * _WRITERS +
+        2``): a fresh 50 MB pinned allocation per group costs more than its crop."""
+        buf = None
+        if made[0] < 2 * _WRITERS + 2:
+            with contextlib.suppress(queue.Empty):
+                buf = free.get_nowait()
+        else:
+            buf = free.get()  # all in use: wait for a writer to finish one
+        if buf is not None and len(buf) >= n:
+            return buf
+        if buf is None:
+            made[0] += 1
+        return torch.empty((max(n, GROUP_IMAGES), row), dtype=torch.uint8, pin_memory=cuda)
+
+    readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
+    writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
+    decoded = decode_ahead(items(), device, stream, ahead=3)
+    try:
+        for (g, group), (read, imgs) in decoded:
+            ok = [i for i, x in zip(read.gpu, imgs) if x is not None]
+            retry = [i for i, x in zip(read.gpu, imgs) if x is None]
+            host = copied = buf = None
+            if ok:
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    rows = resize_images(
+                        [x for x in imgs if x is not None],
+                        (spec.height, spec.width),
+                        mode=spec.mode,
+                    )
+                    buf = take(len(ok))
+                    host = buf[: len(ok)].view(rows.shape)
+                    host.copy_(rows, non_blocking=cuda)
+                    if cuda:
+                        copied = torch.cuda.Event()
+                        copied.record(stream)
+                del rows
+            del imgs
+            cpu = [(read.cpu, read.decoded)]
+            if retry:  # JPEGs nvjpeg refused: the CPU build's decode, which names why
+                paths = _paths(group)
+                cpu.append((retry, cpu_decode([paths[i] for i in retry])))
+            at = {i: j for j, i in enumerate(ok)}
+            release = functools.partial(free.put, buf) if buf is not None else lambda: None
+            written = writers.submit(
+                _write_group,
+                fd, row, group, at, dict(zip(read.gpu, read.sizes)), host, copied, cpu,
+                writeback, release,
+            )  # fmt: skip
+            written.add_done_callback(functools.partial(finish, g))
+            if failed.is_set():
+                break
+        writers.shutdown(wait=True)  # every group written and reported
+    except BaseException as e:
+        failed.set()
+        put(("error", e))
+    finally:
+        decoded.close()
+        readers.shutdown(wait=True, cancel_futures=True)
+        writers.shutdown(wait=True, cancel_futures=True)
+        os.close(fd)
+
+
+def _decoder_main(
+    inbox: Connection, outbox: Connection, rows_path: str, spec: ResizeSpec, device: str
+) -> None:
+    """A GPU decoder process (spawned: a clean CUDA start): :func:`_serve` on the groups
+    the build sends, until it sends None. Ends with the build (Linux: the parent's
+    death kills it); Ctrl-C is the build's to handle."""
+    from .workers import _decode_paths, _die_with_parent
+
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dev = torch.device(device)
+    lock = threading.Lock()
+
+    def put(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "error":
+            msg = ("error", _picklable(msg[1]))
+        with lock, contextlib.suppress(OSError):
+            outbox.send(msg)
+
+    try:
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+            _warm_up(dev, spec)
+    except BaseException as e:
+        put(("error", e))
+        return
+
+    put(("ready",))
+
+    def take_item(block: bool) -> Any:
+        try:
+            if not block and not inbox.poll():
+                raise queue.Empty
+            return inbox.recv()
+        except (EOFError, OSError):  # the build is gone
+            return None
+
+    def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
+        return functools.partial(_decode_paths, paths, spec)  # on the writer thread
+
+    _serve(take_item, put, rows_path, spec, dev, cpu_decode)
+    with lock, contextlib.suppress(OSError):
+        outbox.send(("end",))
+
+
+def _picklable(e: BaseException) -> BaseException:
+    """``e`` if it crosses a pipe intact, else a PackerError with its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return PackerError(f"{type(e).__name__}: {e}")
+
+
+class _Decoders:
+    """The build's GPU decoders: one :func:`_serve` on a thread of this process, which
+    works from the start, and ``n`` spawned processes on ``device``, which take the
+    groups over once they are ready (their start-up: about 11 s on the H100 machine,
+    importing torch and torchvision, CUDA, nvjpeg, the crop kernel); a small build ends
+    before they are, and they are killed. ``local`` False: the processes alone (tests).
+    With ``n`` 0 the thread alone (the CPU stand-in of the tests, which patch this
+    module's functions). Messages from all of them arrive on one queue, ``self.box``:
+    ("done", g, results), ("error", exc), ("died", what), ("ready", k), ("end",)."""
+
+    def __init__(
+        self,
+        n: int,
+        rows_path: str,
+        spec: ResizeSpec,
+        device: torch.device,
+        pool: ProcessPoolExecutor | None,
+        local: bool = True,
+    ) -> None:
+        self.box: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.threads: list[threading.Thread] = []
+        self.sends: list[Callable[[Any], None]] = []
+        self.ready: list[int] = []  # the processes that have started, by index
+        self.stop = threading.Event()
+        if n:
+            self._spawn(n, rows_path, spec, device)
+        self.local = len(self.sends) if local or not n else None  # index of the thread
+        if self.local is None:
+            return
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.sends.append(inbox.put)
+
+        def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
+            return _submit_cpu(pool, paths, spec)
+
+        def run() -> None:
+            if device.type == "cuda":
+                try:
+                    _warm_up(device, spec)
+                except BaseException as e:
+                    self.box.put(("error", e))
+                    return
+            _serve(inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop)
+            self.box.put(("end",))
+
+        t = threading.Thread(target=run, name="imgpack-decoder", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _spawn(self, n: int, rows_path: str, spec: ResizeSpec, device: torch.device) -> None:
+        ctx = mp.get_context("spawn")  # a clean CUDA start, whatever this process holds
+        if device.type == "cuda" and device.index is None:  # this process's current GPU
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+            device = torch.device("cuda", index)
+        for k in range(n):
+            recv_in, send_in = ctx.Pipe(duplex=False)
+            recv_out, send_out = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_decoder_main,
+                args=(recv_in, send_out, rows_path, spec, str(device)),
+                name=f"imgpack-decoder-{k}",
+                daemon=True,
+            )
+            p.start()
+            recv_in.close()
+            send_out.close()
+            self.procs.append(p)
+            self.conns.append(send_in)
+            self.sends.append(send_in.send)
+            t = threading.Thread(
+                target=self._listen, args=(k, recv_out, p), name=f"imgpack-listen-{k}", daemon=True
+            )
+            self.threads.append(t)
+            t.start()
+
+    def _listen(self, k: int, conn: Connection, proc: Any) -> None:
+        """In a thread of this process: one decoder process's messages onto ``box``."""
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    proc.join(timeout=5)
+                    if not self.stop.is_set():
+                        self.box.put(("died", f"{proc.name} (exit code {proc.exitcode})"))
+                    return
+                self.box.put(("ready", k) if msg[0] == "ready" else msg)
+                if msg[0] in ("end", "error"):
+                    return
+        finally:
+            conn.close()
+
+    def working(self) -> int:
+        """How many decoders take groups now."""
+        return len(self.ready) or (1 if self.local is not None else len(self.procs))
+
+    def pick(self, g: int) -> int:
+        """The decoder for group ``g``: round the ready processes; before any is, this
+        process's thread (or, without it, round all the processes)."""
+        if self.ready:
+            return self.ready[g % len(self.ready)]
+        return self.local if self.local is not None else g % len(self.procs)
+
+    def send(self, k: int, item: Any) -> None:
+        try:
+            self.sends[k](item)
+        except OSError:  # a dead process: its listener reports it
+            pass
+
+    def close(self, abort: bool) -> None:
+        """End every decoder: after the work sent (``abort`` False), or now. Processes
+        not yet started are killed either way: nothing was sent to them."""
+        if abort:
+            self.stop.set()
+        for k in range(len(self.sends)):
+            self.send(k, None)
+        late = [p for k, p in enumerate(self.procs) if abort or k not in self.ready]
+        if late:
+            self.stop.set()  # their deaths are not failures
+        for p in late:
+            with contextlib.suppress(Exception):
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        for t in self.threads:
+            t.join()
+
+
+def decoder_count(device: torch.device, images: int) -> int:
+    """How many GPU decoder processes a build of ``images`` on ``device`` starts:
+    ``DECODERS`` on CUDA from ``PROCESSES_FROM`` images on, else 0 (the build's decoder
+    thread alone). A process takes about 11 s to start on the H100 machine, and a
+    build of fewer images is over by then (docs/BENCHMARKS.md)."""
+    return DECODERS if device.type == "cuda" and images >= PROCESSES_FROM else 0
+
+
+def decode_chunks_batched(
+    chunks: list[tuple[int, int, list[str]]],
+    spec: ResizeSpec,
+    rows_path: str,
+    device: torch.device,
+    pool: ProcessPoolExecutor | None,
+    record: Callable[..., None],
+    after_submit: Callable[[], None] = lambda: None,
+) -> None:
+    """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
+    calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
+    from one journal thread, as the CPU workers' ``_decode_chunk`` results are recorded
+    (None: no worker time split; ``sync`` False for all but the last chunk of a group:
+    one journal fsync per group). ``after_submit()`` runs once the first groups are
+    sent, before the first record (the build writes its plan there, while the decoders
+    read). ``pool``: the CPU workers, for what the GPU does not take (None: in this
+    process).
+
+    This thread only hands work along, so no stage waits for another:
+
+    * the groups go to the GPU decoders (:class:`_Decoders`, each running :func:`_serve`:
+      read and classify, nvjpeg decode, one crop kernel, pinned copy, the CPU workers'
+      decode of the rest, pwrite + SHA-256), at most ``_IN_FLIGHT`` groups each: a
+      thread of this process, and, where :func:`decoder_count` says so (off by
+      default), decoder processes that take the groups over once started;
+    * a journal thread records the finished groups' chunks in chunk order (one fsync
+      per group), so this thread never waits on the disk.
+    """
+    per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
+    groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
+    if not groups:
+        return
+    n = min(decoder_count(device, sum(len(c[2]) for c in chunks)), len(groups))
+    decoders = _Decoders(n, rows_path, spec, device, pool, _LOCAL_FIRST)
+    journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
+    journaled: collections.deque[Future[None]] = collections.deque()
+    done: dict[int, list[tuple[Any, ...]]] = {}
+    state = {"next": 0, "sent": 0, "torn": False}
+    ok = False
+
+    def journal(recs: list[tuple[Any, ...]]) -> None:
+        """In the journal thread, group after group in order: one fsync per group. After
+        a failed record, none: a line after a torn one would not be read."""
+        if state["torn"]:
+            return
+        try:
+            for j, rec in enumerate(recs):
+                record(rec, sync=j == len(recs) - 1)
+        except BaseException:
+            state["torn"] = True
+            raise
+
+    def check(block: bool) -> None:
+        """Raise the journal's error here; bound the groups waiting for it."""
+        while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
+            journaled.popleft().result()
+
+    def take(msg: tuple[Any, ...]) -> None:
+        """A finished group: journal it and the ones after it, in chunk order."""
+        done[msg[1]] = msg[2]
+        while state["next"] in done:
+            journaled.append(journaler.submit(journal, done.pop(state["next"])))
+            state["next"] += 1
+
+    def handle(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "error":
+            raise msg[1]
+        if msg[0] == "died":
+            raise BrokenProcessPool(f"the GPU decoder {msg[1]} died")
+        if msg[0] == "ready":
+            decoders.ready.append(msg[1])
+        if msg[0] == "done":
+            take(msg)
+        check(block=False)
+
+    def pending() -> int:
+        return state["sent"] - state["next"] - len(done)
+
+    try:
+        for g, group in enumerate(groups):
+            while pending() >= _IN_FLIGHT * decoders.working():
+                handle(decoders.box.get())
+            decoders.send(decoders.pick(g), (g, group))
+            state["sent"] += 1
+            if g == 0:
+                after_submit()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    handle(decoders.box.get_nowait())
+        for k in range(len(decoders.sends)):  # no more: each finishes what it holds
+            decoders.send(k, None)
+        while state["next"] < len(groups):
+            handle(decoders.box.get())
+        check(block=True)
+        ok = True
+    finally:
+        decoders.close(abort=not ok)  # waits for the writes in flight
+        if not ok:  # keep what was written: journal the finished groups still in order
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    msg = decoders.box.get_nowait()
+                    if msg[0] == "done":
+                        take(msg)
+        journaler.shutdown(wait=True)
+
+
+def _paths(group: list[tuple[int, int, list[str]]]) -> list[str]:
+    return [p for c in group for p in c[2]]
+
+
+def _spread(pool: ProcessPoolExecutor | None, fn: Any, paths: list[str], spec: ResizeSpec):
+    if not paths:
+        return lambda: []
+    if pool is None:
+        return lambda: fn(paths, spec)
+    step = max(1, -(-len(paths) // 16))
+    futs = [pool.submit(fn, paths[i : i + step], spec) for i in range(0, len(paths), step)]
+    return lambda: [r for f in futs for r in f.result()]
+
+
+def _submit_cpu(
+    pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
+) -> Callable[[], list[tuple[bytes | None, Any]]]:
+    """Start decoding ``paths`` on the CPU workers (spread over them); return a getter."""
+    from .workers import _decode_paths
+
+    return _spread(pool, _decode_paths, paths, spec)

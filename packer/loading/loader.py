@@ -1,0 +1,693 @@
+"""Stream a pack in shuffled batches to a device: :class:`PackLoader`.
+
+The hot path, per batch (CUDA), ``gather="cpu"`` (the default)::
+
+    background thread: pick a free pinned buffer -> T threads gather random rows
+    from the page-cached memmap into it (np.take, GIL released, memcpy per row;
+    several batches in flight so no thread waits at a batch boundary)
+    -> in order: async H2D copy on a side stream -> [transform on that stream]
+    -> event -> bounded queue
+
+``gather="device"``::
+
+    background thread: the pass's order on the device once -> per batch, a Triton
+    kernel reads its rows straight from the page-cached pack (mapped read-only,
+    registered with CUDA) into device memory, labels and targets likewise
+    -> [transform] on that side stream -> event -> bounded queue
+
+Either way the consumer: queue.get -> current stream waits on the event (the GPU
+waits, never the host) -> uint8 images [B, 3, H, W] and int64 labels [B] on device
+(and float32 targets [B, K] when the pack has them, gathered by the same rows)
+
+Bytes cross the bus as uint8; normalisation to float happens on the GPU in
+:class:`packer.Normalize`. A pinned buffer is refilled only after the copy out
+of it has finished (its event). An exception in the background is re-raised
+in the consumer's ``__next__``. On the CPU the same pipeline runs without
+pinning or streams, giving fresh tensors each batch.
+
+Lifetime: the producer thread holds only a :class:`_Pass` (queue, stop flag,
+arrays, buffers), never the iterator or the loader, so dropping an iterator
+mid-epoch collects it; a ``weakref.finalize`` on the iterator then stops and
+joins its thread (also at interpreter exit, before CUDA tears down), and one
+on the loader shuts its gather threads. After ``os.fork`` the child builds its
+own threads and buffers (the parent's threads do not exist there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ..errors import UsageError
+from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
+from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
+from ..imaging.normalize import Normalize as Normalize
+from ..pack.reader import ImagePack, open_pack
+from .order import (
+    _EVEN_SPLITS,
+    _MAX_EPOCH,
+    _MAX_SEED,
+    _STATE_VERSION,
+    _bool_arg,
+    _check_device,
+    _check_dtypes,
+    _check_indices,
+    _dist_defaults,
+    _int_arg,
+    _rows_digest,
+    epoch_indices,
+)
+from .order import batch_seed as batch_seed  # re-exported: old import path
+from .producer import _DONE, GATHER_MODES, _apply_transform, _Failure, _Pass, _Shared, populate
+
+log = logging.getLogger(__name__)
+
+
+class PackLoader:
+    """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
+    ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
+
+    Args:
+      pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
+      batch_size: images per batch (an int >= 1).
+      shuffle, seed: each pass uses the permutation of ``seed + epoch``
+        (seed: an int with ``abs(seed) < 2**63``).
+      device: where batches land: "cuda", "cuda:1", "cpu" or a torch.device
+        of those types (others raise UsageError).
+      drop_last: drop the short last batch of each rank's epoch.
+      even_split: how an epoch is split into equal parts across ranks, as
+        DistributedSampler does: "pad" (default) repeats the head of the
+        permutation, "trim" drops the tail (so with fewer images than ranks
+        every rank gets none).
+      rank, world_size: this process's part; default torch.distributed's when
+        initialised, else 0 and 1. Parts are disjoint (up to the padding) and
+        of equal length (see :func:`epoch_indices`).
+      indices: stream only these pack rows: int tensor/array/list [M]
+        (repeats allowed; ``[]`` streams nothing) or bool mask [N]. Shuffled per epoch and split across ranks like the
+        whole pack; the images are never copied.
+      transform: a callable on each uint8 batch [B, 3, H, W] on ``device``,
+        returning the images to yield: a Tensor [B, ...] with the same B (any
+        other dimensions), uint8 or floating point, on ``device``; anything
+        else raises UsageError naming the transform. Called as
+        ``transform(images, generator=g)`` if it has ``accepts_generator =
+        True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
+        epoch, rank, batch index); else ``transform(images)``. Runs in the
+        background, on CUDA on the loader's copy stream.
+      gather: raw packs on CUDA: who copies a batch's rows out of the pack. "cpu"
+        (default): ``num_threads`` threads copy them into pinned buffers, then the copy
+        engine moves them. "device": the GPU reads them itself from the page cache
+        (the pack's files are mapped read-only and registered with CUDA, which locks
+        them in RAM; a Triton kernel copies the rows; no CPU copy, no pinned buffers):
+        1.1-2.5x the streaming rate on an H100, but its copy kernels cost a model
+        beside them up to 2.4% (ResNet-18), so it is for loading-bound work (small
+        models, inference or embedding passes over a pack). Needs whole pack files
+        taking at most half the machine's RAM; otherwise the first batch raises
+        UsageError saying why. Same batches either way, bit for bit
+        (docs/BENCHMARKS.md, "The GPU reads the pack itself").
+      num_threads: threads gathering rows, >= 1 (default min(8, cores)).
+      prefetch: batches in flight, >= 1 (one pinned buffer each on the "cpu" way).
+      resident: copy the streamed rows to ``device`` once and gather there (for
+        packs that fit in GPU memory; fastest).
+      populate: pre-map the page-cached pack before the first batch (Linux).
+      image_size, train: JPEG packs only (``imgpack build --store jpeg``): the side
+        (or (h, w)) of the yielded images, and the default crop: ``train=True``
+        RandomResizedCrop + horizontal flip, ``False`` the centre 87.5% of the
+        shorter side (Resize(S/0.875) + CenterCrop(S)). A ``transform`` starting with
+        RandomResizedCrop/CenterCrop/Resize((h, w)) replaces the default crop, its
+        boxes drawn relative to each image's own size (its stored size, checked
+        against the decoded one). A damaged offset, size or JPEG raises
+        PackFormatError naming the image.
+      decode: JPEG packs: who decodes. "device": in batches on ``device`` (nvjpeg on
+        CUDA, then one batched crop; on the CPU torchvision's decode on the threads,
+        then one crop of the padded batch). "cpu": image by image on the loader's
+        ``num_threads`` threads (torchvision's libjpeg decode, then only the box
+        resampled by Pillow), then copied to ``device``. "auto" (default): "device" on
+        CUDA, "cpu" on the CPU, the faster on each (docs/BENCHMARKS.md, "Who
+        decodes"). Boxes and flips are the seed's whichever decodes; the CPU ways
+        differ by resampling rounding (±1-2/255), nvjpeg from libjpeg by about 1/255
+        on average (chroma upsampling); each gives the same pixels from run to run.
+
+    Yields:
+      images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
+        ``transform`` returns).
+      labels: Tensor[B], int64, on ``device``: class index, or -1 unlabeled.
+      targets: only for a pack with targets (built with ``--targets``):
+        Tensor[B, K], float32, on ``device``, any finite values; row i belongs
+        to image i (the same pack rows as ``labels``), columns in
+        ``pack.target_names`` order. A pack without targets yields 2-tuples.
+
+    ``B`` is ``batch_size`` except for a short last batch. An epoch can have
+    no batches (fewer rows per rank than ``batch_size`` with ``drop_last``, or
+    fewer rows than ranks with ``even_split="trim"``, or empty ``indices``):
+    the loader then logs a warning when it is built. Dtypes are the
+    pack's, never cast (a hand-built pack with other dtypes is refused).
+
+    Epochs: a pass takes the loader's epoch counter when its first batch is
+    asked for, and moves the counter on by one. ``set_epoch(e)`` (or
+    ``loader.sampler.set_epoch(e)``) sets the counter. So a loop that calls
+    ``set_epoch(epoch)`` every epoch and one that never does see the same
+    epochs 0, 1, 2, ...; an ``iter()`` that is never read consumes nothing.
+    Several iterators may run at once (``zip(loader, loader)``, nested loops):
+    each is its own pass, with its own pinned buffers.
+
+    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly; a state
+    is refused mid-epoch when the loader streams other rows (``indices``) or
+    another pack shape. Use as
+    a context manager, or call ``close()``, to stop background work at once;
+    dropping an iterator or the loader also stops it.
+    """
+
+    def __init__(
+        self,
+        pack: ImagePack | str | os.PathLike[str],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        device: str | torch.device = "cuda",
+        drop_last: bool = False,
+        even_split: str = "pad",
+        rank: int | None = None,
+        world_size: int | None = None,
+        indices: torch.Tensor | None = None,
+        transform: Callable[..., torch.Tensor] | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 4,
+        resident: bool = False,
+        populate: bool = False,
+        image_size: int | tuple[int, int] | None = None,
+        train: bool = True,
+        decode: str = "auto",
+        gather: str = "cpu",
+    ) -> None:
+        if isinstance(pack, (str, os.PathLike)):
+            pack = open_pack(Path(pack))
+        batch_size = _int_arg("batch_size", batch_size, 1)
+        prefetch = _int_arg("prefetch", prefetch, 1)
+        seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
+        if num_threads is not None:
+            num_threads = _int_arg("num_threads", num_threads, 1)
+        from ..imaging.jpeg import DECODE_MODES, decodes_on_cpu
+
+        if not isinstance(decode, str) or decode not in DECODE_MODES:
+            raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
+        if not isinstance(gather, str) or gather not in GATHER_MODES:
+            raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")
+        shuffle = _bool_arg("shuffle", shuffle)
+        drop_last = _bool_arg("drop_last", drop_last)
+        resident = _bool_arg("resident", resident)
+        populate = _bool_arg("populate", populate)
+        self._crop = None
+        if getattr(pack, "storage", "raw") == "jpeg":
+            from ..imaging.jpeg import crop_for
+
+            if resident:
+                raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
+            try:
+                self._crop = crop_for(transform, image_size, train)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            if gather != "cpu":
+                raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
+        elif decode != "auto":
+            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
+        elif image_size is not None:
+            raise UsageError(
+                "image_size is for JPEG packs; a raw pack's images have the size it was "
+                "built with (crop or resize them with transform=)"
+            )
+        if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
+            raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
+        if transform is not None and not callable(transform):
+            raise UsageError(f"transform must be callable, not {type(transform).__name__}")
+        self.pack = pack
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.even_split = even_split
+        self.device = _check_device(device)
+        if gather == "device" and self.device.type != "cuda":
+            raise UsageError(
+                f"gather='device' has a CUDA GPU read the pack; device is {self.device}"
+            )
+        self._gather = gather
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.transform = transform
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        self.prefetch = prefetch
+        self.resident = resident
+        self._populate = populate
+        self._images = pack.images if self._crop is None else pack.jpeg
+        self._labels = pack.labels
+        self._targets: torch.Tensor | None = getattr(pack, "targets", None)
+        _check_dtypes(
+            self._images if self._crop is None else None, self._labels, self._targets, len(pack)
+        )
+        self._rows = None if indices is None else _check_indices(indices, len(pack))
+        self._n = len(pack) if self._rows is None else len(self._rows)
+        self._shape = tuple(pack.images.shape[1:]) if self._crop is None else (3, *self._crop.size)
+        self._digest = _rows_digest(self._rows, len(pack), self._shape)
+        self._epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
+        self._serial = 0  # passes started; the latest one is what state_dict() describes
+        self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
+        self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
+        self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        # JPEG packs: decoded image by image on the threads (decode=)
+        self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
+        self._new_shared()
+        if len(self) == 0:
+            log.warning(
+                "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
+                "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
+                "yields nothing",
+                self.rank,
+                self._n,
+                self.world_size,
+                self.even_split,
+                self.batch_size,
+                self.drop_last,
+            )
+
+    def _new_shared(self) -> None:
+        self._shared = _Shared()
+        self._finalizer = weakref.finalize(self, _Shared.close, self._shared)
+
+    def _shared_here(self) -> _Shared:
+        """This process's threads and buffers; after a fork the child makes its own."""
+        if self._shared.pid != os.getpid():
+            self._finalizer.detach()
+            self._new_shared()
+            self._live = weakref.WeakSet()
+            if self._resident is not None and self._resident[0].device.type != "cpu":
+                self._resident = None
+        return self._shared
+
+    # ---- size and order
+    def _per_rank(self) -> int:
+        if self.world_size == 1:
+            return self._n
+        if self.even_split == "trim":
+            return self._n // self.world_size
+        return math.ceil(self._n / self.world_size)
+
+    def __len__(self) -> int:
+        m = self._per_rank()
+        return m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order for the next pass (keeps a resume point of that epoch)."""
+        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self._epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass will use."""
+        return self._resume[0] if self._resume is not None else self._epoch
+
+    @property
+    def dataset(self) -> ImagePack:
+        """The pack (the whole pack, also when ``indices`` picks a subset)."""
+        return self.pack
+
+    @property
+    def sampler(self) -> PackSampler:
+        """An object with ``set_epoch(e)`` and ``len()`` driving this loader's order."""
+        return PackSampler(self)
+
+    def _positions(self, epoch: int) -> torch.Tensor:
+        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M]."""
+        order = epoch_indices(
+            self._n,
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world_size=self.world_size,
+            even_split=self.even_split,
+        )
+        if self.drop_last:
+            order = order[: len(self) * self.batch_size]
+        return order
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
+        pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
+        return pos if self._rows is None else self._rows[pos]
+
+    # ---- resumable state
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
+
+        ``epoch`` and ``batches`` (already yielded in that epoch) describe the
+        latest pass; the rest identifies the order, so a mismatched restore is
+        refused. Ranks of one run hold equal positions, so any rank's state
+        restores every rank.
+        """
+        if self._resume is not None:
+            epoch, batches = self._resume
+        elif self._progress is not None and not self._progress[2]:
+            epoch, batches = self._progress[0], self._progress[1]
+        else:
+            epoch, batches = self._epoch, 0
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "seed": self.seed,
+            "shuffle": bool(self.shuffle),
+            "batch_size": self.batch_size,
+            "drop_last": bool(self.drop_last),
+            "even_split": self.even_split,
+            "samples": self._n,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "rows": self._digest,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next pass yields exactly the batches that
+        were left of that epoch, then epochs go on as in the saved run.
+
+        Mid-epoch, the order must be the same (seed, shuffle, batch size,
+        drop_last, even_split, number of samples, world size, and the rows
+        streamed: the ``rows`` digest of the pack's count, image shape and
+        ``indices``); a mismatch is always refused. At an epoch boundary
+        (``batches == 0``) only the epoch is taken, so the next epoch may use
+        other rows or ranks. States saved before ``rows`` existed have no
+        digest and are checked without it. Fields of the wrong type (a bool,
+        float or string for an int) are refused, never cast.
+        """
+        if not isinstance(state, dict):
+            raise UsageError(
+                "not a PackLoader state: pass the dict PackLoader.state_dict() returned, "
+                f"not {type(state).__name__}"
+            )
+        try:
+            version, epoch, batches = state["version"], state["epoch"], state["batches"]
+        except KeyError:
+            raise UsageError(
+                "not a PackLoader state: pass what PackLoader.state_dict() returned"
+            ) from None
+        if isinstance(version, bool) or version != _STATE_VERSION:
+            raise UsageError(f"PackLoader state version {version!r} is not {_STATE_VERSION}")
+        epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
+        batches = _int_arg("state['batches']", batches, 0)
+        if batches:
+            mine = self.state_dict()
+            if "rows" in state and state["rows"] != mine["rows"]:
+                raise UsageError(
+                    "cannot resume mid-epoch: the state was saved by a loader streaming other "
+                    f"rows (rows digest {state['rows']!r}, this loader's {mine['rows']!r}: "
+                    "another pack or other indices); use the same pack and indices, or "
+                    "resume from an epoch boundary"
+                )
+            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
+                if state.get(key) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}; use the same {key}, or resume from an "
+                        "epoch boundary"
+                    )
+            for key in ("drop_last", "even_split"):
+                if state.get(key, mine[key]) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}"
+                    )
+            if not 0 <= batches <= len(self):
+                raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
+        self._resume = (epoch, batches)
+        self._epoch = epoch
+        self._progress = None
+
+    # ---- iteration
+    def __iter__(self) -> _EpochIterator:
+        self._shared_here()
+        it = _EpochIterator(self)
+        self._live.add(it)
+        return it
+
+    def _start_pass(self) -> tuple[int, int, int]:
+        """Give the next pass its epoch and first batch; move the counter on."""
+        if self._resume is not None:
+            epoch, start = self._resume
+            self._resume = None
+        else:
+            epoch, start = self._epoch, 0
+        self._epoch = epoch + 1
+        self._serial += 1
+        self._progress = (epoch, start, False)
+        return epoch, start, self._serial
+
+    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
+        if serial == self._serial:
+            self._progress = (epoch, yielded, exhausted)
+
+    def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The streamed rows on the device, in ``indices`` order (or the whole pack):
+        images uint8 [M, 3, H, W], labels int64 [M], targets float32 [M, K] or None."""
+        images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
+        labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
+        targets = None
+        if self._targets is not None:
+            k = self._targets.shape[1]
+            targets = torch.empty((self._n, k), dtype=torch.float32, device=self.device)
+        step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
+        with PackLoader(
+            self.pack,
+            step,
+            shuffle=False,
+            device=self.device,
+            rank=0,
+            world_size=1,
+            indices=self._rows,
+            num_threads=self.num_threads,
+            prefetch=2,
+            gather=self._gather,
+        ) as seq:
+            start = 0
+            for batch in seq:
+                x = batch[0]
+                images[start : start + len(x)].copy_(x)
+                labels[start : start + len(x)].copy_(batch[1])
+                if targets is not None:
+                    targets[start : start + len(x)].copy_(batch[2])
+                start += len(x)
+        return images, labels, targets
+
+    def close(self) -> None:
+        """Stop background work and release threads and buffers (also done when
+        garbage-collected). The loader can be iterated again afterwards."""
+        for it in list(self._live):
+            it.close()
+        self._live = weakref.WeakSet()
+        self._finalizer()
+        self._new_shared()
+
+    def __enter__(self) -> PackLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PackSampler(torch.utils.data.Sampler[int]):
+    """A :class:`PackLoader`'s order as a sampler: ``set_epoch(e)`` sets the loader's
+    epoch, ``len()`` is this rank's samples per epoch, iterating yields its pack
+    rows for the loader's next epoch (usable with a DataLoader over PackDataset)."""
+
+    def __init__(self, loader: PackLoader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.loader._per_rank()
+
+    def __iter__(self) -> Iterator[int]:
+        ld = self.loader
+        pos = epoch_indices(
+            ld._n,
+            epoch=ld.epoch,
+            seed=ld.seed,
+            shuffle=ld.shuffle,
+            rank=ld.rank,
+            world_size=ld.world_size,
+            even_split=ld.even_split,
+        )
+        rows = pos if ld._rows is None else ld._rows[pos]
+        return iter(rows.tolist())
+
+
+class _EpochIterator:
+    """One pass. It takes its epoch at the first ``__next__``; a background
+    :class:`_Pass` fills a bounded queue (or, resident, batches are gathered
+    on the device here)."""
+
+    def __init__(self, loader: PackLoader) -> None:
+        self.loader = loader
+        self.nbatches = len(loader)
+        self.pid = os.getpid()
+        self.closed = False
+        self.started = False
+        self.epoch = -1
+        self.serial = 0
+        self.next_batch = 0
+        self._pass: _Pass | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._resident: (
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None
+        ) = None
+        self._gen: torch.Generator | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self.nbatches
+
+    def _start(self) -> None:
+        ld = self.loader
+        self.started = True
+        self.epoch, self.next_batch, self.serial = ld._start_pass()
+        pos = ld._positions(self.epoch)
+        if getattr(ld.transform, "accepts_generator", False) or (
+            ld._crop is not None and ld._crop.random
+        ):
+            self._gen = torch.Generator()
+        if ld.resident:
+            if ld._resident is None:
+                ld._resident = ld._load_resident()
+            images, labels, targets = ld._resident
+            self._resident = (images, labels, targets, pos.to(ld.device, non_blocking=True))
+            return
+        if ld._populate:
+            populate(ld._images)
+            ld._populate = False
+        if self.next_batch >= self.nbatches:
+            return  # nothing left (an empty epoch, or resumed at its end): no thread
+        rows = pos if ld._rows is None else ld._rows[pos]
+        shared = ld._shared_here()
+        slots = in_place = None
+        if ld.device.type == "cuda" and ld._crop is None:
+            if ld._gather == "device":
+                with torch.cuda.device(ld.device):
+                    in_place = shared.device_rows(ld._images, ld._labels, ld._targets)
+                if in_place is None:
+                    self.close()
+                    raise UsageError(
+                        f"gather='device': the GPU cannot read this pack in place: "
+                        f"{shared.rows_why}; use gather='cpu' (the default)"
+                    )
+            if in_place is None:
+                ntargets = None if ld._targets is None else ld._targets.shape[1]
+                slots = shared.take_slots(
+                    ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device
+                )
+        p = _Pass(
+            src=ld._images,
+            labels=ld._labels,
+            targets=ld._targets,
+            order=rows.numpy().astype(np.intp),
+            batch_size=ld.batch_size,
+            start=self.next_batch,
+            nbatches=self.nbatches,
+            prefetch=ld.prefetch,
+            device=ld.device,
+            pool=shared.thread_pool(ld.num_threads),
+            num_threads=ld.num_threads,
+            slots=slots,
+            shared=shared,
+            transform=ld.transform,
+            gen=self._gen,
+            seeds=(ld.seed, self.epoch, ld.rank),
+            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._on_cpu),
+            rows=in_place,
+        )
+        self._pass = p
+        self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
+        p.thread.start()
+
+    def __next__(self) -> tuple[torch.Tensor, ...]:
+        if self.closed:
+            raise StopIteration
+        if self.pid != os.getpid() and self.started:
+            raise UsageError(
+                "this PackLoader pass was started in another process (before a fork); "
+                "call iter(loader) again in this one"
+            )
+        if not self.started:
+            self._start()
+        if self.next_batch >= self.nbatches:
+            return self._finish()
+        out = self._next_resident() if self._resident is not None else self._next_streamed()
+        self.next_batch += 1
+        self.loader._note(self.serial, self.epoch, self.next_batch, False)
+        return out
+
+    def _finish(self) -> Any:
+        self.loader._note(self.serial, self.epoch, self.next_batch, True)
+        self.close()
+        raise StopIteration
+
+    def _next_resident(self) -> tuple[torch.Tensor, ...]:
+        images, labels, targets, pos = self._resident  # type: ignore[misc]
+        bs, b = self.loader.batch_size, self.next_batch
+        idx = pos[b * bs : (b + 1) * bs]
+        x = images.index_select(0, idx)
+        ld = self.loader
+        x = _apply_transform(ld.transform, x, self._gen, (ld.seed, self.epoch, ld.rank), b)
+        if targets is None:
+            return x, labels.index_select(0, idx)
+        return x, labels.index_select(0, idx), targets.index_select(0, idx)
+
+    def _next_streamed(self) -> tuple[torch.Tensor, ...]:
+        p = self._pass
+        assert p is not None
+        while True:
+            try:
+                item = p.queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not p.thread.is_alive():
+                    self.close()
+                    raise RuntimeError("imgpack loader thread died without a result") from None
+        if item is _DONE:  # the producer ran out early: only if stopped
+            return self._finish()
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        images, labels, targets, ev = item
+        if ev is not None:
+            cur = torch.cuda.current_stream(self.loader.device)
+            cur.wait_event(ev)  # the GPU waits for the copy; the host does not
+            images.record_stream(cur)
+            labels.record_stream(cur)
+            if targets is not None:
+                targets.record_stream(cur)
+        if targets is None:
+            return images, labels
+        return images, labels, targets
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._finalizer is not None:
+            self._finalizer()
+        self._resident = None

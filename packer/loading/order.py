@@ -1,0 +1,197 @@
+"""Which pack rows a pass reads, in what order, and the checks on a loader's arguments.
+
+:func:`epoch_indices` (the epoch's shuffle and this rank's share), :func:`batch_seed`
+(a transform's per-batch generator seed), the rows digest a loader state carries, and
+the argument checks :class:`packer.loading.loader.PackLoader` and :class:`packer.PackDataset`
+share. No threads, no device work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+
+_MAX_SEED = 1 << 63  # |seed| below this and epoch below _MAX_EPOCH keep seed + epoch a
+_MAX_EPOCH = 1 << 62  # valid torch seed (manual_seed takes [-2**63, 2**64))
+_STATE_VERSION = 1
+_EVEN_SPLITS = ("pad", "trim")
+
+
+def epoch_indices(
+    n: int,
+    *,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    rank: int,
+    world_size: int,
+    even_split: str = "pad",
+) -> torch.Tensor:
+    """This rank's positions in ``range(n)`` for one epoch, int64 [M].
+
+    Same rule as ``torch.utils.data.DistributedSampler``: a permutation from
+    ``seed + epoch``; with several ranks, padded by repeating its head up to a
+    multiple of world_size (``even_split="pad"``) or trimmed to one
+    (``"trim"``), then rank r takes every world_size-th position starting at r.
+    Every rank gets the same M.
+    """
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    if world_size > 1:
+        if even_split == "trim":
+            order = order[: (n // world_size) * world_size]
+        else:
+            total = math.ceil(n / world_size) * world_size
+            pad = total - n
+            if pad:
+                reps = math.ceil(pad / max(n, 1))
+                order = torch.cat([order, order.repeat(reps)[:pad]])
+        order = order[rank::world_size]
+    return order
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """The seed of a transform's generator for one batch, in [0, 2**63).
+
+    A hash of the four numbers, so a resumed run redraws the same parameters,
+    every batch and epoch draws new ones, and ranks draw different ones.
+    """
+    key = f"imgpack/{int(seed)}/{int(epoch)}/{int(rank)}/{int(batch)}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def _int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a Python int, or UsageError naming ``name``: never cast (a bool, a
+    float, a string or a tensor is refused; numpy integer scalars are ints)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v >= hi):
+        bounds = (
+            f"at least {lo}" if hi is None else f"in [{lo if lo is not None else '-inf'}, {hi})"
+        )
+        raise UsageError(f"{name} must be {bounds}, not {v}")
+    return v
+
+
+def _bool_arg(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise UsageError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _rows_digest(rows: torch.Tensor | None, n: int, shape: tuple[int, ...]) -> str:
+    """A short digest of what a loader streams: the pack's image count and shape and the
+    rows it streams (``indices``, in order), so a state from another subset or pack is
+    refused mid-epoch."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"imgpack-rows/{n}/{list(shape)}/".encode())
+    h.update(b"all" if rows is None else rows.numpy().astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+    rank = 0 if rank is None else _int_arg("rank", rank)
+    world_size = 1 if world_size is None else _int_arg("world_size", world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size
+
+
+def _check_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(
+            f"device {device!r} is not a device; use 'cuda', 'cuda:N' or 'cpu'"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(
+            f"PackLoader streams to 'cpu' or 'cuda' only, not {dev.type!r}; "
+            "load on the CPU and move the batches yourself"
+        )
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("device is CUDA but torch sees no CUDA device; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _check_indices(indices: Any, n: int) -> torch.Tensor:
+    """Rows of the pack to stream, int64 [M], from an int tensor/array/list/tuple or a
+    bool mask [N]. An empty list or tuple is an empty set of rows."""
+    if isinstance(indices, (list, tuple)) and len(indices) == 0:
+        return torch.empty(0, dtype=torch.int64)
+    if not isinstance(indices, (torch.Tensor, np.ndarray, list, tuple, range)):
+        raise UsageError(
+            f"indices must be a tensor, array, list or tuple of int rows or a bool mask, "
+            f"not {type(indices).__name__}"
+        )
+    try:
+        idx = torch.as_tensor(indices)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise UsageError(
+            f"indices must be int rows or a bool mask, representable as int64 ({e})"
+        ) from None
+    if idx.dim() != 1:
+        raise UsageError(
+            f"indices must be 1-D (int rows or a bool mask), not shape {tuple(idx.shape)}"
+        )
+    if idx.dtype == torch.bool:
+        if len(idx) != n:
+            raise UsageError(
+                f"a bool mask for indices needs {n} entries (the pack's), not {len(idx)}"
+            )
+        return idx.nonzero().flatten()
+    if idx.is_floating_point() or idx.is_complex():
+        raise UsageError(f"indices must be integers or a bool mask, not {idx.dtype}")
+    if idx.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # torch has few ops on wide unsigned ints, and a value >= 2**63 would wrap
+        wide = idx.cpu().numpy()
+        if len(wide) and int(wide.max()) >= n:
+            raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
+        idx = torch.from_numpy(wide.astype(np.int64))
+    idx = idx.to(torch.int64)
+    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
+    return idx
+
+
+def _check_dtypes(
+    images: torch.Tensor | None, labels: torch.Tensor, targets: torch.Tensor | None, n: int
+) -> None:
+    """Refuse, never cast: the batch buffers are built for exactly these dtypes and shapes.
+    ``images`` is None for a JPEG pack (its bytes are checked when read)."""
+    got = []
+    if images is not None and (
+        images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3
+    ):
+        got.append(f"images {images.dtype} {list(images.shape)}")
+    if labels.dtype != torch.int64 or tuple(labels.shape) != (n,):
+        got.append(f"labels {labels.dtype} {list(labels.shape)}")
+    if targets is not None and (
+        targets.dtype != torch.float32 or targets.dim() != 2 or len(targets) != n
+    ):
+        got.append(f"targets {targets.dtype} {list(targets.shape)}")
+    if got:
+        raise UsageError(
+            f"PackLoader needs images uint8 [N, 3, H, W], labels int64 [N] and targets "
+            f"float32 [N, K] or None, not {', '.join(got)}; open a pack with packer.load()"
+        )

@@ -1,0 +1,516 @@
+"""``imgpack verify``: prove a pack is intact, and measure it against its source folder.
+
+Integrity checks (each a ``{name, ok, detail}``):
+  manifest    the manifest parses and is consistent
+  files       data files present, regular, inside the pack, sizes match shapes
+  images      per-block SHA-256 of the image data matches the build's; a
+              mismatch names the block, its image indices and source files
+  labels      checksum matches, labels within the class range (or -1), counts agree;
+              the targets' checksum, for a pack with targets
+  sources     (with a source folder) a sample of source images re-decoded
+              exactly as the build did equals the packed pixels; missing or
+              changed sources are named
+
+Throughput: the pack streamed through :class:`PackLoader` to the device, and
+(with a source folder) the same images read from the folder the way people
+write it (:mod:`packer.measure.baseline`: Pillow, the same resize, ToTensor, a
+DataLoader with workers and pinned memory), both normalized on arrival, same
+batch size, same run. The baseline reads exactly the pack's ``sources``, so
+inputs the build skipped are left out and counted. Warm-up excluded; the device
+is synchronized before every clock read; the median of repeats is reported.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DecodeError, PackerError, UsageError
+from ..imaging.decode import ResizeSpec, decode
+from ..pack.format import Layout, Manifest, check_files, digest, hash_blocks, read_manifest
+from .timing import check_device_name, resolve_device, sync, time_loader
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    source: Path | None = None  # None: the build's source folder, if it still exists
+    use_recorded_source: bool = True
+    sample: int | None = 64  # None: every image
+    device: str | torch.device = "auto"  # resolved once, by verify(), when it times
+    batch_size: int = 64
+    batches: int = 20  # timed batches per repeat
+    repeats: int = 3
+    workers: int | None = None  # DataLoader workers for the folder baseline
+    throughput: bool = True
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise UsageError("--batch-size must be at least 1")
+        if self.sample is not None and self.sample < 0:
+            raise UsageError("--sample must be a positive number or 'all'")
+        if isinstance(self.device, str):
+            check_device_name(self.device)
+        # a folder the user names that is not there is bad usage (exit 2), as bench
+        # --source; only the folder recorded at build time may have moved (a FAIL)
+        if self.source is not None and not Path(self.source).is_dir():
+            what = "this is a file" if Path(self.source).exists() else "no such folder"
+            raise UsageError(
+                f"{self.source}: --source must be a folder of the pack's images ({what})"
+            )
+
+
+@dataclass
+class VerifyReport:
+    path: Path
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    device: str = "cpu"
+    pack_images_per_s: float | None = None
+    folder_images_per_s: float | None = None
+    folder_left_out: int | None = None  # the pack's images the folder baseline could not time
+    folder_skipped: int = 0  # inputs the build skipped, which the baseline leaves out too
+    image_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.pack_images_per_s and self.folder_images_per_s:
+            return self.pack_images_per_s / self.folder_images_per_s
+        return None
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append({"name": name, "ok": ok, "detail": detail})
+
+    def to_json(self) -> dict[str, Any]:
+        mb = self.image_bytes / 1e6
+        return {
+            "ok": self.ok,
+            "path": str(self.path),
+            "checks": self.checks,
+            "device": self.device,
+            "pack_images_per_s": _r(self.pack_images_per_s),
+            "folder_images_per_s": _r(self.folder_images_per_s),
+            "pack_mb_per_s": _r(self.pack_images_per_s and self.pack_images_per_s * mb),
+            "folder_mb_per_s": _r(self.folder_images_per_s and self.folder_images_per_s * mb),
+            "speedup": _r(self.speedup),
+            "folder_left_out": self.folder_left_out,
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 2)
+
+
+# ---------------------------------------------------------------- integrity
+
+
+def _threads() -> int:
+    return min(32, os.cpu_count() or 1)
+
+
+def check_jpeg_files(
+    root: Path, m: Manifest, report: VerifyReport, progress: Progress | None
+) -> None:
+    """A JPEG pack: the index files' checksum, offsets that tile the byte file in order,
+    and the SHA-256 of each block of ``block_rows`` images' bytes."""
+    from ..pack.format import JPEG_FILE, LENGTHS_FILE, OFFSETS_FILE, SIZES_FILE
+
+    lay = Layout(root)
+    raw = [lay.data(f).read_bytes() for f in (OFFSETS_FILE, LENGTHS_FILE, SIZES_FILE)]
+    off, ln = (np.frombuffer(r, dtype="<i8") for r in raw[:2])
+    ck, n = m.checksums, m.count
+    problems = []
+    if digest(b"".join(raw)) != ck.index:
+        problems.append("offsets/lengths/sizes checksum mismatch")
+    ends = np.concatenate([[0], np.cumsum(ln)]) if n else np.zeros(1, np.int64)
+    if (ln < 1).any() or not np.array_equal(off, ends[:-1]) or int(ends[-1]) != m.jpeg_bytes:
+        problems.append("offsets and lengths do not tile the JPEG file in order")
+    block, want = ck.block_rows, ck.images
+    if block < 1 or len(want) != (n + block - 1) // block:
+        problems.append(f"manifest lists {len(want)} checksums for {n} images")
+    if problems:
+        report.add("images", False, "; ".join(problems) + "; the pack is damaged, rebuild it")
+        if progress:
+            progress(n)
+        return
+    bad = []
+    with open(lay.data(JPEG_FILE), "rb") as f:
+        for k, expect in enumerate(want):
+            lo, hi = k * block, min(n, (k + 1) * block)
+            f.seek(int(ends[lo]))
+            if digest(f.read(int(ends[hi] - ends[lo]))) != expect:
+                names = ", ".join(m.sources[lo : min(hi, lo + 3)])
+                bad.append(f"block {k} (images {lo}-{hi - 1}: {names})")
+            if progress:
+                progress(hi - lo)
+    if bad:
+        report.add(
+            "images",
+            False,
+            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
+            + "; ".join(bad[:5])
+            + ". The JPEG data changed since the build; rebuild the pack",
+        )
+    else:
+        report.add("images", True, f"{n} JPEGs ({m.jpeg_bytes:,} bytes), SHA-256 match")
+
+
+def check_jpeg_sources(
+    pack: Any,
+    m: Manifest,
+    source: Path,
+    idx: list[int],
+    report: VerifyReport,
+    progress: Progress | None,
+) -> None:
+    """A JPEG pack with its source: every stored JPEG decodes (CPU, every core) to its
+    recorded size, and the sample's sources give the same stored bytes again."""
+    from ..imaging.decode import jpeg_for_pack
+    from ..imaging.jpeg import decode_batch
+
+    n = m.count
+    sizes = pack.sizes.numpy()
+
+    def decodes(i: int) -> str | None:
+        try:
+            img = decode_batch(pack.read([i]), "cpu", indices=[i])[0]
+        except PackerError as e:
+            return str(e)
+        if list(img.shape[1:]) != sizes[i].tolist():
+            return f"image {i}: decodes to {list(img.shape[1:])}, recorded {sizes[i].tolist()}"
+        return None
+
+    def same(i: int) -> str | None:
+        path = source / m.sources[i]
+        if not path.is_file():
+            return "missing"
+        try:
+            data, *_ = jpeg_for_pack(str(path), m.max_side, m.quality or 3, m.build.max_pixels)
+        except DecodeError:
+            return "changed"
+        return None if data == bytes(pack.read([i])[0].numpy()) else "changed"
+
+    broken, missing, changed = [], [], []
+    with ThreadPoolExecutor(_threads()) as pool:
+        for what in pool.map(decodes, range(n)):
+            if what:
+                broken.append(what)
+            if progress:
+                progress(1)
+        for i, what in zip(idx, pool.map(same, idx)):
+            (missing if what == "missing" else changed if what else []).append(m.sources[i])
+    if broken:
+        report.add("decode", False, f"{len(broken)} of {n} stored JPEGs fail: {broken[0]}")
+    else:
+        report.add("decode", True, f"all {n} stored JPEGs decode to their recorded sizes")
+    if missing or changed:
+        parts = [f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else []
+        if changed:
+            parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
+        report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
+    else:
+        report.add("sources", True, f"{len(idx)} sources in {source} give the same JPEG bytes")
+
+
+def check_images(root: Path, m: Manifest, report: VerifyReport, progress: Progress | None) -> None:
+    if m.storage == "jpeg":
+        check_jpeg_files(root, m, report, progress)
+        return
+    ck = m.checksums
+    block, want, n = ck.block_rows, ck.images, m.count
+    if block < 1 or len(want) != (n + block - 1) // block:
+        report.add(
+            "images",
+            False,
+            f"manifest lists {len(want)} checksums for {n} images in "
+            f"blocks of {block}; the manifest is damaged",
+        )
+        if progress:
+            progress(n)
+        return
+
+    def done(k: int) -> None:
+        if progress:
+            progress(min(n, (k + 1) * block) - k * block)
+
+    got = hash_blocks(Layout(root).images, m.image_bytes * block, len(want), done, _threads())
+    bad: list[str] = []
+    for k, (sha, expect) in enumerate(zip(got, want)):
+        if sha != expect:
+            lo, hi = k * block, min(n, (k + 1) * block)
+            names = ", ".join(m.sources[lo : min(hi, lo + 3)])
+            more = f" and {hi - lo - 3} more" if hi - lo > 3 else ""
+            bad.append(f"block {k} (images {lo}-{hi - 1}: {names}{more})")
+    if bad:
+        report.add(
+            "images",
+            False,
+            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
+            + "; ".join(bad[:5])
+            + ("; ..." if len(bad) > 5 else "")
+            + ". The image data changed since the build; rebuild the pack",
+        )
+    else:
+        report.add("images", True, f"{n} images, {len(want)} blocks, SHA-256 match")
+
+
+def check_labels(root: Path, m: Manifest, report: VerifyReport) -> None:
+    raw = Layout(root).labels.read_bytes()
+    labels = np.frombuffer(raw, dtype="<i8")
+    problems = []
+    if digest(raw) != m.checksums.labels:
+        problems.append("checksum mismatch")
+    k = len(m.classes)
+    # -1 is "no label" (a flat folder, a table row); without classes the labels are a
+    # table's integers, with no upper bound to check
+    lo, hi = -1, (k - 1 if k else np.iinfo(np.int64).max)
+    out = np.nonzero((labels < lo) | (labels > hi))[0]
+    shown = f"[{lo}, {hi}]" if k else f">= {lo}"
+    if len(out):
+        problems.append(
+            f"{len(out)} labels outside {shown} (first at image {out[0]}: {labels[out[0]]})"
+        )
+    if k and not len(out):
+        counts = np.bincount(labels[labels >= 0], minlength=k).tolist()
+        if m.class_counts and counts != list(m.class_counts):
+            problems.append(
+                f"class counts {counts} differ from the manifest's {list(m.class_counts)}"
+            )
+    if m.targets:
+        raw_t = Layout(root).targets.read_bytes()
+        if digest(raw_t) != m.checksums.targets:
+            problems.append("targets checksum mismatch")
+    if problems:
+        report.add("labels", False, "; ".join(problems))
+    else:
+        with_t = f", targets {list(m.targets)} match" if m.targets else ""
+        report.add("labels", True, f"{len(labels)} labels in {shown}{with_t}")
+
+
+def sample_indices(n: int, sample: int | None) -> list[int]:
+    """The images whose sources are re-decoded: all, or a fixed random sample."""
+    if sample is None or sample >= n:
+        return list(range(n))
+    return sorted(random.Random(0).sample(range(n), sample))
+
+
+def check_sources(
+    pack: Any,
+    m: Manifest,
+    source: Path,
+    idx: list[int],
+    report: VerifyReport,
+    progress: Progress | None,
+) -> None:
+    spec = ResizeSpec(m.width, m.height, m.resize, m.build.max_pixels)
+    images = pack.images
+
+    def one(i: int) -> str | None:
+        # Pillow releases the GIL while it decodes and resizes: threads use every core
+        path = source / m.sources[i]
+        if not path.is_file():
+            return "missing"
+        try:
+            same = np.array_equal(decode(str(path), spec), images[i].numpy())
+        except DecodeError:
+            same = False
+        return None if same else "changed"
+
+    missing, changed = [], []
+    with ThreadPoolExecutor(_threads()) as pool:
+        for i, what in zip(idx, pool.map(one, idx)):
+            if what == "missing":
+                missing.append(m.sources[i])
+            elif what == "changed":
+                changed.append(m.sources[i])
+            if progress:
+                progress(1)
+    if missing or changed:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing: " + ", ".join(missing[:5]))
+        if changed:
+            parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
+        report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
+    else:
+        report.add(
+            "sources",
+            True,
+            f"{len(idx)} of {m.count} source images re-decoded from {source}: pixels identical",
+        )
+
+
+# ---------------------------------------------------------------- throughput
+
+
+def _export_trace(prof: Any, trace: Path) -> None:
+    """Write the Chrome trace whole or not at all: a temporary name beside it, then a
+    rename. The name ends like ``trace`` (the profiler gzips a ``.gz`` name) and is
+    one of imgpack's own (``.imgpack-tmp-``), removed if the export is interrupted."""
+    trace = Path(trace)
+    tmp = trace.with_name(f".imgpack-tmp-{os.getpid()}-{trace.name}")
+    try:
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, trace)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def measure(
+    pack: Any,
+    m: Manifest,
+    source: Path | None,
+    config: VerifyConfig,
+    report: VerifyReport,
+    device: torch.device,
+    trace: Path | None = None,
+) -> None:
+    from PIL.Image import DecompressionBombError
+
+    from ..loading.loader import Normalize, PackLoader
+    from . import baseline
+
+    log.info("timing the pack through PackLoader on %s", device)
+    norm = Normalize().to(device)
+    jpeg = m.storage == "jpeg"
+    # a JPEG pack is timed decoding to 224² centre crops; the folder baseline's resize
+    # follows the pack's fixed size, so it is timed for raw packs only
+    size = {"image_size": 224, "train": False} if jpeg else {}
+    loader = PackLoader(pack, config.batch_size, device=device, seed=0, **size)
+    report.pack_images_per_s = time_loader(
+        lambda: iter(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
+    )
+    if trace is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        if device.type != "cuda":
+            # the profiler's C++ side (kineto) probes for GPUs on its first use and logs
+            # "gpuGetDeviceCount failed" and trace markers on stderr even for CPU-only
+            # activities; a level above all of its own keeps a CPU trace quiet. Read once,
+            # at that first use; a value the user set wins.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        kw = {}
+        if "acc_events" in inspect.signature(profile).parameters:  # torch >= 2.5
+            # one cycle, all its events kept; without it, torch 2.11 warns on stderr when
+            # its profiler object is reused ("Profiler clears events at the end of ...")
+            kw["acc_events"] = True
+        with profile(activities=acts, **kw) as prof:
+            for i, batch in enumerate(loader):  # 2- or 3-tuples (a pack with targets)
+                norm(batch[0])
+                if i == 5:
+                    break
+            sync(device)
+        _export_trace(prof, trace)
+    loader.close()
+    if source is None or jpeg:
+        return
+    ds, missing = baseline.pack_files(source, m, pack.labels.tolist())
+    report.folder_left_out = missing + len(m.skipped)
+    report.folder_skipped = len(m.skipped)
+    if not len(ds):
+        log.warning("folder baseline not timed: none of the pack's sources is in %s", source)
+        return
+    log.info(
+        "timing the folder baseline: %d images of %s (left out: %d the build skipped, %d missing)",
+        len(ds),
+        source,
+        len(m.skipped),
+        missing,
+    )
+    try:
+        report.folder_images_per_s = baseline.time_folder(
+            ds, device, config.batch_size, config.workers, config.batches, config.repeats
+        )
+    except (OSError, ValueError, RuntimeError, DecompressionBombError) as e:
+        # a source changed since the build (outside the re-decoded sample): Pillow fails on it
+        log.warning("folder baseline not timed: %s", str(e).strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _source_folder(m: Manifest, config: VerifyConfig) -> Path | None:
+    if config.source is not None:
+        return config.source
+    recorded = m.build.source_root if config.use_recorded_source else None
+    return Path(recorded) if recorded and Path(recorded).is_dir() else None
+
+
+def verify(
+    path: str | os.PathLike[str],
+    config: VerifyConfig = VerifyConfig(),
+    trace: Path | None = None,
+    progress: Progress | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Check a pack's integrity and (optionally) its streaming throughput.
+
+    The manifest is parsed and the pack's files walked once. Block hashes and
+    source re-decodes run on every core. ``on_start(total, 0)`` gives the
+    images the integrity checks will read (all, plus the re-decoded sample),
+    ``progress(k)`` reports k more done.
+
+    Raises PackerError only when there is nothing to verify (no such path,
+    bad options); every problem found in the pack is a failed check.
+    """
+    from ..pack.reader import open_pack
+
+    config.validate()
+    root = Path(path)
+    report = VerifyReport(path=root)
+    if not root.exists():
+        raise UsageError(f"{root}: no such pack; check the path")
+    try:
+        m = read_manifest(root)
+        report.add(
+            "manifest", True, f"format {m.version}, {m.count} images of {list(m.image_shape)}"
+        )
+    except PackerError as e:
+        report.add("manifest", False, str(e))
+        return report
+    try:
+        check_files(root, m)
+        report.add("files", True, "data files present with the sizes the manifest gives")
+    except PackerError as e:
+        report.add("files", False, str(e))
+        return report
+    pack = open_pack(root, m)
+    report.image_bytes = 3 * 224 * 224 if m.storage == "jpeg" else m.image_bytes  # as delivered
+    source = _source_folder(m, config)
+    source_ok = source is not None and source.is_dir()
+    idx = sample_indices(m.count, config.sample) if source_ok else []
+    if on_start:
+        decodes = m.count if source_ok and m.storage == "jpeg" else len(idx)
+        on_start(m.count + decodes, 0)
+    check_images(root, m, report, progress)
+    check_labels(root, m, report)
+    if source is not None and not source_ok:
+        report.add("sources", False, f"{source}: source folder not found")
+        source = None
+    elif source is not None and m.count and m.storage == "jpeg":
+        check_jpeg_sources(pack, m, source, idx, report, progress)
+    elif source is not None and m.count:
+        check_sources(pack, m, source, idx, report, progress)
+    if config.throughput and m.count and report.ok:
+        device = resolve_device(config.device)  # once; everything below takes this torch.device
+        report.device = str(device)
+        measure(pack, m, source, config, report, device, trace)
+    return report

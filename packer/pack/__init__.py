@@ -1,0 +1,25 @@
+"""The pack on disk: the on-disk contract and its one reader.
+
+Layout constants, the manifest schema and its version (``format``), and opening a
+pack read-only (``reader``). Everything a pack holds is checked here before use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# tensordict's meta.json names the class as ``packer.pack.ImagePack`` (format.TD_TYPE):
+# tensordict.load_memmap resolves it here, so these names stay importable from this
+# package, lazily (``import packer.pack.format`` must not import torch).
+_LAZY = {"ImagePack": "reader", "JpegPack": "reader", "open_pack": "reader"}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packer.pack' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"packer.pack.{module}"), name)
+    globals()[name] = value
+    return value

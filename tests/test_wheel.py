@@ -1,0 +1,88 @@
+"""The built wheel, installed non-editable into a fresh virtual environment, works on
+its own: the CLI starts, builds and verifies a pack, and ``import packer`` finds the
+installed copy, from a folder outside the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_image
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("wheel")
+    dist = tmp / "dist"
+    # --no-build-isolation: build with this environment's setuptools, no download
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(dist), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (wheel,) = dist.glob("imgpack-*.whl")
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    # The fresh environment sees this one's dependencies (torch, ...) through a plain
+    # path line, which adds the folder to sys.path after its own site-packages and runs
+    # none of the .pth files there (so the editable install of the repository stays out).
+    site = next((env_dir / "lib").glob("python*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "_deps.pth").write_text("\n".join(deps) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+         "-q", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env_dir, env
+
+
+def test_wheel_holds_every_package(installed: tuple[Path, dict[str, str]]) -> None:
+    env_dir, _ = installed
+    site = next((env_dir / "lib").glob("python*/site-packages"))
+    ours = {p.parent.relative_to(site).as_posix() for p in (site / "packer").rglob("__init__.py")}
+    want = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "packer").rglob("__init__.py")}
+    assert ours == want
+
+
+def test_installed_cli_builds_and_verifies_outside_the_repo(
+    installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    env_dir, env = installed
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    r = _run([env_dir / "bin" / "python", "-c", "import packer, sys; print(packer.__file__)"],
+             out, env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).is_relative_to(env_dir), r.stdout
+    imgpack = env_dir / "bin" / "imgpack"
+    r = _run([imgpack, "--help"], out, env)
+    assert r.returncode == 0 and "build" in r.stdout, r.stderr
+    for i in range(4):
+        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
+    r = _run([imgpack, "build", tmp_path / "imgs", out / "pack", "--size", "16", "--workers",
+              "1", "--json"], out, env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["count"] == 4
+    r = _run([imgpack, "verify", out / "pack", "--device", "cpu", "--batch-size", "2",
+              "--json"], out, env)  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
