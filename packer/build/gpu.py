@@ -27,40 +27,29 @@ import contextlib
 import ctypes
 import functools
 import logging
-import multiprocessing as mp
 import os
-import pickle
 import queue
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from .workers import _writeback_fn
-from ..imaging.decode import ResizeSpec, plain_jpeg_size
 from ..errors import PackerError
+from ..imaging.decode import ResizeSpec, plain_jpeg_size
 from ..pack.format import digest, image_bytes
 from ..sources.scan import NotRegularFile, open_fd_if_regular
+from .workers import _writeback_fn
 
 log = logging.getLogger(__name__)
 
 GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
-# GPU decoder processes on CUDA: off. Measured (docs/BENCHMARKS.md, "Decoder processes"),
-# 2 or 3 of them built no faster than the build's own decoder thread once started, and
-# each takes ~11 s to start. Set it (and PROCESSES_FROM) to try them.
-DECODERS = 0
-PROCESSES_FROM = 100_000  # images from which a build starts them
 _WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256 free the GIL)
 _READERS = 4  # per decoder: threads reading and classifying the files (read frees the GIL)
 _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahead of it
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
-_LOCAL_FIRST = True  # a decoder thread of the build's process works until the processes start
 
 
 class _Read(NamedTuple):
@@ -367,94 +356,22 @@ def _serve(
         os.close(fd)
 
 
-def _decoder_main(
-    inbox: Connection, outbox: Connection, rows_path: str, spec: ResizeSpec, device: str
-) -> None:
-    """A GPU decoder process (spawned: a clean CUDA start): :func:`_serve` on the groups
-    the build sends, until it sends None. Ends with the build (Linux: the parent's
-    death kills it); Ctrl-C is the build's to handle."""
-    from .workers import _decode_paths, _die_with_parent
-
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    dev = torch.device(device)
-    lock = threading.Lock()
-
-    def put(msg: tuple[Any, ...]) -> None:
-        if msg[0] == "error":
-            msg = ("error", _picklable(msg[1]))
-        with lock, contextlib.suppress(OSError):
-            outbox.send(msg)
-
-    try:
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-            _warm_up(dev, spec)
-    except BaseException as e:
-        put(("error", e))
-        return
-
-    put(("ready",))
-
-    def take_item(block: bool) -> Any:
-        try:
-            if not block and not inbox.poll():
-                raise queue.Empty
-            return inbox.recv()
-        except (EOFError, OSError):  # the build is gone
-            return None
-
-    def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
-        return functools.partial(_decode_paths, paths, spec)  # on the writer thread
-
-    _serve(take_item, put, rows_path, spec, dev, cpu_decode)
-    with lock, contextlib.suppress(OSError):
-        outbox.send(("end",))
-
-
-def _picklable(e: BaseException) -> BaseException:
-    """``e`` if it crosses a pipe intact, else a PackerError with its text."""
-    try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:
-        return PackerError(f"{type(e).__name__}: {e}")
-
-
-class _Decoders:
-    """The build's GPU decoders: one :func:`_serve` on a thread of this process, which
-    works from the start, and ``n`` spawned processes on ``device``, which take the
-    groups over once they are ready (their start-up: about 11 s on the H100 machine,
-    importing torch and torchvision, CUDA, nvjpeg, the crop kernel); a small build ends
-    before they are, and they are killed. ``local`` False: the processes alone (tests).
-    With ``n`` 0 the thread alone (the CPU stand-in of the tests, which patch this
-    module's functions). Messages from all of them arrive on one queue, ``self.box``:
-    ("done", g, results), ("error", exc), ("died", what), ("ready", k), ("end",)."""
+class _Decoder:
+    """The build's GPU decoder: :func:`_serve` on a thread of this process. It takes
+    groups from ``send``; its messages arrive on one queue, ``self.box``: ("done", g,
+    results), ("error", exc), ("end",). (Decoder processes beside it were measured no
+    faster once started, and took ~11 s each to start: docs/BENCHMARKS.md.)"""
 
     def __init__(
         self,
-        n: int,
         rows_path: str,
         spec: ResizeSpec,
         device: torch.device,
         pool: ProcessPoolExecutor | None,
-        local: bool = True,
     ) -> None:
         self.box: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        self.threads: list[threading.Thread] = []
-        self.sends: list[Callable[[Any], None]] = []
-        self.ready: list[int] = []  # the processes that have started, by index
         self.stop = threading.Event()
-        if n:
-            self._spawn(n, rows_path, spec, device)
-        self.local = len(self.sends) if local or not n else None  # index of the thread
-        if self.local is None:
-            return
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.sends.append(inbox.put)
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
         def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
             return _submit_cpu(pool, paths, spec)
@@ -466,103 +383,21 @@ class _Decoders:
                 except BaseException as e:
                     self.box.put(("error", e))
                     return
-            _serve(inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop)
+            _serve(self._inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop)
             self.box.put(("end",))
 
-        t = threading.Thread(target=run, name="imgpack-decoder", daemon=True)
-        self.threads.append(t)
-        t.start()
+        self._thread = threading.Thread(target=run, name="imgpack-decoder", daemon=True)
+        self._thread.start()
 
-    def _spawn(self, n: int, rows_path: str, spec: ResizeSpec, device: torch.device) -> None:
-        ctx = mp.get_context("spawn")  # a clean CUDA start, whatever this process holds
-        if device.type == "cuda" and device.index is None:  # this process's current GPU
-            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-            device = torch.device("cuda", index)
-        for k in range(n):
-            recv_in, send_in = ctx.Pipe(duplex=False)
-            recv_out, send_out = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_decoder_main,
-                args=(recv_in, send_out, rows_path, spec, str(device)),
-                name=f"imgpack-decoder-{k}",
-                daemon=True,
-            )
-            p.start()
-            recv_in.close()
-            send_out.close()
-            self.procs.append(p)
-            self.conns.append(send_in)
-            self.sends.append(send_in.send)
-            t = threading.Thread(
-                target=self._listen, args=(k, recv_out, p), name=f"imgpack-listen-{k}", daemon=True
-            )
-            self.threads.append(t)
-            t.start()
-
-    def _listen(self, k: int, conn: Connection, proc: Any) -> None:
-        """In a thread of this process: one decoder process's messages onto ``box``."""
-        try:
-            while True:
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    proc.join(timeout=5)
-                    if not self.stop.is_set():
-                        self.box.put(("died", f"{proc.name} (exit code {proc.exitcode})"))
-                    return
-                self.box.put(("ready", k) if msg[0] == "ready" else msg)
-                if msg[0] in ("end", "error"):
-                    return
-        finally:
-            conn.close()
-
-    def working(self) -> int:
-        """How many decoders take groups now."""
-        return len(self.ready) or (1 if self.local is not None else len(self.procs))
-
-    def pick(self, g: int) -> int:
-        """The decoder for group ``g``: round the ready processes; before any is, this
-        process's thread (or, without it, round all the processes)."""
-        if self.ready:
-            return self.ready[g % len(self.ready)]
-        return self.local if self.local is not None else g % len(self.procs)
-
-    def send(self, k: int, item: Any) -> None:
-        try:
-            self.sends[k](item)
-        except OSError:  # a dead process: its listener reports it
-            pass
+    def send(self, item: Any) -> None:
+        self._inbox.put(item)
 
     def close(self, abort: bool) -> None:
-        """End every decoder: after the work sent (``abort`` False), or now. Processes
-        not yet started are killed either way: nothing was sent to them."""
+        """End the decoder: after the work sent (``abort`` False), or now."""
         if abort:
             self.stop.set()
-        for k in range(len(self.sends)):
-            self.send(k, None)
-        late = [p for k, p in enumerate(self.procs) if abort or k not in self.ready]
-        if late:
-            self.stop.set()  # their deaths are not failures
-        for p in late:
-            with contextlib.suppress(Exception):
-                p.kill()
-        for p in self.procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for c in self.conns:
-            c.close()
-        for t in self.threads:
-            t.join()
-
-
-def decoder_count(device: torch.device, images: int) -> int:
-    """How many GPU decoder processes a build of ``images`` on ``device`` starts:
-    ``DECODERS`` on CUDA from ``PROCESSES_FROM`` images on, else 0 (the build's decoder
-    thread alone). A process takes about 11 s to start on the H100 machine, and a
-    build of fewer images is over by then (docs/BENCHMARKS.md)."""
-    return DECODERS if device.type == "cuda" and images >= PROCESSES_FROM else 0
+        self.send(None)  # (a second None, after the one that ended the work, is never read)
+        self._thread.join()
 
 
 def decode_chunks_batched(
@@ -585,11 +420,10 @@ def decode_chunks_batched(
 
     This thread only hands work along, so no stage waits for another:
 
-    * the groups go to the GPU decoders (:class:`_Decoders`, each running :func:`_serve`:
-      read and classify, nvjpeg decode, one crop kernel, pinned copy, the CPU workers'
-      decode of the rest, pwrite + SHA-256), at most ``_IN_FLIGHT`` groups each: a
-      thread of this process, and, where :func:`decoder_count` says so (off by
-      default), decoder processes that take the groups over once started;
+    * the groups go to the GPU decoder (:class:`_Decoder`, a thread running
+      :func:`_serve`: read and classify, nvjpeg decode, one crop kernel, pinned copy,
+      the CPU workers' decode of the rest, pwrite + SHA-256), at most ``_IN_FLIGHT``
+      groups ahead;
     * a journal thread records the finished groups' chunks in chunk order (one fsync
       per group), so this thread never waits on the disk.
     """
@@ -597,8 +431,7 @@ def decode_chunks_batched(
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
     if not groups:
         return
-    n = min(decoder_count(device, sum(len(c[2]) for c in chunks)), len(groups))
-    decoders = _Decoders(n, rows_path, spec, device, pool, _LOCAL_FIRST)
+    decoder = _Decoder(rows_path, spec, device, pool)
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
     done: dict[int, list[tuple[Any, ...]]] = {}
@@ -632,10 +465,6 @@ def decode_chunks_batched(
     def handle(msg: tuple[Any, ...]) -> None:
         if msg[0] == "error":
             raise msg[1]
-        if msg[0] == "died":
-            raise BrokenProcessPool(f"the GPU decoder {msg[1]} died")
-        if msg[0] == "ready":
-            decoders.ready.append(msg[1])
         if msg[0] == "done":
             take(msg)
         check(block=False)
@@ -645,27 +474,26 @@ def decode_chunks_batched(
 
     try:
         for g, group in enumerate(groups):
-            while pending() >= _IN_FLIGHT * decoders.working():
-                handle(decoders.box.get())
-            decoders.send(decoders.pick(g), (g, group))
+            while pending() >= _IN_FLIGHT:
+                handle(decoder.box.get())
+            decoder.send((g, group))
             state["sent"] += 1
             if g == 0:
                 after_submit()
             with contextlib.suppress(queue.Empty):
                 while True:
-                    handle(decoders.box.get_nowait())
-        for k in range(len(decoders.sends)):  # no more: each finishes what it holds
-            decoders.send(k, None)
+                    handle(decoder.box.get_nowait())
+        decoder.send(None)  # no more: it finishes what it holds
         while state["next"] < len(groups):
-            handle(decoders.box.get())
+            handle(decoder.box.get())
         check(block=True)
         ok = True
     finally:
-        decoders.close(abort=not ok)  # waits for the writes in flight
+        decoder.close(abort=not ok)  # waits for the writes in flight
         if not ok:  # keep what was written: journal the finished groups still in order
             with contextlib.suppress(queue.Empty):
                 while True:
-                    msg = decoders.box.get_nowait()
+                    msg = decoder.box.get_nowait()
                     if msg[0] == "done":
                         take(msg)
         journaler.shutdown(wait=True)
