@@ -16,6 +16,7 @@ loader = packer.PackLoader(pack, batch_size=8, device=device, seed=0)
 norm = packer.Normalize().to(device)
 print(f"{len(pack)} images, classes {pack.classes}, streaming to {device}")
 for epoch in range(2):
+    loader.set_epoch(epoch)  # every epoch, also on one GPU: a resumed run starts where it was
     t0 = time.perf_counter()
     for i, (images, labels, *_) in enumerate(loader):  # a pack with targets adds a third
         x = norm(images)  # uint8 [B,3,H,W] -> float32, normalized on the device

@@ -85,9 +85,12 @@ def timed(
     return time_loader(lambda: batches, step, torch.device("cuda"), steps, repeats, warmup=warmup)
 
 
-def forever(loader: object) -> Iterator:
+def forever(loader: packer.PackLoader) -> Iterator:
+    epoch = 0
     while True:
+        loader.set_epoch(epoch)
         yield from loader
+        epoch += 1
 
 
 def resident_batches(pack: packer.ImagePack, bs: int) -> Iterator:

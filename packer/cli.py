@@ -199,6 +199,38 @@ def device_option(
     return click.option("--device", default=default, show_default=True, help=help)
 
 
+class QualityHint(click.Command):
+    """A command with both ``-q`` (--quiet) and ``-Q`` (--quality). ``-q 3`` meant as a
+    quality leaves click's bare "unexpected extra argument (3)" (``-q3``: "No such option
+    '-3'"); this says which letter is which, still a usage error (exit 2)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is handed
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError:
+            found = _number_after_quiet(given)
+            if found is None:
+                raise
+            what, number = found
+            raise click.UsageError(
+                f"{what}. Quality is --quality/-Q (e.g. -Q {number}); -q means --quiet.", ctx
+            ) from None
+
+
+def _number_after_quiet(args: list[str]) -> tuple[str, str] | None:
+    """(what went wrong, the number) for a number right after ``-q``/``--quiet``, or
+    glued on (``-q3``); None when there is none."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return None
+        if arg in ("-q", "--quiet") and i + 1 < len(args) and args[i + 1].isdigit():
+            return f"unexpected extra argument '{args[i + 1]}'", args[i + 1]
+        if arg.startswith("-q") and arg[2:].isdigit():
+            return f"no such option '{arg}'", arg[2:]
+    return None
+
+
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     from .imaging.decode import parse_size
 
@@ -225,7 +257,7 @@ def cli() -> None:
     """
 
 
-@cli.command()
+@cli.command(cls=QualityHint)
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option(
@@ -233,7 +265,10 @@ def cli() -> None:
     default="224",
     show_default=True,
     callback=_parse_size,
-    help="Output size: S for S×S, or WxH (width x height), in pixels.",
+    help="Output size: S for S×S, or WxH (width x height), in pixels. torchvision's "
+    "ImageNet recipe (RandomResizedCrop(224) to train, Resize(256) + CenterCrop(224) to "
+    "validate) needs --size 256, cropped to 224 by the loader's transforms; 224 suits "
+    "models fed the stored images as they are.",
 )
 @click.option(
     "--resize",
@@ -287,8 +322,9 @@ def cli() -> None:
     type=click.Choice(["raw", "jpeg"]),
     default="raw",
     show_default=True,
-    help="raw: decoded uint8 rows of --size. jpeg: each image's JPEG file (whole "
-    "image, decoded and cropped in batches when read; --size is then unused).",
+    help="raw: decoded uint8 rows of --size (a crop keeps only the centre). jpeg: each "
+    "image's JPEG file (whole image, decoded and cropped in batches when read; --size is "
+    "then unused): for RandomResizedCrop over the whole image, as torchvision trains.",
 )
 @click.option(
     "--quality",
@@ -339,7 +375,8 @@ def build(
     SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
     folder indices, as torchvision's ImageFolder assigns them) or a flat folder
     of images (labels -1). --classes fixes the indices instead, so a val split
-    missing a class keeps train's. --labels takes the labels from a table; its
+    missing a class keeps train's: build every split after the first with
+    --classes FIRST_PACK. --labels takes the labels from a table; its
     rows whose file is missing are skipped, images it does not list are ignored.
     Images that cannot be decoded are skipped and listed.
     An interrupted build resumes when the same command is run again.
@@ -347,6 +384,8 @@ def build(
     \b
     Examples:
       imgpack build ./imgs ./tensors
+      imgpack build ./train ./train_pack --size 256      # RandomResizedCrop(224) later
+      imgpack build ./train ./train_jpeg --store jpeg    # crops over the whole image
       imgpack build ./imgs ./tensors --size 320x240 --resize pad --workers 8
       imgpack build ./imgs ./tensors --overwrite --json > build.json
       imgpack build ./val ./val_pack --classes ./train_pack
@@ -375,15 +414,31 @@ def build(
         device=device,
     )
     result = _run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
+    if result.storage == "jpeg":  # each image keeps its own size: say the largest
+        h, w = result.image_shape[1:]
+        what = f"JPEG images (their own sizes, up to {w} wide x {h} high; decoded when read)"
+    else:
+        what = f"images of {'x'.join(map(str, result.image_shape))}"
     summary = (
-        f"Packed {result.count} images of {'x'.join(map(str, result.image_shape))} "
-        f"into {dst} in {result.seconds:.1f} s"
+        f"Packed {result.count} {what} into {dst} in {result.seconds:.1f} s"
         + (f" ({len(result.skipped)} skipped, bad input)" if result.skipped else "")
         + (f" ({result.ignored} not in {labels_table}: ignored)" if labels_table else "")
         + (f" (resumed: {result.resumed} already done)" if result.resumed else "")
     )
     if result.new_classes:
         summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
+    inferred = {"folders": f"the folders of {src}", "labels": f"the label names in {labels_table}"}
+    if result.classes_from in inferred and not quiet:
+        # labels are indices into a map sorted from what this SRC holds: a split missing
+        # a class shifts the rest, so say where the map came from and how to pin it
+        note = (
+            f"classes: {len(result.classes)} inferred from {inferred[result.classes_from]}; "
+            "for a split that must match another pack's labels, pass --classes TRAIN_PACK"
+        )
+        if as_json:
+            click.echo(note, err=True)  # stdout holds the JSON alone
+        else:
+            summary += f"\n{note}"
     report(result, summary, skipped=result.skipped, as_json=as_json, quiet=quiet, strict=strict)
 
 
@@ -484,7 +539,7 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
                 click.echo(f"    {count:>8}  {name}")
 
 
-@cli.command()
+@cli.command(cls=QualityHint)
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option(
@@ -772,6 +827,7 @@ def bench(
     1. transfer  uint8 vs float16 vs float32 batches to the device, pinned vs
                  pageable memory, x.cuda().half() vs x.half().cuda(), over
                  batch sizes 8-256 and images of 384x384, 640x480, 1280x960.
+                 CUDA only (on the CPU a copy crosses no bus).
     2. loading   the JPEG folder (ImageFolder + Pillow), the same folder after
                  `imgpack compress`, the pack on the CPU, the pack streamed to
                  the device: images/s over batch sizes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from packer.cli import cli
 from packer.measure.bench import BenchConfig, count_points, to_markdown
 from packer.measure.bench.plots import plot_bench
+from packer.measure.bench.run import TRANSFER_ON_CPU
 from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import median_rate, time_call
 
@@ -23,23 +25,16 @@ def run(*args: str) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
-def test_quick_cpu_measures_every_point_and_writes_plots(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the batch cap follows this machine's memory; pin it so the grid is the same everywhere
-    monkeypatch.setattr("packer.measure.bench.transfer._free_memory", lambda: 8 << 30)
+def test_quick_cpu_measures_every_point_and_writes_plots(tmp_path: Path) -> None:
     out = tmp_path / "res"
-    code, stdout, _ = run("--quick", "--device", "cpu", "--out", str(out), "--json", "-q")
+    with warnings.catch_warnings():  # its timed passes name their epochs: no PackLoader warning
+        warnings.filterwarnings("error", message="PackLoader")
+        code, stdout, _ = run("--quick", "--device", "cpu", "--out", str(out), "--json", "-q")
     assert code == 0, stdout
     r = json.loads(stdout)
     assert r["device"] == "cpu" and r["quick"]
-    # 2 image sizes x 2 batch sizes x 3 dtypes (pageable only: pinning needs CUDA)
-    assert len(r["transfer"]) == 12
-    assert {p["dtype"] for p in r["transfer"]} == {"uint8", "float16", "float32"}
-    assert all(p["images_per_s"] > 0 and p["gb_per_s"] > 0 for p in r["transfer"])
-    # both orders of conversion, to both float types
-    assert len(r["conversion"]) == 16
-    assert {p["convert_on"] for p in r["conversion"]} == {"device", "host"}
+    # no transfer tables: a CPU "copy to the device" is a memcpy, not bus bandwidth
+    assert r["transfer"] == [] and r["conversion"] == []
     loaders = {p["loader"] for p in r["loading"]}
     assert len(loaders) == 3 and len(r["loading"]) == 6, loaders
     assert any(name.startswith("compressed folder") for name in loaders)
@@ -52,13 +47,13 @@ def test_quick_cpu_measures_every_point_and_writes_plots(
             "section": "training",
             "what": "all",
             "reason": "training runs on CUDA only; use a machine with a GPU",
-        }
+        },
+        {"section": "transfer", "what": "all", "reason": TRANSFER_ON_CPU},
     ]
     names = sorted(Path(f).name for f in r["files"])
-    assert names == ["conversion.png", "loading.png", "results.json", "results.md", "transfer.png"]
-    for name in ("conversion.png", "loading.png", "transfer.png"):
-        assert (out / name).read_bytes()[:8] == PNG
-    assert json.loads((out / "results.json").read_text())["transfer"] == r["transfer"]
+    assert names == ["loading.png", "results.json", "results.md"]
+    assert (out / "loading.png").read_bytes()[:8] == PNG
+    assert json.loads((out / "results.json").read_text())["loading"] == r["loading"]
     md = (out / "results.md").read_text()
     assert "## Loading" in md and "| pack on CPU (PackLoader) |" in md
     assert not list(out.glob(".*.tmp"))
@@ -90,14 +85,43 @@ def test_source_sample_of_user_images(tmp_path: Path) -> None:
     assert len(list(src.rglob("*.jpg"))) == 40
 
 
-def test_markdown_lists_all_loaders_without_json(tmp_path: Path) -> None:
+def test_markdown_says_transfer_is_not_measured_on_the_cpu(tmp_path: Path) -> None:
     code, stdout, stderr = run(
         "--quick", "--device", "cpu", "--only", "transfer", "--out", str(tmp_path / "o")
     )
     assert code == 0, stderr
     assert stdout.startswith("# imgpack bench --quick")
-    assert "| uint8 pageable |" in stdout and "| x.half().to('cpu') |" in stdout
-    assert "points, expected to take about" in stderr
+    assert "## Transfer" not in stdout and "## Where to convert" not in stdout
+    assert f"- transfer: all: {TRANSFER_ON_CPU}" in stdout
+    assert "0 points, expected to take about" in stderr
+
+
+def test_transfer_tables_from_a_cuda_result(tmp_path: Path) -> None:
+    """The transfer and conversion tables (a CUDA-only section) from a hand-made result."""
+    point = {"image": "384x384", "batch": 8, "dtype": "uint8", "ms": 0.1}
+    r = {
+        "device": "cuda",
+        "device_name": "Test GPU",
+        "quick": True,
+        "seconds": 1.0,
+        "machine": {"cores": 4, "date": "2026-11-22", "torch": "x"},
+        "grid": {"repeats": 3, "load_repeats": 3, "train_repeats": 3},
+        "transfer": [
+            {**point, "pinned": p, "series": f"uint8 {n}", "images_per_s": 8e4, "gb_per_s": 35.4}
+            for p, n in ((True, "pinned"), (False, "pageable"))
+        ],
+        "conversion": [
+            {**point, "to": "float16", "order": 0, "series": "x.cuda().half()"}
+            | {"convert_on": "device", "images_per_s": 8e4}
+        ],
+        "loading": [],
+        "training": [],
+        "dataset": {},
+        "skipped": [],
+    }
+    md = to_markdown(r)
+    assert "| uint8 pinned | 80,000 (35.4) |" in md and "| x.cuda().half() | 0.100 |" in md
+    assert [f.name for f in plot_bench(r, tmp_path)] == ["transfer.png", "conversion.png"]
 
 
 @pytest.mark.parametrize(
@@ -204,9 +228,9 @@ def test_plots_and_table_cover_training(tmp_path: Path) -> None:
 
 def test_point_count_matches_the_grid() -> None:
     cfg = BenchConfig(quick=True, device="cpu")
-    # transfer 2x2x(3 + 4), loading 2 batches x 3 loaders, no training on CPU
-    assert count_points(cfg, cuda=False) == 28 + 6
-    # with CUDA: pinned series, a 4th loader, and training
+    # loading 2 batches x 3 loaders; no transfer or training on the CPU
+    assert count_points(cfg, cuda=False) == 6
+    # with CUDA: transfer 2x2x(6 + 4) with pinned series, a 4th loader, and training
     assert count_points(cfg, cuda=True) == 2 * 2 * (6 + 4) + 2 * 4 + 4
 
 

@@ -39,6 +39,76 @@ def test_build_json_and_info_json(runner: CliRunner, image_tree: Path, tmp_path:
     assert {"count", "image_shape", "classes", "class_counts", "bytes", "skipped"} <= info.keys()
 
 
+def test_build_says_where_its_class_map_came_from(
+    runner: CliRunner, image_tree: Path, tmp_path: Path
+) -> None:
+    note = (
+        f"classes: 3 inferred from the folders of {image_tree}; for a split that must match "
+        "another pack's labels, pass --classes TRAIN_PACK"
+    )
+    args = ["build", str(image_tree), "--size", "8x6", "--workers", "1"]
+    r = runner.invoke(cli, [*args, str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip().splitlines()[-1] == note
+    r = runner.invoke(cli, [*args, str(tmp_path / "b"), "--json"])
+    assert r.stderr.strip().splitlines()[-1] == note  # on stderr: stdout is the JSON alone
+    assert json.loads(r.stdout)["classes_from"] == "folders"
+    assert "classes:" not in runner.invoke(cli, [*args, str(tmp_path / "c"), "-q"]).stderr
+    r = runner.invoke(cli, [*args, str(tmp_path / "d"), "--classes", str(tmp_path / "a")])
+    assert r.exit_code == 0 and "classes:" not in r.stderr  # the map is pinned: no note
+    r = runner.invoke(cli, [*args, str(tmp_path / "e"), "--classes", str(tmp_path / "a"), "--json"])
+    assert json.loads(r.stdout)["classes_from"] == "classes" and "classes:" not in r.stderr
+    flat = image_tree / "zebra"
+    r = runner.invoke(cli, ["build", str(flat), str(tmp_path / "f"), "--size", "8x6", "--json"])
+    assert json.loads(r.stdout)["classes_from"] is None and "classes:" not in r.stderr
+
+
+def test_jpeg_build_summary_says_images_keep_their_sizes(
+    runner: CliRunner, image_tree: Path, tmp_path: Path
+) -> None:
+    dst = tmp_path / "j"
+    r = runner.invoke(
+        cli, ["build", str(image_tree), str(dst), "--store", "jpeg", "--workers", "1"]
+    )
+    assert r.exit_code == 0, r.output
+    assert (
+        f"Packed 13 JPEG images (their own sizes, up to 100 wide x 75 high; decoded when read) "
+        f"into {dst}" in r.stderr
+    )
+    assert "3x224x224" not in r.stderr  # --size plays no part in a JPEG pack
+
+
+def test_build_help_gives_the_recipe_size_and_the_jpeg_store(runner: CliRunner) -> None:
+    text = " ".join(runner.invoke(cli, ["build", "--help"]).output.split())
+    assert "needs --size 256, cropped to 224 by the loader's transforms" in text
+    assert "for RandomResizedCrop over the whole image, as torchvision trains" in text
+    assert "--classes FIRST_PACK" in text
+
+
+@pytest.mark.parametrize("command", ["compress", "build"])
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["-q", "3"], "Error: unexpected extra argument '3'. "),
+        (["--quiet", "5"], "Error: unexpected extra argument '5'. "),
+        (["-q3"], "Error: no such option '-q3'. "),
+    ],
+)
+def test_a_number_after_quiet_points_to_quality(
+    runner: CliRunner, image_tree: Path, tmp_path: Path, command: str, args: list[str], line: str
+) -> None:
+    r = runner.invoke(cli, [command, str(image_tree), str(tmp_path / "out"), *args])
+    number = line.split("'")[1].removeprefix("-q")
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"{line}Quality is --quality/-Q (e.g. -Q {number}); -q means --quiet."
+    )
+    assert not (tmp_path / "out").exists()
+    r = runner.invoke(cli, [command, str(image_tree), str(tmp_path / "out"), "extra"])
+    assert r.exit_code == 2  # other extra arguments keep click's own message
+    assert r.stderr.strip().splitlines()[-1] == "Error: Got unexpected extra argument (extra)"
+
+
 def test_strict_build_exits_1_on_skips(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
     (image_tree / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
     r = runner.invoke(
@@ -70,6 +140,11 @@ def test_strict_build_exits_1_on_skips(runner: CliRunner, image_tree: Path, tmp_
             "Error: --quality must be 2 (best) to 31 (worst), not 40",
         ),
         (["verify", "{tmp}/nothing"], "Error: {tmp}/nothing: no such pack; check the path"),
+        (  # a folder, but no pack: nothing to verify (a damaged pack's manifest exits 1)
+            ["verify", "{src}", "--no-speed"],
+            "Error: {src}: not an imgpack pack (imgpack.json is missing)",
+        ),
+        (["verify", "{tmp}/file.txt"], "Error: {tmp}/file.txt: is a file, not a pack directory"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(

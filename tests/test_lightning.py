@@ -33,9 +33,9 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _trainer(tmp_path: Path, **kw) -> pl.Trainer:
+def _trainer(tmp_path: Path, max_epochs: int = 3, **kw) -> pl.Trainer:
     return pl.Trainer(
-        max_epochs=3,
+        max_epochs=max_epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -98,3 +98,86 @@ def test_trainer_resumes_mid_epoch(packed: Path, tmp_path: Path) -> None:
     _trainer(tmp_path).fit(resumed, ckpt_path=ckpt)
     assert resumed.seen == full.seen[saved_at:]
     assert len(resumed.seen) == 4 + 7
+
+
+class Evaluated(Tiny):
+    """Tiny with every loader hook: val, test and predict each stream the pack in order."""
+
+    def __init__(self, pack: Path, val_shuffle: bool = False) -> None:
+        super().__init__(packer.PackLoader(pack, 4, device="cpu", seed=5))
+        self.pack, self.val_shuffle = pack, val_shuffle
+        self.val_seen: list[list[int]] = []  # labels of each validation run (sanity check not)
+        self.test_seen: list[int] = []
+
+    def _eval_loader(self, shuffle: bool = False) -> packer.PackLoader:
+        return packer.PackLoader(self.pack, 4, device="cpu", shuffle=shuffle)
+
+    def val_dataloader(self) -> packer.PackLoader:
+        return self._eval_loader(self.val_shuffle)
+
+    def test_dataloader(self) -> packer.PackLoader:
+        return self._eval_loader()
+
+    def predict_dataloader(self) -> packer.PackLoader:
+        return self._eval_loader()
+
+    def on_validation_epoch_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.val_seen.append([])
+
+    def validation_step(self, batch, batch_idx):
+        if not self.trainer.sanity_checking:
+            self.val_seen[-1] += batch[1].tolist()
+
+    def test_step(self, batch, batch_idx):
+        self.test_seen += batch[1].tolist()
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0].float().mean((2, 3))), batch[1]
+
+
+def test_trainer_validates_tests_and_predicts_from_pack_loaders(
+    packed: Path, tmp_path: Path
+) -> None:
+    labels = packer.load(packed).labels.tolist()  # 13 images, streamed in order by each hook
+    model = Evaluated(packed)
+    trainer = _trainer(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    assert not [w for w in caught if "PackLoader" in str(w.message)]  # it names each epoch
+    assert model.val_seen == [labels] * 3  # one validation run per epoch, every image
+    assert len(model.seen) == 3 * 4
+    trainer.test(model)
+    assert model.test_seen == labels
+    out = trainer.predict(model)
+    assert [len(y) for _, y in out] == [4, 4, 4, 1]
+    assert torch.cat([y for _, y in out]).tolist() == labels
+    assert all(p.shape == (len(y), 3) for p, y in out)
+
+
+def test_lightning_reads_whether_a_pack_loader_shuffles(packed: Path) -> None:
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+    from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+
+    shuffled = packer.PackLoader(packed, 4, device="cpu")
+    in_order = packer.PackLoader(packed, 4, device="cpu", shuffle=False)
+    assert _is_dataloader_shuffled(shuffled) is True
+    assert _is_dataloader_shuffled(in_order) is False
+    batches = list(shuffled.batch_sampler)  # the rows of the next pass, batch by batch
+    assert len(batches) == len(shuffled.batch_sampler) == len(shuffled) == 4
+    assert [r for b in batches for r in b] == shuffled.indices(0).tolist()
+    _set_sampler_epoch(shuffled, 2)  # what the loops call: reaches the loader
+    assert shuffled.epoch == 2
+    assert [r for b in shuffled.batch_sampler for r in b] == shuffled.indices(2).tolist()
+    dropped = packer.PackLoader(packed, 4, device="cpu", drop_last=True)
+    assert [len(b) for b in dropped.batch_sampler] == [4, 4, 4] == [4] * len(dropped)
+
+
+def test_trainer_warns_of_a_shuffled_val_loader_truthfully(packed: Path, tmp_path: Path) -> None:
+    from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
+    model = Evaluated(packed, val_shuffle=True)
+    with pytest.warns(PossibleUserWarning, match="val_dataloader`'s sampler has shuffling"):
+        _trainer(tmp_path, max_epochs=1).fit(model)
+    assert sorted(model.val_seen[0]) == sorted(packer.load(packed).labels.tolist())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,40 @@ def test_set_epoch_and_auto_counter_agree(packed: Path) -> None:
         assert a == b == c
         assert explicit.epoch == epoch + 1
     assert labels_of(auto) != labels_of(auto)  # epochs 3 and 4 differ
+
+
+def test_a_second_pass_without_set_epoch_warns_once(packed: Path) -> None:
+    loader = packer.PackLoader(packed, 5, device="cpu", seed=1)
+    first = labels_of(loader)
+    with pytest.warns(UserWarning, match=r"set_epoch\(epoch\) at the start of every epoch") as w:
+        second = labels_of(loader)  # epoch 1 by the count, which a resumed process restarts
+    assert "takes epoch 1" in str(w[0].message) and w[0].filename == __file__
+    assert first != second  # the order did move on, in this process
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="PackLoader")
+        labels_of(loader)  # once per loader
+
+
+def test_no_epoch_warning_when_the_epoch_is_named_or_saved(packed: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="PackLoader")
+        named = packer.PackLoader(packed, 5, device="cpu")
+        for epoch in (0, 1, 1, 2):  # the same value twice is explicit too
+            named.set_epoch(epoch)
+            labels_of(named)
+        via_sampler = packer.PackLoader(packed, 5, device="cpu")
+        for epoch in range(3):
+            via_sampler.sampler.set_epoch(epoch)
+            labels_of(via_sampler)
+        in_order = packer.PackLoader(packed, 5, device="cpu", shuffle=False)
+        assert labels_of(in_order) == labels_of(in_order)  # no order to replay
+        saved = packer.PackLoader(packed, 5, device="cpu")
+        for _ in range(3):  # the epoch travels in the saved state
+            labels_of(saved)
+            saved.state_dict()
+        side_by_side = packer.PackLoader(packed, 5, device="cpu")
+        pairs = list(zip(side_by_side, side_by_side))  # two passes at once, by design
+        assert len(pairs) == 3
 
 
 def test_sampler_and_dataset(packed: Path) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from click.testing import CliRunner
 
 from conftest import write_image
 from packer.cli import cli
-from packer.errors import UsageError
+from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
 
 NO_SPEED = VerifyConfig(throughput=False, sample=None)
@@ -77,6 +78,29 @@ def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
     # a folder the caller names that is not there is bad usage, before any work
     with pytest.raises(UsageError, match="--source must be a folder"):
         verify(packed, VerifyConfig(throughput=False, source=image_tree))
+
+
+def test_a_folder_that_is_no_pack_is_bad_input_not_a_failed_check(
+    packed: Path, image_tree: Path
+) -> None:
+    with pytest.raises(PackFormatError, match=r"imgs: not an imgpack pack \(imgpack.json is"):
+        verify(image_tree, NO_SPEED)
+    (packed / "imgpack.json").write_text("{not json")
+    r = verify(packed, NO_SPEED)  # a pack whose manifest is damaged: a failed check
+    assert not r.ok and "manifest" in failed(r)
+    assert CliRunner().invoke(cli, ["verify", str(packed), "--no-speed"]).exit_code == 1
+
+
+def test_throughput_passes_name_their_epochs(packed: Path, tmp_path: Path) -> None:
+    """The timing crosses passes (13 images, 4 a batch) and the trace adds one: each
+    names its epoch, so PackLoader's warning for a loop without set_epoch stays quiet."""
+    config = VerifyConfig(
+        sample=0, device="cpu", batch_size=4, batches=4, use_recorded_source=False
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="PackLoader")
+        r = verify(packed, config, trace=tmp_path / "t.json")
+    assert r.ok and r.pack_images_per_s > 0
 
 
 def test_cli_exit_1_names_the_problem(packed: Path) -> None:

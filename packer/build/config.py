@@ -114,6 +114,11 @@ class BuildResult:
     ignored: int = 0  # images under SRC that the --labels table has no row for
     new_classes: list[str] = field(default_factory=list)  # appended by --allow-new-classes
     targets: list[str] = field(default_factory=list)  # names of the targets columns
+    # Where the class -> index map came from: "folders" (inferred from SRC's class
+    # folders, sorted), "classes" (the --classes map), "labels" (the --labels table's
+    # names), or None (no classes: a flat folder, or integer labels).
+    classes_from: str | None = None
+    storage: str = "raw"  # "jpeg": image_shape is the largest stored image, not every one's
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +133,8 @@ class BuildResult:
             "new_classes": self.new_classes,
             # null without targets, as `imgpack info --json` says
             "targets": self.targets or None,
+            "classes_from": self.classes_from,
+            "storage": self.storage,
         }
 
 

@@ -59,7 +59,9 @@ def _finalize(
     if state.assembled:  # a crash came after the pack was complete: only the move is left
         m = read_manifest(work)
         count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
-        return _move_into_place(work, dst, count, skipped, plan, spec, resumed, t0)
+        result = _move_into_place(work, dst, count, skipped, plan, spec, resumed, t0)
+        result.image_shape, result.storage = list(m.image_shape), m.storage
+        return result
     done = state.done
     spec = config.spec
     row = image_bytes(spec.shape)
@@ -177,6 +179,7 @@ def _finalize(
     result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
     clock["move"] = time.perf_counter() - t
     result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
+    result.storage = manifest.storage
     return result
 
 
@@ -278,7 +281,17 @@ def _move_into_place(
         ignored=plan.ignored,
         new_classes=list(plan.new_classes),
         targets=list(plan.target_names),
+        classes_from=_classes_from(plan),
     )
+
+
+def _classes_from(plan: _Labels) -> str | None:
+    """Where the class map came from (BuildResult.classes_from)."""
+    if not plan.scan.classes:
+        return None
+    if plan.class_map is not None:
+        return "classes"
+    return "folders" if plan.table is None else "labels"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import queue
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -154,9 +155,14 @@ class PackLoader:
 
     Epochs: a pass takes the loader's epoch counter when its first batch is
     asked for, and moves the counter on by one. ``set_epoch(e)`` (or
-    ``loader.sampler.set_epoch(e)``) sets the counter. So a loop that calls
-    ``set_epoch(epoch)`` every epoch and one that never does see the same
-    epochs 0, 1, 2, ...; an ``iter()`` that is never read consumes nothing.
+    ``loader.sampler.set_epoch(e)``) sets the counter. So within one process a
+    loop that calls ``set_epoch(epoch)`` every epoch and one that never does see
+    the same epochs 0, 1, 2, ...; an ``iter()`` that is never read consumes
+    nothing. A new process counts from 0 again, so a run resumed from a
+    checkpoint replays epoch 0's order unless it calls ``set_epoch(epoch)``
+    every epoch (also on one GPU) or restores ``state_dict()``: a shuffling
+    loader warns once when a pass starts after an earlier one with none of
+    ``set_epoch``, ``state_dict`` or ``load_state_dict`` called.
     Several iterators may run at once (``zip(loader, loader)``, nested loops):
     each is its own pass, with its own pinned buffers.
 
@@ -262,6 +268,11 @@ class PackLoader:
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
         self._serial = 0  # passes started; the latest one is what state_dict() describes
         self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
+        # Whether the caller names the epoch (set_epoch since the latest pass started) or
+        # carries it in a saved state; a counted epoch restarts at 0 in a resumed process.
+        self._epoch_named = False
+        self._epoch_in_state = False
+        self._warned_counted = False
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         # JPEG packs: decoded image by image on the threads (decode=)
@@ -312,6 +323,7 @@ class PackLoader:
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         self._epoch = epoch
+        self._epoch_named = True
 
     @property
     def epoch(self) -> int:
@@ -325,8 +337,16 @@ class PackLoader:
 
     @property
     def sampler(self) -> PackSampler:
-        """An object with ``set_epoch(e)`` and ``len()`` driving this loader's order."""
-        return PackSampler(self)
+        """An object with ``set_epoch(e)`` and ``len()`` driving this loader's order: a
+        ``RandomSampler`` to ``isinstance`` when shuffling, else a ``SequentialSampler``."""
+        return _RandomPackSampler(self) if self.shuffle else _SequentialPackSampler(self)
+
+    @property
+    def batch_sampler(self) -> torch.utils.data.BatchSampler:
+        """This loader's batches as a DataLoader's ``batch_sampler``: lists of pack rows
+        of the next pass, ``len()`` batches. Frameworks read the ``sampler`` inside it
+        (Lightning: whether the order is shuffled, and to call ``set_epoch``)."""
+        return torch.utils.data.BatchSampler(self.sampler, self.batch_size, self.drop_last)
 
     def _positions(self, epoch: int) -> torch.Tensor:
         """Positions into the streamed rows for ``epoch``, in yield order, int64 [M]."""
@@ -357,6 +377,7 @@ class PackLoader:
         refused. Ranks of one run hold equal positions, so any rank's state
         restores every rank.
         """
+        self._epoch_in_state = True
         if self._resume is not None:
             epoch, batches = self._resume
         elif self._progress is not None and not self._progress[2]:
@@ -433,6 +454,7 @@ class PackLoader:
         self._resume = (epoch, batches)
         self._epoch = epoch
         self._progress = None
+        self._epoch_in_state = True
 
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
@@ -441,8 +463,11 @@ class PackLoader:
         self._live.add(it)
         return it
 
-    def _start_pass(self) -> tuple[int, int, int]:
+    def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
         """Give the next pass its epoch and first batch; move the counter on."""
+        if self._serial and self.shuffle and not self._warned_counted:
+            self._warn_counted(it)
+        self._epoch_named = False
         if self._resume is not None:
             epoch, start = self._resume
             self._resume = None
@@ -452,6 +477,26 @@ class PackLoader:
         self._serial += 1
         self._progress = (epoch, start, False)
         return epoch, start, self._serial
+
+    def _warn_counted(self, it: _EpochIterator) -> None:
+        """Warn (once) that this pass's epoch comes from the pass counter alone, which a
+        resumed process starts at 0 again. Passes running side by side (zip(loader,
+        loader)) take consecutive epochs by design: no warning then."""
+        if self._epoch_named or self._epoch_in_state:
+            return
+        if any(o is not it and o.started and not o.closed for o in self._live):
+            return
+        self._warned_counted = True
+        epoch = self.epoch
+        warnings.warn(
+            f"PackLoader: a pass started without set_epoch() since the last one, so it takes "
+            f"epoch {epoch} from the loader's own count of passes. A new process counts from "
+            f"0 again: a run resumed from a checkpoint then replays epoch 0's order as epoch "
+            f"{epoch}. Call loader.set_epoch(epoch) at the start of every epoch (also on one "
+            "GPU, not only when distributed), or save and restore loader.state_dict().",
+            UserWarning,
+            stacklevel=5,  # the caller's loop: above __next__ <- _start <- _start_pass <- here
+        )
 
     def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
         if serial == self._serial:
@@ -512,6 +557,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
 
     def __init__(self, loader: PackLoader) -> None:
         self.loader = loader
+        self.data_source = loader.dataset  # the name torch's samplers give what they index
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -532,6 +578,22 @@ class PackSampler(torch.utils.data.Sampler[int]):
         )
         rows = pos if ld._rows is None else ld._rows[pos]
         return iter(rows.tolist())
+
+
+class _RandomPackSampler(PackSampler, torch.utils.data.RandomSampler):
+    """A shuffling loader's order. A ``RandomSampler`` because ``isinstance`` is how
+    Lightning (``_is_dataloader_shuffled``) and others ask whether an order is shuffled;
+    it is one: a new permutation each epoch (of ``seed + epoch``), without replacement."""
+
+    replacement = False
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+
+class _SequentialPackSampler(PackSampler, torch.utils.data.SequentialSampler):
+    """A loader's order without shuffling (this rank's part of the rows, in order)."""
 
 
 class _EpochIterator:
@@ -564,7 +626,7 @@ class _EpochIterator:
     def _start(self) -> None:
         ld = self.loader
         self.started = True
-        self.epoch, self.next_batch, self.serial = ld._start_pass()
+        self.epoch, self.next_batch, self.serial = ld._start_pass(self)
         pos = ld._positions(self.epoch)
         if getattr(ld.transform, "accepts_generator", False) or (
             ld._crop is not None and ld._crop.random

@@ -89,6 +89,20 @@ def time_call(
     return 1.0 / median_rate(run, device, repeats)
 
 
+def each_pass(loader: Any) -> Callable[[], Any]:
+    """``make_iter`` for :func:`time_loader`: a new pass over ``loader``, naming its
+    epoch (the loader's next) first when it has ``set_epoch``, as a training loop
+    should, so a PackLoader does not take the timing's passes for a loop without
+    ``set_epoch`` (and warn)."""
+
+    def start() -> Any:
+        if hasattr(loader, "set_epoch") and hasattr(loader, "epoch"):
+            loader.set_epoch(loader.epoch)
+        return iter(loader)
+
+    return start
+
+
 def time_loader(
     make_iter: Callable[[], Any],
     consume: Callable[[Any], Any],

@@ -36,8 +36,16 @@ import numpy as np
 
 from ..errors import DecodeError, PackerError, UsageError
 from ..imaging.decode import ResizeSpec, decode
-from ..pack.format import Layout, Manifest, check_files, digest, hash_blocks, read_manifest
-from .timing import check_device_name, resolve_device, sync, time_loader
+from ..pack.format import (
+    MANIFEST,
+    Layout,
+    Manifest,
+    check_files,
+    digest,
+    hash_blocks,
+    read_manifest,
+)
+from .timing import check_device_name, each_pass, resolve_device, sync, time_loader
 
 if TYPE_CHECKING:
     import torch
@@ -395,7 +403,7 @@ def measure(
     size = {"image_size": 224, "train": False} if jpeg else {}
     loader = PackLoader(pack, config.batch_size, device=device, seed=0, **size)
     report.pack_images_per_s = time_loader(
-        lambda: iter(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
+        each_pass(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
     )
     if trace is not None:
         from torch.profiler import ProfilerActivity, profile
@@ -413,7 +421,7 @@ def measure(
             # its profiler object is reused ("Profiler clears events at the end of ...")
             kw["acc_events"] = True
         with profile(activities=acts, **kw) as prof:
-            for i, batch in enumerate(loader):  # 2- or 3-tuples (a pack with targets)
+            for i, batch in enumerate(each_pass(loader)()):  # 2- or 3-tuples (with targets)
                 norm(batch[0])
                 if i == 5:
                     break
@@ -468,8 +476,9 @@ def verify(
     images the integrity checks will read (all, plus the re-decoded sample),
     ``progress(k)`` reports k more done.
 
-    Raises PackerError only when there is nothing to verify (no such path,
-    bad options); every problem found in the pack is a failed check.
+    Raises PackerError only when there is nothing to verify (no such path, a file
+    or a folder without a manifest, bad options); every problem found in a pack is
+    a failed check.
     """
     from ..pack.reader import open_pack
 
@@ -478,6 +487,10 @@ def verify(
     report = VerifyReport(path=root)
     if not root.exists():
         raise UsageError(f"{root}: no such pack; check the path")
+    if not root.is_dir() or not (root / MANIFEST).is_file():
+        # a file, or a folder with no manifest (images, say): no pack to verify, so bad
+        # input (exit 2); a pack whose manifest is damaged is a failed check (exit 1)
+        read_manifest(root)  # raises PackFormatError saying which
     try:
         m = read_manifest(root)
         report.add(

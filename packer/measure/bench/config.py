@@ -163,7 +163,7 @@ def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
     g = cfg.grid
     workers = cfg.resolved_workers(cores)
     s = 0.0
-    if "transfer" in cfg.sections:
+    if "transfer" in cfg.sections and cuda:
         points = len(g.image_sizes) * len(g.transfer_batches)
         series = len(_transfer_plan(cuda)) + 4
         s += points * series * (g.repeats + 3) * g.target_s * 1.5 + 10
@@ -183,7 +183,7 @@ def estimate_seconds(cfg: BenchConfig, cores: int, cuda: bool) -> float:
 def count_points(cfg: BenchConfig, cuda: bool) -> int:
     g = cfg.grid
     n = 0
-    if "transfer" in cfg.sections:
+    if "transfer" in cfg.sections and cuda:  # CUDA only: run_bench skips it on the CPU
         n += len(g.image_sizes) * len(g.transfer_batches) * (len(_transfer_plan(cuda)) + 4)
     loaders = 4 if cuda else 3
     if "loading" in cfg.sections:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import PackerError
-from ..timing import time_loader
+from ..timing import each_pass, time_loader
 from .config import BenchConfig, BenchResult
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def _ways(
 
 
 def _iterate(way: Way) -> Callable[[], Any]:
-    return lambda: iter(way.loader)
+    return each_pass(way.loader)
 
 
 def run_loading(

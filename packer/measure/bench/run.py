@@ -18,6 +18,11 @@ from .transfer import run_transfer
 if TYPE_CHECKING:
     import torch
 
+TRANSFER_ON_CPU = (
+    "transfer times host-to-GPU copies over the bus; without a GPU there is no bus to "
+    "cross (a copy is a memcpy in RAM); use a machine with a GPU"
+)
+
 
 def machine_info(device: torch.device) -> dict[str, Any]:
     import platform
@@ -69,6 +74,9 @@ def run_bench(
     wants_data = "loading" in cfg.sections or ("training" in cfg.sections and cuda)
     if "training" in cfg.sections and not cuda:
         result.skip("training", "all", "training runs on CUDA only; use a machine with a GPU")
+    if "transfer" in cfg.sections and not cuda:
+        # its tables read as bus bandwidth; on the CPU every "copy" is a memcpy in RAM
+        result.skip("transfer", "all", TRANSFER_ON_CPU)
     if wants_data:
         with tempfile.TemporaryDirectory(prefix="imgpack-bench-") as tmp:
             paths = prepare_data(cfg, Path(tmp), result)
@@ -78,7 +86,7 @@ def run_bench(
                 run_training(cfg, paths, device, workers, result, tick)
     # last: its multi-GB buffers stay in torch's caching allocators, and PackLoader measured
     # after them ran 2-3x slower on an H100 (79k vs 219k img/s at batch 256)
-    if "transfer" in cfg.sections:
+    if "transfer" in cfg.sections and cuda:
         run_transfer(cfg, device, result, tick)
     result.seconds = time.perf_counter() - t0
     return result
