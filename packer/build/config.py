@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..errors import UsageError
+from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..sources.labels import check_target_names
 from ..sources.scan import Scan
 

@@ -18,13 +18,41 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from .config import GPU_TOLERANCE, BuildConfig, BuildResult, _Labels
-from .workers import CHUNKS_DIR, _chunk_file
-from ..imaging.decode import ResizeSpec
 from ..errors import NoUsableImagesError
-from ..pack.format import DATA_DIR, IMAGES_FILE, JPEG_FILE, JPEG_STORAGE_VERSION, LABELS_FILE, LENGTHS_FILE, OFFSETS_FILE, SIZES_FILE, TARGETS_FILE, BuildInfo, Checksums, Manifest, Skip, digest, hash_blocks, image_bytes, read_manifest, write_pack_metadata
+from ..imaging.decode import ResizeSpec
+from ..pack.format import (
+    DATA_DIR,
+    IMAGES_FILE,
+    JPEG_FILE,
+    JPEG_STORAGE_VERSION,
+    LABELS_FILE,
+    LENGTHS_FILE,
+    OFFSETS_FILE,
+    SIZES_FILE,
+    TARGETS_FILE,
+    BuildInfo,
+    Checksums,
+    Manifest,
+    Skip,
+    digest,
+    hash_blocks,
+    image_bytes,
+    read_manifest,
+    write_pack_metadata,
+)
 from ..sources.scan import Scan
-from .workdir import JOURNAL, PLAN, ROWS_FILE, WorkState, clear_work_dir, fsync_dir, mark_assembled, trash_dir_for
+from .config import GPU_TOLERANCE, BuildConfig, BuildResult, _Labels
+from .workdir import (
+    JOURNAL,
+    PLAN,
+    ROWS_FILE,
+    WorkState,
+    clear_work_dir,
+    fsync_dir,
+    mark_assembled,
+    trash_dir_for,
+)
+from .workers import CHUNKS_DIR, _chunk_file
 
 
 def _reached(step: str) -> None:

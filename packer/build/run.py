@@ -44,23 +44,45 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from . import workers as build_workers
-from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
-from .config import STORES as STORES
-from .config import BuildConfig, BuildResult, _Labels
-from .workers import _WORKER_STEPS as _WORKER_STEPS
-from .workers import CHUNKS_DIR, _chunk_file, _decode_chunk, _encode_chunk, _start_method, _warm_up, _worker_init, _WorkerState
-from .workers import TEST_DEATH_ENV as TEST_DEATH_ENV
-from .workers import _close_work_dir_fds as _close_work_dir_fds
-from .workers import _decode_paths as _decode_paths
-from ..imaging.decode import ResizeSpec
 from ..errors import InputError, UsageError, WorkerDiedError
-from .finalize import _finalize
+from ..imaging.decode import ResizeSpec
 from ..pack.format import FORMAT_VERSION, block_rows_for, digest, image_bytes, is_pack
 from ..pack.reader import read_class_map
 from ..sources.labels import apply_class_map, apply_table, read_table, resolve_classes
 from ..sources.scan import Scan, list_images, scan_tree
-from .workdir import JOURNAL, ROWS_FILE, WorkState, default_workers, dest_lock, destination_error, is_fresh_work_dir, prepare_work_dir, recover_trash, refuse_symlink_destination, start_plan, work_dir_for
+from . import workers as build_workers
+from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
+from .config import STORES as STORES
+from .config import BuildConfig, BuildResult, _Labels
+from .finalize import _finalize
+from .workdir import (
+    JOURNAL,
+    ROWS_FILE,
+    WorkState,
+    default_workers,
+    dest_lock,
+    destination_error,
+    is_fresh_work_dir,
+    prepare_work_dir,
+    recover_trash,
+    refuse_symlink_destination,
+    start_plan,
+    work_dir_for,
+)
+from .workers import _WORKER_STEPS as _WORKER_STEPS
+from .workers import (
+    CHUNKS_DIR,
+    _chunk_file,
+    _decode_chunk,
+    _encode_chunk,
+    _start_method,
+    _warm_up,
+    _worker_init,
+    _WorkerState,
+)
+from .workers import TEST_DEATH_ENV as TEST_DEATH_ENV
+from .workers import _close_work_dir_fds as _close_work_dir_fds
+from .workers import _decode_paths as _decode_paths
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..imaging.decode import ResizeSpec, decode_into, jpeg_for_pack, load_resized, store_into
 from ..errors import DecodeError
+from ..imaging.decode import ResizeSpec, decode_into, jpeg_for_pack, load_resized, store_into
 from ..pack.format import digest, image_bytes
 
 CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk

@@ -1,0 +1,247 @@
+"""The modern training recipe on the GPU (issue 33), against its baselines, in one run.
+
+Pipeline ("reference"): RandomResizedCrop 224 + flip, TrivialAugmentWide, RandomErasing
+0.1 (on the normalized batch, as torchvision's reference), MixUp 0.2 / CutMix 1.0
+(one of them per batch), batch 256, uint8 256² in. Figures, each with its baseline
+measured in this run:
+
+  pipeline alone        img/s of the whole pipeline on resident uint8 batches,
+                        and of each stage alone; baseline: a device copy of the
+                        same bytes (the memory-bound limit)
+  ResNet-50 training    bf16 channels_last, SGD, fed by PackLoader(transform=pipeline)
+                        vs the same step on resident batches with the pipeline
+                        already applied (the ceiling)
+  reference data path   ImageFolder + torchvision v2 transforms + DataLoader workers
+                        (MixUp/CutMix in the collate), same images, same step
+
+    python benchmarks/recipe.py                 # CUDA, writes $OUT/recipe.json
+    python benchmarks/recipe.py --quick         # a smoke run, CPU or GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import packer
+import packer.transforms as T
+from packer.imaging.normalize import IMAGENET_MEAN, IMAGENET_STD
+from packer.measure.bench.loading import train_step
+from packer.measure.timing import resolve_device, sync
+
+CLASSES = 100
+
+
+def pipeline(size: int, classes: int) -> tuple[Any, Any, Any]:
+    """(uint8 augmentation, float erasing after Normalize, batch mixer), the reference's."""
+    aug = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide()])
+    erase = T.RandomErasing(p=0.1)
+    mix = T.RandomChoice(
+        [T.MixUp(alpha=0.2, num_classes=classes), T.CutMix(alpha=1.0, num_classes=classes)]
+    )
+    return aug, erase, mix
+
+
+class Recipe(torch.nn.Module):
+    """The whole pipeline as one loader transform: uint8 in, normalized float and soft
+    labels out (erasing after Normalize, as the reference)."""
+
+    mixes_labels = True
+    accepts_generator = True
+
+    def __init__(self, size: int, classes: int) -> None:
+        super().__init__()
+        self.aug, self.erase, self.mix = pipeline(size, classes)
+        self.norm = packer.Normalize()
+
+    def forward(self, images, labels, generator=None):
+        x = self.aug(images, generator=generator)
+        x = self.norm.to(x.device)(x)
+        x = self.erase(x, generator=generator)
+        return self.mix(x, labels, generator=generator)
+
+
+def photo_batch(b: int, s: int, seed: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, 3, max(s // 8, 2), max(s // 8, 2), generator=g) * 255
+    x = torch.nn.functional.interpolate(x, size=(s, s), mode="bicubic", align_corners=False)
+    x = x + torch.randn(b, 3, s, s, generator=g) * 8
+    return x.round().clamp(0, 255).to(torch.uint8).to(device)
+
+
+def rate(fn: Callable[[int], Any], n_img: int, dev: torch.device, iters: int, repeats: int) -> dict:
+    """img/s of ``fn(i)`` over ``iters`` calls, median (and best) of ``repeats``."""
+    for i in range(3):
+        fn(i)
+    sync(dev)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(iters):
+            fn(i)
+        sync(dev)
+        rates.append(n_img * iters / (time.perf_counter() - t0))
+    return {"median": statistics.median(rates), "best": max(rates)}
+
+
+def pipeline_rates(dev: torch.device, b: int, s_in: int, s_out: int, a: argparse.Namespace) -> dict:
+    bufs = [photo_batch(b, s_in, k, dev) for k in range(4)]  # rotate: more than the L2 cache
+    labels = torch.randint(0, CLASSES, (b,), device=dev)
+    _, erase, mix = pipeline(s_out, CLASSES)
+    norm = packer.Normalize().to(dev)
+    recipe = Recipe(s_out, CLASSES)
+    g = torch.Generator().manual_seed(0)
+    crop = T.Compose([T.RandomResizedCrop(s_out), T.RandomHorizontalFlip()])
+    ta = T.TrivialAugmentWide()
+    small = [crop(x, generator=g) for x in bufs]
+    normed = [norm(x) for x in small]
+    ways = {
+        "device copy (baseline)": lambda i: bufs[i % 4].clone(),
+        "RRC 224 + flip": lambda i: crop(bufs[i % 4], generator=g),
+        "TrivialAugmentWide (224²)": lambda i: ta(small[i % 4], generator=g),
+        "RandomErasing 0.1 (normalized)": lambda i: erase(normed[i % 4], generator=g),
+        "MixUp/CutMix (normalized)": lambda i: mix(normed[i % 4], labels, generator=g),
+        "whole pipeline": lambda i: recipe(bufs[i % 4], labels, generator=g),
+    }
+    return {k: rate(f, b, dev, a.iters, a.repeats) for k, f in ways.items()}
+
+
+def make_pack(work: Path, n: int, s: int) -> Any:
+    from packer.measure.bench.synth import make_random_pack
+
+    path = work / f"pack{s}_{n}"
+    if not path.exists():
+        make_random_pack(path, n, s, classes=CLASSES)
+    return packer.load(path)
+
+
+def train_rates(dev: torch.device, pack: Any, a: argparse.Namespace) -> dict:
+    b = a.batch
+    out: dict[str, Any] = {}
+    recipe = Recipe(224, CLASSES)
+    step = train_step("resnet50", CLASSES, dev)
+    # ceiling: the pipeline already applied, batches resident on the device
+    g = torch.Generator().manual_seed(0)
+    resident = []
+    for i in range(8):
+        x = pack.images[i * b : (i + 1) * b].to(dev)
+        y = pack.labels[i * b : (i + 1) * b].to(dev)
+        resident.append(recipe(x, y, generator=g))
+    out["resnet50, resident, pipeline applied"] = rate(
+        lambda i: step(*resident[i % 8]), b, dev, a.train_iters, a.repeats
+    )
+    loader = packer.PackLoader(pack, b, device=dev, transform=recipe, drop_last=True)
+    it = _forever(loader)
+    out["resnet50, PackLoader + pipeline"] = rate(
+        lambda i: step(*next(it)), b, dev, a.train_iters, a.repeats
+    )
+    loader.close()
+    return out
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def reference_rate(dev: torch.device, work: Path, a: argparse.Namespace) -> dict:
+    """torchvision's reference data path on a JPEG copy of the same kind of images."""
+    from torch.utils.data import DataLoader, default_collate
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    from packer.measure.bench.synth import make_jpeg_tree
+
+    folder = work / "jpeg_tree"
+    if not folder.exists():
+        make_jpeg_tree(folder, a.images, size=(256, 256), classes=CLASSES)
+    tf = v2.Compose([
+        v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+        v2.TrivialAugmentWide(), v2.PILToTensor(), v2.ToDtype(torch.float, scale=True),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        v2.RandomErasing(0.1),
+    ])  # fmt: skip
+    cutmix_or_mixup = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=CLASSES),
+                                       v2.CutMix(alpha=1.0, num_classes=CLASSES)])  # fmt: skip
+
+    def collate(batch: list) -> Any:
+        return cutmix_or_mixup(*default_collate(batch))
+
+    ds = datasets.ImageFolder(str(folder), tf)
+    dl = DataLoader(ds, a.batch, shuffle=True, num_workers=a.workers, collate_fn=collate,
+                    pin_memory=True, drop_last=True, persistent_workers=True, prefetch_factor=4)  # fmt: skip
+    step = train_step("resnet50", CLASSES, dev)
+
+    def batches() -> Iterator[Any]:
+        while True:
+            for x, y in dl:
+                yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+
+    it = batches()
+    return {"resnet50, ImageFolder + v2 + DataLoader": rate(
+        lambda i: step(*next(it)), a.batch, dev, a.train_iters, a.repeats)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--train-iters", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--images", type=int, default=8192)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpack-recipe")
+    ap.add_argument("--parts", default="pipeline,train,reference")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    a = ap.parse_args()
+    dev = resolve_device(a.device)
+    if a.quick:
+        a.batch, a.iters, a.train_iters, a.repeats, a.images = 8, 2, 2, 1, 64
+    parts = set(a.parts.split(","))
+    a.work.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"device": str(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
+                           "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "batch": a.batch}  # fmt: skip
+    if "pipeline" in parts:
+        res["pipeline"] = pipeline_rates(dev, a.batch, 256, 224, a)
+    if "train" in parts and (dev.type == "cuda" or a.quick):
+        pack = make_pack(a.work, max(a.images, 16 * a.batch), 256)
+        res["train"] = train_rates(dev, pack, a)
+    if "reference" in parts and (dev.type == "cuda" or a.quick):
+        res["reference"] = reference_rate(dev, a.work, a)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(res, indent=1))
+    print(f"\n{res['device']}, {res['cores']} cores, {res['date']}, batch {a.batch}")
+    if "pipeline" in res:
+        base = res["pipeline"]["device copy (baseline)"]["median"]
+        print(f"{'pipeline stage':34s} {'img/s':>12s} {'best':>12s} {'vs copy':>8s}")
+        for k, v in res["pipeline"].items():
+            print(f"{k:34s} {v['median']:12,.0f} {v['best']:12,.0f} {v['median'] / base:8.3f}")
+    if "train" in res:
+        ceil = res["train"]["resnet50, resident, pipeline applied"]["median"]
+        rows = {**res["train"], **res.get("reference", {})}
+        print(f"{'training':42s} {'img/s':>9s} {'vs resident':>12s}")
+        for k, v in rows.items():
+            print(f"{k:42s} {v['median']:9,.0f} {v['median'] / ceil:12.3f}")
+
+
+if __name__ == "__main__":
+    main()
