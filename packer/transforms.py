@@ -698,3 +698,9 @@ def _crop_flip_cuda(
     arr[:, 4] = torch.rand(b, generator=generator).numpy() < flip.p
     sy, sx = int(arr[:, 2].max()) / oh, int(arr[:, 3].max()) / ow
     return kernels.resample(images, ring.send(k, table), oh, ow, _taps(sy), _taps(sx), (sy, sx))
+
+
+# The ops that live in packer/imaging/ (they build on the classes above). Imported
+# standalone (no package), this file is the crop, flip and resize alone.
+if __package__:
+    from .imaging.per_image import PerImage as PerImage

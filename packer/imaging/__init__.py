@@ -1,0 +1,1 @@
+"""Pixels: decoders, transforms and normalization, on the CPU and on CUDA."""
