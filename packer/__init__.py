@@ -43,6 +43,9 @@ _EXPORTS = {
     "verify_pack": "packer.verify:verify",
     "VerifyConfig": "packer.verify:VerifyConfig",
     "VerifyReport": "packer.verify:VerifyReport",
+    "show_pack": "packer.show:show_pack",
+    "ShowConfig": "packer.show:ShowConfig",
+    "ShowResult": "packer.show:ShowResult",
     "Manifest": "packer.format:Manifest",
     "PackerError": "packer.errors:PackerError",
     "UsageError": "packer.errors:UsageError",
@@ -73,6 +76,7 @@ _SUBMODULES = (
     "pack",
     "plots",
     "scan",
+    "show",
     "timing",
     "transforms",
     "verify",
@@ -103,6 +107,7 @@ if TYPE_CHECKING:
     from .normalize import Normalize
     from .pack import ImagePack
     from .pack import open_pack as load
+    from .show import ShowConfig, ShowResult, show_pack
     from .verify import VerifyConfig, VerifyReport
     from .verify import verify as verify_pack
 
