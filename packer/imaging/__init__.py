@@ -1,0 +1,2 @@
+"""Pixels: decoders, transforms and normalization, batched on the CPU or CUDA.
+Augmentation ops live here; their public names are in ``packer.transforms``."""
