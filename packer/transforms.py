@@ -730,4 +730,17 @@ def _crop_flip_cuda(
 # The ops of packer/imaging, public here. At the end of the module: they import
 # helpers from this one. Skipped when this file is imported standalone (no package).
 if __package__:
+    from .imaging.color import (  # noqa: F401
+        ColorJitter,
+        GaussianBlur,
+        RandomAdjustSharpness,
+        RandomAutocontrast,
+        RandomEqualize,
+        RandomGrayscale,
+        RandomInvert,
+        RandomPosterize,
+        RandomSolarize,
+    )
+    from .imaging.erasing import RandomErasing  # noqa: F401
+    from .imaging.geometry import RandomAffine, RandomRotation  # noqa: F401
     from .imaging.mixing import CutMix, MixUp, RandomChoice  # noqa: F401

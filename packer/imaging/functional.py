@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as nnf
 
+from ..transforms import _check_images, _to
+
 Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None
 
@@ -123,13 +125,57 @@ def apply_to(
     if n == b:
         return fn(img, *params)
     idx = mask.nonzero().view(-1)
-    sub = [
-        p.index_select(0, idx.to(p.device)) if p.device.type == "cpu" else p[_to(idx, p.device)]
-        for p in params
-    ]
     idx_dev = _to(idx, img.device)
-    out = fn(img.index_select(0, idx_dev), *sub)
+    out = fn(img.index_select(0, idx_dev), *_take(params, idx, idx_dev))
     return img.index_copy(0, idx_dev, out)
+
+
+def _take(params: Sequence[torch.Tensor], idx: torch.Tensor, idx_dev: torch.Tensor) -> list:
+    """Rows ``idx`` of each per-image tensor, on its own device."""
+    return [
+        p.index_select(0, idx if p.device.type == "cpu" else _to(idx_dev, p.device)) for p in params
+    ]
+
+
+def apply_groups(
+    img: torch.Tensor,
+    group: torch.Tensor,
+    fns: Sequence[Callable[..., torch.Tensor] | None],
+    *params: torch.Tensor,
+) -> torch.Tensor:
+    """Per image ``i``, ``fns[group[i]]`` applied to it; each function runs once, on its group.
+
+    ``group``: int Tensor[B] on the CPU, values in ``[0, len(fns))``; a None entry
+    of ``fns`` leaves its images unchanged. Each ``fn(images, *params)`` gets its
+    images gathered in batch order (one ``index_select``) with the matching rows
+    of ``params`` (per-image tensors [B, ...]) and returns them transformed
+    (same shape and dtype); results are scattered into one output. The batch's
+    order is sent to the device once. A batch in a single group is passed
+    whole, without a gather (and comes back as it is for a None group).
+    """
+    b = img.shape[0]
+    if not isinstance(group, torch.Tensor) or group.shape != (b,) or group.device.type != "cpu":
+        raise ValueError(f"group must be an int CPU tensor [{b}]")
+    group = group.to(torch.int64)
+    if b and (int(group.min()) < 0 or int(group.max()) >= len(fns)):
+        raise ValueError(f"group values must lie in [0, {len(fns)}), not {group.tolist()}")
+    counts = torch.bincount(group, minlength=len(fns)).tolist()
+    present = [k for k, n in enumerate(counts) if n]
+    if len(present) <= 1:
+        fn = fns[present[0]] if present else None
+        return img if fn is None else fn(img, *params)
+    order = torch.argsort(group, stable=True)
+    order_dev = _to(order, img.device)
+    out = img.clone() if any(fns[k] is None for k in present) else torch.empty_like(img)
+    start = 0
+    for k, n in enumerate(counts):
+        fn = fns[k]
+        if n and fn is not None:
+            idx, idx_dev = order[start : start + n], order_dev[start : start + n]
+            res = fn(img.index_select(0, idx_dev), *_take(params, idx, idx_dev))
+            out.index_copy_(0, idx_dev, res)
+        start += n
+    return out
 
 
 # ---------------------------------------------------------------- colour
@@ -612,8 +658,3 @@ def erase(img: torch.Tensor, boxes: torch.Tensor, value: Fill | torch.Tensor = 0
             raise ValueError(f"value must be one number or {c} (one per channel), not {value!r}")
         v = _to(torch.tensor(vals, dtype=torch.float32).view(1, -1, 1, 1), dev)
     return torch.where(inside, v.to(img.dtype), img)
-
-
-# Imported last: packer.transforms re-exports the modules built on this one, so
-# this module is complete by the time that import runs, whichever is imported first.
-from ..transforms import _check_images, _to  # noqa: E402
