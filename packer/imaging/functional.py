@@ -433,7 +433,7 @@ def gaussian_blur(
         lin = torch.linspace(-lim, lim, steps=k, dtype=torch.float32, device=img.device)
         sig = s[:, 0 if dim == -1 else 1]
         weight = torch.softmax(lin.div(sig[:, None]).pow(2).neg(), dim=1)  # [B, k]
-        weight = weight.repeat_interleave(c, 0)
+        weight = weight[:, None].expand(b, c, k).reshape(b * c, k)
         if dim == -1:
             x = nnf.pad(x, (k // 2, k // 2, 0, 0), mode="reflect")
             weight = weight.view(b * c, 1, 1, k)
