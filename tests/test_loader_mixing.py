@@ -106,3 +106,24 @@ def test_a_mixer_returning_something_else_is_named(
     loader = packer.PackLoader(pack, 4, device="cpu", transform=Broken(what))
     with pytest.raises(UsageError, match=f"transform .*Broken.* {match}"):
         next(iter(loader))
+
+
+def test_the_real_mixers_in_a_compose(pack: packer.ImagePack, tmp_path: Path) -> None:
+    import packer.transforms as T
+
+    if not all(hasattr(T, n) for n in ("MixUp", "CutMix", "RandomChoice", "RandomErasing")):
+        pytest.skip("packer.transforms' mixers have not landed yet (issue 33, the ops)")
+    mix = T.RandomChoice([T.MixUp(0.2, K), T.CutMix(1.0, K)])
+    tf = T.Compose([T.RandomResizedCrop(6), T.RandomErasing(p=0.5), mix])
+    kw = dict(device="cpu", seed=2, transform=tf)
+    want = list(packer.PackLoader(pack, 4, **kw))
+    for x, soft in want:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, 6, 6)
+        assert soft.dtype == torch.float32 and soft.shape == (len(x), K)
+        assert torch.allclose(soft.sum(1), torch.ones(len(x)))
+    a = packer.PackLoader(pack, 4, **kw)
+    next(iter(a))
+    b = packer.PackLoader(pack, 4, **kw)
+    b.load_state_dict(a.state_dict())
+    for (x, s), (wx, ws) in zip(b, want[1:]):
+        assert torch.equal(x, wx) and torch.equal(s, ws)
