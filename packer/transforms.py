@@ -745,3 +745,4 @@ if __package__:
     from .imaging.geometry import RandomAffine, RandomRotation  # noqa: F401
     from .imaging.mixing import CutMix, MixUp, RandomChoice  # noqa: F401
     from .imaging.per_image import PerImage  # noqa: F401
+    from .imaging.policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide  # noqa: F401
