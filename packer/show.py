@@ -84,7 +84,7 @@ class ShowResult:
     rows: int
     columns: int
     draws: int  # augmented versions per image (0: none)
-    augment: tuple[str, ...]  # the ops, as their repr
+    augment: tuple[str, ...]  # the ops, e.g. "RandomErasing(p=0.5, ...)"
     width: int  # the PNG's pixels
     height: int
 
@@ -200,6 +200,17 @@ def _ops(cfg: ShowConfig, num_classes: int) -> tuple[Any, Any]:
     return aug, mix
 
 
+def _describe(op: Any) -> str:
+    """One line for an op: its name and settings, a container's elements inside."""
+    from torch import nn
+
+    if not isinstance(op, nn.Module):
+        return repr(op)
+    kids = [m for k in op.children() for m in (k if isinstance(k, nn.ModuleList) else [k])]
+    inner = ", ".join(_describe(m) for m in kids) if kids else op.extra_repr()
+    return f"{type(op).__name__}({' '.join(inner.split())})"
+
+
 def _caption(soft: torch.Tensor, names: list[str]) -> str:
     w, i = soft.float().topk(min(2, len(soft)))
     return " / ".join(f"{names[int(j)]} {float(v):.2f}" for v, j in zip(w, i) if v > 0.005)
@@ -233,7 +244,7 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
                 "of the images shown have none (-1)"
             )
         aug, mix = _ops(cfg, len(names))
-        ops = tuple(repr(o) for o in (aug, mix) if o is not None)
+        ops = tuple(_describe(o) for o in (aug, mix) if o is not None)
         if getattr(pack, "storage", "raw") == "jpeg":
             base = _square(stored, cfg.size)
         else:

@@ -176,14 +176,15 @@ def train_transform(
     rrc = RandomResizedCrop(size)
     ops: list[nn.Module] = [rrc, RandomHorizontalFlip()]
     flag = f"--auto-augment {args.auto_augment}"
+    ip = {"interpolation": "bilinear"}  # the reference's default (--interpolation bilinear)
     if args.auto_augment == "ra":
-        ops.append(recipe_op("RandAugment", flag, magnitude=args.ra_magnitude))
+        ops.append(recipe_op("RandAugment", flag, magnitude=args.ra_magnitude, **ip))
     elif args.auto_augment == "augmix":
-        ops.append(recipe_op("AugMix", flag, severity=args.augmix_severity))
+        ops.append(recipe_op("AugMix", flag, severity=args.augmix_severity, **ip))
     elif args.auto_augment == "imagenet":
-        ops.append(recipe_op("AutoAugment", flag, "imagenet"))
+        ops.append(recipe_op("AutoAugment", flag, "imagenet", **ip))
     elif args.auto_augment:
-        ops.append(recipe_op(AUTO_AUGMENT[args.auto_augment], flag))
+        ops.append(recipe_op(AUTO_AUGMENT[args.auto_augment], flag, **ip))
     if args.random_erase > 0:
         # The reference erases normalized images to 0: the mean colour, in bytes here.
         mean = tuple(round(255 * m) for m in IMAGENET_MEAN)
