@@ -1,14 +1,26 @@
 """Train a torchvision ResNet on ImageNet-style packs with the standard recipe.
 
-The recipe of torchvision's reference script and the classic ImageNet example,
-fed by packs instead of JPEG folders:
+The recipe of torchvision's reference script (references/classification/train.py)
+and the classic ImageNet example, fed by packs instead of JPEG folders:
   train  per-image RandomResizedCrop(224) + horizontal flip (packer.transforms,
          on the loader's device and stream), Normalize at the model's front,
          SGD with momentum and weight decay, cosine or step LR with linear warm-up,
          optional label smoothing, bf16 autocast and channels_last on CUDA
+  modern the reference's flags, each image its own draw, on the device:
+         --auto-augment ta_wide|ra|imagenet|augmix, --random-erase P,
+         --mixup-alpha A / --cutmix-alpha A (one of them per batch, soft labels),
+         --ra-sampler --ra-reps K (repeated augmentation: PackLoader(repeats=K)),
+         --model-ema (+ --model-ema-steps, --model-ema-decay), --label-smoothing
   val    CenterCrop(224) of a pack built at 256 (see below), top-1 / top-5
+         (and the EMA model's, with --model-ema)
   after every epoch a checkpoint (written to a temporary name, then renamed);
   --resume continues from one. Under torchrun each process is one DDP rank.
+
+Where the reference differs: its RandomErasing runs after Normalize and erases to 0,
+the dataset's mean colour; here the images are uint8 until Normalize at the model's
+front, so the box is filled with the mean colour in bytes (124, 116, 104), the same
+thing to within half a grey level. Like the reference, --ra-sampler repeats images
+only under torchrun (with several processes); one process streams each image once.
 
 Packs:
     imgpack build imagenet/train train256/ --size 256 --resize crop
@@ -28,6 +40,10 @@ the long side's ends are not seen (for a 4:3 photo, 1/4 of its width).
     torchrun --standalone --nproc-per-node 8 examples/train_imagenet.py --train ... --val ...
     python examples/train_imagenet.py ... --res-schedule 160:0,192:6,224:12   # progressive
     python examples/train_imagenet.py ... --resume runs/last.pt
+    torchrun --standalone --nproc-per-node 8 examples/train_imagenet.py --train ... --val ... \
+        --epochs 600 --batch-size 128 --lr 0.5 --lr-schedule cosine --warmup-epochs 5 \
+        --label-smoothing 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0 --auto-augment ta_wide \
+        --random-erase 0.1 --wd 2e-5 --ra-sampler --model-ema --res-schedule 176:0 --val-crop 224
 
 Bad input (a missing or unlabeled pack, a val pack whose class map is not
 train's, a checkpoint of something else, an out-of-range option) stops before
@@ -53,8 +69,18 @@ import torchvision
 from torch import nn
 
 import packer
+import packer.transforms as T
 from packer.errors import PackerError
+from packer.imaging.normalize import IMAGENET_MEAN
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
+
+# --auto-augment NAME -> the packer.transforms op (its arguments come from the flags)
+AUTO_AUGMENT = {
+    "ta_wide": "TrivialAugmentWide",
+    "ra": "RandAugment",
+    "imagenet": "AutoAugment",
+    "augmix": "AugMix",
+}
 
 
 class Fail(Exception):
@@ -132,6 +158,66 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, int, int]:
     return device, rank, world
 
 
+def recipe_op(name: str, flag: str, *args: object, **kw: object) -> nn.Module:
+    """``packer.transforms.<name>(*args, **kw)``, or Fail naming the flag when this
+    imgpack does not have that op."""
+    cls = getattr(T, name, None)
+    if cls is None:
+        raise Fail(f"{flag} needs packer.transforms.{name}, which this imgpack does not have")
+    return cls(*args, **kw)
+
+
+def train_transform(
+    args: argparse.Namespace, size: int, num_classes: int
+) -> tuple[Compose, RandomResizedCrop]:
+    """The reference's ClassificationPresetTrain + its collate's MixUp/CutMix, batched:
+    RandomResizedCrop, flip, [auto-augment], [RandomErasing], [RandomChoice(MixUp,
+    CutMix)]. Returns the Compose and its crop (whose size progressive resizing sets)."""
+    rrc = RandomResizedCrop(size)
+    ops: list[nn.Module] = [rrc, RandomHorizontalFlip()]
+    flag = f"--auto-augment {args.auto_augment}"
+    ip = {"interpolation": "bilinear"}  # the reference's default (--interpolation bilinear)
+    if args.auto_augment == "ra":
+        ops.append(recipe_op("RandAugment", flag, magnitude=args.ra_magnitude, **ip))
+    elif args.auto_augment == "augmix":
+        ops.append(recipe_op("AugMix", flag, severity=args.augmix_severity, **ip))
+    elif args.auto_augment == "imagenet":
+        ops.append(recipe_op("AutoAugment", flag, "imagenet", **ip))
+    elif args.auto_augment:
+        ops.append(recipe_op(AUTO_AUGMENT[args.auto_augment], flag, **ip))
+    if args.random_erase > 0:
+        # The reference erases normalized images to 0: the mean colour, in bytes here.
+        mean = tuple(round(255 * m) for m in IMAGENET_MEAN)
+        ops.append(recipe_op("RandomErasing", "--random-erase", p=args.random_erase, value=mean))
+    mixers = []
+    if args.mixup_alpha > 0:
+        kw = {"alpha": args.mixup_alpha, "num_classes": num_classes}
+        mixers.append(recipe_op("MixUp", "--mixup-alpha", **kw))
+    if args.cutmix_alpha > 0:
+        kw = {"alpha": args.cutmix_alpha, "num_classes": num_classes}
+        mixers.append(recipe_op("CutMix", "--cutmix-alpha", **kw))
+    if mixers:  # one of them per batch, as the reference's collate_fn
+        ops.append(recipe_op("RandomChoice", "--mixup-alpha/--cutmix-alpha", mixers))
+    return Compose(ops), rrc
+
+
+def make_ema(
+    model: nn.Module, args: argparse.Namespace, world: int, device: torch.device
+) -> torch.optim.swa_utils.AveragedModel:
+    """The reference's EMA of the weights and buffers: its decay adjusted to the number
+    of updates (world * batch * steps / epochs), updated every --model-ema-steps steps."""
+    adjust = world * args.batch_size * args.model_ema_steps / args.epochs
+    alpha = min(1.0, (1.0 - args.model_ema_decay) * adjust)
+    decay = 1.0 - alpha
+
+    def ema_avg(avg: torch.Tensor, new: torch.Tensor, _n: torch.Tensor) -> torch.Tensor:
+        return decay * avg + (1.0 - decay) * new
+
+    return torch.optim.swa_utils.AveragedModel(
+        model, device=device, avg_fn=ema_avg, use_buffers=True
+    )
+
+
 def make_model(arch: str, num_classes: int, device: torch.device) -> nn.Module:
     if not arch.startswith("resnet") or not hasattr(torchvision.models, arch):
         raise Fail(f"--arch {arch!r} is not a torchvision ResNet (e.g. resnet50)")
@@ -159,7 +245,10 @@ def save_atomic(state: dict, path: Path) -> None:
 
 
 def topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
-    """int64 [len(ks)]: how many rows have y among their top-k logits, on the device."""
+    """int64 [len(ks)]: how many rows have y among their top-k logits, on the device.
+    Soft labels (float [B, K], from MixUp/CutMix) count their heaviest class."""
+    if y.dim() == 2:
+        y = y.argmax(1)
     k = min(max(ks), logits.shape[1])
     hit = logits.topk(k, 1).indices.eq(y[:, None])
     return torch.stack([hit[:, : min(kk, k)].any(1).sum() for kk in ks])
@@ -264,6 +353,30 @@ def train(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--warmup-epochs", type=_number(float, 0), default=0.0)
     ap.add_argument("--label-smoothing", type=_number(float, 0, 1), default=0.0, help="in [0, 1]")
+    ap.add_argument(
+        "--auto-augment",
+        choices=list(AUTO_AUGMENT),
+        default=None,
+        help="TrivialAugmentWide, RandAugment, AutoAugment('imagenet') or AugMix, per image",
+    )
+    ap.add_argument("--ra-magnitude", type=NONNEGATIVE, default=9, help="RandAugment magnitude")
+    ap.add_argument("--augmix-severity", type=POSITIVE, default=3, help="AugMix severity")
+    ap.add_argument(
+        "--random-erase", type=_number(float, 0, 1), default=0.0, help="RandomErasing p"
+    )
+    ap.add_argument("--mixup-alpha", type=_number(float, 0), default=0.0, help="0: no MixUp")
+    ap.add_argument("--cutmix-alpha", type=_number(float, 0), default=0.0, help="0: no CutMix")
+    ap.add_argument(
+        "--ra-sampler", action="store_true", help="repeated augmentation (under torchrun)"
+    )
+    ap.add_argument("--ra-reps", type=POSITIVE, default=3, help="copies of an image per epoch")
+    ap.add_argument("--model-ema", action="store_true", help="keep and evaluate an EMA model")
+    ap.add_argument(
+        "--model-ema-steps", type=POSITIVE, default=32, help="optimizer steps per EMA update"
+    )
+    ap.add_argument(
+        "--model-ema-decay", type=_number(float, 0, 1), default=0.99998, help="EMA decay"
+    )
     ap.add_argument("--crop", type=POSITIVE, default=224, help="RandomResizedCrop size")
     ap.add_argument("--res-schedule", default=None, help="progressive sizes SIZE:EPOCH,...")
     ap.add_argument("--val-crop", type=POSITIVE, default=224, help="CenterCrop of the val pack")
@@ -295,7 +408,11 @@ def train(argv: Sequence[str] | None = None) -> None:
     classes = len(train_pack.classes)
     if classes < 2:
         raise Fail(f"{args.train} has {classes} class; training a classifier needs two or more")
-    rrc = RandomResizedCrop(size_at(schedule, 0))
+    transform, rrc = train_transform(args, size_at(schedule, 0), classes)
+    # as the reference: RASampler only in a distributed run (one process: plain shuffle)
+    repeats = args.ra_reps if args.ra_sampler and world > 1 else 1
+    if args.ra_sampler and world == 1:
+        say("--ra-sampler: one process, so each image once per epoch (as the reference)")
     train_loader = packer.PackLoader(
         train_pack,
         args.batch_size,
@@ -303,7 +420,8 @@ def train(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
         drop_last=True,
         num_threads=args.workers,
-        transform=Compose([rrc, RandomHorizontalFlip()]),
+        repeats=repeats,
+        transform=transform,
     )
     val_loader = None
     if args.val is not None:
@@ -340,13 +458,18 @@ def train(argv: Sequence[str] | None = None) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, steps_per_epoch, args)
     )
+    ema = make_ema(model, args, world, device) if args.model_ema else None
     start = 0
     if args.resume is not None:
         ck = load_checkpoint(args.resume, device, args.arch, list(train_pack.classes))
+        if ema is not None and "model_ema" not in ck:
+            raise Fail(f"{args.resume}: has no EMA model; resume it without --model-ema")
         try:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             sched.load_state_dict(ck["scheduler"])
+            if ema is not None:
+                ema.load_state_dict(ck["model_ema"])
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise Fail(
@@ -384,6 +507,10 @@ def train(argv: Sequence[str] | None = None) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
+            if ema is not None and step % args.model_ema_steps == 0:
+                ema.update_parameters(model)
+                if epoch < args.warmup_epochs:
+                    ema.n_averaged.fill_(0)  # as the reference: copy the weights in warm-up
             # Accumulated on the device: no host sync inside the step.
             hit1 = topk_correct(logits.detach(), y, (1,))[0].double()
             sums += torch.stack([loss.detach().double() * len(y), hit1, hit1.new_tensor(len(y))])
@@ -402,6 +529,9 @@ def train(argv: Sequence[str] | None = None) -> None:
         if val_loader is not None:
             vloss, v1, v5 = evaluate(model, val_loader, device, amp)
             line += f" | val loss {vloss:.4f} top1 {v1:.2%} top5 {v5:.2%}"
+            if ema is not None:
+                eloss, e1, e5 = evaluate(ema.module, val_loader, device, amp)
+                line += f" | ema loss {eloss:.4f} top1 {e1:.2%} top5 {e5:.2%}"
         say(line, flush=True)
         if rank == 0:
             state = {
@@ -412,6 +542,8 @@ def train(argv: Sequence[str] | None = None) -> None:
                 "arch": args.arch,
                 "classes": list(train_pack.classes),
             }
+            if ema is not None:
+                state["model_ema"] = ema.state_dict()
             save_atomic(state, args.out / "last.pt")
             say(f"checkpoint {args.out / 'last.pt'} (epoch {epoch})", flush=True)
     if dist.is_initialized():

@@ -45,6 +45,9 @@ _EXPORTS = {
     "verify_pack": "packer.measure.verify:verify",
     "VerifyConfig": "packer.measure.verify:VerifyConfig",
     "VerifyReport": "packer.measure.verify:VerifyReport",
+    "show_pack": "packer.measure.show:show_pack",
+    "ShowConfig": "packer.measure.show:ShowConfig",
+    "ShowResult": "packer.measure.show:ShowResult",
     "Manifest": "packer.pack.format:Manifest",
     "PackerError": "packer.errors:PackerError",
     "UsageError": "packer.errors:UsageError",
@@ -93,6 +96,7 @@ if TYPE_CHECKING:
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
     from .loading.loader import PackLoader, PackSampler, batch_seed
+    from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport
     from .measure.verify import verify as verify_pack
     from .pack.format import Manifest

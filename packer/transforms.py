@@ -616,9 +616,10 @@ class _Call(nn.Module):
         super().__init__()
         self.fn = fn
         self.accepts_generator = getattr(fn, "accepts_generator", False)
+        self.mixes_labels = getattr(fn, "mixes_labels", False)
 
-    def forward(self, images: torch.Tensor, **kw: object) -> torch.Tensor:
-        return self.fn(images, **kw)
+    def forward(self, images: torch.Tensor, *args: object, **kw: object) -> torch.Tensor:
+        return self.fn(images, *args, **kw)
 
     def extra_repr(self) -> str:
         return repr(self.fn)
@@ -630,9 +631,19 @@ class Compose(nn.Sequential):
     A RandomResizedCrop directly followed by a RandomHorizontalFlip runs as one
     resample (the flip reverses the interpolation matrix), drawing the same
     random numbers in the same order as the two run one after the other.
+
+    Labels: ``compose(images, labels, generator=g)`` returns ``(images, labels)``,
+    the labels passed through the batch mixers (MixUp, CutMix: elements with
+    ``mixes_labels``) and left as they are by the other elements. A Compose
+    holding a mixer has ``mixes_labels`` True and must be given labels; one
+    without returns just the images when called without labels, as before.
     """
 
     accepts_generator = True
+
+    @property
+    def mixes_labels(self) -> bool:
+        return any(getattr(t, "mixes_labels", False) for t in self)
 
     def __init__(self, transforms: Sequence[nn.Module]) -> None:
         for t in transforms:
@@ -641,8 +652,13 @@ class Compose(nn.Sequential):
         super().__init__(*(t if isinstance(t, nn.Module) else _Call(t) for t in transforms))
 
     def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None
-    ) -> torch.Tensor:
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(labels, torch.Generator):  # the old call compose(images, generator)
+            labels, generator = None, labels
         mods = list(self)
         i = 0
         while i < len(mods):
@@ -662,12 +678,22 @@ class Compose(nn.Sequential):
                 images = resized_crop(images, boxes, t.size, flip=flip)
                 i += 2
                 continue
-            if getattr(t, "accepts_generator", False):
+            if getattr(t, "mixes_labels", False):
+                if labels is None:
+                    raise ValueError(
+                        f"{type(t).__name__} mixes labels: call the Compose as "
+                        "compose(images, labels, generator=g)"
+                    )
+                if getattr(t, "accepts_generator", False):
+                    images, labels = t(images, labels, generator=generator)
+                else:
+                    images, labels = t(images, labels)
+            elif getattr(t, "accepts_generator", False):
                 images = t(images, generator=generator)
             else:
                 images = t(images)
             i += 1
-        return images
+        return images if labels is None else (images, labels)
 
 
 def _crop_flip_cuda(
@@ -698,3 +724,25 @@ def _crop_flip_cuda(
     arr[:, 4] = torch.rand(b, generator=generator).numpy() < flip.p
     sy, sx = int(arr[:, 2].max()) / oh, int(arr[:, 3].max()) / ow
     return kernels.resample(images, ring.send(k, table), oh, ow, _taps(sy), _taps(sx), (sy, sx))
+
+
+# ---------------------------------------------------------------- re-exports
+# The ops of packer/imaging, public here. At the end of the module: they import
+# helpers from this one. Skipped when this file is imported standalone (no package).
+if __package__:
+    from .imaging.color import (  # noqa: F401
+        ColorJitter,
+        GaussianBlur,
+        RandomAdjustSharpness,
+        RandomAutocontrast,
+        RandomEqualize,
+        RandomGrayscale,
+        RandomInvert,
+        RandomPosterize,
+        RandomSolarize,
+    )
+    from .imaging.erasing import RandomErasing  # noqa: F401
+    from .imaging.geometry import RandomAffine, RandomRotation  # noqa: F401
+    from .imaging.mixing import CutMix, MixUp, RandomChoice  # noqa: F401
+    from .imaging.per_image import PerImage  # noqa: F401
+    from .imaging.policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide  # noqa: F401

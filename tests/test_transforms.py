@@ -207,6 +207,41 @@ def test_compose_fuses_crop_and_flip_without_changing_results() -> None:
     assert torch.equal(with_fn(x), T.CenterCrop(40)(x).flip(-2))
 
 
+class _SwapMixer(nn.Module):
+    """A stand-in batch mixer: reverses the batch and its labels, draws one number."""
+
+    accepts_generator = True
+    mixes_labels = True
+
+    def forward(self, images, labels, generator=None):
+        self.drawn = torch.rand(1, generator=generator)
+        return images.flip(0), labels.flip(0).float()
+
+
+def test_compose_passes_labels_through_mixers() -> None:
+    x, labels = photo_like(4, 40, 40), torch.tensor([3, 1, 2, 0])
+    crop_flip = [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]
+    plain = T.Compose(crop_flip)
+    assert not plain.mixes_labels
+    tf = T.Compose([*crop_flip, _SwapMixer(), T.CenterCrop(20)])
+    assert tf.mixes_labels
+    out, soft = tf(x, labels, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    ref = plain(x, generator=g)  # the fused crop + flip draws as before the mixer
+    assert torch.equal(out, T.CenterCrop(20)(ref.flip(0)))
+    assert torch.equal(soft, labels.flip(0).float())
+    assert torch.equal(tf[2].drawn, torch.rand(1, generator=g))  # then the mixer, same generator
+    # Without mixers: labels pass through untouched; without labels, just the images.
+    out2, same = plain(x, labels, generator=torch.Generator().manual_seed(1))
+    assert same is labels and torch.equal(out2, ref)
+    assert torch.equal(plain(x, torch.Generator().manual_seed(1)), ref)  # old positional call
+    nested = T.Compose([T.Compose([T.CenterCrop(30)]), T.Compose([_SwapMixer()])])
+    assert nested.mixes_labels
+    assert torch.equal(nested(x, labels)[0], T.CenterCrop(30)(x).flip(0))
+    with pytest.raises(ValueError, match="_SwapMixer mixes labels: call the Compose as"):
+        tf(x, generator=torch.Generator())
+
+
 def test_center_crop_and_resize_match_torchvision() -> None:
     x = photo_like(3, 37, 50)
     assert torch.equal(T.CenterCrop(24)(x), tv.CenterCrop(24)(x))

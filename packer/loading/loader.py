@@ -57,6 +57,7 @@ from ..pack.reader import ImagePack, open_pack
 from .order import (
     _EVEN_SPLITS,
     _MAX_EPOCH,
+    _MAX_REPEATS,
     _MAX_SEED,
     _STATE_VERSION,
     _bool_arg,
@@ -69,7 +70,15 @@ from .order import (
     epoch_indices,
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
-from .producer import _DONE, GATHER_MODES, _apply_transform, _Failure, _Pass, _Shared, populate
+from .producer import (
+    _DONE,
+    GATHER_MODES,
+    _Failure,
+    _Pass,
+    _Shared,
+    _transform_batch,
+    populate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +102,17 @@ class PackLoader:
       rank, world_size: this process's part; default torch.distributed's when
         initialised, else 0 and 1. Parts are disjoint (up to the padding) and
         of equal length (see :func:`epoch_indices`).
+      repeats: repeated augmentation (torchvision's ``RASampler``), an int >= 1
+        (default 1: off). Each image the epoch picks is streamed ``repeats``
+        times, its copies on different ranks where ``world_size >= repeats``,
+        each copy with its own augmentation draw. The epoch keeps its length: M =
+        ``ceil(n / world_size)`` rows per rank ("trim": ``n // world_size``), the
+        same for every rank, so ``len(loader)`` does not change; so it holds the
+        first ``(M * world_size) // repeats`` images of the epoch's permutation
+        ``repeats`` times each, the next one ``(M * world_size) % repeats`` times,
+        and none of the others (each epoch's permutation picks others). With
+        fewer ranks than ``repeats`` an image's copies share a rank, next to each
+        other in the order (usually one batch). See :func:`epoch_indices`.
       indices: stream only these pack rows: int tensor/array/list [M]
         (repeats allowed; ``[]`` streams nothing) or bool mask [N]. Shuffled per epoch and split across ranks like the
         whole pack; the images are never copied.
@@ -103,7 +123,19 @@ class PackLoader:
         ``transform(images, generator=g)`` if it has ``accepts_generator =
         True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
         epoch, rank, batch index); else ``transform(images)``. Runs in the
-        background, on CUDA on the loader's copy stream.
+        background, on CUDA on the loader's copy stream. A transform with
+        ``mixes_labels = True`` (``packer.transforms.MixUp``, ``CutMix``,
+        ``RandomChoice`` of them, a ``Compose`` ending in one) is called as
+        ``transform(images, labels, generator=g)`` and returns ``(images,
+        soft_labels)``; the loader then yields those soft labels (float [B, K] on
+        ``device``) in place of the int64 labels. A torchvision transform that
+        draws random parameters (anything from ``torchvision.transforms`` or
+        ``.v2`` not on the short list of deterministic ones in
+        :mod:`packer.imaging.per_image`, also inside a torchvision ``Compose``,
+        an ``nn.Sequential`` or a ``packer.transforms.Compose``) is refused with
+        UsageError: here it would draw once for the whole batch. Use the
+        ``packer.transforms`` op of the same name, or wrap it in
+        ``packer.transforms.PerImage`` (a loop over images, slow).
       gather: raw packs on CUDA: who copies a batch's rows out of the pack. "cpu"
         (default): ``num_threads`` threads copy them into pinned buffers, then the copy
         engine moves them. "device": the GPU reads them itself from the page cache
@@ -142,10 +174,13 @@ class PackLoader:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
         ``transform`` returns).
       labels: Tensor[B], int64, on ``device``: class index, or -1 unlabeled.
+        With a label-mixing transform: Tensor[B, K] float32 (what it returns),
+        on ``device``, each row the mixed class weights.
       targets: only for a pack with targets (built with ``--targets``):
         Tensor[B, K], float32, on ``device``, any finite values; row i belongs
         to image i (the same pack rows as ``labels``), columns in
-        ``pack.target_names`` order. A pack without targets yields 2-tuples.
+        ``pack.target_names`` order (never mixed by a label-mixing transform).
+        A pack without targets yields 2-tuples.
 
     ``B`` is ``batch_size`` except for a short last batch. An epoch can have
     no batches (fewer rows per rank than ``batch_size`` with ``drop_last``, or
@@ -185,6 +220,7 @@ class PackLoader:
         even_split: str = "pad",
         rank: int | None = None,
         world_size: int | None = None,
+        repeats: int = 1,
         indices: torch.Tensor | None = None,
         transform: Callable[..., torch.Tensor] | None = None,
         num_threads: int | None = None,
@@ -201,6 +237,7 @@ class PackLoader:
         batch_size = _int_arg("batch_size", batch_size, 1)
         prefetch = _int_arg("prefetch", prefetch, 1)
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
+        repeats = _int_arg("repeats", repeats, 1, _MAX_REPEATS)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
         from ..imaging.jpeg import DECODE_MODES, decodes_on_cpu
@@ -213,6 +250,12 @@ class PackLoader:
         drop_last = _bool_arg("drop_last", drop_last)
         resident = _bool_arg("resident", resident)
         populate = _bool_arg("populate", populate)
+        if transform is not None and not callable(transform):
+            raise UsageError(f"transform must be callable, not {type(transform).__name__}")
+        if transform is not None:
+            from ..imaging.per_image import refuse_batch_wide
+
+            refuse_batch_wide(transform)
         self._crop = None
         if getattr(pack, "storage", "raw") == "jpeg":
             from ..imaging.jpeg import crop_for
@@ -234,14 +277,13 @@ class PackLoader:
             )
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
-        if transform is not None and not callable(transform):
-            raise UsageError(f"transform must be callable, not {type(transform).__name__}")
         self.pack = pack
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
         self.even_split = even_split
+        self.repeats = repeats
         self.device = _check_device(device)
         if gather == "device" and self.device.type != "cuda":
             raise UsageError(
@@ -358,6 +400,7 @@ class PackLoader:
             rank=self.rank,
             world_size=self.world_size,
             even_split=self.even_split,
+            repeats=self.repeats,
         )
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
@@ -393,6 +436,7 @@ class PackLoader:
             "batch_size": self.batch_size,
             "drop_last": bool(self.drop_last),
             "even_split": self.even_split,
+            "repeats": self.repeats,
             "samples": self._n,
             "rank": self.rank,
             "world_size": self.world_size,
@@ -404,12 +448,13 @@ class PackLoader:
         were left of that epoch, then epochs go on as in the saved run.
 
         Mid-epoch, the order must be the same (seed, shuffle, batch size,
-        drop_last, even_split, number of samples, world size, and the rows
+        drop_last, even_split, repeats, number of samples, world size, and the rows
         streamed: the ``rows`` digest of the pack's count, image shape and
         ``indices``); a mismatch is always refused. At an epoch boundary
         (``batches == 0``) only the epoch is taken, so the next epoch may use
         other rows or ranks. States saved before ``rows`` existed have no
-        digest and are checked without it. Fields of the wrong type (a bool,
+        digest and are checked without it; states saved before ``repeats`` existed
+        were saved with 1. Fields of the wrong type (a bool,
         float or string for an int) are refused, never cast.
         """
         if not isinstance(state, dict):
@@ -449,6 +494,13 @@ class PackLoader:
                         f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
                         f"with {key}={state.get(key)!r}"
                     )
+            saved = state.get("repeats", 1)
+            if isinstance(saved, bool) or saved != self.repeats:
+                raise UsageError(
+                    f"cannot resume mid-epoch with repeats={self.repeats}: the state was saved "
+                    f"with repeats={saved!r}, and repeats changes which images the epoch "
+                    f"holds; use repeats={saved!r}, or resume from an epoch boundary"
+                )
             if not 0 <= batches <= len(self):
                 raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
         self._resume = (epoch, batches)
@@ -575,6 +627,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
             rank=ld.rank,
             world_size=ld.world_size,
             even_split=ld.even_split,
+            repeats=ld.repeats,
         )
         rows = pos if ld._rows is None else ld._rows[pos]
         return iter(rows.tolist())
@@ -628,8 +681,10 @@ class _EpochIterator:
         self.started = True
         self.epoch, self.next_batch, self.serial = ld._start_pass(self)
         pos = ld._positions(self.epoch)
-        if getattr(ld.transform, "accepts_generator", False) or (
-            ld._crop is not None and ld._crop.random
+        if (
+            getattr(ld.transform, "accepts_generator", False)
+            or getattr(ld.transform, "mixes_labels", False)
+            or (ld._crop is not None and ld._crop.random)
         ):
             self._gen = torch.Generator()
         if ld.resident:
@@ -713,10 +768,11 @@ class _EpochIterator:
         idx = pos[b * bs : (b + 1) * bs]
         x = images.index_select(0, idx)
         ld = self.loader
-        x = _apply_transform(ld.transform, x, self._gen, (ld.seed, self.epoch, ld.rank), b)
+        seeds = (ld.seed, self.epoch, ld.rank)
+        x, y = _transform_batch(ld.transform, x, labels.index_select(0, idx), self._gen, seeds, b)
         if targets is None:
-            return x, labels.index_select(0, idx)
-        return x, labels.index_select(0, idx), targets.index_select(0, idx)
+            return x, y
+        return x, y, targets.index_select(0, idx)
 
     def _next_streamed(self) -> tuple[torch.Tensor, ...]:
         p = self._pass

@@ -19,6 +19,7 @@ from ..errors import UsageError
 
 _MAX_SEED = 1 << 63  # |seed| below this and epoch below _MAX_EPOCH keep seed + epoch a
 _MAX_EPOCH = 1 << 62  # valid torch seed (manual_seed takes [-2**63, 2**64))
+_MAX_REPEATS = 1 << 16  # PackLoader(repeats=): copies of an image per epoch, well past any use
 _STATE_VERSION = 1
 _EVEN_SPLITS = ("pad", "trim")
 
@@ -32,6 +33,7 @@ def epoch_indices(
     rank: int,
     world_size: int,
     even_split: str = "pad",
+    repeats: int = 1,
 ) -> torch.Tensor:
     """This rank's positions in ``range(n)`` for one epoch, int64 [M].
 
@@ -39,7 +41,22 @@ def epoch_indices(
     ``seed + epoch``; with several ranks, padded by repeating its head up to a
     multiple of world_size (``even_split="pad"``) or trimmed to one
     (``"trim"``), then rank r takes every world_size-th position starting at r.
-    Every rank gets the same M.
+    Every rank gets the same M: ``ceil(n / world_size)`` ("pad") or
+    ``n // world_size`` ("trim"); ``n`` with one rank.
+
+    ``repeats=k`` (repeated augmentation, torchvision's ``RASampler``): each
+    entry of the permutation is written k times in a row, ``[p0]*k + [p1]*k + ...``
+    (this list is padded by its head, as above, when it is shorter than
+    ``M * world_size``), rank r takes every world_size-th entry from r, and the
+    first M of them. M stays what it is with ``repeats=1``, so an epoch streams
+    ``M * world_size`` entries: the first ``(M * world_size) // k`` images of the
+    permutation k times each, the next one ``(M * world_size) % k`` times, and
+    the rest of the images not at all that epoch (a new permutation each epoch
+    picks others). The k copies of an image sit at k consecutive entries, so with
+    ``world_size >= k`` they go to k different ranks (the head padding of a tiny
+    epoch aside); with fewer ranks some share a rank and a batch, where the
+    transform still draws each copy its own parameters. ``RASampler`` also
+    rounds ``n`` down to a multiple of 256 before dividing; this does not.
     """
     if shuffle:
         g = torch.Generator()
@@ -47,17 +64,15 @@ def epoch_indices(
         order = torch.randperm(n, generator=g)
     else:
         order = torch.arange(n)
-    if world_size > 1:
-        if even_split == "trim":
-            order = order[: (n // world_size) * world_size]
-        else:
-            total = math.ceil(n / world_size) * world_size
-            pad = total - n
-            if pad:
-                reps = math.ceil(pad / max(n, 1))
-                order = torch.cat([order, order.repeat(reps)[:pad]])
-        order = order[rank::world_size]
-    return order
+    if world_size == 1 and repeats == 1:
+        return order
+    per_rank = n // world_size if even_split == "trim" else math.ceil(n / world_size)
+    # entry j of the (repeated, head-padded) list is order[(j mod n*k) // k]: computed for
+    # this rank's entries only, so nothing of size n*k is built
+    entries = rank + world_size * torch.arange(per_rank, dtype=torch.int64)
+    if n:
+        entries = entries % (n * repeats)
+    return order[entries // repeats]
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:

@@ -108,6 +108,65 @@ def _apply_transform(
     return _check_transformed(transform, images, transform(images, generator=gen))
 
 
+def _transform_batch(
+    transform: Callable[..., Any] | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    gen: torch.Generator | None,
+    seeds: tuple[int, int, int],
+    b: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch through the loader's transform: ``(images, labels)``, the labels mixed
+    (float [B, K]) by a transform with ``mixes_labels``, else as they came."""
+    if not getattr(transform, "mixes_labels", False):
+        return _apply_transform(transform, images, gen, seeds, b), labels
+    if gen is not None:
+        gen.manual_seed(batch_seed(seeds[0], seeds[1], seeds[2], b))
+    return _mix(transform, images, labels, gen)
+
+
+def _mix(
+    transform: Callable[..., Any],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    gen: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``transform(images, labels, generator=gen)`` for a label-mixing transform, its
+    result checked: images as :func:`_check_transformed`, soft labels a floating point
+    Tensor [B, K] on the images' device. Metadata only, so no host sync on CUDA."""
+    out = transform(images, labels, generator=gen)
+    name = _transform_name(transform)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise UsageError(
+            f"transform {name} mixes labels (mixes_labels = True) but returned "
+            f"{type(out).__name__}, not (images, soft_labels)"
+        )
+    mixed, soft = out
+    mixed = _check_transformed(transform, images, mixed)
+    b = images.shape[0]
+    if (
+        not isinstance(soft, torch.Tensor)
+        or not soft.dtype.is_floating_point
+        or soft.dim() != 2
+        or soft.shape[0] != b
+    ):
+        got = (
+            f"{soft.dtype} {list(soft.shape)}"
+            if isinstance(soft, torch.Tensor)
+            else type(soft).__name__
+        )
+        raise UsageError(
+            f"transform {name} returned soft labels {got}; a label-mixing transform "
+            f"returns float labels [{b}, num_classes]"
+        )
+    if soft.device != images.device:
+        raise UsageError(
+            f"transform {name} returned soft labels on {soft.device}, not on the loader's "
+            f"device {images.device}"
+        )
+    return mixed, soft
+
+
 def _stored_sizes(stored: np.ndarray, idx: np.ndarray, path: object) -> np.ndarray:
     """The pack's (h, w) [n, 2] of images ``idx``; PackFormatError naming the first
     that is not a positive size (the boxes are drawn from these before decoding)."""
@@ -390,7 +449,9 @@ class _Pass:
             targets = None
             if self.targets is not None:
                 targets = torch.from_numpy(np.take(self.targets, idx, 0))
-            images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+            images, labels = _transform_batch(
+                self.transform, images, labels, self.gen, self.seeds, b
+            )
             if not self.put((images, labels, targets, None)):
                 return
 
@@ -459,16 +520,20 @@ class _Pass:
                             f.result()
                         images = out.to(dev, non_blocking=True) if cuda else out
                     del imgs
-                    images = crop.after(images, self.gen)
                     labels = torch.from_numpy(np.take(self.labels, idx, 0))
                     targets = None
                     if self.targets is not None:
                         targets = torch.from_numpy(np.take(self.targets, idx, 0))
-                    ready = None
                     if cuda:
                         labels = _to(labels, dev)
                         if targets is not None:
                             targets = _to(targets, dev)
+                    if getattr(crop.rest, "mixes_labels", False):
+                        images, labels = _mix(crop.rest, images, labels, self.gen)
+                    else:
+                        images = crop.after(images, self.gen)
+                    ready = None
+                    if cuda:
                         ready = torch.cuda.Event()
                         ready.record(stream)
                 if not self.put((images, labels, targets, ready)):
@@ -546,7 +611,9 @@ class _Pass:
                 copied.record(stream)
                 ready = copied
                 if self.transform is not None:
-                    images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+                    images, labels = _transform_batch(
+                        self.transform, images, labels, self.gen, self.seeds, b
+                    )
                     ready = torch.cuda.Event()
                     ready.record(stream)
             freed[s] = copied
@@ -593,7 +660,9 @@ class _Pass:
                     targets = torch.empty((n, k), dtype=torch.float32, device=dev)
                     rows.targets.gather(pos, targets)
                 if self.transform is not None:
-                    images = _apply_transform(self.transform, images, self.gen, self.seeds, b)
+                    images, labels = _transform_batch(
+                        self.transform, images, labels, self.gen, self.seeds, b
+                    )
                 ready = torch.cuda.Event()
                 ready.record(stream)
                 if not self.put((images, labels, targets, ready)):

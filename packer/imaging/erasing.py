@@ -1,0 +1,175 @@
+"""RandomErasing: per image, with probability ``p``, a random box set to ``value``.
+
+Works on uint8 images (before ``packer.Normalize``) and on floating, normalized
+ones (after it, where torchvision's classification reference erases), returning
+the input's dtype. Boxes follow torchvision's rule (``RandomErasing.get_params``),
+vectorised: all ten tries of every image are drawn at once and each image takes
+its first try that fits; an image with none is left as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..transforms import _to, _Transform
+from . import functional as F
+
+# Tries per image before giving up, as torchvision.
+_TRIES = 10
+
+
+class ErasingParams(NamedTuple):
+    """RandomErasing's draw for a batch, on the CPU."""
+
+    erase: torch.Tensor  # bool [B]: chosen (probability p) and a try fitted
+    boxes: torch.Tensor  # int64 [B, 4] (top, left, height, width); zeros where not erased
+
+
+class RandomErasing(_Transform):
+    """Erase a random box of each image with probability ``p``, as torchvision's RandomErasing.
+
+    Args:
+      p: probability that an image is erased.
+      scale: (min, max) of the box area as a fraction of the image area, in [0, 1].
+      ratio: (min, max) of the box aspect ratio (height / width), drawn log-uniform.
+      value: the erased pixels: a number, one number per channel, or "random":
+        for floating images standard normal noise per pixel (torchvision's);
+        for uint8 images (where torchvision's float noise would wrap) uniform
+        integers in [0, 255]. Numbers are converted to the images' dtype as
+        torchvision assigns them (uint8 truncates). The noise comes from a
+        generator on the images' device seeded from ``generator``: a seed gives
+        the same noise on the same device, not the same on the CPU and CUDA
+        (the boxes are the same).
+      inplace: write into ``images`` instead of a copy.
+
+    Input ``images``: Tensor[B, C, H, W], uint8 in [0, 255] or floating (e.g.
+    normalized), any device. Output: the same dtype, shape and device (the
+    input itself when no image is erased, or with ``inplace``).
+    """
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Sequence[float] = (0.02, 0.33),
+        ratio: Sequence[float] = (0.3, 3.3),
+        value: float | Sequence[float] | str = 0,
+        inplace: bool = False,
+    ) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {p!r}")
+        if not isinstance(scale, Sequence) or len(scale) != 2:
+            raise ValueError(f"scale must be (min, max), not {scale!r}")
+        if not isinstance(ratio, Sequence) or len(ratio) != 2:
+            raise ValueError(f"ratio must be (min, max), not {ratio!r}")
+        lo, hi = float(scale[0]), float(scale[1])
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"scale must be (min, max) within [0, 1], not {scale!r}")
+        rlo, rhi = float(ratio[0]), float(ratio[1])
+        if not 0.0 < rlo <= rhi:
+            raise ValueError(f"ratio must be (min, max), both positive, not {ratio!r}")
+        if isinstance(value, str):
+            if value != "random":
+                raise ValueError(f"value must be a number, numbers or 'random', not {value!r}")
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            value = float(value)
+        elif (
+            isinstance(value, Sequence)
+            and value
+            and all(isinstance(v, numbers.Real) for v in value)
+        ):
+            value = tuple(float(v) for v in value)
+        else:
+            raise ValueError(f"value must be a number, numbers or 'random', not {value!r}")
+        self.p = float(p)
+        self.scale = (lo, hi)
+        self.ratio = (rlo, rhi)
+        self.value = value
+        self.inplace = bool(inplace)
+
+    def _repr_fields(self) -> dict[str, object]:
+        keys = ("p", "scale", "ratio", "value", "inplace")
+        return {k: getattr(self, k) for k in keys}
+
+    def sample(
+        self, batch: int, height: int, width: int, generator: torch.Generator | None = None
+    ) -> ErasingParams:
+        """Per image, whether it is erased and its box, for ``height`` x ``width`` images.
+
+        One draw of [B, 23] from ``generator``: the coin (< p), then per try an
+        area ``U(scale) * H * W`` and an aspect ``exp(U(log ratio))``, h =
+        round(sqrt(area * aspect)), w = round(sqrt(area / aspect)) (half to
+        even, as Python's round); the first try with h < H and w < W wins and its
+        corner is uniform (``randint(0, H - h + 1)``, ``randint(0, W - w + 1)``).
+        """
+        if height < 1 or width < 1:
+            raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
+        u = torch.rand(batch, 3 + 2 * _TRIES, generator=generator, dtype=torch.float64).numpy()
+        area = float(height * width)
+        lo, hi = self.scale
+        target = u[:, 1 : 1 + _TRIES] * (hi - lo)
+        target += lo
+        target *= area
+        lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = u[:, 1 + _TRIES : 1 + 2 * _TRIES] * (lr1 - lr0)
+        aspect += lr0
+        np.exp(aspect, out=aspect)
+        h = np.round(np.sqrt(target * aspect))
+        w = np.round(np.sqrt(np.divide(target, aspect, out=target), out=target), out=target)
+        ok = (h < height) & (w < width)
+        first = ok.argmax(1)  # the first fitting try (0 when none fits: then found is False)
+        rows = np.arange(batch)
+        found = ok[rows, first]
+        h, w = h[rows, first], w[rows, first]
+        top = np.minimum(np.floor(u[:, -2] * (height - h + 1.0)), height - h)
+        left = np.minimum(np.floor(u[:, -1] * (width - w + 1.0)), width - w)
+        erase = (u[:, 0] < self.p) & found
+        boxes = np.stack([top, left, h, w], 1).astype(np.int64)
+        boxes[~erase] = 0
+        return ErasingParams(torch.from_numpy(erase), torch.from_numpy(boxes))
+
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        if not isinstance(images, torch.Tensor) or images.ndim != 4:
+            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
+            raise ValueError(f"images must be a batch [B, C, H, W], not {shape}")
+        if images.dtype != torch.uint8 and not images.is_floating_point():
+            raise ValueError(f"images must be uint8 or floating, not {images.dtype}")
+        b, c, h, w = images.shape
+        if isinstance(self.value, tuple) and len(self.value) not in (1, c):
+            raise ValueError(
+                f"value has {len(self.value)} numbers for {c}-channel images: give 1 or {c}"
+            )
+        erase, boxes = self.sample(b, h, w, generator)
+        seed = None
+        if self.value == "random":  # drawn whatever the coins say: a fixed number of draws
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        idx = erase.nonzero().view(-1)
+        n = len(idx)
+        if n == 0:
+            return images
+        dev = images.device
+        idx_dev = _to(idx, dev)
+        sub = images if n == b else images.index_select(0, idx_dev)
+        value = self.value if seed is None else _noise(sub, seed)
+        out = F.erase(sub, boxes[idx], value)
+        if not self.inplace:
+            return out if n == b else images.index_copy(0, idx_dev, out)
+        return images.copy_(out) if n == b else images.index_copy_(0, idx_dev, out)
+
+
+def _noise(like: torch.Tensor, seed: int) -> torch.Tensor:
+    """Noise shaped like ``like`` on its device: standard normal for floating images,
+    uniform integers in [0, 255] for uint8."""
+    gen = torch.Generator(device=like.device)
+    gen.manual_seed(seed)
+    if like.is_floating_point():
+        return torch.randn(like.shape, generator=gen, device=like.device, dtype=like.dtype)
+    return torch.randint(0, 256, like.shape, generator=gen, device=like.device, dtype=torch.uint8)

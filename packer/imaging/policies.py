@@ -1,0 +1,794 @@
+"""Automatic augmentation policies, per image: TrivialAugmentWide, RandAugment,
+AutoAugment and AugMix.
+
+Each takes ``images``: Tensor[B, C, H, W] uint8 in [0, 255] (C = 3, or 1), on the
+CPU or CUDA, and returns uint8 of the same shape on the same device. Every image
+draws its own op, magnitude bin and sign, with torchvision's v2 op spaces,
+magnitude tables and rules (``torchvision.transforms.v2._auto_augment``): the
+op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
+(RandAugment), the sign negative where a uniform draw is <= 0.5 for the signed
+ops. :meth:`sample` returns the draws (a :class:`PolicyDraw`).
+
+Pixels: the draws of a batch are drawn on the CPU in one call to ``generator``,
+turned into per-image parameters with numpy (the affine matrices of the
+geometric ops in float64, as torchvision computes them), and sent to the device
+in one copy. Then images are grouped by the batched op of
+:mod:`packer.imaging.functional` they need: all geometric ops (shear, translate,
+rotate) are one affine warp, and each colour op is one call, each on its images
+only (``index_select``, then ``index_copy`` back). A batch costs one call per op
+present, whatever its size: about ten for TrivialAugmentWide.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..transforms import _check_images, _to, _Transform
+from . import functional as F
+
+# ---------------------------------------------------------------- op spaces
+
+# (start, end) of a linspace over the bins, the string "posterize(k)" for
+# torchvision's 8 - arange / ((bins - 1) / k) table (or "posterize4" for
+# AugMix's 4 - ...), a size-relative translate, or None: no magnitude.
+_LIN = "lin"
+
+
+def _lin(a: float, b: float) -> tuple[str, float, float]:
+    return (_LIN, a, b)
+
+
+_TA_SPACE = {
+    "Identity": (None, False),
+    "ShearX": (_lin(0.0, 0.99), True),
+    "ShearY": (_lin(0.0, 0.99), True),
+    "TranslateX": (_lin(0.0, 32.0), True),
+    "TranslateY": (_lin(0.0, 32.0), True),
+    "Rotate": (_lin(0.0, 135.0), True),
+    "Brightness": (_lin(0.0, 0.99), True),
+    "Color": (_lin(0.0, 0.99), True),
+    "Contrast": (_lin(0.0, 0.99), True),
+    "Sharpness": (_lin(0.0, 0.99), True),
+    "Posterize": (("posterize", 8, 6), False),
+    "Solarize": (_lin(1.0, 0.0), False),
+    "AutoContrast": (None, False),
+    "Equalize": (None, False),
+}
+
+# AutoAugment's and RandAugment's (RandAugment adds Identity first, AutoAugment Invert).
+_AA_SPACE = {
+    "ShearX": (_lin(0.0, 0.3), True),
+    "ShearY": (_lin(0.0, 0.3), True),
+    "TranslateX": (("width", 150.0 / 331.0), True),
+    "TranslateY": (("height", 150.0 / 331.0), True),
+    "Rotate": (_lin(0.0, 30.0), True),
+    "Brightness": (_lin(0.0, 0.9), True),
+    "Color": (_lin(0.0, 0.9), True),
+    "Contrast": (_lin(0.0, 0.9), True),
+    "Sharpness": (_lin(0.0, 0.9), True),
+    "Posterize": (("posterize", 8, 4), False),
+    "Solarize": (_lin(1.0, 0.0), False),
+    "AutoContrast": (None, False),
+    "Equalize": (None, False),
+}
+_RA_SPACE = {"Identity": (None, False), **_AA_SPACE}
+_AA_FULL_SPACE = {**_AA_SPACE, "Invert": (None, False)}
+
+_AUGMIX_PARTIAL = {
+    "ShearX": (_lin(0.0, 0.3), True),
+    "ShearY": (_lin(0.0, 0.3), True),
+    "TranslateX": (("width", 1.0 / 3.0), True),
+    "TranslateY": (("height", 1.0 / 3.0), True),
+    "Rotate": (_lin(0.0, 30.0), True),
+    "Posterize": (("posterize", 4, 4), False),
+    "Solarize": (_lin(1.0, 0.0), False),
+    "AutoContrast": (None, False),
+    "Equalize": (None, False),
+}
+_AUGMIX_ALL = {
+    **_AUGMIX_PARTIAL,
+    "Brightness": (_lin(0.0, 0.9), True),
+    "Color": (_lin(0.0, 0.9), True),
+    "Contrast": (_lin(0.0, 0.9), True),
+    "Sharpness": (_lin(0.0, 0.9), True),
+}
+
+# AutoAugment's sub-policies: ((op, probability, magnitude bin of 10), (...)).
+_AA_POLICIES = {
+    "imagenet": (
+        (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)),
+        (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
+        (("Equalize", 0.8, None), ("Equalize", 0.6, None)),
+        (("Posterize", 0.6, 7), ("Posterize", 0.6, 6)),
+        (("Equalize", 0.4, None), ("Solarize", 0.2, 4)),
+        (("Equalize", 0.4, None), ("Rotate", 0.8, 8)),
+        (("Solarize", 0.6, 3), ("Equalize", 0.6, None)),
+        (("Posterize", 0.8, 5), ("Equalize", 1.0, None)),
+        (("Rotate", 0.2, 3), ("Solarize", 0.6, 8)),
+        (("Equalize", 0.6, None), ("Posterize", 0.4, 6)),
+        (("Rotate", 0.8, 8), ("Color", 0.4, 0)),
+        (("Rotate", 0.4, 9), ("Equalize", 0.6, None)),
+        (("Equalize", 0.0, None), ("Equalize", 0.8, None)),
+        (("Invert", 0.6, None), ("Equalize", 1.0, None)),
+        (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
+        (("Rotate", 0.8, 8), ("Color", 1.0, 2)),
+        (("Color", 0.8, 8), ("Solarize", 0.8, 7)),
+        (("Sharpness", 0.4, 7), ("Invert", 0.6, None)),
+        (("ShearX", 0.6, 5), ("Equalize", 1.0, None)),
+        (("Color", 0.4, 0), ("Equalize", 0.6, None)),
+        (("Equalize", 0.4, None), ("Solarize", 0.2, 4)),
+        (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
+        (("Invert", 0.6, None), ("Equalize", 1.0, None)),
+        (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
+        (("Equalize", 0.8, None), ("Equalize", 0.6, None)),
+    ),
+    "cifar10": (
+        (("Invert", 0.1, None), ("Contrast", 0.2, 6)),
+        (("Rotate", 0.7, 2), ("TranslateX", 0.3, 9)),
+        (("Sharpness", 0.8, 1), ("Sharpness", 0.9, 3)),
+        (("ShearY", 0.5, 8), ("TranslateY", 0.7, 9)),
+        (("AutoContrast", 0.5, None), ("Equalize", 0.9, None)),
+        (("ShearY", 0.2, 7), ("Posterize", 0.3, 7)),
+        (("Color", 0.4, 3), ("Brightness", 0.6, 7)),
+        (("Sharpness", 0.3, 9), ("Brightness", 0.7, 9)),
+        (("Equalize", 0.6, None), ("Equalize", 0.5, None)),
+        (("Contrast", 0.6, 7), ("Sharpness", 0.6, 5)),
+        (("Color", 0.7, 7), ("TranslateX", 0.5, 8)),
+        (("Equalize", 0.3, None), ("AutoContrast", 0.4, None)),
+        (("TranslateY", 0.4, 3), ("Sharpness", 0.2, 6)),
+        (("Brightness", 0.9, 6), ("Color", 0.2, 8)),
+        (("Solarize", 0.5, 2), ("Invert", 0.0, None)),
+        (("Equalize", 0.2, None), ("AutoContrast", 0.6, None)),
+        (("Equalize", 0.2, None), ("Equalize", 0.6, None)),
+        (("Color", 0.9, 9), ("Equalize", 0.6, None)),
+        (("AutoContrast", 0.8, None), ("Solarize", 0.2, 8)),
+        (("Brightness", 0.1, 3), ("Color", 0.7, 0)),
+        (("Solarize", 0.4, 5), ("AutoContrast", 0.9, None)),
+        (("TranslateY", 0.9, 9), ("TranslateY", 0.7, 9)),
+        (("AutoContrast", 0.9, None), ("Solarize", 0.8, 3)),
+        (("Equalize", 0.8, None), ("Invert", 0.1, None)),
+        (("TranslateY", 0.7, 9), ("AutoContrast", 0.9, None)),
+    ),
+    "svhn": (
+        (("ShearX", 0.9, 4), ("Invert", 0.2, None)),
+        (("ShearY", 0.9, 8), ("Invert", 0.7, None)),
+        (("Equalize", 0.6, None), ("Solarize", 0.6, 6)),
+        (("Invert", 0.9, None), ("Equalize", 0.6, None)),
+        (("Equalize", 0.6, None), ("Rotate", 0.9, 3)),
+        (("ShearX", 0.9, 4), ("AutoContrast", 0.8, None)),
+        (("ShearY", 0.9, 8), ("Invert", 0.4, None)),
+        (("ShearY", 0.9, 5), ("Solarize", 0.2, 6)),
+        (("Invert", 0.9, None), ("AutoContrast", 0.8, None)),
+        (("Equalize", 0.6, None), ("Rotate", 0.9, 3)),
+        (("ShearX", 0.9, 4), ("Solarize", 0.3, 3)),
+        (("ShearY", 0.8, 8), ("Invert", 0.7, None)),
+        (("Equalize", 0.9, None), ("TranslateY", 0.6, 6)),
+        (("Invert", 0.9, None), ("Equalize", 0.6, None)),
+        (("Contrast", 0.3, 3), ("Rotate", 0.8, 4)),
+        (("Invert", 0.8, None), ("TranslateY", 0.0, 2)),
+        (("ShearY", 0.7, 6), ("Solarize", 0.4, 8)),
+        (("Invert", 0.6, None), ("Rotate", 0.8, 4)),
+        (("ShearY", 0.3, 7), ("TranslateX", 0.9, 3)),
+        (("ShearX", 0.1, 6), ("Invert", 0.6, None)),
+        (("Solarize", 0.7, 2), ("TranslateY", 0.6, 7)),
+        (("ShearY", 0.8, 4), ("Invert", 0.8, None)),
+        (("ShearX", 0.7, 9), ("TranslateY", 0.8, 3)),
+        (("ShearY", 0.8, 5), ("AutoContrast", 0.7, None)),
+        (("ShearX", 0.7, 2), ("Invert", 0.1, None)),
+    ),
+}
+
+
+def magnitude_table(space: dict, num_bins: int, height: int, width: int) -> np.ndarray:
+    """float64 [len(space), num_bins]: each op's magnitudes, torchvision's float32
+    values (0 for the ops without one)."""
+    rows = []
+    for spec, _ in space.values():
+        if spec is None:
+            rows.append(torch.zeros(num_bins))
+        elif spec[0] == _LIN:
+            rows.append(torch.linspace(spec[1], spec[2], num_bins))
+        elif spec[0] == "posterize":
+            top, k = spec[1], spec[2]
+            rows.append((top - (torch.arange(num_bins) / ((num_bins - 1) / k))).round().int())
+        else:  # a translate: a fraction of the width or height
+            side = width if spec[0] == "width" else height
+            rows.append(torch.linspace(0.0, spec[1] * side, num_bins))
+    return torch.stack([r.to(torch.float32) for r in rows]).double().numpy()
+
+
+# ---------------------------------------------------------------- draws
+
+
+class PolicyDraw(NamedTuple):
+    """The ops drawn for a batch, on the CPU; ``S`` ops per image, applied in order.
+
+    ``op``: int64 [B, S], the index in the policy's ``ops`` (-1: none, for
+    AutoAugment's sub-op that its probability skipped and AugMix's steps past a
+    chain's depth); ``magnitude``: float64 [B, S], signed, the value torchvision
+    passes to the op (0 for ops without one); ``sign``: float64 [B, S], -1 or 1
+    (1 for unsigned ops); ``bin``: int64 [B, S], the magnitude bin.
+    """
+
+    op: torch.Tensor
+    magnitude: torch.Tensor
+    sign: torch.Tensor
+    bin: torch.Tensor
+
+
+class AugMixDraw(NamedTuple):
+    """AugMix's draws for a batch of B images with ``W`` chains of up to ``D`` ops.
+
+    ``chains``: a :class:`PolicyDraw` with tensors [B, W * D] (chain ``i``'s step
+    ``j`` at column ``i * D + j``; op -1 past the chain's depth); ``depth``: int64
+    [B, W]; ``weights``: float32 [B, 1 + W]: the original image's weight ``m``
+    (Beta(alpha, alpha)), then each chain's (Dirichlet(alpha) times ``1 - m``).
+    """
+
+    chains: PolicyDraw
+    depth: torch.Tensor
+    weights: torch.Tensor
+
+
+def _signed_draw(
+    space: dict,
+    table: np.ndarray,
+    op: np.ndarray,
+    bins: np.ndarray,
+    u_sign: np.ndarray,
+) -> PolicyDraw:
+    """Magnitudes and signs for ops ``op`` (int, -1 = none) at ``bins``."""
+    signed = np.array([s for _, s in space.values()] + [False])  # [-1] -> none
+    neg = signed[op] & (u_sign <= 0.5)
+    sign = np.where(neg, -1.0, 1.0)
+    mag = np.where(op >= 0, table[np.maximum(op, 0), bins], 0.0) * sign
+    return PolicyDraw(
+        torch.from_numpy(op.astype(np.int64)),
+        torch.from_numpy(mag + 0.0),  # + 0.0: no -0.0
+        torch.from_numpy(sign),
+        torch.from_numpy(bins.astype(np.int64)),
+    )
+
+
+def _randint(u: np.ndarray, n: int) -> np.ndarray:
+    """Uniform integers in [0, n) from uniform floats in [0, 1)."""
+    return np.minimum((u * n).astype(np.int64), n - 1)
+
+
+# ---------------------------------------------------------------- applying
+
+
+# The batched op each op name needs; the geometric ones are all one affine warp.
+_FAMILIES = (
+    "Identity",
+    "Affine",
+    "Brightness",
+    "Color",
+    "Contrast",
+    "Sharpness",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+)
+_AFFINE_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+_BLEND_OPS = ("Brightness", "Color", "Contrast", "Sharpness")
+_COLS = 8  # per image and op: the batch order, the op's parameter, the 2x3 affine matrix
+
+
+def _family(name: str) -> int:
+    return 1 if name in _AFFINE_OPS else _FAMILIES.index(name)
+
+
+def _inverse_affine(
+    angle: np.ndarray,
+    tx: np.ndarray,
+    ty: np.ndarray,
+    shx: np.ndarray,
+    shy: np.ndarray,
+    cx: np.ndarray,
+    cy: np.ndarray,
+) -> np.ndarray:
+    """torchvision's ``_get_inverse_affine_matrix`` (scale 1), float64 [..., 6], vectorized."""
+    rot = np.radians(angle)
+    sx = np.radians(shx)
+    sy = np.radians(shy)
+    cos_sy = np.cos(sy)
+    tan_sx = np.tan(sx)
+    rot_minus_sy = rot - sy
+    cx_plus_tx = cx + tx
+    cy_plus_ty = cy + ty
+    a = np.cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + np.sin(rot))
+    c = np.sin(rot_minus_sy) / cos_sy
+    d = np.cos(rot) - c * tan_sx
+    m0, m1, m3, m4 = d, -b, -c, a
+    m2 = cx - m0 * cx_plus_tx - m1 * cy_plus_ty
+    m5 = cy - m3 * cx_plus_tx - m4 * cy_plus_ty
+    return np.stack([m0, m1, m2, m3, m4, m5], -1)
+
+
+class _OpPlan:
+    """How a policy's op indices map to batched ops and their parameters."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        # Index -1 (no op) reads the last entry: the identity.
+        self.family = np.array([_family(n) for n in names] + [0], dtype=np.int64)
+        self.is_op = {
+            n: np.array([x == n for x in names] + [False])
+            for n in (*_AFFINE_OPS, "Posterize", "Solarize")
+        }
+        self.blend = np.array([x in _BLEND_OPS for x in names] + [False])
+
+    def params(self, op: np.ndarray, mag: np.ndarray, h: int, w: int) -> np.ndarray:
+        """float64 [..., 7]: per op, its parameter, then the 2x3 inverse affine matrix.
+
+        The parameters torchvision computes from the magnitude: ``1 + m`` for the
+        blends, ``int(m)`` bits, ``255 * m`` thresholds; the warps as
+        ``F.affine``/``F.rotate`` get them: shears of ``degrees(atan(m))`` about
+        the top-left corner, translations of ``int(m)`` pixels, rotations of
+        ``m % 360`` degrees about the centre.
+        """
+        on = self.is_op
+        p = np.where(self.blend[op], 1.0 + mag, mag)
+        p = np.where(on["Solarize"][op], 255.0 * mag, p)
+        p = np.where(on["Posterize"][op], np.trunc(mag), p)
+        zero = np.zeros_like(mag)
+        shear_deg = np.degrees(np.arctan(mag))
+        shx = np.where(on["ShearX"][op], shear_deg, zero)
+        shy = np.where(on["ShearY"][op], shear_deg, zero)
+        tx = np.where(on["TranslateX"][op], np.trunc(mag), zero)
+        ty = np.where(on["TranslateY"][op], np.trunc(mag), zero)
+        angle = np.where(on["Rotate"][op], -np.mod(mag, 360.0), zero)
+        shear = on["ShearX"][op] | on["ShearY"][op]
+        # torchvision shears with center=[0, 0]: the top-left corner, in centre coordinates.
+        cx = np.where(shear, -0.5 * w, zero)
+        cy = np.where(shear, -0.5 * h, zero)
+        theta = _inverse_affine(angle, tx, ty, shx, shy, cx, cy)
+        return np.concatenate([p[..., None], theta], -1)
+
+
+def _plan_stages(
+    plan: _OpPlan, op: np.ndarray, mag: np.ndarray, h: int, w: int
+) -> tuple[np.ndarray, list[list[tuple[int, int, int]]]]:
+    """The parameter table float64 [S, B, 8] (rows sorted by batch order per stage)
+    and, per stage, the (family, start, end) row ranges of its non-identity groups."""
+    b, s = op.shape
+    fam = plan.family[op]  # [B, S]
+    order = np.argsort(fam, axis=0, kind="stable")  # [B, S]
+    params = plan.params(op, mag, h, w)  # [B, S, 7]
+    table = np.empty((s, b, _COLS), dtype=np.float64)
+    groups = []
+    for k in range(s):
+        o = order[:, k]
+        table[k, :, 0] = o
+        table[k, :, 1:] = params[o, k]
+        counts = np.bincount(fam[:, k], minlength=len(_FAMILIES))
+        ends = np.cumsum(counts)
+        groups.append(
+            [
+                (f, int(ends[f] - counts[f]), int(ends[f]))
+                for f in range(1, len(_FAMILIES))
+                if counts[f]
+            ]
+        )
+    return table, groups
+
+
+def _run_group(
+    fam: int, x: torch.Tensor, rows: torch.Tensor, interpolation: str, fill: object
+) -> torch.Tensor:
+    """Batched op ``fam`` on images ``x`` [n, C, H, W] with their table rows [n, 8]."""
+    p = rows[:, 1]
+    if fam == 1:
+        return F._warp(x, rows[:, 2:].reshape(-1, 2, 3), interpolation, fill)
+    if fam == 2:
+        return F.adjust_brightness(x, p)
+    if fam == 3:
+        return F.adjust_saturation(x, p)
+    if fam == 4:
+        return F.adjust_contrast(x, p)
+    if fam == 5:
+        return F.adjust_sharpness(x, p)
+    if fam == 6:
+        return F.posterize(x, p)
+    if fam == 7:
+        return F.solarize(x, p)
+    if fam == 8:
+        return F.autocontrast(x)
+    if fam == 9:
+        return F.equalize(x)
+    return F.invert(x)
+
+
+def _apply_stage(
+    x: torch.Tensor,
+    table: torch.Tensor,
+    groups: list[tuple[int, int, int]],
+    interpolation: str,
+    fill: object,
+    owned: bool,
+) -> torch.Tensor:
+    """One op per image: each group's images gathered, transformed, scattered back.
+
+    ``table``: this stage's rows [B, 8] on the device; ``owned``: ``x`` may be
+    written in place (else it is copied first, if any image changes).
+    """
+    b = x.shape[0]
+    if not groups:
+        return x
+    if len(groups) == 1 and groups[0][2] - groups[0][1] == b:
+        # One op for the whole batch: no gather, and (a stable sort of equal keys) the
+        # table's rows are in batch order already.
+        return _run_group(groups[0][0], x, table, interpolation, fill)
+    order = table[:, 0].long()
+    out = x if owned else x.clone()
+    for f, start, end in groups:
+        idx = order[start:end]
+        out.index_copy_(
+            0, idx, _run_group(f, out.index_select(0, idx), table[start:end], interpolation, fill)
+        )
+    return out
+
+
+def _interp(interpolation: object) -> str:
+    mode = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear', not {interpolation!r}")
+    return mode
+
+
+def _check_fill(fill: object) -> object:
+    if fill is None or (isinstance(fill, (int, float)) and not isinstance(fill, bool)):
+        return fill
+    try:
+        return [float(v) for v in fill]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"fill must be None, a number or one number per channel, not {fill!r}"
+        ) from None
+
+
+def _check_bins(num_magnitude_bins: int) -> int:
+    if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int):
+        raise ValueError(f"num_magnitude_bins must be an int >= 2, not {num_magnitude_bins!r}")
+    if num_magnitude_bins < 2:
+        raise ValueError(f"num_magnitude_bins must be an int >= 2, not {num_magnitude_bins!r}")
+    return num_magnitude_bins
+
+
+# ---------------------------------------------------------------- modules
+
+
+class _Policy(_Transform):
+    """A policy of S ops per image, each from ``ops`` (torchvision's op names, in its order)."""
+
+    def __init__(self, space: dict, interpolation: object, fill: object) -> None:
+        super().__init__()
+        self._space = space
+        self.interpolation = _interp(interpolation)
+        self.fill = _check_fill(fill)
+        self._plan = _OpPlan(tuple(self._space))
+        self._tables: dict[tuple[int, int, int], np.ndarray] = {}
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(self._space)
+
+    def _table(self, num_bins: int, size: tuple[int, int] | None) -> np.ndarray:
+        h, w = size if size is not None else (0, 0)
+        key = (num_bins, h, w)
+        t = self._tables.get(key)
+        if t is None:
+            if len(self._tables) > 16:  # many image sizes: keep the memory bounded
+                self._tables.clear()
+            t = self._tables[key] = magnitude_table(self._space, num_bins, h, w)
+        return t
+
+    def _size(self, size: tuple[int, int] | None) -> tuple[int, int]:
+        if size is None:
+            if any(
+                spec is not None and spec[0] in ("width", "height")
+                for spec, _ in self._space.values()
+            ):
+                raise ValueError(
+                    f"{type(self).__name__}.sample needs size=(height, width): "
+                    "its translations are relative to the image size"
+                )
+            return (0, 0)
+        h, w = (int(v) for v in size)
+        return h, w
+
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        _check_images(images)
+        b, _, h, w = images.shape
+        return self.apply(images, self.sample(b, generator, size=(h, w)))
+
+    def apply(self, images: torch.Tensor, draw: PolicyDraw) -> torch.Tensor:
+        """The ops of ``draw`` (from :meth:`sample`), in order, with its signed magnitudes.
+
+        ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
+        """
+        _check_images(images)
+        op, mag = draw.op.numpy(), draw.magnitude.numpy()
+        if op.ndim != 2 or op.shape[0] != images.shape[0] or mag.shape != op.shape:
+            raise ValueError(
+                f"draw.op and draw.magnitude must be [{images.shape[0]}, S], "
+                f"not {tuple(op.shape)} and {tuple(mag.shape)}"
+            )
+        if images.shape[0] == 0 or op.shape[1] == 0:
+            return images.clone()
+        h, w = images.shape[-2:]
+        table, groups = _plan_stages(self._plan, op, mag, h, w)
+        table_dev = _to(torch.from_numpy(table), images.device)  # the one copy
+        x, owned = images, False
+        for k, stage in enumerate(groups):
+            y = _apply_stage(x, table_dev[k], stage, self.interpolation, self.fill, owned)
+            owned = owned or y is not x
+            x = y
+        return x if x is not images else images.clone()
+
+    def _repr_fields(self) -> dict[str, object]:
+        return {"interpolation": self.interpolation, "fill": self.fill}
+
+
+class TrivialAugmentWide(_Policy):
+    """TrivialAugment (wide space), per image: one op uniform over 14, one magnitude
+    bin uniform over ``num_magnitude_bins``, a random sign for the signed ops.
+
+    As ``torchvision.transforms.v2.TrivialAugmentWide``; ``interpolation``
+    ("nearest" or "bilinear") and ``fill`` (None, a number or one per channel)
+    for the geometric ops. Input and output: uint8 Tensor[B, C, H, W], same device.
+    """
+
+    def __init__(
+        self, num_magnitude_bins: int = 31, interpolation: object = "nearest", fill: object = None
+    ) -> None:
+        super().__init__(_TA_SPACE, interpolation, fill)
+        self.num_magnitude_bins = _check_bins(num_magnitude_bins)
+
+    def _repr_fields(self) -> dict[str, object]:
+        return {"num_magnitude_bins": self.num_magnitude_bins, **super()._repr_fields()}
+
+    def sample(
+        self,
+        batch: int,
+        generator: torch.Generator | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> PolicyDraw:
+        """Per image: op, bin and sign ([B, 1] each), from one draw of ``generator``."""
+        n = len(self._space)
+        u = torch.rand(batch, 3, generator=generator, dtype=torch.float64).numpy()
+        op = _randint(u[:, :1], n)
+        bins = _randint(u[:, 1:2], self.num_magnitude_bins)
+        table = self._table(self.num_magnitude_bins, self._size(size))
+        return _signed_draw(self._space, table, op, bins, u[:, 2:3])
+
+
+class RandAugment(_Policy):
+    """RandAugment, per image: ``num_ops`` ops in a row, each uniform over 14 (with
+    Identity), at the fixed bin ``magnitude`` of ``num_magnitude_bins``, each with
+    a random sign for the signed ops. As ``torchvision.transforms.v2.RandAugment``.
+    """
+
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: object = "nearest",
+        fill: object = None,
+    ) -> None:
+        super().__init__(_RA_SPACE, interpolation, fill)
+        if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
+            raise ValueError(f"num_ops must be a non-negative int, not {num_ops!r}")
+        self.num_magnitude_bins = _check_bins(num_magnitude_bins)
+        if (
+            isinstance(magnitude, bool)
+            or not isinstance(magnitude, int)
+            or not 0 <= magnitude < num_magnitude_bins
+        ):
+            raise ValueError(
+                f"magnitude must be an int bin in [0, {num_magnitude_bins}), not {magnitude!r}"
+            )
+        self.num_ops = num_ops
+        self.magnitude = magnitude
+
+    def _repr_fields(self) -> dict[str, object]:
+        return {
+            "num_ops": self.num_ops,
+            "magnitude": self.magnitude,
+            "num_magnitude_bins": self.num_magnitude_bins,
+            **super()._repr_fields(),
+        }
+
+    def sample(
+        self,
+        batch: int,
+        generator: torch.Generator | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> PolicyDraw:
+        """Per image: ``num_ops`` ops and signs ([B, num_ops] each); ``size`` (h, w)
+        sets the translations."""
+        k = self.num_ops
+        u = torch.rand(batch, 2 * k, generator=generator, dtype=torch.float64).numpy()
+        op = _randint(u[:, :k], len(self._space))
+        bins = np.full_like(op, self.magnitude)
+        table = self._table(self.num_magnitude_bins, self._size(size))
+        return _signed_draw(self._space, table, op, bins, u[:, k:])
+
+
+class AutoAugment(_Policy):
+    """AutoAugment, per image: one of the 25 sub-policies of ``policy`` ("imagenet",
+    "cifar10" or "svhn"), whose two ops each apply with their probability, at
+    their bin of 10, with a random sign for the signed ops. As
+    ``torchvision.transforms.v2.AutoAugment``.
+    """
+
+    def __init__(
+        self, policy: object = "imagenet", interpolation: object = "nearest", fill: object = None
+    ) -> None:
+        super().__init__(_AA_FULL_SPACE, interpolation, fill)
+        name = str(getattr(policy, "value", policy))  # torchvision's AutoAugmentPolicy
+        if name not in _AA_POLICIES:
+            raise ValueError(f"policy must be 'imagenet', 'cifar10' or 'svhn', not {policy!r}")
+        self.policy = name
+        names = tuple(self._space)
+        pol = _AA_POLICIES[name]
+        self._sub_op = np.array([[names.index(o) for o, _, _ in sp] for sp in pol])
+        self._sub_p = np.array([[p for _, p, _ in sp] for sp in pol])
+        self._sub_bin = np.array([[0 if m is None else m for _, _, m in sp] for sp in pol])
+
+    def _repr_fields(self) -> dict[str, object]:
+        return {"policy": self.policy, **super()._repr_fields()}
+
+    def sample(
+        self,
+        batch: int,
+        generator: torch.Generator | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> PolicyDraw:
+        """Per image: its sub-policy's two ops ([B, 2] each; -1 where skipped)."""
+        u = torch.rand(batch, 5, generator=generator, dtype=torch.float64).numpy()
+        pol = _randint(u[:, 0], len(self._sub_op))
+        applied = u[:, 1:3] <= self._sub_p[pol]
+        op = np.where(applied, self._sub_op[pol], -1)
+        bins = self._sub_bin[pol]
+        table = self._table(10, self._size(size))
+        return _signed_draw(self._space, table, op, bins, u[:, 3:5])
+
+
+class AugMix(_Policy):
+    """AugMix, per image: ``mixture_width`` chains of 1-3 ops (``chain_depth`` if > 0)
+    from the AugMix space at a bin uniform below ``severity`` (of 10), mixed with
+    Dirichlet(``alpha``) weights, then with the original image by a
+    Beta(``alpha``, ``alpha``) weight. ``all_ops`` False leaves out brightness,
+    colour, contrast and sharpness. As ``torchvision.transforms.v2.AugMix``: the
+    mix is float32 and truncated to uint8.
+    """
+
+    _PARAMETER_MAX = 10
+
+    def __init__(
+        self,
+        severity: int = 3,
+        mixture_width: int = 3,
+        chain_depth: int = -1,
+        alpha: float = 1.0,
+        all_ops: bool = True,
+        interpolation: object = "bilinear",
+        fill: object = None,
+    ) -> None:
+        super().__init__(_AUGMIX_ALL if all_ops else _AUGMIX_PARTIAL, interpolation, fill)
+        if isinstance(severity, bool) or not isinstance(severity, int):
+            raise ValueError(f"severity must be an int in [1, 10], not {severity!r}")
+        if not 1 <= severity <= self._PARAMETER_MAX:
+            raise ValueError(f"severity must be an int in [1, 10], not {severity!r}")
+        if isinstance(mixture_width, bool) or not isinstance(mixture_width, int):
+            raise ValueError(f"mixture_width must be a positive int, not {mixture_width!r}")
+        if mixture_width < 1:
+            raise ValueError(f"mixture_width must be a positive int, not {mixture_width!r}")
+        if isinstance(chain_depth, bool) or not isinstance(chain_depth, int):
+            raise ValueError(
+                f"chain_depth must be an int (<= 0: 1 to 3 at random), not {chain_depth!r}"
+            )
+        alpha = float(alpha)
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a positive number, not {alpha!r}")
+        self.severity = severity
+        self.mixture_width = mixture_width
+        self.chain_depth = chain_depth
+        self.alpha = alpha
+        self.all_ops = all_ops
+
+    def _repr_fields(self) -> dict[str, object]:
+        return {
+            "severity": self.severity,
+            "mixture_width": self.mixture_width,
+            "chain_depth": self.chain_depth,
+            "alpha": self.alpha,
+            "all_ops": self.all_ops,
+            **super()._repr_fields(),
+        }
+
+    @property
+    def max_depth(self) -> int:
+        return self.chain_depth if self.chain_depth > 0 else 3
+
+    def sample(
+        self,
+        batch: int,
+        generator: torch.Generator | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> AugMixDraw:
+        """Per image: the chains' ops, their depths and the mixing weights (:class:`AugMixDraw`)."""
+        wd, d = self.mixture_width, self.max_depth
+        conc2 = torch.full((batch, 2), self.alpha, dtype=torch.float32)
+        m = torch._sample_dirichlet(conc2, generator=generator)
+        concw = torch.full((batch, wd), self.alpha, dtype=torch.float32)
+        w = torch._sample_dirichlet(concw, generator=generator) * m[:, 1:]
+        u = torch.rand(batch, wd * (1 + 3 * d), generator=generator, dtype=torch.float64).numpy()
+        if self.chain_depth > 0:
+            depth = np.full((batch, wd), self.chain_depth, dtype=np.int64)
+        else:
+            depth = 1 + _randint(u[:, :wd], 3)
+        steps = np.arange(d)
+        live = (steps[None, None, :] < depth[:, :, None]).reshape(batch, wd * d)
+        u_op, u_bin, u_sign = np.split(u[:, wd:], 3, axis=1)
+        op = np.where(live, _randint(u_op, len(self._space)), -1)
+        bins = _randint(u_bin, self.severity)
+        table = self._table(self._PARAMETER_MAX, self._size(size))
+        chains = _signed_draw(self._space, table, op, bins, u_sign)
+        return AugMixDraw(chains, torch.from_numpy(depth), torch.cat([m[:, :1], w], 1))
+
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        _check_images(images)
+        b, _, h, w = images.shape
+        return self.apply(images, self.sample(b, generator, size=(h, w)))
+
+    def apply(self, images: torch.Tensor, draw: AugMixDraw) -> torch.Tensor:
+        """The chains and weights of ``draw`` (from :meth:`sample`) applied and mixed.
+
+        ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
+        """
+        _check_images(images)
+        wd, d = self.mixture_width, self.max_depth
+        b, _, h, w = images.shape
+        op, mag = draw.chains.op.numpy(), draw.chains.magnitude.numpy()
+        if op.shape != (b, wd * d) or draw.weights.shape != (b, 1 + wd):
+            raise ValueError(
+                f"draw must hold [{b}, {wd * d}] chain ops and [{b}, {1 + wd}] weights, "
+                f"not {tuple(op.shape)} and {tuple(draw.weights.shape)}"
+            )
+        if b == 0:
+            return images.clone()
+        table, groups = _plan_stages(self._plan, op, mag, h, w)
+        # One copy for the ops' parameters and the mixing weights.
+        flat = np.concatenate([table.ravel(), draw.weights.double().numpy().ravel()])
+        flat_dev = _to(torch.from_numpy(flat), images.device)
+        table_dev = flat_dev[: table.size].view(table.shape)
+        weights = flat_dev[table.size :].view(-1, 1 + wd).float()
+        mix = images * weights[:, 0, None, None, None]  # float32, as torchvision
+        for i in range(wd):
+            x, owned = images, False
+            for j in range(d):
+                k = i * d + j
+                y = _apply_stage(x, table_dev[k], groups[k], self.interpolation, self.fill, owned)
+                owned = owned or y is not x
+                x = y
+            mix.add_(weights[:, 1 + i, None, None, None] * x)
+        return mix.to(torch.uint8)
