@@ -245,8 +245,8 @@ def test_apply_groups_gives_each_image_its_groups_op(images: torch.Tensor) -> No
     [
         (lambda x: F.adjust_brightness(x, -0.5), "brightness factor must be at least 0"),
         (lambda x: F.adjust_saturation(x, torch.tensor([1.0, 2.0])), r"must be a tensor \[6\]"),
-        (lambda x: F.adjust_hue(x, 0.7), r"hue factor must lie in \[-0.5, 0.5\]"),
-        (lambda x: F.posterize(x, 9), r"bits must lie in \[0, 8\]"),
+        (lambda x: F.adjust_hue(x, 0.7), "hue factor must be at most 0.5"),
+        (lambda x: F.posterize(x, 9), "bits must be at most 8"),
         (lambda x: F.solarize(x, 300.0), "threshold must be at most 255"),
         (lambda x: F.gaussian_blur(x, 4, 1.0), "kernel_size must be odd"),
         (lambda x: F.gaussian_blur(x, 3, 0.0), "sigma must be positive"),
