@@ -121,7 +121,10 @@ _CONSTANTS: dict[tuple, torch.Tensor] = {}
 
 
 def _constant(key: tuple, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """A small constant tensor on ``device``, made once (kernels, tables, base grids)."""
+    """A small constant tensor on ``device``, made once (kernels, tables, base grids).
+
+    ``make`` builds it on the device or copies it there with ``_to``: a plain copy
+    from pageable memory would make the host wait."""
     key = (*key, device)
     t = _CONSTANTS.get(key)
     if t is None:
@@ -332,7 +335,7 @@ def _hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
     i.remainder_(6)
     vpqt = torch.stack((v, p, q, t), dim=-3)
     dev = img.device
-    select = _constant(("hsv",), dev, lambda: torch.tensor(_HSV_SELECT, device=dev))
+    select = _constant(("hsv",), dev, lambda: _to(torch.tensor(_HSV_SELECT), dev))
     return vpqt.gather(-3, select[:, i].moveaxis(0, -3))
 
 
@@ -356,7 +359,7 @@ def adjust_hue(img: torch.Tensor, hue_factor: Param) -> torch.Tensor:
 
 def _smooth_kernel(device: torch.device) -> torch.Tensor:
     a, m = 1.0 / 13.0, 5.0 / 13.0
-    return torch.tensor(((a, a, a), (a, m, a), (a, a, a)), dtype=torch.float32, device=device)
+    return _to(torch.tensor(((a, a, a), (a, m, a), (a, a, a)), dtype=torch.float32), device)
 
 
 def adjust_sharpness(img: torch.Tensor, factor: Param) -> torch.Tensor:
@@ -663,7 +666,7 @@ def _warp(
         rows[:, 1] /= np.float32(0.5 * h)
     else:
         rows = torch.stack([theta[:, 0] / (0.5 * w), theta[:, 1] / (0.5 * h)], 1)
-    rows, fills_dev = _send(dev, torch.float32, rows, fills if fills is not None else np.zeros(0))
+    rows, *fills_dev = _send(dev, torch.float32, rows, *(() if fills is None else (fills,)))
     # [H*W, 3] @ [B, 3, 2] as torchvision's bmm (the base shared, not copied): grid [B, H, W, 2].
     base = _base_grid(h, w, dev).expand(b, h * w, 3)
     grid = torch.bmm(base, rows.transpose(1, 2)).view(b, h, w, 2)
@@ -679,7 +682,7 @@ def _warp(
     x = nnf.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
     if use_mask:
         x, mask = x[:, :c], x[:, c:]
-        f = fills_dev.view(-1, c, 1, 1)
+        f = fills_dev[0].view(-1, c, 1, 1)
         # torchvision's rule: nearest takes the fill where the ones channel fell
         # below one half; bilinear blends, (sample - fill) * mask + fill.
         nearest = mode == "nearest"
@@ -735,7 +738,7 @@ def erase(
             v = _constant(
                 ("fill", vals, img.dtype),
                 dev,
-                lambda: torch.tensor(vals, dtype=img.dtype, device=dev).view(1, c, 1, 1),
+                lambda: _to(torch.tensor(vals, dtype=img.dtype).view(1, c, 1, 1), dev),
             )
     if boxes.device.type == "cpu":
         # Row and column masks on the host, one small copy: no index arithmetic on the device.
