@@ -474,23 +474,19 @@ def gaussian_blur(
         return img
     (s,) = _send(img.device, torch.float32, s)
     s = s if s.ndim == 2 else s[:, None].expand(b, 2)
-    x = img.to(torch.float32)
-    for dim, k in ((-1, kx), (-2, ky)):
+    # One reflect pad of the uint8 images for both passes (padding rows, then
+    # filtering along them, equals filtering then padding), one float32 copy.
+    x = nnf.pad(img, (kx // 2, kx // 2, ky // 2, ky // 2), mode="reflect").to(torch.float32)
+    x = x.view(1, b * c, *x.shape[-2:])
+    for axis, k, shape in ((0, kx, (1, kx)), (1, ky, (ky, 1))):  # x (sigma[:, 0]), then y
         if k == 1:
             continue
         lim = (k - 1) / (2.0 * math.sqrt(2.0))
         lin = torch.linspace(-lim, lim, steps=k, dtype=torch.float32, device=img.device)
-        sig = s[:, 0 if dim == -1 else 1]
-        weight = torch.softmax(lin.div(sig[:, None]).pow(2).neg(), dim=1)  # [B, k]
-        weight = weight[:, None].expand(b, c, k).reshape(b * c, k)
-        if dim == -1:
-            x = nnf.pad(x, (k // 2, k // 2, 0, 0), mode="reflect")
-            weight = weight.view(b * c, 1, 1, k)
-        else:
-            x = nnf.pad(x, (0, 0, k // 2, k // 2), mode="reflect")
-            weight = weight.view(b * c, 1, k, 1)
-        x = nnf.conv2d(x.reshape(1, b * c, *x.shape[-2:]), weight, groups=b * c)
-        x = x.view(b, c, *x.shape[-2:])
+        weight = torch.softmax(lin.div(s[:, axis, None]).pow(2).neg(), dim=1)  # [B, k]
+        weight = weight[:, None].expand(b, c, k).reshape(b * c, 1, *shape)
+        x = nnf.conv2d(x, weight, groups=b * c)
+    x = x.view(b, c, h, w)
     return x.round_().to(torch.uint8)
 
 
