@@ -218,6 +218,8 @@ def test_bad_arguments_raise_value_error() -> None:
         MixUp(1.0, 3)(x, torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="soft labels have 5 classes, num_classes is 3"):
         CutMix(1.0, 3)(x, torch.zeros(4, 5))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\), not 3"):
+        CutMix(1.0, 3, mode="elem")(x, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match="1-D labels must be integer"):
         MixUp(1.0, 3)(x, torch.zeros(4))
     with pytest.raises(ValueError, match="images must be a batch"):
