@@ -9,14 +9,16 @@ op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
 (RandAugment), the sign negative where a uniform draw is <= 0.5 for the signed
 ops. :meth:`sample` returns the draws (a :class:`PolicyDraw`).
 
-Pixels: the draws of a batch are drawn on the CPU in one call to ``generator``,
-turned into per-image parameters with numpy (the affine matrices of the
-geometric ops in float64, as torchvision computes them), and sent to the device
-in one copy. Then images are grouped by the batched op of
-:mod:`packer.imaging.functional` they need: all geometric ops (shear, translate,
-rotate) are one affine warp, and each colour op is one call, each on its images
-only (``index_select``, then ``index_copy`` back). A batch costs one call per op
-present, whatever its size: about ten for TrivialAugmentWide.
+Pixels: a batch's draws come from ``generator`` on the CPU in one call (AugMix:
+three), become per-image parameters in numpy (the geometric ops' affine matrices
+in float64, as torchvision computes them), and the batch's gathers go to the
+device in one copy. Images are grouped by the batched op of
+:mod:`packer.imaging.functional` they need: the five geometric ops (shear,
+translate, rotate) are one affine warp, each colour op one call. Per op stage:
+one gather puts the images in op order, each op runs once on its contiguous
+slice, one ``cat`` joins them; one gather restores the batch order at the end.
+A batch costs one call per op present, whatever its size: at most ten for
+TrivialAugmentWide. On the CPU, outputs equal torchvision's image by image.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from . import functional as F
 
 # ---------------------------------------------------------------- op spaces
 
-# (start, end) of a linspace over the bins, the string "posterize(k)" for
-# torchvision's 8 - arange / ((bins - 1) / k) table (or "posterize4" for
-# AugMix's 4 - ...), a size-relative translate, or None: no magnitude.
+# Per op name, (magnitudes, signed), the magnitudes over the bins being: ("lin", a, b)
+# torchvision's linspace(a, b); ("posterize", top, k) its (top - arange / ((bins - 1)
+# / k)).round(); ("width" or "height", f) linspace(0, f * side); None: no magnitude.
 _LIN = "lin"
 
 
