@@ -151,15 +151,15 @@ class RandomErasing(_Transform):
         seed = None
         if self.value == "random":  # drawn whatever the coins say: a fixed number of draws
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        idx = erase.nonzero().view(-1)
+        idx = np.flatnonzero(erase.numpy())
         n = len(idx)
         if n == 0:
             return images
         dev = images.device
-        idx_dev = _to(idx, dev)
+        idx_dev = _to(torch.from_numpy(idx), dev)
         sub = images if n == b else images.index_select(0, idx_dev)
         value = self.value if seed is None else _noise(sub, seed)
-        out = F.erase(sub, boxes[idx], value)
+        out = F.erase(sub, torch.from_numpy(boxes.numpy()[idx]), value)
         if not self.inplace:
             return out if n == b else images.index_copy(0, idx_dev, out)
         return images.copy_(out) if n == b else images.index_copy_(0, idx_dev, out)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as nnf
 
@@ -34,6 +35,7 @@ Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None
 
 _INTERPOLATIONS = ("nearest", "bilinear")
+_NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8}
 
 
 # ---------------------------------------------------------------- parameters
@@ -46,44 +48,90 @@ def _check(img: torch.Tensor, name: str, channels: tuple[int, ...] = (1, 3)) -> 
         raise ValueError(f"{name} takes {allowed} channels, not {img.shape[1]}")
 
 
-def _per_image(
-    x: Param, b: int, name: str, width: int = 0, minimum: float | None = None
-) -> torch.Tensor:
-    """``x`` as a tensor [b] (``width`` 0) or [b, width], on its own device.
+def _param(
+    x: Param | Sequence[float],
+    b: int,
+    name: str,
+    width: int = 0,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> np.ndarray | torch.Tensor:
+    """A per-image parameter: float64 numpy [b] (``width`` 0) or [b, width] when it is
+    on the host (a number, numbers, a CPU tensor), checked against [lo, hi]; a device
+    tensor as it is (only its shape checked: its values would make the host wait).
 
-    Python numbers become float64 CPU tensors (what torchvision computes with);
-    a CPU tensor's values are checked against ``minimum`` (cheap, no device
-    involved); a device tensor is taken as it is.
+    Host values stay in numpy until one copy takes them all to the device: each
+    torch call on a tiny CPU tensor costs the host microseconds.
     """
     shape = (b,) if width == 0 else (b, width)
-    if not isinstance(x, torch.Tensor):
-        try:
-            x = torch.tensor(x, dtype=torch.float64)
-        except (TypeError, ValueError):
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        if x.ndim == 0 or (width and tuple(x.shape) == (width,)):
+            x = x.expand(shape)
+        if tuple(x.shape) != shape:
             raise ValueError(
-                f"{name} must be a number or a tensor {list(shape)}, not {x!r}"
-            ) from None
-    if x.ndim == 0 or (width and x.shape == (width,)):
-        x = x.expand(shape)
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must be a tensor {list(shape)}, not of shape {tuple(x.shape)}")
-    if minimum is not None and x.device.type == "cpu" and x.numel() and bool((x < minimum).any()):
-        raise ValueError(f"{name} must be at least {minimum}, not {x.min().item()}")
-    return x
+                f"{name} must be a tensor {list(shape)}, not of shape {tuple(x.shape)}"
+            )
+        return x
+    try:
+        a = np.asarray(x.detach().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or a tensor {list(shape)}, not {x!r}") from None
+    if a.ndim == 0 or (width and a.shape == (width,)):
+        full = np.empty(shape)
+        full[...] = a  # cheaper than np.broadcast_to for these tiny arrays
+        a = full
+    if a.shape != shape:
+        raise ValueError(f"{name} must be a tensor {list(shape)}, not of shape {a.shape}")
+    if a.size and lo is not None and a.min() < lo:
+        raise ValueError(f"{name} must be at least {lo}, not {a.min()}")
+    if a.size and hi is not None and a.max() > hi:
+        raise ValueError(f"{name} must be at most {hi}, not {a.max()}")
+    return a
 
 
-def _column(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A per-image [B] tensor as [B, 1, 1, 1] of ``dtype`` on ``device`` (no host wait)."""
-    if x.device.type == "cpu":
-        x = x.to(dtype).contiguous()
-    return _to(x, device).to(dtype).view(-1, 1, 1, 1)
+def _send(
+    device: torch.device, dtype: torch.dtype, *params: np.ndarray | torch.Tensor
+) -> list[torch.Tensor]:
+    """Each parameter as ``dtype`` on ``device``, the host ones in one non-blocking copy."""
+    host = [p for p in params if isinstance(p, np.ndarray)]
+    if len(host) == 1:
+        flat = np.asarray(host[0], dtype=_NUMPY[dtype]).ravel()
+    elif host:
+        flat = np.concatenate([np.asarray(p, dtype=_NUMPY[dtype]).ravel() for p in host])
+    if host:
+        buf = _to(torch.from_numpy(flat), device)
+    out, start = [], 0
+    for p in params:
+        if isinstance(p, np.ndarray):
+            out.append(buf[start : start + p.size].view(p.shape))
+            start += p.size
+        else:
+            out.append(p.to(device=device, dtype=dtype))
+    return out
 
 
-def _ratio(x: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(factor, 1 - factor), each float32 [B, 1, 1, 1]: ``1 - factor`` computed in the
-    factor's own precision first, as torchvision computes ``1.0 - ratio`` in Python."""
-    x = x if x.is_floating_point() else x.to(torch.float64)
-    return _column(x, device, torch.float32), _column(1.0 - x, device, torch.float32)
+def _ratio(f: np.ndarray | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(factor, 1 - factor), each float32 [B, 1, 1, 1] on ``device``: ``1 - factor``
+    computed in float64 first, as torchvision computes ``1.0 - ratio`` in Python."""
+    r, omr = _send(device, torch.float32, f, 1.0 - f)
+    return r.view(-1, 1, 1, 1), omr.view(-1, 1, 1, 1)
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _constant(key: tuple, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A small constant tensor on ``device``, made once (kernels, tables, base grids).
+
+    ``make`` builds it on the device or copies it there with ``_to``: a plain copy
+    from pageable memory would make the host wait."""
+    key = (*key, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) >= 64:  # many image sizes: start over rather than grow
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = make()
+    return t
 
 
 def where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -114,19 +162,18 @@ def apply_to(
     unchanged; the result is a new tensor unless no image was chosen.
     """
     b = img.shape[0]
-    if mask.shape != (b,):
-        raise ValueError(f"mask must be a bool tensor [{b}], not of shape {tuple(mask.shape)}")
-    mask = mask.to(torch.bool)
+    if not isinstance(mask, torch.Tensor) or mask.shape != (b,):
+        raise ValueError(f"mask must be a bool tensor [{b}]")
     if mask.device.type != "cpu":
         return where(mask, fn(img, *params), img)
-    n = int(mask.sum())
-    if n == 0:
+    idx = np.flatnonzero(mask.numpy())
+    if len(idx) == 0:
         return img
-    if n == b:
+    if len(idx) == b:
         return fn(img, *params)
-    idx = mask.nonzero().view(-1)
-    idx_dev = _to(idx, img.device)
-    out = fn(img.index_select(0, idx_dev), *_take(params, idx, idx_dev))
+    idx_cpu = torch.from_numpy(idx)
+    idx_dev = _to(idx_cpu, img.device)
+    out = fn(img.index_select(0, idx_dev), *_take(params, idx_cpu, idx_dev))
     return img.index_copy(0, idx_dev, out)
 
 
@@ -156,15 +203,15 @@ def apply_groups(
     b = img.shape[0]
     if not isinstance(group, torch.Tensor) or group.shape != (b,) or group.device.type != "cpu":
         raise ValueError(f"group must be an int CPU tensor [{b}]")
-    group = group.to(torch.int64)
-    if b and (int(group.min()) < 0 or int(group.max()) >= len(fns)):
-        raise ValueError(f"group values must lie in [0, {len(fns)}), not {group.tolist()}")
-    counts = torch.bincount(group, minlength=len(fns)).tolist()
+    g = group.numpy().astype(np.int64, copy=False)
+    if b and (g.min() < 0 or g.max() >= len(fns)):
+        raise ValueError(f"group values must lie in [0, {len(fns)}), not {g.min()}..{g.max()}")
+    counts = np.bincount(g, minlength=len(fns)).tolist()
     present = [k for k, n in enumerate(counts) if n]
     if len(present) <= 1:
         fn = fns[present[0]] if present else None
         return img if fn is None else fn(img, *params)
-    order = torch.argsort(group, stable=True)
+    order = torch.from_numpy(np.argsort(g, kind="stable"))
     order_dev = _to(order, img.device)
     out = img.clone() if any(fns[k] is None for k in present) else torch.empty_like(img)
     start = 0
@@ -217,8 +264,9 @@ def adjust_brightness(img: torch.Tensor, factor: Param) -> torch.Tensor:
     ``factor``: Tensor[B] (or a number) >= 0; 1 keeps the image.
     """
     _check(img, "adjust_brightness")
-    f = _per_image(factor, img.shape[0], "brightness factor", minimum=0)
-    out = torch.mul(img, _column(f, img.device, torch.float32))
+    f = _param(factor, img.shape[0], "brightness factor", lo=0)
+    (col,) = _send(img.device, torch.float32, f)
+    out = torch.mul(img, col.view(-1, 1, 1, 1))
     return out.clamp_(0, 255).to(torch.uint8)
 
 
@@ -229,7 +277,7 @@ def adjust_saturation(img: torch.Tensor, factor: Param) -> torch.Tensor:
     1-channel image comes back as it is (torchvision, after PIL).
     """
     _check(img, "adjust_saturation")
-    f = _per_image(factor, img.shape[0], "saturation factor", minimum=0)
+    f = _param(factor, img.shape[0], "saturation factor", lo=0)
     if img.shape[1] == 1:
         return img
     r, omr = _ratio(f, img.device)
@@ -242,7 +290,7 @@ def adjust_contrast(img: torch.Tensor, factor: Param) -> torch.Tensor:
     ``factor``: Tensor[B] (or a number) >= 0; 0 gives a flat grey, 1 the image.
     """
     _check(img, "adjust_contrast")
-    f = _per_image(factor, img.shape[0], "contrast factor", minimum=0)
+    f = _param(factor, img.shape[0], "contrast factor", lo=0)
     gray = _gray(img).floor_() if img.shape[1] == 3 else img.to(torch.float32)
     mean = gray.mean(dim=(-3, -2, -1), keepdim=True)
     r, omr = _ratio(f, img.device)
@@ -286,9 +334,9 @@ def _hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
     p = one_minus_s.mul_(v).clamp_(0.0, 1.0)
     i.remainder_(6)
     vpqt = torch.stack((v, p, q, t), dim=-3)
-    select = torch.tensor(_HSV_SELECT, dtype=torch.int64)
-    select = _to(select, img.device)[:, i].moveaxis(0, -3)
-    return vpqt.gather(-3, select)
+    dev = img.device
+    select = _constant(("hsv",), dev, lambda: _to(torch.tensor(_HSV_SELECT), dev))
+    return vpqt.gather(-3, select[:, i].moveaxis(0, -3))
 
 
 def adjust_hue(img: torch.Tensor, hue_factor: Param) -> torch.Tensor:
@@ -298,19 +346,20 @@ def adjust_hue(img: torch.Tensor, hue_factor: Param) -> torch.Tensor:
     ``* (256 - 1e-3)`` truncated). A 1-channel image comes back as it is.
     """
     _check(img, "adjust_hue")
-    f = _per_image(hue_factor, img.shape[0], "hue factor", minimum=-0.5)
-    if f.device.type == "cpu" and f.numel() and bool((f > 0.5).any()):
-        raise ValueError(f"hue factor must lie in [-0.5, 0.5], not {f.max().item()}")
+    f = _param(hue_factor, img.shape[0], "hue factor", lo=-0.5, hi=0.5)
     if img.shape[1] == 1 or img.numel() == 0:
         return img
     x = img.to(torch.float32).mul_(1.0 / 255)
     h, s, v = _rgb_to_hsv(x).unbind(dim=-3)
-    h = h.add_(_column(f, img.device, torch.float32)[:, 0]).remainder_(1.0)
+    (shift,) = _send(img.device, torch.float32, f)
+    h = h.add_(shift.view(-1, 1, 1)).remainder_(1.0)
     rgb = _hsv_to_rgb(torch.stack((h, s, v), dim=-3))
     return rgb.mul_(255 + 1.0 - 1e-3).to(torch.uint8)
 
 
-_SHARPEN = ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0))
+def _smooth_kernel(device: torch.device) -> torch.Tensor:
+    a, m = 1.0 / 13.0, 5.0 / 13.0
+    return _to(torch.tensor(((a, a, a), (a, m, a), (a, a, a)), dtype=torch.float32), device)
 
 
 def adjust_sharpness(img: torch.Tensor, factor: Param) -> torch.Tensor:
@@ -322,16 +371,15 @@ def adjust_sharpness(img: torch.Tensor, factor: Param) -> torch.Tensor:
     """
     _check(img, "adjust_sharpness")
     b, c, h, w = img.shape
-    f = _per_image(factor, b, "sharpness factor", minimum=0)
+    f = _param(factor, b, "sharpness factor", lo=0)
     if img.numel() == 0 or h <= 2 or w <= 2:
         return img
-    a, m = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor(((a, a, a), (a, m, a), (a, a, a)), dtype=torch.float32)
-    kernel = _to(kernel, img.device).expand(c, 1, 3, 3)
+    dev = img.device
+    kernel = _constant(("smooth",), dev, lambda: _smooth_kernel(dev)).expand(c, 1, 3, 3)
     out = img.to(torch.float32)
     blurred = nnf.conv2d(out, kernel, groups=c).round_()
     view = out[..., 1:-1, 1:-1]
-    _, omr = _ratio(f, img.device)
+    _, omr = _ratio(f, dev)
     view.addcmul_(blurred.sub_(view), omr)
     return out.clamp_(0, 255).to(torch.uint8)
 
@@ -339,21 +387,22 @@ def adjust_sharpness(img: torch.Tensor, factor: Param) -> torch.Tensor:
 def posterize(img: torch.Tensor, bits: Param) -> torch.Tensor:
     """Keep the ``bits`` (0 to 8, an int Tensor[B] or an int) high bits of every value."""
     _check(img, "posterize")
-    nb = _per_image(bits, img.shape[0], "bits", minimum=0)
-    if nb.device.type == "cpu" and nb.numel() and bool((nb > 8).any()):
-        raise ValueError(f"bits must lie in [0, 8], not {nb.max().item()}")
-    nb = _column(nb, img.device, torch.int32)
-    mask = (256 - torch.bitwise_left_shift(torch.ones_like(nb), 8 - nb)).to(torch.uint8)
-    return img & mask
+    nb = _param(bits, img.shape[0], "bits", lo=0, hi=8)
+    if isinstance(nb, np.ndarray):
+        keep = 256 - np.left_shift(1, 8 - nb.astype(np.int64))  # 0 bits: 0; 8 bits: 255
+    else:
+        nb = nb.to(torch.int32)
+        keep = 256 - torch.bitwise_left_shift(torch.ones_like(nb), 8 - nb)
+    (mask,) = _send(img.device, torch.uint8, keep)
+    return img & mask.view(-1, 1, 1, 1)
 
 
 def solarize(img: torch.Tensor, threshold: Param) -> torch.Tensor:
     """Invert the values >= ``threshold`` (Tensor[B] or a number, compared in float32)."""
     _check(img, "solarize")
-    t = _per_image(threshold, img.shape[0], "threshold")
-    if t.device.type == "cpu" and t.numel() and bool((t > 255).any()):
-        raise ValueError(f"threshold must be at most 255, not {t.max().item()}")
-    return torch.where(img >= _column(t, img.device, torch.float32), img.bitwise_not(), img)
+    t = _param(threshold, img.shape[0], "threshold", hi=255)
+    (col,) = _send(img.device, torch.float32, t)
+    return torch.where(img >= col.view(-1, 1, 1, 1), img.bitwise_not(), img)
 
 
 def invert(img: torch.Tensor) -> torch.Tensor:
@@ -368,8 +417,8 @@ def autocontrast(img: torch.Tensor) -> torch.Tensor:
     if img.numel() == 0:
         return img
     x = img.to(torch.float32)
-    lo = x.amin(dim=(-2, -1), keepdim=True)
-    hi = x.amax(dim=(-2, -1), keepdim=True)
+    lo, hi = torch.aminmax(x.flatten(-2), dim=-1)
+    lo, hi = lo[..., None, None], hi[..., None, None]
     flat = hi == lo
     # torchvision's masked assignment, as a select: boolean indexing waits for the device.
     inv_scale = torch.where(flat, 1.0, hi.sub_(lo).mul_(1.0 / 255))
@@ -400,7 +449,7 @@ def equalize(img: torch.Tensor) -> torch.Tensor:
 
 
 def gaussian_blur(
-    img: torch.Tensor, kernel_size: int | Sequence[int], sigma: Param
+    img: torch.Tensor, kernel_size: int | Sequence[int], sigma: Param | Sequence[float]
 ) -> torch.Tensor:
     """Gaussian blur with a per-image sigma, reflect-padded, as torchvision's.
 
@@ -416,32 +465,28 @@ def gaussian_blur(
         if isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 2 == 0:
             raise ValueError(f"kernel_size must be odd and positive, not {kernel_size!r}")
     b, c, h, w = img.shape
-    s = _per_image(sigma, b, "sigma", width=2 if _is_pair(sigma) else 0)
-    if s.device.type == "cpu" and s.numel() and bool((s <= 0).any()):
-        raise ValueError(f"sigma must be positive, not {s.min().item()}")
+    s = _param(sigma, b, "sigma", width=2 if _is_pair(sigma) else 0)
+    if isinstance(s, np.ndarray) and s.size and s.min() <= 0:
+        raise ValueError(f"sigma must be positive, not {s.min()}")
     if kx // 2 >= w or ky // 2 >= h:
         raise ValueError(f"kernel_size {kernel_size!r} is too large for {h}x{w} images")
     if img.numel() == 0:
         return img
+    (s,) = _send(img.device, torch.float32, s)
     s = s if s.ndim == 2 else s[:, None].expand(b, 2)
-    s = _to(s.to(torch.float32) if s.device.type == "cpu" else s, img.device).to(torch.float32)
-    x = img.to(torch.float32)
-    for dim, k in ((-1, kx), (-2, ky)):
+    # One reflect pad of the uint8 images for both passes (padding rows, then
+    # filtering along them, equals filtering then padding), one float32 copy.
+    x = nnf.pad(img, (kx // 2, kx // 2, ky // 2, ky // 2), mode="reflect").to(torch.float32)
+    x = x.view(1, b * c, *x.shape[-2:])
+    for axis, k, shape in ((0, kx, (1, kx)), (1, ky, (ky, 1))):  # x (sigma[:, 0]), then y
         if k == 1:
             continue
         lim = (k - 1) / (2.0 * math.sqrt(2.0))
         lin = torch.linspace(-lim, lim, steps=k, dtype=torch.float32, device=img.device)
-        sig = s[:, 0 if dim == -1 else 1]
-        weight = torch.softmax(lin.div(sig[:, None]).pow(2).neg(), dim=1)  # [B, k]
-        weight = weight[:, None].expand(b, c, k).reshape(b * c, k)
-        if dim == -1:
-            x = nnf.pad(x, (k // 2, k // 2, 0, 0), mode="reflect")
-            weight = weight.view(b * c, 1, 1, k)
-        else:
-            x = nnf.pad(x, (0, 0, k // 2, k // 2), mode="reflect")
-            weight = weight.view(b * c, 1, k, 1)
-        x = nnf.conv2d(x.reshape(1, b * c, *x.shape[-2:]), weight, groups=b * c)
-        x = x.view(b, c, *x.shape[-2:])
+        weight = torch.softmax(lin.div(s[:, axis, None]).pow(2).neg(), dim=1)  # [B, k]
+        weight = weight[:, None].expand(b, c, k).reshape(b * c, 1, *shape)
+        x = nnf.conv2d(x, weight, groups=b * c)
+    x = x.view(b, c, h, w)
     return x.round_().to(torch.uint8)
 
 
@@ -460,55 +505,34 @@ def _interpolation(mode: object) -> str:
     return mode
 
 
-def _fill_values(fill: Fill, b: int, c: int) -> tuple[torch.Tensor | None, bool]:
-    """``fill`` as float32 [1 or B, C, 1, 1] (CPU or device), and whether it is all zeros
-    as far as the host knows without asking the device."""
-    if fill is None:
-        return None, False
-    if isinstance(fill, torch.Tensor):
-        t = fill
-    else:
-        vals = [float(fill)] if isinstance(fill, (int, float)) else [float(v) for v in fill]
-        t = torch.tensor(vals, dtype=torch.float32)
-    if t.ndim == 0 or (t.ndim == 1 and t.shape[0] in (1, c)):
-        t = t.reshape(1, -1).expand(1, c)
-    elif not (t.ndim == 2 and t.shape[0] == b and t.shape[1] in (1, c)):
-        raise ValueError(f"fill must be a number, {c} numbers or a tensor [{b}, {c}], not {fill!r}")
-    zero = t.device.type == "cpu" and not bool(t.any())
-    return t.to(torch.float32).expand(-1, c).reshape(-1, c, 1, 1), zero
-
-
-def affine_matrix(
-    angle: torch.Tensor,
-    translate: torch.Tensor,
-    scale: torch.Tensor,
-    shear: torch.Tensor,
-    center: torch.Tensor,
-) -> torch.Tensor:
+def affine_matrix(angle, translate, scale, shear, center):  # -> same kind as the inputs
     """torchvision's inverse affine matrices (output pixel -> input pixel), [B, 2, 3].
 
-    ``angle`` [B] degrees clockwise, ``translate`` [B, 2] (tx, ty) pixels, ``scale``
-    [B], ``shear`` [B, 2] (x, y) degrees, ``center`` [B, 2] relative to the image
-    centre. ``M = T C R S SHy SHx C^-1``, inverted in closed form; computed in the
-    inputs' dtype (float64 for Python numbers, as torchvision's ``math``).
+    Inputs all numpy float64 arrays or all tensors: ``angle`` [B] degrees
+    clockwise, ``translate`` [B, 2] (tx, ty) pixels, ``scale`` [B], ``shear``
+    [B, 2] (x, y) degrees, ``center`` [B, 2] relative to the image centre.
+    ``M = T C R S SHy SHx C^-1``, inverted in closed form as
+    ``_get_inverse_affine_matrix`` does, in the inputs' precision (float64 for
+    host values, as torchvision's ``math``).
     """
-    rot = torch.deg2rad(angle)
-    sx, sy = torch.deg2rad(shear).unbind(-1)
-    cx, cy = center.unbind(-1)
-    tx, ty = translate.unbind(-1)
-    cos_sy = torch.cos(sy)
-    tan_sx = torch.tan(sx)
+    xp = np if isinstance(angle, np.ndarray) else torch
+    rot = xp.deg2rad(angle)
+    sx, sy = xp.deg2rad(shear[..., 0]), xp.deg2rad(shear[..., 1])
+    cx, cy = center[..., 0], center[..., 1]
+    tx, ty = translate[..., 0], translate[..., 1]
+    cos_sy = xp.cos(sy)
+    tan_sx = xp.tan(sx)
     rot_minus_sy = rot - sy
     cx_plus_tx = cx + tx
     cy_plus_ty = cy + ty
-    a = torch.cos(rot_minus_sy) / cos_sy
-    b = -(a * tan_sx + torch.sin(rot))
-    c = torch.sin(rot_minus_sy) / cos_sy
-    d = torch.cos(rot) - c * tan_sx
+    a = xp.cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + xp.sin(rot))
+    c = xp.sin(rot_minus_sy) / cos_sy
+    d = xp.cos(rot) - c * tan_sx
     m0, m1, m3, m4 = d / scale, -b / scale, -c / scale, a / scale
     m2 = cx - m0 * cx_plus_tx - m1 * cy_plus_ty
     m5 = cy - m3 * cx_plus_tx - m4 * cy_plus_ty
-    return torch.stack([m0, m1, m2, m3, m4, m5], -1).view(-1, 2, 3)
+    return xp.stack([m0, m1, m2, m3, m4, m5], -1).reshape(-1, 2, 3)
 
 
 def affine(
@@ -528,12 +552,12 @@ def affine(
       angle: clockwise degrees, Tensor[B] or a number.
       translate: (tx, ty) pixels, Tensor[B, 2], a pair, or 0.
       scale: Tensor[B] or a number, > 0.
-      shear: (x, y) degrees, Tensor[B, 2], a pair, or one number (x only).
-      interpolation: "nearest" or "bilinear".
+      shear: (x, y) degrees, Tensor[B, 2], a pair, or Tensor[B] / one number (x only).
+      interpolation: "nearest" or "bilinear" (or torchvision's InterpolationMode).
       fill: None (zero padding, torchvision's ``fill=None``), a number, C numbers,
-        or Tensor[B, C]: the value of pixels mapped from outside the image.
-        Given, the sample of a ones channel weighs it in as torchvision does
-        (bilinear edges blend towards it).
+        or Tensor[B, C], in [0, 255]: the value of pixels mapped from outside the
+        image. Given, the sample of a ones channel weighs it in as torchvision
+        does (bilinear edges blend towards it).
       center: (x, y) pixels of the fixed point (Tensor[B, 2] or a pair); None =
         the image centre.
 
@@ -545,29 +569,24 @@ def affine(
     _check_images(img)
     b, _, h, w = img.shape
     mode = _interpolation(interpolation)
-    ang = _per_image(angle, b, "angle")
-    tr = _per_image(translate, b, "translate", width=2)
-    sc = _per_image(scale, b, "scale")
-    if sc.device.type == "cpu" and sc.numel() and bool((sc <= 0).any()):
-        raise ValueError(f"scale must be positive, not {sc.min().item()}")
-    sh = shear
-    if not isinstance(sh, torch.Tensor) and not isinstance(sh, Sequence):
-        sh = (float(sh), 0.0)
-    elif isinstance(sh, torch.Tensor) and sh.ndim == 1 and sh.shape == (b,):
-        sh = torch.stack([sh, torch.zeros_like(sh)], -1)
-    sh = _per_image(sh, b, "shear", width=2)
-    if center is None:
-        ctr = torch.zeros((b, 2), dtype=torch.float64)
-    else:
-        ctr = _per_image(center, b, "center", width=2)
-        ctr = ctr - torch.tensor([w * 0.5, h * 0.5], dtype=ctr.dtype, device=ctr.device)
+    ang = _param(angle, b, "angle")
+    tr = _param(translate, b, "translate", width=2)
+    sc = _param(scale, b, "scale")
+    if isinstance(sc, np.ndarray) and sc.size and sc.min() <= 0:
+        raise ValueError(f"scale must be positive, not {sc.min()}")
+    if isinstance(shear, torch.Tensor) and shear.ndim == 1 and shear.shape[0] == b != 2:
+        shear = torch.stack([shear, torch.zeros_like(shear)], -1)
+    elif not isinstance(shear, (torch.Tensor, Sequence)):
+        shear = (float(shear), 0.0)
+    sh = _param(shear, b, "shear", width=2)
+    ctr = np.zeros((b, 2)) if center is None else _param(center, b, "center", width=2)
+    ctr = ctr - np.array([w * 0.5, h * 0.5]) if center is not None else ctr
     params = (ang, tr, sc, sh, ctr)
-    on_cpu = all(p.device.type == "cpu" for p in params)
-    dev = (
-        torch.device("cpu") if on_cpu else next(p.device for p in params if p.device.type != "cpu")
-    )
-    dt = torch.float64 if on_cpu else torch.float32
-    theta = affine_matrix(*(_to(p.to(dt), dev).to(dt) for p in params))
+    if all(isinstance(p, np.ndarray) for p in params):
+        theta = affine_matrix(*params)
+    else:  # some parameters on a device: the matrices are built there, in float32
+        dev = next(p.device for p in params if isinstance(p, torch.Tensor))
+        theta = affine_matrix(*_send(dev, torch.float32, *params))
     return _warp(img, theta, mode, fill)
 
 
@@ -582,50 +601,103 @@ def rotate(
     about the centre, keeping its size: torchvision's ``rotate(expand=False)``.
     ``interpolation``, ``fill``, ``center``: as :func:`affine`."""
     _check_images(img)
-    ang = _per_image(angle, img.shape[0], "angle")
+    ang = _param(angle, img.shape[0], "angle")
     return affine(img, -ang, 0.0, 1.0, 0.0, interpolation, fill, center)
 
 
-def _warp(img: torch.Tensor, theta: torch.Tensor, mode: str, fill: Fill) -> torch.Tensor:
+def _fill_values(fill: Fill, b: int, c: int) -> np.ndarray | torch.Tensor | None:
+    """``fill`` as float [1 or B, C] (numpy, checked in [0, 255], or a device tensor)."""
+    if fill is None:
+        return None
+    if isinstance(fill, torch.Tensor) and fill.device.type != "cpu":
+        t = fill.reshape(1, -1) if fill.ndim < 2 else fill
+        if t.shape[0] not in (1, b) or t.shape[1] not in (1, c):
+            raise ValueError(f"fill must be a number, {c} numbers or a tensor [{b}, {c}]")
+        return t.expand(-1, c)
+    try:
+        f = np.asarray(fill.numpy() if isinstance(fill, torch.Tensor) else fill, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"fill must be a number, {c} numbers or a tensor [{b}, {c}]") from None
+    f = f.reshape(1, -1) if f.ndim < 2 else f
+    if f.ndim != 2 or f.shape[0] not in (1, b) or f.shape[1] not in (1, c):
+        raise ValueError(f"fill must be a number, {c} numbers or a tensor [{b}, {c}], not {fill!r}")
+    if f.size and (f.min() < 0 or f.max() > 255):
+        raise ValueError(f"fill must lie in [0, 255] for uint8 images, not {fill!r}")
+    if f.shape[1] == c:
+        return f
+    full = np.empty((f.shape[0], c))
+    full[...] = f
+    return full
+
+
+def _base_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` base: float32 [H*W, 3] rows (x, y, 1), pixel centres
+    about the image centre, x fastest; built once per size and device."""
+
+    def make() -> torch.Tensor:
+        base = torch.empty(h, w, 3, dtype=torch.float32, device=device)
+        base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+        base[..., 1].copy_(
+            torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device)[:, None]
+        )
+        base[..., 2].fill_(1.0)
+        return base.view(h * w, 3)
+
+    return _constant(("grid", h, w), device, make)
+
+
+def _warp(
+    img: torch.Tensor, theta: np.ndarray | torch.Tensor, mode: str, fill: Fill
+) -> torch.Tensor:
     """Sample ``img`` at ``theta`` (float [B, 2, 3], pixel units about the centre)."""
     b, c, h, w = img.shape
-    fill_t, fill_zero = _fill_values(fill, b, c)
+    fills = _fill_values(fill, b, c)
     if img.numel() == 0:
         return img.clone()
     dev = img.device
-    # torchvision's _affine_grid: pixel-centre coordinates about the centre, the
-    # matrix applied, then normalised by the half sizes.
-    theta = theta.to(torch.float32)
-    rows = torch.stack([theta[:, 0] / (0.5 * w), theta[:, 1] / (0.5 * h)], 1)
-    rescaled = _to(rows.transpose(1, 2).contiguous(), dev)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
-    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=dev))
-    base[..., 1].copy_(
-        torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev).unsqueeze_(-1)
-    )
-    base[..., 2].fill_(1)
-    grid = base.view(1, h * w, 3).expand(b, h * w, 3).bmm(rescaled).view(b, h, w, 2)
-    # Nearest with a zero fill equals zero padding: no ones channel needed.
-    use_mask = fill_t is not None and not (mode == "nearest" and fill_zero)
-    x = torch.empty((b, c + use_mask, h, w), dtype=torch.float32, device=dev)
-    x[:, :c].copy_(img)
+    # torchvision's _affine_grid: the matrix's rows (in float32) over the half sizes.
+    if isinstance(theta, np.ndarray):
+        rows = theta.astype(np.float32)
+        rows[:, 0] /= np.float32(0.5 * w)
+        rows[:, 1] /= np.float32(0.5 * h)
+    else:
+        rows = torch.stack([theta[:, 0] / (0.5 * w), theta[:, 1] / (0.5 * h)], 1)
+    rows, *fills_dev = _send(dev, torch.float32, rows, *(() if fills is None else (fills,)))
+    # [H*W, 3] @ [B, 3, 2] as torchvision's bmm (the base shared, not copied): grid [B, H, W, 2].
+    base = _base_grid(h, w, dev).expand(b, h * w, 3)
+    grid = torch.bmm(base, rows.transpose(1, 2)).view(b, h, w, 2)
+    # Nearest with a zero fill is zero padding: the ones channel is not needed then.
+    zero_fill = isinstance(fills, np.ndarray) and not fills.any()
+    use_mask = fills is not None and not (mode == "nearest" and zero_fill)
     if use_mask:
+        x = torch.empty((b, c + 1, h, w), dtype=torch.float32, device=dev)
+        x[:, :c].copy_(img)
         x[:, c].fill_(1.0)
+    else:
+        x = img.to(torch.float32)
     x = nnf.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
     if use_mask:
         x, mask = x[:, :c], x[:, c:]
-        f = _to(fill_t, dev)
+        f = fills_dev[0].view(-1, c, 1, 1)
         # torchvision's rule: nearest takes the fill where the ones channel fell
         # below one half; bilinear blends, (sample - fill) * mask + fill.
         nearest = mode == "nearest"
         x = torch.where(mask < 0.5, f, x) if nearest else x.sub_(f).mul_(mask).add_(f)
-    return x.round_().clamp_(0, 255).to(torch.uint8)
+    # Nearest samples are whole values unless a fill is fractional: no rounding then.
+    integral = fills is None or (isinstance(fills, np.ndarray) and (fills == np.round(fills)).all())
+    if mode == "bilinear" or not integral:
+        x = x.round_()
+    if isinstance(fills, torch.Tensor):  # device fills: unchecked, so clamp
+        x = x.clamp_(0, 255)
+    return x.to(torch.uint8)
 
 
 # ---------------------------------------------------------------- erasing
 
 
-def erase(img: torch.Tensor, boxes: torch.Tensor, value: Fill | torch.Tensor = 0) -> torch.Tensor:
+def erase(
+    img: torch.Tensor, boxes: torch.Tensor, value: float | Sequence[float] | torch.Tensor = 0
+) -> torch.Tensor:
     """Set each image's box (top, left, height, width) to ``value``.
 
     Args:
@@ -634,7 +706,8 @@ def erase(img: torch.Tensor, boxes: torch.Tensor, value: Fill | torch.Tensor = 0
         a zero height or width erases nothing.
       value: a number, C numbers, or a tensor broadcastable to [B, C, H, W] (such
         as per-pixel noise [B, C, H, W], read inside the box only). Converted to
-        the images' dtype as torchvision's ``erase`` assigns (uint8 truncates).
+        the images' dtype as torchvision's ``erase`` assigns (uint8 truncates;
+        numbers must then lie in [0, 255]).
 
     Returns a new tensor of the images' dtype and device.
     """
@@ -645,16 +718,36 @@ def erase(img: torch.Tensor, boxes: torch.Tensor, value: Fill | torch.Tensor = 0
     if not isinstance(boxes, torch.Tensor) or boxes.shape != (b, 4):
         raise ValueError(f"boxes must be an int tensor [{b}, 4] (top, left, height, width)")
     dev = img.device
-    box = _to(boxes.to(torch.int32) if boxes.device.type == "cpu" else boxes, dev).to(torch.int32)
-    top, left, bh, bw = (t.view(b, 1, 1, 1) for t in box.unbind(1))
-    rows = torch.arange(h, device=dev, dtype=torch.int32).view(1, 1, h, 1)
-    cols = torch.arange(w, device=dev, dtype=torch.int32).view(1, 1, 1, w)
-    inside = ((rows >= top) & (rows < top + bh)) & ((cols >= left) & (cols < left + bw))
     if isinstance(value, torch.Tensor):
-        v = _to(value, dev)
+        v = _to(value, dev).to(img.dtype)
     else:
-        vals = [float(value)] if isinstance(value, (int, float)) else [float(x) for x in value]
+        vals = (value,) if isinstance(value, (int, float)) else tuple(value)
         if len(vals) not in (1, c):
             raise ValueError(f"value must be one number or {c} (one per channel), not {value!r}")
-        v = _to(torch.tensor(vals, dtype=torch.float32).view(1, -1, 1, 1), dev)
-    return torch.where(inside, v.to(img.dtype), img)
+        if not img.is_floating_point():
+            if not all(0 <= x < 256 for x in vals):
+                raise ValueError(f"value must lie in [0, 255] for uint8 images, not {value!r}")
+            vals = tuple(int(x) for x in vals)  # float -> uint8 truncates, as assigning does
+        if len(vals) == 1:
+            v = vals[0]
+        else:
+            v = _constant(
+                ("fill", vals, img.dtype),
+                dev,
+                lambda: _to(torch.tensor(vals, dtype=img.dtype).view(1, c, 1, 1), dev),
+            )
+    if boxes.device.type == "cpu":
+        # Row and column masks on the host, one small copy: no index arithmetic on the device.
+        top, left, bh, bw = (col[:, None] for col in boxes.numpy().T)
+        rows, cols = np.arange(h), np.arange(w)
+        rc = np.concatenate(
+            [(rows >= top) & (rows < top + bh), (cols >= left) & (cols < left + bw)], 1
+        )
+        rc = _to(torch.from_numpy(rc), dev)
+        inside = rc[:, None, :h, None] & rc[:, None, None, h:]
+    else:
+        top, left, bh, bw = (t.view(b, 1, 1, 1) for t in boxes.to(dev).unbind(1))
+        rows = torch.arange(h, device=dev).view(1, 1, h, 1)
+        cols = torch.arange(w, device=dev).view(1, 1, 1, w)
+        inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
+    return torch.where(inside, v, img)

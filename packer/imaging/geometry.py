@@ -15,6 +15,7 @@ import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..transforms import _check_images, _Transform
@@ -161,29 +162,25 @@ class RandomAffine(_Transform):
         round); scale ~ U(scale); shear x ~ U(shear[0:2]), y ~ U(shear[2:4]);
         the identity where an argument is None.
         """
-        u = torch.rand(batch, 6, generator=generator, dtype=torch.float64)
+        # numpy on the drawn numbers: each torch call on a tiny tensor costs microseconds.
+        u = torch.rand(batch, 6, generator=generator, dtype=torch.float64).numpy()
 
-        def uniform(col: int, lo: float, hi: float) -> torch.Tensor:
-            return u[:, col].mul(hi - lo).add_(lo)
+        def uniform(col: int, lo: float, hi: float) -> np.ndarray:
+            return u[:, col] * (hi - lo) + lo
 
         angle = uniform(0, *self.degrees)
+        translate = np.zeros((batch, 2))
         if self.translate is not None:
             max_dx, max_dy = self.translate[0] * width, self.translate[1] * height
-            translate = torch.stack(
-                [uniform(1, -max_dx, max_dx).round_(), uniform(2, -max_dy, max_dy).round_()], 1
-            )
-        else:
-            translate = torch.zeros(batch, 2, dtype=torch.float64)
-        scale = (
-            uniform(3, *self.scale)
-            if self.scale is not None
-            else torch.ones(batch, dtype=torch.float64)
-        )
-        shear = torch.zeros(batch, 2, dtype=torch.float64)
+            translate[:, 0] = np.round(uniform(1, -max_dx, max_dx))  # half to even
+            translate[:, 1] = np.round(uniform(2, -max_dy, max_dy))
+        scale = uniform(3, *self.scale) if self.scale is not None else np.ones(batch)
+        shear = np.zeros((batch, 2))
         if self.shear is not None:
             shear[:, 0] = uniform(4, *self.shear[:2])
             if len(self.shear) == 4:
                 shear[:, 1] = uniform(5, *self.shear[2:])
+        angle, translate, scale, shear = map(torch.from_numpy, (angle, translate, scale, shear))
         return AffineParams(angle, translate, scale, shear)
 
     def forward(

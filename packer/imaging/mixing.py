@@ -91,6 +91,14 @@ class _Mixer(nn.Module):
                 raise ValueError(
                     f"{name}: class-index labels need num_classes= (the number of classes)"
                 )
+            # Checked where it costs nothing: on the device it would make the host wait.
+            if labels.device.type == "cpu" and labels.numel():
+                lo, hi = int(labels.min()), int(labels.max())
+                if lo < 0 or hi >= self.num_classes:
+                    raise ValueError(
+                        f"{name}: labels must lie in [0, {self.num_classes}), "
+                        f"not {lo if lo < 0 else hi}"
+                    )
         elif labels.ndim == 2:
             if not labels.dtype.is_floating_point:
                 raise ValueError(f"{name}: 2-D labels must be floating, not {labels.dtype}")

@@ -9,14 +9,16 @@ op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
 (RandAugment), the sign negative where a uniform draw is <= 0.5 for the signed
 ops. :meth:`sample` returns the draws (a :class:`PolicyDraw`).
 
-Pixels: the draws of a batch are drawn on the CPU in one call to ``generator``,
-turned into per-image parameters with numpy (the affine matrices of the
-geometric ops in float64, as torchvision computes them), and sent to the device
-in one copy. Then images are grouped by the batched op of
-:mod:`packer.imaging.functional` they need: all geometric ops (shear, translate,
-rotate) are one affine warp, and each colour op is one call, each on its images
-only (``index_select``, then ``index_copy`` back). A batch costs one call per op
-present, whatever its size: about ten for TrivialAugmentWide.
+Pixels: a batch's draws come from ``generator`` on the CPU in one call (AugMix:
+three), become per-image parameters in numpy (the geometric ops' affine matrices
+in float64, as torchvision computes them), and the batch's gathers go to the
+device in one copy. Images are grouped by the batched op of
+:mod:`packer.imaging.functional` they need: the five geometric ops (shear,
+translate, rotate) are one affine warp, each colour op one call. Per op stage:
+one gather puts the images in op order, each op runs once on its contiguous
+slice, one ``cat`` joins them; one gather restores the batch order at the end.
+A batch costs one call per op present, whatever its size: at most ten for
+TrivialAugmentWide. On the CPU, outputs equal torchvision's image by image.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from . import functional as F
 
 # ---------------------------------------------------------------- op spaces
 
-# (start, end) of a linspace over the bins, the string "posterize(k)" for
-# torchvision's 8 - arange / ((bins - 1) / k) table (or "posterize4" for
-# AugMix's 4 - ...), a size-relative translate, or None: no magnitude.
+# Per op name, (magnitudes, signed), the magnitudes over the bins being: ("lin", a, b)
+# torchvision's linspace(a, b); ("posterize", top, k) its (top - arange / ((bins - 1)
+# / k)).round(); ("width" or "height", f) linspace(0, f * side); None: no magnitude.
 _LIN = "lin"
 
 
@@ -278,7 +280,6 @@ _FAMILIES = (
 )
 _AFFINE_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 _BLEND_OPS = ("Brightness", "Color", "Contrast", "Sharpness")
-_COLS = 8  # per image and op: the batch order, the op's parameter, the 2x3 affine matrix
 
 
 def _family(name: str) -> int:
@@ -354,52 +355,99 @@ class _OpPlan:
         return np.concatenate([p[..., None], theta], -1)
 
 
-def _plan_stages(
-    plan: _OpPlan, op: np.ndarray, mag: np.ndarray, h: int, w: int
-) -> tuple[np.ndarray, list[list[tuple[int, int, int]]]]:
-    """The parameter table float64 [S, B, 8] (rows sorted by batch order per stage)
-    and, per stage, the (family, start, end) row ranges of its non-identity groups."""
+class _Program(NamedTuple):
+    """A batch's ops as device work: what to gather, which groups to run, in which order.
+
+    ``table``: float32 [2 S + chains, B], sent to the device in one copy: per stage
+    ``k``, row ``2k`` (as int32 bits) the gather that brings the images into the
+    stage's order, grouped by batched op, and row ``2k + 1`` each image's
+    parameter in that order; then per chain one row (int32 bits), the gather
+    back into batch order. ``host``: float64 [S, 7, B], each image's parameter and
+    inverse affine matrix in the stage's order, for the ops that take theirs from
+    the host. ``stages``: per stage, None (no image changes) or (gather needed,
+    [(family, start, end)]); ``unsort``: per chain, whether it ends out of order.
+    """
+
+    table: np.ndarray
+    host: np.ndarray
+    stages: list[tuple[bool, list[tuple[int, int, int]]] | None]
+    unsort: list[bool]
+
+
+def _program(
+    plan: _OpPlan, op: np.ndarray, mag: np.ndarray, h: int, w: int, chains: int = 1
+) -> _Program:
+    """Plan ops ``op`` [B, S] (magnitudes ``mag``), as ``chains`` chains of S / chains
+    stages each starting from the input images, on the CPU."""
     b, s = op.shape
     fam = plan.family[op]  # [B, S]
-    order = np.argsort(fam, axis=0, kind="stable")  # [B, S]
     params = plan.params(op, mag, h, w)  # [B, S, 7]
-    table = np.empty((s, b, _COLS), dtype=np.float64)
-    groups = []
-    for k in range(s):
-        o = order[:, k]
-        table[k, :, 0] = o
-        table[k, :, 1:] = params[o, k]
-        counts = np.bincount(fam[:, k], minlength=len(_FAMILIES))
-        ends = np.cumsum(counts)
-        groups.append(
-            [
-                (f, int(ends[f] - counts[f]), int(ends[f]))
-                for f in range(1, len(_FAMILIES))
-                if counts[f]
+    table = np.empty((2 * s + chains, b), dtype=np.float32)
+    ints = table.view(np.int32)
+    host = np.empty((s, 7, b), dtype=np.float64)
+    stages: list[tuple[bool, list[tuple[int, int, int]]] | None] = []
+    unsort = []
+    arange = np.arange(b)
+    per_chain = s // chains
+    for c in range(chains):
+        pos = arange  # where each image of the batch is in the current order
+        for k in range(c * per_chain, (c + 1) * per_chain):
+            f = fam[:, k]
+            if not f.any():
+                stages.append(None)
+                continue
+            order = np.argsort(f, kind="stable")
+            gather = pos[order]
+            ints[2 * k] = gather
+            host[k] = params[order, k].T
+            table[2 * k + 1] = host[k, 0]
+            counts = np.bincount(f, minlength=len(_FAMILIES))
+            ends = np.cumsum(counts)
+            groups = [
+                (int(g), int(ends[g] - counts[g]), int(ends[g])) for g in np.flatnonzero(counts)
             ]
-        )
-    return table, groups
+            stages.append((not np.array_equal(gather, arange), groups))
+            pos = np.empty_like(order)
+            pos[order] = arange
+        ints[2 * s + c] = pos
+        unsort.append(not np.array_equal(pos, arange))
+    return _Program(table, host, stages, unsort)
 
 
 def _run_group(
-    fam: int, x: torch.Tensor, rows: torch.Tensor, interpolation: str, fill: object
+    fam: int,
+    x: torch.Tensor,
+    dev: torch.Tensor,
+    host: np.ndarray,
+    interpolation: str,
+    fill: object,
 ) -> torch.Tensor:
-    """Batched op ``fam`` on images ``x`` [n, C, H, W] with their table rows [n, 8]."""
-    p = rows[:, 1]
+    """Batched op ``fam`` on images ``x`` [n, C, H, W].
+
+    ``dev``: their parameters, float32 [n] on the device; ``host``: float64 [7, n]
+    (parameter, inverse affine matrix). Brightness and solarize take the device
+    values as they are. The blends take the host's float64 factors, so ``1 - f``
+    is rounded as torchvision rounds it, and the warps and posterize the host's
+    values, which their functions turn into what the kernels need on the host:
+    each one small copy instead of a few device kernels.
+    """
+    if fam == 0:
+        return x
     if fam == 1:
-        return F._warp(x, rows[:, 2:].reshape(-1, 2, 3), interpolation, fill)
+        theta = np.ascontiguousarray(host[1:].T).reshape(-1, 2, 3)
+        return F._warp(x, theta, interpolation, fill)
     if fam == 2:
-        return F.adjust_brightness(x, p)
+        return F.adjust_brightness(x, dev)
     if fam == 3:
-        return F.adjust_saturation(x, p)
+        return F.adjust_saturation(x, host[0])
     if fam == 4:
-        return F.adjust_contrast(x, p)
+        return F.adjust_contrast(x, host[0])
     if fam == 5:
-        return F.adjust_sharpness(x, p)
+        return F.adjust_sharpness(x, host[0])
     if fam == 6:
-        return F.posterize(x, p)
+        return F.posterize(x, host[0])
     if fam == 7:
-        return F.solarize(x, p)
+        return F.solarize(x, dev)
     if fam == 8:
         return F.autocontrast(x)
     if fam == 9:
@@ -407,34 +455,38 @@ def _run_group(
     return F.invert(x)
 
 
-def _apply_stage(
-    x: torch.Tensor,
+def _run_chain(
+    images: torch.Tensor,
+    prog: _Program,
     table: torch.Tensor,
-    groups: list[tuple[int, int, int]],
+    chain: int,
+    per_chain: int,
     interpolation: str,
     fill: object,
-    owned: bool,
 ) -> torch.Tensor:
-    """One op per image: each group's images gathered, transformed, scattered back.
+    """Chain ``chain``'s stages on ``images``; ``table``: the program's table on the device.
 
-    ``table``: this stage's rows [B, 8] on the device; ``owned``: ``x`` may be
-    written in place (else it is copied first, if any image changes).
+    Per stage: one gather into the stage's order, one batched call per op present
+    on its contiguous slice, one ``cat``; at the end one gather back. The result
+    is ``images`` itself when no image changed.
     """
-    b = x.shape[0]
-    if not groups:
-        return x
-    if len(groups) == 1 and groups[0][2] - groups[0][1] == b:
-        # One op for the whole batch: no gather, and (a stable sort of equal keys) the
-        # table's rows are in batch order already.
-        return _run_group(groups[0][0], x, table, interpolation, fill)
-    order = table[:, 0].long()
-    out = x if owned else x.clone()
-    for f, start, end in groups:
-        idx = order[start:end]
-        out.index_copy_(
-            0, idx, _run_group(f, out.index_select(0, idx), table[start:end], interpolation, fill)
-        )
-    return out
+    x = images
+    s = len(prog.stages)
+    for k in range(chain * per_chain, (chain + 1) * per_chain):
+        stage = prog.stages[k]
+        if stage is None:
+            continue
+        gather, groups = stage
+        if gather:
+            x = x.index_select(0, table[2 * k].view(torch.int32))
+        dev, host = table[2 * k + 1], prog.host[k]
+        parts = [
+            _run_group(f, x[a:e], dev[a:e], host[:, a:e], interpolation, fill) for f, a, e in groups
+        ]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if prog.unsort[chain]:
+        x = x.index_select(0, table[2 * s + chain].view(torch.int32))
+    return x
 
 
 def _interp(interpolation: object) -> str:
@@ -527,13 +579,9 @@ class _Policy(_Transform):
         if images.shape[0] == 0 or op.shape[1] == 0:
             return images.clone()
         h, w = images.shape[-2:]
-        table, groups = _plan_stages(self._plan, op, mag, h, w)
-        table_dev = _to(torch.from_numpy(table), images.device)  # the one copy
-        x, owned = images, False
-        for k, stage in enumerate(groups):
-            y = _apply_stage(x, table_dev[k], stage, self.interpolation, self.fill, owned)
-            owned = owned or y is not x
-            x = y
+        prog = _program(self._plan, op, mag, h, w)
+        table = _to(torch.from_numpy(prog.table), images.device)  # the one copy
+        x = _run_chain(images, prog, table, 0, op.shape[1], self.interpolation, self.fill)
         return x if x is not images else images.clone()
 
     def _repr_fields(self) -> dict[str, object]:
@@ -776,19 +824,14 @@ class AugMix(_Policy):
             )
         if b == 0:
             return images.clone()
-        table, groups = _plan_stages(self._plan, op, mag, h, w)
+        prog = _program(self._plan, op, mag, h, w, chains=wd)
         # One copy for the ops' parameters and the mixing weights.
-        flat = np.concatenate([table.ravel(), draw.weights.double().numpy().ravel()])
+        flat = np.concatenate([prog.table.ravel(), draw.weights.numpy().ravel()])
         flat_dev = _to(torch.from_numpy(flat), images.device)
-        table_dev = flat_dev[: table.size].view(table.shape)
-        weights = flat_dev[table.size :].view(-1, 1 + wd).float()
+        table = flat_dev[: prog.table.size].view(prog.table.shape)
+        weights = flat_dev[prog.table.size :].view(-1, 1 + wd)
         mix = images * weights[:, 0, None, None, None]  # float32, as torchvision
         for i in range(wd):
-            x, owned = images, False
-            for j in range(d):
-                k = i * d + j
-                y = _apply_stage(x, table_dev[k], groups[k], self.interpolation, self.fill, owned)
-                owned = owned or y is not x
-                x = y
+            x = _run_chain(images, prog, table, i, d, self.interpolation, self.fill)
             mix.add_(weights[:, 1 + i, None, None, None] * x)
         return mix.to(torch.uint8)

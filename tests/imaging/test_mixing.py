@@ -218,6 +218,8 @@ def test_bad_arguments_raise_value_error() -> None:
         MixUp(1.0, 3)(x, torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="soft labels have 5 classes, num_classes is 3"):
         CutMix(1.0, 3)(x, torch.zeros(4, 5))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\), not 3"):
+        CutMix(1.0, 3, mode="elem")(x, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match="1-D labels must be integer"):
         MixUp(1.0, 3)(x, torch.zeros(4))
     with pytest.raises(ValueError, match="images must be a batch"):
@@ -226,3 +228,26 @@ def test_bad_arguments_raise_value_error() -> None:
         RandomChoice([MixUp(1.0, 3), T.RandomHorizontalFlip()])
     with pytest.raises(ValueError, match="p has 1 probabilities for 2 transforms"):
         RandomChoice([MixUp(1.0, 3), CutMix(1.0, 3)], p=[1.0])
+
+
+# ---------------------------------------------------------------- CUDA
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_mixers_match_the_cpu() -> None:
+    x, labels = batch(b=16, h=20, w=24), torch.arange(16) % 5
+    for mixer in [
+        MixUp(0.5, 5),
+        MixUp(0.5, 5, mode="elem"),
+        CutMix(1.0, 5),
+        CutMix(1.0, 5, mode="elem"),
+        RandomChoice([MixUp(0.2, 5), CutMix(1.0, 5)]),
+    ]:
+        for seed in range(3):
+            cpu = mixer(x, labels, generator=torch.Generator().manual_seed(seed))
+            gpu = mixer(x.cuda(), labels.cuda(), generator=torch.Generator().manual_seed(seed))
+            assert gpu[0].device.type == "cuda" and gpu[1].device.type == "cuda"
+            assert (gpu[0].cpu().int() - cpu[0].int()).abs().max() <= 1
+            assert torch.allclose(gpu[1].cpu(), cpu[1], atol=1e-6)
