@@ -32,10 +32,8 @@ from pathlib import Path
 
 import torch
 
-try:
-    import packer.transforms as T
-except ImportError:  # standalone copy: transforms.py on PYTHONPATH
-    import transforms as T
+import packer.transforms as T
+from packer.imaging.transforms import _triton
 
 
 def photo_batch(b: int, s: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -196,7 +194,7 @@ def main() -> None:
     flips = torch.rand(b, generator=g0) < 0.5
     ready = torch.cat([boxes, flips[:, None].long()], 1).to(torch.int32).to(dev)
     ky = math.ceil(2 * max(s_in / s_out, 1.0)) + 1
-    kernels = T._triton() if dev.type == "cuda" else None
+    kernels = _triton() if dev.type == "cuda" else None
     kernel = kernels.resample if kernels is not None else None
 
     routes: dict[str, Callable[[torch.Tensor, torch.Generator], object]] = {

@@ -278,7 +278,9 @@ def test_bad_arguments_raise_value_error() -> None:
 
 
 def test_imports_standalone_with_torch_only() -> None:
-    spec = importlib.util.spec_from_file_location("transforms_alone", ROOT / "packer/transforms.py")
+    spec = importlib.util.spec_from_file_location(
+        "transforms_alone", ROOT / "packer/imaging/transforms.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     x = photo_like(2, 16, 16)

@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..transforms import _check_images, _Transform
 from . import functional as F
+from .transforms import _check_images, _Transform
 
 
 def _probability(p: float) -> float:

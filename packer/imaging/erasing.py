@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..transforms import _to, _Transform
 from . import functional as F
+from .transforms import _to, _Transform
 
 # Tries per image before giving up, as torchvision.
 _TRIES = 10

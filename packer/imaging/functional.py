@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from ..transforms import _check_images, _to
+from .transforms import _check_images, _to
 
 Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None

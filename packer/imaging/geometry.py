@@ -18,8 +18,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..transforms import _check_images, _Transform
 from . import functional as F
+from .transforms import _check_images, _Transform
 
 
 def _angles(value: float | Sequence[float], name: str, sizes: tuple[int, ...]) -> tuple[float, ...]:

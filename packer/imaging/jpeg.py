@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import PackFormatError
-from ..transforms import (
+from .transforms import (
     CenterCrop,
     Compose,
     RandomHorizontalFlip,
@@ -357,7 +357,7 @@ def resize_images(
 
 
 def _ragged_kernels(device: torch.device):  # -> module | None
-    from ..transforms import _triton
+    from .transforms import _triton
 
     return _triton() if device.type == "cuda" else None
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..transforms import _to
+from .transforms import _to
 
 _MODES = ("batch", "elem")
 

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..transforms import _check_images, _to, _Transform
 from . import functional as F
+from .transforms import _check_images, _to, _Transform
 
 # ---------------------------------------------------------------- op spaces
 

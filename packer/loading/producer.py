@@ -471,7 +471,7 @@ class _Pass:
         state the rest of the transform continues from, depend on the seed alone.
         """
         from ..imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
-        from ..transforms import _to
+        from ..imaging.transforms import _to
 
         pack, crop, on_cpu = self.jpeg  # type: ignore[misc]
         dev = self.device

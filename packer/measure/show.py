@@ -116,7 +116,7 @@ def _pyplot() -> Any:
 def _op(name: str, args: tuple[Any, ...], flag: str, **kw: Any) -> Any:
     """``packer.transforms.<name>(*args, **kw)``, looked up now: a missing op is a clear
     error, not an ImportError when this module loads."""
-    from .. import transforms
+    from .. import transforms  # the public names, looked up by the user's op name
 
     cls = getattr(transforms, name, None)
     if cls is None:
@@ -159,7 +159,7 @@ def _load(pack: Any, rows: list[int]) -> list[torch.Tensor]:
 
 def _square(images: list[torch.Tensor], size: int) -> torch.Tensor:
     """Each image's centre square, resized to ``size``: one uint8 [n, 3, size, size] batch."""
-    from ..transforms import resized_crop
+    from ..imaging.transforms import resized_crop
 
     out = []
     for img in images:
@@ -189,7 +189,7 @@ def _ops(cfg: ShowConfig, num_classes: int) -> tuple[Any, Any]:
         )
     aug = None
     if per_image:
-        from ..transforms import Compose
+        from ..imaging.transforms import Compose
 
         aug = per_image[0] if len(per_image) == 1 else Compose(per_image)
     mix = None
