@@ -250,7 +250,7 @@ def test_pixels_match_torchvision_for_the_same_draws(
     ours_cls, tv_cls, kw = POLICIES[name]
     x = photo_like(120)
     policy = ours_cls(**kw, interpolation=interpolation, fill=fill)
-    tv = tv_cls(**kw, interpolation=interpolation, fill=fill)
+    tv = tv_cls(**kw, interpolation=v2.InterpolationMode(interpolation), fill=fill)
     out = policy(x, generator=torch.Generator().manual_seed(3))
     draw = policy.sample(120, torch.Generator().manual_seed(3), size=(H, W))
     assert out.dtype == torch.uint8 and out.shape == x.shape
