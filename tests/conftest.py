@@ -125,7 +125,7 @@ def src(tmp_path: Path) -> Path:
 @pytest.fixture
 def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU build's path (``--device cuda``) with torch.device("cpu") in place of
-    the GPU (tests/test_build_gpu*.py)."""
+    the GPU (tests/build/test_build_gpu.py, tests/test_build_gpu_procs.py)."""
     import torch
 
     import packer.build.run

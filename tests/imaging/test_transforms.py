@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as F
 import packer.transforms as T
 from conftest import subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

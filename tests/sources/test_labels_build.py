@@ -1,5 +1,5 @@
 """Issue 15 end to end: --classes, --allow-new-classes, --labels and --targets through
-build, the pack, info and verify (the parsing rules are in tests/test_labels.py)."""
+build, the pack, info and verify (the parsing rules are in tests/sources/test_labels.py)."""
 
 from __future__ import annotations
 
