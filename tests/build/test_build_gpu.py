@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from PIL import Image
 
 import packer
+import packer.build.gpu
 import packer.build.run
+import packer.build.workers
+import packer.imaging.jpeg
 from conftest import write_image
 from packer.build.run import GPU_TOLERANCE, BuildConfig, build
+from packer.build.workdir import work_dir_for
 from packer.cli import cli
+from packer.errors import DecodeError, PackFormatError
+from packer.imaging.decode import decode_into
+from packer.pack.format import digest, image_bytes
 
 
 @pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])
@@ -204,3 +215,365 @@ def test_a_jpeg_the_reader_does_not_pass_is_decoded_by_the_cpu_workers(
     assert torch.equal(a.images[i], b.images[i])  # the CPU workers' row, byte for byte
     j = a.sources.index("zebra/p04.jpg")
     assert not torch.equal(a.images[j], b.images[j])  # the others: the batched decode's
+
+
+FILES = ("_tensordict/images.memmap", "_tensordict/labels.memmap")
+
+
+def _same(a: Path, b: Path) -> bool:
+    return all((a / f).read_bytes() == (b / f).read_bytes() for f in FILES)
+
+
+def _our_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("imgpack-")]
+
+
+def _row(pack: Path, rel: str) -> bytes:
+    p = packer.load(pack)
+    return p.images[p.sources.index(rel)].contiguous().numpy().tobytes()
+
+
+class Boom(Exception):
+    pass
+
+
+def _nth(n: int, real, err: type[BaseException]):
+    calls = [0]
+
+    def fn(*a, **k):
+        calls[0] += 1
+        if calls[0] == n:
+            raise err("injected")
+        return real(*a, **k)
+
+    return fn
+
+
+STAGES = {
+    # where: (module, attribute) of the function made to fail on its 2nd call
+    "reader": (packer.build.gpu, "_read_group"),
+    "decoder": (packer.imaging.jpeg, "decode_batch"),
+    "main": (packer.imaging.jpeg, "resize_images"),
+    "writer": (packer.build.gpu, "_write_group"),
+    "retry": (packer.build.workers, "_decode_paths"),  # on a writer thread: workers=1 only
+}
+
+
+@pytest.mark.parametrize("err", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize(
+    "stage,workers",
+    [(s, w) for s in STAGES for w in (1, 2) if not (s == "retry" and w == 2)]
+    + [("journal", 1), ("journal", 2)],
+)
+def test_an_error_in_any_stage_ends_the_build_and_the_rerun_is_identical(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    stage: str, workers: int, err: type[BaseException],
+) -> None:  # fmt: skip
+    """The error reaches the caller as itself (not swallowed, no hang), no pipeline
+    thread outlives the build, and a rerun gives a clean build's bytes."""
+
+    def refuse(datas, device="cpu", **kw):
+        raise PackFormatError("image 0: test")
+
+    def setting() -> None:  # the same for the clean build, the faulty one and the rerun
+        monkeypatch.setattr(packer.build.run, "_build_device", lambda c: torch.device("cpu"))
+        monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)  # 9 groups
+        if stage == "retry":  # no JPEG decodes: the writers run the CPU decode (pool None)
+            monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
+
+    setting()
+    cfg = BuildConfig(size=(16, 12), workers=workers, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    progress = None
+    if stage == "journal":  # record() runs progress() on the journal thread
+        progress = _nth(6, lambda n: None, err)
+    else:
+        mod, name = STAGES[stage]
+        monkeypatch.setattr(mod, name, _nth(2, getattr(mod, name), err))
+    with pytest.raises(err, match="injected"):
+        build(photos, tmp_path / "out", cfg, progress=progress)
+    assert _our_threads() == []
+    monkeypatch.undo()
+    setting()
+    build(photos, tmp_path / "out", cfg)
+    assert _same(tmp_path / "out", tmp_path / "ref")
+
+
+def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every chunk is recorded once, in chunk order, from one thread; ``sync`` only on a
+    group's last chunk; and when a chunk is recorded its rows are already in the rows
+    file (its SHA-256 matches). Groups mix GPU rows, workers' rows, skips and retries."""
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 3)
+    real_decode = packer.imaging.jpeg.decode_batch
+
+    def some_fail(datas, device="cpu", **kw):  # every image of an odd length: retried
+        if any(len(d) % 2 for d in datas):
+            raise PackFormatError("image 0: test")
+        return real_decode(datas, device, **kw)
+
+    monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", some_fail)
+    real = packer.build.gpu.decode_chunks_batched
+    seen: list[tuple[int, bool, str]] = []
+    given: list[int] = []
+
+    def wrapped(chunks, spec, rows_path, device, pool, record, after_submit=lambda: None):
+        given.extend(c for c, _, _ in chunks)
+        row = image_bytes(spec.shape)
+        where = {c: (start, len(ps)) for c, start, ps in chunks}
+
+        def rec(res, sync=True):
+            start, n = where[res[0]]
+            with open(rows_path, "rb") as f:
+                f.seek(start * row)
+                assert digest(f.read(n * row)) == res[3], f"chunk {res[0]} not written"
+            seen.append((res[0], sync, threading.current_thread().name))
+            record(res, sync=sync)
+
+        return real(chunks, spec, rows_path, device, pool, rec, after_submit)
+
+    monkeypatch.setattr(packer.build.gpu, "decode_chunks_batched", wrapped)
+    cfg = dict(size=(16, 12), workers=2)
+    build(photos, tmp_path / "cpu", BuildConfig(**cfg))
+    build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    n = len(seen)
+    assert [c for c, _, _ in seen] == given == list(range(n)) and n > 30  # a chunk per image
+    assert [s for _, s, _ in seen] == [(c % 3 == 2) or c == n - 1 for c in range(n)]
+    assert {t for _, _, t in seen} == {"imgpack-journal_0"}
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    assert a.sources == b.sources and a.manifest.source_sizes == b.manifest.source_sizes
+
+
+def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first GPU group's writer is held until the writer of the group 8 later (as
+    far ahead as the main thread goes) has started, the buffers going round meanwhile:
+    no buffer is handed to two writers at once, a held buffer's rows do not change
+    under its writer, buffers are reused, and the pack is the unheld build's."""
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 1)  # a group per image
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    real = packer.build.gpu._write_group
+    lock, go = threading.Lock(), threading.Event()
+    in_use: set[int] = set()
+    ptrs: set[int] = set()
+    first: list[int] = []
+    groups = [0]
+
+    def held(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
+        with lock:  # 8 groups past the held one: as far as the main thread goes
+            if first and group[0][0] >= first[0] + 2 * packer.build.gpu._WRITERS:
+                go.set()
+        if host is None:
+            return real(fd, row, group, at, sizes, host, copied, cpu, writeback, release)
+        ptr = host.untyped_storage().data_ptr()
+        with lock:
+            assert ptr not in in_use, "a buffer in use was handed to another writer"
+            in_use.add(ptr)
+            ptrs.add(ptr)
+            groups[0] += 1
+            if not first:
+                first.append(group[0][0])
+        snap = host.clone()
+        if group[0][0] == first[0]:
+            assert go.wait(timeout=30), "later writers never started"
+
+        def rel():
+            assert torch.equal(host, snap), "rows changed under their writer"
+            with lock:
+                in_use.discard(ptr)
+            release()
+
+        return real(fd, row, group, at, sizes, host, copied, cpu, writeback, rel)
+
+    monkeypatch.setattr(packer.build.gpu, "_write_group", held)
+    build(photos, tmp_path / "out", cfg)
+    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build.gpu._WRITERS + 2
+    assert _same(tmp_path / "out", tmp_path / "ref")
+
+
+def test_a_write_failing_mid_group_journals_no_chunk_of_that_group(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pwrite fails on the 2nd chunk of a group: its 1st chunk (written) is not
+    journaled either, the error ends the build, and the rerun is a clean build."""
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    row = image_bytes(cfg.spec.shape)
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if threading.current_thread().name.startswith("imgpack-write") and offset == 9 * row:
+            raise Boom("injected")  # chunk 9 (block of 1 row): the 2nd of group 2
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(Boom):
+        build(photos, tmp_path / "out", cfg)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    journal = work_dir_for(tmp_path / "out") / "journal.jsonl"
+    chunks = [json.loads(line)["chunk"] for line in journal.read_text().splitlines()]
+    assert not {8, 9, 10, 11} & set(chunks) and set(range(8)) <= set(chunks)
+    assert _our_threads() == []
+    build(photos, tmp_path / "out", cfg)
+    assert _same(tmp_path / "out", tmp_path / "ref")
+
+
+def _jpeg(size: tuple[int, int], seed: int, solid: bool = False) -> bytes:
+    if solid:
+        im = Image.new("RGB", size, (seed % 256, 90, 200))
+    else:
+        rng = np.random.default_rng(seed)
+        im = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    b = io.BytesIO()
+    im.save(b, "JPEG", quality=90)
+    return b.getvalue()
+
+
+def _pad(data: bytes, n: int) -> bytes:
+    """``data`` made ``n`` bytes long with a COM segment after SOI (still a valid JPEG)."""
+    k = n - len(data) - 4
+    assert 0 <= k <= 65533
+    return data[:2] + b"\xff\xfe" + (k + 2).to_bytes(2, "big") + b"c" * k + data[2:]
+
+
+def _change(path: Path, how: str, small_big: tuple[bytes, bytes]) -> None:
+    data = path.read_bytes()
+    if how == "grow":
+        path.write_bytes(data + b"trailing junk")
+    elif how == "shrink":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "vanish":
+        path.unlink()
+    elif how == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif how == "directory":
+        path.unlink()
+        path.mkdir()
+    elif how == "same_length_too_many_pixels":
+        path.write_bytes(small_big[1])  # another JPEG, as long, over --max-pixels
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize(
+    "how", ["grow", "shrink", "vanish", "fifo", "directory", "same_length_too_many_pixels"]
+)
+def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
+    image_tree: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch,
+    how: str, when: str,
+) -> None:  # fmt: skip
+    """A GPU-able JPEG changes while the build runs. Before the reader's read: the image
+    gets what the CPU path makes of the file as it now is (its row, or a skip with the
+    reason). After it: the GPU decodes the bytes the reader read and classified, so the
+    pack holds the unchanged file's image; never a decode of bytes no check has seen."""
+    small, big = _jpeg((40, 30), 1), _jpeg((300, 200), 2, solid=True)
+    n = max(len(small), len(big)) + 8
+    small, big = _pad(small, n), _pad(big, n)
+    target = image_tree / "zebra" / "swap.jpg"
+    target.write_bytes(small)
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", max_pixels=20_000)
+    build(image_tree, tmp_path / "ref", cfg)
+    real = packer.build.gpu._read_group
+
+    def change_once(paths, max_pixels, cpu_decode):
+        mine = str(target) in paths and target.is_file() and target.read_bytes() == small
+        if mine and when == "before":
+            _change(target, how, (small, big))
+        out = real(paths, max_pixels, cpu_decode)
+        if mine and when == "after":
+            _change(target, how, (small, big))
+        return out
+
+    monkeypatch.setattr(packer.build.gpu, "_read_group", change_once)
+    out = build(image_tree, tmp_path / "out", cfg)
+    skips = {s["path"]: s["reason"] for s in out.skipped}
+    if when == "after":
+        assert "zebra/swap.jpg" not in skips
+        assert _row(tmp_path / "out", "zebra/swap.jpg") == _row(tmp_path / "ref", "zebra/swap.jpg")
+        return
+    buf = np.empty(cfg.spec.shape, dtype=np.uint8)
+    try:
+        decode_into(str(target), cfg.spec, buf)
+        want: str | None = None
+    except DecodeError as e:
+        want = str(e)
+    if want is None:
+        assert "zebra/swap.jpg" not in skips
+        assert _row(tmp_path / "out", "zebra/swap.jpg") == buf.tobytes()
+    else:
+        assert skips.get("zebra/swap.jpg") == want
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("group", [2, 256])
+@pytest.mark.parametrize("where", ["decode", "classify"])
+def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch,
+    workers: int, group: int, where: str,
+) -> None:  # fmt: skip
+    """No image decodes on the "GPU" (the batch and every image alone fail, or the
+    reader passes none): every group is written from the CPU workers' rows alone (no pinned
+    buffer), and the pack is the CPU build's, byte for byte."""
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", group)
+    cfg = dict(size=(16, 12), workers=workers)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg))
+    if where == "decode":
+
+        def refuse(datas, device="cpu", **kw):
+            raise PackFormatError("image 0: test")
+
+        monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
+    else:
+        monkeypatch.setattr(packer.build.gpu, "plain_jpeg_size", lambda data, max_pixels: None)
+    gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
+    assert _same(tmp_path / "cpu", tmp_path / "gpu")
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    assert a.manifest.source_sizes == b.manifest.source_sizes
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kind", ["jpeg", "png", "broken"])
+def test_a_set_of_one_image(tmp_path: Path, batched_on_cpu: None, workers: int, kind: str) -> None:
+    src = tmp_path / "src"
+    if kind == "broken":
+        (src / "a").mkdir(parents=True)
+        (src / "a" / "x.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
+        write_image(src / "b" / "y.png", (20, 20))  # a pack needs one good image
+    else:
+        write_image(src / "a" / f"x.{kind}", (50, 40), seed=3)
+    cfg = dict(size=(16, 12), workers=workers)
+    cpu = build(src, tmp_path / "cpu", BuildConfig(**cfg))
+    gpu = build(src, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
+    a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
+    assert a.sources == b.sources and a.manifest.source_sizes == b.manifest.source_sizes
+    if kind == "jpeg":
+        diff = (a.images.int() - b.images.int()).abs().float()
+        assert diff.mean() <= GPU_TOLERANCE["mean_abs"]
+    else:
+        assert _same(tmp_path / "cpu", tmp_path / "gpu")
+
+
+@pytest.mark.parametrize("stop_at", [1, 4, 15, 30])
+def test_interrupted_anywhere_then_rerun_is_byte_identical(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch,
+    stop_at: int,
+) -> None:  # fmt: skip
+    """KeyboardInterrupt at the n-th journaled chunk (groups of 4, 2 workers), then a
+    rerun: the clean build's bytes. (How far the first run's journal got varies: the
+    journal thread goes on with groups already written until the main thread stops it.)"""
+    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    build(photos, tmp_path / "ref", cfg)
+    stop = _nth(stop_at, lambda n: None, KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        build(photos, tmp_path / "out", cfg, progress=stop)
+    assert _our_threads() == []
+    r = build(photos, tmp_path / "out", cfg)
+    assert r.resumed >= stop_at
+    assert _same(tmp_path / "out", tmp_path / "ref")
