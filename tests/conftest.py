@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+import packer
 from packer.build.run import BuildConfig, build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +129,7 @@ def src(tmp_path: Path) -> Path:
 @pytest.fixture
 def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU build's path (``--device cuda``) with torch.device("cpu") in place of
-    the GPU (tests/test_build_gpu*.py)."""
+    the GPU (tests/build/test_build_gpu.py, tests/test_build_gpu_procs.py)."""
     import torch
 
     import packer.build.run
@@ -145,3 +149,64 @@ def photos(tmp_path: Path, image_tree: Path) -> Path:
         write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
     (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
     return image_tree
+
+
+@pytest.fixture(scope="module")
+def pack6(tmp_path_factory: pytest.TempPathFactory) -> packer.ImagePack:
+    """6 images in 2 classes (cat, dog), 8x8."""
+    root = tmp_path_factory.mktemp("brk")
+    for c in ("cat", "dog"):
+        for i in range(3):
+            write_image(root / "src" / c / f"{i}.png", (20, 16), seed=i)
+    build(root / "src", root / "p", BuildConfig(size=(8, 8), workers=1))
+    return packer.load(root / "p")
+
+
+def cpu_loader(pack: packer.ImagePack, bs: int = 2, **kw: object) -> packer.PackLoader:
+    """A PackLoader on the CPU in the pack's order."""
+    return packer.PackLoader(pack, bs, device="cpu", shuffle=False, **kw)  # type: ignore[arg-type]
+
+
+PACK_FILES = (
+    "_tensordict/images.memmap",
+    "_tensordict/labels.memmap",
+    "_tensordict/meta.json",
+    "meta.json",
+)
+
+
+def assert_same_pack(a: Path, b: Path) -> None:
+    """The packs at ``a`` and ``b`` hold the same bytes and manifest (but its build time)."""
+    for f in PACK_FILES:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    ma, mb = (json.loads((p / "imgpack.json").read_text()) for p in (a, b))
+    for m in (ma, mb):
+        del m["build"]["created"]
+    assert ma == mb
+
+
+def beside(dst: Path) -> list[str]:
+    """The names in ``dst``'s parent folder."""
+    return sorted(os.listdir(dst.parent))
+
+
+def start_cli(args: list[object], **env: str) -> subprocess.Popen[str]:
+    """``python -m packer ARGS`` started in a child, its stdout and stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(**env),
+    )
+
+
+def stderr_until(proc: subprocess.Popen[str], needle: str) -> str:
+    """Read the child's stderr until a line holds ``needle`` (the child is then busy)."""
+    seen = ""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen += line
+        if needle in line:
+            return seen
+    raise AssertionError(f"{needle!r} never came; stderr: {seen}")

@@ -1,11 +1,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from conftest import subprocess_env
+from packer.build.run import BuildConfig, build, work_dir_for
 from packer.cli import cli
 
 
@@ -248,3 +254,49 @@ def test_verify_shows_progress_on_stderr_only(runner: CliRunner, packed: Path) -
     assert "verify" in r.stderr and "26/26" in r.stderr
     r = runner.invoke(cli, ["verify", str(packed), "--no-speed", "--json", "-q"])
     assert r.stderr == ""
+
+
+ENV = subprocess_env()
+
+
+SIGTERM_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    import packer.cli
+    def update(self, n=1):
+        os.killpg(0, signal.SIGTERM)  # as a scheduler stops a job: the whole group
+    packer.cli._Bar.update = update
+    if __name__ == "__main__":
+        packer.cli.cli(sys.argv[1:])
+""")
+
+
+@pytest.mark.parametrize("command", ["build", "compress"])
+def test_sigterm_is_like_ctrl_c(image_tree: Path, tmp_path: Path, command: str) -> None:
+    script = tmp_path / "term.py"
+    script.write_text(SIGTERM_SCRIPT)
+    dst = tmp_path / "dst"
+    args = [command, str(image_tree), str(dst), "--workers", "2"]
+    if command == "build":
+        args += ["--size", "8"]
+    with open(tmp_path / "log.txt", "w") as log:
+        p = subprocess.run(
+            [sys.executable, str(script), *args],
+            stdout=log,
+            stderr=log,
+            env=ENV,
+            timeout=60,
+            start_new_session=True,
+        )
+    err = (tmp_path / "log.txt").read_text()
+    assert p.returncode == 130, err
+    assert "run the same command again to resume" in err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+    if command == "build":
+        assert work_dir_for(dst).exists() and not dst.exists()
+        assert build(image_tree, dst, BuildConfig(size=(8, 8), workers=1)).resumed >= 1
+
+
+def test_sigterm_handler_is_restored(image_tree: Path, tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    CliRunner().invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1"])
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -47,6 +47,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     (site / "_deps.pth").write_text("\n".join(deps) + "\n")
     r = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+         "--ignore-installed",  # the dependencies path holds the repository's editable install
          "-q", str(wheel)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
+import re
+import threading
 import unicodedata
 from pathlib import Path
 
@@ -620,3 +623,137 @@ def test_check_label_fields_refuses(fields: dict, match: str) -> None:
 def test_label_fields_names_must_match_columns() -> None:
     with pytest.raises(InputError, match="1 target names for 2 target columns"):
         label_fields(np.zeros(2, np.int64), np.zeros((2, 2), np.float32), ["w"])
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="")
+    return path
+
+
+def _returns_within(fn, seconds: float = 10.0) -> BaseException | None:
+    """Run ``fn`` in a daemon thread; the exception it raised, failing if it blocks."""
+    out: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            fn()
+            out.append(None)
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, "blocked reading a non-regular file"
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_class_map_and_table_are_refused_not_read(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "classes")
+    os.mkfifo(tmp_path / "t.csv")
+    os.symlink(tmp_path / "t.csv", tmp_path / "link.csv")
+    for fn, name in (
+        (lambda: read_class_map(tmp_path / "classes"), "classes"),
+        (lambda: read_table(tmp_path / "t.csv"), "t.csv"),
+        (lambda: read_table(tmp_path / "link.csv"), "link.csv"),
+    ):
+        e = _returns_within(fn)
+        assert isinstance(e, InputError) and str(e).endswith(f"{name}: not a regular file"), e
+
+
+def test_deep_manifest_as_class_map_is_refused(tmp_path: Path) -> None:
+    deep = tmp_path / "deep"
+    _write(deep / "imgpack.json", '{"format":"imgpack","x":' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(InputError, match="nested too deeply"):
+        read_class_map(deep)
+
+
+def test_unicode_forms_never_label_two_files(tmp_path: Path) -> None:
+    nfc, nfd = (
+        unicodedata.normalize("NFC", "a/café.jpg"),
+        unicodedata.normalize("NFD", "a/café.jpg"),
+    )
+    t = read_table(_write(tmp_path / "t.csv", f"path,label\n{nfc},red\n"))
+    # both files exist (distinct on Linux): the row labels the one it writes exactly
+    m = apply_table(t, sorted([nfc, nfd]))
+    assert [e.rel for e in m.entries] == [nfc] and m.ignored == 1
+    # only the other form on disk: folded, as before
+    assert [e.rel for e in apply_table(t, [nfd]).entries] == [nfd]
+    t4 = read_table(_write(tmp_path / "t4.csv", "path,label\nd/\u1e69.jpg,red\n"))  # ṩ
+    forms = ["d/s\u0323\u0307.jpg", "d/s\u0307\u0323.jpg"]  # both fold to ṩ, neither exact
+    with pytest.raises(InputError, match=r"t4.csv row 2: .*matches .* and .* Unicode forms"):
+        apply_table(t4, forms)
+    # two rows in different forms reaching one file
+    t5 = read_table(_write(tmp_path / "t5.csv", f"path,label\n{nfc},red\n{nfd},blue\n"))
+    with pytest.raises(InputError, match="rows 2 and 3 both name"):
+        apply_table(t5, [nfd])
+
+
+def test_folder_row_is_called_a_folder(src: Path, tmp_path: Path) -> None:
+    (src / "dog" / "dir.jpg").mkdir()
+    t = read_table(_write(tmp_path / "t.csv", "path,label\ndog/dir.jpg/,dog\ncat/0.png,cat\n"))
+    m = apply_table(t, list_source_images(src), src=src)
+    assert dict(m.missing)["dog/dir.jpg"].endswith("is a folder, not an image")
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ('path,label\ncat/0.png,"ca\nt"\n', r"row 2 .*control character '\\n'"),
+        ("path,label\ncat/0.png,ca\x1bt\n", r"row 2 .*control character '\\x1b'"),
+        ("path,label\ncat/0.png,cat\ncat/1.png,d\u2028g\n", r"row 3 .*control character"),
+    ],
+)
+def test_control_characters_in_table_labels(tmp_path: Path, table: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        read_table(_write(tmp_path / "t.csv", table))
+
+
+@pytest.mark.parametrize("text", ["cat\ndo\x07g\n", "cat\nd\x1cog\n", "cat\nd\u2028og\n"])
+def test_control_characters_in_class_map(tmp_path: Path, text: str) -> None:
+    with pytest.raises(InputError, match=r"classes.txt line 2: .*control character"):
+        read_class_map(_write(tmp_path / "classes.txt", text))
+
+
+@pytest.mark.parametrize(
+    "label", ["99999999999999999999", "9223372036854775808", str(2**31), "+2147483648"]
+)
+def test_integer_labels_are_bounded(tmp_path: Path, label: str) -> None:
+    with pytest.raises(InputError, match=rf"t.csv row 3 .*label {re.escape(label)} out of range"):
+        read_table(_write(tmp_path / "t.csv", f"path,label\na.jpg,0\nb.jpg,{label}\n"))
+    ok = read_table(_write(tmp_path / "ok.csv", f"path,label\na.jpg,-1\nb.jpg,{2**31 - 1}\n"))
+    assert ok.labels.tolist() == [-1, 2**31 - 1]
+
+
+@pytest.mark.parametrize("label", ["inf", "-inf", "nan", "NaN", "Infinity", "+INF"])
+def test_nonfinite_labels_are_not_class_names(tmp_path: Path, label: str) -> None:
+    with pytest.raises(InputError, match="is a number but not an integer"):
+        read_table(_write(tmp_path / "t.csv", f"path,label\na.jpg,cat\nb.jpg,{label}\n"))
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ("1_000", "not a number .*plain decimal"),
+        ("0x10", "not a number"),
+        ("1e-50", "float32 stores as 0"),
+        ("-1e-46", "float32 stores as 0"),
+        ("nan", "must be finite"),
+        ("-Infinity", "must be finite"),
+    ],
+)
+def test_target_number_syntax(tmp_path: Path, value: str, match: str) -> None:
+    f = _write(tmp_path / "t.csv", f"path,label,w\na.jpg,cat,1\nb.jpg,cat,{value}\n")
+    with pytest.raises(InputError, match=rf"row 3 .*{match}"):
+        read_table(f, targets=["w"])
+
+
+def test_target_plain_forms_still_read(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path / "t.csv", "path,label,w\na,c,1000\nb,c,-2.5e-3\nc,c,.5\nd,c,0\ne,c,1e-40\n"
+    )
+    assert read_table(f, targets=["w"]).targets[:, 0].tolist() == pytest.approx(
+        [1000, -2.5e-3, 0.5, 0, 1e-40], rel=1e-3
+    )

@@ -1,58 +1,16 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from torchvision.datasets import ImageFolder
 
 from conftest import write_image
-from packer.errors import DecodeError, InputError
-from packer.imaging.decode import ResizeSpec, decode, parse_size
-from packer.sources.scan import scan_tree
-
-
-def test_classes_and_order_match_imagefolder(image_tree: Path) -> None:
-    (image_tree / "zebra" / "k.tiff").unlink()  # ImageFolder's extension list lacks .gif/.tif
-    (image_tree / "zebra" / "j.gif").unlink()
-    scan = scan_tree(image_tree)
-    ref = ImageFolder(str(image_tree))
-    assert scan.classes == ref.classes
-    assert [(str(image_tree / e.rel), e.label) for e in scan.entries] == ref.samples
-
-
-def test_flat_folder_labels_are_minus_one(tmp_path: Path) -> None:
-    for i, ext in enumerate(["a.JPG", "b.png", "c.Webp"]):
-        write_image(tmp_path / ext, seed=i)
-    (tmp_path / "readme.md").write_text("x")
-    scan = scan_tree(tmp_path)
-    assert scan.classes == []
-    assert [(e.rel, e.label) for e in scan.entries] == [
-        ("a.JPG", -1),
-        ("b.png", -1),
-        ("c.Webp", -1),
-    ]
-
-
-@pytest.mark.parametrize(
-    "make, message",
-    [
-        (lambda p: p / "missing", "no such folder"),
-        (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file, not a folder"),
-        (lambda p: p, "no images found"),
-    ],
-)
-def test_bad_sources(tmp_path: Path, make, message: str) -> None:
-    with pytest.raises(InputError, match=message):
-        scan_tree(make(tmp_path))
-
-
-def test_symlink_loop_ends(tmp_path: Path) -> None:
-    write_image(tmp_path / "c" / "a.jpg")
-    os.symlink(tmp_path / "c", tmp_path / "c" / "loop")
-    assert [e.rel for e in scan_tree(tmp_path).entries] == ["c/a.jpg"]
+from packer.build.run import BuildConfig, build
+from packer.compress import CompressConfig, compress
+from packer.errors import DecodeError, NoUsableImagesError
+from packer.imaging.decode import ResizeSpec, decode, load_resized, open_image, parse_size
 
 
 @pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])
@@ -180,3 +138,28 @@ def test_crop_box_rounding_never_falls_outside(
     Image.fromarray(np.full((size[1], size[0], 3), 200, np.uint8)).save(p)
     out = decode(str(p), ResizeSpec(target[0], target[1], "crop"))
     assert out.shape == (3, target[1], target[0]) and (out == 200).all()
+
+
+@pytest.fixture
+def big_png(tmp_path: Path) -> Path:
+    """10000x9000 = 90 Mpx, above Pillow's own 89.5 Mpx warning, yet a tiny file."""
+    path = tmp_path / "big" / "big.png"
+    path.parent.mkdir()
+    Image.new("1", (10000, 9000), 1).save(path)
+    return path
+
+
+def test_max_pixels_is_the_only_limit(big_png: Path, tmp_path: Path) -> None:
+    im, size = load_resized(str(big_png), ResizeSpec(8, 8))  # default limit: 100 M
+    assert size == (10000, 9000) and np.asarray(im).min() == 255
+    r = build(big_png.parent, tmp_path / "p", BuildConfig(size=(8, 8), workers=1))
+    assert r.count == 1 and r.skipped == []
+    with pytest.raises(NoUsableImagesError, match="above the limit of 1,000,000"):
+        build(big_png.parent, tmp_path / "q", BuildConfig(size=(8, 8), max_pixels=1_000_000))
+    # above twice Pillow's limit, where Pillow raises instead of warning: the header opens
+    huge = tmp_path / "huge.png"
+    Image.new("1", (20000, 10000)).save(huge)
+    with open(huge, "rb") as f, open_image(f) as h:
+        assert h.size == (20000, 10000)
+    r = compress(big_png.parent, tmp_path / "c", CompressConfig(max_pixels=1000))
+    assert r.failed[0]["reason"].startswith("image is 10000x9000 = 90,000,000 pixels, above")

@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as F
 import packer.transforms as T
 from conftest import subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -381,3 +381,30 @@ def test_kernel_choice_by_scale() -> None:
     assert R.fits((256 / 224, 256 / 224))  # RandomResizedCrop 256² -> 224²
     assert R.fits((1024 / 224, 768 / 224))  # Resize of a large photo
     assert not R.fits((4000 / 64, 1.0))  # tiny thumbnails of huge images: dense route
+
+
+def test_transform_sizes_are_bounded_up_front() -> None:
+    import torch
+
+    from packer import transforms as T
+
+    huge = 10**6
+    for make in (
+        lambda: T.RandomResizedCrop(huge),
+        lambda: T.Resize(huge),
+        lambda: T.CenterCrop(huge),
+        lambda: T.Resize((8, T.MAX_SIDE + 1)),
+        lambda: T.RandomResizedCrop(8).__setattr__("size", huge),
+    ):
+        with pytest.raises(ValueError, match="too large"):
+            make()
+    images = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
+    boxes = torch.tensor([[0, 0, 4, 4]])
+    with pytest.raises(ValueError, match="too large"):
+        T.resized_crop(images, boxes, size=huge)
+    # an int Resize whose longer side would exceed the bound (a 1x40 strip to 1000 short)
+    strip = torch.zeros(1, 3, 1, 40, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="too large"):
+        T.Resize(1000)(strip)
+    assert T.Resize(T.MAX_SIDE).size == T.MAX_SIDE  # the bound itself is allowed
+    assert T.resized_crop(images, boxes, size=(2, 3)).shape == (1, 3, 2, 3)

@@ -6,13 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 import packer
-from conftest import write_image
+from conftest import beside, write_image
 from packer.build.run import BuildConfig, build
+from packer.cli import cli
 from packer.errors import InputError, UsageError
 from packer.imaging.decode import ResizeSpec, decode
 
@@ -152,3 +154,16 @@ def test_empty_class_folder_keeps_imagefolder_indices(tmp_path: Path) -> None:
     pack = packer.load(tmp_path / "p")
     assert pack.classes == ["a", "b", "c"] and pack.labels.tolist() == [0, 2]
     assert list(pack.manifest.class_counts) == [1, 0, 1]
+
+
+def test_all_images_broken_is_an_error_and_writes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(b"")
+    (src / "b.png").write_bytes(b"garbage")
+    dst = tmp_path / "out" / "pack"
+    res = CliRunner().invoke(cli, ["build", str(src), str(dst), "--workers", "1", "-q"])
+    assert res.exit_code == 1
+    assert res.stderr.startswith(f"Error: {src}: none of its 2 images could be used (first: a.jpg")
+    assert "no pack was written" in res.stderr
+    assert beside(dst) == []

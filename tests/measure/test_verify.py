@@ -2,13 +2,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_image
+from conftest import cli_build as _build
+from conftest import cli_run as _cli
+from conftest import one_error as _one_error
+from conftest import start_cli as _start
+from conftest import stderr_until as _stderr_until
+from conftest import subprocess_env, write_image
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
@@ -187,3 +195,92 @@ def test_source_broken_since_the_build_leaves_the_baseline_untimed(
     r = verify(packed, cfg)
     assert r.ok and r.pack_images_per_s and r.pack_images_per_s > 0
     assert r.folder_images_per_s is None and r.folder_left_out == 0
+
+
+def test_verify_source_missing_or_a_file_is_bad_usage(src: Path, tmp_path: Path) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    (tmp_path / "f.txt").write_text("x")
+    for bad, what in ((tmp_path / "nonexist", "no such folder"), (tmp_path / "f.txt", "a file")):
+        code, out, err = _cli("verify", tmp_path / "pk", "--source", bad, "--no-speed", "-q")
+        assert code == 2, out + err
+        line = _one_error(err)
+        assert line.startswith(f"Error: {bad}: --source must be a folder") and what in line
+    # the folder recorded at build time gone is not the user's mistake: no error
+    src.rename(tmp_path / "moved")
+    assert _cli("verify", tmp_path / "pk", "--no-speed", "-q")[0] == 0
+
+
+def test_sigterm_during_verify_is_like_ctrl_c_and_leaves_no_trace(
+    src: Path, tmp_path: Path
+) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    trace = tmp_path / "t.json"
+    # enough timed batches that the run is still timing when the signal comes
+    proc = _start(
+        [
+            "verify",
+            tmp_path / "pk",
+            "--device",
+            "cpu",
+            "--no-source",
+            "--batches",
+            10**6,
+            "--trace",
+            trace,
+        ]
+    )
+    seen = _stderr_until(proc, "timing the pack")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    err = seen + err
+    assert proc.returncode == 130, err
+    assert "Interrupted. Nothing was changed" in err and "resume" not in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pk", "src"]
+
+
+def test_trace_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    from packer.measure.verify import _export_trace
+
+    class Prof:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def export_chrome_trace(self, path: str) -> None:
+            Path(path).write_text('{"traceEvents": [')  # half written
+            if self.fail:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _export_trace(Prof(True), tmp_path / "t.json")
+    assert list(tmp_path.iterdir()) == []
+    _export_trace(Prof(False), tmp_path / "t.json.gz")  # the name keeps its suffix
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json.gz"]
+
+
+def test_verify_trace_on_cpu_is_quiet(src: Path, tmp_path: Path) -> None:
+    assert _build(src, tmp_path / "pk")[0] == 0
+    env = {k: v for k, v in subprocess_env().items() if k != "KINETO_LOG_LEVEL"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "packer",
+            "verify",
+            tmp_path / "pk",
+            "--device",
+            "cpu",
+            "--no-source",
+            "--batches",
+            "1",
+            "-q",
+            "--json",
+            "--trace",
+            tmp_path / "t.json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and json.loads((tmp_path / "t.json").read_text())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 import warnings
 from pathlib import Path
 
@@ -10,6 +12,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import cli_run as _cli
+from conftest import one_error as _one_error
+from conftest import start_cli as _start
+from conftest import stderr_until as _stderr_until
 from packer.cli import cli
 from packer.measure.bench import BenchConfig, count_points, to_markdown
 from packer.measure.bench.plots import plot_bench
@@ -292,3 +298,113 @@ def test_free_memory_counts_reclaimable_cache(tmp_path: Path) -> None:
     # no such file (not Linux): falls back to the page count, never raises
     got = _free_memory(str(tmp_path / "missing"))
     assert got is None or got > 0
+
+
+def test_sigterm_during_bench_removes_its_temporary_folder(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _start(
+        ["bench", "--quick", "--device", "cpu", "--only", "loading", "--out", tmp_path / "b"],
+        TMPDIR=str(tmp),
+    )
+    # signal once the temporary images folder exists (the bench is making them)
+    _stderr_until(proc, "points, expected to take")
+    while not any(p.name.startswith("imgpack-bench-") for p in tmp.iterdir()):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.01)  # polling for the folder, not timing a race
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted. No results written" in err and "Traceback" not in err
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("imgpack-bench-")] == []
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_source_reports_broken_inputs_by_the_users_names(src: Path, tmp_path: Path):
+    (src / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
+    (src / "dog" / "empty.png").write_bytes(b"")
+    code, out, err = _cli(
+        "bench",
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--workers",
+        "1",
+        "--source",
+        src,
+        "--out",
+        tmp_path / "b",
+        "--json",
+        "-q",
+    )
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["dataset"]["images"] == 3  # usable images only
+    assert sorted(s["path"] for s in r["dataset"]["skipped_inputs"]) == [
+        "cat/broken.jpg",
+        "dog/empty.png",
+    ]
+    assert {s["what"] for s in r["skipped"]} >= {"input cat/broken.jpg", "input dog/empty.png"}
+    assert "imgpack-bench-" not in out and "/i0000" not in out
+
+
+def test_bench_source_all_broken_names_the_users_folder(tmp_path: Path) -> None:
+    (tmp_path / "bad" / "a").mkdir(parents=True)
+    (tmp_path / "bad" / "a" / "x.jpg").write_bytes(b"junk")
+    code, _, err = _cli(
+        "bench",
+        "--quick",
+        "--device",
+        "cpu",
+        "--only",
+        "loading",
+        "--workers",
+        "1",
+        "--source",
+        tmp_path / "bad",
+        "--out",
+        tmp_path / "b",
+        "-q",
+    )
+    line = _one_error(err)
+    assert code in (1, 2) and line.startswith(f"Error: {tmp_path / 'bad'}:")
+    assert "a/x.jpg" in line and "imgpack-bench-" not in line and "i000000" not in line
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_out_with_the_users_files_is_refused_and_a_previous_run_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import packer.measure.bench
+    from packer.measure.bench import BenchConfig, BenchResult
+
+    ran: list[int] = []
+
+    def tiny_run(*args: object, **kwargs: object) -> BenchResult:  # what is measured is moot
+        ran.append(1)
+        machine = {"cores": 1, "torch": "x", "python": "x", "cpu": "x", "date": "x"}
+        grid = {**dataclasses.asdict(BenchConfig(quick=True).grid), "workers": 1}
+        return BenchResult(device="cpu", device_name="CPU", quick=True, machine=machine, grid=grid)
+
+    monkeypatch.setattr(packer.measure.bench, "run_bench", tiny_run)
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "results.md").write_text("mine")  # a bench name, but beside a foreign file
+    (out / "notes.txt").write_text("mine")
+    args = ("bench", "--quick", "--device", "cpu", "--only", "transfer", "-q", "--out", out)
+    code, _, err = _cli(*args)
+    assert code == 2 and "notes.txt" in _one_error(err) and "--out" in err
+    assert (out / "results.md").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    (out / "sub").mkdir()
+    assert _cli(*args)[0] == 2  # a folder is not a bench output either
+    (out / "sub").rmdir()
+    code, _, err = _cli(*args)  # only a previous run's names: replaced
+    assert code == 0, err
+    assert (out / "results.md").read_text() != "mine" and (out / "results.json").is_file()
+    assert _cli(*args)[0] == 0  # and rerun into its own results
+    assert len(ran) == 2  # the refusals came before any work

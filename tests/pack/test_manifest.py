@@ -12,6 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 import packer
+from conftest import cli_build as _build
+from conftest import cli_run as _cli
+from conftest import write_image
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
@@ -238,3 +241,29 @@ def test_optional_fields_round_trip_and_stay_off_disk_when_unset(packed: Path) -
     (packed / "imgpack.json").write_text(json.dumps(j))
     with pytest.raises(PackFormatError, match=r"targets\.memmap is missing"):
         packer.load(packed)
+
+
+@pytest.mark.parametrize("name", ["x\\y.png", "..\\..\\up.png", "c:x.png", "..x.png", "tail\\.png"])
+def test_backslash_and_odd_names_build_load_info_verify(src: Path, tmp_path: Path, name: str):
+    write_image(src / "cat" / name, (12, 10), seed=7)
+    code, _, err = _build(src, tmp_path / "pk")
+    assert code == 0, err
+    pack = packer.load(tmp_path / "pk")
+    assert f"cat/{name}" in pack.sources and len(pack) == 4
+    code, out, err = _cli("info", tmp_path / "pk", "--json")
+    assert code == 0, err
+    code, out, err = _cli(
+        "verify", tmp_path / "pk", "--source", src, "--sample", "all", "--no-speed", "-q"
+    )
+    assert code == 0, out + err
+    assert "4 source images re-decoded" in out, out
+
+
+@pytest.mark.parametrize(
+    "bad", ["/etc/passwd", "../x.png", "cat/../../x.png", "", "a\x00b", "cat/..", 5]
+)
+def test_sources_that_leave_the_root_are_still_refused(bad: object) -> None:
+    from packer.pack.format import _source_ok
+
+    assert not _source_ok(bad)
+    assert _source_ok("cat/x\\..\\y.png")  # one POSIX name: stays under the root

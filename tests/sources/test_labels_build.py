@@ -1,10 +1,11 @@
 """Issue 15 end to end: --classes, --allow-new-classes, --labels and --targets through
-build, the pack, info and verify (the parsing rules are in tests/test_labels.py)."""
+build, the pack, info and verify (the parsing rules are in tests/sources/test_labels.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +16,14 @@ from click.testing import CliRunner
 import packer
 import packer.build.finalize
 import packer.build.run
+from conftest import cli_build as _build
+from conftest import cli_run as _cli
 from conftest import subprocess_env, write_image
 from packer.build.run import BuildConfig, build
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.pack.format import describe
+from packer.sources.labels import MAX_MISSING_LISTED
 
 FILES = ("images.memmap", "labels.memmap", "targets.memmap", "meta.json")
 
@@ -526,3 +530,68 @@ def test_crash_in_finalize_with_targets_resumes_to_the_same_pack(
     r = build(image_tree, tmp_path / "p", cfg)
     assert r.count == 3 and r.ignored == 9 and r.targets == ["age", "score"]
     _same_pack(tmp_path / "p", tmp_path / "ref")
+
+
+def test_missing_rows_make_no_classes(src: Path, tmp_path: Path) -> None:
+    # 'ant' and 'bee' sort before cat/dog; only missing rows carry them
+    table = "path,label\nant/0.png,ant\ncat/0.png,cat\nbee/1.png,bee\ndog/0.png,dog\n"
+    code, _, err = _build(src, tmp_path / "p", "--labels", write(tmp_path / "t.csv", table))
+    assert code == 0, err
+    p = packer.load(tmp_path / "p")
+    assert p.classes == ["cat", "dog"] and p.labels.tolist() == [0, 1]
+    assert packer.class_histogram(p) == {"cat": 1, "dog": 1}
+
+
+def test_missing_rows_with_a_map_keep_the_map_and_only_found_new_classes(
+    src: Path, tmp_path: Path
+) -> None:
+    cmap = write(tmp_path / "c.txt", "dog\ncat\n")
+    table = "path,label\ncat/0.png,cat\nzzz/1.png,ant\ndog/0.png,emu\n"
+    code, _, err = _build(
+        src,
+        tmp_path / "p",
+        "--labels",
+        write(tmp_path / "t.csv", table),
+        "--classes",
+        cmap,
+        "--allow-new-classes",
+    )
+    assert code == 0, err
+    p = packer.load(tmp_path / "p")
+    assert p.classes == ["dog", "cat", "emu"] and p.labels.tolist() == [1, 2]
+
+
+def test_many_missing_rows_are_capped_in_the_manifest(src: Path, tmp_path: Path) -> None:
+    n = MAX_MISSING_LISTED + 500
+    rows = "".join(f"gone/{i}.png,c{i % 7}\n" for i in range(n))
+    f = write(tmp_path / "t.csv", "path,label\ncat/0.png,cat\n" + rows)
+    code, out, err = _build(src, tmp_path / "p", "--labels", f, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["classes"] == ["cat"]
+    assert len(res["skipped"]) == MAX_MISSING_LISTED + 1
+    assert f"and 500 more rows that name no image under SRC ({n} in all" in json.dumps(res)
+    m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
+    assert len(m["skipped"]) == MAX_MISSING_LISTED + 1 and m["build"]["missing_rows"] == n
+    packer.load(tmp_path / "p")  # the manifest still reads
+
+
+def test_targets_key_agrees_between_build_and_info(src: Path, tmp_path: Path) -> None:
+    code, out, _ = _build(src, tmp_path / "p", "--json")
+    assert code == 0 and "targets" in json.loads(out) and json.loads(out)["targets"] is None
+    code, info, _ = _cli("info", tmp_path / "p", "--json")
+    assert code == 0 and json.loads(info)["targets"] is None
+    f = write(tmp_path / "t.csv", "path,label,w\ncat/0.png,cat,1\ndog/0.png,dog,2\n")
+    code, out, _ = _build(src, tmp_path / "q", "--labels", f, "--targets", "w", "--json")
+    assert code == 0 and json.loads(out)["targets"] == ["w"]
+
+
+def test_unicode_forms_build_end_to_end(tmp_path: Path) -> None:
+    nfc, nfd = (unicodedata.normalize(f, "a/café.png") for f in ("NFC", "NFD"))
+    write_image(tmp_path / "src" / nfc, (12, 10), seed=1)
+    write_image(tmp_path / "src" / nfd, (12, 10), seed=2)
+    f = write(tmp_path / "t.csv", f"path,label\n{nfc},red\n")
+    code, out, err = _build(tmp_path / "src", tmp_path / "p", "--labels", f, "--json")
+    assert code == 0, err
+    assert json.loads(out)["count"] == 1 and json.loads(out)["ignored"] == 1
+    assert list(packer.load(tmp_path / "p").sources) == [nfc]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Subset
@@ -108,3 +109,32 @@ def test_split_bad_fractions(packed: Path) -> None:
 def test_class_histogram_whole_pack(packed: Path) -> None:
     hist = packer.class_histogram(packed)
     assert hist == {"cat": 4, "dog": 4, "zebra": 5}
+
+
+def test_dataset_indices_are_not_truncated(pack6) -> None:
+    ds = packer.PackDataset(pack6)
+    for bad in (0.9, True, "1"):
+        with pytest.raises(TypeError, match="integer"):
+            ds[bad]  # type: ignore[index]
+    with pytest.raises(TypeError, match="integer"):
+        ds.__getitems__([3.7])
+    assert ds[np.int64(1)][1] == ds[1][1] == ds[torch.tensor(1)][1]
+    with pytest.raises(UsageError, match="indices"):
+        packer.class_histogram(pack6, torch.tensor([2.9, 3.9]))
+    with pytest.raises(UsageError, match="seed"):
+        packer.split(pack6, seed=1.5)
+
+
+def test_class_histogram_counts_out_of_range_and_huge_labels(pack6) -> None:
+    class Fake:
+        def __init__(self) -> None:
+            self.classes = ["cat", "dog"]
+            self.labels = torch.tensor([0, 1, 5, 2**63 - 1, -1, 5], dtype=torch.int64)
+
+        def __len__(self) -> int:
+            return 6
+
+    hist = packer.class_histogram(Fake())  # type: ignore[arg-type]
+    assert hist == {"cat": 1, "dog": 1, "5": 2, str(2**63 - 1): 1, "(unlabeled)": 1}
+    assert list(hist)[:2] == ["cat", "dog"]
+    assert packer.class_histogram(pack6, torch.tensor([True] * 6)) == {"cat": 3, "dog": 3}

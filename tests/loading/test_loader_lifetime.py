@@ -102,7 +102,7 @@ def test_dropped_loaders_hand_their_memory_back(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import json, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
         import packer, test_loader_lifetime as t
         print(json.dumps(t._cycles(packer.load({str(path)!r}))))
         """

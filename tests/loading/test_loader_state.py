@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import packer
+from conftest import cpu_loader as _loader
 from packer.errors import UsageError
 
 
@@ -203,3 +204,60 @@ def test_bad_indices(packed: Path) -> None:
         packer.PackLoader(packed, 2, device="cpu", indices=torch.ones(5, dtype=torch.bool))
     with pytest.raises(UsageError, match="integers"):
         packer.PackLoader(packed, 2, device="cpu", indices=torch.tensor([0.5]))
+
+
+def test_state_of_other_rows_refused_mid_epoch(pack6) -> None:
+    a = _loader(pack6, indices=[0, 1, 2])
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    assert isinstance(state["rows"], str)
+    with pytest.raises(UsageError, match="streaming other rows"):
+        _loader(pack6, indices=[3, 4, 5]).load_state_dict(state)
+    with pytest.raises(UsageError, match="streaming other rows"):
+        _loader(pack6, indices=[2, 1, 0]).load_state_dict(state)
+    b = _loader(pack6, indices=[0, 1, 2])
+    b.load_state_dict(state)  # the same rows: fine
+    assert [y.tolist() for _, y in b] == [[pack6.labels[2].item()]]
+    # at an epoch boundary only the epoch is taken: another subset may go on from there
+    boundary = dict(state, batches=0, epoch=3)
+    c = _loader(pack6, indices=[3, 4, 5])
+    c.load_state_dict(boundary)
+    assert c.epoch == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [
+        (dict(epoch="x"), "epoch"),
+        (dict(epoch=None), "epoch"),
+        (dict(epoch=2**70), "epoch"),
+        (dict(epoch=2.9), "epoch"),
+        (dict(epoch=-1), "epoch"),
+        (dict(batches=True), "batches"),
+        (dict(batches=1.5), "batches"),
+        (dict(batches="1"), "batches"),
+        (dict(batches=-1), "batches"),
+        (dict(version=True), "version"),
+    ],
+)
+def test_bad_state_fields(pack6, change: dict, name: str) -> None:
+    a = _loader(pack6)
+    next(iter(a))
+    state = dict(a.state_dict(), **change)
+    with pytest.raises(UsageError, match=name):
+        _loader(pack6).load_state_dict(state)
+
+
+@pytest.mark.parametrize("state", [[1, 2], "abc", None])
+def test_state_not_a_dict(pack6, state: object) -> None:
+    with pytest.raises(UsageError, match="not a PackLoader state"):
+        _loader(pack6).load_state_dict(state)  # type: ignore[arg-type]
+
+
+def test_set_epoch_refuses_non_int(pack6) -> None:
+    for bad in (1.5, "2", True):
+        with pytest.raises(UsageError, match="epoch"):
+            _loader(pack6).set_epoch(bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="epoch"):
+            _loader(pack6).indices(bad)  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ def test_plan_is_written_before_the_first_journal_line(
     """A fresh build fingerprints while the workers decode; a journal line without a
     plan would let a rerun mix work of other inputs. The late fingerprint is the full
     one: it names the store options and the --device path (here the batched path run
-    on the CPU, as tests/test_build_gpu.py does)."""
+    on the CPU, as tests/build/test_build_gpu.py does)."""
     dst = tmp_path / "p"
     device = None
     if batched:
