@@ -40,6 +40,23 @@ def test_batched_path_matches_cpu_within_tolerance(
             assert torch.equal(a.images[i], b.images[i]), s
 
 
+def test_a_jpeg_too_short_for_its_frame_is_skipped_as_by_the_cpu_build(
+    photos: Path, tmp_path: Path, batched_on_cpu: None
+) -> None:
+    """The header rule does not hand it to the GPU (which would pack it grey): the CPU
+    decode names it corrupt, as the CPU build does."""
+    from conftest import write_bomb_jpeg
+
+    write_bomb_jpeg(photos / "zebra" / "short.jpg")
+    cfg = dict(size=(16, 16), workers=1)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
+    gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert gpu.skipped == cpu.skipped
+    reasons = {s["path"]: s["reason"] for s in gpu.skipped}
+    assert reasons["zebra/short.jpg"].startswith("corrupt JPEG data: premature end of data")
+    assert "zebra/short.jpg" not in packer.load(tmp_path / "gpu").sources
+
+
 def test_batched_build_resumes(photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch):
     cfg = BuildConfig(size=(16, 16), workers=1, device="cuda")
     build(photos, tmp_path / "ref", cfg)
