@@ -54,6 +54,35 @@ def write_image(
     return path
 
 
+def write_bomb_jpeg(path: Path, width: int = 65000, height: int = 1500) -> Path:
+    """A JPEG of 674 bytes whose frame header claims ``width`` x ``height``: a 16x16
+    image's header and the start of its image data, then the end marker. libjpeg
+    decodes it with only a warning ("premature end of data segment"), filling the rest
+    with grey."""
+    rng = np.random.default_rng(0)
+    im = Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    from io import BytesIO
+
+    buf = BytesIO()
+    im.save(buf, "JPEG", quality=50)
+    data = bytearray(buf.getvalue())
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data[:672]) + b"\xff\xd9")
+    return path
+
+
+def write_cut_jpeg(path: Path, keep: float = 0.6, **save: object) -> Path:
+    """A photo-like 120x90 JPEG whose image data stop after ``keep`` of the file, the
+    end marker appended (a download cut short, then "repaired"): decodable, the rest
+    grey, with libjpeg's "premature end of data segment" warning only."""
+    write_image(path, (120, 90), fmt="JPEG", quality=90, **save)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)] + b"\xff\xd9")
+    return path
+
+
 @pytest.fixture
 def image_tree(tmp_path: Path) -> Path:
     """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""

@@ -124,6 +124,51 @@ def test_strict_build_exits_1_on_skips(runner: CliRunner, image_tree: Path, tmp_
     assert (tmp_path / "p").is_dir()  # the pack is still written
 
 
+@pytest.mark.parametrize("store", ["raw", "jpeg"])
+def test_corrupt_but_decodable_jpegs_are_skipped_and_strict_fails(
+    runner: CliRunner, image_tree: Path, tmp_path: Path, store: str
+) -> None:
+    """Files libjpeg decodes with only a warning (Pillow drops it), grey where data are
+    missing: skipped with libjpeg's reason, and --strict exits 1, as other broken images."""
+    from conftest import write_bomb_jpeg, write_cut_jpeg
+
+    write_bomb_jpeg(image_tree / "cat" / "short.jpg")
+    write_cut_jpeg(image_tree / "dog" / "cut.jpg")
+    for strict, code in (([], 0), (["--strict"], 1)):
+        dst = tmp_path / f"p{len(strict)}"
+        args = ["build", str(image_tree), str(dst), "--size", "16", "--store", store]
+        r = runner.invoke(cli, [*args, "--workers", "1", "--json", "-q", *strict])
+        assert r.exit_code == code, r.output
+        out = json.loads(r.stdout)
+        assert out["count"] == 13
+        reasons = {s["path"]: s["reason"] for s in out["skipped"]}
+        assert set(reasons) == {"cat/short.jpg", "dog/cut.jpg"}
+        assert reasons["cat/short.jpg"].startswith(
+            "corrupt JPEG data: premature end of data (its 65000x1500 frame needs"
+        )
+        assert "premature end of data segment" in reasons["dog/cut.jpg"]
+
+
+def test_info_counts_the_bytes_a_pack_takes_on_disk(
+    runner: CliRunner, packed: Path, tmp_path: Path
+) -> None:
+    import os
+
+    def allocated() -> int:
+        return sum(
+            os.lstat(os.path.join(d, f)).st_blocks * 512
+            for d, _, files in os.walk(packed)
+            for f in files
+        )
+
+    before = json.loads(runner.invoke(cli, ["info", str(packed), "--json"]).stdout)["bytes"]
+    assert before == allocated() > 0
+    with open(packed / "notes.bin", "wb") as f:
+        f.truncate(8 << 30)  # 8 GiB apparent, nothing allocated
+    after = json.loads(runner.invoke(cli, ["info", str(packed), "--json"]).stdout)["bytes"]
+    assert after == allocated() < before + (1 << 20)
+
+
 @pytest.mark.parametrize(
     "args, line",
     [

@@ -29,20 +29,20 @@ byte for byte.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
-import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from ..errors import DecodeError
-from ..sources.scan import NotRegularFile, open_if_regular
+from ..sources.scan import NotRegularFile, file_kind, open_if_regular
 
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -115,21 +115,8 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise DecodeError(f"cannot open: {e.strerror}") from None
     except NotRegularFile as e:
         raise DecodeError(
-            f"not a regular file ({_kind(e.mode)}); only image files are read"
+            f"not a regular file ({file_kind(e.mode)}); only image files are read"
         ) from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def open_image(fp: BinaryIO, path: str = "") -> Image.Image:
@@ -160,16 +147,45 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
     """
     with _decoder_errors(), open_regular(path) as fp, open_image(fp, path) as im:
         orientation, upright = _upright_size(im, spec.max_pixels)
+        draft, full = None, im.size
+        if im.format == "JPEG":
+            _refuse_short_jpeg(fp)
         if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK", "YCbCr"):
             tw, th = _scaled_size(*upright, spec)
             if orientation in _TRANSPOSED:
                 tw, th = th, tw
-            im.draft(None, (tw, th))
+            draft = (tw, th)
+            im.draft(None, draft)
         im.seek(0)
         im.load()
+        _check_whole(im, functools.partial(_read_whole, fp, full), draft, path)
         im = ImageOps.exif_transpose(im)
         rgb = _to_rgb(im)
         return _fit(rgb, spec), upright
+
+
+def _refuse_short_jpeg(fp: BinaryIO) -> None:
+    """:func:`jpeg_too_short` of an opened JPEG file, as a DecodeError; the file's
+    position is kept (Pillow reads on from it)."""
+    at = fp.tell()
+    fp.seek(0)
+    head = fp.read(1 << 20)  # the header; one larger is left to the decoder
+    fp.seek(at)
+    why = jpeg_too_short(head, os.fstat(fp.fileno()).st_size)
+    if why:
+        raise DecodeError(why)
+
+
+def _read_whole(fp: BinaryIO, size: tuple[int, int]) -> bytes | None:
+    """The whole of an opened file, if it is no larger than a JPEG of ``size`` pixels
+    can plausibly be (8 bytes a pixel, and a MiB of header): None otherwise."""
+    if os.fstat(fp.fileno()).st_size > 8 * size[0] * size[1] + (1 << 20):
+        return None
+    at = fp.tell()
+    fp.seek(0)
+    data = fp.read()
+    fp.seek(at)
+    return data
 
 
 @contextlib.contextmanager
@@ -260,6 +276,108 @@ _SOF_OK = {0xC0, 0xC1, 0xC2}
 _SOF_ANY = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
+_HUFFMAN_DCT = {0xC0, 0xC1, 0xC2}  # frames whose every block costs a Huffman code (>= 1 bit)
+CORRUPT = "corrupt JPEG data: "  # the start of libjpeg's own warnings, which Pillow drops
+
+
+def _frame_blocks(data: bytes | bytearray | memoryview, sof: int) -> int | None:
+    """The 8x8 blocks a frame header at ``sof`` (its FF Cn) asks for, over every
+    component; None if it is not a plain, readable Huffman-coded DCT frame."""
+    if data[sof + 1] not in _HUFFMAN_DCT:
+        return None
+    try:
+        h = (data[sof + 5] << 8) | data[sof + 6]
+        w = (data[sof + 7] << 8) | data[sof + 8]
+        nc = data[sof + 9]
+        factors = [(data[sof + 11 + 3 * k] >> 4, data[sof + 11 + 3 * k] & 15) for k in range(nc)]
+    except IndexError:
+        return None
+    if not nc or not all(a and b for a, b in factors):
+        return None
+    hmax, vmax = max(a for a, _ in factors), max(b for _, b in factors)
+
+    def up(x: int, d: int) -> int:
+        return -(-x // d)
+
+    return sum(up(up(w * a, hmax), 8) * up(up(h * b, vmax), 8) for a, b in factors)
+
+
+def _short_of_data(blocks: int, w: int, h: int, available: int) -> str | None:
+    """Why ``available`` bytes of image data cannot be a whole ``w`` x ``h`` frame of
+    ``blocks`` Huffman-coded blocks (each costs at least one bit), or None."""
+    if available * 8 >= blocks:
+        return None
+    return (
+        f"{CORRUPT}premature end of data (its {w}x{h} frame needs at least "
+        f"{-(-blocks // 8):,} bytes of image data, the file has {max(0, available):,})"
+    )
+
+
+def jpeg_too_short(head: bytes, size: int) -> str | None:
+    """Why a JPEG of ``size`` bytes (``head``: its first bytes, holding the header) is too
+    short to hold the frame its header declares, or None (also when the header is not
+    read plainly: the decoder then judges). libjpeg decodes such a file with a warning
+    ("premature end of data segment") and fills what is missing with grey, and Pillow
+    drops libjpeg's warnings: a 674-byte file then decodes as a 65000x1500 image."""
+    pos, n, sof = 2, len(head), None
+    if n < 4 or head[:2] != b"\xff\xd8":
+        return None
+    while pos + 4 <= n:
+        if head[pos] != 0xFF:
+            return None
+        marker = head[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker == 0xDA:
+            break
+        if marker not in _HEADER_SEGMENTS:
+            return None
+        if marker in _SOF_ANY and sof is None:
+            sof = pos
+        pos += 2 + ((head[pos + 2] << 8) | head[pos + 3])
+    else:
+        return None
+    if sof is None or (blocks := _frame_blocks(head, sof)) is None:
+        return None
+    h = (head[sof + 5] << 8) | head[sof + 6]
+    w = (head[sof + 7] << 8) | head[sof + 8]
+    return _short_of_data(blocks, w, h, size - pos)
+
+
+_GREY = (128, (128, 128, 128))  # a block with no coefficients, as L and as RGB
+_FILLER = b"\x5a\xa5" * 64  # image data bytes (no FF) for the confirming decode
+
+
+def _check_whole(im: Image.Image, read: Any, draft: tuple[int, int] | None, path: str) -> None:
+    """DecodeError when a decoded JPEG's image data stopped before its last block.
+
+    libjpeg then warns ("Corrupt JPEG data: premature end of data segment") and gives
+    the missing blocks no coefficients: mid-grey to the end of the image. Pillow drops
+    libjpeg's warnings, so only an image whose last pixel is that grey is checked
+    further: it is decoded again with filler bytes before its final marker. A whole
+    file's decoder has finished by then and skips them (the same pixels); a short
+    one's reads them as image data (other pixels). ``read()`` gives the file's bytes
+    (None: too large to check), ``draft`` the size ``draft()`` was asked for."""
+    if im.format != "JPEG" or im.mode not in ("RGB", "L"):
+        return
+    if im.getpixel((im.width - 1, im.height - 1)) not in _GREY:
+        return
+    data = read()
+    end = -1 if data is None else data.rfind(b"\xff\xd9")
+    if end < 0:
+        return
+    with open_image(io.BytesIO(data[:end] + _FILLER + data[end:]), path) as again:
+        if draft is not None:
+            again.draft(None, draft)
+        again.load()
+        if again.size == im.size and again.tobytes() != im.tobytes():
+            raise DecodeError(
+                f"{CORRUPT}premature end of data segment (the image data stop before "
+                "its last block; libjpeg would fill the rest with grey)"
+            )
+
+
 def pil_quality(q: int) -> int:
     """Pillow's JPEG quality for ``--quality Q`` (ffmpeg's ``-q:v``, 2 best .. 31 worst):
     ``100 - 3 * Q`` clamped to [5, 95], so 2 -> 94, 3 (the default) -> 91, 5 -> 85,
@@ -290,6 +408,8 @@ def jpeg_for_pack(
         with open_image(io.BytesIO(data), path) as im:
             w, h = im.size
             orientation, upright = _upright_size(im, max_pixels)
+            if im.format == "JPEG" and (why := jpeg_too_short(data, len(data))):
+                raise DecodeError(why)
             keep = (
                 im.format == "JPEG"
                 and plain_jpeg_size(data, max_pixels) == (w, h)  # as the GPU build's rule
@@ -298,6 +418,7 @@ def jpeg_for_pack(
             )
             im.seek(0)
             im.load()  # a truncated or corrupt file is refused here, not at read time
+            _check_whole(im, lambda: data, None, path)
             if keep:
                 return data, (h, w), upright, False
             im = ImageOps.exif_transpose(im)
@@ -356,7 +477,7 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
     n = len(data)
     if n < 4 or data[:2] != b"\xff\xd8" or data[-2:] != b"\xff\xd9":
         return None
-    pos, size = 2, None
+    pos, size, sof = 2, None, 0
     orientation: int | None = None  # EXIF's tag; 0: an EXIF block without it
     xmp: int | None = None  # XMP's tiff:Orientation
     colour = adobe_rgb = False
@@ -386,7 +507,7 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
             colour = data[pos + 9] == 3
             if colour and (end < pos + 19 or bytes(data[pos + 10 : pos + 17 : 3]) == b"RGB"):
                 return None  # components named R, G, B: libjpeg reads RGB, not YCbCr
-            size = (w, h)
+            size, sof = (w, h), pos
         elif marker == 0xEE and data[pos + 4 : pos + 9] == b"Adobe":
             if end < pos + 16:
                 return None
@@ -408,6 +529,9 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
         orientation = xmp
     if size is None or orientation not in (None, 0, 1) or (colour and adobe_rgb):
         return None
+    blocks = _frame_blocks(data, sof)
+    if blocks is None or _short_of_data(blocks, *size, n - pos):
+        return None  # too short for its frame: the CPU decode names it corrupt
     return size
 
 

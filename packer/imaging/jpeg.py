@@ -62,6 +62,35 @@ def _rgb_mode():  # -> ImageReadMode.RGB, imported only when decoding
     return ImageReadMode.RGB
 
 
+_WARM: list[bool] = []  # import_decoders has run in this process
+
+
+def import_decoders(device: torch.device) -> None:
+    """Import what decoding a JPEG pack's batch imports, on the calling thread: the
+    loader calls it before its threads start, so no gather or decode thread runs an
+    import (an import holds the module's lock; garbage collection inside it could run
+    an old loader's finalizer while other threads wait for that lock). Pillow and
+    torchvision import parts of themselves on first use, so one tiny JPEG is decoded
+    and cropped both CPU ways here, once per process."""
+    from . import transforms
+
+    if device.type == "cuda":
+        transforms._triton()  # resize_images' kernels
+    if _WARM:
+        return
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (90, 120, 150)).save(buf, "JPEG")
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    out = np.empty((3, 8, 8), np.uint8)
+    decode_crop_cpu(data, -1, (16, 16), (0, 0, 16, 16), True, out)
+    resize_images(decode_batch([data], sizes=[(16, 16)]), (8, 8), mode="crop")
+    _WARM.append(True)
+
+
 def _decode_one(data: torch.Tensor, index: int, device: torch.device) -> torch.Tensor:
     from torchvision.io import decode_jpeg
 
@@ -81,6 +110,67 @@ def _decode_one(data: torch.Tensor, index: int, device: torch.device) -> torch.T
     return out
 
 
+# the frame headers (SOFn) of JPEG's DCT and lossless processes: not DHT (C4), JPG (C8),
+# DAC (CC), which share the range
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def frame_size(data: torch.Tensor | np.ndarray | bytes) -> tuple[int, int] | None:
+    """(height, width) in a JPEG's frame header (SOFn): what a decoder allocates for,
+    read from the header bytes alone, before anything is decoded. None when the header
+    cannot be walked plainly from SOI to a frame (a marker where a segment should start,
+    a scan or the end before any frame): the caller treats such a file as damaged.
+
+    The walk is libjpeg's: fill bytes and markers without a length are stepped over,
+    every other segment by its length, and the first frame header is the one decoded
+    (libjpeg refuses a second)."""
+    b = memoryview(data.numpy() if isinstance(data, torch.Tensor) else data)
+    n = len(b)
+    if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
+        return None
+    pos = 2
+    while pos + 4 <= n:
+        if b[pos] != 0xFF:
+            return None
+        marker = b[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
+            pos += 2
+            continue
+        if marker in (0x00, 0xD8, 0xD9, 0xDA):  # not a segment, or no frame before it
+            return None
+        length = (b[pos + 2] << 8) | b[pos + 3]
+        if length < 2:
+            return None
+        if marker in _SOF:
+            if length < 8 or pos + 9 > n:
+                return None
+            return (b[pos + 5] << 8) | b[pos + 6], (b[pos + 7] << 8) | b[pos + 8]
+        pos += 2 + length
+    return None
+
+
+def check_frames(
+    datas: Sequence[torch.Tensor], names: Sequence[int], sizes: torch.Tensor | np.ndarray
+) -> None:
+    """Every JPEG's frame header against its stored (h, w) ``sizes`` [n, 2], before any is
+    decoded: a decoder allocates what the header says, so a header that claims more than
+    the pack records (and was range-checked on load) would let a 2 KB file ask for
+    gigabytes. PackFormatError naming the first that differs or has no readable frame."""
+    hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    for d, i, (h, w) in zip(datas, names, hw.tolist()):
+        got = frame_size(d)
+        if got is None:
+            raise PackFormatError(
+                f"image {i}: its stored JPEG does not decode (no frame header before its "
+                "image data); the pack is damaged, run `imgpack verify` and rebuild it"
+            )
+        if got != (h, w):
+            raise size_mismatch(i, got, (h, w))  # as its header says, before decoding
+
+
 def decode_batch(
     datas: Sequence[torch.Tensor],
     device: torch.device | str = "cpu",
@@ -88,6 +178,7 @@ def decode_batch(
     indices: Sequence[int] | None = None,
     pool: ThreadPoolExecutor | None = None,
     ends_checked: bool = False,
+    sizes: torch.Tensor | np.ndarray | None = None,
 ) -> list[torch.Tensor]:
     """Decode JPEGs to RGB on ``device``.
 
@@ -98,6 +189,9 @@ def decode_batch(
       pool: CPU threads to decode on (default: this thread).
       ends_checked: the caller checked that every file ends with its EOI marker
         (:meth:`packer.pack.JpegPack.read` does, for a whole batch at once).
+      sizes: int [n, 2], each image's expected (h, w) (a pack's stored sizes, checked
+        on load against its limits): every frame header must say the same before
+        anything is decoded (:func:`check_frames`). A pack's readers always pass it.
 
     Returns:
       list of Tensor[3, h_i, w_i], uint8 in [0, 255], on ``device``.
@@ -107,6 +201,8 @@ def decode_batch(
     names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
     if not datas:
         return []
+    if sizes is not None:
+        check_frames(datas, names, sizes)
     # nvjpeg's batched decode returns a truncated file's partial image without an
     # error: every stored JPEG must end with its EOI marker (the build ensures it)
     for d, i in zip(datas, [] if ends_checked else names):
@@ -165,7 +261,8 @@ def decode_crop_cpu(
     Args:
       data: uint8 [n] CPU tensor, the file's bytes (a view of the pack is fine).
       index: how an error names the image (its pack row).
-      hw: its stored (height, width); a file of another size is refused.
+      hw: its stored (height, width); a file of another size is refused, its frame
+        header before anything is decoded (:func:`check_frames`).
       box: (top, left, height, width) inside the image, in its pixels.
       flip: mirror the output left-right.
       out: uint8 [3, h, w] numpy array (a row of a batch), written planar.
@@ -180,6 +277,7 @@ def decode_crop_cpu(
 
     from .decode import store_into
 
+    check_frames([data], [index], [hw])
     x = _decode_one(data, index, torch.device("cpu"))
     if tuple(x.shape[1:]) != tuple(int(v) for v in hw):
         raise size_mismatch(index, x.shape[1:], hw)
@@ -570,6 +668,7 @@ __all__ = [
     "CROP_FRACTION",
     "DECODE_MODES",
     "JpegCrop",
+    "check_frames",
     "crop_for",
     "decode_ahead",
     "decode_batch",
@@ -577,6 +676,7 @@ __all__ = [
     "decode_resized",
     "decodes_on_cpu",
     "fit_boxes",
+    "frame_size",
     "pad_batch",
     "resize_batch",
     "resize_images",

@@ -150,7 +150,9 @@ def split(
     pack names them: class indices, integer labels from a table (``classes ==
     []``), and -1 (unlabeled) as a stratum of its own. Each stratum is cut in
     the same proportions: its count in part k is within one image per part of
-    ``fractions[k]`` times its size. Targets play no part. Feed a part to
+    ``fractions[k]`` times its size. ``fractions`` are numbers (floats, ints, numpy
+    numbers); strings and bools are refused (UsageError), never converted. Targets play
+    no part. Feed a part to
     ``PackLoader(indices=)`` or ``torch.utils.data.Subset(PackDataset(pack), part)``.
     """
     if isinstance(pack, (str, os.PathLike)):
@@ -159,6 +161,13 @@ def split(
         fractions, str
     ):
         raise UsageError(f"fractions must be a sequence of floats, not {fractions!r}")
+    # numbers only: float("0.5") would take a string, float(True) a bool
+    odd = next((f for f in fractions if isinstance(f, (str, bytes, bool, np.bool_))), None)
+    if odd is not None:
+        raise UsageError(
+            f"fractions must be numbers, not {type(odd).__name__} {odd!r}: "
+            "pass floats, e.g. (0.9, 0.1)"
+        )
     try:
         fr = [float(f) for f in fractions]
     except (TypeError, ValueError):
@@ -204,7 +213,9 @@ def split(
 def class_histogram(
     pack: ImagePack | str | os.PathLike[str], indices: torch.Tensor | None = None
 ) -> dict[str, int]:
-    """Images per label among ``indices`` (int rows or bool mask; default all).
+    """Images per label among ``indices`` (default all): signed-integer rows
+    (tensor/array/list, int64 or int32) or a bool mask [N]; an unsigned dtype, such as
+    a uint8 0/1 mask, is refused (UsageError naming ``indices``), never read as rows.
 
     Keys: every class name, in class order (count 0 included); a label value
     the pack does not name (integer labels from a table, ``classes == []``)

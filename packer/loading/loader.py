@@ -27,10 +27,13 @@ pinning or streams, giving fresh tensors each batch.
 
 Lifetime: the producer thread holds only a :class:`_Pass` (queue, stop flag,
 arrays, buffers), never the iterator or the loader, so dropping an iterator
-mid-epoch collects it; a ``weakref.finalize`` on the iterator then stops and
-joins its thread (also at interpreter exit, before CUDA tears down), and one
-on the loader shuts its gather threads. After ``os.fork`` the child builds its
-own threads and buffers (the parent's threads do not exist there).
+mid-epoch collects it; a ``weakref.finalize`` on the iterator then signals its
+thread to stop, and one on the loader drops its gather threads, which end on
+their own. A finalizer never joins or waits (garbage collection can run it in
+the middle of an import, holding the lock a thread it would join waits for):
+``close()`` and the context manager's exit join, and an exit hook joins what is
+left before CUDA tears down. After ``os.fork`` the child builds its own threads
+and buffers (the parent's threads do not exist there).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from .order import (
     _dist_defaults,
     _int_arg,
     _rows_digest,
+    _size_arg,
     epoch_indices,
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
@@ -78,6 +82,8 @@ from .producer import (
     _Shared,
     _transform_batch,
     populate,
+    release_deferred,
+    track,
 )
 
 log = logging.getLogger(__name__)
@@ -113,14 +119,16 @@ class PackLoader:
         and none of the others (each epoch's permutation picks others). With
         fewer ranks than ``repeats`` an image's copies share a rank, next to each
         other in the order (usually one batch). See :func:`epoch_indices`.
-      indices: stream only these pack rows: int tensor/array/list [M]
-        (repeats allowed; ``[]`` streams nothing) or bool mask [N]. Shuffled per epoch and split across ranks like the
-        whole pack; the images are never copied.
+      indices: stream only these pack rows: signed-integer (int64, int32) tensor/array/
+        list [M] (repeats allowed; ``[]`` streams nothing) or bool mask [N]. An unsigned
+        dtype (a uint8 0/1 mask) is refused with UsageError: pass ``mask.bool()``.
+        Shuffled per epoch and split across ranks like the whole pack; the images are
+        never copied.
       transform: a callable on each uint8 batch [B, 3, H, W] on ``device``,
-        returning the images to yield: a Tensor [B, ...] with the same B (any
-        other dimensions), uint8 or floating point, on ``device``; anything
-        else raises UsageError naming the transform. Called as
-        ``transform(images, generator=g)`` if it has ``accepts_generator =
+        returning the images to yield: a Tensor [B, 3, h, w] with the same B (any
+        h, w >= 1), uint8 or floating point, on ``device``; anything else (another
+        rank, batch size or channel count) raises UsageError naming the transform.
+        Called as ``transform(images, generator=g)`` if it has ``accepts_generator =
         True``, with ``g`` a CPU generator seeded by :func:`batch_seed` (seed,
         epoch, rank, batch index); else ``transform(images)``. Runs in the
         background, on CUDA on the loader's copy stream. A transform with
@@ -153,9 +161,10 @@ class PackLoader:
         packs that fit in GPU memory; fastest).
       populate: pre-map the page-cached pack before the first batch (Linux).
       image_size, train: JPEG packs only (``imgpack build --store jpeg``): the side
-        (or (h, w)) of the yielded images, and the default crop: ``train=True``
-        RandomResizedCrop + horizontal flip, ``False`` the centre 87.5% of the
-        shorter side (Resize(S/0.875) + CenterCrop(S)). A ``transform`` starting with
+        (an int, or (h, w) ints, 1 to 16384) of the yielded images, and the default
+        crop (a bool): ``train=True`` RandomResizedCrop + horizontal flip, ``False``
+        the centre 87.5% of the shorter side (Resize(S/0.875) + CenterCrop(S)).
+        Anything else raises UsageError naming the argument. A ``transform`` starting with
         RandomResizedCrop/CenterCrop/Resize((h, w)) replaces the default crop, its
         boxes drawn relative to each image's own size (its stored size, checked
         against the decoded one). A damaged offset, size or JPEG raises
@@ -256,12 +265,15 @@ class PackLoader:
             from ..imaging.per_image import refuse_batch_wide
 
             refuse_batch_wide(transform)
+        train = _bool_arg("train", train)
         self._crop = None
         if getattr(pack, "storage", "raw") == "jpeg":
             from ..imaging.jpeg import crop_for
 
             if resident:
                 raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
+            if image_size is not None:
+                image_size = _size_arg("image_size", image_size)
             try:
                 self._crop = crop_for(transform, image_size, train)
             except ValueError as e:
@@ -335,7 +347,8 @@ class PackLoader:
 
     def _new_shared(self) -> None:
         self._shared = _Shared()
-        self._finalizer = weakref.finalize(self, _Shared.close, self._shared)
+        # collected: only signal (a finalizer must never wait: see _producer's lifetime note)
+        self._finalizer = weakref.finalize(self, _Shared.release, self._shared)
 
     def _shared_here(self) -> _Shared:
         """This process's threads and buffers; after a fork the child makes its own."""
@@ -468,10 +481,18 @@ class PackLoader:
             raise UsageError(
                 "not a PackLoader state: pass what PackLoader.state_dict() returned"
             ) from None
-        if isinstance(version, bool) or version != _STATE_VERSION:
-            raise UsageError(f"PackLoader state version {version!r} is not {_STATE_VERSION}")
+        if (
+            isinstance(version, (bool, np.bool_))
+            or not isinstance(version, (int, np.integer))
+            or version != _STATE_VERSION
+        ):
+            raise UsageError(
+                f"state['version'] {version!r} is not {_STATE_VERSION} (an int): pass what "
+                "PackLoader.state_dict() returned"
+            )
         epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
         batches = _int_arg("state['batches']", batches, 0)
+        _check_state_fields(state)
         if batches:
             mine = self.state_dict()
             if "rows" in state and state["rows"] != mine["rows"]:
@@ -592,7 +613,8 @@ class PackLoader:
         for it in list(self._live):
             it.close()
         self._live = weakref.WeakSet()
-        self._finalizer()
+        self._finalizer.detach()
+        self._shared.close()  # here, not from a finalizer, it may wait for the threads
         self._new_shared()
 
     def __enter__(self) -> PackLoader:
@@ -600,6 +622,36 @@ class PackLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_state_fields(state: dict[str, Any]) -> None:
+    """The fields of a loader state besides version, epoch and batches, each of the type
+    and range ``state_dict()`` gives, when present (older states lack some): UsageError
+    naming the field, never a cast (``2.0`` is not a batch size, nor ``"0.5"`` a seed)."""
+    ints = {
+        "seed": (-_MAX_SEED, _MAX_SEED),
+        "batch_size": (1, None),
+        "samples": (0, None),
+        "world_size": (1, None),
+    }
+    for key, (lo, hi) in ints.items():
+        if key in state:
+            _int_arg(f"state[{key!r}]", state[key], lo, hi)
+    if "rank" in state:
+        world = state.get("world_size")
+        _int_arg("state['rank']", state["rank"], 0, world)
+    for key in ("shuffle", "drop_last"):
+        if key in state:
+            _bool_arg(f"state[{key!r}]", state[key])
+    if "even_split" in state and state["even_split"] not in _EVEN_SPLITS:
+        raise UsageError(
+            f"state['even_split'] must be 'pad' or 'trim', not {state['even_split']!r}"
+        )
+    if "rows" in state and not isinstance(state["rows"], str):
+        raise UsageError(
+            f"state['rows'] must be the digest string state_dict() gives, not "
+            f"{type(state['rows']).__name__}"
+        )
 
 
 class PackSampler(torch.utils.data.Sampler[int]):
@@ -737,8 +789,23 @@ class _EpochIterator:
             rows=in_place,
         )
         self._pass = p
-        self._finalizer = weakref.finalize(self, _Pass.stop_and_join, p)
-        p.thread.start()
+        # collected: the finalizer only signals the producer (it must never wait: see
+        # _producer's lifetime note); close() joins it
+        self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)
+        if ld._crop is not None:
+            # import the decoders here, before any gather thread would (an import runs
+            # under the module's lock, and collecting an old loader may run meanwhile)
+            from ..imaging.jpeg import import_decoders
+
+            import_decoders(ld.device)
+        release_deferred()
+        shared.pass_started()
+        track(p)
+        try:
+            p.thread.start()
+        except BaseException:
+            shared.pass_ended()
+            raise
 
     def __next__(self) -> tuple[torch.Tensor, ...]:
         if self.closed:
@@ -803,9 +870,11 @@ class _EpochIterator:
         return images, labels, targets
 
     def close(self) -> None:
+        """Stop this pass's producer and wait for it (never called from a finalizer)."""
         if self.closed:
             return
         self.closed = True
-        if self._finalizer is not None:
-            self._finalizer()
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            assert self._pass is not None
+            self._pass.stop_and_join()
         self._resident = None

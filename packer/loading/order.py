@@ -99,6 +99,24 @@ def _int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None
     return v
 
 
+def _size_arg(name: str, value: Any) -> tuple[int, int]:
+    """An image size: an int S (S x S) or a pair (height, width) of ints, each 1 to
+    ``transforms.MAX_SIDE``, as (height, width); UsageError naming ``name`` for anything
+    else (a float, a bool, a string, another length), never cast."""
+    from ..imaging.transforms import MAX_SIDE
+
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        h, w = (_int_arg(f"{name}[{i}]", v, 1, MAX_SIDE + 1) for i, v in enumerate(value))
+        return h, w
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(
+            f"{name} must be an int S or a pair (height, width) of ints, not "
+            f"{type(value).__name__} {value!r}"
+        )
+    s = _int_arg(name, value, 1, MAX_SIDE + 1)
+    return s, s
+
+
 def _bool_arg(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise UsageError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
@@ -149,43 +167,47 @@ def _check_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def _check_indices(indices: Any, n: int) -> torch.Tensor:
-    """Rows of the pack to stream, int64 [M], from an int tensor/array/list/tuple or a
-    bool mask [N]. An empty list or tuple is an empty set of rows."""
+_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_indices(indices: Any, n: int, name: str = "indices") -> torch.Tensor:
+    """Rows of the pack to stream, int64 [M], from a signed-integer tensor/array/list/tuple
+    or a bool mask [N]. An empty list or tuple is an empty set of rows. An unsigned dtype
+    is refused: a uint8 0/1 mask (a ByteTensor, numpy's uint8) would otherwise be read
+    as rows 0 and 1. ``name`` is the argument the messages name."""
     if isinstance(indices, (list, tuple)) and len(indices) == 0:
         return torch.empty(0, dtype=torch.int64)
     if not isinstance(indices, (torch.Tensor, np.ndarray, list, tuple, range)):
         raise UsageError(
-            f"indices must be a tensor, array, list or tuple of int rows or a bool mask, "
+            f"{name} must be a tensor, array, list or tuple of int rows or a bool mask, "
             f"not {type(indices).__name__}"
         )
     try:
         idx = torch.as_tensor(indices)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise UsageError(
-            f"indices must be int rows or a bool mask, representable as int64 ({e})"
+            f"{name} must be int rows or a bool mask, representable as int64 ({e})"
         ) from None
     if idx.dim() != 1:
         raise UsageError(
-            f"indices must be 1-D (int rows or a bool mask), not shape {tuple(idx.shape)}"
+            f"{name} must be 1-D (int rows or a bool mask), not shape {tuple(idx.shape)}"
         )
     if idx.dtype == torch.bool:
         if len(idx) != n:
             raise UsageError(
-                f"a bool mask for indices needs {n} entries (the pack's), not {len(idx)}"
+                f"a bool mask for {name} needs {n} entries (the pack's), not {len(idx)}"
             )
         return idx.nonzero().flatten()
-    if idx.is_floating_point() or idx.is_complex():
-        raise UsageError(f"indices must be integers or a bool mask, not {idx.dtype}")
-    if idx.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        # torch has few ops on wide unsigned ints, and a value >= 2**63 would wrap
-        wide = idx.cpu().numpy()
-        if len(wide) and int(wide.max()) >= n:
-            raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
-        idx = torch.from_numpy(wide.astype(np.int64))
+    if idx.dtype not in _INDEX_DTYPES:
+        what = str(idx.dtype).removeprefix("torch.")
+        raise UsageError(
+            f"{name} must be integer rows (int64 or int32) or a bool mask, not {what}: "
+            f"pass a mask as bool ({name}=mask.bool(), or mask.astype(bool) in numpy), "
+            "rows as integers"
+        )
     idx = idx.to(torch.int64)
     if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        raise UsageError(f"indices must lie in [0, {n}) for this pack of {n} images")
+        raise UsageError(f"{name} must lie in [0, {n}) for this pack of {n} images")
     return idx
 
 

@@ -11,6 +11,7 @@ queue. It refers to no iterator and no loader (see the lifetime note in
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import ctypes
@@ -20,6 +21,7 @@ import math
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -45,20 +47,25 @@ def _transform_name(transform: Callable[..., Any]) -> str:
 def _check_transformed(
     transform: Callable[..., Any], images: torch.Tensor, out: Any
 ) -> torch.Tensor:
-    """What a transform returned, if it can be yielded beside the batch's labels: a
-    Tensor [B, ...] (the same B as its input), uint8 or floating point, on the input's
-    device. Metadata only, so no host sync on CUDA."""
+    """What a transform returned, if it can be yielded as the batch's images beside its
+    labels: a Tensor [B, 3, h, w] (the same B as its input, h and w >= 1), uint8 or
+    floating point, on the input's device. Metadata only, so no host sync on CUDA."""
     name = _transform_name(transform)
     if not isinstance(out, torch.Tensor):
         raise UsageError(
             f"transform {name} returned {type(out).__name__}, not a Tensor; a transform "
-            "maps a uint8 batch [B, 3, H, W] to a Tensor [B, ...]"
+            "maps a uint8 batch [B, 3, H, W] to a Tensor [B, 3, h, w]"
         )
     b = images.shape[0]
     if out.dim() == 0 or out.shape[0] != b:
         raise UsageError(
             f"transform {name} returned shape {list(out.shape)} for a batch of {b}; it must "
             f"keep the batch size (first dimension {b}) so images and labels stay paired"
+        )
+    if out.dim() != 4 or out.shape[1] != images.shape[1] or min(out.shape[2:]) < 1:
+        raise UsageError(
+            f"transform {name} returned shape {list(out.shape)}; it must return images "
+            f"[B, 3, h, w] ({b} images of 3 channels), as it is given"
         )
     if out.dtype != torch.uint8 and not out.dtype.is_floating_point:
         raise UsageError(
@@ -200,8 +207,52 @@ def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     np.take(src, idx, 0, out, "clip")
 
 
+# Lifetime. Garbage collection may run a finalizer inside any code of any thread: in
+# the middle of an import (holding the module's import lock), or of a pool's submit
+# (holding its lock). A finalizer that joined a thread, waited on the GPU or took a lock
+# could then wait on its own thread: a dropped loader's threads waiting for the import
+# lock a new loader's gather thread held while its import collected the old loader hung
+# for good. So the finalizers (:meth:`_Pass.signal_stop`, :meth:`_Shared.release`) only signal
+# and drop references; the joins, the pool shutdown and the unregistering of the GPU's
+# mapping of the pack run on explicit close() (the context manager's exit), in the
+# producer thread as it ends, at the next pass or close, and at interpreter exit.
+_LIVE: weakref.WeakSet[_Pass] = weakref.WeakSet()  # passes whose producer may run
+_UNRELEASED: list[Any] = []  # PackRows of collected loaders: closed at the next safe point
+_AT_EXIT: list[bool] = []  # the exit hook is registered
+
+
+def release_deferred() -> None:
+    """Close the GPU mappings that collected loaders left (never from a finalizer)."""
+    while True:
+        try:
+            rows = _UNRELEASED.pop()  # list.pop is atomic: no lock that GC could hold
+        except IndexError:
+            return
+        rows.close()
+
+
+def _join_at_exit() -> None:
+    """Stop and join every producer still running, before CUDA tears down (a finalizer
+    run at exit only signals them)."""
+    for p in list(_LIVE):
+        p.stop_and_join()
+    release_deferred()
+
+
+def track(p: _Pass) -> None:
+    """Note a pass whose producer is starting, for :func:`_join_at_exit`."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(_join_at_exit)
+    _LIVE.add(p)
+
+
 class _Shared:
-    """What a loader's passes share: the gather threads and the pinned slots (one process)."""
+    """What a loader's passes share: the gather threads and the pinned slots (one process).
+
+    ``active``: passes whose producer runs. The pack's GPU mapping (``rows``) is closed by
+    :meth:`close`, or, once the loader was collected (:meth:`release`), by the last
+    producer to end."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -211,6 +262,8 @@ class _Shared:
         self.rows: Any = None  # packer.loading.device_gather.PackRows once registered
         self.rows_why: str | None = None  # why the GPU cannot read the pack in place
         self.rows_tried = False
+        self.active = 0
+        self.closed = False
 
     def device_rows(
         self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None
@@ -243,20 +296,58 @@ class _Shared:
 
     def give_slots(self, slots: _Slots) -> None:
         with self.lock:
-            self.free_slots.append(slots)
+            if not self.closed:
+                self.free_slots.append(slots)
+
+    def pass_started(self) -> None:
+        with self.lock:
+            self.active += 1
+
+    def pass_ended(self) -> None:
+        """A producer has ended (on its own thread): the last one of a collected loader
+        closes the pack's GPU mapping, its kernels having finished (run_device syncs)."""
+        with self.lock:
+            self.active -= 1
+            rows = None
+            if self.closed and self.active == 0:
+                rows, self.rows = self.rows, None
+        if rows is not None:
+            rows.close()
 
     def close(self) -> None:
+        """Explicit close (``PackLoader.close``, the context manager; the passes were
+        stopped and joined first): shut the gather threads down and wait for them, close
+        the pack's GPU mapping after every kernel reading it."""
         if self.pid != os.getpid():
             return  # the parent's threads do not exist in a forked child
         with self.lock:
+            self.closed = True
             pool, self.pool = self.pool, None
             self.free_slots = []
-            rows, self.rows = self.rows, None
+            rows = None
+            if self.active == 0:
+                rows, self.rows = self.rows, None
         if rows is not None:
-            rows.close()  # after every kernel reading it (the passes were stopped first)
+            rows.close()
         if pool is not None:
             mine = threading.current_thread() in getattr(pool, "_threads", ())
             pool.shutdown(wait=not mine)
+        release_deferred()
+
+    def release(self) -> None:
+        """The loader was collected (its finalizer). Blocks on nothing and takes no lock
+        (see the lifetime note above): the pool is only dropped, so its idle threads end
+        by themselves once no pass holds it (concurrent.futures wakes them when the pool
+        is collected); passes still running keep what they use, and the last of them
+        closes the GPU mapping; with none running it is left for the next safe point."""
+        if self.pid != os.getpid():
+            return
+        self.closed = True
+        self.pool = None
+        self.free_slots = []
+        if self.active == 0 and self.rows is not None:
+            rows, self.rows = self.rows, None
+            _UNRELEASED.append(rows)
 
 
 class _Slots:
@@ -384,18 +475,32 @@ class _Pass:
         self.thread = threading.Thread(target=_produce, args=(self,), name="imgpack-producer")
         self.thread.daemon = True  # a leftover never blocks exit; stop_and_join runs at exit
 
-    def stop_and_join(self) -> None:
-        """Stop the producer, wait for it, free what it holds (the iterator's finalizer)."""
+    def signal_stop(self) -> None:
+        """Tell the producer to stop and free the batches it queued; no wait, no lock of
+        ours (the iterator's finalizer: see the lifetime note above). The producer then
+        ends on its own and hands its slots back."""
         if self.pid != os.getpid():
             return  # a forked child: this pass's thread only ever existed in the parent
         self.stop.set()
         self._drain()  # unblocks a producer waiting to put
+
+    def stop_and_join(self) -> None:
+        """Stop the producer and wait for it (an explicit close, and at exit)."""
+        if self.pid != os.getpid():
+            return
+        self.signal_stop()
         if threading.current_thread() is not self.thread and self.thread.ident is not None:
             self.thread.join(timeout=_JOIN_TIMEOUT_S)
         self._drain()
-        if self.slots is not None and not self.thread.is_alive():
-            self.shared.give_slots(self.slots)  # stuck past the timeout: share nothing
-        self.slots = None
+
+    def finish(self) -> None:
+        """The producer's last act, on its thread: its slots back to the loader for the
+        next pass (the copies out of them are fenced by their events), the pass off
+        the shared count."""
+        slots, self.slots = self.slots, None
+        if slots is not None:
+            self.shared.give_slots(slots)
+        self.shared.pass_ended()
 
     def _drain(self) -> None:
         with contextlib.suppress(queue.Empty):
@@ -499,7 +604,7 @@ class _Pass:
                     cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, crop.size)
                     yield (b, idx, (sizes, boxes, flip, state, cpu)), list
                     continue
-                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True}
+                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True, "sizes": sizes}
                 decode = functools.partial(decode_batch, datas, dev, **kw)
                 yield (b, idx, (sizes, boxes, flip, state, None)), decode
 
@@ -531,7 +636,10 @@ class _Pass:
                     if getattr(crop.rest, "mixes_labels", False):
                         images, labels = _mix(crop.rest, images, labels, self.gen)
                     else:
-                        images = crop.after(images, self.gen)
+                        out = crop.after(images, self.gen)
+                        images = (
+                            out if crop.rest is None else _check_transformed(crop.rest, images, out)
+                        )
                     ready = None
                     if cuda:
                         ready = torch.cuda.Event()
@@ -645,6 +753,16 @@ class _Pass:
         dev = self.device
         bs = self.batch_size
         stream = torch.cuda.Stream(dev)
+        try:
+            self._gather_on_device(rows, dev, bs, stream)
+        finally:
+            # the kernels read the registered pack: none may run once the pass has ended
+            # (the last pass of a collected loader then unregisters it, without a wait)
+            stream.synchronize()
+
+    def _gather_on_device(
+        self, rows: Any, dev: torch.device, bs: int, stream: torch.cuda.Stream
+    ) -> None:
         with torch.cuda.stream(stream):
             order = torch.from_numpy(np.ascontiguousarray(self.order, np.int64)).to(dev)
             for b, idx in self.batches():
@@ -667,10 +785,16 @@ class _Pass:
                 ready.record(stream)
                 if not self.put((images, labels, targets, ready)):
                     return
-        stream.synchronize()
 
 
 def _produce(p: _Pass) -> None:
+    try:
+        _run(p)
+    finally:
+        p.finish()
+
+
+def _run(p: _Pass) -> None:
     try:
         if p.jpeg is not None:
             if p.device.type == "cuda":

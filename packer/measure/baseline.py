@@ -69,12 +69,17 @@ def image_folder(root: Path, height: int, width: int, resize: str = "crop") -> A
 def pack_files(source: Path, manifest: Any, labels: Sequence[int]) -> tuple[Files, int]:
     """The images a pack holds, read from ``source``: exactly the pack's ``sources``,
     with its labels, so files the build skipped are never timed. Returns the dataset
-    and how many of the pack's sources are no longer regular files in ``source``."""
+    and how many of the pack's sources it leaves out: no longer regular image files
+    under ``source`` (:func:`packer.sources.scan.source_image`: a manifest's paths never make
+    it read a link out of the folder or a special file)."""
+    from ..sources.scan import source_image
+
+    root = os.path.realpath(source)
     paths, labs, missing = [], [], 0
     for rel, label in zip(manifest.sources, labels):
-        p = source / rel
-        if p.is_file():
-            paths.append(str(p))
+        p, _ = source_image(root, rel)
+        if p is not None:
+            paths.append(p)
             labs.append(int(label))
         else:
             missing += 1

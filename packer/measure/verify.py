@@ -45,6 +45,7 @@ from ..pack.format import (
     hash_blocks,
     read_manifest,
 )
+from ..sources.scan import OUTSIDE, source_image
 from .timing import check_device_name, each_pass, resolve_device, sync, time_loader
 
 if TYPE_CHECKING:
@@ -191,50 +192,46 @@ def check_jpeg_sources(
     """A JPEG pack with its source: every stored JPEG decodes (CPU, every core) to its
     recorded size, and the sample's sources give the same stored bytes again."""
     from ..imaging.decode import jpeg_for_pack
-    from ..imaging.jpeg import decode_batch
 
     n = m.count
     sizes = pack.sizes.numpy()
 
     def decodes(i: int) -> str | None:
         try:
-            img = decode_batch(pack.read([i]), "cpu", indices=[i])[0]
+            img = pack.decode([i])[0]  # the frame header checked against its size first
         except PackerError as e:
             return str(e)
         if list(img.shape[1:]) != sizes[i].tolist():
             return f"image {i}: decodes to {list(img.shape[1:])}, recorded {sizes[i].tolist()}"
         return None
 
-    def same(i: int) -> str | None:
-        path = source / m.sources[i]
-        if not path.is_file():
-            return "missing"
-        try:
-            data, *_ = jpeg_for_pack(str(path), m.max_side, m.quality or 3, m.build.max_pixels)
-        except DecodeError:
-            return "changed"
-        return None if data == bytes(pack.read([i])[0].numpy()) else "changed"
+    root = os.path.realpath(source)
 
-    broken, missing, changed = [], [], []
+    def same(i: int) -> str | None:
+        path, why = source_image(root, m.sources[i])
+        if path is None:
+            return why
+        try:
+            data, *_ = jpeg_for_pack(path, m.max_side, m.quality or 3, m.build.max_pixels)
+        except DecodeError:
+            return CHANGED
+        return None if data == bytes(pack.read([i])[0].numpy()) else CHANGED
+
+    broken = []
     with ThreadPoolExecutor(_threads()) as pool:
         for what in pool.map(decodes, range(n)):
             if what:
                 broken.append(what)
             if progress:
                 progress(1)
+        found = _SourceFindings(m, idx, source)
         for i, what in zip(idx, pool.map(same, idx)):
-            (missing if what == "missing" else changed if what else []).append(m.sources[i])
+            found.note(i, what)
     if broken:
         report.add("decode", False, f"{len(broken)} of {n} stored JPEGs fail: {broken[0]}")
     else:
         report.add("decode", True, f"all {n} stored JPEGs decode to their recorded sizes")
-    if missing or changed:
-        parts = [f"{len(missing)} missing: " + ", ".join(missing[:5])] if missing else []
-        if changed:
-            parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
-        report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
-    else:
-        report.add("sources", True, f"{len(idx)} sources in {source} give the same JPEG bytes")
+    found.report(report, f"sources in {source} give the same JPEG bytes")
 
 
 def check_images(root: Path, m: Manifest, report: VerifyReport, progress: Progress | None) -> None:
@@ -329,40 +326,76 @@ def check_sources(
 ) -> None:
     spec = ResizeSpec(m.width, m.height, m.resize, m.build.max_pixels)
     images = pack.images
+    root = os.path.realpath(source)
 
     def one(i: int) -> str | None:
         # Pillow releases the GIL while it decodes and resizes: threads use every core
-        path = source / m.sources[i]
-        if not path.is_file():
-            return "missing"
+        path, why = source_image(root, m.sources[i])
+        if path is None:
+            return why
         try:
-            same = np.array_equal(decode(str(path), spec), images[i].numpy())
+            same = np.array_equal(decode(path, spec), images[i].numpy())
         except DecodeError:
             same = False
-        return None if same else "changed"
+        return None if same else CHANGED
 
-    missing, changed = [], []
+    found = _SourceFindings(m, idx, source)
     with ThreadPoolExecutor(_threads()) as pool:
         for i, what in zip(idx, pool.map(one, idx)):
-            if what == "missing":
-                missing.append(m.sources[i])
-            elif what == "changed":
-                changed.append(m.sources[i])
+            found.note(i, what)
             if progress:
                 progress(1)
-    if missing or changed:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing: " + ", ".join(missing[:5]))
-        if changed:
-            parts.append(f"{len(changed)} changed since the build: " + ", ".join(changed[:5]))
-        report.add("sources", False, "; ".join(parts) + f" (of {len(idx)} checked in {source})")
-    else:
-        report.add(
-            "sources",
-            True,
-            f"{len(idx)} of {m.count} source images re-decoded from {source}: pixels identical",
+    found.report(report, f"of {m.count} source images re-decoded from {source}: pixels identical")
+
+
+CHANGED = "changed"
+
+
+class _SourceFindings:
+    """What re-reading a sample of a pack's sources found, by kind: missing, changed since
+    the build, not read (:func:`packer.sources.scan.source_image` refused the path: not a
+    regular image file under the source folder, so the manifest cannot make verify read
+    a device or ``/proc``), and left out (links leading outside the source folder, which
+    are not followed: reported, not a failure)."""
+
+    def __init__(self, m: Manifest, idx: list[int], source: Path) -> None:
+        self.m, self.idx, self.source = m, idx, source
+        self.missing: list[str] = []
+        self.changed: list[str] = []
+        self.refused: list[str] = []
+        self.outside: list[str] = []
+
+    def note(self, i: int, what: str | None) -> None:
+        name = self.m.sources[i]
+        if what == "missing":
+            self.missing.append(name)
+        elif what == CHANGED:
+            self.changed.append(name)
+        elif what == OUTSIDE:
+            self.outside.append(name)
+        elif what:
+            self.refused.append(f"{name} ({what})")
+
+    def report(self, report: VerifyReport, ok_detail: str) -> None:
+        def part(items: list[str], what: str) -> list[str]:
+            more = ", ..." if len(items) > 5 else ""
+            return [f"{len(items)} {what}: " + ", ".join(items[:5]) + more] if items else []
+
+        bad = (
+            part(self.missing, "missing")
+            + part(self.changed, "changed since the build")
+            + part(self.refused, "not read, not regular image files")
         )
+        left = part(self.outside, f"not checked, {OUTSIDE}")
+        checked = len(self.idx) - len(self.outside)
+        if bad:
+            report.add(
+                "sources",
+                False,
+                "; ".join(bad + left) + f" (of {len(self.idx)} checked in {self.source})",
+            )
+        else:
+            report.add("sources", True, "; ".join([f"{checked} {ok_detail}", *left]))
 
 
 # ---------------------------------------------------------------- throughput
@@ -501,11 +534,11 @@ def verify(
         return report
     try:
         check_files(root, m)
+        pack = open_pack(root, m)  # a JPEG pack's stored sizes are range-checked here
         report.add("files", True, "data files present with the sizes the manifest gives")
     except PackerError as e:
         report.add("files", False, str(e))
         return report
-    pack = open_pack(root, m)
     report.image_bytes = 3 * 224 * 224 if m.storage == "jpeg" else m.image_bytes  # as delivered
     source = _source_folder(m, config)
     source_ok = source is not None and source.is_dir()

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,7 @@ from typing import Any
 
 from ..errors import InputError, PackerError, PackFormatError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES
+from ..sources.scan import NotRegularFile, file_kind, open_fd_if_regular
 
 FORMAT_NAME = "imgpack"
 FORMAT_VERSION = 1
@@ -54,7 +56,15 @@ LABELS_FILE = "labels.memmap"
 TARGETS_FILE = "targets.memmap"
 TD_TYPE = "<class 'packer.pack.ImagePack'>"
 CHECKSUM = "sha256"
+# A manifest holds about 100 bytes per image (its source path and size, a share of the
+# block checksums) besides what every pack has and what was skipped: the cap is a base
+# plus MANIFEST_BYTES_PER_IMAGE for each image the labels file holds (a count read
+# before the manifest), never above MAX_MANIFEST_BYTES. Checked on the opened file
+# before a byte is read, so a huge (or sparse) file costs nothing.
 MAX_MANIFEST_BYTES = 2 << 30
+MANIFEST_BASE_BYTES = 64 << 20
+MANIFEST_BYTES_PER_IMAGE = 512
+MAX_META_BYTES = 64 << 10  # tensordict's meta.json files: tens of bytes in a pack
 MAX_COUNT = 1 << 40
 STORAGE_KINDS = ("raw", "jpeg")  # jpeg: variable-size JPEG files with an offset table
 JPEG_STORAGE_VERSION = 1  # the layout of a "jpeg" pack's four files, recorded in the manifest
@@ -572,8 +582,18 @@ def image_bytes(shape: Iterable[int]) -> int:
 
 
 def pack_bytes(root: Path) -> int:
-    """Bytes on disk of everything in a pack directory."""
-    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+    """Bytes a pack directory's files take on disk (allocated blocks, not their apparent
+    sizes: a sparse file is counted for what it holds). Links are not followed."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
+    return total
 
 
 def is_pack(path: Path) -> bool:
@@ -779,6 +799,57 @@ def _fail(root: Path, what: str) -> PackFormatError:
     return PackFormatError(f"{root}: {what}")
 
 
+def read_bounded(root: Path, path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` (a file of the pack at ``root``), if it is a regular file
+    (symlinks followed) of at most ``limit`` bytes: checked on the opened descriptor
+    before anything is read (opening never blocks, so a FIFO is refused, not waited on).
+    Raises FileNotFoundError when there is none, PackFormatError for anything else."""
+    name = os.path.relpath(path, root)
+    try:
+        fd, st = open_fd_if_regular(path)
+    except NotRegularFile as e:
+        raise _fail(
+            root, f"{name} is not a regular file ({file_kind(e.mode)}); refusing the pack"
+        ) from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise _fail(root, f"{name} cannot be read ({e.strerror})") from None
+    try:
+        if st.st_size > limit:
+            raise _fail(
+                root,
+                f"{name} is {st.st_size:,} bytes, more than this pack's can be "
+                f"({limit:,}); the pack is damaged or not from imgpack, refusing it",
+            )
+        os.set_blocking(fd, True)
+        parts, got = [], 0
+        while got <= limit:  # a file growing meanwhile is read no further than the cap
+            part = os.read(fd, min(8 << 20, limit + 1 - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        if got > limit:
+            raise _fail(root, f"{name} grew past {limit:,} bytes while read; refusing it")
+        return b"".join(parts)
+    except OSError as e:
+        raise _fail(root, f"{name} cannot be read ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def manifest_limit(root: Path) -> int:
+    """The most bytes the manifest of the pack at ``root`` may have: a base plus an
+    allowance per image of its labels file (int64 [N]), at most MAX_MANIFEST_BYTES."""
+    try:
+        st = os.stat(Layout(root).labels)
+        n = st.st_size // 8 if stat.S_ISREG(st.st_mode) else 0
+    except OSError:
+        n = 0
+    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_IMAGE * n)
+
+
 def read_manifest(root: Path) -> Manifest:
     """Read and validate a pack's manifest. Raises PackFormatError naming the problem."""
     root = Path(root)
@@ -787,14 +858,14 @@ def read_manifest(root: Path) -> Manifest:
     if not root.is_dir():
         raise _fail(root, "is a file, not a pack directory")
     lay = Layout(root)
-    if not lay.manifest.is_file():
+    try:
+        data = read_bounded(root, lay.manifest, manifest_limit(root))
+    except FileNotFoundError:
         raise _fail(
             root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`"
-        )
-    if lay.manifest.stat().st_size > MAX_MANIFEST_BYTES:
-        raise _fail(root, f"{MANIFEST} is implausibly large; the pack is damaged")
+        ) from None
     try:
-        raw = loads_json(lay.manifest.read_bytes())
+        raw = loads_json(data)
     except JSONNestingError:
         raise _fail(
             root, f"{MANIFEST} is nested too deeply to be a manifest; refusing the pack"
@@ -803,9 +874,42 @@ def read_manifest(root: Path) -> Manifest:
         raise _fail(
             root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it"
         ) from None
-    except OSError as e:
-        raise _fail(root, f"{MANIFEST} cannot be read ({e.strerror})") from None
+    del data
     return Manifest.from_json(raw, where=f"{root}: {MANIFEST}")
+
+
+def check_tensordict_meta(root: Path) -> None:
+    """Refuse a pack whose ``meta.json`` files are not what imgpack writes: tensordict's
+    loaders read them first, and the top-level one picks the class whose loader runs
+    (another class's, such as ``NonTensorData``'s, unpickles ``other.pickle``). Each
+    must be a small regular file, the top-level one exactly ``{"_type": TD_TYPE}``.
+    Read with a size cap and a non-blocking open: a FIFO or a link to ``/dev/zero``
+    named ``meta.json`` is refused, never read. None at all is fine (imgpack reads
+    neither)."""
+    root = Path(root)
+    for meta in (root / "meta.json", root / DATA_DIR / "meta.json"):
+        try:
+            data = read_bounded(root, meta, MAX_META_BYTES)
+        except FileNotFoundError:
+            if os.path.lexists(meta):  # a link to nothing
+                raise _fail(
+                    root, f"{os.path.relpath(meta, root)} is a broken link; refusing the pack"
+                ) from None
+            continue
+        if meta.parent != root:
+            continue  # imgpack never reads it; tensordict reads it only through the top one
+        try:
+            obj = loads_json(data)
+        except (ValueError, UnicodeDecodeError):
+            obj = None
+        if obj != {"_type": TD_TYPE}:
+            t = obj.get("_class", obj.get("_type")) if isinstance(obj, dict) else None
+            what = f"names type {t!r}" if t != TD_TYPE else f"holds keys {sorted(obj)}"
+            raise _fail(
+                root,
+                f"meta.json {what}, where imgpack writes only {{'_type': {TD_TYPE!r}}}; "
+                "refusing the pack (nothing was imported)",
+            )
 
 
 def check_files(root: Path, m: Manifest) -> None:
@@ -828,18 +932,7 @@ def check_files(root: Path, m: Manifest) -> None:
     for f in os.listdir(data_dir):
         if f not in allowed:
             raise _fail(root, f"unexpected file {DATA_DIR}/{f}; refusing the pack")
-    meta = root / "meta.json"
-    if meta.is_file():
-        try:
-            t = loads_json(meta.read_bytes()).get("_type")
-        except (ValueError, AttributeError):
-            t = None
-        if t != TD_TYPE:
-            raise _fail(
-                root,
-                f"meta.json names type {t!r}, not {TD_TYPE!r}; refusing the pack "
-                "(nothing was imported)",
-            )
+    check_tensordict_meta(root)
     n = m.count
     for spec in m.fields:
         path = data_dir / spec.file

@@ -12,7 +12,15 @@ import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
-from .format import DATA_DIR, MANIFEST, Manifest, check_files, check_label_arrays, read_manifest
+from .format import (
+    DATA_DIR,
+    MANIFEST,
+    Manifest,
+    check_files,
+    check_label_arrays,
+    check_tensordict_meta,
+    read_manifest,
+)
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
@@ -109,6 +117,46 @@ class ImagePack:
 ImagePack.__module__ = "packer.pack"
 
 
+def _refuse_unchecked(prefix: Any) -> None:
+    """What tensordict's loaders call before reading a directory's ``meta.json``
+    (:func:`_guard_tensordict`): a pack (a folder holding imgpack's manifest) whose
+    ``meta.json`` is not exactly imgpack's is refused, since that file alone picks the
+    class whose loader runs, and most unpickle ``other.pickle``. With imgpack's, the
+    pack goes on to :meth:`ImagePack._load_memmap`, that is :func:`open_pack`. The
+    ``_tensordict`` folder of a pack is refused outright: open the pack instead."""
+    if not isinstance(prefix, (str, os.PathLike)):
+        return  # a member of a tensordict archive file, not a folder
+    path = Path(prefix)
+    if (path / MANIFEST).exists():
+        check_tensordict_meta(path)
+    elif path.name == DATA_DIR and (path.parent / MANIFEST).exists():
+        raise PackFormatError(
+            f"{path}: is the data folder of an imgpack pack, which is opened whole and "
+            f"only through imgpack's checks: packer.load({str(path.parent)!r})"
+        )
+
+
+def _guard_tensordict() -> None:
+    """Route every tensordict loader (``TensorDict.load_memmap``, ``tensordict.load_memmap``,
+    ``load``, any tensorclass's ``load_memmap``) through :func:`_refuse_unchecked`: they
+    all read a directory's ``meta.json`` with ``tensordict._base.serialization.
+    _load_metadata`` (the tensorclass copies of the loader share that module's names).
+    Installed once, when this module is imported; other folders load as before."""
+    from tensordict._base import serialization
+
+    read = serialization._load_metadata
+    if getattr(read, "_imgpack_guard", False):
+        return
+
+    def _load_metadata(prefix: Any) -> Any:
+        _refuse_unchecked(prefix)
+        return read(prefix)
+
+    _load_metadata._imgpack_guard = True  # type: ignore[attr-defined]
+    _load_metadata._imgpack_unguarded = read  # type: ignore[attr-defined]
+    serialization._load_metadata = _load_metadata
+
+
 def _only_path(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     # tolerated: what would make tensordict's loader safe, or is what open_pack does anyway
     harmless = {"allow_pickle": False, "mode": "r", "device": None}
@@ -152,6 +200,7 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
             )
     if manifest.storage == "jpeg":
         check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
+        check_stored_sizes(tensors["sizes"].numpy(), manifest, root)
         return JpegPack(tensors, manifest, root)
     if not {"images", "labels"} <= set(tensors) <= {"images", "labels", "targets"}:
         raise PackFormatError(
@@ -170,6 +219,31 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     pack.__dict__["_imgpack_classes"] = list(manifest.classes)
     pack.__dict__["_imgpack_sources"] = list(manifest.sources)
     return pack
+
+
+JPEG_MAX_SIDE = 65535  # a JPEG frame header's sides are 16-bit
+
+
+def check_stored_sizes(sizes: np.ndarray, m: Manifest, root: Path) -> None:
+    """A JPEG pack's stored (h, w) [N, 2], each as its build allows: 1 to ``max_side``
+    (or 65535, a JPEG's most) a side, at most the build's ``max_pixels`` pixels. A
+    decoder allocates what a JPEG's header says, and readers check each header against
+    these before decoding, so this bounds every decode of the pack (a 2 KB file saying
+    65000x65000 would ask for 12 GB). PackFormatError naming the first image outside."""
+    if not len(sizes):
+        return
+    side = min(m.max_side or JPEG_MAX_SIDE, JPEG_MAX_SIDE)
+    bad = ((sizes < 1) | (sizes > side)).any(1)
+    inside = np.where(bad[:, None], 1, sizes)  # sides bounded: the product cannot overflow
+    bad |= inside[:, 0] * inside[:, 1] > m.build.max_pixels
+    if bad.any():
+        i = int(bad.argmax())
+        h, w = (int(v) for v in sizes[i])
+        raise PackFormatError(
+            f"{root}: image {i}: the pack gives its size as {w}x{h}, outside what its build "
+            f"allows (sides 1 to {side}, at most {m.build.max_pixels:,} pixels); the pack is "
+            "damaged or not from imgpack, refusing it"
+        )
 
 
 class JpegPack:
@@ -266,8 +340,13 @@ class JpegPack:
         from ..imaging.jpeg import decode_batch
 
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        datas = self.read(idx, check_ends=True)  # checks the indices too
         return decode_batch(
-            self.read(idx, check_ends=True), device, indices=idx.tolist(), ends_checked=True
+            datas,
+            device,
+            indices=idx.tolist(),
+            ends_checked=True,
+            sizes=self.sizes.numpy()[idx],
         )
 
 
@@ -319,3 +398,6 @@ def _pack_classes(root: Path) -> list[str]:
             "it cannot fix a class map"
         )
     return classes
+
+
+_guard_tensordict()  # on import: see RELIABILITY.md, "Which tensordict calls are safe"

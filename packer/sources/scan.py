@@ -95,6 +95,52 @@ def open_fd_if_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_resul
         raise
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words ("a FIFO", "a folder", ...)."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+OUTSIDE = "a link leading outside the source folder"
+
+
+def source_image(real_root: str, rel: str) -> tuple[str | None, str | None]:
+    """Where to read source image ``rel`` (a pack's relative POSIX source path) under the
+    folder whose real path (:func:`os.path.realpath`) is ``real_root``: ``(path, None)``,
+    or ``(None, why)`` when it must not be read: ``"missing"``, :data:`OUTSIDE` (links are
+    followed only inside the folder), not an image file name (a build lists no other),
+    not a regular file, or empty. Nothing is opened; read the path through
+    :func:`open_if_regular`, so a file swapped for a FIFO since is still never read.
+
+    A manifest names the files, so it must not make a reader open ``/proc/self/environ``
+    or a device: see ``imgpack verify``, which re-reads the sources.
+    """
+    if not is_image_name(rel.rsplit("/", 1)[-1]):
+        return None, "not an image file name"
+    real = os.path.realpath(os.path.join(real_root, rel))
+    if os.path.commonpath([real_root, real]) != real_root:
+        return None, OUTSIDE
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return None, f"not a regular file ({file_kind(st.st_mode)})"
+    if st.st_size == 0:
+        return None, "empty"
+    return real, None
+
+
 def is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS) and not is_own_name(name)
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import packer
+import packer.build
 import packer.build.gpu
 import packer.build.run
 import packer.build.workers
@@ -577,3 +578,20 @@ def test_interrupted_anywhere_then_rerun_is_byte_identical(
     r = build(photos, tmp_path / "out", cfg)
     assert r.resumed >= stop_at
     assert _same(tmp_path / "out", tmp_path / "ref")
+
+
+def test_a_jpeg_too_short_for_its_frame_is_skipped_as_by_the_cpu_build(
+    photos: Path, tmp_path: Path, batched_on_cpu: None
+) -> None:
+    """The header rule does not hand it to the GPU (which would pack it grey): the CPU
+    decode names it corrupt, as the CPU build does."""
+    from conftest import write_bomb_jpeg
+
+    write_bomb_jpeg(photos / "zebra" / "short.jpg")
+    cfg = dict(size=(16, 16), workers=1)
+    cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
+    gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    assert gpu.skipped == cpu.skipped
+    reasons = {s["path"]: s["reason"] for s in gpu.skipped}
+    assert reasons["zebra/short.jpg"].startswith("corrupt JPEG data: premature end of data")
+    assert "zebra/short.jpg" not in packer.load(tmp_path / "gpu").sources

@@ -6,11 +6,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import write_image
+from conftest import write_bomb_jpeg, write_cut_jpeg, write_image
 from packer.build.run import BuildConfig, build
 from packer.compress import CompressConfig, compress
 from packer.errors import DecodeError, NoUsableImagesError
-from packer.imaging.decode import ResizeSpec, decode, load_resized, open_image, parse_size
+from packer.imaging.decode import (
+    ResizeSpec,
+    decode,
+    jpeg_for_pack,
+    load_resized,
+    open_image,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])
@@ -95,6 +102,57 @@ def test_truncated_jpeg_fails(tmp_path: Path) -> None:
     p.write_bytes(data[: len(data) // 2])
     with pytest.raises(DecodeError):
         decode(str(p), ResizeSpec(8, 8))
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Image.open's
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_jpeg_too_short_for_its_frame_is_corrupt(tmp_path: Path, progressive: bool) -> None:
+    """674 bytes whose header claims 65000x1500 (under --max-pixels): libjpeg decodes
+    it with a warning Pillow drops, as a grey image. Refused from the header and the
+    file's size, before decoding, by both the raw and the JPEG-pack decode."""
+    p = write_bomb_jpeg(tmp_path / "short.jpg")
+    if progressive:  # the same frame claim on a progressive file
+        data = bytearray(p.read_bytes())
+        data[data.find(b"\xff\xc0") + 1] = 0xC2
+        p.write_bytes(bytes(data))
+    with Image.open(p) as im:
+        assert im.size == (65000, 1500)
+    for run in (
+        lambda: decode(str(p), ResizeSpec(8, 8)),
+        lambda: jpeg_for_pack(str(p), None, 3),
+    ):
+        with pytest.raises(DecodeError, match=r"corrupt JPEG data: premature end of data .*"):
+            run()
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.95])
+@pytest.mark.parametrize("size", [(8, 8), (120, 90)])  # draft (1/8 DCT scale) and full
+def test_a_jpeg_whose_image_data_stop_early_is_corrupt(
+    tmp_path: Path, keep: float, size: tuple[int, int]
+) -> None:
+    p = write_cut_jpeg(tmp_path / "cut.jpg", keep)
+    with Image.open(p) as im:
+        im.load()  # Pillow decodes it without a word: the rest is grey
+        assert im.getpixel((119, 89)) == (128, 128, 128)
+    with pytest.raises(DecodeError, match="corrupt JPEG data: premature end of data segment"):
+        decode(str(p), ResizeSpec(*size))
+    with pytest.raises(DecodeError, match="corrupt JPEG data: premature end of data segment"):
+        jpeg_for_pack(str(p), None, 3)
+
+
+def test_a_whole_jpeg_ending_in_grey_is_kept(tmp_path: Path) -> None:
+    """The check's trigger (an image ending in exact mid-grey) on a whole file: decoded
+    again with filler bytes before its end marker, it gives the same pixels."""
+    arr = np.full((48, 64, 3), 128, np.uint8)
+    arr[:16, :16] = (200, 30, 60)
+    p = tmp_path / "grey.jpg"
+    Image.fromarray(arr).save(p, quality=90)
+    with Image.open(p) as im:
+        assert im.getpixel((63, 47)) == (128, 128, 128)
+    out = decode(str(p), ResizeSpec(64, 48))
+    assert out.shape == (3, 48, 64) and tuple(out[:, -1, -1]) == (128, 128, 128)
+    data, hw, _, reencoded = jpeg_for_pack(str(p), None, 3)
+    assert data == p.read_bytes() and hw == (48, 64) and not reencoded
 
 
 def test_decompression_bomb_refused_before_decoding(tmp_path: Path) -> None:

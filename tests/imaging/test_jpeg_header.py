@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,3 +203,17 @@ def test_a_damaged_header_never_passes_with_other_facts_than_pillow_reads() -> N
             continue
         assert facts[0] == size and facts[1] in ("RGB", "L") and facts[2] in (0, 1)
     assert passed > 50  # most damage lands in tables this check does not read
+
+
+def test_a_file_too_short_for_its_frame_never_goes_to_the_gpu(tmp_path: Path) -> None:
+    """nvjpeg would decode it as the CPU would keep it, mostly grey: the CPU decode
+    names it corrupt instead (tests/test_scan_decode.py)."""
+    from conftest import write_bomb_jpeg
+
+    data = write_bomb_jpeg(tmp_path / "short.jpg").read_bytes()
+    assert len(data) == 674 and _pillow(data) == (65000, 1500)
+    assert plain_jpeg_size(data, BIG) is None
+    whole = _jpeg(_image((400, 300), seed=4))
+    assert plain_jpeg_size(whole, BIG) == (400, 300)
+    head = whole.index(b"\xff\xda")
+    assert plain_jpeg_size(whole[: head + 40] + b"\xff\xd9", BIG) is None

@@ -106,6 +106,18 @@ def test_split_bad_fractions(packed: Path) -> None:
         packer.split(packed, (1.2, -0.2))
 
 
+@pytest.mark.parametrize(
+    "fractions", [("0.5", "0.5"), (True, False), (0.5, "0.5"), [b"1"], (np.bool_(True),)]
+)
+def test_split_refuses_fractions_that_are_not_numbers(packed: Path, fractions) -> None:
+    """Strings were converted by float() and bools taken as 1 and 0; as the docs say,
+    they are refused, naming the argument."""
+    with pytest.raises(UsageError, match=r"fractions must be numbers, not (str|bool|bytes)"):
+        packer.split(packed, fractions)
+    parts = packer.split(packed, (np.float32(0.5), 0.5))  # numpy numbers are numbers
+    assert sum(len(p) for p in parts) == 13
+
+
 def test_class_histogram_whole_pack(packed: Path) -> None:
     hist = packer.class_histogram(packed)
     assert hist == {"cat": 4, "dog": 4, "zebra": 5}

@@ -127,6 +127,71 @@ def test_usage_errors(grey: Path, packed: Path) -> None:
         packer.PackLoader(grey, 4, device="cpu", image_size=8, resident=True)
 
 
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        (2.5, "image_size must be an int S or a pair .* not float 2.5"),
+        (True, "image_size must be an int S or a pair .* not bool True"),
+        ("8", "image_size must be an int S or a pair .* not str '8'"),
+        ((8, 2.5), r"image_size\[1\] must be an integer, not float 2.5"),
+        ((8, 8, 8), "image_size must be an int S or a pair"),
+        (0, r"image_size must be in \[1, 16385\), not 0"),
+        ((8, 10**6), r"image_size\[1\] must be in \[1, 16385\)"),
+    ],
+)
+def test_image_size_is_checked_by_name(grey: Path, size: object, message: str) -> None:
+    """A float raised a raw TypeError and True gave 1x1 images."""
+    with pytest.raises(UsageError, match=message):
+        packer.PackLoader(grey, 4, device="cpu", image_size=size)
+    with pytest.raises(UsageError, match="train must be True or False"):
+        packer.PackLoader(grey, 4, device="cpu", image_size=8, train=1)
+    x, _ = next(iter(packer.PackLoader(grey, 4, device="cpu", image_size=np.int64(6))))
+    assert x.shape == (4, 3, 6, 6)
+    x, _ = next(iter(packer.PackLoader(grey, 4, device="cpu", image_size=[6, 5])))
+    assert x.shape == (4, 3, 6, 5)
+
+
+def test_decoders_are_imported_before_any_loader_thread_runs(grey: Path, tmp_path: Path) -> None:
+    """A loader thread importing a decoder held the module's import lock; garbage
+    collection inside that import ran a dead loader's finalizer, which waited for its
+    threads, themselves waiting for the lock: a hang. The loader imports its decoders
+    on the calling thread before any of its threads starts (in a fresh interpreter)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import subprocess_env
+
+    code = textwrap.dedent(
+        """
+        import sys, threading
+        seen = []
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                seen.append((threading.current_thread().name, name))
+                return None
+        sys.meta_path.insert(0, Watch())
+        import packer
+        for decode in ("cpu", "device"):
+            ld = packer.PackLoader(sys.argv[1], 4, device="cpu", image_size=8, decode=decode)
+            assert sum(len(x) for x, _ in ld) == 37
+        print("torchvision.io" in {n for _, n in seen})
+        print(sorted({(t, n) for t, n in seen if t != "MainThread"}))
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(grey)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    imported, on_threads = p.stdout.splitlines()[-2:]
+    assert imported == "True"  # not vacuous: the decoders were imported in this run
+    assert on_threads == "[]"
+
+
 def test_corrupt_image_is_a_clean_error_in_the_loop(grey: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -261,11 +326,9 @@ def test_damaged_scan_data_and_sizes_are_errors_both_ways(photos: Path, tmp_path
         kw = dict(device="cpu", image_size=8, shuffle=False, decode=decode)
         with pytest.raises(PackFormatError, match="image 7: its stored JPEG does not decode"):
             list(packer.PackLoader(bad, 8, **kw))
-        ld = packer.PackLoader(zero, 4, **kw)
-        it = iter(ld)
-        next(it)  # the batch before the damaged one comes first
+        # every stored size is range-checked when the pack is opened, not at crop time
         with pytest.raises(PackFormatError, match="image 6: the pack gives its size as 0x"):
-            next(it)
+            packer.PackLoader(zero, 4, **kw)
 
 
 def test_cpu_crop_reads_only_its_box(tmp_path: Path) -> None:

@@ -287,6 +287,46 @@ def test_transform_without_generator_and_error(packed: Path) -> None:
         packer.PackLoader(packed, 4, device="cpu", transform=3)
 
 
+def _grey_transform(x: torch.Tensor) -> torch.Tensor:
+    return x.float().mean(1)  # [B, H, W]: one channel dropped with the others
+
+
+@pytest.mark.parametrize(
+    ("transform", "shape"),
+    [
+        (_grey_transform, r"\[4, 24, 32\]"),
+        (lambda x: x[:, :1], r"\[4, 1, 24, 32\]"),
+        (lambda x: x.reshape(4, -1), r"\[4, 2304\]"),
+        (lambda x: x[..., None], r"\[4, 3, 24, 32, 1\]"),
+        (lambda x: x[:, :, :0], r"\[4, 3, 0, 32\]"),
+    ],
+)
+@pytest.mark.parametrize("resident", [False, True])
+def test_transform_must_return_images_of_three_channels(
+    packed: Path, transform, shape: str, resident: bool
+) -> None:
+    """Only the batch size was checked, so [B, H, W] passed: the whole [B, 3, h, w]
+    contract is (rank, batch, channels), naming the transform and what it returned."""
+    ld = packer.PackLoader(packed, 4, device="cpu", transform=transform, resident=resident)
+    with pytest.raises(UsageError, match=rf"transform .* returned shape {shape}; .*\[B, 3, h, w\]"):
+        next(iter(ld))
+
+
+def test_a_jpeg_packs_transform_is_checked_after_its_crop(tmp_path: Path) -> None:
+    from conftest import write_image
+    from packer.build import BuildConfig, build
+    from packer.transforms import Compose, RandomResizedCrop
+
+    for i in range(4):
+        write_image(tmp_path / "src" / f"{i}.jpg", (30, 20), seed=i)
+    build(tmp_path / "src", tmp_path / "p", BuildConfig(store="jpeg", workers=1))
+    bad = Compose([RandomResizedCrop(8), _grey_transform])
+    for transform, kw in ((bad, {}), (_grey_transform, {"image_size": 8})):
+        ld = packer.PackLoader(tmp_path / "p", 2, device="cpu", transform=transform, **kw)
+        with pytest.raises(UsageError, match=r"returned shape \[2, 8, 8\]; .*\[B, 3, h, w\]"):
+            next(iter(ld))
+
+
 def test_normalize_still_importable_from_loader() -> None:
     from packer.loading.loader import IMAGENET_MEAN, Normalize
 

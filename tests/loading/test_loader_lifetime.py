@@ -127,9 +127,55 @@ def test_dropping_the_iterator_alone_stops_its_thread(packed: Path) -> None:
     producer = it._pass.thread
     assert producer.is_alive()
     del it
-    gc.collect()
+    gc.collect()  # the finalizer signals the producer (never waits for it): it ends soon
+    producer.join(timeout=10)
     assert not producer.is_alive()
     assert sum(len(x) for x, _ in loader) == 13  # the loader itself still works
+
+
+def test_collecting_a_loader_never_waits_for_its_threads(packed: Path) -> None:
+    """Garbage collection can run a dropped loader's finalizers in a thread holding what
+    that loader's threads wait for: a new loader's gather thread, inside its first
+    import, held the import lock the old gather threads needed, and the old loader's
+    finalizer joined them: a hang. Here the one gather thread waits on a gate the
+    collecting thread holds shut: collection must return (the finalizers only signal),
+    and every thread ends once the gate opens."""
+    gate = threading.Event()
+    loader = packer.PackLoader(packed, 2, device="cpu", num_threads=1)
+    it = iter(loader)
+    next(it)
+    stuck = loader._shared.pool.submit(gate.wait)  # its only thread now waits on the gate
+    threads = [it._pass.thread, *loader._shared.pool._threads]
+    held = [loader, it]
+    del loader, it
+    collected = threading.Event()
+
+    def collect() -> None:
+        held.clear()  # the last references: the finalizers run here
+        gc.collect()
+        collected.set()
+
+    t = threading.Thread(target=collect)
+    t.start()
+    try:
+        assert collected.wait(10), "collecting a loader waited for its threads"
+    finally:
+        gate.set()
+        t.join()
+    stuck.result(timeout=30)
+    gc.collect()
+    for th in threads:
+        th.join(timeout=30)
+        assert not th.is_alive(), th.name
+
+
+def test_close_still_waits_for_the_threads(packed: Path) -> None:
+    """The explicit ways (close(), the context manager) join, as before."""
+    with packer.PackLoader(packed, 2, device="cpu", num_threads=2) as loader:
+        it = iter(loader)
+        next(it)
+        threads = [it._pass.thread, *loader._shared.pool._threads]
+    assert not any(th.is_alive() for th in threads)
 
 
 _EXIT_SCRIPT = textwrap.dedent(

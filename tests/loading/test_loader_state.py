@@ -6,6 +6,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -261,3 +262,60 @@ def test_set_epoch_refuses_non_int(pack6) -> None:
             _loader(pack6).set_epoch(bad)  # type: ignore[arg-type]
         with pytest.raises(UsageError, match="epoch"):
             _loader(pack6).indices(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        torch.tensor([1, 0] * 6 + [1], dtype=torch.uint8),  # a ByteTensor 0/1 mask
+        np.array([1, 0] * 6 + [1], dtype=np.uint8),
+        np.array([0, 3], dtype=np.uint16),
+        torch.tensor([0, 3], dtype=torch.uint32),
+    ],
+)
+def test_unsigned_indices_are_refused_not_read_as_rows(packed: Path, mask: object) -> None:
+    """A uint8 0/1 mask was taken as rows 0 and 1: any unsigned dtype is refused, naming
+    the argument and the two ways to say it (a bool mask, integer rows)."""
+    msg = r"indices must be integer rows \(int64 or int32\) or a bool mask, not uint\d+: .*bool"
+    with pytest.raises(UsageError, match=msg):
+        packer.PackLoader(packed, 2, device="cpu", indices=mask)
+    with pytest.raises(UsageError, match=msg):
+        packer.class_histogram(packed, mask)
+    as_bool = torch.as_tensor(np.asarray(mask)).bool() if len(mask) == 13 else None
+    if as_bool is not None:  # the mask said as bool, and its rows as int32, both work
+        rows = as_bool.nonzero().flatten()
+        ld = packer.PackLoader(packed, 13, device="cpu", indices=as_bool, shuffle=False)
+        ld32 = packer.PackLoader(packed, 13, device="cpu", indices=rows.int(), shuffle=False)
+        assert torch.equal(ld.indices(0), rows) and torch.equal(ld32.indices(0), rows)
+        hist = packer.class_histogram(packed, as_bool)
+        assert sum(hist.values()) == 7 and hist == packer.class_histogram(packed, rows.int())
+
+
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [
+        (dict(version=1.0), r"state\['version'\]"),
+        (dict(version="1"), r"state\['version'\]"),
+        (dict(rank=99), r"state\['rank'\] must be in \[0, 1\), not 99"),
+        (dict(rank=-5), r"state\['rank'\] must be in \[0, 1\), not -5"),
+        (dict(rank=1.0), r"state\['rank'\] must be an integer"),
+        (dict(world_size=0), r"state\['world_size'\] must be at least 1"),
+        (dict(batch_size=2.0), r"state\['batch_size'\] must be an integer"),
+        (dict(samples=-1), r"state\['samples'\] must be at least 0"),
+        (dict(seed="4"), r"state\['seed'\] must be an integer"),
+        (dict(shuffle=1), r"state\['shuffle'\] must be True or False"),
+        (dict(drop_last="no"), r"state\['drop_last'\] must be True or False"),
+        (dict(even_split="cut"), r"state\['even_split'\] must be 'pad' or 'trim'"),
+        (dict(rows=7), r"state\['rows'\] must be the digest string"),
+    ],
+)
+@pytest.mark.parametrize("batches", [0, 1])
+def test_state_fields_of_the_wrong_type_or_range_are_refused(
+    packed: Path, change: dict, name: str, batches: int
+) -> None:
+    """Refused by name at an epoch boundary as mid-epoch, never cast (``1.0 == 1``)."""
+    ld = packer.PackLoader(packed, 3, device="cpu")
+    state = dict(ld.state_dict(), batches=batches, **change)
+    with pytest.raises(UsageError, match=name):
+        packer.PackLoader(packed, 3, device="cpu").load_state_dict(state)
+    packer.PackLoader(packed, 3, device="cpu").load_state_dict(ld.state_dict())  # as saved

@@ -284,3 +284,77 @@ def test_verify_trace_on_cpu_is_quiet(src: Path, tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and json.loads((tmp_path / "t.json").read_text())
+
+
+def _point_sources(pack: Path, root: str, sources: dict[int, str]) -> None:
+    m = json.loads((pack / "imgpack.json").read_text())
+    m["build"]["source_root"] = root
+    for i, rel in sources.items():
+        m["sources"][i] = rel
+    (pack / "imgpack.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("store", ["raw", "jpeg"])
+def test_a_hostile_manifest_never_makes_verify_read_outside_the_source_images(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str
+) -> None:
+    """``build.source_root`` set to ``/`` and sources such as ``proc/self/environ``: only
+    regular image files under the source folder are read (links not followed out of
+    it, no device, FIFO or /proc file), and the others are named in the report."""
+    import os
+
+    import packer.imaging.decode
+    from packer.build import BuildConfig, build
+
+    pack = tmp_path / "p"
+    build(image_tree, pack, BuildConfig(size=(16, 16), workers=1, store=store))
+    opened: list[str] = []
+    real_open = packer.imaging.decode.open_regular
+
+    def spy(path):
+        opened.append(str(path))
+        return real_open(path)
+
+    monkeypatch.setattr(packer.imaging.decode, "open_regular", spy)
+    as_built = (pack / "imgpack.json").read_text()
+    _point_sources(pack, "/", {0: "proc/self/environ", 1: "dev/zero", 2: "etc/passwd"})
+    r = verify(pack, NO_SPEED)
+    detail = failed(r)["sources"]
+    assert "3 not read, not regular image files: proc/self/environ (not an image file name)" in (
+        detail
+    )
+    assert not any(p.startswith(("/proc", "/dev", "/etc")) for p in opened), opened
+    # under a real source folder: a FIFO and a device link named like images, a link
+    # leading out of the folder (its target a copy of the image: not followed all the same)
+    cfg = VerifyConfig(source=image_tree, throughput=False, sample=None)
+    outside = tmp_path / "elsewhere.jpg"
+    shutil.copy(image_tree / "cat" / "a.jpg", outside)
+    (image_tree / "cat" / "a.jpg").unlink()
+    (image_tree / "cat" / "a.jpg").symlink_to(outside)
+    (image_tree / "dog" / "e.jpg").unlink()
+    os.mkfifo(image_tree / "dog" / "e.jpg")
+    (image_tree / "zebra" / "i.jpg").unlink()
+    (image_tree / "zebra" / "i.jpg").symlink_to("/dev/zero")
+    opened.clear()
+    (pack / "imgpack.json").write_text(as_built)
+    r = verify(pack, cfg)
+    detail = failed(r)["sources"]
+    assert "1 not read, not regular image files: dog/e.jpg (not a regular file (a FIFO))" in (
+        detail
+    )
+    out = "2 not checked, a link leading outside the source folder: cat/a.jpg, zebra/i.jpg"
+    assert out in detail
+    assert "missing" not in detail and "changed" not in detail
+    assert len(opened) == 10 and not any(
+        p.endswith(("e.jpg", "i.jpg", "elsewhere.jpg", "/a.jpg")) for p in opened
+    ), opened
+
+
+def test_links_inside_the_source_folder_are_followed(packed: Path, image_tree: Path) -> None:
+    real = image_tree / "cat" / "a.jpg"
+    moved = image_tree / "cat" / "kept" / "a.jpg"
+    moved.parent.mkdir()
+    real.rename(moved)
+    real.symlink_to(moved)
+    r = verify(packed, NO_SPEED)
+    assert r.ok, failed(r)

@@ -300,3 +300,84 @@ def test_verify_checks_bytes_index_and_decodes(image_tree: Path, jpack: Path) ->
     _tamper(jpack, "lengths.memmap", 2, 5)
     r = verify(jpack, VerifyConfig(throughput=False, use_recorded_source=False))
     assert "offsets/lengths/sizes checksum mismatch" in r.checks[2]["detail"]
+
+
+# ---- a decompression bomb inside a pack: stored sizes and frame headers bounded
+
+
+@pytest.mark.parametrize(
+    ("hw", "shown"),
+    [
+        ((65000, 65000), "65000x65000"),  # both sides fit a JPEG, 4.2 Gpx over max_pixels
+        ((0, 0), "0x0"),
+        ((-3, 20), "20x-3"),
+        ((1 << 62, 1), f"1x{1 << 62}"),
+        ((20, 70000), "70000x20"),  # wider than any JPEG
+    ],
+)
+def test_stored_sizes_are_range_checked_when_opened(
+    jpack: Path, hw: tuple[int, int], shown: str
+) -> None:
+    from packer.measure.verify import VerifyConfig, verify
+
+    _tamper(jpack, "sizes.memmap", 2 * 5, hw[0])
+    _tamper(jpack, "sizes.memmap", 2 * 5 + 1, hw[1])
+    msg = f"image 5: the pack gives its size as {shown}, outside what its build allows"
+    with pytest.raises(PackFormatError, match=msg):
+        packer.load(jpack)
+    with pytest.raises(PackFormatError, match=msg):
+        packer.PackLoader(jpack, 4, device="cpu", image_size=8)
+    r = verify(jpack, VerifyConfig(throughput=False, use_recorded_source=False))
+    assert not r.ok and msg in r.checks[-1]["detail"]  # a failed check, not a traceback
+
+
+def test_stored_sizes_are_checked_against_max_side(image_tree: Path, tmp_path: Path) -> None:
+    build(image_tree, tmp_path / "p", BuildConfig(store="jpeg", workers=1, max_side=40))
+    pack = packer.load(tmp_path / "p")
+    assert int(pack.sizes.max()) == 40
+    _tamper(tmp_path / "p", "sizes.memmap", 1, 41)
+    with pytest.raises(PackFormatError, match=r"image 0: .* outside .*sides 1 to 40"):
+        packer.load(tmp_path / "p")
+
+
+def _claim(pack: Path, index: int, h: int, w: int) -> None:
+    """Make image ``index``'s stored JPEG claim ``w`` x ``h`` in its frame header, its
+    bytes' count kept (the pack's index stays as it was)."""
+    p = packer.load(pack)
+    off, n = int(p.offsets[index]), int(p.lengths[index])
+    del p
+    f = pack / "_tensordict" / "jpeg.memmap"
+    raw = bytearray(f.read_bytes())
+    sof = raw.index(b"\xff\xc0", off, off + n)
+    raw[sof + 5 : sof + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+    f.write_bytes(bytes(raw))
+
+
+def test_a_frame_header_claiming_more_than_the_pack_is_never_decoded(
+    jpack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored JPEG whose header says 4000x4000 where the pack says its real size:
+    every reader compares the header with the stored size before a decoder (which
+    allocates what the header says: 65000x65000 would be 12.7 GB) sees it."""
+    import torchvision.io
+
+    _claim(jpack, 3, 4000, 4000)
+    decoded = []
+    real = torchvision.io.decode_jpeg
+
+    def spy(data, *a, **kw):
+        decoded.append(data)
+        return real(data, *a, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", spy)
+    pack = packer.load(jpack)
+    h, w = pack.sizes[3].tolist()
+    msg = f"image 3: its stored JPEG decodes to 4000x4000, the pack says {w}x{h}"
+    with pytest.raises(PackFormatError, match=msg):
+        pack.decode([3])
+    for decode in ("cpu", "device"):
+        for train in (True, False):
+            kw = dict(device="cpu", image_size=8, shuffle=False, decode=decode, train=train)
+            with pytest.raises(PackFormatError, match=msg):
+                list(packer.PackLoader(jpack, 16, **kw))
+    assert all(not torch.equal(d, pack.read([3])[0]) for d in decoded)

@@ -6,6 +6,9 @@ import json
 import os
 import pickle
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from click.testing import CliRunner
 import packer
 from conftest import cli_build as _build
 from conftest import cli_run as _cli
-from conftest import write_image
+from conftest import subprocess_env, write_image
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
@@ -206,6 +209,141 @@ def test_planted_pickle_never_runs_through_any_entry(
         with pytest.raises(PackFormatError, match="a file type imgpack never writes"):
             entry()
         assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # tensordict's, on unpickling
+def test_a_meta_json_naming_another_class_never_runs_a_planted_pickle(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``meta.json`` alone picks the class whose loader tensordict runs, and
+    NonTensorData's unpickles ``other.pickle``: imgpack's hook on tensordict's metadata
+    reader refuses any folder holding an imgpack manifest whose meta.json is not
+    exactly imgpack's, before that loader is chosen."""
+    import tensordict
+    from tensordict import NonTensorData
+    from tensordict._base import serialization
+
+    marker = tmp_path / "ran"
+    (packed / "other.pickle").write_bytes(pickle.dumps(_Payload(marker)))
+    (packed / "meta.json").write_text(json.dumps({"_type": str(NonTensorData)}))
+    entries = [
+        lambda: tensordict.load_memmap(packed),
+        lambda: tensordict.load(packed),
+        lambda: tensordict.TensorDict.load_memmap(packed),
+        lambda: NonTensorData.load_memmap(packed),
+        lambda: tensordict.TensorDict.load_memmap(packed, allow_pickle=False),
+    ]
+    for entry in entries:
+        with pytest.raises(PackFormatError, match=r"meta\.json names type .*NonTensorData"):
+            entry()
+        assert not marker.exists()
+    with pytest.raises(PackFormatError, match="a file type imgpack never writes"):
+        packer.load(packed)
+    # the same meta.json under imgpack's own type, with tensordict's class id beside it
+    # (which tensordict prefers to the type): refused as well
+    (packed / "meta.json").write_text(
+        json.dumps({"_type": "<class 'packer.pack.ImagePack'>", "_class": "x:NonTensorData"})
+    )
+    with pytest.raises(PackFormatError, match=r"meta\.json names type 'x:NonTensorData'"):
+        tensordict.load_memmap(packed)
+    # a pack's data folder is never loaded by tensordict alone
+    with pytest.raises(PackFormatError, match="data folder of an imgpack pack"):
+        tensordict.load_memmap(packed / "_tensordict")
+    assert not marker.exists()
+    # not vacuous: without the hook, tensordict runs the payload
+    (packed / "meta.json").write_text(json.dumps({"_type": str(NonTensorData)}))
+    guarded = serialization._load_metadata
+    monkeypatch.setattr(serialization, "_load_metadata", guarded._imgpack_unguarded)
+    try:
+        tensordict.load_memmap(packed)
+    except Exception:
+        pass
+    assert marker.is_dir()
+
+
+_SPECIAL_META = textwrap.dedent(
+    """
+    import sys, tensordict
+    import packer.pack
+    from packer.errors import PackFormatError
+    for load in (packer.load, tensordict.load_memmap, tensordict.TensorDict.load_memmap):
+        try:
+            load(sys.argv[1])
+        except PackFormatError as e:
+            print("refused:", e)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("name", ["meta.json", "_tensordict/meta.json", "imgpack.json"])
+def test_a_metadata_file_that_is_not_a_regular_file_is_refused_not_read(
+    packed: Path, tmp_path: Path, kind: str, name: str
+) -> None:
+    """A FIFO would hang the reader for good, a link to /dev/zero read until memory
+    runs out: each entry refuses it from the opened descriptor. In a child with a
+    timeout, so a regression fails instead of hanging."""
+    target = packed / name
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    script = tmp_path / "load.py"
+    script.write_text(_SPECIAL_META)
+    p = subprocess.run(
+        [sys.executable, str(script), str(packed)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3 and all(f"{name} is not a regular file ({what})" in x for x in lines)
+
+
+def _sparse(path: Path, size: int, head: bytes = b"") -> None:
+    path.unlink(missing_ok=True)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "cap"),
+    [
+        ("meta.json", 12 << 30, "65,536"),  # a sparse 12 GB meta.json
+        ("_tensordict/meta.json", 1 << 20, "65,536"),
+        ("imgpack.json", (1 << 30) - 1, "67,115,520"),  # 64 MiB + 512 B per image (13)
+    ],
+)
+def test_metadata_reads_are_bounded_before_reading(
+    packed: Path, name: str, size: int, cap: str
+) -> None:
+    """Sizes checked on the opened file first: refused in no time and no memory, however
+    large (the manifest's cap grows with the images the labels file holds)."""
+    _sparse(packed / name, size, b'{"format": "imgpack", ')
+    for load in (packer.load, lambda p: verify(p, VerifyConfig(throughput=False))):
+        try:
+            r = load(packed)
+        except PackFormatError as e:
+            msg = str(e)
+        else:
+            msg = " ".join(c["detail"] for c in r.checks if not c["ok"])
+        assert f"{name} is {size:,} bytes, more than this pack's can be ({cap})" in msg
+
+
+def test_the_manifest_cap_follows_the_image_count(tmp_path: Path) -> None:
+    from packer.measure.bench.synth import make_random_pack
+    from packer.pack.format import MANIFEST_BASE_BYTES, MANIFEST_BYTES_PER_IMAGE, manifest_limit
+
+    path = make_random_pack(tmp_path / "r", 1000, 4)
+    assert manifest_limit(path) == MANIFEST_BASE_BYTES + 1000 * MANIFEST_BYTES_PER_IMAGE
+    size = (path / "imgpack.json").stat().st_size
+    assert size < 200 * 1000  # what a real pack needs, well inside its cap
+    assert len(packer.load(path)) == 1000
 
 
 def test_class_loaders_open_a_clean_pack_like_packer_load(packed: Path) -> None:
