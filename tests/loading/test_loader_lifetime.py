@@ -55,6 +55,7 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
         next(iter(warm))
     _trim()
     threads, rss, tensors = threading.active_count(), _rss_mb(), _tensor_mb()
+    before = set(threading.enumerate())
     held, after = [], []
     for cycle in range(3):
         loaders, iters = [], []
@@ -70,8 +71,13 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
         assert threading.active_count() >= threads + 40 * 3
         held.append(_rss_mb() - rss)
         assert _tensor_mb() > tensors + 40 * 4 * 0.375
+        started = [t for t in threading.enumerate() if t not in before]
         del loaders, iters, ld, it
         _trim()
+        # a collected loader's finalizer only signals its threads (it never joins them:
+        # that could deadlock inside the collection); each then ends on its own
+        for t in started:
+            t.join(timeout=30)
         assert threading.active_count() == threads
         assert _passes_alive() == 0
         assert _tensor_mb() <= tensors
