@@ -21,6 +21,11 @@ byte for byte.
 * Images with more than ``max_pixels`` pixels are refused before decoding, so
   a decompression bomb cannot exhaust a worker's memory. That limit is the only
   one: Pillow's own (``Image.MAX_IMAGE_PIXELS``) is bypassed, not changed.
+* A JPEG that libjpeg decodes with only a warning, which Pillow drops, is broken
+  (``corrupt JPEG data: ...``): one too short for the frame its header declares
+  (refused from the header and the file's size, before decoding), and one whose
+  image data stop before its last block (libjpeg fills the rest with grey: such a
+  decode is checked again, :func:`_check_whole`).
 * Only regular files are read (after following symlinks): a FIFO, a device or
   a folder named like an image is refused before any read, so none can block
   or feed endless bytes (:func:`open_regular`).
@@ -400,7 +405,8 @@ def jpeg_for_pack(
     with Pillow at :func:`pil_quality` of ``quality``.
 
     Returns (bytes, stored (height, width), source upright (width, height),
-    re-encoded?). Raises DecodeError for an input that cannot be used.
+    re-encoded?). Raises DecodeError for an input that cannot be used, corrupt JPEG
+    data included (as :func:`load_resized`), so a pack never keeps such a file.
     """
     with _decoder_errors():
         with open_regular(path) as fp:
@@ -473,7 +479,8 @@ def plain_jpeg_size(data: bytes | bytearray, max_pixels: int) -> tuple[int, int]
     refuses). Anything unusual in the header (two frames or EXIF blocks, a bad length, a
     frame without its height, a marker that is no header segment, such as FF 00, which
     libjpeg reads past where this walk would skip a length) is None too, so the answer
-    errs towards Pillow."""
+    errs towards Pillow. So is a file too short for its frame (:func:`jpeg_too_short`):
+    nvjpeg would decode it grey where the CPU decode names it corrupt."""
     n = len(data)
     if n < 4 or data[:2] != b"\xff\xd8" or data[-2:] != b"\xff\xd9":
         return None

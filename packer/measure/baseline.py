@@ -66,18 +66,21 @@ def image_folder(root: Path, height: int, width: int, resize: str = "crop") -> A
     return datasets.ImageFolder(str(root), transform=folder_transform(height, width, resize))
 
 
-def pack_files(source: Path, manifest: Any, labels: Sequence[int]) -> tuple[Files, int]:
+def pack_files(
+    source: Path, manifest: Any, labels: Sequence[int], links_out: bool = False
+) -> tuple[Files, int]:
     """The images a pack holds, read from ``source``: exactly the pack's ``sources``,
     with its labels, so files the build skipped are never timed. Returns the dataset
     and how many of the pack's sources it leaves out: no longer regular image files
     under ``source`` (:func:`packer.sources.scan.source_image`: a manifest's paths never make
-    it read a link out of the folder or a special file)."""
+    it read a special file, nor a link out of the folder unless ``links_out``, for a
+    folder of links the caller made to images it was given)."""
     from ..sources.scan import source_image
 
     root = os.path.realpath(source)
     paths, labs, missing = [], [], 0
     for rel, label in zip(manifest.sources, labels):
-        p, _ = source_image(root, rel)
+        p, _ = source_image(root, rel, links_out)
         if p is not None:
             paths.append(p)
             labs.append(int(label))

@@ -912,6 +912,36 @@ def check_tensordict_meta(root: Path) -> None:
             )
 
 
+_OPTIONAL_META = ("device", "_format_version", "_class")  # older tensordicts wrote none
+
+
+def check_data_meta(root: Path, m: Manifest) -> None:
+    """Refuse ``_tensordict/meta.json`` of a checked pack unless it is as imgpack writes
+    it: TensorDict's type (whose loader unpickles nothing that :func:`check_files` lets
+    through) and exactly the manifest's fields, shapes and dtypes, so tensordict loading
+    the data folder alone maps exactly the files checked against the manifest."""
+    meta_path = root / DATA_DIR / "meta.json"
+    try:
+        data = read_bounded(root, meta_path, MAX_META_BYTES)
+    except FileNotFoundError:
+        raise _fail(root, f"{DATA_DIR}/meta.json is missing; the pack is incomplete") from None
+    try:
+        meta = loads_json(data)
+    except (ValueError, UnicodeDecodeError):
+        meta = None
+    want = _tensordict_meta(m.count, m.fields)
+    ok = isinstance(meta, dict) and not set(meta) - set(want)
+    ok = ok and all(
+        meta.get(k) == v if k in meta or k not in _OPTIONAL_META else True for k, v in want.items()
+    )
+    if not ok:
+        raise _fail(
+            root,
+            f"{DATA_DIR}/meta.json does not describe the manifest's fields as imgpack writes "
+            "them; refusing the pack (nothing was imported)",
+        )
+
+
 def check_files(root: Path, m: Manifest) -> None:
     """Refuse code-carrying files and data files whose size disagrees with the manifest."""
     root = Path(root)

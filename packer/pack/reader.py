@@ -16,6 +16,7 @@ from .format import (
     DATA_DIR,
     MANIFEST,
     Manifest,
+    check_data_meta,
     check_files,
     check_label_arrays,
     check_tensordict_meta,
@@ -123,17 +124,18 @@ def _refuse_unchecked(prefix: Any) -> None:
     ``meta.json`` is not exactly imgpack's is refused, since that file alone picks the
     class whose loader runs, and most unpickle ``other.pickle``. With imgpack's, the
     pack goes on to :meth:`ImagePack._load_memmap`, that is :func:`open_pack`. The
-    ``_tensordict`` folder of a pack is refused outright: open the pack instead."""
+    ``_tensordict`` folder of a pack (which tensordict reads as a TensorDict) is loaded
+    only after the pack's checks (:func:`check_files`: no pickle or other file, sizes as
+    the manifest says) and with its ``meta.json`` as imgpack writes it."""
     if not isinstance(prefix, (str, os.PathLike)):
         return  # a member of a tensordict archive file, not a folder
     path = Path(prefix)
     if (path / MANIFEST).exists():
         check_tensordict_meta(path)
     elif path.name == DATA_DIR and (path.parent / MANIFEST).exists():
-        raise PackFormatError(
-            f"{path}: is the data folder of an imgpack pack, which is opened whole and "
-            f"only through imgpack's checks: packer.load({str(path.parent)!r})"
-        )
+        m = read_manifest(path.parent)
+        check_files(path.parent, m)
+        check_data_meta(path.parent, m)
 
 
 def _guard_tensordict() -> None:

@@ -112,13 +112,16 @@ def file_kind(mode: int) -> str:
 OUTSIDE = "a link leading outside the source folder"
 
 
-def source_image(real_root: str, rel: str) -> tuple[str | None, str | None]:
+def source_image(
+    real_root: str, rel: str, links_out: bool = False
+) -> tuple[str | None, str | None]:
     """Where to read source image ``rel`` (a pack's relative POSIX source path) under the
     folder whose real path (:func:`os.path.realpath`) is ``real_root``: ``(path, None)``,
     or ``(None, why)`` when it must not be read: ``"missing"``, :data:`OUTSIDE` (links are
-    followed only inside the folder), not an image file name (a build lists no other),
-    not a regular file, or empty. Nothing is opened; read the path through
-    :func:`open_if_regular`, so a file swapped for a FIFO since is still never read.
+    followed only inside the folder, unless ``links_out``: for a folder of links the
+    caller made itself), not an image file name (a build lists no other), not a regular
+    file, or empty. Nothing is opened; read the path through :func:`open_if_regular`,
+    so a file swapped for a FIFO since is still never read.
 
     A manifest names the files, so it must not make a reader open ``/proc/self/environ``
     or a device: see ``imgpack verify``, which re-reads the sources.
@@ -126,7 +129,7 @@ def source_image(real_root: str, rel: str) -> tuple[str | None, str | None]:
     if not is_image_name(rel.rsplit("/", 1)[-1]):
         return None, "not an image file name"
     real = os.path.realpath(os.path.join(real_root, rel))
-    if os.path.commonpath([real_root, real]) != real_root:
+    if not links_out and os.path.commonpath([real_root, real]) != real_root:
         return None, OUTSIDE
     try:
         st = os.stat(real)

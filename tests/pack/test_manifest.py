@@ -246,11 +246,23 @@ def test_a_meta_json_naming_another_class_never_runs_a_planted_pickle(
     )
     with pytest.raises(PackFormatError, match=r"meta\.json names type 'x:NonTensorData'"):
         tensordict.load_memmap(packed)
-    # a pack's data folder is never loaded by tensordict alone
-    with pytest.raises(PackFormatError, match="data folder of an imgpack pack"):
+    # a pack's data folder loads alone only after the pack's checks
+    (packed / "other.pickle").unlink()
+    (packed / "meta.json").write_text(json.dumps({"_type": "<class 'packer.pack.ImagePack'>"}))
+    td = tensordict.TensorDict.load_memmap(packed / "_tensordict")  # clean: tensordict reads it
+    assert td["labels"].tolist() == packer.load(packed).labels.tolist()
+    (packed / "_tensordict" / "other.pickle").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(PackFormatError, match="a file type imgpack never writes"):
         tensordict.load_memmap(packed / "_tensordict")
+    (packed / "_tensordict" / "other.pickle").unlink()
+    meta = json.loads((packed / "_tensordict" / "meta.json").read_text())
+    for change in ({"_type": str(NonTensorData)}, {"_class": "x:NonTensorData"}, {"x": 1}):
+        (packed / "_tensordict" / "meta.json").write_text(json.dumps({**meta, **change}))
+        with pytest.raises(PackFormatError, match="does not describe the manifest's fields"):
+            tensordict.TensorDict.load_memmap(packed / "_tensordict")
     assert not marker.exists()
     # not vacuous: without the hook, tensordict runs the payload
+    (packed / "other.pickle").write_bytes(pickle.dumps(_Payload(marker)))
     (packed / "meta.json").write_text(json.dumps({"_type": str(NonTensorData)}))
     guarded = serialization._load_metadata
     monkeypatch.setattr(serialization, "_load_metadata", guarded._imgpack_unguarded)

@@ -175,7 +175,8 @@ def _ways(
 
     pack = open_pack(paths["pack"])
     # the originals as the pack holds them: a file the build skipped is never timed
-    original, _ = pack_files(paths["original"], pack.manifest, pack.labels.tolist())
+    # links_out: with --source, "original" holds the bench's own links to the user's images
+    original, _ = pack_files(paths["original"], pack.manifest, pack.labels.tolist(), links_out=True)
     yield _folder_way("original", original, batch, device, workers, per_repeat_images)
     if "compressed" in paths:  # compress wrote only files ffmpeg could read
         ds = image_folder(paths["compressed"], side, side, "crop")
