@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import packer.transforms as T
-from packer.imaging.transforms import _triton
+from packer.imaging.resize import triton_kernels
 
 
 def photo_batch(b: int, s: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -194,7 +194,7 @@ def main() -> None:
     flips = torch.rand(b, generator=g0) < 0.5
     ready = torch.cat([boxes, flips[:, None].long()], 1).to(torch.int32).to(dev)
     ky = math.ceil(2 * max(s_in / s_out, 1.0)) + 1
-    kernels = _triton() if dev.type == "cuda" else None
+    kernels = triton_kernels() if dev.type == "cuda" else None
     kernel = kernels.resample if kernels is not None else None
 
     routes: dict[str, Callable[[torch.Tensor, torch.Generator], object]] = {

@@ -306,10 +306,10 @@ ENV = subprocess_env()
 
 SIGTERM_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import packer.cli
+    import packer.cli, packer.cli.output
     def update(self, n=1):
         os.killpg(0, signal.SIGTERM)  # as a scheduler stops a job: the whole group
-    packer.cli._Bar.update = update
+    packer.cli.output.Bar.update = update
     if __name__ == "__main__":
         packer.cli.cli(sys.argv[1:])
 """)

@@ -5,7 +5,7 @@ Called by :mod:`packer.build.run` in place of its worker pool's decode; everythi
 GPU decoder (:func:`_serve`):
 
     reader threads read each file once and classify it from its header bytes
-    (packer.imaging.decode.plain_jpeg_size, no Pillow)
+    (packer.build.gpu_read, with packer.imaging.decode.plain_jpeg_size: no Pillow)
       -> the JPEGs the GPU takes: packer.imaging.jpeg.decode_batch (nvjpeg), one batch
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
@@ -32,15 +32,15 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import PackerError
-from ..imaging.decode import ResizeSpec, plain_jpeg_size
+from ..imaging.decode import ResizeSpec
 from ..pack.format import digest, image_bytes
-from ..sources.scan import NotRegularFile, open_fd_if_regular
+from .gpu_read import CpuDecode, GroupRead, group_paths, read_group, submit_cpu
 from .workers import _writeback_fn
 
 log = logging.getLogger(__name__)
@@ -52,67 +52,9 @@ _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahea
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 
 
-class _Read(NamedTuple):
-    """A group's files as a reader thread left them (positions in the group)."""
-
-    gpu: list[int]  # the JPEGs for the GPU,
-    datas: list[torch.Tensor]  # their bytes (uint8),
-    sizes: list[tuple[int, int]]  # their (w, h);
-    cpu: list[int]  # the rest, for the CPU build's decode,
-    decoded: Callable[[], list[tuple[bytes | None, Any]]]  # its results' getter
-
-
-def _read_whole(path: str) -> np.ndarray | None:
-    """A regular file's bytes (uint8), or None where it cannot be read whole at once
-    (gone, unreadable, not a regular file, changing size): the CPU build's decode then
-    names the reason. A bare descriptor (:func:`packer.sources.scan.open_fd_if_regular`) and
-    memory nothing zeroes first: the readers' time with the GIL is what paces them,
-    and a file object and a zeroed buffer took a third of it (4 threads: 10k files/s
-    on the H100 machine)."""
-    try:
-        fd, st = open_fd_if_regular(path)
-    except (OSError, NotRegularFile):
-        return None
-    try:
-        buf = np.empty(st.st_size + 1, dtype=np.uint8)  # a byte more: a file that grew shows
-        n = os.readv(fd, [buf])
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return buf[:n] if n == st.st_size else None
-
-
-def _read_group(
-    paths: list[str],
-    max_pixels: int,
-    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
-) -> _Read:
-    """In a reader thread: each file read once and classified from those bytes (what
-    the GPU decodes is what was classified: no second read, no race). The JPEGs the
-    GPU takes as they are (:func:`packer.imaging.decode.plain_jpeg_size`) go to the decoder;
-    the CPU build's decode of the rest (``cpu_decode``: on the CPU workers) starts now,
-    so it runs beside the GPU's."""
-    gpu: list[int] = []
-    datas: list[torch.Tensor] = []
-    sizes: list[tuple[int, int]] = []
-    cpu: list[int] = []
-    for i, p in enumerate(paths):
-        data = _read_whole(p)
-        size = None if data is None else plain_jpeg_size(memoryview(data), max_pixels)
-        if size is None or data is None:
-            cpu.append(i)
-            continue
-        gpu.append(i)
-        datas.append(torch.from_numpy(data))
-        sizes.append(size)
-    decoded = cpu_decode([paths[i] for i in cpu]) if cpu else list
-    return _Read(gpu, datas, sizes, cpu, decoded)
-
-
 def _decode_list(
-    read: Future[_Read], device: torch.device
-) -> tuple[_Read, list[torch.Tensor | None]]:
+    read: Future[GroupRead], device: torch.device
+) -> tuple[GroupRead, list[torch.Tensor | None]]:
     """In the decoder thread: a group's JPEGs (``read``) decoded in one batch; per JPEG
     the image, or None for one that fails to decode (the CPU path then decides, and
     names the reason)."""
@@ -222,7 +164,7 @@ def _serve(
     rows_path: str,
     spec: ResizeSpec,
     device: torch.device,
-    cpu_decode: Callable[[list[str]], Callable[[], list[tuple[bytes | None, Any]]]],
+    cpu_decode: CpuDecode,
     stop: threading.Event | None = None,
 ) -> None:
     """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
@@ -237,14 +179,14 @@ def _serve(
     and returns its getter. ``stop`` set: end early (the build failed).
 
     Stages, each on threads of its own: ``_READERS`` threads read and classify a
-    group's files (:func:`_read_group`); a decoder thread decodes a group's JPEGs in
+    group's files (:func:`~packer.build.gpu_read.read_group`); a decoder thread decodes a group's JPEGs in
     one nvjpeg batch (:func:`packer.imaging.jpeg.decode_ahead`, the JPEG-pack reader's own), 3
     groups ahead; this thread crops/resizes a group in one kernel
     (:func:`packer.imaging.jpeg.resize_images`) and starts its copy into a pinned buffer
     (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
     decodes, then pwrite and hash each chunk.
     """
-    from ..imaging.jpeg import decode_ahead, resize_images
+    from ..imaging.jpeg import decode_ahead
 
     row = image_bytes(spec.shape)
     cuda = device.type == "cuda"
@@ -257,29 +199,6 @@ def _serve(
         put(("error", e))
         return
 
-    def items() -> Iterator[tuple[Any, Callable[[], Any]]]:
-        """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
-        ahead (as many as have arrived): the reads and the CPU decodes they start run
-        beside the GPU's work."""
-        reads: collections.deque[tuple[Any, Future[_Read]]] = collections.deque()
-        more = True
-        while not failed.is_set() and not (stop is not None and stop.is_set()):
-            while more and len(reads) < _READ_AHEAD:
-                try:
-                    item = take_item(not reads)  # wait only when nothing is read
-                except queue.Empty:
-                    break
-                if item is None:
-                    more = False
-                    break
-                g, group = item
-                read = readers.submit(_read_group, _paths(group), spec.max_pixels, cpu_decode)
-                reads.append(((g, group), read))
-            if not reads:
-                return
-            key, read = reads.popleft()
-            yield key, functools.partial(_decode_list, read, device)
-
     def finish(g: int, written: Future[list[tuple[Any, ...]]]) -> None:
         if written.cancelled():
             return
@@ -290,53 +209,29 @@ def _serve(
         else:
             put(("done", g, written.result()))
 
-    free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
-    made = [0]
-
-    def take(n: int) -> torch.Tensor:
-        """A pinned host buffer of at least ``n`` rows, reused (at most ``2 * _WRITERS +
-        2``): a fresh 50 MB pinned allocation per group costs more than its crop."""
-        buf = None
-        if made[0] < 2 * _WRITERS + 2:
-            with contextlib.suppress(queue.Empty):
-                buf = free.get_nowait()
-        else:
-            buf = free.get()  # all in use: wait for a writer to finish one
-        if buf is not None and len(buf) >= n:
-            return buf
-        if buf is None:
-            made[0] += 1
-        return torch.empty((max(n, GROUP_IMAGES), row), dtype=torch.uint8, pin_memory=cuda)
-
+    host_rows = _HostRows(row, pinned=cuda)
     readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
     writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
-    decoded = decode_ahead(items(), device, stream, ahead=3)
+
+    def ended() -> bool:
+        return failed.is_set() or (stop is not None and stop.is_set())
+
+    items = _read_ahead(take_item, readers, spec, device, cpu_decode, ended)
+    decoded = decode_ahead(items, device, stream, ahead=3)
     try:
         for (g, group), (read, imgs) in decoded:
             ok = [i for i, x in zip(read.gpu, imgs) if x is not None]
             retry = [i for i, x in zip(read.gpu, imgs) if x is None]
             host = copied = buf = None
             if ok:
-                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                    rows = resize_images(
-                        [x for x in imgs if x is not None],
-                        (spec.height, spec.width),
-                        mode=spec.mode,
-                    )
-                    buf = take(len(ok))
-                    host = buf[: len(ok)].view(rows.shape)
-                    host.copy_(rows, non_blocking=cuda)
-                    if cuda:
-                        copied = torch.cuda.Event()
-                        copied.record(stream)
-                del rows
+                host, copied, buf = _resize_to_host(imgs, spec, stream, host_rows)
             del imgs
             cpu = [(read.cpu, read.decoded)]
             if retry:  # JPEGs nvjpeg refused: the CPU build's decode, which names why
-                paths = _paths(group)
+                paths = group_paths(group)
                 cpu.append((retry, cpu_decode([paths[i] for i in retry])))
             at = {i: j for j, i in enumerate(ok)}
-            release = functools.partial(free.put, buf) if buf is not None else lambda: None
+            release = host_rows.releaser(buf)
             written = writers.submit(
                 _write_group,
                 fd, row, group, at, dict(zip(read.gpu, read.sizes)), host, copied, cpu,
@@ -354,6 +249,93 @@ def _serve(
         readers.shutdown(wait=True, cancel_futures=True)
         writers.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
+
+
+def _read_ahead(
+    take_item: Callable[[bool], Any],
+    readers: ThreadPoolExecutor,
+    spec: ResizeSpec,
+    device: torch.device,
+    cpu_decode: CpuDecode,
+    ended: Callable[[], bool],
+) -> Iterator[tuple[Any, Callable[[], Any]]]:
+    """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
+    ahead (as many as have arrived): the reads and the CPU decodes they start run
+    beside the GPU's work."""
+    reads: collections.deque[tuple[Any, Future[GroupRead]]] = collections.deque()
+    more = True
+    while not ended():
+        while more and len(reads) < _READ_AHEAD:
+            try:
+                item = take_item(not reads)  # wait only when nothing is read
+            except queue.Empty:
+                break
+            if item is None:
+                more = False
+                break
+            g, group = item
+            read = readers.submit(read_group, group_paths(group), spec.max_pixels, cpu_decode)
+            reads.append(((g, group), read))
+        if not reads:
+            return
+        key, read = reads.popleft()
+        yield key, functools.partial(_decode_list, read, device)
+
+
+class _HostRows:
+    """Pinned host buffers for the groups' resized rows, reused (at most ``2 * _WRITERS +
+    2``): a fresh 50 MB pinned allocation per group costs more than its crop."""
+
+    def __init__(self, row: int, pinned: bool) -> None:
+        self.row, self.pinned = row, pinned
+        self.free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+        self.made = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """A buffer of at least ``n`` rows; when all are in use, waits for a writer to
+        hand one back."""
+        buf = None
+        if self.made < 2 * _WRITERS + 2:
+            with contextlib.suppress(queue.Empty):
+                buf = self.free.get_nowait()
+        else:
+            buf = self.free.get()  # all in use: wait for a writer to finish one
+        if buf is not None and len(buf) >= n:
+            return buf
+        if buf is None:
+            self.made += 1
+        shape = (max(n, GROUP_IMAGES), self.row)
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pinned)
+
+    def releaser(self, buf: torch.Tensor | None) -> Callable[[], None]:
+        """What hands ``buf`` back once its group is written."""
+        return functools.partial(self.free.put, buf) if buf is not None else lambda: None
+
+
+def _resize_to_host(
+    imgs: list[torch.Tensor | None],
+    spec: ResizeSpec,
+    stream: Any,
+    host_rows: _HostRows,
+) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """A group's decoded JPEGs (None: refused) resized in one kernel on ``stream``, their
+    copy into a pinned buffer started: (the rows in it, the copy's event or None on the
+    CPU, the buffer)."""
+    from ..imaging.jpeg import resize_images
+
+    cuda = stream is not None
+    copied = None
+    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+        rows = resize_images(
+            [x for x in imgs if x is not None], (spec.height, spec.width), mode=spec.mode
+        )
+        buf = host_rows.take(len(rows))
+        host = buf[: len(rows)].view(rows.shape)
+        host.copy_(rows, non_blocking=cuda)
+        if cuda:
+            copied = torch.cuda.Event()
+            copied.record(stream)
+    return host, copied, buf
 
 
 class _Decoder:
@@ -374,7 +356,7 @@ class _Decoder:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
         def cpu_decode(paths: list[str]) -> Callable[[], list[tuple[bytes | None, Any]]]:
-            return _submit_cpu(pool, paths, spec)
+            return submit_cpu(pool, paths, spec)
 
         def run() -> None:
             if device.type == "cuda":
@@ -497,26 +479,3 @@ def decode_chunks_batched(
                     if msg[0] == "done":
                         take(msg)
         journaler.shutdown(wait=True)
-
-
-def _paths(group: list[tuple[int, int, list[str]]]) -> list[str]:
-    return [p for c in group for p in c[2]]
-
-
-def _spread(pool: ProcessPoolExecutor | None, fn: Any, paths: list[str], spec: ResizeSpec):
-    if not paths:
-        return lambda: []
-    if pool is None:
-        return lambda: fn(paths, spec)
-    step = max(1, -(-len(paths) // 16))
-    futs = [pool.submit(fn, paths[i : i + step], spec) for i in range(0, len(paths), step)]
-    return lambda: [r for f in futs for r in f.result()]
-
-
-def _submit_cpu(
-    pool: ProcessPoolExecutor | None, paths: list[str], spec: ResizeSpec
-) -> Callable[[], list[tuple[bytes | None, Any]]]:
-    """Start decoding ``paths`` on the CPU workers (spread over them); return a getter."""
-    from .workers import _decode_paths
-
-    return _spread(pool, _decode_paths, paths, spec)

@@ -17,6 +17,7 @@ from PIL import Image
 import packer
 import packer.build
 import packer.build.gpu
+import packer.build.gpu_read
 import packer.build.run
 import packer.build.workers
 import packer.imaging.jpeg
@@ -167,7 +168,7 @@ def test_each_file_is_read_once_and_what_the_gpu_does_not_take_goes_to_the_cpu(
 
     from PIL import Image
 
-    from packer.build.gpu import _read_group
+    from packer.build.gpu_read import read_group
 
     good = write_image(tmp_path / "a.jpg", (40, 30))
     write_image(tmp_path / "b.png", (40, 30))
@@ -185,13 +186,13 @@ def test_each_file_is_read_once_and_what_the_gpu_does_not_take_goes_to_the_cpu(
         sent.append(paths)
         return lambda: [(None, "test")] * len(paths)
 
-    r = _read_group([str(tmp_path / n) for n in names], 10**8, cpu_decode)
+    r = read_group([str(tmp_path / n) for n in names], 10**8, cpu_decode)
     assert r.gpu == [0, 7] and r.sizes == [(40, 30), (50, 20)]
     assert bytes(r.datas[0].numpy()) == good.read_bytes()
     assert r.cpu == [1, 2, 3, 4, 5, 6]
     assert sent == [[str(tmp_path / names[i]) for i in r.cpu]]
     assert r.decoded() == [(None, "test")] * 6
-    assert _read_group([str(tmp_path / "a.jpg")], 1199, cpu_decode).cpu == [0]  # > max pixels
+    assert read_group([str(tmp_path / "a.jpg")], 1199, cpu_decode).cpu == [0]  # > max pixels
 
 
 def test_a_jpeg_the_reader_does_not_pass_is_decoded_by_the_cpu_workers(
@@ -201,14 +202,14 @@ def test_a_jpeg_the_reader_does_not_pass_is_decoded_by_the_cpu_workers(
 
     cfg = dict(size=(24, 20), workers=2)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg, device="cpu"))
-    real = packer.build.gpu.plain_jpeg_size
+    real = packer.build.gpu_read.plain_jpeg_size
     size03 = (40 + 9 * 3, 30 + 5 * 3)  # zebra/p03.jpg's, no other image's
 
     def refuse(data, max_pixels):
         size = real(data, max_pixels)
         return None if size == size03 else size
 
-    monkeypatch.setattr(packer.build.gpu, "plain_jpeg_size", refuse)
+    monkeypatch.setattr(packer.build.gpu_read, "plain_jpeg_size", refuse)
     out = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert out.count == cpu.count and out.skipped == cpu.skipped
     a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
@@ -252,7 +253,7 @@ def _nth(n: int, real, err: type[BaseException]):
 
 STAGES = {
     # where: (module, attribute) of the function made to fail on its 2nd call
-    "reader": (packer.build.gpu, "_read_group"),
+    "reader": (packer.build.gpu, "read_group"),  # where the pipeline looks it up
     "decoder": (packer.imaging.jpeg, "decode_batch"),
     "main": (packer.imaging.jpeg, "resize_images"),
     "writer": (packer.build.gpu, "_write_group"),
@@ -478,7 +479,7 @@ def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
     target.write_bytes(small)
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", max_pixels=20_000)
     build(image_tree, tmp_path / "ref", cfg)
-    real = packer.build.gpu._read_group
+    real = packer.build.gpu.read_group
 
     def change_once(paths, max_pixels, cpu_decode):
         mine = str(target) in paths and target.is_file() and target.read_bytes() == small
@@ -489,7 +490,7 @@ def test_a_file_changed_before_or_after_its_one_read_gets_one_consistent_answer(
             _change(target, how, (small, big))
         return out
 
-    monkeypatch.setattr(packer.build.gpu, "_read_group", change_once)
+    monkeypatch.setattr(packer.build.gpu, "read_group", change_once)
     out = build(image_tree, tmp_path / "out", cfg)
     skips = {s["path"]: s["reason"] for s in out.skipped}
     if when == "after":
@@ -529,7 +530,7 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
 
         monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
     else:
-        monkeypatch.setattr(packer.build.gpu, "plain_jpeg_size", lambda data, max_pixels: None)
+        monkeypatch.setattr(packer.build.gpu_read, "plain_jpeg_size", lambda data, max_pixels: None)
     gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
     assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
     assert _same(tmp_path / "cpu", tmp_path / "gpu")

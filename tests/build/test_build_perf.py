@@ -10,6 +10,7 @@ import pytest
 
 import packer.build.run as pb
 import packer.build.workers as pbw
+from packer.build.plan import plan_fingerprint, plan_labels
 from packer.build.run import BuildConfig, build
 from packer.build.workdir import JOURNAL
 from packer.imaging.decode import ResizeSpec, decode_into, load_resized, store_into
@@ -79,10 +80,10 @@ def test_plan_is_written_before_the_first_journal_line(
     monkeypatch.setattr(pb, "start_plan", start_plan)
     build(image_tree, dst, config)
     assert seen == [True]
-    plan = pb._plan_labels(image_tree, config)
-    assert prints == [pb._fingerprint(plan, config, device)]
+    plan = plan_labels(image_tree, config)
+    assert prints == [plan_fingerprint(plan, config, device)]
     if batched or store != "raw":
-        assert prints[0] != pb._fingerprint(plan, BuildConfig(size=(32, 32)))
+        assert prints[0] != plan_fingerprint(plan, BuildConfig(size=(32, 32)))
 
 
 def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:

@@ -100,19 +100,20 @@ def test_a_pool_that_breaks_while_chunks_are_submitted_is_a_dead_worker_not_a_tr
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from packer.build import run as build_mod
+    from packer.build.chunks import _run_chunks
+    from packer.build.workers import _decode_chunk
 
     pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
     with pytest.raises(BrokenProcessPool):
         pool.submit(_die).result()
     wrote_plan, recorded = [], []
     times: dict = {"wait": 0.0}
-    ok = build_mod._run_chunks(
+    ok = _run_chunks(
         pool,
         [(0, 0, ["a.jpg"]), (1, 1, ["b.jpg"])],
         {},
         recorded.append,
-        build_mod._decode_chunk,
+        _decode_chunk,
         times,
         lambda: wrote_plan.append(True),
     )

@@ -277,14 +277,23 @@ def test_bad_arguments_raise_value_error() -> None:
         T.CenterCrop(32)(torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
 
 
-def test_imports_standalone_with_torch_only() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "transforms_alone", ROOT / "packer/imaging/transforms.py"
-    )
+def _load_alone(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_imports_standalone_with_torch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crop core (resize.py) imports without packer, and the modules (transforms.py)
+    with it beside them, as the two files copied into another project would."""
+    resize = _load_alone("resize", ROOT / "packer/imaging/resize.py")
+    monkeypatch.setitem(sys.modules, "resize", resize)  # what transforms.py imports
+    mod = _load_alone("transforms_alone", ROOT / "packer/imaging/transforms.py")
     x = photo_like(2, 16, 16)
     assert mod.RandomResizedCrop(8)(x).shape == (2, 3, 8, 8)
+    boxes = torch.tensor([[0, 0, 16, 16], [2, 3, 8, 9]])
+    assert torch.equal(resize.resized_crop(x, boxes, 8), T.resized_crop(x, boxes, 8))
 
 
 def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:

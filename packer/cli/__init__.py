@@ -1,0 +1,48 @@
+"""The ``imgpack`` command: parse options, call the library, format the result.
+
+Exit codes: 0 success; 1 the work ran but found a problem (verify failed,
+inputs were skipped under --strict, no input was usable, a worker died);
+2 bad usage or input the command cannot start on (also an unwritable
+destination); 130 interrupted (Ctrl-C or SIGTERM), with the work done so far kept.
+
+The commands live one per module (``build``, ``compress``, ``verify``, ``info``,
+``show``, ``bench``); the shared options are :mod:`packer.cli.options`'s and the
+error, progress and result printing :mod:`packer.cli.output`'s.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .._version import __version__
+from .bench import bench
+from .build import build
+from .compress import compress
+from .info import info
+from .show import show
+from .verify import verify
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="imgpack")
+def cli() -> None:
+    """Pack an image dataset into memory-mapped uint8 tensors and stream it to the GPU.
+
+    \b
+    A typical run:
+      imgpack compress photos/ small/ --quality 3    # multi-MB photos -> ~200 KB JPEGs
+      imgpack build small/ tensors/ --size 224       # decode + resize once, in parallel
+      imgpack info tensors/
+      imgpack verify tensors/ --device cuda          # integrity + speed vs. the folder
+
+    In Python: packer.load("tensors/"), packer.PackLoader(pack, 256, device="cuda").
+    Exit codes: 0 ok, 1 the work found a problem, 2 bad usage or input, 130 interrupted.
+    """
+
+
+for _command in (build, info, compress, verify, show, bench):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    cli(prog_name="imgpack")

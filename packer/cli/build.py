@@ -1,0 +1,205 @@
+"""``imgpack build``: decode and resize every image of a folder into a pack."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from .options import QualityHint, device_option, json_option, quiet_option, workers_option
+from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
+
+
+def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+    from ..imaging.decode import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.command(cls=QualityHint)
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option(
+    "--size",
+    default="224",
+    show_default=True,
+    callback=_parse_size,
+    help="Output size: S for S×S, or WxH (width x height), in pixels. torchvision's "
+    "ImageNet recipe (RandomResizedCrop(224) to train, Resize(256) + CenterCrop(224) to "
+    "validate) needs --size 256, cropped to 224 by the loader's transforms; 224 suits "
+    "models fed the stored images as they are.",
+)
+@click.option(
+    "--resize",
+    type=click.Choice(["crop", "stretch", "pad"]),
+    default="crop",
+    show_default=True,
+    help="crop: scale the shorter side, take the centre. stretch: ignore aspect. "
+    "pad: scale the longer side, letterbox with black.",
+)
+@workers_option("Decoding processes [default: all cores].")
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(1),
+    default=100_000_000,
+    show_default=True,
+    help="Skip images larger than this (decompression-bomb guard).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing pack at DST.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any image was skipped.")
+@json_option()
+@quiet_option()
+@click.option(
+    "--classes",
+    "class_map",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Fix the class -> index map: a text file (one class name per line, in index "
+    "order) or an existing pack, whose map is reused.",
+)
+@click.option(
+    "--allow-new-classes",
+    is_flag=True,
+    help="Append classes missing from the --classes map at the end instead of refusing them.",
+)
+@click.option(
+    "--labels",
+    "labels_table",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Labels from a table (.csv, .tsv, .parquet) with a 'path' column (relative to "
+    "SRC) and a 'label' column (class names or integers), instead of class folders.",
+)
+@click.option(
+    "--targets",
+    default=None,
+    help="Comma-separated numeric columns of the --labels table, stored as a float32 "
+    "targets [N, K] field.",
+)
+@click.option(
+    "--store",
+    type=click.Choice(["raw", "jpeg"]),
+    default="raw",
+    show_default=True,
+    help="raw: decoded uint8 rows of --size (a crop keeps only the centre). jpeg: each "
+    "image's JPEG file (whole image, decoded and cropped in batches when read; --size is "
+    "then unused): for RandomResizedCrop over the whole image, as torchvision trains.",
+)
+@click.option(
+    "--quality",
+    "-Q",
+    type=click.IntRange(2, 31),
+    default=3,
+    show_default=True,
+    help="--store jpeg: quality of re-encoded inputs (non-JPEG, CMYK, EXIF-rotated, "
+    "over --max-side), compress's scale: 2 best .. 31 worst (Pillow quality 100-3*Q).",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(1),
+    default=None,
+    help="--store jpeg: longest stored side in pixels; larger images are scaled down "
+    "and re-encoded.",
+)
+@device_option(
+    "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
+    "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
+    "tolerance in docs). auto: cuda when present.",
+    default="cpu",
+)
+@handle_errors
+@sigterm_as_interrupt
+def build(
+    src: Path,
+    dst: Path,
+    size: tuple[int, int],
+    resize: str,
+    workers: int | None,
+    max_pixels: int,
+    overwrite: bool,
+    strict: bool,
+    as_json: bool,
+    quiet: bool,
+    class_map: Path | None,
+    allow_new_classes: bool,
+    labels_table: Path | None,
+    targets: str | None,
+    store: str,
+    quality: int,
+    max_side: int | None,
+    device: str,
+) -> None:
+    """Decode and resize every image under SRC into a pack at DST.
+
+    SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
+    folder indices, as torchvision's ImageFolder assigns them) or a flat folder
+    of images (labels -1). --classes fixes the indices instead, so a val split
+    missing a class keeps train's: build every split after the first with
+    --classes FIRST_PACK. --labels takes the labels from a table; its
+    rows whose file is missing are skipped, images it does not list are ignored.
+    Images that cannot be decoded are skipped and listed.
+    An interrupted build resumes when the same command is run again.
+
+    \b
+    Examples:
+      imgpack build ./imgs ./tensors
+      imgpack build ./train ./train_pack --size 256      # RandomResizedCrop(224) later
+      imgpack build ./train ./train_jpeg --store jpeg    # crops over the whole image
+      imgpack build ./imgs ./tensors --size 320x240 --resize pad --workers 8
+      imgpack build ./imgs ./tensors --overwrite --json > build.json
+      imgpack build ./val ./val_pack --classes ./train_pack
+      imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
+      imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
+      imgpack build ./small ./tensors --device cuda
+    """
+    from ..build.run import BuildConfig
+    from ..build.run import build as build_pack
+    from ..build.workdir import refuse_symlink_destination
+
+    refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
+    config = BuildConfig(
+        size=size,
+        resize=resize,
+        workers=workers,
+        overwrite=overwrite,
+        max_pixels=max_pixels,
+        classes=class_map,
+        allow_new_classes=allow_new_classes,
+        labels=labels_table,
+        targets=tuple(c.strip() for c in targets.split(",")) if targets is not None else (),
+        store=store,
+        quality=quality,
+        max_side=max_side,
+        device=device,
+    )
+    result = run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
+    if result.storage == "jpeg":  # each image keeps its own size: say the largest
+        h, w = result.image_shape[1:]
+        what = f"JPEG images (their own sizes, up to {w} wide x {h} high; decoded when read)"
+    else:
+        what = f"images of {'x'.join(map(str, result.image_shape))}"
+    summary = (
+        f"Packed {result.count} {what} into {dst} in {result.seconds:.1f} s"
+        + (f" ({len(result.skipped)} skipped, bad input)" if result.skipped else "")
+        + (f" ({result.ignored} not in {labels_table}: ignored)" if labels_table else "")
+        + (f" (resumed: {result.resumed} already done)" if result.resumed else "")
+    )
+    if result.new_classes:
+        summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
+    inferred = {"folders": f"the folders of {src}", "labels": f"the label names in {labels_table}"}
+    if result.classes_from in inferred and not quiet:
+        # labels are indices into a map sorted from what this SRC holds: a split missing
+        # a class shifts the rest, so say where the map came from and how to pin it
+        note = (
+            f"classes: {len(result.classes)} inferred from {inferred[result.classes_from]}; "
+            "for a split that must match another pack's labels, pass --classes TRAIN_PACK"
+        )
+        if as_json:
+            click.echo(note, err=True)  # stdout holds the JSON alone
+        else:
+            summary += f"\n{note}"
+    report(result, summary, skipped=result.skipped, as_json=as_json, quiet=quiet, strict=strict)

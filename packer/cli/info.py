@@ -1,0 +1,108 @@
+"""``imgpack info``: what a pack holds, and how ``packer.split`` would cut it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import UsageError
+from .options import json_option
+from .output import emit_json, handle_errors, human_bytes
+
+
+def _parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(
+            f"--split {text!r}: give fractions separated by commas that sum to 1, e.g. 0.9,0.1"
+        ) from None
+
+
+@click.command()
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option(
+    "--split",
+    "split_text",
+    metavar="F1,F2,...",
+    help="Also show the class histogram of each part of packer.split(PACK, fractions, "
+    "seed) (stratified by label), e.g. 0.9,0.1.",
+)
+@click.option("--seed", type=int, default=None, help="Seed of --split (default 0).")
+@json_option()
+@handle_errors
+def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) -> None:
+    """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
+
+    With --split, also each part's size and class histogram, as packer.split
+    cuts it (the same seed gives the same parts in Python).
+
+    \b
+    Examples:
+      imgpack info ./tensors
+      imgpack info ./tensors --json | jq .class_counts
+      imgpack info ./tensors --split 0.9,0.1 --seed 1
+    """
+    from ..pack.format import describe
+
+    if seed is not None and split_text is None:
+        raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
+    fractions = _parse_fractions(split_text) if split_text is not None else None
+    out = describe(pack)
+    splits = None
+    if fractions is not None:
+        from ..loading.dataset import class_histogram, split
+        from ..pack.reader import open_pack
+
+        try:
+            opened = open_pack(pack)  # once: the split and every histogram read it
+            parts = split(opened, fractions, seed=seed or 0, stratify=True)
+        except UsageError as e:
+            raise UsageError(f"--split {split_text}: {e}") from None
+        splits = [
+            {"fraction": f, "count": len(part), "class_counts": class_histogram(opened, part)}
+            for f, part in zip(fractions, parts)
+        ]
+    if as_json:
+        if splits is not None:
+            out["splits"] = splits
+        emit_json(out)
+        return
+    c, h, w = out["image_shape"]
+    b = out["build"]
+    click.echo(f"pack      {pack}")
+    if out.get("storage") == "jpeg":
+        click.echo(f"images    {out['count']} JPEG files, up to {h}x{w} (decoded when read)")
+    else:
+        click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
+    click.echo(f"on disk   {human_bytes(out['bytes'])}")
+    if b.get("labels_table"):
+        click.echo(
+            f"labels    from {b['labels_table']} ({b.get('unlisted', 0)} images under the "
+            "source had no row: ignored)"
+        )
+    if out["classes"]:
+        click.echo(f"classes   {len(out['classes'])} (index, images, name)")
+        for name, idx in out["class_to_idx"].items():
+            click.echo(f"  {idx:>4}  {out['class_counts'][name]:>8}  {name}")
+    elif b.get("labels_table"):
+        click.echo("classes   none (integer labels from the table; -1 = no label)")
+    else:
+        click.echo("classes   none (flat folder; labels are -1)")
+    t = out["targets"]
+    if t:
+        click.echo(f"targets   {t['dtype']} {t['shape']}: {', '.join(t['names'])}")
+    click.echo(
+        f"built     from {b.get('source_root')} at {b.get('created')} "
+        f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"
+    )
+    click.echo(f"skipped   {len(out['skipped'])}")
+    for s in out["skipped"][:20]:
+        click.echo(f"  {s['path']}: {s['reason']}")
+    if splits is not None:
+        click.echo(f"split     {split_text} (seed {seed or 0}, stratified by label)")
+        for k, part in enumerate(splits, 1):
+            click.echo(f"  part {k}  {part['fraction']:g}: {part['count']} images (images, label)")
+            for name, count in part["class_counts"].items():
+                click.echo(f"    {count:>8}  {name}")
