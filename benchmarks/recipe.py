@@ -73,7 +73,9 @@ class Recipe(torch.nn.Module):
 
     def forward(self, images, labels, generator=None):
         x = self.aug(images, generator=generator)
-        x = self.norm.to(x.device)(x)
+        if self.norm.shift.device != x.device:  # Module.to walks the module: not per batch
+            self.norm.to(x.device)
+        x = self.norm(x)
         x = self.erase(x, generator=generator)
         return self.mix(x, labels, generator=generator)
 

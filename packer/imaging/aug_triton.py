@@ -81,14 +81,14 @@ def _lut_kernel(
             acc = tl.zeros((BLOCK,), tl.float32)
             for start in range(0, HW, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                m = offs < HW
+                mc = offs < HW
                 if C == 3:
-                    rr = tl.load(img + offs, mask=m, other=0).to(tl.float32)
-                    gg = tl.load(img + HW + offs, mask=m, other=0).to(tl.float32)
-                    bb = tl.load(img + 2 * HW + offs, mask=m, other=0).to(tl.float32)
+                    rr = tl.load(img + offs, mask=mc, other=0).to(tl.float32)
+                    gg = tl.load(img + HW + offs, mask=mc, other=0).to(tl.float32)
+                    bb = tl.load(img + 2 * HW + offs, mask=mc, other=0).to(tl.float32)
                     acc += tl.floor(rr * 0.2989 + gg * 0.587 + bb * 0.114)
                 else:
-                    acc += tl.load(img + offs, mask=m, other=0).to(tl.float32)
+                    acc += tl.load(img + offs, mask=mc, other=0).to(tl.float32)
             mean = tl.sum(acc, 0) / HW
             y = tl.minimum(tl.maximum(vf * r + mean * omr, 0.0), 255.0)
         elif op == 3:  # posterize: p is the mask of the kept bits
@@ -100,10 +100,10 @@ def _lut_kernel(
             hi = tl.zeros((BLOCK,), tl.int32)
             for start in range(0, HW, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                m = offs < HW
-                x = tl.load(chan + offs, mask=m, other=0).to(tl.int32)
-                lo = tl.minimum(lo, tl.where(m, x, 255))
-                hi = tl.maximum(hi, x)
+                ma = offs < HW
+                xa = tl.load(chan + offs, mask=ma, other=0).to(tl.int32)
+                lo = tl.minimum(lo, tl.where(ma, xa, 255))
+                hi = tl.maximum(hi, xa)
             lo_f = tl.min(lo, 0).to(tl.float32)
             hi_f = tl.max(hi, 0).to(tl.float32)
             flat = hi_f == lo_f
@@ -114,8 +114,8 @@ def _lut_kernel(
             hist = tl.zeros((256,), tl.int32)
             for start in range(0, HW, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = tl.load(chan + offs, mask=offs < HW, other=0).to(tl.int32)
-                hist += tl.histogram(x, 256)
+                xe = tl.load(chan + offs, mask=offs < HW, other=0).to(tl.int32)
+                hist += tl.histogram(xe, 256)
             pad = tl.cdiv(HW, BLOCK) * BLOCK - HW  # masked loads counted as zeros
             hist -= tl.where(v == 0, pad, 0)
             cum = tl.cumsum(hist, 0)
@@ -223,37 +223,37 @@ def _apply_kernel(
                     val = _rint(val)
                 tl.store(dst + c * HW + pix, val.to(tl.uint8), mask=m)
     elif kind == 3:  # saturation: blend with the floored luma
-        r = tl.load(row + 2)
-        omr = tl.load(row + 3)
-        rr = tl.load(src + pix, mask=m, other=0).to(tl.float32)
-        gg = tl.load(src + HW + pix, mask=m, other=0).to(tl.float32)
-        bb = tl.load(src + 2 * HW + pix, mask=m, other=0).to(tl.float32)
-        gray = tl.floor(rr * 0.2989 + gg * 0.587 + bb * 0.114)
+        s_r = tl.load(row + 2)
+        s_omr = tl.load(row + 3)
+        s_rr = tl.load(src + pix, mask=m, other=0).to(tl.float32)
+        s_gg = tl.load(src + HW + pix, mask=m, other=0).to(tl.float32)
+        s_bb = tl.load(src + 2 * HW + pix, mask=m, other=0).to(tl.float32)
+        gray = tl.floor(s_rr * 0.2989 + s_gg * 0.587 + s_bb * 0.114)
         for c in tl.static_range(C):
-            x = tl.load(src + c * HW + pix, mask=m, other=0).to(tl.float32)
-            y = tl.minimum(tl.maximum(x * r + gray * omr, 0.0), 255.0)
-            tl.store(dst + c * HW + pix, y.to(tl.uint8), mask=m)
+            s_x = tl.load(src + c * HW + pix, mask=m, other=0).to(tl.float32)
+            s_y = tl.minimum(tl.maximum(s_x * s_r + gray * s_omr, 0.0), 255.0)
+            tl.store(dst + c * HW + pix, s_y.to(tl.uint8), mask=m)
     elif kind == 4:  # sharpness: blend with the rounded 3x3 smooth, the border kept
-        omr = tl.load(row + 3)
+        h_omr = tl.load(row + 3)
         inner = m & (i >= 1) & (i < H - 1) & (j >= 1) & (j < W - 1)
         for c in tl.static_range(C):
-            s = src + c * HW
-            x = tl.load(s + pix, mask=m, other=0).to(tl.float32)
+            h_src = src + c * HW
+            h_x = tl.load(h_src + pix, mask=m, other=0).to(tl.float32)
             # PIL's SMOOTH kernel (1 1 1 / 1 5 1 / 1 1 1) / 13, row by row as the conv sums
-            acc = tl.zeros((BH, BW), tl.float32)
+            h_acc = tl.zeros((BH, BW), tl.float32)
             for dy in tl.static_range(3):
                 for dx in tl.static_range(3):
-                    q = tl.load(s + pix + (dy - 1) * W + (dx - 1), mask=inner, other=0)
-                    acc += q.to(tl.float32) * _smooth_weight(dy * 3 + dx)
-            y = x + (_rint(acc) - x) * omr
-            y = tl.where(inner, tl.minimum(tl.maximum(y, 0.0), 255.0), x)
-            tl.store(dst + c * HW + pix, y.to(tl.uint8), mask=m)
+                    q = tl.load(h_src + pix + (dy - 1) * W + (dx - 1), mask=inner, other=0)
+                    h_acc += q.to(tl.float32) * _smooth_weight(dy * 3 + dx)
+            h_y = h_x + (_rint(h_acc) - h_x) * h_omr
+            h_y = tl.where(inner, tl.minimum(tl.maximum(h_y, 0.0), 255.0), h_x)
+            tl.store(dst + c * HW + pix, h_y.to(tl.uint8), mask=m)
     else:  # a copy, or each channel through its table
         for c in tl.static_range(C):
-            x = tl.load(src + c * HW + pix, mask=m, other=0)
+            u = tl.load(src + c * HW + pix, mask=m, other=0)
             if kind == 1:
-                x = tl.load(lut_ptr + (b * C + c) * 256 + x.to(tl.int32), mask=m, other=0)
-            tl.store(dst + c * HW + pix, x, mask=m)
+                u = tl.load(lut_ptr + (b * C + c) * 256 + u.to(tl.int32), mask=m, other=0)
+            tl.store(dst + c * HW + pix, u, mask=m)
 
 
 def apply_stage(
