@@ -322,3 +322,47 @@ def mixup(x: torch.Tensor, lam: float) -> torch.Tensor:
     grid = (b, triton.cdiv(n, MIX_BLOCK))
     _mix_kernel[grid](x, out, a, c, n, b, BLOCK=MIX_BLOCK, enable_fp_fusion=False)
     return out
+
+
+@triton.jit
+def _erase_kernel(x_ptr, out_ptr, box_ptr, v_ptr, H, W, C: tl.constexpr, INPLACE: tl.constexpr,
+                  BH: tl.constexpr, BW: tl.constexpr):  # fmt: skip
+    b = tl.program_id(0)
+    i = tl.program_id(1) * BH + tl.arange(0, BH)[:, None]
+    j = tl.program_id(2) * BW + tl.arange(0, BW)[None, :]
+    top = tl.load(box_ptr + b * 4)
+    left = tl.load(box_ptr + b * 4 + 1)
+    bh = tl.load(box_ptr + b * 4 + 2)
+    bw = tl.load(box_ptr + b * 4 + 3)
+    m = (i < H) & (j < W)
+    inside = m & (i >= top) & (i < top + bh) & (j >= left) & (j < left + bw)
+    base = b.to(tl.int64) * (C * H * W)
+    pix = i * W + j
+    for c in tl.static_range(C):
+        v = tl.load(v_ptr + c)
+        if INPLACE:
+            tl.store(
+                x_ptr + base + c * H * W + pix, tl.zeros_like(pix).to(v.dtype) + v, mask=inside
+            )
+        else:
+            x = tl.load(x_ptr + base + c * H * W + pix, mask=m, other=0)
+            tl.store(out_ptr + base + c * H * W + pix, tl.where(inside, v, x), mask=m)
+
+
+ERASE_TILE = (8, 128, 4)
+
+
+def erase(x: torch.Tensor, boxes: torch.Tensor, value: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """Each image's box (top, left, height, width: int32 [B, 4] on the device) set to
+    ``value`` (one per channel, of ``x``'s dtype, on the device), ``x`` contiguous
+    [B, C, H, W]: one pass writing a new tensor, or with ``inplace`` only the boxes'
+    pixels of ``x``."""
+    b, c, h, w = x.shape
+    out = x if inplace else torch.empty_like(x)
+    if x.numel() == 0:
+        return out
+    bh, bw, warps = ERASE_TILE
+    grid = (b, triton.cdiv(h, bh), triton.cdiv(w, bw))
+    _erase_kernel[grid](x, out, boxes, value, h, w, C=c, INPLACE=inplace, BH=bh, BW=bw,
+                        num_warps=warps)  # fmt: skip
+    return out

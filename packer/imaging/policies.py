@@ -617,6 +617,7 @@ class _Policy(_Transform):
         self.fill = _check_fill(fill)
         self._plan = _OpPlan(tuple(self._space))
         self._tables: dict[tuple[int, int, int], np.ndarray] = {}
+        self._fused_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -651,13 +652,18 @@ class _Policy(_Transform):
     ) -> torch.Tensor:
         _check_images(images)
         b, _, h, w = images.shape
-        return self.apply(images, self.sample(b, generator, size=(h, w)))
+        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
     def apply(self, images: torch.Tensor, draw: PolicyDraw) -> torch.Tensor:
         """The ops of ``draw`` (from :meth:`sample`), in order, with its signed magnitudes.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
+        return self._apply(images, draw, drawn=False)
+
+    def _apply(self, images: torch.Tensor, draw: PolicyDraw, drawn: bool) -> torch.Tensor:
+        """``drawn``: ``draw`` comes from :meth:`sample`, so its magnitudes are its
+        bins' and signs' (the fused path then looks its table rows up)."""
         _check_images(images)
         op, mag = draw.op.numpy(), draw.magnitude.numpy()
         if op.ndim != 2 or op.shape[0] != images.shape[0] or mag.shape != op.shape:
@@ -670,7 +676,7 @@ class _Policy(_Transform):
         h, w = images.shape[-2:]
         kernels = _fused_backend(images)
         if kernels is not None:
-            x = self._apply_fused(kernels, images, op, mag, None)[0]
+            x = self._apply_fused(kernels, images, op, mag, draw if drawn else None, None)[0]
             return x if x is not images else images.clone()
         prog = _program(self._plan, op, mag, h, w)
         table = _to(torch.from_numpy(prog.table), images.device)  # the one copy
@@ -683,15 +689,26 @@ class _Policy(_Transform):
         images: torch.Tensor,
         op: np.ndarray,
         mag: np.ndarray,
+        draw: PolicyDraw | None,
         extra: np.ndarray | None,
         chains: int = 1,
     ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor | None]:
         """``chains`` chains of ``op``'s stages through the fused kernels, each from
         ``images``; with one host-to-device copy for the table, the fill and
         ``extra`` (float32, returned on the device). One chain: its result (maybe
-        ``images`` itself); several: the list of them."""
+        ``images`` itself); several: the list of them. ``draw``: the draw from
+        :meth:`sample` behind ``op`` and ``mag``, whose table rows are looked up
+        (None: computed from ``op`` and ``mag``)."""
         c, h, w = images.shape[-3:]
-        table, live, lut = _fused_table(self._plan, op, mag, h, w, c)
+        if draw is None:
+            table, live, lut = _fused_table(self._plan, op, mag, h, w, c)
+        else:
+            rows = self._rows(h, w, c)  # [ops + 1, bins, 2 signs, 12]
+            neg = (draw.sign.numpy() < 0).astype(np.int64)
+            sel = rows[op, draw.bin.numpy(), neg]  # op -1: the last row
+            table = sel.transpose(1, 0, 2)
+            kind = table[..., 0]
+            live, lut = (kind != 0).any(1), (kind == 1).any(1)
         fill, round_nearest = _fused_fill(self.fill, c, self.interpolation)
         parts = [table.ravel()]
         parts += [] if fill is None else [fill]
@@ -717,6 +734,34 @@ class _Policy(_Transform):
             for i in range(chains)
         ]
         return (outs[0] if chains == 1 else outs), extra_dev
+
+    def _bins(self) -> int:
+        """The number of magnitude bins of :meth:`sample`'s draws."""
+        return getattr(self, "num_magnitude_bins", 10)
+
+    def _rows(self, h: int, w: int, c: int) -> np.ndarray:
+        """The fused kernels' table row of every (op, bin, sign) a draw can hold, for
+        ``c`` x ``h`` x ``w`` images: float32 [ops + 1, bins, 2, 12], sign index 1
+        for a negative sign, op index ``ops`` (-1) for no op. Made once per size:
+        a batch's table is then one lookup instead of its numpy passes."""
+        key = (self._bins(), h, w, c)
+        rows = self._fused_rows.get(key)
+        if rows is None:
+            n, bins = len(self._space), key[0]
+            mags = self._table(bins, self._size((h, w)))  # [ops, bins]
+            signed = np.array([sg for _, sg in self._space.values()])
+            sign = np.where(signed[:, None, None], np.array([1.0, -1.0]), 1.0)  # [ops, 1, 2]
+            mag = np.broadcast_to(mags[:, :, None] * sign + 0.0, (n, bins, 2))
+            op = np.broadcast_to(np.arange(n)[:, None, None], (n, bins, 2))
+            t = _fused_table(self._plan, op.reshape(-1, 1), mag.reshape(-1, 1), h, w, c)[0]
+            rows = np.zeros((n + 1, bins, 2, _NCOL), dtype=np.float32)
+            rows[:n] = t.reshape(n, bins, 2, _NCOL)
+            none = _fused_table(self._plan, np.array([[-1]]), np.zeros((1, 1)), h, w, c)[0]
+            rows[n] = none[0]
+            if len(self._fused_rows) > 16:  # many image sizes: keep the memory bounded
+                self._fused_rows.clear()
+            self._fused_rows[key] = rows
+        return rows
 
     def _repr_fields(self) -> dict[str, object]:
         return {"interpolation": self.interpolation, "fill": self.fill}
@@ -940,13 +985,16 @@ class AugMix(_Policy):
     ) -> torch.Tensor:
         _check_images(images)
         b, _, h, w = images.shape
-        return self.apply(images, self.sample(b, generator, size=(h, w)))
+        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
     def apply(self, images: torch.Tensor, draw: AugMixDraw) -> torch.Tensor:
         """The chains and weights of ``draw`` (from :meth:`sample`) applied and mixed.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
+        return self._apply(images, draw, drawn=False)
+
+    def _apply(self, images: torch.Tensor, draw: AugMixDraw, drawn: bool) -> torch.Tensor:
         _check_images(images)
         wd, d = self.mixture_width, self.max_depth
         b, _, h, w = images.shape
@@ -960,7 +1008,10 @@ class AugMix(_Policy):
             return images.clone()
         kernels = _fused_backend(images)
         if kernels is not None:
-            xs, weights = self._apply_fused(kernels, images, op, mag, draw.weights.numpy(), wd)
+            chains = draw.chains if drawn else None
+            xs, weights = self._apply_fused(
+                kernels, images, op, mag, chains, draw.weights.numpy(), wd
+            )
             weights = weights.view(-1, 1 + wd)
             mix = images * weights[:, 0, None, None, None]  # float32, as torchvision
             for i, x in enumerate(xs):

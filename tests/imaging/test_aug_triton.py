@@ -69,6 +69,22 @@ assert (out.int() - ref.int()).abs().max() <= 1
 x = torch.randn(5, 3, 7, 9, generator=torch.Generator().manual_seed(0))
 lam = float(MixUp(0.4).sample(5, torch.Generator().manual_seed(2))[0])
 assert torch.equal(K.mixup(x, lam), x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam)))
+# RandomErasing's one-pass kernel: the torch path's pixels, in place or not.
+import packer.imaging.erasing as E
+import packer.transforms as T
+E._erase_kernels = lambda images: K
+for value, dtype in ((0, torch.float32), ((1, 2, 3), torch.uint8), (-0.5, torch.float32)):
+    x = photo_like(12, 15, 19, seed=3).to(dtype)
+    tf = T.RandomErasing(0.7, value=value)
+    out = tf(x, generator=torch.Generator().manual_seed(4))
+    K.ERASE_TILE = (4, 8, 1)
+    E._erase_kernels = lambda images: None
+    ref = tf(x, generator=torch.Generator().manual_seed(4))
+    E._erase_kernels = lambda images: K
+    assert torch.equal(out, ref) and not torch.equal(out, x)
+    y = x.clone()
+    T.RandomErasing(0.7, value=value, inplace=True)(y, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(y, ref)
 print("ok")
 """
 
