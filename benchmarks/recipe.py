@@ -16,6 +16,11 @@ measured in this run:
 
     python benchmarks/recipe.py                 # CUDA, writes $OUT/recipe.json
     python benchmarks/recipe.py --quick         # a smoke run, CPU or GPU
+    python benchmarks/recipe.py --parts pipeline --profile   # + $OUT/profile.txt
+
+``--profile`` adds, per pipeline stage, torch.profiler's tables (by device time
+and by host time, 10 calls) and whether the stage makes the host wait (CUDA's
+sync debug mode), to ``$OUT/profile.txt``.
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ class Recipe(torch.nn.Module):
 
     def forward(self, images, labels, generator=None):
         x = self.aug(images, generator=generator)
-        x = self.norm.to(x.device)(x)
+        if self.norm.shift.device != x.device:  # Module.to walks the module: not per batch
+            self.norm.to(x.device)
+        x = self.norm(x)
         x = self.erase(x, generator=generator)
         return self.mix(x, labels, generator=generator)
 
@@ -115,7 +122,41 @@ def pipeline_rates(dev: torch.device, b: int, s_in: int, s_out: int, a: argparse
         "MixUp/CutMix (normalized)": lambda i: mix(normed[i % 4], labels, generator=g),
         "whole pipeline": lambda i: recipe(bufs[i % 4], labels, generator=g),
     }
-    return {k: rate(f, b, dev, a.iters, a.repeats) for k, f in ways.items()}
+    res = {k: rate(f, b, dev, a.iters, a.repeats) for k, f in ways.items()}
+    if a.profile and dev.type == "cuda":
+        profile_stages(ways, dev)
+    return res
+
+
+def profile_stages(ways: dict[str, Callable[[int], Any]], dev: torch.device) -> None:
+    """Per stage: does it make the host wait, and torch.profiler's tables of 10 calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, fn in ways.items():
+        sync(dev)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn(0)
+            waits = "no"
+        except RuntimeError as e:
+            waits = f"yes: {str(e).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        sync(dev)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(10):
+                fn(i)
+            sync(dev)
+        ka = prof.key_averages()
+        kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA") / 10
+        lines += [f"==== {name}: host waits: {waits}; device events per call: {kernels:.0f}"]
+        lines += [ka.table(sort_by="device_time_total", row_limit=25, max_name_column_width=60)]
+        lines += [ka.table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60)]
+        print(lines[-3], flush=True)
+    (out / "profile.txt").write_text("\n".join(lines))
 
 
 def make_pack(work: Path, n: int, s: int) -> Any:
@@ -211,6 +252,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpack-recipe")
     ap.add_argument("--parts", default="pipeline,train,reference")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    ap.add_argument("--profile", action="store_true", help="per-stage profiles to $OUT (CUDA)")
     a = ap.parse_args()
     dev = resolve_device(a.device)
     if a.quick:

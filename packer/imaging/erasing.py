@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from . import functional as F
-from .transforms import _to, _Transform
+from .functional import _to
+from .transforms import _Transform
 
 # Tries per image before giving up, as torchvision.
 _TRIES = 10
@@ -155,6 +156,17 @@ class RandomErasing(_Transform):
         n = len(idx)
         if n == 0:
             return images
+        if seed is None:
+            # One pass over the batch: the boxes of the images left alone are empty,
+            # so this costs what the copy would, with no gather or scatter.
+            kernels = _erase_kernels(images)
+            if kernels is not None:
+                v = _values(self.value, images)
+                box = _to(torch.from_numpy(boxes.numpy().astype(np.int32)), images.device)
+                return kernels.erase(images, box, v, self.inplace)
+            if not self.inplace:
+                return F.erase(images, boxes, self.value)
+            return F.erase(images, boxes, self.value, inplace=True)
         dev = images.device
         idx_dev = _to(torch.from_numpy(idx), dev)
         sub = images if n == b else images.index_select(0, idx_dev)
@@ -163,6 +175,30 @@ class RandomErasing(_Transform):
         if not self.inplace:
             return out if n == b else images.index_copy(0, idx_dev, out)
         return images.copy_(out) if n == b else images.index_copy_(0, idx_dev, out)
+
+
+def _erase_kernels(images: torch.Tensor):  # -> the aug_triton module or None
+    """The Triton kernels for a contiguous CUDA batch, when Triton imports."""
+    if not images.is_cuda or not images.is_contiguous():
+        return None
+    try:
+        from . import aug_triton
+    except ImportError:
+        return None
+    return aug_triton
+
+
+def _values(value: float | tuple[float, ...], images: torch.Tensor) -> torch.Tensor:
+    """``value`` as one number per channel in the images' dtype on their device,
+    converted as assigning converts (uint8 truncates); made once per value."""
+    c, dtype, dev = images.shape[1], images.dtype, images.device
+    vals = (value,) * c if isinstance(value, float) else tuple(value) * (c // len(value))
+    if not images.is_floating_point():
+        if not all(0 <= v < 256 for v in vals):
+            raise ValueError(f"value must lie in [0, 255] for uint8 images, not {value!r}")
+        vals = tuple(int(v) for v in vals)
+    key = ("erase value", vals, dtype)
+    return F._constant(key, dev, lambda: _to(torch.tensor(vals, dtype=dtype), dev))
 
 
 def _noise(like: torch.Tensor, seed: int) -> torch.Tensor:

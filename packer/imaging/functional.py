@@ -17,19 +17,21 @@ where it differs more. Pass factors as float64 (as Python floats are) to get
 ``1 - factor`` rounded as torchvision rounds it.
 
 Nothing here makes the host wait for the device: CPU parameters move with
-non-blocking copies (``packer.transforms._to``), and no value is read back.
+non-blocking copies (:func:`_to`), and no value is read back.
 """
 
 from __future__ import annotations
 
+import collections
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from .transforms import _check_images, _to
+from .transforms import _check_images
 
 Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None
@@ -39,6 +41,57 @@ _NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8}
 
 
 # ---------------------------------------------------------------- parameters
+
+
+class _Staging:
+    """Reused pinned buffers for the small host-to-device copies of one process.
+
+    First in, first out: a copy takes the oldest buffer once the event recorded
+    after its last copy has passed (one query), else a new one; so once as many
+    buffers exist as copies are in flight, no call allocates pinned memory.
+    Both ``Tensor.pin_memory()`` (which asks the driver whether the tensor is
+    pinned) and torch's caching pinned allocator (which queries every pending
+    block's event) cost tens to hundreds of microseconds a call on an H100 host
+    whose queue runs far ahead of the device.
+    """
+
+    _MAX = 64  # buffers kept; beyond, the oldest is dropped (torch frees it once its copy ran)
+
+    def __init__(self) -> None:
+        self._ring: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def send(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        nbytes = t.numel() * t.element_size()
+        buf = None
+        with self._lock:
+            if self._ring and self._ring[0][1].query():
+                buf = self._ring.popleft()[0]
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, pin_memory=True)
+        staged = buf[:nbytes].view(t.dtype).view(t.shape)
+        staged.copy_(t)
+        out = staged.to(device, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(device))
+        with self._lock:
+            self._ring.append((buf, ev))
+            if len(self._ring) > self._MAX:
+                self._ring.popleft()
+        return out
+
+
+_STAGING = _Staging()
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor onto ``device`` without making the host wait: through a
+    reused pinned buffer (:class:`_Staging`), then one non-blocking copy."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return _STAGING.send(t, device)
+    return t.to(device)
 
 
 def _check(img: torch.Tensor, name: str, channels: tuple[int, ...] = (1, 3)) -> None:
@@ -696,7 +749,10 @@ def _warp(
 
 
 def erase(
-    img: torch.Tensor, boxes: torch.Tensor, value: float | Sequence[float] | torch.Tensor = 0
+    img: torch.Tensor,
+    boxes: torch.Tensor,
+    value: float | Sequence[float] | torch.Tensor = 0,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Set each image's box (top, left, height, width) to ``value``.
 
@@ -709,7 +765,8 @@ def erase(
         the images' dtype as torchvision's ``erase`` assigns (uint8 truncates;
         numbers must then lie in [0, 255]).
 
-    Returns a new tensor of the images' dtype and device.
+    Returns a new tensor of the images' dtype and device; with ``inplace``,
+    ``img`` itself, erased.
     """
     if not isinstance(img, torch.Tensor) or img.ndim != 4:
         shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img)
@@ -750,4 +807,8 @@ def erase(
         rows = torch.arange(h, device=dev).view(1, 1, h, 1)
         cols = torch.arange(w, device=dev).view(1, 1, 1, w)
         inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
-    return torch.where(inside, v, img)
+    if not inplace:
+        return torch.where(inside, v, img)
+    if isinstance(v, torch.Tensor):
+        return torch.where(inside, v.expand_as(img), img, out=img)
+    return img.masked_fill_(inside, v)

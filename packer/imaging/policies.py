@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from . import functional as F
-from .transforms import _check_images, _to, _Transform
+from .functional import _to
+from .transforms import _check_images, _Transform
 
 # ---------------------------------------------------------------- op spaces
 
@@ -489,6 +490,94 @@ def _run_chain(
     return x
 
 
+# ---------------------------------------------------------------- fused path (CUDA)
+
+# Which backend runs the ops: "auto" (the fused Triton kernels on CUDA when Triton
+# imports, the batched torch ops otherwise), "torch" or "triton" (also on CPU
+# tensors under TRITON_INTERPRET=1: the tests).
+_BACKEND = "auto"
+
+# Per family (_FAMILIES' order), the fused kernel's branch and lookup op
+# (``aug_triton.KIND_*``, ``aug_triton.LUT_*``; literal so planning needs no Triton).
+_FUSED_KIND = np.array([0, 2, 1, 3, 1, 4, 1, 1, 1, 1, 1, 0])  # [-1]: no op
+_FUSED_LUT = np.array([0, 0, 1, 0, 2, 0, 3, 4, 5, 6, 7, 0])
+_NCOL = 12
+
+
+def _fused_backend(images: torch.Tensor):  # -> the aug_triton module or None
+    if _BACKEND == "torch" or (_BACKEND == "auto" and not images.is_cuda):
+        return None
+    try:
+        from . import aug_triton
+    except ImportError:
+        if _BACKEND == "triton":
+            raise
+        return None
+    return aug_triton
+
+
+def _fused_table(
+    plan: _OpPlan, op: np.ndarray, mag: np.ndarray, h: int, w: int, c: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fused kernels' per-image table, float32 [S, B, 12], and per stage whether
+    any image changes and whether any takes a lookup table (bool [S] each).
+
+    The same parameters as the batched ops get: the blends' factor ``f`` and
+    ``1 - f`` (rounded from float64, as torchvision's ``1.0 - ratio``), the
+    brightness factor and solarize threshold in float32, posterize's kept-bits
+    mask, the warps' inverse matrices over the half sizes (as ``F._warp``).
+    """
+    fam = plan.family[op].T  # [S, B]
+    params = plan.params(op, mag, h, w).transpose(1, 0, 2)  # [S, B, 7]
+    p = params[..., 0]
+    kind = _FUSED_KIND[fam]
+    if c == 1:  # saturation leaves 1-channel images as they are
+        kind = np.where(fam == 3, 0, kind)
+    table = np.zeros((*fam.shape, _NCOL), dtype=np.float32)
+    table[..., 0] = kind
+    table[..., 1] = _FUSED_LUT[fam]
+    table[..., 2] = p
+    table[..., 3] = 1.0 - p
+    bits = np.clip(np.trunc(p), 0, 8).astype(np.int64)
+    table[..., 4] = np.where(fam == 6, 256 - np.left_shift(1, 8 - bits), p)
+    rows = params[..., 1:].astype(np.float32)
+    rows[..., :3] /= np.float32(0.5 * w)
+    rows[..., 3:] /= np.float32(0.5 * h)
+    table[..., 5:11] = rows
+    return table, (kind != 0).any(1), (kind == 1).any(1)
+
+
+def _fused_fill(fill: object, c: int, interpolation: str) -> tuple[np.ndarray | None, bool]:
+    """(fill values float32 [C] for the kernel or None for zero padding, whether
+    nearest samples need rounding), by ``F._warp``'s rules."""
+    fills = F._fill_values(fill, 1, c)
+    if fills is None or (interpolation == "nearest" and not fills.any()):
+        return None, False
+    return fills[0].astype(np.float32), bool((fills != np.round(fills)).any())
+
+
+def _run_chain_fused(
+    kernels,
+    images: torch.Tensor,
+    table: torch.Tensor,
+    live: np.ndarray,
+    lut: np.ndarray,
+    stages: range,
+    fill: torch.Tensor | None,
+    bilinear: bool,
+    round_nearest: bool,
+) -> torch.Tensor:
+    """The fused kernels over ``stages`` (two launches a stage); ``images`` itself
+    when no image changes."""
+    x = images
+    for k in stages:
+        if live[k]:
+            x = kernels.apply_stage(
+                x.contiguous(), table[k], fill, bilinear, round_nearest, bool(lut[k])
+            )
+    return x
+
+
 def _interp(interpolation: object) -> str:
     mode = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode
     if mode not in ("nearest", "bilinear"):
@@ -528,6 +617,7 @@ class _Policy(_Transform):
         self.fill = _check_fill(fill)
         self._plan = _OpPlan(tuple(self._space))
         self._tables: dict[tuple[int, int, int], np.ndarray] = {}
+        self._fused_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -562,13 +652,18 @@ class _Policy(_Transform):
     ) -> torch.Tensor:
         _check_images(images)
         b, _, h, w = images.shape
-        return self.apply(images, self.sample(b, generator, size=(h, w)))
+        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
     def apply(self, images: torch.Tensor, draw: PolicyDraw) -> torch.Tensor:
         """The ops of ``draw`` (from :meth:`sample`), in order, with its signed magnitudes.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
+        return self._apply(images, draw, drawn=False)
+
+    def _apply(self, images: torch.Tensor, draw: PolicyDraw, drawn: bool) -> torch.Tensor:
+        """``drawn``: ``draw`` comes from :meth:`sample`, so its magnitudes are its
+        bins' and signs' (the fused path then looks its table rows up)."""
         _check_images(images)
         op, mag = draw.op.numpy(), draw.magnitude.numpy()
         if op.ndim != 2 or op.shape[0] != images.shape[0] or mag.shape != op.shape:
@@ -579,10 +674,94 @@ class _Policy(_Transform):
         if images.shape[0] == 0 or op.shape[1] == 0:
             return images.clone()
         h, w = images.shape[-2:]
+        kernels = _fused_backend(images)
+        if kernels is not None:
+            x = self._apply_fused(kernels, images, op, mag, draw if drawn else None, None)[0]
+            return x if x is not images else images.clone()
         prog = _program(self._plan, op, mag, h, w)
         table = _to(torch.from_numpy(prog.table), images.device)  # the one copy
         x = _run_chain(images, prog, table, 0, op.shape[1], self.interpolation, self.fill)
         return x if x is not images else images.clone()
+
+    def _apply_fused(
+        self,
+        kernels,
+        images: torch.Tensor,
+        op: np.ndarray,
+        mag: np.ndarray,
+        draw: PolicyDraw | None,
+        extra: np.ndarray | None,
+        chains: int = 1,
+    ) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor | None]:
+        """``chains`` chains of ``op``'s stages through the fused kernels, each from
+        ``images``; with one host-to-device copy for the table, the fill and
+        ``extra`` (float32, returned on the device). One chain: its result (maybe
+        ``images`` itself); several: the list of them. ``draw``: the draw from
+        :meth:`sample` behind ``op`` and ``mag``, whose table rows are looked up
+        (None: computed from ``op`` and ``mag``)."""
+        c, h, w = images.shape[-3:]
+        if draw is None:
+            table, live, lut = _fused_table(self._plan, op, mag, h, w, c)
+        else:
+            rows = self._rows(h, w, c)  # [ops + 1, bins, 2 signs, 12]
+            neg = (draw.sign.numpy() < 0).astype(np.int64)
+            sel = rows[op, draw.bin.numpy(), neg]  # op -1: the last row
+            table = sel.transpose(1, 0, 2)
+            kind = table[..., 0]
+            live, lut = (kind != 0).any(1), (kind == 1).any(1)
+        fill, round_nearest = _fused_fill(self.fill, c, self.interpolation)
+        parts = [table.ravel()]
+        parts += [] if fill is None else [fill]
+        parts += [] if extra is None else [extra.astype(np.float32).ravel()]
+        flat = _to(torch.from_numpy(np.concatenate(parts)), images.device)  # the one copy
+        n = table.size
+        table_dev = flat[:n].view(table.shape)
+        fill_dev = None if fill is None else flat[n : n + c]
+        extra_dev = None if extra is None else flat[n + (0 if fill is None else c) :]
+        per = op.shape[1] // chains
+        outs = [
+            _run_chain_fused(
+                kernels,
+                images,
+                table_dev,
+                live,
+                lut,
+                range(i * per, (i + 1) * per),
+                fill_dev,
+                self.interpolation == "bilinear",
+                round_nearest,
+            )
+            for i in range(chains)
+        ]
+        return (outs[0] if chains == 1 else outs), extra_dev
+
+    def _bins(self) -> int:
+        """The number of magnitude bins of :meth:`sample`'s draws."""
+        return getattr(self, "num_magnitude_bins", 10)
+
+    def _rows(self, h: int, w: int, c: int) -> np.ndarray:
+        """The fused kernels' table row of every (op, bin, sign) a draw can hold, for
+        ``c`` x ``h`` x ``w`` images: float32 [ops + 1, bins, 2, 12], sign index 1
+        for a negative sign, op index ``ops`` (-1) for no op. Made once per size:
+        a batch's table is then one lookup instead of its numpy passes."""
+        key = (self._bins(), h, w, c)
+        rows = self._fused_rows.get(key)
+        if rows is None:
+            n, bins = len(self._space), key[0]
+            mags = self._table(bins, self._size((h, w)))  # [ops, bins]
+            signed = np.array([sg for _, sg in self._space.values()])
+            sign = np.where(signed[:, None, None], np.array([1.0, -1.0]), 1.0)  # [ops, 1, 2]
+            mag = np.broadcast_to(mags[:, :, None] * sign + 0.0, (n, bins, 2))
+            op = np.broadcast_to(np.arange(n)[:, None, None], (n, bins, 2))
+            t = _fused_table(self._plan, op.reshape(-1, 1), mag.reshape(-1, 1), h, w, c)[0]
+            rows = np.zeros((n + 1, bins, 2, _NCOL), dtype=np.float32)
+            rows[:n] = t.reshape(n, bins, 2, _NCOL)
+            none = _fused_table(self._plan, np.array([[-1]]), np.zeros((1, 1)), h, w, c)[0]
+            rows[n] = none[0]
+            if len(self._fused_rows) > 16:  # many image sizes: keep the memory bounded
+                self._fused_rows.clear()
+            self._fused_rows[key] = rows
+        return rows
 
     def _repr_fields(self) -> dict[str, object]:
         return {"interpolation": self.interpolation, "fill": self.fill}
@@ -806,13 +985,16 @@ class AugMix(_Policy):
     ) -> torch.Tensor:
         _check_images(images)
         b, _, h, w = images.shape
-        return self.apply(images, self.sample(b, generator, size=(h, w)))
+        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
     def apply(self, images: torch.Tensor, draw: AugMixDraw) -> torch.Tensor:
         """The chains and weights of ``draw`` (from :meth:`sample`) applied and mixed.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
+        return self._apply(images, draw, drawn=False)
+
+    def _apply(self, images: torch.Tensor, draw: AugMixDraw, drawn: bool) -> torch.Tensor:
         _check_images(images)
         wd, d = self.mixture_width, self.max_depth
         b, _, h, w = images.shape
@@ -824,6 +1006,17 @@ class AugMix(_Policy):
             )
         if b == 0:
             return images.clone()
+        kernels = _fused_backend(images)
+        if kernels is not None:
+            chains = draw.chains if drawn else None
+            xs, weights = self._apply_fused(
+                kernels, images, op, mag, chains, draw.weights.numpy(), wd
+            )
+            weights = weights.view(-1, 1 + wd)
+            mix = images * weights[:, 0, None, None, None]  # float32, as torchvision
+            for i, x in enumerate(xs):
+                mix.add_(weights[:, 1 + i, None, None, None] * x)
+            return mix.to(torch.uint8)
         prog = _program(self._plan, op, mag, h, w, chains=wd)
         # One copy for the ops' parameters and the mixing weights.
         flat = np.concatenate([prog.table.ravel(), draw.weights.numpy().ravel()])

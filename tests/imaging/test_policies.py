@@ -349,6 +349,23 @@ def test_a_batch_costs_one_call_per_op_present(name: str, monkeypatch: pytest.Mo
     assert out.shape == x.shape
 
 
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_fused_table_rows_looked_up_equal_the_computed_ones(name: str) -> None:
+    from packer.imaging.policies import _fused_table
+
+    ours_cls, _, kw = POLICIES[name]
+    policy = ours_cls(**kw, fill=3)
+    for c, h, w in ((3, H, W), (1, 17, 23)):
+        draw = policy.sample(300, torch.Generator().manual_seed(5), size=(h, w))
+        chains = draw.chains if name == "augmix" else draw
+        op, mag = chains.op.numpy(), chains.magnitude.numpy()
+        table, live, lut = _fused_table(policy._plan, op, mag, h, w, c)
+        neg = (chains.sign.numpy() < 0).astype(np.int64)
+        rows = policy._rows(h, w, c)[op, chains.bin.numpy(), neg]
+        assert np.array_equal(rows.transpose(1, 0, 2), table)
+        assert live.any() and lut.any()
+
+
 def test_same_seed_same_batch_and_per_image_ops() -> None:
     x = photo_like(64)
     for policy in [TrivialAugmentWide(), RandAugment(), AutoAugment("svhn"), AugMix()]:
