@@ -35,7 +35,7 @@ pol = P.TrivialAugmentWide(fill=(0, 128, 255))
 table = pol._table(31, (13, 21))
 cases = []
 for k, op in enumerate(pol.ops):
-    for m in sorted({table[k, 0], table[k, 1], table[k, -1], table[k, 15]}):
+    for m in sorted({table[k, 1], table[k, -1]}):  # near zero and the largest
         for sign in (1.0, -1.0) if pol._space[op][1] else (1.0,):
             cases.append((k, m * sign + 0.0))
 x = photo_like(len(cases), 13, 21, seed=1)
@@ -50,13 +50,11 @@ for i, (k, m) in enumerate(cases):
 # The policies end to end: interpolations, fills, several stages, AugMix's chains.
 runs = [
     (P.TrivialAugmentWide(interpolation="bilinear", fill=[10, 200, 30]), 0),
-    (P.TrivialAugmentWide(fill=100.5), 1),
     (P.RandAugment(num_ops=2, magnitude=13, fill=7), 2),
-    (P.AutoAugment(), 3),
     (P.AugMix(mixture_width=2, chain_depth=2), 4),
 ]
 for policy, seed in runs:
-    x = photo_like(24, 14, 18, seed=seed)
+    x = photo_like(12, 14, 18, seed=seed)
     out, ref = both(lambda: policy(x, generator=torch.Generator().manual_seed(seed)))
     d = (out.int() - ref.int()).abs()
     assert out.dtype == torch.uint8 and out.shape == x.shape
