@@ -47,6 +47,12 @@ PARTS: dict[str, tuple[str, list[str]]] = {
              [PY, str(HERE / "jpeg.py"), "--images", "8192", "--work", "{work}/jpeg"]),
     "compress": ("imgpack compress: size and time per quality",
                  [PY, str(HERE / "compress.py"), "--work", "{work}/compress"]),
+    "recipe": ("the modern recipe (RRC, TrivialAugmentWide, erasing, MixUp/CutMix) vs a device "
+               "copy; ResNet-50 fed by it vs resident vs torchvision's reference data path",
+               [PY, str(HERE / "recipe.py"), "--work", "{work}/recipe"]),
+    "ab": ("PackLoader raw and JPEG streaming, this tree vs the packer/ under $OLD_TREE, alternating",
+           [PY, str(HERE / "loader_ab.py"), "--old", os.environ.get("OLD_TREE", ".old"),
+            "--work", "{work}/ab"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
               [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
 }  # fmt: skip
