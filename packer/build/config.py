@@ -41,6 +41,9 @@ class BuildConfig:
     quality: int = 3  # --store jpeg: re-encode quality, ffmpeg's -q:v scale (2 best..31)
     max_side: int | None = None  # --store jpeg: longest stored side; larger are re-encoded
     device: str = "cpu"  # "cpu" (worker processes), "cuda" (batched nvjpeg), "auto"
+    # a pack set (packer.build.shards): shards of about this many bytes; None: one pack
+    shard_size: int | None = None
+    append: bool = False  # add SRC's images the set at DST lacks, as new shards
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -84,6 +87,12 @@ class BuildConfig:
                 "--device cuda decodes and resizes raw packs; --store jpeg stores the "
                 "files as they are (they are decoded on the GPU when read)"
             )
+        if self.shard_size is not None and not 1 <= self.shard_size <= 1 << 50:
+            raise UsageError(f"--shard-size must be 1 byte to 1 PB, not {self.shard_size}")
+        if self.append and self.overwrite:
+            raise UsageError(
+                "--append adds to the set at DST and --overwrite replaces it; give one"
+            )
         if self.allow_new_classes and self.classes is None:
             raise UsageError(
                 "--allow-new-classes extends a fixed class map; give the map with --classes"
@@ -119,6 +128,7 @@ class BuildResult:
     # names), or None (no classes: a flat folder, or integer labels).
     classes_from: str | None = None
     storage: str = "raw"  # "jpeg": image_shape is the largest stored image, not every one's
+    shards: int = 0  # a pack set: its shards (0: a single pack)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,6 +145,7 @@ class BuildResult:
             "targets": self.targets or None,
             "classes_from": self.classes_from,
             "storage": self.storage,
+            **({"shards": self.shards} if self.shards else {}),
         }
 
 
@@ -155,3 +166,6 @@ class _Labels:
     table: str | None = None  # absolute path of --labels
     table_sha256: str | None = None
     missing_rows: int = 0  # table rows naming no image (all, listed or not)
+    # a shard of a pack set: no build time in its manifest, so its bytes depend only
+    # on its inputs and the options (packer.build.shards)
+    shard: bool = False

@@ -164,7 +164,7 @@ def _finalize(
             max_pixels=config.max_pixels,
             source_root=str(scan.root.resolve()),
             imgpack_version=__version__,
-            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            created=None if plan.shard else time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             labels_table=plan.table,
             labels_sha256=plan.table_sha256,
             unlisted=plan.ignored if plan.table is not None else None,

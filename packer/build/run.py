@@ -88,6 +88,7 @@ def build(
     config: BuildConfig = BuildConfig(),
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    plan: _Labels | None = None,
 ) -> BuildResult:
     """Build a pack at ``dst`` from the images under ``src``.
 
@@ -95,15 +96,21 @@ def build(
     of images it finished (by the GPU path from its journal thread); ``on_start(total, already_done)`` once before work.
     Raises PackerError subclasses for unusable input; broken images are skipped
     and listed in the result. Interrupted builds resume when rerun.
+    ``plan``: the labelled images to pack, already listed (a shard of a set).
+    ``config.shard_size`` or ``config.append``: a pack set (packer.build.shards).
     """
     t0 = time.perf_counter()
     config.validate()
+    if config.shard_size is not None or config.append:  # issue 29: a pack set
+        from .shards import build_set
+
+        return build_set(src, dst, config, progress=progress, on_start=on_start)
     device = _build_device(config)
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
-    plan = plan_labels(src, config)
+    plan = plan_labels(src, config) if plan is None else plan
     check_destination(src, dst, config.overwrite)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)

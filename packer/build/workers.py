@@ -115,12 +115,14 @@ def _maybe_die(state: _WorkerState, chunk: int) -> None:
 
 def _close_work_dir_fds(work: str) -> None:
     """A worker forked from the parent inherits its descriptor of the work folder, which
-    holds the build's ``flock``: close it, so the lock never outlives the parent."""
+    holds the build's ``flock``: close it, so the lock never outlives the parent. Also
+    any other imgpack lock (a ``*.imgpack-partial`` folder: a pack set's, issue 29)."""
     work = os.path.realpath(work)
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/self/fd/{name}") == work:
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target == work or target.endswith(".imgpack-partial"):
                     os.close(int(name))
 
 

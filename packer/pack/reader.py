@@ -22,6 +22,7 @@ from .format import (
     check_tensordict_meta,
     read_manifest,
 )
+from .index import is_set
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
@@ -186,6 +187,10 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     ``verify`` does, so the pack is parsed and walked once.
     """
     root = Path(path)
+    if manifest is None and is_set(root) and not (root / MANIFEST).exists():
+        from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
+
+        return open_set(root)  # type: ignore[return-value]
     if manifest is None:
         manifest = read_manifest(root)
         check_files(root, manifest)

@@ -1,0 +1,78 @@
+"""``imgpack verify SET``: the index, then every shard through the pack's own checks.
+
+One check for the index (schema, counts) and one per shard: its manifest against the
+index (SHA-256, count, data bytes, class map, storage), then :func:`packer.measure.
+verify.verify`'s integrity checks (block hashes, labels, a re-decoded sample of the
+sources). A failed shard's check is named after the shard and says which of its checks
+failed and on which file. Throughput over a set is measured with the set loader (not
+here yet): every shard is verified with ``throughput=False``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackerError
+from ..pack.index import read_index, read_shard_manifest, shard_root
+from .verify import VerifyConfig, VerifyReport, verify
+
+
+def verify_set(
+    path: str | os.PathLike[str],
+    config: VerifyConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Check a pack set's index and every shard; a report with one check named
+    ``index`` and one named ``shard <name>`` per shard (``report.ok`` only if all
+    pass). ``config``: as :func:`verify`'s (throughput is never timed here).
+    ``progress(k)``: k more images of a shard checked. Raises PackFormatError
+    only when ``path`` holds no readable index (nothing to verify); a damaged
+    shard is a failed check, and the other shards are still checked."""
+    root = Path(path)
+    config = config or VerifyConfig(throughput=False)
+    config.validate()
+    index = read_index(root)
+    report = VerifyReport(path=root)
+    report.add(
+        "index",
+        True,
+        f"set format {index.version}, {index.count} images of {list(index.image_shape)} "
+        f"in {len(index.shards)} shards ({index.storage})",
+    )
+    shard_config = replace(config, throughput=False)
+    for entry in index.shards:
+        name = f"shard {entry.name}"
+        try:
+            read_shard_manifest(root, entry, index)
+            r = verify(shard_root(root, entry), shard_config, progress=progress)
+        except PackerError as e:
+            report.add(name, False, str(e))
+            continue
+        failed = [c for c in r.checks if not c["ok"]]
+        if failed:
+            detail = "; ".join(_failure(c, index.storage) for c in failed)
+        else:
+            detail = f"{entry.count} images: " + ", ".join(c["name"] for c in r.checks) + " ok"
+        report.add(name, not failed, detail)
+    return report
+
+
+# the file of a shard each of verify's checks reads, named in a failed check's detail
+_FILES = {
+    "raw": {"images": "_tensordict/images.memmap", "labels": "_tensordict/labels.memmap"},
+    "jpeg": {
+        "images": "_tensordict/jpeg.memmap",
+        "decode": "_tensordict/jpeg.memmap",
+        "labels": "_tensordict/labels.memmap",
+    },
+}
+
+
+def _failure(check: dict[str, Any], storage: str) -> str:
+    file = _FILES[storage].get(check["name"])
+    where = f" ({file})" if file else ""
+    return f"{check['name']}{where}: {check['detail']}"
