@@ -105,6 +105,21 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     help="--store jpeg: longest stored side in pixels; larger images are scaled down "
     "and re-encoded.",
 )
+@click.option(
+    "--shard-size",
+    metavar="SIZE",
+    default=None,
+    help="Write a pack set at DST: an index (written last) and immutable shards of about "
+    "SIZE each (256MB, 1GB, 512MiB; raw: a fixed image count per shard, jpeg: by source "
+    "bytes). A killed build resumes at the first unfinished shard.",
+)
+@click.option(
+    "--append",
+    is_flag=True,
+    help="Add the images under SRC that the pack set at DST does not hold yet, as new "
+    "shards (same options and class map, else refused; old shards are never rewritten). "
+    "Removing images is not supported: build a new set.",
+)
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
     "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
@@ -131,6 +146,8 @@ def build(
     store: str,
     quality: int,
     max_side: int | None,
+    shard_size: str | None,
+    append: bool,
     device: str,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
@@ -155,9 +172,12 @@ def build(
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
       imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
       imgpack build ./small ./tensors --device cuda
+      imgpack build ./train ./train_set --shard-size 256MB   # a pack set of shards
+      imgpack build ./new_week ./train_set --append          # new images, new shards
     """
     from ..build.run import BuildConfig
     from ..build.run import build as build_pack
+    from ..build.shards import parse_bytes
     from ..build.workdir import refuse_symlink_destination
 
     refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
@@ -174,6 +194,8 @@ def build(
         store=store,
         quality=quality,
         max_side=max_side,
+        shard_size=parse_bytes(shard_size) if shard_size is not None else None,
+        append=append,
         device=device,
     )
     result = run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
@@ -187,6 +209,7 @@ def build(
         + (f" ({len(result.skipped)} skipped, bad input)" if result.skipped else "")
         + (f" ({result.ignored} not in {labels_table}: ignored)" if labels_table else "")
         + (f" (resumed: {result.resumed} already done)" if result.resumed else "")
+        + (f" in {result.shards} shards" if result.shards else "")
     )
     if result.new_classes:
         summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"

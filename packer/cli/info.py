@@ -45,11 +45,13 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
       imgpack info ./tensors --split 0.9,0.1 --seed 1
     """
     from ..pack.format import describe
+    from ..pack.index import is_set
+    from ..pack.packset import describe_set
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
     fractions = _parse_fractions(split_text) if split_text is not None else None
-    out = describe(pack)
+    out = describe_set(pack) if is_set(pack) else describe(pack)
     splits = None
     if fractions is not None:
         from ..loading.dataset import class_histogram, split
@@ -77,6 +79,10 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     else:
         click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")
     click.echo(f"on disk   {human_bytes(out['bytes'])}")
+    if out.get("shards"):
+        sh = out["shards"]
+        n = sh["images"]
+        click.echo(f"shards    {sh['count']} ({n['min']} to {n['max']} images each)")
     if b.get("labels_table"):
         click.echo(
             f"labels    from {b['labels_table']} ({b.get('unlisted', 0)} images under the "
@@ -93,10 +99,14 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     t = out["targets"]
     if t:
         click.echo(f"targets   {t['dtype']} {t['shape']}: {', '.join(t['names'])}")
-    click.echo(
-        f"built     from {b.get('source_root')} at {b.get('created')} "
-        f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"
-    )
+    if out.get("shards"):  # a set records its options, not one build's source and time
+        opts = ", ".join(f"{k} {v}" for k, v in b.items() if v is not None)
+        click.echo(f"built     with {opts} (set format {out['format_version']})")
+    else:
+        click.echo(
+            f"built     from {b.get('source_root')} at {b.get('created')} "
+            f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"
+        )
     click.echo(f"skipped   {len(out['skipped'])}")
     for s in out["skipped"][:20]:
         click.echo(f"  {s['path']}: {s['reason']}")

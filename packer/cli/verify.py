@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -104,6 +105,8 @@ def verify(
     """
     from ..measure.verify import VerifyConfig
     from ..measure.verify import verify as verify_pack
+    from ..measure.verify_set import verify_set
+    from ..pack.index import is_set
 
     if plot is not None:
         check_output(plot, "--plot")
@@ -123,9 +126,14 @@ def verify(
         throughput=not no_speed,
     )
     config.validate()
-    report = run_with_bar(
-        "verify", quiet, as_json, functools.partial(verify_pack, pack, config, trace=trace)
-    )
+    if is_set(pack):  # a pack set: the index and every shard (no timing yet)
+
+        def run(progress: Any, on_start: Any) -> Any:
+            return verify_set(pack, config, progress=progress)
+
+    else:
+        run = functools.partial(verify_pack, pack, config, trace=trace)
+    report = run_with_bar("verify", quiet, as_json, run)
     if plot is not None and report.pack_images_per_s:
         from ..measure.plots import plot_verify
 

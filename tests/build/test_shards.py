@@ -4,6 +4,7 @@ killed anywhere resuming to the same bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -302,3 +303,28 @@ def test_killed_set_build_with_a_worker_pool_resumes(image_tree: Path, tmp_path:
     assert not (dst / "imgpack-set.json").exists()
     build(image_tree, dst, replace(config, workers=2))
     assert tree(dst) == tree(tmp_path / "ref") and beside(dst) == ["set"]
+
+
+def test_cli_builds_appends_describes_and_verifies_a_set(tmp_path: Path) -> None:
+    """The command line over pack sets: build --shard-size, info and verify (exit 0, the
+    shards named), --append of new images, and --append with other options refused
+    with one line naming the option (exit 2)."""
+    from conftest import cli_build, cli_run, one_error, write_image
+
+    src = tmp_path / "src"
+    for i in range(6):
+        write_image(src / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
+    code, out, err = cli_build(src, tmp_path / "set", "--shard-size", "400B", "--json")
+    assert code == 0, err
+    assert json.loads(out)["shards"] == 3  # 8x6x3 = 144 bytes a row: 2 rows a shard
+    code, out, err = cli_run("info", tmp_path / "set", "--json")
+    assert code == 0 and json.loads(out)["shards"]["count"] == 3, err
+    code, out, err = cli_run("verify", tmp_path / "set", "--no-speed")
+    assert code == 0 and out.count("ok    shard ") == 3, out + err
+    write_image(src / "a" / "new.jpg", seed=9)
+    code, out, err = cli_build(src, tmp_path / "set", "--append", "--json")
+    assert code == 0 and json.loads(out)["count"] == 7, err
+    code, _, err = cli_build(src, tmp_path / "set", "--append", "--resize", "pad")
+    assert code == 2 and "--resize" in one_error(err)
+    code, _, err = cli_build(src, tmp_path / "set2", "--shard-size", "12 parsecs")
+    assert code == 2 and "--shard-size" in one_error(err)
