@@ -56,6 +56,7 @@ from ..errors import UsageError
 from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
 from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
 from ..imaging.normalize import Normalize as Normalize
+from ..pack.kinds import kind_of
 from ..pack.reader import ImagePack, open_pack
 from .order import (
     _EVEN_SPLITS,
@@ -80,11 +81,11 @@ from .producer import (
     _Failure,
     _Pass,
     _Shared,
-    _transform_batch,
     populate,
     release_deferred,
     track,
 )
+from .strategies import PassConfig, Resident, choose
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,9 @@ class PackLoader:
             refuse_batch_wide(transform)
         train = _bool_arg("train", train)
         self._crop = None
-        if getattr(pack, "storage", "raw") == "jpeg":
+        # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
+        self._kind = kind_of(getattr(pack, "storage", "raw"))
+        if self._kind.decoded:
             from ..imaging.jpeg import crop_for
 
             if resident:
@@ -308,15 +311,15 @@ class PackLoader:
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._images = pack.images if self._crop is None else pack.jpeg
+        self._images = self._kind.source_tensor(pack)
         self._labels = pack.labels
         self._targets: torch.Tensor | None = getattr(pack, "targets", None)
         _check_dtypes(
-            self._images if self._crop is None else None, self._labels, self._targets, len(pack)
+            None if self._kind.decoded else self._images, self._labels, self._targets, len(pack)
         )
         self._rows = None if indices is None else _check_indices(indices, len(pack))
         self._n = len(pack) if self._rows is None else len(self._rows)
-        self._shape = tuple(pack.images.shape[1:]) if self._crop is None else (3, *self._crop.size)
+        self._shape = (3, *self._crop.size) if self._kind.decoded else tuple(pack.images.shape[1:])
         self._digest = _rows_digest(self._rows, len(pack), self._shape)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
@@ -532,9 +535,44 @@ class PackLoader:
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
         self._shared_here()
-        it = _EpochIterator(self)
+        it = _EpochIterator(self, self._pass_config())
         self._live.add(it)
         return it
+
+    def _pass_config(self) -> PassConfig:
+        """What a pass takes from this loader, frozen when the pass is made."""
+        return PassConfig(
+            kind=self._kind,
+            pack=self.pack,
+            src=self._images,
+            labels=self._labels,
+            targets=self._targets,
+            rows=self._rows,
+            shape=self._shape,
+            batch_size=self.batch_size,
+            prefetch=self.prefetch,
+            device=self.device,
+            num_threads=self.num_threads,
+            transform=self.transform,
+            seed=self.seed,
+            rank=self.rank,
+            gather=self._gather,
+            resident=self.resident,
+            crop=self._crop,
+            on_cpu=self._on_cpu,
+        )
+
+    def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The streamed rows on the device, loaded by the first resident pass."""
+        if self._resident is None:
+            self._resident = self._load_resident()
+        return self._resident
+
+    def _populate_once(self) -> None:
+        """``populate=True``: map the pack's pages before the first streamed pass."""
+        if self._populate:
+            populate(self._images)
+            self._populate = False
 
     def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
         """Give the next pass its epoch and first batch; move the counter on."""
@@ -703,11 +741,15 @@ class _SequentialPackSampler(PackSampler, torch.utils.data.SequentialSampler):
 
 class _EpochIterator:
     """One pass. It takes its epoch at the first ``__next__``; a background
-    :class:`_Pass` fills a bounded queue (or, resident, batches are gathered
-    on the device here)."""
+    :class:`_Pass` (its strategy: :func:`packer.loading.strategies.choose`) fills a
+    bounded queue, or, resident, batches are gathered on the device here. It reads
+    its :class:`PassConfig`; of the loader it asks only the epoch (``_start_pass``,
+    ``_positions``), its threads (``_shared_here``) and resident rows, and reports
+    progress (``_note``)."""
 
-    def __init__(self, loader: PackLoader) -> None:
+    def __init__(self, loader: PackLoader, cfg: PassConfig) -> None:
         self.loader = loader
+        self.cfg = cfg
         self.nbatches = len(loader)
         self.pid = os.getpid()
         self.closed = False
@@ -717,9 +759,7 @@ class _EpochIterator:
         self.next_batch = 0
         self._pass: _Pass | None = None
         self._finalizer: weakref.finalize | None = None
-        self._resident: (
-            tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None
-        ) = None
+        self._resident: Resident | None = None
         self._gen: torch.Generator | None = None
 
     def __iter__(self) -> _EpochIterator:
@@ -729,75 +769,46 @@ class _EpochIterator:
         return self.nbatches
 
     def _start(self) -> None:
-        ld = self.loader
+        ld, cfg = self.loader, self.cfg
         self.started = True
         self.epoch, self.next_batch, self.serial = ld._start_pass(self)
         pos = ld._positions(self.epoch)
-        if (
-            getattr(ld.transform, "accepts_generator", False)
-            or getattr(ld.transform, "mixes_labels", False)
-            or (ld._crop is not None and ld._crop.random)
-        ):
+        if cfg.seeded:
             self._gen = torch.Generator()
-        if ld.resident:
-            if ld._resident is None:
-                ld._resident = ld._load_resident()
-            images, labels, targets = ld._resident
-            self._resident = (images, labels, targets, pos.to(ld.device, non_blocking=True))
+        strategy = choose(cfg)
+        if strategy is Resident:
+            self._resident = Resident(cfg, ld._resident_data(), pos, self._gen, self.epoch)
             return
-        if ld._populate:
-            populate(ld._images)
-            ld._populate = False
+        ld._populate_once()
         if self.next_batch >= self.nbatches:
             return  # nothing left (an empty epoch, or resumed at its end): no thread
-        rows = pos if ld._rows is None else ld._rows[pos]
+        rows = pos if cfg.rows is None else cfg.rows[pos]
         shared = ld._shared_here()
-        slots = in_place = None
-        if ld.device.type == "cuda" and ld._crop is None:
-            if ld._gather == "device":
-                with torch.cuda.device(ld.device):
-                    in_place = shared.device_rows(ld._images, ld._labels, ld._targets)
-                if in_place is None:
-                    self.close()
-                    raise UsageError(
-                        f"gather='device': the GPU cannot read this pack in place: "
-                        f"{shared.rows_why}; use gather='cpu' (the default)"
-                    )
-            if in_place is None:
-                ntargets = None if ld._targets is None else ld._targets.shape[1]
-                slots = shared.take_slots(
-                    ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device
-                )
-        p = _Pass(
-            src=ld._images,
-            labels=ld._labels,
-            targets=ld._targets,
+        try:
+            prepared = strategy.prepare(cfg, shared)
+        except UsageError:
+            self.close()
+            raise
+        p = strategy(
+            cfg,
             order=rows.numpy().astype(np.intp),
-            batch_size=ld.batch_size,
             start=self.next_batch,
             nbatches=self.nbatches,
-            prefetch=ld.prefetch,
-            device=ld.device,
-            pool=shared.thread_pool(ld.num_threads),
-            num_threads=ld.num_threads,
-            slots=slots,
             shared=shared,
-            transform=ld.transform,
             gen=self._gen,
-            seeds=(ld.seed, self.epoch, ld.rank),
-            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._on_cpu),
-            rows=in_place,
+            epoch=self.epoch,
+            **prepared,
         )
         self._pass = p
         # collected: the finalizer only signals the producer (it must never wait: see
         # _producer's lifetime note); close() joins it
         self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)
-        if ld._crop is not None:
+        if cfg.kind.decoded:
             # import the decoders here, before any gather thread would (an import runs
             # under the module's lock, and collecting an old loader may run meanwhile)
             from ..imaging.jpeg import import_decoders
 
-            import_decoders(ld.device)
+            import_decoders(cfg.device)
         release_deferred()
         shared.pass_started()
         track(p)
@@ -819,7 +830,8 @@ class _EpochIterator:
             self._start()
         if self.next_batch >= self.nbatches:
             return self._finish()
-        out = self._next_resident() if self._resident is not None else self._next_streamed()
+        res = self._resident
+        out = res.batch(self.next_batch) if res is not None else self._next_streamed()
         self.next_batch += 1
         self.loader._note(self.serial, self.epoch, self.next_batch, False)
         return out
@@ -828,18 +840,6 @@ class _EpochIterator:
         self.loader._note(self.serial, self.epoch, self.next_batch, True)
         self.close()
         raise StopIteration
-
-    def _next_resident(self) -> tuple[torch.Tensor, ...]:
-        images, labels, targets, pos = self._resident  # type: ignore[misc]
-        bs, b = self.loader.batch_size, self.next_batch
-        idx = pos[b * bs : (b + 1) * bs]
-        x = images.index_select(0, idx)
-        ld = self.loader
-        seeds = (ld.seed, self.epoch, ld.rank)
-        x, y = _transform_batch(ld.transform, x, labels.index_select(0, idx), self._gen, seeds, b)
-        if targets is None:
-            return x, y
-        return x, y, targets.index_select(0, idx)
 
     def _next_streamed(self) -> tuple[torch.Tensor, ...]:
         p = self._pass
@@ -859,7 +859,7 @@ class _EpochIterator:
             raise item.exc
         images, labels, targets, ev = item
         if ev is not None:
-            cur = torch.cuda.current_stream(self.loader.device)
+            cur = torch.cuda.current_stream(self.cfg.device)
             cur.wait_event(ev)  # the GPU waits for the copy; the host does not
             images.record_stream(cur)
             labels.record_stream(cur)

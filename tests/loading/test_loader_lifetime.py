@@ -43,7 +43,7 @@ def _tensor_mb() -> float:
 
 
 def _passes_alive() -> int:
-    return sum(type(o) is loader_mod._Pass for o in gc.get_objects())
+    return sum(issubclass(type(o), loader_mod._Pass) for o in gc.get_objects())
 
 
 def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
