@@ -41,14 +41,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
-import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data
 
@@ -58,12 +54,12 @@ from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
 from ..imaging.normalize import Normalize as Normalize
 from ..pack.kinds import kind_of
 from ..pack.reader import ImagePack, open_pack
+from .epoch_iterator import _EpochIterator
 from .order import (
     _EVEN_SPLITS,
     _MAX_EPOCH,
     _MAX_REPEATS,
     _MAX_SEED,
-    _STATE_VERSION,
     _bool_arg,
     _check_device,
     _check_dtypes,
@@ -76,21 +72,18 @@ from .order import (
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
 from .producer import (
-    _DONE,
     GATHER_MODES,
-    _Failure,
-    _Pass,
     _Shared,
     populate,
-    release_deferred,
-    track,
 )
-from .strategies import PassConfig, Resident, choose
+from .sampler import PackSampler, _RandomPackSampler, _SequentialPackSampler
+from .state import _Resumable
+from .strategies import PassConfig, Resident
 
 log = logging.getLogger(__name__)
 
 
-class PackLoader:
+class PackLoader(_Resumable):
     """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
@@ -427,111 +420,6 @@ class PackLoader:
         pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
         return pos if self._rows is None else self._rows[pos]
 
-    # ---- resumable state
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
-
-        ``epoch`` and ``batches`` (already yielded in that epoch) describe the
-        latest pass; the rest identifies the order, so a mismatched restore is
-        refused. Ranks of one run hold equal positions, so any rank's state
-        restores every rank.
-        """
-        self._epoch_in_state = True
-        if self._resume is not None:
-            epoch, batches = self._resume
-        elif self._progress is not None and not self._progress[2]:
-            epoch, batches = self._progress[0], self._progress[1]
-        else:
-            epoch, batches = self._epoch, 0
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "seed": self.seed,
-            "shuffle": bool(self.shuffle),
-            "batch_size": self.batch_size,
-            "drop_last": bool(self.drop_last),
-            "even_split": self.even_split,
-            "repeats": self.repeats,
-            "samples": self._n,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "rows": self._digest,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next pass yields exactly the batches that
-        were left of that epoch, then epochs go on as in the saved run.
-
-        Mid-epoch, the order must be the same (seed, shuffle, batch size,
-        drop_last, even_split, repeats, number of samples, world size, and the rows
-        streamed: the ``rows`` digest of the pack's count, image shape and
-        ``indices``); a mismatch is always refused. At an epoch boundary
-        (``batches == 0``) only the epoch is taken, so the next epoch may use
-        other rows or ranks. States saved before ``rows`` existed have no
-        digest and are checked without it; states saved before ``repeats`` existed
-        were saved with 1. Fields of the wrong type (a bool,
-        float or string for an int) are refused, never cast.
-        """
-        if not isinstance(state, dict):
-            raise UsageError(
-                "not a PackLoader state: pass the dict PackLoader.state_dict() returned, "
-                f"not {type(state).__name__}"
-            )
-        try:
-            version, epoch, batches = state["version"], state["epoch"], state["batches"]
-        except KeyError:
-            raise UsageError(
-                "not a PackLoader state: pass what PackLoader.state_dict() returned"
-            ) from None
-        if (
-            isinstance(version, (bool, np.bool_))
-            or not isinstance(version, (int, np.integer))
-            or version != _STATE_VERSION
-        ):
-            raise UsageError(
-                f"state['version'] {version!r} is not {_STATE_VERSION} (an int): pass what "
-                "PackLoader.state_dict() returned"
-            )
-        epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
-        batches = _int_arg("state['batches']", batches, 0)
-        _check_state_fields(state)
-        if batches:
-            mine = self.state_dict()
-            if "rows" in state and state["rows"] != mine["rows"]:
-                raise UsageError(
-                    "cannot resume mid-epoch: the state was saved by a loader streaming other "
-                    f"rows (rows digest {state['rows']!r}, this loader's {mine['rows']!r}: "
-                    "another pack or other indices); use the same pack and indices, or "
-                    "resume from an epoch boundary"
-                )
-            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
-                if state.get(key) != mine[key]:
-                    raise UsageError(
-                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
-                        f"with {key}={state.get(key)!r}; use the same {key}, or resume from an "
-                        "epoch boundary"
-                    )
-            for key in ("drop_last", "even_split"):
-                if state.get(key, mine[key]) != mine[key]:
-                    raise UsageError(
-                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
-                        f"with {key}={state.get(key)!r}"
-                    )
-            saved = state.get("repeats", 1)
-            if isinstance(saved, bool) or saved != self.repeats:
-                raise UsageError(
-                    f"cannot resume mid-epoch with repeats={self.repeats}: the state was saved "
-                    f"with repeats={saved!r}, and repeats changes which images the epoch "
-                    f"holds; use repeats={saved!r}, or resume from an epoch boundary"
-                )
-            if not 0 <= batches <= len(self):
-                raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
-        self._resume = (epoch, batches)
-        self._epoch = epoch
-        self._progress = None
-        self._epoch_in_state = True
-
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
         self._shared_here()
@@ -565,7 +453,7 @@ class PackLoader:
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The streamed rows on the device, loaded by the first resident pass."""
         if self._resident is None:
-            self._resident = self._load_resident()
+            self._resident = Resident.load(self)
         return self._resident
 
     def _populate_once(self) -> None:
@@ -573,77 +461,6 @@ class PackLoader:
         if self._populate:
             populate(self._images)
             self._populate = False
-
-    def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
-        """Give the next pass its epoch and first batch; move the counter on."""
-        if self._serial and self.shuffle and not self._warned_counted:
-            self._warn_counted(it)
-        self._epoch_named = False
-        if self._resume is not None:
-            epoch, start = self._resume
-            self._resume = None
-        else:
-            epoch, start = self._epoch, 0
-        self._epoch = epoch + 1
-        self._serial += 1
-        self._progress = (epoch, start, False)
-        return epoch, start, self._serial
-
-    def _warn_counted(self, it: _EpochIterator) -> None:
-        """Warn (once) that this pass's epoch comes from the pass counter alone, which a
-        resumed process starts at 0 again. Passes running side by side (zip(loader,
-        loader)) take consecutive epochs by design: no warning then."""
-        if self._epoch_named or self._epoch_in_state:
-            return
-        if any(o is not it and o.started and not o.closed for o in self._live):
-            return
-        self._warned_counted = True
-        epoch = self.epoch
-        warnings.warn(
-            f"PackLoader: a pass started without set_epoch() since the last one, so it takes "
-            f"epoch {epoch} from the loader's own count of passes. A new process counts from "
-            f"0 again: a run resumed from a checkpoint then replays epoch 0's order as epoch "
-            f"{epoch}. Call loader.set_epoch(epoch) at the start of every epoch (also on one "
-            "GPU, not only when distributed), or save and restore loader.state_dict().",
-            UserWarning,
-            stacklevel=5,  # the caller's loop: above __next__ <- _start <- _start_pass <- here
-        )
-
-    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
-        if serial == self._serial:
-            self._progress = (epoch, yielded, exhausted)
-
-    def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The streamed rows on the device, in ``indices`` order (or the whole pack):
-        images uint8 [M, 3, H, W], labels int64 [M], targets float32 [M, K] or None."""
-        images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
-        labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
-        targets = None
-        if self._targets is not None:
-            k = self._targets.shape[1]
-            targets = torch.empty((self._n, k), dtype=torch.float32, device=self.device)
-        step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
-        with PackLoader(
-            self.pack,
-            step,
-            shuffle=False,
-            device=self.device,
-            rank=0,
-            world_size=1,
-            indices=self._rows,
-            num_threads=self.num_threads,
-            prefetch=2,
-            gather=self._gather,
-        ) as seq:
-            start = 0
-            for batch in seq:
-                x = batch[0]
-                images[start : start + len(x)].copy_(x)
-                labels[start : start + len(x)].copy_(batch[1])
-                if targets is not None:
-                    targets[start : start + len(x)].copy_(batch[2])
-                start += len(x)
-        return images, labels, targets
 
     def close(self) -> None:
         """Stop background work and release threads and buffers (also done when
@@ -660,221 +477,3 @@ class PackLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_state_fields(state: dict[str, Any]) -> None:
-    """The fields of a loader state besides version, epoch and batches, each of the type
-    and range ``state_dict()`` gives, when present (older states lack some): UsageError
-    naming the field, never a cast (``2.0`` is not a batch size, nor ``"0.5"`` a seed)."""
-    ints = {
-        "seed": (-_MAX_SEED, _MAX_SEED),
-        "batch_size": (1, None),
-        "samples": (0, None),
-        "world_size": (1, None),
-    }
-    for key, (lo, hi) in ints.items():
-        if key in state:
-            _int_arg(f"state[{key!r}]", state[key], lo, hi)
-    if "rank" in state:
-        world = state.get("world_size")
-        _int_arg("state['rank']", state["rank"], 0, world)
-    for key in ("shuffle", "drop_last"):
-        if key in state:
-            _bool_arg(f"state[{key!r}]", state[key])
-    if "even_split" in state and state["even_split"] not in _EVEN_SPLITS:
-        raise UsageError(
-            f"state['even_split'] must be 'pad' or 'trim', not {state['even_split']!r}"
-        )
-    if "rows" in state and not isinstance(state["rows"], str):
-        raise UsageError(
-            f"state['rows'] must be the digest string state_dict() gives, not "
-            f"{type(state['rows']).__name__}"
-        )
-
-
-class PackSampler(torch.utils.data.Sampler[int]):
-    """A :class:`PackLoader`'s order as a sampler: ``set_epoch(e)`` sets the loader's
-    epoch, ``len()`` is this rank's samples per epoch, iterating yields its pack
-    rows for the loader's next epoch (usable with a DataLoader over PackDataset)."""
-
-    def __init__(self, loader: PackLoader) -> None:
-        self.loader = loader
-        self.data_source = loader.dataset  # the name torch's samplers give what they index
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return self.loader._per_rank()
-
-    def __iter__(self) -> Iterator[int]:
-        ld = self.loader
-        pos = epoch_indices(
-            ld._n,
-            epoch=ld.epoch,
-            seed=ld.seed,
-            shuffle=ld.shuffle,
-            rank=ld.rank,
-            world_size=ld.world_size,
-            even_split=ld.even_split,
-            repeats=ld.repeats,
-        )
-        rows = pos if ld._rows is None else ld._rows[pos]
-        return iter(rows.tolist())
-
-
-class _RandomPackSampler(PackSampler, torch.utils.data.RandomSampler):
-    """A shuffling loader's order. A ``RandomSampler`` because ``isinstance`` is how
-    Lightning (``_is_dataloader_shuffled``) and others ask whether an order is shuffled;
-    it is one: a new permutation each epoch (of ``seed + epoch``), without replacement."""
-
-    replacement = False
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-
-class _SequentialPackSampler(PackSampler, torch.utils.data.SequentialSampler):
-    """A loader's order without shuffling (this rank's part of the rows, in order)."""
-
-
-class _EpochIterator:
-    """One pass. It takes its epoch at the first ``__next__``; a background
-    :class:`_Pass` (its strategy: :func:`packer.loading.strategies.choose`) fills a
-    bounded queue, or, resident, batches are gathered on the device here. It reads
-    its :class:`PassConfig`; of the loader it asks only the epoch (``_start_pass``,
-    ``_positions``), its threads (``_shared_here``) and resident rows, and reports
-    progress (``_note``)."""
-
-    def __init__(self, loader: PackLoader, cfg: PassConfig) -> None:
-        self.loader = loader
-        self.cfg = cfg
-        self.nbatches = len(loader)
-        self.pid = os.getpid()
-        self.closed = False
-        self.started = False
-        self.epoch = -1
-        self.serial = 0
-        self.next_batch = 0
-        self._pass: _Pass | None = None
-        self._finalizer: weakref.finalize | None = None
-        self._resident: Resident | None = None
-        self._gen: torch.Generator | None = None
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self.nbatches
-
-    def _start(self) -> None:
-        ld, cfg = self.loader, self.cfg
-        self.started = True
-        self.epoch, self.next_batch, self.serial = ld._start_pass(self)
-        pos = ld._positions(self.epoch)
-        if cfg.seeded:
-            self._gen = torch.Generator()
-        strategy = choose(cfg)
-        if strategy is Resident:
-            self._resident = Resident(cfg, ld._resident_data(), pos, self._gen, self.epoch)
-            return
-        ld._populate_once()
-        if self.next_batch >= self.nbatches:
-            return  # nothing left (an empty epoch, or resumed at its end): no thread
-        rows = pos if cfg.rows is None else cfg.rows[pos]
-        shared = ld._shared_here()
-        try:
-            prepared = strategy.prepare(cfg, shared)
-        except UsageError:
-            self.close()
-            raise
-        p = strategy(
-            cfg,
-            order=rows.numpy().astype(np.intp),
-            start=self.next_batch,
-            nbatches=self.nbatches,
-            shared=shared,
-            gen=self._gen,
-            epoch=self.epoch,
-            **prepared,
-        )
-        self._pass = p
-        # collected: the finalizer only signals the producer (it must never wait: see
-        # _producer's lifetime note); close() joins it
-        self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)
-        if cfg.kind.decoded:
-            # import the decoders here, before any gather thread would (an import runs
-            # under the module's lock, and collecting an old loader may run meanwhile)
-            from ..imaging.jpeg import import_decoders
-
-            import_decoders(cfg.device)
-        release_deferred()
-        shared.pass_started()
-        track(p)
-        try:
-            p.thread.start()
-        except BaseException:
-            shared.pass_ended()
-            raise
-
-    def __next__(self) -> tuple[torch.Tensor, ...]:
-        if self.closed:
-            raise StopIteration
-        if self.pid != os.getpid() and self.started:
-            raise UsageError(
-                "this PackLoader pass was started in another process (before a fork); "
-                "call iter(loader) again in this one"
-            )
-        if not self.started:
-            self._start()
-        if self.next_batch >= self.nbatches:
-            return self._finish()
-        res = self._resident
-        out = res.batch(self.next_batch) if res is not None else self._next_streamed()
-        self.next_batch += 1
-        self.loader._note(self.serial, self.epoch, self.next_batch, False)
-        return out
-
-    def _finish(self) -> Any:
-        self.loader._note(self.serial, self.epoch, self.next_batch, True)
-        self.close()
-        raise StopIteration
-
-    def _next_streamed(self) -> tuple[torch.Tensor, ...]:
-        p = self._pass
-        assert p is not None
-        while True:
-            try:
-                item = p.queue.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not p.thread.is_alive():
-                    self.close()
-                    raise RuntimeError("imgpack loader thread died without a result") from None
-        if item is _DONE:  # the producer ran out early: only if stopped
-            return self._finish()
-        if isinstance(item, _Failure):
-            self.close()
-            raise item.exc
-        images, labels, targets, ev = item
-        if ev is not None:
-            cur = torch.cuda.current_stream(self.cfg.device)
-            cur.wait_event(ev)  # the GPU waits for the copy; the host does not
-            images.record_stream(cur)
-            labels.record_stream(cur)
-            if targets is not None:
-                targets.record_stream(cur)
-        if targets is None:
-            return images, labels
-        return images, labels, targets
-
-    def close(self) -> None:
-        """Stop this pass's producer and wait for it (never called from a finalizer)."""
-        if self.closed:
-            return
-        self.closed = True
-        if self._finalizer is not None and self._finalizer.detach() is not None:
-            assert self._pass is not None
-            self._pass.stop_and_join()
-        self._resident = None

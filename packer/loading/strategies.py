@@ -18,6 +18,7 @@ thread runs their ``run()``.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -267,3 +268,37 @@ class Resident:
         if self.targets is None:
             return x, y
         return x, y, self.targets.index_select(0, idx)
+
+    @staticmethod
+    def load(loader: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The streamed rows on the device, in ``indices`` order (or the whole pack):
+        images uint8 [M, 3, H, W], labels int64 [M], targets float32 [M, K] or None.
+        ``loader``: the :class:`PackLoader`, streamed once in order."""
+        images = torch.empty((loader._n, *loader._shape), dtype=torch.uint8, device=loader.device)
+        labels = torch.empty((loader._n,), dtype=torch.int64, device=loader.device)
+        targets = None
+        if loader._targets is not None:
+            k = loader._targets.shape[1]
+            targets = torch.empty((loader._n, k), dtype=torch.float32, device=loader.device)
+        step = max(1, (256 << 20) // max(1, math.prod(loader._shape)))
+        with type(loader)(
+            loader.pack,
+            step,
+            shuffle=False,
+            device=loader.device,
+            rank=0,
+            world_size=1,
+            indices=loader._rows,
+            num_threads=loader.num_threads,
+            prefetch=2,
+            gather=loader._gather,
+        ) as seq:
+            start = 0
+            for batch in seq:
+                x = batch[0]
+                images[start : start + len(x)].copy_(x)
+                labels[start : start + len(x)].copy_(batch[1])
+                if targets is not None:
+                    targets[start : start + len(x)].copy_(batch[2])
+                start += len(x)
+        return images, labels, targets
