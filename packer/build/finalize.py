@@ -135,6 +135,40 @@ def _finalize(
         targets_sha = digest(targets.tobytes())
     _reached("labels")
     skipped = _skip_list(scan, skip_reason)
+    manifest = _manifest(plan, config, keep, sizes, shas, labels, targets_sha, skipped, block)
+    if device is not None:
+        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
+        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
+    manifest = kind.stamp(manifest, written)
+    write_pack_metadata(work, manifest)
+    fsync_dir(work / DATA_DIR)
+    fsync_dir(work)
+    _reached("manifest")
+    mark_assembled(work, fingerprint)
+    _reached("assembled")
+    clock["metadata"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["move"] = time.perf_counter() - t
+    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
+    result.storage = manifest.storage
+    return result
+
+
+def _manifest(
+    plan: _Labels,
+    config: BuildConfig,
+    keep: list[int],
+    sizes: list[list[int]],
+    shas: list[str],
+    labels: np.ndarray,
+    targets_sha: str,
+    skipped: list[dict[str, str]],
+    block: int,
+) -> Manifest:
+    """The manifest of the kept images, before the storage kind stamps its fields."""
+    scan = plan.scan
+    n = len(keep)
     counts = (
         np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
         if scan.classes
@@ -142,7 +176,7 @@ def _finalize(
     )
     manifest = Manifest(
         count=n,
-        image_shape=spec.shape,
+        image_shape=config.spec.shape,
         resize=config.resize,
         classes=tuple(scan.classes),
         class_counts=tuple(counts),
@@ -168,25 +202,7 @@ def _finalize(
         targets=plan.target_names,
         class_map=plan.class_map,
     )
-    if device is not None:
-        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
-        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
-    manifest = kind.stamp(
-        replace(manifest, max_side=config.max_side, quality=config.quality), written
-    )
-    write_pack_metadata(work, manifest)
-    fsync_dir(work / DATA_DIR)
-    fsync_dir(work)
-    _reached("manifest")
-    mark_assembled(work, fingerprint)
-    _reached("assembled")
-    clock["metadata"] = time.perf_counter() - t
-    t = time.perf_counter()
-    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
-    clock["move"] = time.perf_counter() - t
-    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
-    result.storage = manifest.storage
-    return result
+    return replace(manifest, max_side=config.max_side, quality=config.quality)
 
 
 def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:

@@ -44,6 +44,7 @@ import os
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.utils.data
@@ -260,29 +261,9 @@ class PackLoader(_Resumable):
 
             refuse_batch_wide(transform)
         train = _bool_arg("train", train)
-        self._crop = None
         # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
         self._kind = kind_of(getattr(pack, "storage", "raw"))
-        if self._kind.decoded:
-            from ..imaging.jpeg import crop_for
-
-            if resident:
-                raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
-            if image_size is not None:
-                image_size = _size_arg("image_size", image_size)
-            try:
-                self._crop = crop_for(transform, image_size, train)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-            if gather != "cpu":
-                raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
-        elif decode != "auto":
-            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
-        elif image_size is not None:
-            raise UsageError(
-                "image_size is for JPEG packs; a raw pack's images have the size it was "
-                "built with (crop or resize them with transform=)"
-            )
+        self._crop = _crop_args(self._kind, transform, image_size, train, resident, gather, decode)
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
@@ -329,17 +310,21 @@ class PackLoader(_Resumable):
         self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
         self._new_shared()
         if len(self) == 0:
-            log.warning(
-                "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
-                "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
-                "yields nothing",
-                self.rank,
-                self._n,
-                self.world_size,
-                self.even_split,
-                self.batch_size,
-                self.drop_last,
-            )
+            self._warn_empty()
+
+    def _warn_empty(self) -> None:
+        """Log that every epoch of this loader has no batches, and why it may."""
+        log.warning(
+            "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
+            "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
+            "yields nothing",
+            self.rank,
+            self._n,
+            self.world_size,
+            self.even_split,
+            self.batch_size,
+            self.drop_last,
+        )
 
     def _new_shared(self) -> None:
         self._shared = _Shared()
@@ -477,3 +462,38 @@ class PackLoader(_Resumable):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _crop_args(
+    kind: Any,
+    transform: Any,
+    image_size: Any,
+    train: bool,
+    resident: bool,
+    gather: str,
+    decode: str,
+) -> Any:
+    """The :class:`packer.imaging.jpeg.JpegCrop` of a kind that decodes (None for raw
+    rows), after refusing the arguments that do not apply to ``kind``."""
+    if not kind.decoded:
+        if decode != "auto":
+            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
+        if image_size is not None:
+            raise UsageError(
+                "image_size is for JPEG packs; a raw pack's images have the size it was "
+                "built with (crop or resize them with transform=)"
+            )
+        return None
+    from ..imaging.jpeg import crop_for
+
+    if resident:
+        raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
+    if image_size is not None:
+        image_size = _size_arg("image_size", image_size)
+    try:
+        crop = crop_for(transform, image_size, train)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if gather != "cpu":
+        raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
+    return crop

@@ -170,17 +170,7 @@ def _parse(m: Any) -> Manifest:
     )
     label_dtype, targets = _label_fields(m, n)
     class_map = _str(m, "class_map", optional=True)
-    jpeg_bytes, storage_version, max_side, quality = 0, 0, None, None
-    if storage == "jpeg":
-        storage_version = _int(m, "storage_version", "", lo=1, hi=1 << 31)
-        _want(
-            storage_version <= JPEG_STORAGE_VERSION,
-            f"jpeg storage version {storage_version} is newer than this imgpack reads "
-            f"({JPEG_STORAGE_VERSION}); upgrade imgpack",
-        )
-        jpeg_bytes = _int(m, "jpeg_bytes", "", hi=1 << 50)
-        max_side = _int(m, "max_side", "", lo=1) if m.get("max_side") is not None else None
-        quality = _int(m, "quality", "", lo=1, hi=100) if m.get("quality") is not None else None
+    jpeg_bytes, storage_version, max_side, quality = _storage_fields(m, storage)
 
     classes = _strs(_list(m, "classes"), "class names")
     _want(len(set(classes)) == len(classes), "class names must be distinct; rebuild the pack")
@@ -216,37 +206,8 @@ def _parse(m: Any) -> Manifest:
         ),
         "field 'skipped' must hold {path, reason} objects of strings; rebuild the pack",
     )
-    b = _dict(m, "build")
-    build = BuildInfo(
-        max_pixels=_int(b, "max_pixels", "build.", lo=1)
-        if "max_pixels" in b
-        else DEFAULT_MAX_PIXELS,
-        source_root=_str(b, "source_root", "build.", optional=True),
-        imgpack_version=_str(b, "imgpack_version", "build.", optional=True),
-        created=_str(b, "created", "build.", optional=True),
-        labels_table=_str(b, "labels_table", "build.", optional=True),
-        labels_sha256=_str(b, "labels_sha256", "build.", optional=True),
-        unlisted=_int(b, "unlisted", "build.", hi=MAX_COUNT) if "unlisted" in b else None,
-        extra={
-            k: v for k, v in b.items() if k not in ("size", "resize", "max_pixels", *_BUILD_KEYS)
-        },
-    )
-    ck = _dict(m, "checksums")
-    images = _list(ck, "images", "checksums.")
-    checksums = Checksums(
-        block_rows=_int(ck, "block_rows", "checksums.", lo=0),
-        images=_strs(images, "checksums.images"),
-        labels=_str(ck, "labels", "checksums."),
-        algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
-        targets=_str(ck, "targets", "checksums.") if targets or "targets" in ck else "",
-        index=_str(ck, "index", "checksums.") if storage == "jpeg" else "",
-    )
-    _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
-    _want(
-        bool(checksums.targets) == bool(targets),
-        "field 'checksums.targets' must be given exactly when the pack has targets; "
-        "rebuild the pack",
-    )
+    build = _build_info(_dict(m, "build"))
+    checksums = _checksums(_dict(m, "checksums"), targets, storage)
     return Manifest(
         count=n,
         image_shape=(shape[0], shape[1], shape[2]),
@@ -334,3 +295,57 @@ def check_label_fields(fields: dict[str, Any], count: int, where: str) -> list[s
     """
     names = check_label_fields_json(fields, count, where)
     return list(names) if names else None
+
+
+def _storage_fields(m: Mapping[str, Any], storage: str) -> tuple[int, int, int | None, int | None]:
+    """``(jpeg_bytes, storage_version, max_side, quality)`` of a manifest of ``storage``."""
+    if storage != "jpeg":
+        return 0, 0, None, None
+    storage_version = _int(m, "storage_version", "", lo=1, hi=1 << 31)
+    _want(
+        storage_version <= JPEG_STORAGE_VERSION,
+        f"jpeg storage version {storage_version} is newer than this imgpack reads "
+        f"({JPEG_STORAGE_VERSION}); upgrade imgpack",
+    )
+    jpeg_bytes = _int(m, "jpeg_bytes", "", hi=1 << 50)
+    max_side = _int(m, "max_side", "", lo=1) if m.get("max_side") is not None else None
+    quality = _int(m, "quality", "", lo=1, hi=100) if m.get("quality") is not None else None
+    return jpeg_bytes, storage_version, max_side, quality
+
+
+def _build_info(b: dict[str, Any]) -> BuildInfo:
+    """The manifest's ``build`` object, typed (keys imgpack does not know kept in ``extra``)."""
+    return BuildInfo(
+        max_pixels=_int(b, "max_pixels", "build.", lo=1)
+        if "max_pixels" in b
+        else DEFAULT_MAX_PIXELS,
+        source_root=_str(b, "source_root", "build.", optional=True),
+        imgpack_version=_str(b, "imgpack_version", "build.", optional=True),
+        created=_str(b, "created", "build.", optional=True),
+        labels_table=_str(b, "labels_table", "build.", optional=True),
+        labels_sha256=_str(b, "labels_sha256", "build.", optional=True),
+        unlisted=_int(b, "unlisted", "build.", hi=MAX_COUNT) if "unlisted" in b else None,
+        extra={
+            k: v for k, v in b.items() if k not in ("size", "resize", "max_pixels", *_BUILD_KEYS)
+        },
+    )
+
+
+def _checksums(ck: dict[str, Any], targets: tuple[str, ...], storage: str) -> Checksums:
+    """The manifest's ``checksums`` object, typed and checked against the targets."""
+    images = _list(ck, "images", "checksums.")
+    checksums = Checksums(
+        block_rows=_int(ck, "block_rows", "checksums.", lo=0),
+        images=_strs(images, "checksums.images"),
+        labels=_str(ck, "labels", "checksums."),
+        algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
+        targets=_str(ck, "targets", "checksums.") if targets or "targets" in ck else "",
+        index=_str(ck, "index", "checksums.") if storage == "jpeg" else "",
+    )
+    _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
+    _want(
+        bool(checksums.targets) == bool(targets),
+        "field 'checksums.targets' must be given exactly when the pack has targets; "
+        "rebuild the pack",
+    )
+    return checksums
