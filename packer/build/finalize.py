@@ -22,24 +22,18 @@ from ..errors import NoUsableImagesError
 from ..imaging.decode import ResizeSpec
 from ..pack.format import (
     DATA_DIR,
-    IMAGES_FILE,
-    JPEG_FILE,
-    JPEG_STORAGE_VERSION,
     LABELS_FILE,
-    LENGTHS_FILE,
-    OFFSETS_FILE,
-    SIZES_FILE,
     TARGETS_FILE,
     BuildInfo,
     Checksums,
     Manifest,
     Skip,
     digest,
-    hash_blocks,
     image_bytes,
     read_manifest,
     write_pack_metadata,
 )
+from ..pack.kinds import Parts, kind_of, write_atomic
 from ..sources.scan import Scan
 from .config import GPU_TOLERANCE, BuildConfig, BuildResult, _Labels
 from .workdir import (
@@ -110,42 +104,71 @@ def _finalize(
             f"{scan.root}: none of its {len(scan.entries)} images could be used (first: "
             f"{first}: {skip_reason[0]}); no pack was written"
         )
-    images_path = work / DATA_DIR / IMAGES_FILE
     (work / DATA_DIR).mkdir(exist_ok=True)
-    jpeg: dict[str, Any] = {}
-    if config.store == "jpeg":
-        jpeg = _assemble_jpeg(work, done, block)
-        shas = jpeg["shas"]
-    elif (work / ROWS_FILE).exists():
-        fd = os.open(work / ROWS_FILE, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # all rows durable before anything depends on them
-        finally:
-            os.close(fd)
-        clock["fsync_rows"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if skip_reason:
-            shas = _compact(work / ROWS_FILE, images_path, keep, row, block)
-            os.remove(work / ROWS_FILE)
-        else:
-            os.replace(work / ROWS_FILE, images_path)
-    elif skip_reason:  # compacted by an earlier run that stopped before the manifest
-        size = os.path.getsize(images_path)
-        shas = hash_blocks(images_path, row * block, -(-size // (row * block)))
+    kind = kind_of(config.store)
+    parts = Parts(
+        rows=work / ROWS_FILE,
+        chunk_file=lambda k: _chunk_file(work, k),
+        chunk_dir=work / CHUNKS_DIR,
+        done=done,
+        keep=keep,
+        skipped=bool(skip_reason),
+        block=block,
+        row_bytes=row,
+        shas=shas,
+        fsync_dir=fsync_dir,
+        clock=clock,
+    )
+    written = kind.assemble(work / DATA_DIR, parts)
+    shas = written["shas"]
     clock["compact_or_rename"] = time.perf_counter() - t
     t = time.perf_counter()
     _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
-    _write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
+    write_atomic(work / DATA_DIR / LABELS_FILE, labels.tobytes())
     targets_sha = ""
     if plan.targets is not None:
         # the same kept rows as the labels; float32 as read, never cast (little-endian
         # C-order, what tensordict's memmap and packer.load map)
         targets = np.ascontiguousarray(plan.targets[keep], dtype="<f4")
-        _write_atomic(work / DATA_DIR / TARGETS_FILE, targets.tobytes())
+        write_atomic(work / DATA_DIR / TARGETS_FILE, targets.tobytes())
         targets_sha = digest(targets.tobytes())
     _reached("labels")
     skipped = _skip_list(scan, skip_reason)
+    manifest = _manifest(plan, config, keep, sizes, shas, labels, targets_sha, skipped, block)
+    if device is not None:
+        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
+        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
+    manifest = kind.stamp(manifest, written)
+    write_pack_metadata(work, manifest)
+    fsync_dir(work / DATA_DIR)
+    fsync_dir(work)
+    _reached("manifest")
+    mark_assembled(work, fingerprint)
+    _reached("assembled")
+    clock["metadata"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
+    clock["move"] = time.perf_counter() - t
+    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
+    result.storage = manifest.storage
+    return result
+
+
+def _manifest(
+    plan: _Labels,
+    config: BuildConfig,
+    keep: list[int],
+    sizes: list[list[int]],
+    shas: list[str],
+    labels: np.ndarray,
+    targets_sha: str,
+    skipped: list[dict[str, str]],
+    block: int,
+) -> Manifest:
+    """The manifest of the kept images, before the storage kind stamps its fields."""
+    scan = plan.scan
+    n = len(keep)
     counts = (
         np.bincount(labels[labels >= 0], minlength=len(scan.classes)).tolist()
         if scan.classes
@@ -153,7 +176,7 @@ def _finalize(
     )
     manifest = Manifest(
         count=n,
-        image_shape=spec.shape,
+        image_shape=config.spec.shape,
         resize=config.resize,
         classes=tuple(scan.classes),
         class_counts=tuple(counts),
@@ -175,94 +198,11 @@ def _finalize(
             images=tuple(shas),
             labels=digest(labels.tobytes()),
             targets=targets_sha,
-            index=jpeg.get("index", ""),
         ),
         targets=plan.target_names,
         class_map=plan.class_map,
     )
-    if device is not None:
-        extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
-        manifest = replace(manifest, build=replace(manifest.build, extra=extra))
-    if jpeg:
-        manifest = replace(
-            manifest,
-            image_shape=(3, *jpeg["max_hw"]),
-            storage="jpeg",
-            storage_version=JPEG_STORAGE_VERSION,
-            jpeg_bytes=jpeg["bytes"],
-            max_side=config.max_side,
-            quality=config.quality,
-            build=replace(
-                manifest.build, extra={**manifest.build.extra, "reencoded": jpeg["reencoded"]}
-            ),
-        )
-    write_pack_metadata(work, manifest)
-    fsync_dir(work / DATA_DIR)
-    fsync_dir(work)
-    _reached("manifest")
-    mark_assembled(work, fingerprint)
-    _reached("assembled")
-    clock["metadata"] = time.perf_counter() - t
-    t = time.perf_counter()
-    result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
-    clock["move"] = time.perf_counter() - t
-    result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
-    result.storage = manifest.storage
-    return result
-
-
-def _assemble_jpeg(work: Path, done: dict[int, dict[str, Any]], block: int) -> dict[str, Any]:
-    """--store jpeg: concatenate the chunk files, in order, into ``jpeg.memmap`` and write
-    the offsets, lengths and sizes of the kept images. Restartable: the chunk files are
-    removed only after the byte file is complete and fsynced; a rerun that finds them
-    gone hashes the byte file instead.
-
-    Returns ``shas`` (SHA-256 per block of ``block`` kept images' bytes), ``index`` (of
-    the three index files), ``bytes``, ``max_hw`` and ``reencoded``.
-    """
-    lengths: list[int] = []
-    stored: list[list[int]] = []
-    per_chunk: list[list[int]] = []
-    reencoded = 0
-    for k in sorted(done):
-        rec = done[k]
-        kept = [n for n in rec["lengths"] if n > 0]
-        per_chunk.append(kept)
-        lengths.extend(kept)
-        stored.extend(hw for n, hw in zip(rec["lengths"], rec["stored"]) if n > 0)
-        reencoded += int(rec.get("reencoded", 0))
-    lens = np.array(lengths, dtype="<i8")
-    offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype("<i8") if len(lens) else lens
-    sizes = np.array(stored, dtype="<i8").reshape(-1, 2)
-    out = work / DATA_DIR / JPEG_FILE
-    chunk_dir = work / CHUNKS_DIR
-    if (work / ROWS_FILE).exists():  # the marker: chunks not yet joined into ``out``
-        tmp = out.with_name(out.name + ".tmp")
-        with open(tmp, "wb") as f:
-            for k in sorted(done):
-                f.write(_chunk_file(work, k).read_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-        (work / ROWS_FILE).unlink()
-        fsync_dir(work)
-    shutil.rmtree(chunk_dir, ignore_errors=True)
-    shas: list[str] = []
-    with open(out, "rb") as f:
-        for b in range(0, len(lens), block):
-            shas.append(digest(f.read(int(lens[b : b + block].sum()))))
-    index = offsets.tobytes() + lens.tobytes() + sizes.tobytes()
-    _write_atomic(work / DATA_DIR / OFFSETS_FILE, offsets.tobytes())
-    _write_atomic(work / DATA_DIR / LENGTHS_FILE, lens.tobytes())
-    _write_atomic(work / DATA_DIR / SIZES_FILE, sizes.tobytes())
-    return {
-        "shas": shas,
-        "index": digest(index),
-        "bytes": int(lens.sum()),
-        "max_hw": tuple(int(v) for v in sizes.max(0)) if len(sizes) else (1, 1),
-        "reencoded": reencoded,
-    }
+    return replace(manifest, max_side=config.max_side, quality=config.quality)
 
 
 def _skip_list(scan: Scan, skip_reason: dict[int, str]) -> list[dict[str, str]]:
@@ -320,33 +260,3 @@ def _classes_from(plan: _Labels) -> str | None:
     if plan.class_map is not None:
         return "classes"
     return "folders" if plan.table is None else "labels"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _compact(rows_path: Path, out_path: Path, keep: list[int], row: int, block: int) -> list[str]:
-    """Copy the kept rows, in order, into a new file; return per-block checksums.
-
-    Restartable: the source file is untouched until the copy is complete.
-    """
-    shas: list[str] = []
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    with open(rows_path, "rb") as src, open(tmp, "wb") as out:
-        for b in range(0, len(keep), block):
-            buf = bytearray()
-            for i in keep[b : b + block]:
-                src.seek(i * row)
-                buf += src.read(row)
-            out.write(buf)
-            shas.append(digest(buf))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, out_path)
-    return shas

@@ -41,14 +41,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
-import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data
 
@@ -56,13 +53,14 @@ from ..errors import UsageError
 from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
 from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
 from ..imaging.normalize import Normalize as Normalize
+from ..pack.kinds import kind_of
 from ..pack.reader import ImagePack, open_pack
+from .epoch_iterator import _EpochIterator
 from .order import (
     _EVEN_SPLITS,
     _MAX_EPOCH,
     _MAX_REPEATS,
     _MAX_SEED,
-    _STATE_VERSION,
     _bool_arg,
     _check_device,
     _check_dtypes,
@@ -75,21 +73,18 @@ from .order import (
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
 from .producer import (
-    _DONE,
     GATHER_MODES,
-    _Failure,
-    _Pass,
     _Shared,
-    _transform_batch,
     populate,
-    release_deferred,
-    track,
 )
+from .sampler import PackSampler, _RandomPackSampler, _SequentialPackSampler
+from .state import _Resumable
+from .strategies import PassConfig, Resident
 
 log = logging.getLogger(__name__)
 
 
-class PackLoader:
+class PackLoader(_Resumable):
     """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
@@ -266,27 +261,9 @@ class PackLoader:
 
             refuse_batch_wide(transform)
         train = _bool_arg("train", train)
-        self._crop = None
-        if getattr(pack, "storage", "raw") == "jpeg":
-            from ..imaging.jpeg import crop_for
-
-            if resident:
-                raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
-            if image_size is not None:
-                image_size = _size_arg("image_size", image_size)
-            try:
-                self._crop = crop_for(transform, image_size, train)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-            if gather != "cpu":
-                raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
-        elif decode != "auto":
-            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
-        elif image_size is not None:
-            raise UsageError(
-                "image_size is for JPEG packs; a raw pack's images have the size it was "
-                "built with (crop or resize them with transform=)"
-            )
+        # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
+        self._kind = kind_of(getattr(pack, "storage", "raw"))
+        self._crop = _crop_args(self._kind, transform, image_size, train, resident, gather, decode)
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
@@ -308,15 +285,15 @@ class PackLoader:
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._images = pack.images if self._crop is None else pack.jpeg
+        self._images = self._kind.source_tensor(pack)
         self._labels = pack.labels
         self._targets: torch.Tensor | None = getattr(pack, "targets", None)
         _check_dtypes(
-            self._images if self._crop is None else None, self._labels, self._targets, len(pack)
+            None if self._kind.decoded else self._images, self._labels, self._targets, len(pack)
         )
         self._rows = None if indices is None else _check_indices(indices, len(pack))
         self._n = len(pack) if self._rows is None else len(self._rows)
-        self._shape = tuple(pack.images.shape[1:]) if self._crop is None else (3, *self._crop.size)
+        self._shape = (3, *self._crop.size) if self._kind.decoded else tuple(pack.images.shape[1:])
         self._digest = _rows_digest(self._rows, len(pack), self._shape)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
@@ -333,17 +310,21 @@ class PackLoader:
         self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
         self._new_shared()
         if len(self) == 0:
-            log.warning(
-                "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
-                "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
-                "yields nothing",
-                self.rank,
-                self._n,
-                self.world_size,
-                self.even_split,
-                self.batch_size,
-                self.drop_last,
-            )
+            self._warn_empty()
+
+    def _warn_empty(self) -> None:
+        """Log that every epoch of this loader has no batches, and why it may."""
+        log.warning(
+            "PackLoader: every epoch has 0 batches on rank %d (%d row(s) streamed, "
+            "world_size %d, even_split=%r, batch_size %d, drop_last=%s); iterating it "
+            "yields nothing",
+            self.rank,
+            self._n,
+            self.world_size,
+            self.even_split,
+            self.batch_size,
+            self.drop_last,
+        )
 
     def _new_shared(self) -> None:
         self._shared = _Shared()
@@ -424,188 +405,47 @@ class PackLoader:
         pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
         return pos if self._rows is None else self._rows[pos]
 
-    # ---- resumable state
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
-
-        ``epoch`` and ``batches`` (already yielded in that epoch) describe the
-        latest pass; the rest identifies the order, so a mismatched restore is
-        refused. Ranks of one run hold equal positions, so any rank's state
-        restores every rank.
-        """
-        self._epoch_in_state = True
-        if self._resume is not None:
-            epoch, batches = self._resume
-        elif self._progress is not None and not self._progress[2]:
-            epoch, batches = self._progress[0], self._progress[1]
-        else:
-            epoch, batches = self._epoch, 0
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "seed": self.seed,
-            "shuffle": bool(self.shuffle),
-            "batch_size": self.batch_size,
-            "drop_last": bool(self.drop_last),
-            "even_split": self.even_split,
-            "repeats": self.repeats,
-            "samples": self._n,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "rows": self._digest,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next pass yields exactly the batches that
-        were left of that epoch, then epochs go on as in the saved run.
-
-        Mid-epoch, the order must be the same (seed, shuffle, batch size,
-        drop_last, even_split, repeats, number of samples, world size, and the rows
-        streamed: the ``rows`` digest of the pack's count, image shape and
-        ``indices``); a mismatch is always refused. At an epoch boundary
-        (``batches == 0``) only the epoch is taken, so the next epoch may use
-        other rows or ranks. States saved before ``rows`` existed have no
-        digest and are checked without it; states saved before ``repeats`` existed
-        were saved with 1. Fields of the wrong type (a bool,
-        float or string for an int) are refused, never cast.
-        """
-        if not isinstance(state, dict):
-            raise UsageError(
-                "not a PackLoader state: pass the dict PackLoader.state_dict() returned, "
-                f"not {type(state).__name__}"
-            )
-        try:
-            version, epoch, batches = state["version"], state["epoch"], state["batches"]
-        except KeyError:
-            raise UsageError(
-                "not a PackLoader state: pass what PackLoader.state_dict() returned"
-            ) from None
-        if (
-            isinstance(version, (bool, np.bool_))
-            or not isinstance(version, (int, np.integer))
-            or version != _STATE_VERSION
-        ):
-            raise UsageError(
-                f"state['version'] {version!r} is not {_STATE_VERSION} (an int): pass what "
-                "PackLoader.state_dict() returned"
-            )
-        epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
-        batches = _int_arg("state['batches']", batches, 0)
-        _check_state_fields(state)
-        if batches:
-            mine = self.state_dict()
-            if "rows" in state and state["rows"] != mine["rows"]:
-                raise UsageError(
-                    "cannot resume mid-epoch: the state was saved by a loader streaming other "
-                    f"rows (rows digest {state['rows']!r}, this loader's {mine['rows']!r}: "
-                    "another pack or other indices); use the same pack and indices, or "
-                    "resume from an epoch boundary"
-                )
-            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
-                if state.get(key) != mine[key]:
-                    raise UsageError(
-                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
-                        f"with {key}={state.get(key)!r}; use the same {key}, or resume from an "
-                        "epoch boundary"
-                    )
-            for key in ("drop_last", "even_split"):
-                if state.get(key, mine[key]) != mine[key]:
-                    raise UsageError(
-                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
-                        f"with {key}={state.get(key)!r}"
-                    )
-            saved = state.get("repeats", 1)
-            if isinstance(saved, bool) or saved != self.repeats:
-                raise UsageError(
-                    f"cannot resume mid-epoch with repeats={self.repeats}: the state was saved "
-                    f"with repeats={saved!r}, and repeats changes which images the epoch "
-                    f"holds; use repeats={saved!r}, or resume from an epoch boundary"
-                )
-            if not 0 <= batches <= len(self):
-                raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
-        self._resume = (epoch, batches)
-        self._epoch = epoch
-        self._progress = None
-        self._epoch_in_state = True
-
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
         self._shared_here()
-        it = _EpochIterator(self)
+        it = _EpochIterator(self, self._pass_config())
         self._live.add(it)
         return it
 
-    def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
-        """Give the next pass its epoch and first batch; move the counter on."""
-        if self._serial and self.shuffle and not self._warned_counted:
-            self._warn_counted(it)
-        self._epoch_named = False
-        if self._resume is not None:
-            epoch, start = self._resume
-            self._resume = None
-        else:
-            epoch, start = self._epoch, 0
-        self._epoch = epoch + 1
-        self._serial += 1
-        self._progress = (epoch, start, False)
-        return epoch, start, self._serial
-
-    def _warn_counted(self, it: _EpochIterator) -> None:
-        """Warn (once) that this pass's epoch comes from the pass counter alone, which a
-        resumed process starts at 0 again. Passes running side by side (zip(loader,
-        loader)) take consecutive epochs by design: no warning then."""
-        if self._epoch_named or self._epoch_in_state:
-            return
-        if any(o is not it and o.started and not o.closed for o in self._live):
-            return
-        self._warned_counted = True
-        epoch = self.epoch
-        warnings.warn(
-            f"PackLoader: a pass started without set_epoch() since the last one, so it takes "
-            f"epoch {epoch} from the loader's own count of passes. A new process counts from "
-            f"0 again: a run resumed from a checkpoint then replays epoch 0's order as epoch "
-            f"{epoch}. Call loader.set_epoch(epoch) at the start of every epoch (also on one "
-            "GPU, not only when distributed), or save and restore loader.state_dict().",
-            UserWarning,
-            stacklevel=5,  # the caller's loop: above __next__ <- _start <- _start_pass <- here
+    def _pass_config(self) -> PassConfig:
+        """What a pass takes from this loader, frozen when the pass is made."""
+        return PassConfig(
+            kind=self._kind,
+            pack=self.pack,
+            src=self._images,
+            labels=self._labels,
+            targets=self._targets,
+            rows=self._rows,
+            shape=self._shape,
+            batch_size=self.batch_size,
+            prefetch=self.prefetch,
+            device=self.device,
+            num_threads=self.num_threads,
+            transform=self.transform,
+            seed=self.seed,
+            rank=self.rank,
+            gather=self._gather,
+            resident=self.resident,
+            crop=self._crop,
+            on_cpu=self._on_cpu,
         )
 
-    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
-        if serial == self._serial:
-            self._progress = (epoch, yielded, exhausted)
+    def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The streamed rows on the device, loaded by the first resident pass."""
+        if self._resident is None:
+            self._resident = Resident.load(self)
+        return self._resident
 
-    def _load_resident(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The streamed rows on the device, in ``indices`` order (or the whole pack):
-        images uint8 [M, 3, H, W], labels int64 [M], targets float32 [M, K] or None."""
-        images = torch.empty((self._n, *self._shape), dtype=torch.uint8, device=self.device)
-        labels = torch.empty((self._n,), dtype=torch.int64, device=self.device)
-        targets = None
-        if self._targets is not None:
-            k = self._targets.shape[1]
-            targets = torch.empty((self._n, k), dtype=torch.float32, device=self.device)
-        step = max(1, (256 << 20) // max(1, math.prod(self._shape)))
-        with PackLoader(
-            self.pack,
-            step,
-            shuffle=False,
-            device=self.device,
-            rank=0,
-            world_size=1,
-            indices=self._rows,
-            num_threads=self.num_threads,
-            prefetch=2,
-            gather=self._gather,
-        ) as seq:
-            start = 0
-            for batch in seq:
-                x = batch[0]
-                images[start : start + len(x)].copy_(x)
-                labels[start : start + len(x)].copy_(batch[1])
-                if targets is not None:
-                    targets[start : start + len(x)].copy_(batch[2])
-                start += len(x)
-        return images, labels, targets
+    def _populate_once(self) -> None:
+        """``populate=True``: map the pack's pages before the first streamed pass."""
+        if self._populate:
+            populate(self._images)
+            self._populate = False
 
     def close(self) -> None:
         """Stop background work and release threads and buffers (also done when
@@ -624,257 +464,36 @@ class PackLoader:
         self.close()
 
 
-def _check_state_fields(state: dict[str, Any]) -> None:
-    """The fields of a loader state besides version, epoch and batches, each of the type
-    and range ``state_dict()`` gives, when present (older states lack some): UsageError
-    naming the field, never a cast (``2.0`` is not a batch size, nor ``"0.5"`` a seed)."""
-    ints = {
-        "seed": (-_MAX_SEED, _MAX_SEED),
-        "batch_size": (1, None),
-        "samples": (0, None),
-        "world_size": (1, None),
-    }
-    for key, (lo, hi) in ints.items():
-        if key in state:
-            _int_arg(f"state[{key!r}]", state[key], lo, hi)
-    if "rank" in state:
-        world = state.get("world_size")
-        _int_arg("state['rank']", state["rank"], 0, world)
-    for key in ("shuffle", "drop_last"):
-        if key in state:
-            _bool_arg(f"state[{key!r}]", state[key])
-    if "even_split" in state and state["even_split"] not in _EVEN_SPLITS:
-        raise UsageError(
-            f"state['even_split'] must be 'pad' or 'trim', not {state['even_split']!r}"
-        )
-    if "rows" in state and not isinstance(state["rows"], str):
-        raise UsageError(
-            f"state['rows'] must be the digest string state_dict() gives, not "
-            f"{type(state['rows']).__name__}"
-        )
-
-
-class PackSampler(torch.utils.data.Sampler[int]):
-    """A :class:`PackLoader`'s order as a sampler: ``set_epoch(e)`` sets the loader's
-    epoch, ``len()`` is this rank's samples per epoch, iterating yields its pack
-    rows for the loader's next epoch (usable with a DataLoader over PackDataset)."""
-
-    def __init__(self, loader: PackLoader) -> None:
-        self.loader = loader
-        self.data_source = loader.dataset  # the name torch's samplers give what they index
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return self.loader._per_rank()
-
-    def __iter__(self) -> Iterator[int]:
-        ld = self.loader
-        pos = epoch_indices(
-            ld._n,
-            epoch=ld.epoch,
-            seed=ld.seed,
-            shuffle=ld.shuffle,
-            rank=ld.rank,
-            world_size=ld.world_size,
-            even_split=ld.even_split,
-            repeats=ld.repeats,
-        )
-        rows = pos if ld._rows is None else ld._rows[pos]
-        return iter(rows.tolist())
-
-
-class _RandomPackSampler(PackSampler, torch.utils.data.RandomSampler):
-    """A shuffling loader's order. A ``RandomSampler`` because ``isinstance`` is how
-    Lightning (``_is_dataloader_shuffled``) and others ask whether an order is shuffled;
-    it is one: a new permutation each epoch (of ``seed + epoch``), without replacement."""
-
-    replacement = False
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-
-class _SequentialPackSampler(PackSampler, torch.utils.data.SequentialSampler):
-    """A loader's order without shuffling (this rank's part of the rows, in order)."""
-
-
-class _EpochIterator:
-    """One pass. It takes its epoch at the first ``__next__``; a background
-    :class:`_Pass` fills a bounded queue (or, resident, batches are gathered
-    on the device here)."""
-
-    def __init__(self, loader: PackLoader) -> None:
-        self.loader = loader
-        self.nbatches = len(loader)
-        self.pid = os.getpid()
-        self.closed = False
-        self.started = False
-        self.epoch = -1
-        self.serial = 0
-        self.next_batch = 0
-        self._pass: _Pass | None = None
-        self._finalizer: weakref.finalize | None = None
-        self._resident: (
-            tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None
-        ) = None
-        self._gen: torch.Generator | None = None
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self.nbatches
-
-    def _start(self) -> None:
-        ld = self.loader
-        self.started = True
-        self.epoch, self.next_batch, self.serial = ld._start_pass(self)
-        pos = ld._positions(self.epoch)
-        if (
-            getattr(ld.transform, "accepts_generator", False)
-            or getattr(ld.transform, "mixes_labels", False)
-            or (ld._crop is not None and ld._crop.random)
-        ):
-            self._gen = torch.Generator()
-        if ld.resident:
-            if ld._resident is None:
-                ld._resident = ld._load_resident()
-            images, labels, targets = ld._resident
-            self._resident = (images, labels, targets, pos.to(ld.device, non_blocking=True))
-            return
-        if ld._populate:
-            populate(ld._images)
-            ld._populate = False
-        if self.next_batch >= self.nbatches:
-            return  # nothing left (an empty epoch, or resumed at its end): no thread
-        rows = pos if ld._rows is None else ld._rows[pos]
-        shared = ld._shared_here()
-        slots = in_place = None
-        if ld.device.type == "cuda" and ld._crop is None:
-            if ld._gather == "device":
-                with torch.cuda.device(ld.device):
-                    in_place = shared.device_rows(ld._images, ld._labels, ld._targets)
-                if in_place is None:
-                    self.close()
-                    raise UsageError(
-                        f"gather='device': the GPU cannot read this pack in place: "
-                        f"{shared.rows_why}; use gather='cpu' (the default)"
-                    )
-            if in_place is None:
-                ntargets = None if ld._targets is None else ld._targets.shape[1]
-                slots = shared.take_slots(
-                    ld.prefetch, ld.batch_size, ld._shape, ntargets, ld.device
-                )
-        p = _Pass(
-            src=ld._images,
-            labels=ld._labels,
-            targets=ld._targets,
-            order=rows.numpy().astype(np.intp),
-            batch_size=ld.batch_size,
-            start=self.next_batch,
-            nbatches=self.nbatches,
-            prefetch=ld.prefetch,
-            device=ld.device,
-            pool=shared.thread_pool(ld.num_threads),
-            num_threads=ld.num_threads,
-            slots=slots,
-            shared=shared,
-            transform=ld.transform,
-            gen=self._gen,
-            seeds=(ld.seed, self.epoch, ld.rank),
-            jpeg=None if ld._crop is None else (ld.pack, ld._crop, ld._on_cpu),
-            rows=in_place,
-        )
-        self._pass = p
-        # collected: the finalizer only signals the producer (it must never wait: see
-        # _producer's lifetime note); close() joins it
-        self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)
-        if ld._crop is not None:
-            # import the decoders here, before any gather thread would (an import runs
-            # under the module's lock, and collecting an old loader may run meanwhile)
-            from ..imaging.jpeg import import_decoders
-
-            import_decoders(ld.device)
-        release_deferred()
-        shared.pass_started()
-        track(p)
-        try:
-            p.thread.start()
-        except BaseException:
-            shared.pass_ended()
-            raise
-
-    def __next__(self) -> tuple[torch.Tensor, ...]:
-        if self.closed:
-            raise StopIteration
-        if self.pid != os.getpid() and self.started:
+def _crop_args(
+    kind: Any,
+    transform: Any,
+    image_size: Any,
+    train: bool,
+    resident: bool,
+    gather: str,
+    decode: str,
+) -> Any:
+    """The :class:`packer.imaging.jpeg.JpegCrop` of a kind that decodes (None for raw
+    rows), after refusing the arguments that do not apply to ``kind``."""
+    if not kind.decoded:
+        if decode != "auto":
+            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
+        if image_size is not None:
             raise UsageError(
-                "this PackLoader pass was started in another process (before a fork); "
-                "call iter(loader) again in this one"
+                "image_size is for JPEG packs; a raw pack's images have the size it was "
+                "built with (crop or resize them with transform=)"
             )
-        if not self.started:
-            self._start()
-        if self.next_batch >= self.nbatches:
-            return self._finish()
-        out = self._next_resident() if self._resident is not None else self._next_streamed()
-        self.next_batch += 1
-        self.loader._note(self.serial, self.epoch, self.next_batch, False)
-        return out
+        return None
+    from ..imaging.jpeg import crop_for
 
-    def _finish(self) -> Any:
-        self.loader._note(self.serial, self.epoch, self.next_batch, True)
-        self.close()
-        raise StopIteration
-
-    def _next_resident(self) -> tuple[torch.Tensor, ...]:
-        images, labels, targets, pos = self._resident  # type: ignore[misc]
-        bs, b = self.loader.batch_size, self.next_batch
-        idx = pos[b * bs : (b + 1) * bs]
-        x = images.index_select(0, idx)
-        ld = self.loader
-        seeds = (ld.seed, self.epoch, ld.rank)
-        x, y = _transform_batch(ld.transform, x, labels.index_select(0, idx), self._gen, seeds, b)
-        if targets is None:
-            return x, y
-        return x, y, targets.index_select(0, idx)
-
-    def _next_streamed(self) -> tuple[torch.Tensor, ...]:
-        p = self._pass
-        assert p is not None
-        while True:
-            try:
-                item = p.queue.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not p.thread.is_alive():
-                    self.close()
-                    raise RuntimeError("imgpack loader thread died without a result") from None
-        if item is _DONE:  # the producer ran out early: only if stopped
-            return self._finish()
-        if isinstance(item, _Failure):
-            self.close()
-            raise item.exc
-        images, labels, targets, ev = item
-        if ev is not None:
-            cur = torch.cuda.current_stream(self.loader.device)
-            cur.wait_event(ev)  # the GPU waits for the copy; the host does not
-            images.record_stream(cur)
-            labels.record_stream(cur)
-            if targets is not None:
-                targets.record_stream(cur)
-        if targets is None:
-            return images, labels
-        return images, labels, targets
-
-    def close(self) -> None:
-        """Stop this pass's producer and wait for it (never called from a finalizer)."""
-        if self.closed:
-            return
-        self.closed = True
-        if self._finalizer is not None and self._finalizer.detach() is not None:
-            assert self._pass is not None
-            self._pass.stop_and_join()
-        self._resident = None
+    if resident:
+        raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
+    if image_size is not None:
+        image_size = _size_arg("image_size", image_size)
+    try:
+        crop = crop_for(transform, image_size, train)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if gather != "cpu":
+        raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
+    return crop

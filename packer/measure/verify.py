@@ -34,17 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import DecodeError, PackerError, UsageError
-from ..imaging.decode import ResizeSpec, decode
-from ..pack.format import (
-    MANIFEST,
-    Layout,
-    Manifest,
-    check_files,
-    digest,
-    hash_blocks,
-    read_manifest,
-)
+from ..errors import PackerError, UsageError
+from ..pack.format import MANIFEST, Layout, Manifest, check_files, digest, read_manifest
+from ..pack.kinds import kind_of
 from ..sources.scan import OUTSIDE, source_image
 from .timing import check_device_name, each_pass, resolve_device, sync, time_loader
 
@@ -134,146 +126,9 @@ def _threads() -> int:
     return min(32, os.cpu_count() or 1)
 
 
-def check_jpeg_files(
-    root: Path, m: Manifest, report: VerifyReport, progress: Progress | None
-) -> None:
-    """A JPEG pack: the index files' checksum, offsets that tile the byte file in order,
-    and the SHA-256 of each block of ``block_rows`` images' bytes."""
-    from ..pack.format import JPEG_FILE, LENGTHS_FILE, OFFSETS_FILE, SIZES_FILE
-
-    lay = Layout(root)
-    raw = [lay.data(f).read_bytes() for f in (OFFSETS_FILE, LENGTHS_FILE, SIZES_FILE)]
-    off, ln = (np.frombuffer(r, dtype="<i8") for r in raw[:2])
-    ck, n = m.checksums, m.count
-    problems = []
-    if digest(b"".join(raw)) != ck.index:
-        problems.append("offsets/lengths/sizes checksum mismatch")
-    ends = np.concatenate([[0], np.cumsum(ln)]) if n else np.zeros(1, np.int64)
-    if (ln < 1).any() or not np.array_equal(off, ends[:-1]) or int(ends[-1]) != m.jpeg_bytes:
-        problems.append("offsets and lengths do not tile the JPEG file in order")
-    block, want = ck.block_rows, ck.images
-    if block < 1 or len(want) != (n + block - 1) // block:
-        problems.append(f"manifest lists {len(want)} checksums for {n} images")
-    if problems:
-        report.add("images", False, "; ".join(problems) + "; the pack is damaged, rebuild it")
-        if progress:
-            progress(n)
-        return
-    bad = []
-    with open(lay.data(JPEG_FILE), "rb") as f:
-        for k, expect in enumerate(want):
-            lo, hi = k * block, min(n, (k + 1) * block)
-            f.seek(int(ends[lo]))
-            if digest(f.read(int(ends[hi] - ends[lo]))) != expect:
-                names = ", ".join(m.sources[lo : min(hi, lo + 3)])
-                bad.append(f"block {k} (images {lo}-{hi - 1}: {names})")
-            if progress:
-                progress(hi - lo)
-    if bad:
-        report.add(
-            "images",
-            False,
-            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
-            + "; ".join(bad[:5])
-            + ". The JPEG data changed since the build; rebuild the pack",
-        )
-    else:
-        report.add("images", True, f"{n} JPEGs ({m.jpeg_bytes:,} bytes), SHA-256 match")
-
-
-def check_jpeg_sources(
-    pack: Any,
-    m: Manifest,
-    source: Path,
-    idx: list[int],
-    report: VerifyReport,
-    progress: Progress | None,
-) -> None:
-    """A JPEG pack with its source: every stored JPEG decodes (CPU, every core) to its
-    recorded size, and the sample's sources give the same stored bytes again."""
-    from ..imaging.decode import jpeg_for_pack
-
-    n = m.count
-    sizes = pack.sizes.numpy()
-
-    def decodes(i: int) -> str | None:
-        try:
-            img = pack.decode([i])[0]  # the frame header checked against its size first
-        except PackerError as e:
-            return str(e)
-        if list(img.shape[1:]) != sizes[i].tolist():
-            return f"image {i}: decodes to {list(img.shape[1:])}, recorded {sizes[i].tolist()}"
-        return None
-
-    root = os.path.realpath(source)
-
-    def same(i: int) -> str | None:
-        path, why = source_image(root, m.sources[i])
-        if path is None:
-            return why
-        try:
-            data, *_ = jpeg_for_pack(path, m.max_side, m.quality or 3, m.build.max_pixels)
-        except DecodeError:
-            return CHANGED
-        return None if data == bytes(pack.read([i])[0].numpy()) else CHANGED
-
-    broken = []
-    with ThreadPoolExecutor(_threads()) as pool:
-        for what in pool.map(decodes, range(n)):
-            if what:
-                broken.append(what)
-            if progress:
-                progress(1)
-        found = _SourceFindings(m, idx, source)
-        for i, what in zip(idx, pool.map(same, idx)):
-            found.note(i, what)
-    if broken:
-        report.add("decode", False, f"{len(broken)} of {n} stored JPEGs fail: {broken[0]}")
-    else:
-        report.add("decode", True, f"all {n} stored JPEGs decode to their recorded sizes")
-    found.report(report, f"sources in {source} give the same JPEG bytes")
-
-
 def check_images(root: Path, m: Manifest, report: VerifyReport, progress: Progress | None) -> None:
-    if m.storage == "jpeg":
-        check_jpeg_files(root, m, report, progress)
-        return
-    ck = m.checksums
-    block, want, n = ck.block_rows, ck.images, m.count
-    if block < 1 or len(want) != (n + block - 1) // block:
-        report.add(
-            "images",
-            False,
-            f"manifest lists {len(want)} checksums for {n} images in "
-            f"blocks of {block}; the manifest is damaged",
-        )
-        if progress:
-            progress(n)
-        return
-
-    def done(k: int) -> None:
-        if progress:
-            progress(min(n, (k + 1) * block) - k * block)
-
-    got = hash_blocks(Layout(root).images, m.image_bytes * block, len(want), done, _threads())
-    bad: list[str] = []
-    for k, (sha, expect) in enumerate(zip(got, want)):
-        if sha != expect:
-            lo, hi = k * block, min(n, (k + 1) * block)
-            names = ", ".join(m.sources[lo : min(hi, lo + 3)])
-            more = f" and {hi - lo - 3} more" if hi - lo > 3 else ""
-            bad.append(f"block {k} (images {lo}-{hi - 1}: {names}{more})")
-    if bad:
-        report.add(
-            "images",
-            False,
-            f"checksum mismatch in {len(bad)} of {len(want)} blocks: "
-            + "; ".join(bad[:5])
-            + ("; ..." if len(bad) > 5 else "")
-            + ". The image data changed since the build; rebuild the pack",
-        )
-    else:
-        report.add("images", True, f"{n} images, {len(want)} blocks, SHA-256 match")
+    """The image data against the build's checksums, as the pack's storage kind checks it."""
+    report.add("images", *kind_of(m).verify(root, m, progress, _threads()))
 
 
 def check_labels(root: Path, m: Manifest, report: VerifyReport) -> None:
@@ -324,28 +179,35 @@ def check_sources(
     report: VerifyReport,
     progress: Progress | None,
 ) -> None:
-    spec = ResizeSpec(m.width, m.height, m.resize, m.build.max_pixels)
-    images = pack.images
+    """The sample ``idx``: each source made again as the build made it (re-decoded rows,
+    or the stored JPEG bytes) equals what the pack holds; kinds that decode also have
+    every stored image decoded to its recorded size (a "decode" check)."""
+    kind = kind_of(m)
     root = os.path.realpath(source)
+    if kind.decoded:
+        report.add("decode", *kind.check_decodes(pack, m, progress, _threads()))
 
     def one(i: int) -> str | None:
         # Pillow releases the GIL while it decodes and resizes: threads use every core
         path, why = source_image(root, m.sources[i])
         if path is None:
             return why
-        try:
-            same = np.array_equal(decode(path, spec), images[i].numpy())
-        except DecodeError:
-            same = False
-        return None if same else CHANGED
+        return None if kind.same_as_source(pack, m, path, i) else CHANGED
 
     found = _SourceFindings(m, idx, source)
     with ThreadPoolExecutor(_threads()) as pool:
         for i, what in zip(idx, pool.map(one, idx)):
             found.note(i, what)
-            if progress:
+            if progress and not kind.decoded:
                 progress(1)
-    found.report(report, f"of {m.count} source images re-decoded from {source}: pixels identical")
+    found.report(report, _SAME[kind.decoded].format(n=m.count, source=source))
+
+
+# what the sources check says when every source in the sample gives the pack's data
+_SAME = {
+    False: "of {n} source images re-decoded from {source}: pixels identical",
+    True: "sources in {source} give the same JPEG bytes",
+}
 
 
 CHANGED = "changed"
@@ -430,10 +292,10 @@ def measure(
 
     log.info("timing the pack through PackLoader on %s", device)
     norm = Normalize().to(device)
-    jpeg = m.storage == "jpeg"
-    # a JPEG pack is timed decoding to 224² centre crops; the folder baseline's resize
-    # follows the pack's fixed size, so it is timed for raw packs only
-    size = {"image_size": 224, "train": False} if jpeg else {}
+    decoded = kind_of(m).decoded
+    # a decoded (JPEG) pack is timed decoding to 224² centre crops; the folder baseline's
+    # resize follows the pack's fixed size, so it is timed for raw packs only
+    size = {"image_size": 224, "train": False} if decoded else {}
     loader = PackLoader(pack, config.batch_size, device=device, seed=0, **size)
     report.pack_images_per_s = time_loader(
         each_pass(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
@@ -461,7 +323,7 @@ def measure(
             sync(device)
         _export_trace(prof, trace)
     loader.close()
-    if source is None or jpeg:
+    if source is None or decoded:
         return
     ds, missing = baseline.pack_files(source, m, pack.labels.tolist())
     report.folder_left_out = missing + len(m.skipped)
@@ -539,20 +401,19 @@ def verify(
     except PackerError as e:
         report.add("files", False, str(e))
         return report
-    report.image_bytes = 3 * 224 * 224 if m.storage == "jpeg" else m.image_bytes  # as delivered
+    decoded = kind_of(m).decoded
+    report.image_bytes = 3 * 224 * 224 if decoded else m.image_bytes  # as delivered
     source = _source_folder(m, config)
     source_ok = source is not None and source.is_dir()
     idx = sample_indices(m.count, config.sample) if source_ok else []
     if on_start:
-        decodes = m.count if source_ok and m.storage == "jpeg" else len(idx)
+        decodes = m.count if source_ok and decoded else len(idx)
         on_start(m.count + decodes, 0)
     check_images(root, m, report, progress)
     check_labels(root, m, report)
     if source is not None and not source_ok:
         report.add("sources", False, f"{source}: source folder not found")
         source = None
-    elif source is not None and m.count and m.storage == "jpeg":
-        check_jpeg_sources(pack, m, source, idx, report, progress)
     elif source is not None and m.count:
         check_sources(pack, m, source, idx, report, progress)
     if config.throughput and m.count and report.ok:

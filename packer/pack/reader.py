@@ -18,7 +18,6 @@ from .format import (
     Manifest,
     check_data_meta,
     check_files,
-    check_label_arrays,
     check_tensordict_meta,
     read_manifest,
 )
@@ -205,27 +204,9 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
             tensors[spec.name] = MemoryMappedTensor.from_filename(
                 root / DATA_DIR / spec.file, dtype, shape, mode="r"
             )
-    if manifest.storage == "jpeg":
-        check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
-        check_stored_sizes(tensors["sizes"].numpy(), manifest, root)
-        return JpegPack(tensors, manifest, root)
-    if not {"images", "labels"} <= set(tensors) <= {"images", "labels", "targets"}:
-        raise PackFormatError(
-            f"{root}: holds fields {sorted(tensors)} this imgpack cannot open; upgrade imgpack"
-        )
-    # the manifest was checked; this guards the mapping itself against a future slip
-    check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
-    pack = ImagePack(
-        images=tensors["images"],
-        labels=tensors["labels"],
-        targets=tensors.get("targets"),
-        batch_size=[n],
-    )
-    pack.__dict__["_imgpack_manifest"] = manifest
-    pack.__dict__["_imgpack_path"] = root
-    pack.__dict__["_imgpack_classes"] = list(manifest.classes)
-    pack.__dict__["_imgpack_sources"] = list(manifest.sources)
-    return pack
+    from .kinds import kind_of
+
+    return kind_of(manifest).open(root, manifest, tensors)
 
 
 JPEG_MAX_SIDE = 65535  # a JPEG frame header's sides are 16-bit

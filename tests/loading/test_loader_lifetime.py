@@ -17,7 +17,7 @@ import torch
 
 import packer
 from conftest import subprocess_env
-from packer.loading import loader as loader_mod
+from packer.loading import producer as producer_mod
 
 
 def _rss_mb() -> float:
@@ -43,7 +43,7 @@ def _tensor_mb() -> float:
 
 
 def _passes_alive() -> int:
-    return sum(type(o) is loader_mod._Pass for o in gc.get_objects())
+    return sum(issubclass(type(o), producer_mod._Pass) for o in gc.get_objects())
 
 
 def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:

@@ -413,7 +413,7 @@ def test_backslash_and_odd_names_build_load_info_verify(src: Path, tmp_path: Pat
     "bad", ["/etc/passwd", "../x.png", "cat/../../x.png", "", "a\x00b", "cat/..", 5]
 )
 def test_sources_that_leave_the_root_are_still_refused(bad: object) -> None:
-    from packer.pack.format import _source_ok
+    from packer.pack.parse import _source_ok
 
     assert not _source_ok(bad)
     assert _source_ok("cat/x\\..\\y.png")  # one POSIX name: stays under the root

@@ -1,0 +1,290 @@
+"""Crop and resize a batch of JPEG-decoded images of different sizes: per-image boxes
+(:func:`fit_boxes`, :class:`JpegCrop`), :func:`resize_images` (one Triton kernel on
+CUDA, a padded batch elsewhere), and :func:`crop_for`, the JPEG-pack loader's crop
+from its ``transform``, ``image_size`` and ``train``. Re-exported by
+:mod:`packer.imaging.jpeg`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .transforms import (
+    CenterCrop,
+    Compose,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    check_boxes,
+    resized_crop,
+)
+
+# eval crop: the centre ``CROP_FRACTION`` of the shorter side, as Resize(S/0.875) +
+# CenterCrop(S) (torchvision's ImageNet recipe: 224 of 256)
+CROP_FRACTION = 0.875
+
+
+def pad_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack variable-size images into one zero-padded batch.
+
+    ``images``: Tensor[3, h_i, w_i] uint8, all on one device. Returns the batch
+    uint8 [B, 3, Hmax, Wmax] (image i in its top-left corner, zeros elsewhere) and
+    the sizes int64 [B, 2] (h_i, w_i) on the CPU.
+    """
+    sizes = torch.tensor([[int(x.shape[1]), int(x.shape[2])] for x in images], dtype=torch.int64)
+    if not len(images):
+        return torch.empty((0, 3, 1, 1), dtype=torch.uint8), sizes.reshape(0, 2)
+    hmax, wmax = (int(v) for v in sizes.max(0).values)
+    out = images[0].new_zeros((len(images), 3, hmax, wmax))
+    for i, x in enumerate(images):
+        out[i, :, : x.shape[1], : x.shape[2]] = x
+    return out, sizes
+
+
+def fit_boxes(
+    sizes: torch.Tensor | np.ndarray,
+    out_size: tuple[int, int],
+    mode: str = "crop",
+    fraction: float = 1.0,
+) -> torch.Tensor:
+    """Per-image boxes int64 [B, 4] (top, left, height, width) inside each image.
+
+    ``sizes``: int [B, 2] (h, w) per image. ``out_size``: (height, width) the box is
+    resized to. ``mode``: "crop" = the centred box with the output's aspect, the
+    largest that fits, scaled by ``fraction`` (1.0: build's ``--resize crop``;
+    :data:`CROP_FRACTION`: the eval centre crop); "stretch" = the whole image.
+    """
+    s = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    h, w = s[:, 0].astype(np.float64), s[:, 1].astype(np.float64)
+    oh, ow = out_size
+    if mode == "stretch":
+        z = np.zeros(len(s), dtype=np.int64)
+        return torch.from_numpy(np.stack([z, z, s[:, 0], s[:, 1]], 1))
+    if mode != "crop":
+        raise ValueError(f"fit_boxes: mode must be 'crop' or 'stretch', not {mode!r}")
+    scale = np.maximum(ow / w, oh / h)
+    bw = np.clip(np.round(np.minimum(w, ow / scale) * fraction), 1, w).astype(np.int64)
+    bh = np.clip(np.round(np.minimum(h, oh / scale) * fraction), 1, h).astype(np.int64)
+    top = (s[:, 0] - bh) // 2
+    left = (s[:, 1] - bw) // 2
+    return torch.from_numpy(np.stack([top, left, bh, bw], 1))
+
+
+def _pad_fit(hw: tuple[int, int], out_size: tuple[int, int]) -> tuple[int, int]:
+    """(h, w) of an image letterboxed into ``out_size``: the CPU build's own rule."""
+    from .decode import ResizeSpec, _scaled_size
+
+    w, h = _scaled_size(hw[1], hw[0], ResizeSpec(out_size[1], out_size[0], "pad"))
+    return h, w
+
+
+def resize_batch(
+    images: torch.Tensor,
+    sizes: torch.Tensor,
+    out_size: tuple[int, int],
+    *,
+    boxes: torch.Tensor | None = None,
+    mode: str = "crop",
+    flip: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Crop/resize a padded batch to ``out_size`` in batched calls.
+
+    ``images``: uint8 [B, 3, Hmax, Wmax] from :func:`pad_batch`; ``sizes`` int64 [B, 2]
+    (h, w) of each image's valid region. ``boxes``: int64 [B, 4] inside each image
+    (e.g. RandomResizedCrop.sample_boxes); else ``mode`` "crop"/"stretch" boxes of
+    :func:`fit_boxes`, or "pad" (whole image fitted inside, centred on black: one
+    batched call per distinct fitted size). Returns uint8 [B, 3, *out_size].
+    """
+    if boxes is not None or mode != "pad":
+        if boxes is None:
+            boxes = fit_boxes(sizes, out_size, mode)
+        return resized_crop(images, boxes, out_size, flip=flip)
+    b = images.shape[0]
+    out = images.new_zeros((b, 3, *out_size))
+    fits = [_pad_fit((int(h), int(w)), out_size) for h, w in sizes.tolist()]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, f in enumerate(fits):
+        groups.setdefault(f, []).append(i)
+    oh, ow = out_size
+    for (nh, nw), rows in groups.items():
+        idx = torch.tensor(rows, dtype=torch.int64)
+        sub = images.index_select(0, idx.to(images.device))
+        whole = torch.zeros((len(rows), 4), dtype=torch.int64)
+        whole[:, 2:] = sizes[idx]
+        part = resized_crop(sub, whole, (nh, nw))
+        top, left = (oh - nh) // 2, (ow - nw) // 2
+        out[idx.to(out.device), :, top : top + nh, left : left + nw] = part
+    if flip is not None:
+        mask = flip.to(out.device, non_blocking=True)[:, None, None, None]
+        out = torch.where(mask, out.flip(-1), out)
+    return out
+
+
+def sizes_of(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 [B, 2] (h, w) of images uint8 [3, h_i, w_i], on the CPU."""
+    return torch.tensor([x.shape[1:] for x in images], dtype=torch.int64).reshape(-1, 2)
+
+
+def resize_images(
+    images: Sequence[torch.Tensor],
+    out_size: tuple[int, int],
+    *,
+    boxes: torch.Tensor | None = None,
+    mode: str = "crop",
+    flip: torch.Tensor | None = None,
+    sizes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`resize_batch` of a list of images of different sizes, uint8 [3, h_i, w_i].
+
+    On CUDA with Triton (``mode`` "crop"/"stretch" or ``boxes``) one kernel reads every
+    image where it lies, through a table of addresses: no padded batch is made or
+    copied. Otherwise (the CPU, "pad") the images are padded first. Same result either
+    way (the kernels' rounding: at most 1/255 apart). ``sizes``: their (h, w), if known.
+    """
+    if sizes is None:
+        sizes = sizes_of(images)
+    n = len(images)
+    dev = images[0].device if n else torch.device("cpu")
+    if boxes is None and mode != "pad":
+        boxes = fit_boxes(sizes, out_size, mode)
+    if boxes is None or not n:
+        return resize_batch(*pad_batch(images), out_size, mode=mode, flip=flip)
+    s = sizes.numpy()
+    bn = boxes.to(torch.int64).numpy()
+    check_boxes(bn, s)  # against each image, not the padded batch
+    _, _, bh, bw = bn.T
+    oh, ow = out_size
+    scale = (float(bh.max()) / oh, float(bw.max()) / ow)
+    kernels = _ragged_kernels(dev)
+    if kernels is not None and kernels.fits(scale):
+        table = np.empty((n, 8), dtype=np.int64)
+        for i, x in enumerate(images):
+            if not x.is_contiguous() or x.shape[0] != 3 or x.device != dev:
+                raise ValueError(f"image {i} must be a contiguous uint8 [3, H, W] on {dev}")
+            table[i, 0] = x.data_ptr()
+        table[:, 1:5] = bn
+        table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
+        table[:, 6:] = s
+        t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
+        return kernels.resample_ragged(t, 3, oh, ow, scale, dev)
+    return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
+
+
+def _ragged_kernels(device: torch.device):  # -> module | None
+    from .transforms import _triton
+
+    return _triton() if device.type == "cuda" else None
+
+
+class JpegCrop:
+    """How a JPEG pack's variable-size images become one uint8 [B, 3, h, w] batch: the
+    per-image boxes (in each image's own pixels), an optional flip, and what runs after.
+
+    Built by :func:`crop_for` from the loader's ``transform``, ``image_size``, ``train``.
+    """
+
+    def __init__(
+        self,
+        size: tuple[int, int],
+        rrc: RandomResizedCrop | None = None,
+        flip: RandomHorizontalFlip | None = None,
+        center: tuple[int, int] | None = None,
+        whole: bool = False,
+        rest: object = None,
+    ) -> None:
+        self.size = size
+        self.rrc, self.flip, self.center, self.whole, self.rest = rrc, flip, center, whole, rest
+
+    @property
+    def random(self) -> bool:
+        return self.rrc is not None or self.flip is not None or _accepts(self.rest)
+
+    def boxes(
+        self, sizes: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``sizes`` int64 [B, 2] (h, w) -> boxes int64 [B, 4], flip bool [B] or None.
+        Random draws in the order the same transforms would draw them on a batch."""
+        b = len(sizes)
+        if self.rrc is not None:
+            boxes = self.rrc.sample_boxes(b, sizes[:, 0], sizes[:, 1], generator)
+        elif self.whole:
+            boxes = fit_boxes(sizes, self.size, "stretch")
+        elif self.center is not None:
+            ch, cw = self.center
+            small = (sizes[:, 0] < ch) | (sizes[:, 1] < cw)
+            if bool(small.any()):
+                i = int(small.int().argmax())
+                h, w = sizes[i].tolist()
+                raise ValueError(f"CenterCrop{self.center} is larger than a {h}x{w} image")
+            top = torch.round((sizes[:, 0] - ch) / 2.0).to(torch.int64)
+            left = torch.round((sizes[:, 1] - cw) / 2.0).to(torch.int64)
+            boxes = torch.stack([top, left, torch.full_like(top, ch), torch.full_like(top, cw)], 1)
+        else:
+            boxes = fit_boxes(sizes, self.size, "crop", CROP_FRACTION)
+        flip = self.flip.sample(b, generator) if self.flip is not None else None
+        return boxes, flip
+
+    def after(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        if self.rest is None:
+            return images
+        if generator is not None and _accepts(self.rest):
+            return self.rest(images, generator=generator)  # type: ignore[operator]
+        return self.rest(images)  # type: ignore[operator]
+
+
+def _accepts(t: object) -> bool:
+    return bool(getattr(t, "accepts_generator", False))
+
+
+def crop_for(transform: object, image_size: int | tuple[int, int] | None, train: bool) -> JpegCrop:
+    """The :class:`JpegCrop` of a JPEG-pack loader.
+
+    * ``transform`` None: ``train`` -> RandomResizedCrop(image_size) + flip; else the
+      centre crop (:data:`CROP_FRACTION` of the shorter side, resized to image_size).
+    * a :class:`RandomResizedCrop`, :class:`CenterCrop` or :class:`Resize` with a
+      (h, w) size, or a :class:`Compose` starting with one (a RandomResizedCrop may be
+      followed by a RandomHorizontalFlip): its boxes are drawn per image, relative to
+      each image's own size; the rest of the Compose runs on the cropped batch.
+    * any other callable: runs on the batch after the default crop.
+    """
+    first, second, rest = transform, None, None
+    if isinstance(transform, Compose):
+        mods = list(transform)
+        first = mods[0] if mods else None
+        k = 1
+        if (
+            isinstance(first, RandomResizedCrop)
+            and len(mods) > 1
+            and isinstance(mods[1], RandomHorizontalFlip)
+        ):
+            second, k = mods[1], 2
+        tail = mods[k:]
+        rest = Compose(tail) if tail else None
+        if not isinstance(first, (RandomResizedCrop, CenterCrop, Resize)):
+            first, second, rest = None, None, transform
+    elif transform is not None and not isinstance(
+        transform, (RandomResizedCrop, CenterCrop, Resize)
+    ):
+        first, rest = None, transform
+    if isinstance(first, RandomResizedCrop):
+        return JpegCrop(first.size, rrc=first, flip=second, rest=rest)
+    if isinstance(first, CenterCrop):
+        return JpegCrop(first.size, center=first.size, rest=rest)
+    if isinstance(first, Resize):
+        if isinstance(first.size, int):
+            raise ValueError(
+                "Resize(int) keeps each image's aspect, so a JPEG pack's batch would have "
+                "many sizes; give Resize((height, width)) or a crop"
+            )
+        return JpegCrop(first.size, whole=True, rest=rest)
+    if image_size is None:
+        raise ValueError(
+            "a JPEG pack needs an output size: PackLoader(pack, B, image_size=S), or a "
+            "transform starting with RandomResizedCrop/CenterCrop/Resize((h, w))"
+        )
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if train:
+        return JpegCrop(size, rrc=RandomResizedCrop(size), flip=RandomHorizontalFlip(), rest=rest)
+    return JpegCrop(size, rest=rest)

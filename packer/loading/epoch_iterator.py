@@ -1,0 +1,160 @@
+"""One pass of a :class:`packer.loading.loader.PackLoader`: :class:`_EpochIterator`,
+the consumer side (waits on each batch's ready event, never the host)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from .producer import _DONE, _Failure, _Pass, release_deferred, track
+from .strategies import PassConfig, Resident, choose
+
+if TYPE_CHECKING:
+    from .loader import PackLoader
+
+
+class _EpochIterator:
+    """One pass. It takes its epoch at the first ``__next__``; a background
+    :class:`_Pass` (its strategy: :func:`packer.loading.strategies.choose`) fills a
+    bounded queue, or, resident, batches are gathered on the device here. It reads
+    its :class:`PassConfig`; of the loader it asks only the epoch (``_start_pass``,
+    ``_positions``), its threads (``_shared_here``) and resident rows, and reports
+    progress (``_note``)."""
+
+    def __init__(self, loader: PackLoader, cfg: PassConfig) -> None:
+        self.loader = loader
+        self.cfg = cfg
+        self.nbatches = len(loader)
+        self.pid = os.getpid()
+        self.closed = False
+        self.started = False
+        self.epoch = -1
+        self.serial = 0
+        self.next_batch = 0
+        self._pass: _Pass | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._resident: Resident | None = None
+        self._gen: torch.Generator | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self.nbatches
+
+    def _start(self) -> None:
+        ld, cfg = self.loader, self.cfg
+        self.started = True
+        self.epoch, self.next_batch, self.serial = ld._start_pass(self)
+        pos = ld._positions(self.epoch)
+        if cfg.seeded:
+            self._gen = torch.Generator()
+        strategy = choose(cfg)
+        if strategy is Resident:
+            self._resident = Resident(cfg, ld._resident_data(), pos, self._gen, self.epoch)
+            return
+        ld._populate_once()
+        if self.next_batch >= self.nbatches:
+            return  # nothing left (an empty epoch, or resumed at its end): no thread
+        rows = pos if cfg.rows is None else cfg.rows[pos]
+        shared = ld._shared_here()
+        try:
+            prepared = strategy.prepare(cfg, shared)
+        except UsageError:
+            self.close()
+            raise
+        p = strategy(
+            cfg,
+            order=rows.numpy().astype(np.intp),
+            start=self.next_batch,
+            nbatches=self.nbatches,
+            shared=shared,
+            gen=self._gen,
+            epoch=self.epoch,
+            **prepared,
+        )
+        self._pass = p
+        # collected: the finalizer only signals the producer (it must never wait: see
+        # _producer's lifetime note); close() joins it
+        self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)
+        if cfg.kind.decoded:
+            # import the decoders here, before any gather thread would (an import runs
+            # under the module's lock, and collecting an old loader may run meanwhile)
+            from ..imaging.jpeg import import_decoders
+
+            import_decoders(cfg.device)
+        release_deferred()
+        shared.pass_started()
+        track(p)
+        try:
+            p.thread.start()
+        except BaseException:
+            shared.pass_ended()
+            raise
+
+    def __next__(self) -> tuple[torch.Tensor, ...]:
+        if self.closed:
+            raise StopIteration
+        if self.pid != os.getpid() and self.started:
+            raise UsageError(
+                "this PackLoader pass was started in another process (before a fork); "
+                "call iter(loader) again in this one"
+            )
+        if not self.started:
+            self._start()
+        if self.next_batch >= self.nbatches:
+            return self._finish()
+        res = self._resident
+        out = res.batch(self.next_batch) if res is not None else self._next_streamed()
+        self.next_batch += 1
+        self.loader._note(self.serial, self.epoch, self.next_batch, False)
+        return out
+
+    def _finish(self) -> Any:
+        self.loader._note(self.serial, self.epoch, self.next_batch, True)
+        self.close()
+        raise StopIteration
+
+    def _next_streamed(self) -> tuple[torch.Tensor, ...]:
+        p = self._pass
+        assert p is not None
+        while True:
+            try:
+                item = p.queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not p.thread.is_alive():
+                    self.close()
+                    raise RuntimeError("imgpack loader thread died without a result") from None
+        if item is _DONE:  # the producer ran out early: only if stopped
+            return self._finish()
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        images, labels, targets, ev = item
+        if ev is not None:
+            cur = torch.cuda.current_stream(self.cfg.device)
+            cur.wait_event(ev)  # the GPU waits for the copy; the host does not
+            images.record_stream(cur)
+            labels.record_stream(cur)
+            if targets is not None:
+                targets.record_stream(cur)
+        if targets is None:
+            return images, labels
+        return images, labels, targets
+
+    def close(self) -> None:
+        """Stop this pass's producer and wait for it (never called from a finalizer)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            assert self._pass is not None
+            self._pass.stop_and_join()
+        self._resident = None

@@ -1,0 +1,196 @@
+"""A :class:`packer.loading.loader.PackLoader`'s resumable state: ``state_dict`` and
+``load_state_dict`` (exact mid-epoch, refused when the order differs)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .epoch_iterator import _EpochIterator
+
+from .order import _EVEN_SPLITS, _MAX_EPOCH, _MAX_SEED, _STATE_VERSION, _bool_arg, _int_arg
+
+
+class _Resumable:
+    """The epoch bookkeeping of :class:`PackLoader` (a base class of it): ``state_dict``,
+    ``load_state_dict``, and what a pass asks when it starts (``_start_pass``) and as it
+    yields (``_note``); they read and set ``_epoch``, ``_resume``, ``_progress``,
+    ``_serial`` and the ``_epoch_*`` flags that ``PackLoader.__init__`` sets."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
+
+        ``epoch`` and ``batches`` (already yielded in that epoch) describe the
+        latest pass; the rest identifies the order, so a mismatched restore is
+        refused. Ranks of one run hold equal positions, so any rank's state
+        restores every rank.
+        """
+        self._epoch_in_state = True
+        if self._resume is not None:
+            epoch, batches = self._resume
+        elif self._progress is not None and not self._progress[2]:
+            epoch, batches = self._progress[0], self._progress[1]
+        else:
+            epoch, batches = self._epoch, 0
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "seed": self.seed,
+            "shuffle": bool(self.shuffle),
+            "batch_size": self.batch_size,
+            "drop_last": bool(self.drop_last),
+            "even_split": self.even_split,
+            "repeats": self.repeats,
+            "samples": self._n,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "rows": self._digest,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next pass yields exactly the batches that
+        were left of that epoch, then epochs go on as in the saved run.
+
+        Mid-epoch, the order must be the same (seed, shuffle, batch size,
+        drop_last, even_split, repeats, number of samples, world size, and the rows
+        streamed: the ``rows`` digest of the pack's count, image shape and
+        ``indices``); a mismatch is always refused. At an epoch boundary
+        (``batches == 0``) only the epoch is taken, so the next epoch may use
+        other rows or ranks. States saved before ``rows`` existed have no
+        digest and are checked without it; states saved before ``repeats`` existed
+        were saved with 1. Fields of the wrong type (a bool,
+        float or string for an int) are refused, never cast.
+        """
+        if not isinstance(state, dict):
+            raise UsageError(
+                "not a PackLoader state: pass the dict PackLoader.state_dict() returned, "
+                f"not {type(state).__name__}"
+            )
+        try:
+            version, epoch, batches = state["version"], state["epoch"], state["batches"]
+        except KeyError:
+            raise UsageError(
+                "not a PackLoader state: pass what PackLoader.state_dict() returned"
+            ) from None
+        if (
+            isinstance(version, (bool, np.bool_))
+            or not isinstance(version, (int, np.integer))
+            or version != _STATE_VERSION
+        ):
+            raise UsageError(
+                f"state['version'] {version!r} is not {_STATE_VERSION} (an int): pass what "
+                "PackLoader.state_dict() returned"
+            )
+        epoch = _int_arg("state['epoch']", epoch, 0, _MAX_EPOCH)
+        batches = _int_arg("state['batches']", batches, 0)
+        _check_state_fields(state)
+        if batches:
+            mine = self.state_dict()
+            if "rows" in state and state["rows"] != mine["rows"]:
+                raise UsageError(
+                    "cannot resume mid-epoch: the state was saved by a loader streaming other "
+                    f"rows (rows digest {state['rows']!r}, this loader's {mine['rows']!r}: "
+                    "another pack or other indices); use the same pack and indices, or "
+                    "resume from an epoch boundary"
+                )
+            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
+                if state.get(key) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}; use the same {key}, or resume from an "
+                        "epoch boundary"
+                    )
+            for key in ("drop_last", "even_split"):
+                if state.get(key, mine[key]) != mine[key]:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
+                        f"with {key}={state.get(key)!r}"
+                    )
+            saved = state.get("repeats", 1)
+            if isinstance(saved, bool) or saved != self.repeats:
+                raise UsageError(
+                    f"cannot resume mid-epoch with repeats={self.repeats}: the state was saved "
+                    f"with repeats={saved!r}, and repeats changes which images the epoch "
+                    f"holds; use repeats={saved!r}, or resume from an epoch boundary"
+                )
+            if not 0 <= batches <= len(self):
+                raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
+        self._resume = (epoch, batches)
+        self._epoch = epoch
+        self._progress = None
+        self._epoch_in_state = True
+
+    def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
+        """Give the next pass its epoch and first batch; move the counter on."""
+        if self._serial and self.shuffle and not self._warned_counted:
+            self._warn_counted(it)
+        self._epoch_named = False
+        if self._resume is not None:
+            epoch, start = self._resume
+            self._resume = None
+        else:
+            epoch, start = self._epoch, 0
+        self._epoch = epoch + 1
+        self._serial += 1
+        self._progress = (epoch, start, False)
+        return epoch, start, self._serial
+
+    def _warn_counted(self, it: _EpochIterator) -> None:
+        """Warn (once) that this pass's epoch comes from the pass counter alone, which a
+        resumed process starts at 0 again. Passes running side by side (zip(loader,
+        loader)) take consecutive epochs by design: no warning then."""
+        if self._epoch_named or self._epoch_in_state:
+            return
+        if any(o is not it and o.started and not o.closed for o in self._live):
+            return
+        self._warned_counted = True
+        epoch = self.epoch
+        warnings.warn(
+            f"PackLoader: a pass started without set_epoch() since the last one, so it takes "
+            f"epoch {epoch} from the loader's own count of passes. A new process counts from "
+            f"0 again: a run resumed from a checkpoint then replays epoch 0's order as epoch "
+            f"{epoch}. Call loader.set_epoch(epoch) at the start of every epoch (also on one "
+            "GPU, not only when distributed), or save and restore loader.state_dict().",
+            UserWarning,
+            stacklevel=5,  # the caller's loop: above __next__ <- _start <- _start_pass <- here
+        )
+
+    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
+        if serial == self._serial:
+            self._progress = (epoch, yielded, exhausted)
+
+
+def _check_state_fields(state: dict[str, Any]) -> None:
+    """The fields of a loader state besides version, epoch and batches, each of the type
+    and range ``state_dict()`` gives, when present (older states lack some): UsageError
+    naming the field, never a cast (``2.0`` is not a batch size, nor ``"0.5"`` a seed)."""
+    ints = {
+        "seed": (-_MAX_SEED, _MAX_SEED),
+        "batch_size": (1, None),
+        "samples": (0, None),
+        "world_size": (1, None),
+    }
+    for key, (lo, hi) in ints.items():
+        if key in state:
+            _int_arg(f"state[{key!r}]", state[key], lo, hi)
+    if "rank" in state:
+        world = state.get("world_size")
+        _int_arg("state['rank']", state["rank"], 0, world)
+    for key in ("shuffle", "drop_last"):
+        if key in state:
+            _bool_arg(f"state[{key!r}]", state[key])
+    if "even_split" in state and state["even_split"] not in _EVEN_SPLITS:
+        raise UsageError(
+            f"state['even_split'] must be 'pad' or 'trim', not {state['even_split']!r}"
+        )
+    if "rows" in state and not isinstance(state["rows"], str):
+        raise UsageError(
+            f"state['rows'] must be the digest string state_dict() gives, not "
+            f"{type(state['rows']).__name__}"
+        )

@@ -1,0 +1,217 @@
+"""Reading a pack's metadata safely: JSON helpers (:func:`loads_json`,
+:func:`write_json_atomic`), size-capped non-blocking reads (:func:`read_bounded`),
+:func:`read_manifest`, and the checks of the files themselves (:func:`check_files`,
+:func:`check_tensordict_meta`). No torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackFormatError
+from ..sources.scan import NotRegularFile, file_kind, open_fd_if_regular
+from .schema import (
+    DATA_DIR,
+    MANIFEST,
+    MANIFEST_BASE_BYTES,
+    MANIFEST_BYTES_PER_IMAGE,
+    MAX_MANIFEST_BYTES,
+    MAX_META_BYTES,
+    TD_TYPE,
+    Layout,
+    Manifest,
+)
+
+_FORBIDDEN_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".npy", ".py", ".so")
+
+
+class JSONNestingError(ValueError):
+    """JSON nested deeper than Python's parser can follow (a hostile or garbage file)."""
+
+
+def loads_json(data: bytes | str) -> Any:
+    """``json.loads`` for files imgpack reads back (manifests, plans, journals, records).
+
+    Nesting too deep for the parser's recursion raises :class:`JSONNestingError`, a
+    ``ValueError``, like any other invalid JSON, so every caller that already treats
+    ``ValueError`` as "not valid" is safe from ``RecursionError`` too.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise JSONNestingError("JSON nested too deeply") from None
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """Write JSON to ``path`` via a temporary file, fsync, rename: ``path`` is always whole."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        if indent is None:
+            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        else:
+            json.dump(obj, f, ensure_ascii=False, indent=indent)
+            f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fail(root: Path, what: str) -> PackFormatError:
+    return PackFormatError(f"{root}: {what}")
+
+
+def read_bounded(root: Path, path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` (a file of the pack at ``root``), if it is a regular file
+    (symlinks followed) of at most ``limit`` bytes: checked on the opened descriptor
+    before anything is read (opening never blocks, so a FIFO is refused, not waited on).
+    Raises FileNotFoundError when there is none, PackFormatError for anything else."""
+    name = os.path.relpath(path, root)
+    try:
+        fd, st = open_fd_if_regular(path)
+    except NotRegularFile as e:
+        raise _fail(
+            root, f"{name} is not a regular file ({file_kind(e.mode)}); refusing the pack"
+        ) from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise _fail(root, f"{name} cannot be read ({e.strerror})") from None
+    try:
+        if st.st_size > limit:
+            raise _fail(
+                root,
+                f"{name} is {st.st_size:,} bytes, more than this pack's can be "
+                f"({limit:,}); the pack is damaged or not from imgpack, refusing it",
+            )
+        os.set_blocking(fd, True)
+        parts, got = [], 0
+        while got <= limit:  # a file growing meanwhile is read no further than the cap
+            part = os.read(fd, min(8 << 20, limit + 1 - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        if got > limit:
+            raise _fail(root, f"{name} grew past {limit:,} bytes while read; refusing it")
+        return b"".join(parts)
+    except OSError as e:
+        raise _fail(root, f"{name} cannot be read ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def manifest_limit(root: Path) -> int:
+    """The most bytes the manifest of the pack at ``root`` may have: a base plus an
+    allowance per image of its labels file (int64 [N]), at most MAX_MANIFEST_BYTES."""
+    try:
+        st = os.stat(Layout(root).labels)
+        n = st.st_size // 8 if stat.S_ISREG(st.st_mode) else 0
+    except OSError:
+        n = 0
+    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_IMAGE * n)
+
+
+def read_manifest(root: Path) -> Manifest:
+    """Read and validate a pack's manifest. Raises PackFormatError naming the problem."""
+    root = Path(root)
+    if not root.exists():
+        raise _fail(root, "no such pack; check the path or build one with `imgpack build`")
+    if not root.is_dir():
+        raise _fail(root, "is a file, not a pack directory")
+    lay = Layout(root)
+    try:
+        data = read_bounded(root, lay.manifest, manifest_limit(root))
+    except FileNotFoundError:
+        raise _fail(
+            root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`"
+        ) from None
+    try:
+        raw = loads_json(data)
+    except JSONNestingError:
+        raise _fail(
+            root, f"{MANIFEST} is nested too deeply to be a manifest; refusing the pack"
+        ) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _fail(
+            root, f"{MANIFEST} is not valid JSON ({e}); the pack is damaged, rebuild it"
+        ) from None
+    del data
+    return Manifest.from_json(raw, where=f"{root}: {MANIFEST}")
+
+
+def check_tensordict_meta(root: Path) -> None:
+    """Refuse a pack whose ``meta.json`` files are not what imgpack writes: tensordict's
+    loaders read them first, and the top-level one picks the class whose loader runs
+    (another class's, such as ``NonTensorData``'s, unpickles ``other.pickle``). Each
+    must be a small regular file, the top-level one exactly ``{"_type": TD_TYPE}``.
+    Read with a size cap and a non-blocking open: a FIFO or a link to ``/dev/zero``
+    named ``meta.json`` is refused, never read. None at all is fine (imgpack reads
+    neither)."""
+    root = Path(root)
+    for meta in (root / "meta.json", root / DATA_DIR / "meta.json"):
+        try:
+            data = read_bounded(root, meta, MAX_META_BYTES)
+        except FileNotFoundError:
+            if os.path.lexists(meta):  # a link to nothing
+                raise _fail(
+                    root, f"{os.path.relpath(meta, root)} is a broken link; refusing the pack"
+                ) from None
+            continue
+        if meta.parent != root:
+            continue  # imgpack never reads it; tensordict reads it only through the top one
+        try:
+            obj = loads_json(data)
+        except (ValueError, UnicodeDecodeError):
+            obj = None
+        if obj != {"_type": TD_TYPE}:
+            t = obj.get("_class", obj.get("_type")) if isinstance(obj, dict) else None
+            what = f"names type {t!r}" if t != TD_TYPE else f"holds keys {sorted(obj)}"
+            raise _fail(
+                root,
+                f"meta.json {what}, where imgpack writes only {{'_type': {TD_TYPE!r}}}; "
+                "refusing the pack (nothing was imported)",
+            )
+
+
+def check_files(root: Path, m: Manifest) -> None:
+    """Refuse code-carrying files and data files whose size disagrees with the manifest."""
+    root = Path(root)
+    real_root = root.resolve()
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            if f.lower().endswith(_FORBIDDEN_SUFFIXES):
+                rel = os.path.relpath(os.path.join(dirpath, f), root)
+                raise _fail(
+                    root,
+                    f"holds {rel}, a file type imgpack never writes (it could carry "
+                    "code); refusing the pack. Remove the file if you trust its source",
+                )
+    data_dir = root / DATA_DIR
+    if not data_dir.is_dir():
+        raise _fail(root, f"{DATA_DIR}/ is missing; the pack is incomplete, rebuild it")
+    allowed = {f.file for f in m.fields} | {"meta.json"}
+    for f in os.listdir(data_dir):
+        if f not in allowed:
+            raise _fail(root, f"unexpected file {DATA_DIR}/{f}; refusing the pack")
+    check_tensordict_meta(root)
+    n = m.count
+    for spec in m.fields:
+        path = data_dir / spec.file
+        rel = f"{DATA_DIR}/{spec.file}"
+        if path.is_symlink() or not path.is_file():
+            raise _fail(root, f"{rel} is missing or not a regular file")
+        if not path.resolve().is_relative_to(real_root):
+            raise _fail(root, f"{rel} points outside the pack; refusing it")
+        size = path.stat().st_size
+        want = (n if spec.rows is None else spec.rows) * spec.row_bytes
+        if size != want:
+            shape = list(m.image_shape) if spec.name == "images" else list(spec.row_shape)
+            raise _fail(
+                root,
+                f"{rel} is {size:,} bytes, the manifest says "
+                f"{want:,} ({n} {spec.name} of {shape}); the pack is damaged or truncated",
+            )
