@@ -88,7 +88,8 @@ def main() -> None:
             "jpeg",
             "-q",
         ]
-        subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     res: dict[str, dict[str, list[float]]] = {}
     for _ in range(a.rounds):
         for kind, path, n in (("raw", raw, a.batches), ("jpeg", jpeg, a.batches // 5)):

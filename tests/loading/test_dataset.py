@@ -50,7 +50,7 @@ def test_dataloader_with_workers_and_transform(packed: Path) -> None:
 
 
 def test_stateful_dataloader_resumes_mid_epoch(packed: Path) -> None:
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
     def make() -> StatefulDataLoader:
         g = torch.Generator()
