@@ -1,0 +1,401 @@
+"""Batched JPEG decoders behind one small interface, and the chain that picks one.
+
+A decoder turns a list of JPEG files into RGB images on its ``device``::
+
+    dec = get_decoder("cuda")                        # nvImageCodec, else torchcodec, else torchvision
+    imgs = dec.decode(datas, sizes=hw)               # list of uint8 [3, h_i, w_i] on dec.device
+    crops = dec.decode_rois(datas, boxes, sizes=hw)  # list of uint8 [3, bh_i, bw_i]
+
+``datas``: 1-D uint8 CPU tensors, one file's bytes each. ``sizes``: int [n, 2], each
+image's stored (h, w) (a pack's readers always pass it): every frame header must say the
+same before anything is decoded, so a 2 KB file cannot ask a decoder for gigabytes.
+``boxes``: int [n, 4] (top, left, height, width) in the stored upright image.
+
+The backends (``name``):
+
+* ``nvimgcodec`` (:mod:`.decoders_nvimgcodec`): the GPU's hardware JPEG engines first,
+  its CUDA decoder taking the rest, GIL released; ROI decoding (only the box's blocks).
+* ``torchcodec``: ``torchcodec.decoders.decode_jpeg(list, device="cuda")`` (one
+  ``nvjpegDecodeBatched`` call); no ROI.
+* ``torchvision``: ``torchvision.io.decode_jpeg(list, device="cuda")``, deprecated from
+  torchvision 0.29 (only that warning is silenced); no ROI.
+* ``cpu``: :func:`packer.imaging.jpeg.decode_batch` on the CPU (libjpeg-turbo through
+  torchvision, one image per pool thread, without the GIL); no ROI.
+
+Without ROI, :meth:`JpegDecoder.decode_rois` decodes whole and crops (the same pixels);
+``roi_path`` says which way ran ("roi" or "full+crop").
+
+Errors: a file that cannot be decoded, is truncated (no end-of-image marker), too short
+for its frame, or whose header or output differs from its stored size raises
+:class:`PackFormatError` naming its index (``indices``, default its position), never a
+library's own error. A file cut short and then closed with an end marker decodes grey to
+its end with only a warning from libjpeg; with ``check_tail`` (the default on the CPU,
+where it is free) an output whose last pixel is that grey is decoded again on the CPU to
+tell the two apart (:func:`packer.imaging.decode._check_whole`'s test). On CUDA it costs
+a device-to-host read per batch, so it is off unless asked for: ``imgpack verify``'s
+checksums find such damage.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from ..errors import PackFormatError, UsageError
+from .decode import _FILLER, _GREY, jpeg_too_short
+from .jpeg import _decode_one, check_frames, decode_batch, frame_size, size_mismatch, truncated
+from .resize import check_boxes
+
+GPU_CHAIN = ("nvimgcodec", "torchcodec", "torchvision")
+NAMES = (*GPU_CHAIN, "cpu")
+INSTALL = {
+    "nvimgcodec": "pip install 'imgpack[gpu]' (nvImageCodec and nvJPEG, Linux x86-64)",
+    "torchcodec": "pip install torchcodec (the release matching your torch)",
+    "torchvision": "pip install torchvision",
+    "cpu": "pip install torchvision",
+}
+_TV_DEPRECATION = "The image decoding and encoding capabilities of TorchVision"
+
+
+@runtime_checkable
+class JpegDecoder(Protocol):
+    """What every decoder offers (see the module docstring for shapes and errors)."""
+
+    name: str
+    device: torch.device
+    supports_roi: bool
+
+    @property
+    def roi_path(self) -> str: ...
+
+    def decode(
+        self,
+        datas: Sequence[torch.Tensor],
+        *,
+        sizes: torch.Tensor | np.ndarray | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]: ...
+
+    def decode_rois(
+        self,
+        datas: Sequence[torch.Tensor],
+        boxes: torch.Tensor | np.ndarray,
+        *,
+        sizes: torch.Tensor | np.ndarray | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]: ...
+
+
+class Unavailable(Exception):
+    """A backend cannot run here (not installed, no engine); the message says why."""
+
+
+def _import(module: str):  # -> module; every backend imports through here
+    return importlib.import_module(module)
+
+
+def quiet_torchvision_io() -> None:
+    """Silence torchvision 0.29's deprecation of ``torchvision.io`` decoding, and only it
+    (a filter added once: ``warnings.catch_warnings`` is not thread-safe)."""
+    warnings.filterwarnings("ignore", message=_TV_DEPRECATION, category=DeprecationWarning)
+
+
+class DecoderBase:
+    """The checks every backend shares, before and after its own ``_decode``.
+
+    A subclass sets ``name`` and ``supports_roi`` and implements ``_decode(datas, names)``
+    -> list of uint8 [3, h, w] on ``device``; one with ROI also ``_decode_rois``.
+    """
+
+    name = ""
+    supports_roi = False
+
+    def __init__(self, device: torch.device | str, *, check_tail: bool | None = None) -> None:
+        self.device = torch.device(device)
+        self.check_tail = self.device.type == "cpu" if check_tail is None else bool(check_tail)
+        self.passed_over: tuple[str, ...] = ()  # set by get_decoder: backends it skipped, why
+
+    @property
+    def roi_path(self) -> str:
+        return "roi" if self.supports_roi else "full+crop"
+
+    def __repr__(self) -> str:
+        skipped = f", passed over: {'; '.join(self.passed_over)}" if self.passed_over else ""
+        return f"{type(self).__name__}(name={self.name!r}, device={self.device}, roi_path={self.roi_path!r}{skipped})"
+
+    # ------------------------------------------------------------ the interface
+
+    def decode(
+        self,
+        datas: Sequence[torch.Tensor],
+        *,
+        sizes: torch.Tensor | np.ndarray | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]:
+        """Each JPEG whole: list of uint8 [3, h_i, w_i] in [0, 255] on ``device``."""
+        names, hw = self._checked(datas, sizes, indices)
+        if not datas:
+            return []
+        out = self._decode(list(datas), names)
+        self._check_shapes(out, names, hw)
+        if self.check_tail:
+            self._check_tails(out, datas, names)
+        return out
+
+    def decode_rois(
+        self,
+        datas: Sequence[torch.Tensor],
+        boxes: torch.Tensor | np.ndarray,
+        *,
+        sizes: torch.Tensor | np.ndarray | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]:
+        """Only each box: list of uint8 [3, bh_i, bw_i] (contiguous) on ``device``.
+        ValueError for a box that is empty or leaves its image."""
+        names, hw = self._checked(datas, sizes, indices)
+        bn = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
+        if len(bn) != len(datas):
+            raise ValueError(f"{len(bn)} boxes for {len(datas)} images")
+        if not datas:
+            return []
+        check_boxes(bn, hw)
+        out = self._decode_rois(list(datas), bn, names, hw)
+        self._check_shapes(out, names, bn[:, 2:])
+        if self.check_tail:
+            self._check_tails(out, datas, names)
+        return out
+
+    # ------------------------------------------------------------ for subclasses
+
+    def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _decode_rois(
+        self, datas: list[torch.Tensor], boxes: np.ndarray, names: list[int], hw: np.ndarray
+    ) -> list[torch.Tensor]:
+        """Without ROI decoding: whole, then each box copied out."""
+        full = self._decode(datas, names)
+        self._check_shapes(full, names, hw)
+        return crop_all(full, boxes)
+
+    # ------------------------------------------------------------ checks
+
+    def _checked(
+        self,
+        datas: Sequence[torch.Tensor],
+        sizes: torch.Tensor | np.ndarray | None,
+        indices: Sequence[int] | None,
+    ) -> tuple[list[int], np.ndarray]:
+        """The names errors use, and each image's (h, w) int64 [n, 2]: ``sizes`` checked
+        against the frame headers, else read from them. Refuses before any decode a file
+        without its end marker or too short for its frame."""
+        names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
+        if len(names) != len(datas):
+            raise ValueError(f"{len(names)} indices for {len(datas)} images")
+        if sizes is not None:
+            hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+            if len(hw) != len(datas):
+                raise ValueError(f"{len(hw)} sizes for {len(datas)} images")
+            check_frames(datas, names, hw)
+        else:
+            hw = np.empty((len(datas), 2), dtype=np.int64)
+            for k, (d, i) in enumerate(zip(datas, names)):
+                got = frame_size(d)
+                if got is None:
+                    raise undecodable(i, "no frame header before its image data")
+                hw[k] = got
+        for d, i in zip(datas, names):
+            b = memoryview(d.numpy())
+            if len(b) < 4 or b[-2] != 0xFF or b[-1] != 0xD9:
+                raise truncated(i)
+            why = jpeg_too_short(b, len(b))
+            if why:
+                raise undecodable(i, why)
+        return names, hw
+
+    def _check_shapes(
+        self, out: Sequence[torch.Tensor], names: Sequence[int], hw: np.ndarray
+    ) -> None:
+        for x, i, (h, w) in zip(out, names, hw.tolist()):
+            if x.ndim != 3 or x.shape[0] != 3:
+                raise undecodable(i, f"it decodes to shape {tuple(x.shape)}, not [3, H, W]")
+            if (x.shape[1], x.shape[2]) != (h, w):
+                raise size_mismatch(i, x.shape[1:], (h, w))
+
+    def _check_tails(
+        self, out: Sequence[torch.Tensor], datas: Sequence[torch.Tensor], names: Sequence[int]
+    ) -> None:
+        """PackFormatError for a file whose image data stop before its last block: libjpeg
+        and nvjpeg fill the rest grey (128) and go on. An output's last pixel is the latest
+        block in raster order it holds (also for a box), so only outputs ending in that grey
+        are decoded again on the CPU, with filler bytes before the end marker: a whole
+        file's decoder has stopped before them (the same pixels), a cut one's reads them."""
+        last = torch.stack([x[:, -1, -1] for x in out]).cpu()
+        for k in torch.nonzero((last == _GREY[0]).all(1)).flatten().tolist():
+            data, i = datas[k], names[k]
+            b = bytes(data.numpy())
+            end = b.rfind(b"\xff\xd9")
+            again = torch.frombuffer(bytearray(b[:end] + _FILLER + b[end:]), dtype=torch.uint8)
+            cpu = torch.device("cpu")
+            if not torch.equal(_decode_one(data, i, cpu), _decode_one(again, i, cpu)):
+                raise undecodable(i, "its image data stop before its last block")
+
+
+def undecodable(index: int, why: str) -> PackFormatError:
+    """The error for a stored JPEG that does not decode, naming its index and why."""
+    why = (why.splitlines() or [""])[0][:200]
+    return PackFormatError(
+        f"image {index}: its stored JPEG does not decode ({why}); the pack is damaged, run "
+        "`imgpack verify` and rebuild it"
+    )
+
+
+def crop_all(images: Sequence[torch.Tensor], boxes: np.ndarray) -> list[torch.Tensor]:
+    """Each box (top, left, height, width) of its image, copied out contiguous."""
+    return [
+        x[:, t : t + h, l : l + w].contiguous()
+        for x, (t, l, h, w) in zip(images, boxes.tolist())  # noqa: E741
+    ]
+
+
+# ---------------------------------------------------------------- the backends
+
+
+class CpuDecoder(DecoderBase):
+    """The CPU decoder: :func:`packer.imaging.jpeg.decode_batch`, one image per thread of
+    a pool of ``threads`` (default: every core; 0: the calling thread)."""
+
+    name = "cpu"
+
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        threads: int | None = None,
+        check_tail: bool | None = None,
+    ) -> None:
+        super().__init__(device, check_tail=check_tail)
+        _import("torchvision.io")
+        quiet_torchvision_io()
+        self.threads = len(os.sched_getaffinity(0)) if threads is None else int(threads)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
+        if self._pool is None and self.threads > 1 and self.device.type == "cpu":
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgpack-jpeg")
+        return decode_batch(datas, self.device, indices=names, pool=self._pool, ends_checked=True)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class TorchvisionDecoder(CpuDecoder):
+    """``torchvision.io.decode_jpeg(list, device=...)``: nvjpeg's batched decode on CUDA
+    (through :func:`packer.imaging.jpeg.decode_batch`, which names a bad image)."""
+
+    name = "torchvision"
+
+
+class TorchcodecDecoder(DecoderBase):
+    """``torchcodec.decoders.decode_jpeg(list, device=...)``: one ``nvjpegDecodeBatched``
+    call on CUDA (hardware engines where the GPU has them); libjpeg-turbo on the CPU."""
+
+    name = "torchcodec"
+
+    def __init__(self, device: torch.device | str, *, check_tail: bool | None = None) -> None:
+        super().__init__(device, check_tail=check_tail)
+        self._decode_jpeg: Callable = _import("torchcodec.decoders").decode_jpeg
+
+    def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
+        try:
+            return list(self._decode_jpeg(datas, mode="RGB", device=self.device))
+        except (RuntimeError, ValueError):
+            pass  # nvjpeg reports a batch, not an image: find the bad one
+        out = []
+        for d, i in zip(datas, names):
+            try:
+                out.append(self._decode_jpeg([d], mode="RGB", device=self.device)[0])
+            except (RuntimeError, ValueError) as e:
+                raise undecodable(i, str(e)) from None
+        return out
+
+
+def _nvimgcodec(device: torch.device, **opts: object) -> DecoderBase:
+    from .decoders_nvimgcodec import NvImageCodecDecoder
+
+    return NvImageCodecDecoder(device, **opts)  # type: ignore[arg-type]
+
+
+_MAKERS: dict[str, Callable[..., DecoderBase]] = {
+    "nvimgcodec": _nvimgcodec,
+    "torchcodec": TorchcodecDecoder,
+    "torchvision": TorchvisionDecoder,
+    "cpu": CpuDecoder,
+}
+
+
+def get_decoder(
+    device: torch.device | str = "cpu", prefer: str | None = None, **opts: object
+) -> DecoderBase:
+    """The decoder for ``device``.
+
+    ``prefer`` None: on CUDA the first of :data:`GPU_CHAIN` that imports and starts here,
+    quietly (``decoder.name`` says which, ``decoder.passed_over`` why the others were
+    not); on the CPU the CPU decoder. ``prefer`` a name from :data:`NAMES`: that one, or a
+    UsageError saying how to install it. ``opts`` go to the backend (``check_tail``;
+    nvimgcodec's ``backends``; the CPU's ``threads``).
+    """
+    device = torch.device(device)
+    if prefer is not None and prefer not in NAMES:
+        raise UsageError(f"decoder must be one of {', '.join(NAMES)}, not {prefer!r}")
+    if prefer == "cpu" and device.type != "cpu":
+        raise UsageError(f"decoder 'cpu' decodes on the CPU, not on {device}")
+    if prefer is not None:
+        try:
+            return _MAKERS[prefer](device, **opts)
+        except (Unavailable, ImportError, OSError, RuntimeError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise UsageError(
+                f"decoder {prefer!r} cannot run here ({why}); install it: {INSTALL[prefer]}"
+            ) from None
+    if device.type == "cpu":
+        return CpuDecoder(device, **opts)
+    passed: list[str] = []
+    for name in GPU_CHAIN:
+        kw = {k: v for k, v in opts.items() if k == "check_tail" or name == "nvimgcodec"}
+        try:
+            dec = _MAKERS[name](device, **kw)
+        except (Unavailable, ImportError, OSError, RuntimeError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            passed.append(f"{name}: {why}")
+            continue
+        dec.passed_over = tuple(passed)
+        return dec
+    raise UsageError(
+        f"no JPEG decoder runs on {device} ({'; '.join(passed)}); install one: {INSTALL['nvimgcodec']}"
+    )
+
+
+__all__ = [
+    "GPU_CHAIN",
+    "NAMES",
+    "CpuDecoder",
+    "DecoderBase",
+    "JpegDecoder",
+    "TorchcodecDecoder",
+    "TorchvisionDecoder",
+    "Unavailable",
+    "crop_all",
+    "get_decoder",
+    "quiet_torchvision_io",
+    "undecodable",
+]

@@ -1,0 +1,180 @@
+"""The nvImageCodec backend of :mod:`packer.imaging.decoders` (``imgpack[gpu]``).
+
+An extra, not a core dependency: the wheels (``nvidia-nvimgcodec-cu13`` + ``nvidia-nvjpeg``,
+about 29 MB) exist for Linux x86-64 with CUDA 13 only, and a CPU-only machine has no use
+for them; without them a GPU still decodes (torchcodec, torchvision).
+
+On CUDA: the NVJPG hardware engines (``HW_GPU_ONLY``) first, the CUDA decoder
+(``HYBRID_CPU_GPU``) taking the rest, load-balanced by nvImageCodec; the GIL is released
+while it decodes. ``GPU_ONLY`` alone has no JPEG decoder ("Could not create decoder.
+Code: 7"). On the CPU (``CPU_ONLY``, libjpeg-turbo), the same code runs without a GPU:
+what the CPU tests check.
+
+Output: planar RGB (``P_RGB``), EXIF orientation not applied (a pack stores its JPEGs
+upright, and its boxes and sizes are the stored frame's), fancy (smooth) chroma
+upsampling as libjpeg's: the same pixels as Pillow.
+
+ROI: ``CodeStream(b).get_sub_code_stream(region=Region(y0, x0, y1, x1))`` decodes only the
+box's blocks. nvImageCodec 0.9.0 on the GPU returns None for every ROI with fancy
+upsampling on; with it off (``options=":fancy_upsampling=0"``) ROI works, its pixels
+0.244/255 mean from Pillow's. The first ROI batch finds out which works here
+(``roi_path``): "roi" (fancy on), "roi (no fancy upsampling)", else "full+crop"; an image
+whose ROI decode still returns None is decoded whole and cropped (``roi_fallbacks``).
+
+Memory: the outputs are views (DLPack) of nvImageCodec's buffers, allocated stream-ordered
+for the CUDA stream current at the call, which the decode is ordered on: use them on that
+stream (or make it wait on an event), as with torch's own tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .decoders import DecoderBase, Unavailable, crop_all, undecodable
+
+BACKENDS = ("hw+hybrid", "hw", "hybrid")
+ROI_PATHS = ("roi", "roi (no fancy upsampling)", "full+crop")
+
+
+def import_nvimgcodec():  # -> the nvidia.nvimgcodec module
+    """nvImageCodec, its start-up notes about optional codecs (JPEG 2000, TIFF) it did not
+    find silenced unless the user set ``PYNVIMGCODEC_VERBOSITY``."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    from . import decoders
+
+    try:
+        return decoders._import("nvidia.nvimgcodec")
+    except ImportError as e:
+        raise Unavailable(f"nvImageCodec is not installed ({e})") from None
+
+
+class NvImageCodecDecoder(DecoderBase):
+    """nvImageCodec's batched decoder. ``backends`` (CUDA): "hw+hybrid" (default), "hw"
+    (the engines alone) or "hybrid" (the CUDA decoder alone)."""
+
+    name = "nvimgcodec"
+    supports_roi = True
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        backends: str = "hw+hybrid",
+        check_tail: bool | None = None,
+    ) -> None:
+        super().__init__(device, check_tail=check_tail)
+        if backends not in BACKENDS:
+            raise ValueError(f"backends must be one of {BACKENDS}, not {backends!r}")
+        nv = self._nv = import_nvimgcodec()
+        if self.device.type == "cuda":
+            hw = nv.Backend(
+                nv.HW_GPU_ONLY, load_hint=1.0, load_hint_policy=nv.ADAPTIVE_MINIMIZE_IDLE_TIME
+            )
+            hybrid = nv.Backend(nv.HYBRID_CPU_GPU)
+            self._backends = {"hw": [hw], "hybrid": [hybrid], "hw+hybrid": [hw, hybrid]}[backends]
+            index = self.device.index
+            self._device_id = torch.cuda.current_device() if index is None else index
+        else:
+            self._backends = [nv.Backend(nv.CPU_ONLY)]
+            self._device_id = nv.NVIMGCODEC_DEVICE_CPU_ONLY
+        self.backends = backends if self.device.type == "cuda" else "cpu"
+        self._full = self._make("")  # RuntimeError when none of them can run here
+        self._roi = None  # the decoder ROI works with, once probed
+        self._roi_path: str | None = None
+        self.roi_fallbacks = 0  # images whose ROI decode returned None, decoded whole
+        self._params = nv.DecodeParams(
+            apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.P_RGB
+        )
+
+    def _make(self, options: str):
+        try:
+            return self._nv.Decoder(
+                device_id=self._device_id, backends=self._backends, options=options
+            )
+        except RuntimeError as e:
+            raise Unavailable(f"nvImageCodec cannot decode JPEG here ({e})") from None
+
+    @property
+    def roi_path(self) -> str:
+        return self._roi_path or "roi (not yet probed)"
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", backends={self.backends!r})"
+
+    # ------------------------------------------------------------ decoding
+
+    def _streams(self, datas: Sequence[torch.Tensor], names: Sequence[int]) -> list:
+        out = []
+        for d, i in zip(datas, names):
+            try:
+                out.append(self._nv.CodeStream(d.numpy()))
+            except (RuntimeError, ValueError) as e:
+                raise undecodable(i, str(e)) from None
+        return out
+
+    def _run(self, decoder, streams: list) -> list:
+        kw = {}
+        if self.device.type == "cuda":
+            kw["cuda_stream"] = torch.cuda.current_stream(self.device).cuda_stream
+        return decoder.decode(streams, params=self._params, **kw)
+
+    def _tensor(self, img) -> torch.Tensor:
+        if self.device.type == "cuda":
+            t = torch.from_dlpack(img)
+        else:
+            t = torch.from_numpy(np.array(img.cpu()))
+        return t if t.is_contiguous() else t.contiguous()  # rows may be padded
+
+    def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
+        imgs = self._run(self._full, self._streams(datas, names))
+        out = []
+        for img, i in zip(imgs, names):
+            if img is None:
+                raise undecodable(i, "nvImageCodec returned no image")
+            out.append(self._tensor(img))
+        return out
+
+    def _decode_rois(
+        self, datas: list[torch.Tensor], boxes: np.ndarray, names: list[int], hw: np.ndarray
+    ) -> list[torch.Tensor]:
+        if self._roi_path == "full+crop":
+            return super()._decode_rois(datas, boxes, names, hw)
+        streams = self._streams(datas, names)
+        region = self._nv.Region
+        subs = [
+            s.get_sub_code_stream(region=region(t, l, t + h, l + w))
+            for s, (t, l, h, w) in zip(streams, boxes.tolist())  # noqa: E741
+        ]
+        if self._roi_path is None:
+            imgs = self._probe(subs)
+            if imgs is None:
+                return super()._decode_rois(datas, boxes, names, hw)
+        else:
+            imgs = self._run(self._roi, subs)
+        missing = [k for k, img in enumerate(imgs) if img is None]
+        if missing:  # decoded whole and cropped: a broken file raises there, by its name
+            self.roi_fallbacks += len(missing)
+            whole = self._decode([datas[k] for k in missing], [names[k] for k in missing])
+            self._check_shapes(whole, [names[k] for k in missing], hw[missing])
+            for k, crop in zip(missing, crop_all(whole, boxes[missing])):
+                imgs[k] = crop
+        return [x if isinstance(x, torch.Tensor) else self._tensor(x) for x in imgs]
+
+    def _probe(self, subs: list) -> list | None:
+        """The first ROI batch: fancy upsampling on, else off, else None (full+crop).
+        Sets ``roi_path``; an all-None batch means the way does not work here."""
+        imgs = self._run(self._full, subs)
+        if any(x is not None for x in imgs):
+            self._roi, self._roi_path = self._full, ROI_PATHS[0]
+            return imgs
+        plain = self._make(":fancy_upsampling=0")
+        imgs = self._run(plain, subs)
+        if any(x is not None for x in imgs):
+            self._roi, self._roi_path = plain, ROI_PATHS[1]
+            return imgs
+        self._roi_path = ROI_PATHS[2]
+        return None

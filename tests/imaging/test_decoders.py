@@ -1,0 +1,285 @@
+"""packer.imaging.decoders and roi_crop: the decode interface, its fallback chain, ROI
+crops, errors (CPU); each GPU backend's pixels and ROI (CUDA, skipped without one)."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as tv
+from aug_checks import assert_same_categories, assert_same_distribution, mad, needs_cuda
+from PIL import Image
+
+from conftest import write_bomb_jpeg, write_cut_jpeg
+from packer.errors import PackFormatError, UsageError
+from packer.imaging import decoders as D
+from packer.imaging.jpeg import crop_for, decode_batch, resize_images
+from packer.imaging.roi_crop import RoiResizedCrop
+
+SIZES = [(120, 90), (57, 23), (64, 64), (17, 9)]  # (w, h)
+
+
+def _jpeg(w: int, h: int, seed: int, quality: int = 90) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3)).astype(np.uint8)
+    im = Image.fromarray(base).resize((w, h), Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=quality)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _pillow(data: torch.Tensor) -> torch.Tensor:
+    with Image.open(io.BytesIO(bytes(data.numpy()))) as im:
+        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+
+
+@pytest.fixture
+def datas() -> list[torch.Tensor]:
+    return [_jpeg(w, h, i) for i, (w, h) in enumerate(SIZES)]
+
+
+HW = torch.tensor([[h, w] for w, h in SIZES])
+BOXES = torch.tensor([[3, 5, 40, 50], [0, 0, 23, 57], [17, 1, 9, 60], [8, 16, 1, 1]])
+
+
+def _nvimgcodec_cpu():
+    pytest.importorskip("nvidia.nvimgcodec")
+    return D.get_decoder("cpu", prefer="nvimgcodec")
+
+
+# ---------------------------------------------------------------- the interface
+
+
+def test_cpu_decoder_is_the_existing_cpu_decode(datas):
+    dec = D.get_decoder("cpu")
+    assert isinstance(dec, D.JpegDecoder) and dec.name == "cpu" and not dec.supports_roi
+    assert dec.device == torch.device("cpu") and dec.roi_path == "full+crop"
+    out = dec.decode(datas, sizes=HW)
+    for x, y, d in zip(out, decode_batch(datas), datas):
+        assert x.dtype == torch.uint8 and torch.equal(x, y)
+        assert torch.equal(x, _pillow(d))  # libjpeg-turbo both: the same pixels
+    assert dec.decode([]) == []
+
+
+def test_roi_decode_is_full_decode_then_crop(datas):
+    dec = D.get_decoder("cpu", threads=0)
+    full = dec.decode(datas)
+    rois = dec.decode_rois(datas, BOXES, sizes=HW)
+    for x, r, (t, l, h, w) in zip(full, rois, BOXES.tolist()):  # noqa: E741
+        assert r.shape == (3, h, w) and r.is_contiguous()
+        assert torch.equal(r, x[:, t : t + h, l : l + w])
+    bad = BOXES.clone()
+    bad[3] = torch.tensor([8, 16, 2, 2])  # leaves the 9x17 image
+    with pytest.raises(ValueError, match=r"box 3 \[8, 16, 2, 2\] .* leaves the 9x17 image"):
+        dec.decode_rois(datas, bad, sizes=HW)
+
+
+def test_nvimgcodec_cpu_backend_matches_pillow_and_crops_exactly(datas):
+    dec = _nvimgcodec_cpu()
+    assert dec.name == "nvimgcodec" and dec.supports_roi
+    for x, d in zip(dec.decode(datas, sizes=HW), datas):
+        assert torch.equal(x, _pillow(d))
+    rois = dec.decode_rois(datas, BOXES, sizes=HW)
+    assert dec.roi_path == "roi" and dec.roi_fallbacks == 0
+    for r, x in zip(rois, D.crop_all(dec.decode(datas), BOXES.numpy())):
+        assert torch.equal(r, x)
+
+
+# ---------------------------------------------------------------- the chain
+
+
+def _block(monkeypatch, *modules: str) -> None:
+    for m in modules:
+        monkeypatch.setitem(sys.modules, m, None)  # import raises ImportError
+
+
+def test_chain_falls_back_quietly_and_says_which_ran(monkeypatch):
+    _block(monkeypatch, "nvidia.nvimgcodec", "torchcodec", "torchcodec.decoders")
+    dec = D.get_decoder("cuda")
+    assert dec.name == "torchvision" and dec.device.type == "cuda"
+    assert [p.split(":")[0] for p in dec.passed_over] == ["nvimgcodec", "torchcodec"]
+    assert "passed over: nvimgcodec" in repr(dec)
+    # a torchcodec that imports is taken before torchvision
+    fake = types.ModuleType("torchcodec.decoders")
+    fake.decode_jpeg = lambda datas, mode, device: [torch.zeros(3, 1, 1)] * len(datas)
+    monkeypatch.setitem(sys.modules, "torchcodec", types.ModuleType("torchcodec"))
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", fake)
+    dec = D.get_decoder("cuda")
+    assert dec.name == "torchcodec" and len(dec.passed_over) == 1
+    assert D.get_decoder("cpu").name == "cpu"  # the CPU never walks the GPU chain
+
+
+def test_a_named_backend_that_is_missing_says_how_to_install(monkeypatch):
+    _block(monkeypatch, "nvidia.nvimgcodec", "torchcodec", "torchcodec.decoders")
+    with pytest.raises(UsageError, match=r"decoder 'nvimgcodec' cannot run here .*imgpack\[gpu\]"):
+        D.get_decoder("cuda", prefer="nvimgcodec")
+    with pytest.raises(UsageError, match=r"'torchcodec' .*pip install torchcodec"):
+        D.get_decoder("cuda", prefer="torchcodec")
+    with pytest.raises(UsageError, match=r"decoder must be one of nvimgcodec, .* not 'pil'"):
+        D.get_decoder("cuda", prefer="pil")
+    with pytest.raises(UsageError, match=r"decoder 'cpu' decodes on the CPU, not on cuda"):
+        D.get_decoder("cuda", prefer="cpu")
+    _block(monkeypatch, "torchvision.io")
+    with pytest.raises(UsageError, match=r"no JPEG decoder runs on cuda .*imgpack\[gpu\]"):
+        D.get_decoder("cuda")
+
+
+# ---------------------------------------------------------------- ROI-fused crop
+
+
+def test_roi_boxes_follow_torchvisions_get_params():
+    """Per-image sizes in one batch: each size's boxes against torchvision's get_params
+    for that size (KS at alpha 0.001, fixed seeds); a small image's heights by chi-square."""
+    crop = RoiResizedCrop(D.get_decoder("cpu"), 224, flip_p=0)
+    n, shapes = 3000, [(375, 500), (23, 57)]
+    sizes = torch.tensor(shapes * n)
+    boxes, flip = crop.boxes(sizes, torch.Generator().manual_seed(3))
+    assert flip is None and boxes.shape == (2 * n, 4)
+    torch.manual_seed(0)
+    for k, (h, w) in enumerate(shapes):
+        ours = boxes[k::2].double()
+        ref = torch.tensor(
+            [
+                tv.RandomResizedCrop.get_params(torch.empty(1, h, w), (0.08, 1.0), (3 / 4, 4 / 3))
+                for _ in range(n)
+            ]
+        ).double()
+        assert_same_distribution(ours[:, 2] * ours[:, 3], ref[:, 2] * ref[:, 3])
+        assert_same_distribution(ours[:, 3] / ours[:, 2], ref[:, 3] / ref[:, 2])
+        assert_same_distribution(ours[:, 0], ref[:, 0])
+        assert_same_distribution(ours[:, 1], ref[:, 1])
+        if h < 50:
+            assert_same_categories(ours[:, 2].numpy(), ref[:, 2].numpy(), range(1, h + 1))
+
+
+def test_roi_crop_equals_the_loaders_crop(datas):
+    """The same draws as the JPEG-pack loader's crop (JpegCrop), the same pixels as its
+    decode + one batched resize."""
+    dec = D.get_decoder("cpu", threads=0)
+    crop = RoiResizedCrop(dec, 32)
+    out = crop(datas, HW, torch.Generator().manual_seed(7))
+    boxes, flip = crop_for(None, 32, True).boxes(HW, torch.Generator().manual_seed(7))
+    ref = resize_images(decode_batch(datas), (32, 32), boxes=boxes, flip=flip)
+    assert out.shape == (4, 3, 32, 32) and torch.equal(out, ref)
+    assert crop.path == "full+crop" and "path='full+crop'" in repr(crop)
+
+
+def test_roi_crop_through_nvimgcodec_roi_equals_full_decode(datas):
+    dec = _nvimgcodec_cpu()
+    gen = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    roi = RoiResizedCrop(dec, 24)(datas, HW, gen())
+    assert dec.roi_path == "roi"
+    full = RoiResizedCrop(D.get_decoder("cpu"), 24)(datas, HW, gen())
+    assert mad(roi, full) <= 1.0
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_corrupt_bytes_name_the_image(datas):
+    dec = D.get_decoder("cpu")
+    bad = datas[2].clone()
+    bad[2:-2] = 0  # keeps SOI and EOI
+    with pytest.raises(PackFormatError, match=r"image 17: its stored JPEG does not decode"):
+        dec.decode([datas[0], datas[1], bad], indices=[5, 9, 17])
+    with pytest.raises(PackFormatError, match=r"image 2: .* does not decode"):
+        dec.decode_rois([datas[0], datas[1], bad], BOXES[:3], sizes=HW[:3])
+
+
+def test_truncated_and_cut_bytes_name_the_image(datas, tmp_path: Path):
+    dec = D.get_decoder("cpu")
+    cut_short = datas[1][: len(datas[1]) // 2]  # no end marker
+    with pytest.raises(PackFormatError, match="image 1: its stored JPEG is truncated"):
+        dec.decode([datas[0], cut_short])
+    # cut, then closed with an end marker: libjpeg fills the rest grey with a warning only
+    cut = write_cut_jpeg(tmp_path / "cut.jpg").read_bytes()
+    cut_t = torch.frombuffer(bytearray(cut), dtype=torch.uint8)
+    msg = r"image 3: .* does not decode \(its image data stop before its last block\)"
+    with pytest.raises(PackFormatError, match=msg):
+        dec.decode([cut_t], sizes=[[90, 120]], indices=[3])
+    with pytest.raises(PackFormatError, match=msg):  # a box reaching the grey: found too
+        dec.decode_rois([cut_t], torch.tensor([[60, 60, 30, 60]]), indices=[3])
+    assert dec.decode_rois([cut_t], torch.tensor([[0, 0, 10, 10]]))[0].shape == (3, 10, 10)
+    # a 674-byte file whose header claims 65000x1500: refused from its header
+    bomb = torch.frombuffer(
+        bytearray(write_bomb_jpeg(tmp_path / "b.jpg").read_bytes()), dtype=torch.uint8
+    )
+    with pytest.raises(
+        PackFormatError, match=r"image 0: .* decodes to 65000x1500, the pack says 16x16"
+    ):
+        dec.decode([bomb], sizes=[[16, 16]])
+    with pytest.raises(PackFormatError, match=r"image 0: .*premature end of data \(its 65000x1500"):
+        dec.decode([bomb])
+
+
+def test_nvimgcodec_errors_name_the_image(datas, tmp_path: Path):
+    dec = _nvimgcodec_cpu()
+    bad = datas[2].clone()
+    bad[2:-2] = 0
+    with pytest.raises(PackFormatError, match=r"image 17: its stored JPEG does not decode"):
+        dec.decode([datas[0], bad], indices=[5, 17])
+    cut = torch.frombuffer(
+        bytearray(write_cut_jpeg(tmp_path / "c.jpg").read_bytes()), dtype=torch.uint8
+    )
+    with pytest.raises(PackFormatError, match=r"image 0: .*stop before its last block"):
+        dec.decode([cut])
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def _photos(n: int = 16) -> list[torch.Tensor]:
+    import tempfile
+
+    from packer.measure.bench.synth import make_jpeg_tree
+
+    with tempfile.TemporaryDirectory() as d:
+        make_jpeg_tree(Path(d), n, (500, 375), quality=90, threads=2)
+        files = sorted(Path(d).rglob("*.jpg"))
+        return [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
+
+
+def _gpu_decoders() -> list[D.DecoderBase]:
+    out = []
+    for name in D.GPU_CHAIN:
+        try:
+            out.append(D.get_decoder("cuda", prefer=name))
+        except UsageError:
+            continue
+    return out
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_gpu_pixels_against_pillow_and_roi_against_full():
+    datas = _photos()
+    hw = torch.tensor([[375, 500]] * len(datas))
+    ref = [_pillow(d) for d in datas]
+    boxes = RoiResizedCrop(D.get_decoder("cpu"), 224).boxes(hw, torch.Generator().manual_seed(0))[0]
+    for dec in _gpu_decoders():
+        full = dec.decode(datas, sizes=hw)
+        diff = float(np.mean([mad(x.cpu(), y) for x, y in zip(full, ref)]))
+        print(
+            f"{dec.name}: mean |diff| vs Pillow {diff:.3f}/255"
+        )  # torchvision, torchcodec: ~0.244
+        assert diff <= (0.5 if dec.name == "nvimgcodec" else 1.0), dec.name
+        rois = dec.decode_rois(datas, boxes, sizes=hw)
+        crops = D.crop_all(full, boxes.numpy())
+        assert float(np.mean([mad(a, b) for a, b in zip(rois, crops)])) <= 1.0, dec.roi_path
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_gpu_roi_crop_matches_the_loaders_crop():
+    datas = _photos()
+    hw = torch.tensor([[375, 500]] * len(datas))
+    boxes, flip = crop_for(None, 224, True).boxes(hw, torch.Generator().manual_seed(2))
+    ref = resize_images(decode_batch(datas, "cuda"), (224, 224), boxes=boxes, flip=flip)
+    for dec in _gpu_decoders():
+        out = RoiResizedCrop(dec, 224).apply(datas, hw, boxes, flip)
+        assert mad(out, ref) <= 1.0, (dec.name, dec.roi_path)
