@@ -60,7 +60,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--old", type=Path, required=True, help="a folder holding the old packer/")
+    ap.add_argument(
+        "--old",
+        type=Path,
+        required=True,
+        action="append",
+        help="a folder holding an older packer/ (repeat it to bisect several)",
+    )
+    ap.add_argument("--kinds", default="raw,jpeg", help="raw, jpeg or both")
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-ab"))
     ap.add_argument("--images", type=int, default=16384)
     ap.add_argument("--batches", type=int, default=200)
@@ -74,7 +81,7 @@ def main() -> None:
     if not raw.exists():
         make_random_pack(raw, a.images, 224)
     jpeg = a.work / "jpeg"
-    if not jpeg.exists():
+    if not jpeg.exists() and "jpeg" in a.kinds:
         tree = a.work / "tree"
         make_jpeg_tree(tree, a.images // 4, (500, 375), classes=10)
         cmd = [
@@ -92,8 +99,12 @@ def main() -> None:
         subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     res: dict[str, dict[str, list[float]]] = {}
     for _ in range(a.rounds):
-        for kind, path, n in (("raw", raw, a.batches), ("jpeg", jpeg, a.batches // 5)):
-            for name, tree in (("old", a.old.resolve()), ("new", ROOT)):
+        runs = (("raw", raw, a.batches), ("jpeg", jpeg, a.batches // 5))
+        trees = [(o.name if len(a.old) > 1 else "old", o.resolve()) for o in a.old] + [
+            ("new", ROOT)
+        ]
+        for kind, path, n in (r for r in runs if r[0] in a.kinds.split(",")):
+            for name, tree in trees:
                 out = subprocess.run(
                     [sys.executable, "-c", CHILD, str(tree), kind, str(path), str(n)],
                     capture_output=True, text=True, cwd=a.work,  # '' on sys.path: not this repo
@@ -107,11 +118,13 @@ def main() -> None:
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "loader_ab.json").write_text(json.dumps(res, indent=1))
-    print(f"{'stream':26s} {'old img/s':>12s} {'new img/s':>12s} {'new/old':>8s}")
+    print(f"{'stream':26s} {'tree':>12s} {'img/s':>12s} {'new/this':>9s}")
     for kind, d in res.items():
-        o, n = statistics.median(d["old"]), statistics.median(d["new"])
         label = "raw 224², batch 256" if kind == "raw" else "JPEG pack, RRC 224 + flip"
-        print(f"{label:26s} {o:12,.0f} {n:12,.0f} {n / o:8.3f}")
+        n = statistics.median(d["new"])
+        for name, rates in d.items():
+            r = statistics.median(rates)
+            print(f"{label:26s} {name:>12s} {r:12,.0f} {n / r:9.3f}")
 
 
 if __name__ == "__main__":

@@ -270,7 +270,14 @@ def test_gpu_pixels_against_pillow_and_roi_against_full():
         assert diff <= (0.5 if dec.name == "nvimgcodec" else 1.0), dec.name
         rois = dec.decode_rois(datas, boxes, sizes=hw)
         crops = D.crop_all(full, boxes.numpy())
-        assert float(np.mean([mad(a, b) for a, b in zip(rois, crops)])) <= 1.0, dec.roi_path
+        # without fancy upsampling (the only ROI way nvImageCodec 0.9 has on the GPU) the
+        # chroma is upsampled otherwise than in the full decode (libjpeg's way): measured
+        # 1.57/255 mean on an H100, 2026-11-25; after RandomResizedCrop's resize the two
+        # ways agree within 1/255 (test_gpu_roi_crop_matches_the_loaders_crop)
+        limit = 2.0 if dec.roi_path == "roi (no fancy upsampling)" else 1.0
+        roi_diff = float(np.mean([mad(a, b) for a, b in zip(rois, crops)]))
+        print(f"{dec.name}: ROI ({dec.roi_path}) vs full decode then crop {roi_diff:.3f}/255")
+        assert roi_diff <= limit, dec.roi_path
 
 
 @pytest.mark.cuda
