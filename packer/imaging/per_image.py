@@ -13,6 +13,7 @@ importing torchvision or packer.transforms.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,6 +58,11 @@ DETERMINISTIC = frozenset(
 )
 
 # Containers looked into (each element is checked).
+# The global RNGs PerImage seeds are one per process: two loaders' producer threads
+# running PerImage at once would draw from each other's seeds (a resume would then not
+# redraw the same augmentations). One at a time.
+_GLOBAL_RNG = threading.Lock()
+
 _CONTAINERS = frozenset({"Compose"})
 
 # Base classes of user-written torchvision transforms: a subclass of one of these is
@@ -233,17 +239,8 @@ class PerImage(nn.Module):
             raise ValueError(f"images must be a batch Tensor [B, C, H, W], not {shape}")
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         devices = [images.device] if images.device.type == "cuda" else []
-        py_state = random.getstate()
-        try:
-            with torch.random.fork_rng(devices=devices):
-                torch.random.default_generator.manual_seed(seed)
-                if devices:
-                    with torch.cuda.device(images.device):
-                        torch.cuda.manual_seed(seed)
-                random.seed(seed)
-                outs = [self.transform(img) for img in images]
-        finally:
-            random.setstate(py_state)
+        with _GLOBAL_RNG:
+            outs = self._each(images, seed, devices)
         if not outs:
             return images.clone()
         shapes = {tuple(o.shape) for o in outs}
@@ -253,3 +250,16 @@ class PerImage(nn.Module):
                 f"shapes ({sorted(shapes)[:3]}...); a batch needs one (e.g. no expand=True)"
             )
         return torch.stack([torch.as_tensor(o) for o in outs])
+
+    def _each(self, images: torch.Tensor, seed: int, devices: list) -> list:
+        py_state = random.getstate()
+        try:
+            with torch.random.fork_rng(devices=devices):
+                torch.random.default_generator.manual_seed(seed)
+                if devices:
+                    with torch.cuda.device(images.device):
+                        torch.cuda.manual_seed(seed)
+                random.seed(seed)
+                return [self.transform(img) for img in images]
+        finally:
+            random.setstate(py_state)

@@ -178,3 +178,26 @@ def test_every_named_equivalent_exists() -> None:
     assert [t for t in twins if not hasattr(PT, t)] == []
     for make, _, twin in RANDOM:  # the table above agrees with the module's
         assert _OPS[type(make(T2)).__name__][1] == twin
+
+
+def test_per_image_in_two_threads_draws_as_alone() -> None:
+    """Two loaders' producer threads running PerImage at once: each batch's draws are
+    the ones its seed gives alone (the global RNGs it seeds are taken one at a time)."""
+    import threading
+
+    t = PT.PerImage(T2.RandomResizedCrop(8))
+    x = same_images(16)
+    want = {s: t(x, generator=torch.Generator().manual_seed(s)) for s in range(40)}
+    bad = []
+
+    def run(seeds: range) -> None:
+        for s in seeds:
+            if not torch.equal(t(x, generator=torch.Generator().manual_seed(s)), want[s]):
+                bad.append(s)
+
+    threads = [threading.Thread(target=run, args=(range(k, 40, 2),)) for k in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not bad
