@@ -31,7 +31,7 @@ _EXPORTS = {
     "ImagePack": "packer.pack.reader:ImagePack",
     "PackLoader": "packer.loading.loader:PackLoader",
     "PackSampler": "packer.loading.loader:PackSampler",
-    "batch_seed": "packer.loading.loader:batch_seed",
+    "batch_seed": "packer.loading.order:batch_seed",
     "Normalize": "packer.imaging.normalize:Normalize",
     "PackDataset": "packer.loading.dataset:PackDataset",
     "split": "packer.loading.dataset:split",
@@ -48,7 +48,7 @@ _EXPORTS = {
     "show_pack": "packer.measure.show:show_pack",
     "ShowConfig": "packer.measure.show:ShowConfig",
     "ShowResult": "packer.measure.show:ShowResult",
-    "Manifest": "packer.pack.format:Manifest",
+    "Manifest": "packer.pack.schema:Manifest",
     "PackerError": "packer.errors:PackerError",
     "UsageError": "packer.errors:UsageError",
     "InputError": "packer.errors:InputError",
@@ -95,13 +95,14 @@ if TYPE_CHECKING:
     )
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
-    from .loading.loader import PackLoader, PackSampler, batch_seed
+    from .loading.loader import PackLoader, PackSampler
+    from .loading.order import batch_seed
     from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport
     from .measure.verify import verify as verify_pack
-    from .pack.format import Manifest
     from .pack.reader import ImagePack
     from .pack.reader import open_pack as load
+    from .pack.schema import Manifest
 
 
 def __getattr__(name: str) -> Any:

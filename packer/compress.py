@@ -47,7 +47,7 @@ import ffmpeg
 from .build.workdir import default_workers, destination_error
 from .errors import DecodeError, FFmpegError, InputError, UsageError
 from .imaging.decode import DEFAULT_MAX_PIXELS, open_image, open_regular
-from .pack.format import loads_json
+from .pack.files import loads_json
 from .sources.scan import IMAGE_EXTENSIONS, printable, relative, walk_images
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ to run image by image (slow, explicit).
 
 from __future__ import annotations
 
+from .imaging.augmix import AugMix
 from .imaging.color import (
     ColorJitter,
     GaussianBlur,
@@ -37,15 +38,14 @@ from .imaging.erasing import RandomErasing
 from .imaging.geometry import RandomAffine, RandomRotation
 from .imaging.mixing import CutMix, MixUp, RandomChoice
 from .imaging.per_image import PerImage
-from .imaging.policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from .imaging.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from .imaging.resize import MAX_SIDE, resized_crop
 from .imaging.transforms import (
-    MAX_SIDE,
     CenterCrop,
     Compose,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
-    resized_crop,
 )
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import WorkerDiedError
 from ..imaging.decode import ResizeSpec
-from ..pack.format import digest
+from ..pack.writer import digest
 from ..sources.scan import Scan
 from . import workers as build_workers
 from .config import BuildConfig

@@ -1,5 +1,6 @@
 """What a build takes and returns: :class:`BuildConfig`, :class:`BuildResult`, and the
-labelled image list (:class:`_Labels`) fixed before any decoding. Imported by
+labelled image list (:class:`_Labels`) fixed before any decoding. :func:`parse_size` reads
+``--size``'s text; :meth:`BuildConfig.validate` checks its range. Imported by
 :mod:`packer.build.run` and :mod:`packer.build.finalize` (no build work here).
 """
 
@@ -13,8 +14,8 @@ import numpy as np
 
 from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
-from ..sources.labels import check_target_names
 from ..sources.scan import Scan
+from ..sources.tables import check_target_names
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,26 @@ class BuildConfig:
     @property
     def spec(self) -> ResizeSpec:
         return ResizeSpec(self.size[0], self.size[1], self.resize, self.max_pixels)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"224"`` -> (224, 224); ``"320x240"`` -> (320, 240) as (width, height).
+
+    Only the syntax is checked here; the range (1 to 8192 a side) is checked once,
+    by ``BuildConfig.validate``, for the CLI and library callers alike.
+    """
+    t = text.strip().lower()
+    try:
+        if "x" in t:
+            w, h = t.split("x", 1)
+            size = (int(w), int(h))
+        else:
+            size = (int(t), int(t))
+    except ValueError:
+        raise ValueError(
+            f"size must be S or WxH in pixels, like 224 or 320x240, not {text!r}"
+        ) from None
+    return size
 
 
 STORES = ("raw", "jpeg")

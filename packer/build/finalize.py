@@ -20,20 +20,10 @@ import numpy as np
 from .._version import __version__
 from ..errors import NoUsableImagesError
 from ..imaging.decode import ResizeSpec
-from ..pack.format import (
-    DATA_DIR,
-    LABELS_FILE,
-    TARGETS_FILE,
-    BuildInfo,
-    Checksums,
-    Manifest,
-    Skip,
-    digest,
-    image_bytes,
-    read_manifest,
-    write_pack_metadata,
-)
+from ..pack.files import read_manifest
 from ..pack.kinds import Parts, kind_of, write_atomic
+from ..pack.schema import DATA_DIR, LABELS_FILE, TARGETS_FILE, BuildInfo, Checksums, Manifest, Skip
+from ..pack.writer import digest, image_bytes, write_pack_metadata
 from ..sources.scan import Scan
 from .config import GPU_TOLERANCE, BuildConfig, BuildResult, _Labels
 from .workdir import (

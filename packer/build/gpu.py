@@ -5,7 +5,7 @@ Called by :mod:`packer.build.run` in place of its worker pool's decode; everythi
 GPU decoder (:func:`_serve`):
 
     reader threads read each file once and classify it from its header bytes
-    (packer.build.gpu_read, with packer.imaging.decode.plain_jpeg_size: no Pillow)
+    (packer.build.gpu_read, with packer.imaging.jpeg_header.plain_jpeg_size: no Pillow)
       -> the JPEGs the GPU takes: packer.imaging.jpeg.decode_batch (nvjpeg), one batch
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
@@ -39,7 +39,7 @@ import torch
 
 from ..errors import PackerError
 from ..imaging.decode import ResizeSpec
-from ..pack.format import digest, image_bytes
+from ..pack.writer import digest, image_bytes
 from .gpu_read import CpuDecode, GroupRead, group_paths, read_group, submit_cpu
 from .workers import _writeback_fn
 

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..imaging.decode import ResizeSpec, plain_jpeg_size
+from ..imaging.decode import ResizeSpec
+from ..imaging.jpeg_header import plain_jpeg_size
 from ..sources.scan import NotRegularFile, open_fd_if_regular
 
 # the CPU build's decode of some paths, started: its results' getter, per path
@@ -61,7 +62,7 @@ def read_group(
 ) -> GroupRead:
     """In a reader thread: each file read once and classified from those bytes (what
     the GPU decodes is what was classified: no second read, no race). The JPEGs the
-    GPU takes as they are (:func:`packer.imaging.decode.plain_jpeg_size`) go to the decoder;
+    GPU takes as they are (:func:`packer.imaging.jpeg_header.plain_jpeg_size`) go to the decoder;
     the CPU build's decode of the rest (``cpu_decode``: on the CPU workers) starts now,
     so it runs beside the GPU's."""
     gpu: list[int] = []

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..pack.format import FORMAT_VERSION, is_pack
+from ..pack.describe import is_pack
 from ..pack.reader import read_class_map
+from ..pack.schema import FORMAT_VERSION
 from ..sources.classes import apply_class_map, resolve_classes
 from ..sources.labels import apply_table
 from ..sources.scan import Scan, list_images, scan_tree

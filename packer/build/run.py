@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..pack.format import block_rows_for, image_bytes
+from ..pack.writer import block_rows_for, image_bytes
 from .chunks import decode_all, start_pool, stop_pool, store_options
 from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
 from .config import STORES as STORES

@@ -48,16 +48,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import InputError, NoUsableImagesError, PackFormatError, UsageError
-from ..pack.format import (
-    FORMAT_VERSION,
-    MANIFEST,
-    Manifest,
-    Skip,
-    check_files,
-    image_bytes,
-    loads_json,
-    read_manifest,
-)
+from ..pack.files import check_files, loads_json, read_manifest
 from ..pack.index import (
     INDEX,
     OPTION_KEYS,
@@ -71,6 +62,8 @@ from ..pack.index import (
     read_shard_manifest,
     write_index,
 )
+from ..pack.schema import FORMAT_VERSION, MANIFEST, Manifest, Skip
+from ..pack.writer import image_bytes
 from ..sources.scan import Scan
 from .config import BuildConfig, BuildResult, _Labels
 from .finalize import _classes_from
@@ -367,6 +360,15 @@ def build_set(
     return result
 
 
+def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
+    """``plan`` less the images the set at ``dst`` already holds (``--append``)."""
+    seen = _seen(dst, old)
+    keep_rows = [i for i, e in enumerate(plan.scan.entries) if e.rel not in seen]
+    entries = [plan.scan.entries[i] for i in keep_rows]
+    targets = None if plan.targets is None else plan.targets[keep_rows]
+    return replace(plan, scan=replace(plan.scan, entries=entries), targets=targets)
+
+
 def _build_set_locked(
     src: Path,
     dst: Path,
@@ -383,11 +385,7 @@ def _build_set_locked(
     start = 0
     if old is not None:
         _check_append(old, plan, options, dst)
-        seen = _seen(dst, old)
-        keep_rows = [i for i, e in enumerate(plan.scan.entries) if e.rel not in seen]
-        entries = [plan.scan.entries[i] for i in keep_rows]
-        targets = None if plan.targets is None else plan.targets[keep_rows]
-        plan = replace(plan, scan=replace(plan.scan, entries=entries), targets=targets)
+        plan = _only_new(plan, dst, old)
         start = _next_position(old)
     stats = _stats(plan.scan)
     row = image_bytes(config.spec.shape)

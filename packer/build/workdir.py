@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DiskFullError, InputError, PackBusyError
-from ..pack.format import loads_json, write_json_atomic
+from ..pack.files import loads_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 

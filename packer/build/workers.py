@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..imaging.decode import ResizeSpec, decode_into, jpeg_for_pack, load_resized, store_into
-from ..pack.format import digest, image_bytes
+from ..pack.writer import digest, image_bytes
 
 CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
 

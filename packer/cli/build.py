@@ -12,7 +12,7 @@ from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
-    from ..imaging.decode import parse_size
+    from ..build.config import parse_size
 
     try:
         return parse_size(value)

@@ -44,7 +44,7 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
       imgpack info ./tensors --json | jq .class_counts
       imgpack info ./tensors --split 0.9,0.1 --seed 1
     """
-    from ..pack.format import describe
+    from ..pack.describe import describe
     from ..pack.index import is_set
     from ..pack.packset import describe_set
 

@@ -21,7 +21,9 @@ from typing import NamedTuple
 import torch
 
 from . import functional as F
-from .transforms import _check_images, _Transform
+from .params import apply_groups, apply_to
+from .resize import check_images
+from .transforms import _Transform
 
 
 def _probability(p: float) -> float:
@@ -74,8 +76,8 @@ class _RandomApply(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        _check_images(images)
-        return F.apply_to(images, self.sample(images.shape[0], generator), self._apply)
+        check_images(images)
+        return apply_to(images, self.sample(images.shape[0], generator), self._apply)
 
 
 class JitterParams(NamedTuple):
@@ -95,7 +97,7 @@ class ColorJitter(_Transform):
     draws its own factors and its own order of the four adjustments (a uniform
     random permutation). The batch runs in four rounds: in round ``r`` each
     image gets the adjustment its permutation puts at position ``r``, each
-    adjustment once on its group of images (:func:`~packer.imaging.functional.apply_groups`),
+    adjustment once on its group of images (:func:`~packer.imaging.params.apply_groups`),
     so the result equals torchvision's image by image with the same factors and
     order.
     """
@@ -136,7 +138,7 @@ class ColorJitter(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        _check_images(images)
+        check_images(images)
         order, factors = self.sample(images.shape[0], generator)
         ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
         fns = [
@@ -146,7 +148,7 @@ class ColorJitter(_Transform):
         if all(fn is None for fn in fns):
             return images
         for r in range(4):
-            images = F.apply_groups(images, order[:, r], fns, factors)
+            images = apply_groups(images, order[:, r], fns, factors)
         return images
 
 
@@ -205,7 +207,7 @@ class GaussianBlur(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        _check_images(images)
+        check_images(images)
         return F.gaussian_blur(images, self.kernel_size, self.sample(images.shape[0], generator))
 
 

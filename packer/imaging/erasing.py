@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import functional as F
-from .functional import _to
+from .params import constant, send
 from .transforms import _Transform
 
 # Tries per image before giving up, as torchvision.
@@ -162,13 +162,13 @@ class RandomErasing(_Transform):
             kernels = _erase_kernels(images)
             if kernels is not None:
                 v = _values(self.value, images)
-                box = _to(torch.from_numpy(boxes.numpy().astype(np.int32)), images.device)
+                box = send(torch.from_numpy(boxes.numpy().astype(np.int32)), images.device)
                 return kernels.erase(images, box, v, self.inplace)
             if not self.inplace:
                 return F.erase(images, boxes, self.value)
             return F.erase(images, boxes, self.value, inplace=True)
         dev = images.device
-        idx_dev = _to(torch.from_numpy(idx), dev)
+        idx_dev = send(torch.from_numpy(idx), dev)
         sub = images if n == b else images.index_select(0, idx_dev)
         value = self.value if seed is None else _noise(sub, seed)
         out = F.erase(sub, torch.from_numpy(boxes.numpy()[idx]), value)
@@ -198,7 +198,7 @@ def _values(value: float | tuple[float, ...], images: torch.Tensor) -> torch.Ten
             raise ValueError(f"value must lie in [0, 255] for uint8 images, not {value!r}")
         vals = tuple(int(v) for v in vals)
     key = ("erase value", vals, dtype)
-    return F._constant(key, dev, lambda: _to(torch.tensor(vals, dtype=dtype), dev))
+    return constant(key, dev, lambda: send(torch.tensor(vals, dtype=dtype), dev))
 
 
 def _noise(like: torch.Tensor, seed: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Input ``images``: Tensor[B, C, H, W] uint8 in [0, 255] on any device; output
 uint8 of the same shape and device. Parameters follow torchvision's v1
 ``get_params`` (drawn on the CPU from ``generator``, one draw per batch,
-returned by ``sample``); pixels are :func:`packer.imaging.functional.affine`'s:
+returned by ``sample``); pixels are :func:`packer.imaging.warps.affine`'s:
 one batched ``grid_sample`` over per-image inverse matrices built as
 torchvision builds them (same centre, pixel-centre grid, rotation, shear and
 scale order), nearest or bilinear, with ``fill`` for pixels from outside.
@@ -18,8 +18,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import functional as F
-from .transforms import _check_images, _Transform
+from .resize import check_images
+from .transforms import _Transform
+from .warps import affine, interpolation_mode, rotate
 
 
 def _angles(value: float | Sequence[float], name: str, sizes: tuple[int, ...]) -> tuple[float, ...]:
@@ -73,7 +74,7 @@ class RandomRotation(_Transform):
     ) -> None:
         super().__init__()
         self.degrees = _angles(degrees, "degrees", (2,))
-        self.interpolation = F._interpolation(interpolation)
+        self.interpolation = interpolation_mode(interpolation)
         self.fill = _fill(fill)
         self.center = _center(center)
 
@@ -93,9 +94,9 @@ class RandomRotation(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        _check_images(images)
+        check_images(images)
         angle = self.sample(images.shape[0], generator)
-        return F.rotate(images, angle, self.interpolation, self.fill, self.center)
+        return rotate(images, angle, self.interpolation, self.fill, self.center)
 
 
 class AffineParams(NamedTuple):
@@ -144,7 +145,7 @@ class RandomAffine(_Transform):
         self.translate = translate
         self.scale = scale
         self.shear = None if shear is None else _angles(shear, "shear", (2, 4))
-        self.interpolation = F._interpolation(interpolation)
+        self.interpolation = interpolation_mode(interpolation)
         self.fill = _fill(fill)
         self.center = _center(center)
 
@@ -186,10 +187,10 @@ class RandomAffine(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        _check_images(images)
+        check_images(images)
         b, _, h, w = images.shape
         p = self.sample(b, h, w, generator)
-        return F.affine(
+        return affine(
             images,
             p.angle,
             p.translate,

@@ -69,10 +69,10 @@ def import_decoders(device: torch.device) -> None:
     an old loader's finalizer while other threads wait for that lock). Pillow and
     torchvision import parts of themselves on first use, so one tiny JPEG is decoded
     and cropped both CPU ways here, once per process."""
-    from . import transforms
+    from .resize import triton_kernels
 
     if device.type == "cuda":
-        transforms._triton()  # resize_images' kernels
+        triton_kernels()  # resize_images' kernels
     if _WARM:
         return
     import io

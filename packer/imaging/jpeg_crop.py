@@ -11,14 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .resize import check_boxes, resized_crop, triton_kernels
 from .transforms import (
     CenterCrop,
     Compose,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
-    check_boxes,
-    resized_crop,
 )
 
 # eval crop: the centre ``CROP_FRACTION`` of the shorter side, as Resize(S/0.875) +
@@ -173,9 +172,7 @@ def resize_images(
 
 
 def _ragged_kernels(device: torch.device):  # -> module | None
-    from .transforms import _triton
-
-    return _triton() if device.type == "cuda" else None
+    return triton_kernels() if device.type == "cuda" else None
 
 
 class JpegCrop:

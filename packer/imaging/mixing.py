@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .functional import _to
+from .params import send
 
 _MODES = ("batch", "elem")
 
@@ -172,10 +172,10 @@ class MixUp(_Mixer):
         if self.mode == "batch":
             lam_img = lam_lab = float(lam_cpu[0])
         else:
-            lam_dev = _to(lam_cpu, images.device)
+            lam_dev = send(lam_cpu, images.device)
             lam_img = lam_dev.to(x.dtype)[:, None, None, None]
             if soft.device != images.device:
-                lam_dev = _to(lam_cpu, soft.device)
+                lam_dev = send(lam_cpu, soft.device)
             lam_lab = lam_dev.to(soft.dtype)[:, None]
         kernels = _mix_kernels(x) if self.mode == "batch" else None
         if kernels is not None:  # one pass instead of four, the same bits
@@ -248,7 +248,7 @@ class CutMix(_Mixer):
             return out, self._mix_labels(soft, float(draw.lam_adjusted[0]))
         # One transfer: the boxes and the label weights, as float64 (exact for ints).
         params = torch.cat([draw.boxes.double(), draw.lam_adjusted[:, None]], 1)
-        params = _to(params, images.device)
+        params = send(params, images.device)
         box = params[:, :4].long()
         dev = images.device
         ys = torch.arange(h, device=dev)
@@ -257,7 +257,7 @@ class CutMix(_Mixer):
             (xs >= box[:, 0, None]) & (xs < box[:, 2, None])
         )[:, None, None, :]
         out = torch.where(inside, images.roll(1, 0), images)
-        lam = params[:, 4:] if soft.device == dev else _to(draw.lam_adjusted[:, None], soft.device)
+        lam = params[:, 4:] if soft.device == dev else send(draw.lam_adjusted[:, None], soft.device)
         return out, self._mix_labels(soft, lam.to(soft.dtype))
 
 

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 if __package__:
-    from .resize import MAX_SIDE as MAX_SIDE  # re-exported: packer.transforms
     from .resize import (
         Size,
         check_images,
@@ -40,7 +39,6 @@ if __package__:
         to_device,
         triton_kernels,
     )
-    from .resize import check_boxes as check_boxes  # re-exported: packer.imaging.jpeg
 else:  # imported standalone, beside resize.py
     from resize import (  # type: ignore[no-redef]
         Size,
@@ -52,10 +50,6 @@ else:  # imported standalone, beside resize.py
         to_device,
         triton_kernels,
     )
-
-# The names the other imaging modules (and packer.loading.producer) import from here;
-# their owners move them to resize's public names.
-_check_images, _to, _triton = check_images, to_device, triton_kernels
 
 # Tries before RandomResizedCrop falls back to a centre crop, as torchvision.
 _TRIES = 10

@@ -73,7 +73,7 @@ class JpegDecode(_Pass):
         state the rest of the transform continues from, depend on the seed alone.
         """
         from ..imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
-        from ..imaging.transforms import _to
+        from ..imaging.resize import to_device
 
         pack, crop, on_cpu = self.jpeg  # type: ignore[misc]
         dev = self.device
@@ -127,9 +127,9 @@ class JpegDecode(_Pass):
                     if self.targets is not None:
                         targets = torch.from_numpy(np.take(self.targets, idx, 0))
                     if cuda:
-                        labels = _to(labels, dev)
+                        labels = to_device(labels, dev)
                         if targets is not None:
-                            targets = _to(targets, dev)
+                            targets = to_device(targets, dev)
                     if getattr(crop.rest, "mixes_labels", False):
                         images, labels = _mix(crop.rest, images, labels, self.gen)
                     else:

@@ -103,7 +103,7 @@ def _size_arg(name: str, value: Any) -> tuple[int, int]:
     """An image size: an int S (S x S) or a pair (height, width) of ints, each 1 to
     ``transforms.MAX_SIDE``, as (height, width); UsageError naming ``name`` for anything
     else (a float, a bool, a string, another length), never cast."""
-    from ..imaging.transforms import MAX_SIDE
+    from ..imaging.resize import MAX_SIDE
 
     if isinstance(value, (tuple, list)) and len(value) == 2:
         h, w = (_int_arg(f"{name}[{i}]", v, 1, MAX_SIDE + 1) for i, v in enumerate(value))

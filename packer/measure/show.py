@@ -159,7 +159,7 @@ def _load(pack: Any, rows: list[int]) -> list[torch.Tensor]:
 
 def _square(images: list[torch.Tensor], size: int) -> torch.Tensor:
     """Each image's centre square, resized to ``size``: one uint8 [n, 3, size, size] batch."""
-    from ..imaging.transforms import resized_crop
+    from ..imaging.resize import resized_crop
 
     out = []
     for img in images:

@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PackerError, UsageError
-from ..pack.format import MANIFEST, Layout, Manifest, check_files, digest, read_manifest
+from ..pack.files import check_files, read_manifest
 from ..pack.kinds import kind_of
+from ..pack.schema import MANIFEST, Layout, Manifest
+from ..pack.writer import digest
 from ..sources.scan import OUTSIDE, source_image
 from .timing import check_device_name, each_pass, resolve_device, sync, time_loader
 
@@ -287,7 +289,8 @@ def measure(
 ) -> None:
     from PIL.Image import DecompressionBombError
 
-    from ..loading.loader import Normalize, PackLoader
+    from ..imaging.normalize import Normalize
+    from ..loading.loader import PackLoader
     from . import baseline
 
     log.info("timing the pack through PackLoader on %s", device)

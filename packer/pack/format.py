@@ -1,4 +1,4 @@
-"""The pack on disk: its layout, manifest schema and format version, in one place.
+"""The pack on disk: its layout, and the one documented import path of its schema and version.
 
 A pack is a directory::
 
@@ -29,7 +29,9 @@ The manifest is read only through :meth:`Manifest.from_json` and written only
 through :meth:`Manifest.to_json` (by :func:`write_pack_metadata`); a new field
 is added there, with its default, and nowhere else.
 
-This module is the format's one import path; the code lives beside it:
+This module is the format's documented import path (the docs, tests, benchmarks and
+scripts outside the package use it); the code lives beside it, and packer's own modules
+import each name from its defining module:
 :mod:`~packer.pack.schema` (constants, :class:`Manifest`), :mod:`~packer.pack.parse`
 (the manifest's checks, label dtypes), :mod:`~packer.pack.files` (JSON and bounded
 reads, :func:`read_manifest`, :func:`check_files`), :mod:`~packer.pack.writer`

@@ -33,18 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackFormatError
-from .format import (
-    MANIFEST,
-    MAX_COUNT,
-    STORAGE_KINDS,
-    JSONNestingError,
-    Manifest,
-    Skip,
-    loads_json,
-    manifest_limit,
-    read_bounded,
-    write_json_atomic,
-)
+from .files import JSONNestingError, loads_json, manifest_limit, read_bounded, write_json_atomic
+from .schema import MANIFEST, MAX_COUNT, STORAGE_KINDS, Manifest, Skip
 
 INDEX = "imgpack-set.json"
 SET_FORMAT = "imgpack-set"
@@ -141,6 +131,33 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _parse_shard(k: int, s: Any) -> ShardEntry:
+    """Entry ``k`` of the index's ``shards`` list, checked."""
+    _want(
+        isinstance(s, dict) and set(s) == {"name", "count", "bytes", "sha256"},
+        f"shard {k}: must be {{name, count, bytes, sha256}}",
+    )
+    name = s["name"]
+    _want(
+        isinstance(name, str) and SHARD_NAME.fullmatch(name) is not None,
+        f"shard {k}: name {name!r} is not a plain folder name of the set (no '/', "
+        "'..' or absolute path); refusing the set",
+    )
+    _want(
+        _is_int(s["count"]) and 1 <= s["count"] <= MAX_COUNT,
+        f"shard {name!r}: count {s['count']!r} is not a positive count",
+    )
+    _want(
+        _is_int(s["bytes"]) and 0 <= s["bytes"] <= 1 << 56,
+        f"shard {name!r}: bytes {s['bytes']!r} is not a byte count",
+    )
+    _want(
+        isinstance(s["sha256"], str) and _HEX64.fullmatch(s["sha256"]) is not None,
+        f"shard {name!r}: sha256 is not a SHA-256 hex digest",
+    )
+    return ShardEntry(name, s["count"], s["bytes"], s["sha256"])
+
+
 def _parse(m: Any) -> SetIndex:
     _want(isinstance(m, dict) and m.get("format") == SET_FORMAT, "not an imgpack set index")
     version = m.get("version")
@@ -195,31 +212,7 @@ def _parse(m: Any) -> SetIndex:
     _want(_is_int(shard_size) and shard_size > 0, "field 'shard_size' must be a positive integer")
     raw_shards = m.get("shards")
     _want(isinstance(raw_shards, list) and raw_shards, "field 'shards' must list the shards")
-    shards = []
-    for k, s in enumerate(raw_shards):
-        _want(
-            isinstance(s, dict) and set(s) == {"name", "count", "bytes", "sha256"},
-            f"shard {k}: must be {{name, count, bytes, sha256}}",
-        )
-        name = s["name"]
-        _want(
-            isinstance(name, str) and SHARD_NAME.fullmatch(name) is not None,
-            f"shard {k}: name {name!r} is not a plain folder name of the set (no '/', "
-            "'..' or absolute path); refusing the set",
-        )
-        _want(
-            _is_int(s["count"]) and 1 <= s["count"] <= MAX_COUNT,
-            f"shard {name!r}: count {s['count']!r} is not a positive count",
-        )
-        _want(
-            _is_int(s["bytes"]) and 0 <= s["bytes"] <= 1 << 56,
-            f"shard {name!r}: bytes {s['bytes']!r} is not a byte count",
-        )
-        _want(
-            isinstance(s["sha256"], str) and _HEX64.fullmatch(s["sha256"]) is not None,
-            f"shard {name!r}: sha256 is not a SHA-256 hex digest",
-        )
-        shards.append(ShardEntry(name, s["count"], s["bytes"], s["sha256"]))
+    shards = [_parse_shard(k, s) for k, s in enumerate(raw_shards)]
     names = [s.name for s in shards]
     dup = next((x for x in names if names.count(x) > 1), None)
     _want(dup is None, f"shard {dup!r} is listed twice")

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from .format import check_files, pack_bytes
+from .describe import pack_bytes
+from .files import check_files
 from .index import SetIndex, read_index, read_shard_manifest, shard_root
 from .reader import ImagePack, JpegPack, open_pack
 

@@ -12,16 +12,10 @@ import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
-from .format import (
-    DATA_DIR,
-    MANIFEST,
-    Manifest,
-    check_data_meta,
-    check_files,
-    check_tensordict_meta,
-    read_manifest,
-)
+from .files import check_files, check_tensordict_meta, read_manifest
 from .index import is_set
+from .schema import DATA_DIR, MANIFEST, Manifest
+from .writer import check_data_meta
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
@@ -39,7 +33,7 @@ class ImagePack:
     Attributes of a pack from :func:`packer.load` (not carried by slices):
       classes: list[str], class_to_idx: dict[str, int] (name -> label index),
       target_names: list[str] (``[]`` without targets), sources: list[str] (relative
-      source path of each image), manifest: :class:`packer.pack.format.Manifest`, path: Path.
+      source path of each image), manifest: :class:`packer.pack.schema.Manifest`, path: Path.
 
     ``ImagePack.load_memmap(path)`` and ``ImagePack.load(path)`` are
     :func:`packer.load`: tensordict's own loader would unpickle files planted in
@@ -343,7 +337,7 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
     (``--classes FILE|PACK``).
 
     ``source`` is a text file with one class name per line
-    (:func:`packer.sources.labels.read_class_file`), or a pack directory (or its
+    (:func:`packer.sources.classes.read_class_file`), or a pack directory (or its
     ``imgpack.json``) whose manifest's ``classes`` is reused. Only the manifest's JSON
     is read: nothing of the pack is unpickled or imported. Raises :class:`InputError`
     naming the file and the problem.
@@ -353,13 +347,13 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
         return _pack_classes(path)
     if path.name == MANIFEST and path.exists():
         return _pack_classes(path.parent)
-    from ..sources.labels import read_class_file  # the CSV/text reader, only when asked
+    from ..sources.classes import read_class_file  # the CSV/text reader, only when asked
 
     return read_class_file(path)
 
 
 def _pack_classes(root: Path) -> list[str]:
-    from ..sources.labels import control_char
+    from ..sources.common import control_char
 
     manifest = root / MANIFEST
     if not manifest.is_file():

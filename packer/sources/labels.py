@@ -21,16 +21,16 @@ skips with a reason (the first :data:`MAX_MISSING_LISTED`; the rest are counted)
 name no class: without a map, the classes are those of the rows that matched an
 image. Images with no row are ignored and counted.
 
-Manifest fields (the schema is :mod:`packer.pack.format`'s: :class:`~packer.pack.format.Manifest`
-writes them for every pack and checks them on load; :func:`~packer.pack.format.label_fields`
-and :func:`~packer.pack.format.check_label_fields` are the same rules on plain arrays
+Manifest fields (the schema is :mod:`packer.pack.schema`'s: :class:`~packer.pack.schema.Manifest`
+writes them for every pack and checks them on load; :func:`~packer.pack.parse.label_fields`
+and :func:`~packer.pack.parse.check_label_fields` are the same rules on plain arrays
 and dicts)::
 
     "label_dtype": "int64",
     "label_shape": [N],
     "targets": {"names": ["col1", ...], "dtype": "float32", "shape": [N, K]}   # only with targets
 
-Anything else is refused, never cast (:func:`~packer.pack.format.check_label_arrays`).
+Anything else is refused, never cast (:func:`~packer.pack.parse.check_label_arrays`).
 
 How :func:`packer.build.run.build` uses these modules (:func:`packer.build.plan.plan_labels`):
 without a table, ``scan_tree`` then :func:`~packer.sources.classes.resolve_classes` and
@@ -54,15 +54,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-
-# read_class_file, control_char and check_target_names are re-exported: packer.pack.reader
-# and packer.build.config still import them from here
-from .classes import read_class_file as read_class_file
 from .common import UNLABELED, match_key
-from .common import control_char as control_char
 from .scan import IMAGE_EXTENSIONS, Entry, is_image_name, list_images
 from .tables import LabelTable
-from .tables import check_target_names as check_target_names
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ class LabelTable:
 
     def __post_init__(self) -> None:
         # read_table makes these arrays; the pack format's rule
-        # (packer.pack.format.check_label_arrays) checks them again where a pack is written
+        # (packer.pack.parse.check_label_arrays) checks them again where a pack is written
         for what, a, want in (
             ("labels", self.labels, np.int64),
             ("targets", self.targets, np.float32),

@@ -16,17 +16,19 @@ sys.path.insert(0, "tests/imaging")
 from test_policies import photo_like
 import packer.imaging.aug_triton as K
 import packer.imaging.policies as P
+import packer.imaging.policy_apply as PA
+from packer.imaging.augmix import AugMix
 from packer.imaging.mixing import MixUp
-from packer.imaging.policies import PolicyDraw
+from packer.imaging.policy_ops import PolicyDraw
 
 K.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python
 K.STATS_BLOCK = 128  # several blocks per channel, a ragged last one
 
 
 def both(fn):
-    P._BACKEND = "torch"
+    PA._BACKEND = "torch"
     ref = fn()
-    P._BACKEND = "triton"
+    PA._BACKEND = "triton"
     return fn(), ref
 
 
@@ -51,7 +53,7 @@ for i, (k, m) in enumerate(cases):
 runs = [
     (P.TrivialAugmentWide(interpolation="bilinear", fill=[10, 200, 30]), 0),
     (P.RandAugment(num_ops=2, magnitude=13, fill=7), 2),
-    (P.AugMix(mixture_width=2, chain_depth=2), 4),
+    (AugMix(mixture_width=2, chain_depth=2), 4),
 ]
 for policy, seed in runs:
     x = photo_like(12, 14, 18, seed=seed)

@@ -16,7 +16,6 @@ from packer.imaging.decode import (
     jpeg_for_pack,
     load_resized,
     open_image,
-    parse_size,
 )
 
 
@@ -159,29 +158,6 @@ def test_decompression_bomb_refused_before_decoding(tmp_path: Path) -> None:
     p = write_image(tmp_path / "big.png", (300, 300))
     with pytest.raises(DecodeError, match="above the limit"):
         decode(str(p), ResizeSpec(8, 8, max_pixels=10_000))
-
-
-@pytest.mark.parametrize(
-    "text, want", [("224", (224, 224)), ("320x240", (320, 240)), (" 64X32 ", (64, 32))]
-)
-def test_parse_size(text: str, want: tuple[int, int]) -> None:
-    assert parse_size(text) == want
-
-
-@pytest.mark.parametrize("text", ["abc", "10x", "x10", "1.5", ""])
-def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="size must be S or WxH"):
-        parse_size(text)
-
-
-@pytest.mark.parametrize("text", ["0", "9000", "-5", "224x0"])
-def test_size_range_checked_once_by_the_build_config(text: str) -> None:
-    from packer.build.run import BuildConfig
-    from packer.errors import UsageError
-
-    size = parse_size(text)  # the syntax is fine; the range is the config's to check
-    with pytest.raises(UsageError, match="out of range: each side must be 1 to 8192 pixels"):
-        BuildConfig(size=size).validate()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ from torchvision.transforms.v2 import functional as TF
 
 from conftest import subprocess_env
 from packer.imaging import functional as F
+from packer.imaging import params as PR
+from packer.imaging import warps as W
 
 B = 6
 FACTORS = torch.tensor([0.0, 0.3, 0.9, 1.0, 1.5, 2.0], dtype=torch.float64)
@@ -144,7 +146,7 @@ def test_gaussian_blur_per_axis_sigmas(images: torch.Tensor) -> None:
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 @pytest.mark.parametrize("fill", [None, 0, (10, 200, 30)])
 def test_affine_matches_torchvision(images: torch.Tensor, mode: str, fill) -> None:
-    ours = F.affine(images, ANGLES, TRANSLATES, SCALES, SHEARS, mode, fill)
+    ours = W.affine(images, ANGLES, TRANSLATES, SCALES, SHEARS, mode, fill)
     tv_fill = list(fill) if isinstance(fill, tuple) else fill
 
     def ref(i, a, t, s, sh):
@@ -157,7 +159,7 @@ def test_affine_matches_torchvision(images: torch.Tensor, mode: str, fill) -> No
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 @pytest.mark.parametrize("fill", [None, 0, (10, 200, 30)])
 def test_rotate_matches_torchvision(images: torch.Tensor, mode: str, fill) -> None:
-    ours = F.rotate(images, ANGLES, mode, fill)
+    ours = W.rotate(images, ANGLES, mode, fill)
     tv_fill = list(fill) if isinstance(fill, tuple) else fill
     ref = per_image(lambda i, a: TF.rotate(i, float(a), _mode(mode), fill=tv_fill), images, ANGLES)
     assert mad(ours, ref) < 0.05  # measured: 0
@@ -166,7 +168,7 @@ def test_rotate_matches_torchvision(images: torch.Tensor, mode: str, fill) -> No
 def test_affine_about_a_corner_as_trivial_augment_shears(images: torch.Tensor) -> None:
     # TrivialAugmentWide's ShearX: shear about (0, 0), fill None.
     shear = SHEARS[:, 0]
-    ours = F.affine(images, 0.0, 0.0, 1.0, shear, "nearest", None, center=(0, 0))
+    ours = W.affine(images, 0.0, 0.0, 1.0, shear, "nearest", None, center=(0, 0))
     ref = per_image(
         lambda i, s: TF.affine(i, 0.0, [0, 0], 1.0, [float(s), 0.0], center=[0, 0]), images, shear
     )
@@ -175,10 +177,10 @@ def test_affine_about_a_corner_as_trivial_augment_shears(images: torch.Tensor) -
 
 def test_affine_geometry_exact_cases() -> None:
     x = photo_like(2, 24, 24)
-    assert torch.equal(F.affine(x, 0.0), x)  # the identity is exact
-    assert torch.equal(F.rotate(x, 90.0), torch.rot90(x, 1, (-2, -1)))  # counter-clockwise
-    assert torch.equal(F.rotate(x, 180.0, "bilinear"), torch.rot90(x, 2, (-2, -1)))
-    moved = F.affine(x, 0.0, (3, -2), fill=(1, 2, 3))
+    assert torch.equal(W.affine(x, 0.0), x)  # the identity is exact
+    assert torch.equal(W.rotate(x, 90.0), torch.rot90(x, 1, (-2, -1)))  # counter-clockwise
+    assert torch.equal(W.rotate(x, 180.0, "bilinear"), torch.rot90(x, 2, (-2, -1)))
+    moved = W.affine(x, 0.0, (3, -2), fill=(1, 2, 3))
     assert torch.equal(moved[..., :22, 3:], x[..., 2:, :21])  # content moves right 3, up 2
     assert torch.equal(moved[:, :, 0, 0], torch.tensor([[1, 2, 3]] * 2, dtype=torch.uint8))
 
@@ -215,14 +217,14 @@ def test_apply_to_runs_only_on_the_chosen_images(images: torch.Tensor) -> None:
         return F.adjust_brightness(x, f)
 
     mask = torch.tensor([True, False, True, False, False, True])
-    out = F.apply_to(images, mask, fn, FACTORS)
+    out = PR.apply_to(images, mask, fn, FACTORS)
     assert calls == [3]
     full = F.adjust_brightness(images, FACTORS)
     assert torch.equal(out[mask], full[mask]) and torch.equal(out[~mask], images[~mask])
-    assert F.apply_to(images, torch.zeros(B, dtype=torch.bool), fn, FACTORS) is images
-    assert torch.equal(F.apply_to(images, torch.ones(B, dtype=torch.bool), fn, FACTORS), full)
+    assert PR.apply_to(images, torch.zeros(B, dtype=torch.bool), fn, FACTORS) is images
+    assert torch.equal(PR.apply_to(images, torch.ones(B, dtype=torch.bool), fn, FACTORS), full)
     assert calls == [3, B]
-    assert torch.equal(F.where(mask, full, images), out)
+    assert torch.equal(PR.where(mask, full, images), out)
 
 
 def test_apply_groups_gives_each_image_its_groups_op(images: torch.Tensor) -> None:
@@ -232,13 +234,13 @@ def test_apply_groups_gives_each_image_its_groups_op(images: torch.Tensor) -> No
         None,
         lambda x, f: F.adjust_contrast(x, f),
     ]
-    out = F.apply_groups(images, group, fns, FACTORS)
+    out = PR.apply_groups(images, group, fns, FACTORS)
     assert torch.equal(out[[1, 4, 5]], F.adjust_brightness(images, FACTORS)[[1, 4, 5]])
     assert torch.equal(out[2], images[2])
     assert torch.equal(out[[0, 3]], F.adjust_contrast(images, FACTORS)[[0, 3]])
-    assert F.apply_groups(images, torch.ones(B, dtype=torch.int64), fns, FACTORS) is images
+    assert PR.apply_groups(images, torch.ones(B, dtype=torch.int64), fns, FACTORS) is images
     with pytest.raises(ValueError, match=r"group values must lie in \[0, 3\)"):
-        F.apply_groups(images, torch.full((B,), 3), fns, FACTORS)
+        PR.apply_groups(images, torch.full((B,), 3), fns, FACTORS)
 
 
 # ---------------------------------------------------------------- bad arguments
@@ -255,9 +257,9 @@ def test_apply_groups_gives_each_image_its_groups_op(images: torch.Tensor) -> No
         (lambda x: F.gaussian_blur(x, 4, 1.0), "kernel_size must be odd"),
         (lambda x: F.gaussian_blur(x, 3, 0.0), "sigma must be positive"),
         (lambda x: F.gaussian_blur(x, 65, 1.0), "too large"),
-        (lambda x: F.affine(x, 0.0, interpolation="bicubic"), "interpolation must be"),
-        (lambda x: F.affine(x, 0.0, scale=0.0), "scale must be positive"),
-        (lambda x: F.affine(x, 0.0, fill=(1, 2)), "fill must be a number, 3 numbers"),
+        (lambda x: W.affine(x, 0.0, interpolation="bicubic"), "interpolation must be"),
+        (lambda x: W.affine(x, 0.0, scale=0.0), "scale must be positive"),
+        (lambda x: W.affine(x, 0.0, fill=(1, 2)), "fill must be a number, 3 numbers"),
         (lambda x: F.erase(x, torch.zeros(6, 4, dtype=torch.int64), (1, 2)), "value must be"),
         (lambda x: F.rgb_to_grayscale(x, 2), "num_output_channels must be 1 or 3"),
         (lambda x: F.adjust_contrast(x[:, :2], 1.0), "takes 1 or 3 channels"),
@@ -277,12 +279,12 @@ def _all_ops(x: torch.Tensor) -> dict[str, torch.Tensor]:
     out["blur"] = F.gaussian_blur(x, (5, 3), SIGMAS)
     for mode in ("nearest", "bilinear"):
         for fill in (None, (10, 200, 30)):
-            out[f"affine {mode} {fill}"] = F.affine(
+            out[f"affine {mode} {fill}"] = W.affine(
                 x, ANGLES, TRANSLATES, SCALES, SHEARS, mode, fill
             )
-    out["rotate"] = F.rotate(x, ANGLES, "bilinear", 0)
+    out["rotate"] = W.rotate(x, ANGLES, "bilinear", 0)
     out["erase"] = F.erase(x, torch.tensor([[1, 2, 5, 6]] * B), (1, 2, 3))
-    out["apply_to"] = F.apply_to(x, torch.tensor([True, False] * 3), F.invert)
+    out["apply_to"] = PR.apply_to(x, torch.tensor([True, False] * 3), F.invert)
     return out
 
 
@@ -309,8 +311,8 @@ def test_cuda_ops_never_make_the_host_wait(images: torch.Tensor) -> None:
     try:
         _all_ops(x)
         F.adjust_brightness(x, on_device)  # device parameters too
-        F.affine(x, on_device, 0.0, 1.0, 0.0, "bilinear", 0)
-        F.apply_to(x, on_device > 1, F.invert)
+        W.affine(x, on_device, 0.0, 1.0, 0.0, "bilinear", 0)
+        PR.apply_to(x, on_device > 1, F.invert)
     finally:
         torch.cuda.set_sync_debug_mode(0)
 
@@ -324,8 +326,8 @@ def test_affine_matrix_is_the_same_from_numpy_and_from_tensors() -> None:
         SHEARS.numpy(),
         TRANSLATES.numpy(),
     )
-    from_numpy = F.affine_matrix(*params)
-    from_torch = F.affine_matrix(*map(torch.from_numpy, params))
+    from_numpy = W.affine_matrix(*params)
+    from_torch = W.affine_matrix(*map(torch.from_numpy, params))
     assert isinstance(from_numpy, np.ndarray) and from_numpy.shape == (B, 2, 3)
     assert np.allclose(from_numpy, from_torch.numpy(), rtol=0, atol=1e-12)
 

@@ -1,4 +1,4 @@
-"""packer.imaging.decode.plain_jpeg_size: which files the GPU build decodes on the GPU, read from
+"""packer.imaging.jpeg_header.plain_jpeg_size: which files the GPU build decodes on the GPU, read from
 the header bytes alone, against what Pillow says of the same bytes."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.imaging.decode import open_image, plain_jpeg_size
+from packer.imaging.decode import open_image
+from packer.imaging.jpeg_header import plain_jpeg_size
 
 BIG = 10**9
 

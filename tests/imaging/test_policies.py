@@ -14,8 +14,9 @@ from torchvision.transforms import v2
 
 import packer.transforms as T
 from packer.imaging import functional as F
+from packer.imaging import warps
+from packer.imaging.augmix import AugMix
 from packer.imaging.policies import (
-    AugMix,
     AutoAugment,
     PolicyDraw,
     RandAugment,
@@ -307,7 +308,7 @@ def test_augmix_pixels_match_torchvision_for_the_same_draws() -> None:
 # ---------------------------------------------------------------- batching and seeds
 
 _COUNTED = (
-    "_warp",
+    "warp",
     "adjust_brightness",
     "adjust_saturation",
     "adjust_contrast",
@@ -324,13 +325,14 @@ _COUNTED = (
 def test_a_batch_costs_one_call_per_op_present(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
     for fn in _COUNTED:
-        orig = getattr(F, fn)
+        module = warps if fn == "warp" else F
+        orig = getattr(module, fn)
 
         def counted(img, *a, _orig=orig, _fn=fn, **kw):
             calls.append((_fn, img.shape[0]))
             return _orig(img, *a, **kw)
 
-        monkeypatch.setattr(F, fn, counted)
+        monkeypatch.setattr(module, fn, counted)
     ours_cls, _, kw = POLICIES[name]
     policy = ours_cls(**kw)
     b = 256
@@ -351,7 +353,7 @@ def test_a_batch_costs_one_call_per_op_present(name: str, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_fused_table_rows_looked_up_equal_the_computed_ones(name: str) -> None:
-    from packer.imaging.policies import _fused_table
+    from packer.imaging.policy_apply import fused_table
 
     ours_cls, _, kw = POLICIES[name]
     policy = ours_cls(**kw, fill=3)
@@ -359,7 +361,7 @@ def test_fused_table_rows_looked_up_equal_the_computed_ones(name: str) -> None:
         draw = policy.sample(300, torch.Generator().manual_seed(5), size=(h, w))
         chains = draw.chains if name == "augmix" else draw
         op, mag = chains.op.numpy(), chains.magnitude.numpy()
-        table, live, lut = _fused_table(policy._plan, op, mag, h, w, c)
+        table, live, lut = fused_table(policy._plan, op, mag, h, w, c)
         neg = (chains.sign.numpy() < 0).astype(np.int64)
         rows = policy._rows(h, w, c)[op, chains.bin.numpy(), neg]
         assert np.array_equal(rows.transpose(1, 0, 2), table)

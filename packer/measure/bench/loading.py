@@ -59,7 +59,8 @@ def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str,
     """Originals, their compressed copy (if ffmpeg works) and a pack; returns their paths."""
     from ...build.run import BuildConfig, build
     from ...compress import CompressConfig, compress
-    from ...pack.format import pack_bytes, read_manifest
+    from ...pack.describe import pack_bytes
+    from ...pack.files import read_manifest
     from .synth import make_jpeg_tree
 
     g = cfg.grid
@@ -169,7 +170,8 @@ def _ways(
     """Each way of loading, made when it is its turn (one at a time holds workers or
     pinned memory). Batches end on ``device`` as normalized floats: folder loaders
     normalize in their workers, as people write them; the pack on arrival."""
-    from ...loading.loader import Normalize, PackLoader
+    from ...imaging.normalize import Normalize
+    from ...loading.loader import PackLoader
     from ...pack.reader import open_pack
     from ..baseline import image_folder, pack_files
 

@@ -41,7 +41,7 @@ def check_out_folder(out: Path) -> None:
 def write_results(r: dict[str, Any], out: Path) -> list[Path]:
     """Write the plots, ``results.md`` and ``results.json`` of a result (its
     ``to_json()``) into the folder ``out`` (made if needed), each file whole or absent."""
-    from ...pack.format import write_json_atomic
+    from ...pack.files import write_json_atomic
     from .plots import plot_bench
 
     out.mkdir(parents=True, exist_ok=True)

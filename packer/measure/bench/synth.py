@@ -85,7 +85,9 @@ def make_random_pack(path: Path, n: int, side: int, classes: int = 10) -> Path:
     so it verifies like a built pack. Replaces a pack at ``path``."""
     import shutil
 
-    from ...pack.format import BuildInfo, Checksums, Manifest, is_pack, write_pack
+    from ...pack.describe import is_pack
+    from ...pack.schema import BuildInfo, Checksums, Manifest
+    from ...pack.writer import write_pack
 
     if is_pack(path):
         shutil.rmtree(path)
