@@ -38,10 +38,9 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jpeg import cpu_ceiling as rrc_ceiling
-
 from _out import dump, machine
 from build import ceiling as resize_ceiling
+from jpeg import cpu_ceiling as rrc_ceiling
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
 from packer.imaging.roi_crop import RoiResizedCrop

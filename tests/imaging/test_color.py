@@ -12,6 +12,10 @@ import itertools
 
 import pytest
 import torch
+from torchvision import transforms as tv
+from torchvision.transforms.v2 import functional as TF
+
+import packer.transforms as T
 from aug_checks import (
     assert_same_categories,
     assert_same_distribution,
@@ -20,10 +24,6 @@ from aug_checks import (
     needs_cuda,
     photo_like,
 )
-from torchvision import transforms as tv
-from torchvision.transforms.v2 import functional as TF
-
-import packer.transforms as T
 
 N = 3000
 

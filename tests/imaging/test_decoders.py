@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as tv
-from aug_checks import assert_same_categories, assert_same_distribution, mad, needs_cuda
 from PIL import Image
 
+from aug_checks import assert_same_categories, assert_same_distribution, mad, needs_cuda
 from conftest import write_bomb_jpeg, write_cut_jpeg
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchvision import transforms as tv
+from torchvision.transforms.v2 import functional as TF
+
+import packer.transforms as T
 from aug_checks import (
     assert_same_distribution,
     assert_same_rate,
     needs_cuda,
     photo_like,
 )
-from torchvision import transforms as tv
-from torchvision.transforms.v2 import functional as TF
-
-import packer.transforms as T
 
 N = 2000
 

@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from aug_checks import mad, needs_cuda, per_image, photo_like
 from torchvision.transforms.v2 import functional as TF
 
+from aug_checks import mad, needs_cuda, per_image, photo_like
 from conftest import subprocess_env
 from packer.imaging import functional as F
 from packer.imaging import params as PR

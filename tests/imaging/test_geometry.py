@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchvision import transforms as tv
+from torchvision.transforms.v2 import functional as TF
+
+import packer.transforms as T
 from aug_checks import (
     assert_same_categories,
     assert_same_distribution,
@@ -18,10 +22,6 @@ from aug_checks import (
     needs_cuda,
     photo_like,
 )
-from torchvision import transforms as tv
-from torchvision.transforms.v2 import functional as TF
-
-import packer.transforms as T
 
 N = 3000
 

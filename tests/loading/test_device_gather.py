@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_loader import RecordingTransform
 from test_targets_loader import build_with_table, image_paths
 
 import packer
@@ -21,6 +20,7 @@ from packer.build.config import BuildConfig
 from packer.build.run import build
 from packer.errors import UsageError
 from packer.loading import device_gather as dg
+from test_loader import RecordingTransform
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
