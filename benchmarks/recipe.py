@@ -39,9 +39,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import packer
 import packer.transforms as T
+from augment import photo_batch  # the same photo-like batches as the crop benchmark
 from packer.imaging.normalize import IMAGENET_MEAN, IMAGENET_STD
 from packer.measure.bench.loading import train_step
 from packer.measure.timing import resolve_device, sync
@@ -78,14 +78,6 @@ class Recipe(torch.nn.Module):
         x = self.norm(x)
         x = self.erase(x, generator=generator)
         return self.mix(x, labels, generator=generator)
-
-
-def photo_batch(b: int, s: int, seed: int, device: torch.device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(b, 3, max(s // 8, 2), max(s // 8, 2), generator=g) * 255
-    x = torch.nn.functional.interpolate(x, size=(s, s), mode="bicubic", align_corners=False)
-    x = x + torch.randn(b, 3, s, s, generator=g) * 8
-    return x.round().clamp(0, 255).to(torch.uint8).to(device)
 
 
 def rate(fn: Callable[[int], Any], n_img: int, dev: torch.device, iters: int, repeats: int) -> dict:

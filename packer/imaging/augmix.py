@@ -105,12 +105,7 @@ class AugMix(Policy):
         chains = signed_draw(self._space, table, op, bins, u_sign)
         return AugMixDraw(chains, torch.from_numpy(depth), torch.cat([m[:, :1], w], 1))
 
-    def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        check_images(images)
-        b, _, h, w = images.shape
-        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
+    # forward: Policy's (draw with sample, then _apply)
 
     def apply(self, images: torch.Tensor, draw: AugMixDraw) -> torch.Tensor:
         """The chains and weights of ``draw`` (from :meth:`sample`) applied and mixed.
