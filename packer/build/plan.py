@@ -92,16 +92,21 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
     )
 
 
-def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    """Refuse destinations that would lose data or nest the pack inside its source."""
+def check_not_nested(src: Path, dst: Path, what: str = "pack") -> None:
+    """Refuse a destination inside its source, or one that contains it."""
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or rd.is_relative_to(rs):
         raise InputError(
-            f"{dst}: the pack would be inside its source {src}; "
+            f"{dst}: the {what} would be inside its source {src}; "
             "choose a destination outside the source folder"
         )
     if rs.is_relative_to(rd):
         raise InputError(f"{dst}: contains the source {src}; choose another destination")
+
+
+def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    """Refuse destinations that would lose data or nest the pack inside its source."""
+    check_not_nested(src, dst)
     if dst.exists() or dst.is_symlink():
         if dst.is_dir() and is_pack(dst):
             if not overwrite:

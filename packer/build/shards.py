@@ -67,7 +67,7 @@ from ..pack.writer import image_bytes
 from ..sources.scan import Scan
 from .config import BuildConfig, BuildResult, _Labels
 from .finalize import _classes_from
-from .plan import plan_labels
+from .plan import check_not_nested, plan_labels
 from .run import _build_device, build
 from .workdir import dest_lock, destination_error, refuse_symlink_destination
 
@@ -212,14 +212,7 @@ def _complete(path: Path) -> bool:
 
 def _check_destination(src: Path, dst: Path, config: BuildConfig) -> None:
     """Refuse a set destination that would lose data or nest the set inside its source."""
-    rs, rd = src.resolve(), dst.resolve()
-    if rd == rs or rd.is_relative_to(rs):
-        raise InputError(
-            f"{dst}: the set would be inside its source {src}; "
-            "choose a destination outside the source folder"
-        )
-    if rs.is_relative_to(rd):
-        raise InputError(f"{dst}: contains the source {src}; choose another destination")
+    check_not_nested(src, dst, "set")
     if not (dst.exists() or dst.is_symlink()):
         if config.append:
             raise UsageError(
