@@ -86,3 +86,9 @@ def assert_same_rate(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     se = math.sqrt(float(pooled * (1 - pooled)) * (1 / len(a) + 1 / len(b))) or 1.0
     z = float(a.mean() - b.mean()) / se
     assert abs(z) < 3.3, f"rates {float(a.mean()):.4f} vs {float(b.mean()):.4f}"
+
+
+def tv_draws(fn: Callable[[], object], n: int, seed: int = 0) -> list:
+    """``n`` calls of a torchvision sampler ``fn`` after seeding torch's global RNG."""
+    torch.manual_seed(seed)
+    return [fn() for _ in range(n)]

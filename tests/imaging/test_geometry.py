@@ -21,14 +21,14 @@ from aug_checks import (
     mad,
     needs_cuda,
     photo_like,
+    tv_draws,
 )
 
 N = 3000
 
 
 def _tv_draws(fn, n: int = N, seed: int = 0) -> list:
-    torch.manual_seed(seed)
-    return [fn() for _ in range(n)]
+    return tv_draws(fn, n, seed)
 
 
 # ---------------------------------------------------------------- draws
