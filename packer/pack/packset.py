@@ -5,58 +5,164 @@ single pack opens as before. Every shard is opened with :func:`open_pack` after 
 manifest was checked against the index (SHA-256, count, bytes, class map), so opening
 reads only the index and one manifest per shard, maps the data files read-only, never
 unpickles and never follows a link out of the set.
+
+Where the shards' data lives is a :class:`ShardStore`: :class:`LocalShards` (every
+shard a folder of the set, all mapped) here; a store that fetches shards into a bounded
+cache (object storage, :mod:`packer.storage`) gives the same interface, so the loader
+asks a set for a shard (:meth:`PackSet.shard`), says which it will want next
+(:meth:`PackSet.prefetch`) and lets go of it (:meth:`PackSet.release`) whatever the
+store. A set's labels, targets, sources and (JPEG) stored sizes come from each shard's
+small files, read when the set is opened; only the big data file of a shard
+(``images.memmap`` or ``jpeg.memmap``) is ever fetched on demand.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from ..errors import PackFormatError, UsageError
 from .describe import pack_bytes
 from .files import check_files
-from .index import SetIndex, read_index, read_shard_manifest, shard_root
-from .reader import ImagePack, JpegPack, open_pack
+from .index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
+from .reader import ImagePack, JpegPack, check_stored_sizes, open_pack
+from .schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
+
+
+class ShardStore:
+    """Where a set's shard data is, for :class:`PackSet`.
+
+    ``fetch(k)``: the local folder of shard ``k``, complete (all its files, checked
+    against its manifest), fetching it first if it is not here; the shard stays there
+    (pinned) until ``release(k)`` is called as many times as ``fetch(k)``.
+    ``prefetch(ks)``: shards wanted soon, in order (a hint; returns at once).
+    ``limit``: bytes of shard data the store holds at most (None: no limit).
+    ``remote``: whether shards are fetched (a local set maps every shard at once)."""
+
+    remote = False
+    limit: int | None = None
+    prefetch_depth = 0  # shards fetched ahead of need
+
+    def fetch(self, k: int) -> Path:
+        raise NotImplementedError
+
+    def release(self, k: int) -> None:
+        """Let go of shard ``k`` (fetched once more than released before)."""
+
+    def prefetch(self, ks: Sequence[int]) -> None:
+        """Start fetching shards ``ks`` (in that order) if they are not here."""
+
+    def close(self) -> None:
+        """Stop background fetches and let go of every shard."""
+
+
+class LocalShards(ShardStore):
+    """A set on local disk: shard ``k`` is the folder the index names, always there."""
+
+    def __init__(self, root: Path, index: SetIndex) -> None:
+        self.root = root
+        self.index = index
+
+    def fetch(self, k: int) -> Path:
+        return shard_root(self.root, self.index.shards[k])
+
+
+def _small_field(path: Path, dtype: str, count: int, row: tuple[int, ...], where: str) -> Any:
+    """A shard's small field file (labels, targets, JPEG sizes) read whole: an array
+    [count, *row], after checking the file is regular and of the size the manifest gives."""
+    want = count * int(np.prod(row, dtype=np.int64)) * np.dtype(dtype).itemsize
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise PackFormatError(f"{where}: {DATA_DIR}/{path.name} is missing or not a file")
+        size = path.stat().st_size
+    except OSError as e:
+        raise PackFormatError(f"{where}: {DATA_DIR}/{path.name} cannot be read ({e})") from None
+    if size != want:
+        raise PackFormatError(
+            f"{where}: {DATA_DIR}/{path.name} is {size:,} bytes, the manifest says {want:,}; "
+            "the shard is damaged"
+        )
+    return np.fromfile(
+        path, dtype=np.dtype(dtype).newbyteorder("<"), count=want // np.dtype(dtype).itemsize
+    ).reshape(count, *row)
 
 
 class PackSet:
     """A pack set opened read-only: its shards in order, seen as one dataset.
 
     Attributes:
-      shards: list of the opened shard packs (:class:`ImagePack` or :class:`JpegPack`).
       labels: Tensor[N], int64, every shard's labels concatenated in shard order
         (class index into ``classes``, or -1 for unlabeled).
       targets: Tensor[N, K], float32, likewise; None for a set without targets.
       offsets: np.ndarray[S + 1], int64: image ``i`` of the set is row
         ``i - offsets[k]`` of shard ``k`` where ``offsets[k] <= i < offsets[k + 1]``.
+      manifests: each shard's :class:`Manifest` (checked against the index).
+      store: the :class:`ShardStore` holding the shards' data.
       classes, class_to_idx, target_names, sources (relative source path of each image,
       in order), image_shape ((3, H, W); for JPEG storage the largest stored image),
       storage ("raw" or "jpeg"), index (:class:`SetIndex`), path.
+      shards: the shard packs (:class:`ImagePack` or :class:`JpegPack`), opened on
+        first use; for a store that fetches (object storage) this fetches every shard.
     """
 
-    def __init__(self, root: Path, index: SetIndex, shards: list[ImagePack | JpegPack]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        index: SetIndex,
+        manifests: Sequence[Manifest],
+        store: ShardStore | None = None,
+        opened: Sequence[ImagePack | JpegPack] | None = None,
+    ) -> None:
         self.path = root
         self.index = index
-        self.shards = shards
-        counts = np.array([len(s) for s in shards], dtype=np.int64)
+        self.manifests = list(manifests)
+        self.store = store if store is not None else LocalShards(root, index)
+        self._open: dict[int, ImagePack | JpegPack] = dict(enumerate(opened or ()))
+        self._pins: dict[int, int] = {}
+        counts = np.array([s.count for s in index.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.labels = (
-            torch.cat([s.labels for s in shards]) if shards else torch.empty(0, dtype=torch.int64)
+        labels, targets, sizes = [], [], []
+        k_targets = len(index.targets)
+        for entry, m in zip(index.shards, self.manifests):
+            data = root / entry.name / DATA_DIR
+            where = f"{root}: shard {entry.name!r}"
+            lab = _small_field(data / LABELS_FILE, "int64", m.count, (), where)
+            labels.append(lab)
+            if k_targets:
+                targets.append(
+                    _small_field(data / TARGETS_FILE, "float32", m.count, (k_targets,), where)
+                )
+            if index.storage == "jpeg":
+                hw = _small_field(data / SIZES_FILE, "int64", m.count, (2,), where)
+                check_stored_sizes(hw, m, root / entry.name)
+                sizes.append(hw)
+        from .parse import check_label_arrays
+
+        self.labels = torch.from_numpy(np.concatenate(labels) if labels else np.empty(0, np.int64))
+        self.targets = torch.from_numpy(np.concatenate(targets)) if k_targets and targets else None
+        if k_targets and self.targets is None:
+            self.targets = torch.empty((0, k_targets), dtype=torch.float32)
+        check_label_arrays(self.labels, self.targets, where=str(root))
+        self.sizes = (
+            torch.from_numpy(np.concatenate(sizes) if sizes else np.empty((0, 2), np.int64))
+            if index.storage == "jpeg"
+            else None
         )
-        self.targets = torch.cat([s.targets for s in shards]) if index.targets and shards else None
-        self.sources = [src for s in shards for src in s.sources]
+        self.sources = [src for m in self.manifests for src in m.sources]
 
     def __len__(self) -> int:
         return self.index.count
 
     def __repr__(self) -> str:
+        where = " (fetched into a cache)" if self.store.remote else ""
         return (
             f"PackSet({str(self.path)!r}, {len(self)} images of {list(self.image_shape)}, "
-            f"{len(self.shards)} shards, storage={self.storage!r})"
+            f"{len(self.index.shards)} shards{where}, storage={self.storage!r})"
         )
 
     @property
@@ -80,6 +186,44 @@ class PackSet:
     def storage(self) -> str:
         return self.index.storage
 
+    @property
+    def shards(self) -> list[ImagePack | JpegPack]:
+        """Every shard, opened (fetched first where the store fetches)."""
+        return [self.shard(k) for k in range(len(self.index.shards))]
+
+    def shard(self, k: int) -> ImagePack | JpegPack:
+        """Shard ``k`` opened: its folder from the store (fetched if needed, and pinned
+        until :meth:`release`), checked and mapped once."""
+        path = self.store.fetch(k)
+        self._pins[k] = self._pins.get(k, 0) + 1
+        pack = self._open.get(k)
+        if pack is None:
+            try:
+                check_files(path, self.manifests[k])
+                pack = open_pack(path, self.manifests[k])
+            except BaseException:
+                self.release(k)
+                raise
+            self._open[k] = pack
+        return pack
+
+    def release(self, k: int) -> None:
+        """Let go of shard ``k`` (one :meth:`shard` call); a fetched shard may be evicted
+        once nothing holds it, so its mapping is dropped with the last hold."""
+        left = self._pins.get(k, 0) - 1
+        if left < 0:
+            return
+        self._pins[k] = left
+        if left == 0 and self.store.remote:
+            self._open.pop(k, None)
+        self.store.release(k)
+
+    def prefetch(self, ks: Sequence[int]) -> None:
+        self.store.prefetch(ks)
+
+    def entry(self, k: int) -> ShardEntry:
+        return self.index.shards[k]
+
     def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, row)`` of each global image index: two int64 arrays shaped as
         ``indices``. UsageError for an index outside ``[0, len(self))``."""
@@ -97,13 +241,15 @@ def open_set(path: str | os.PathLike[str]) -> PackSet:
     one, and naming the field for a bad index."""
     root = Path(path)
     index = read_index(root)
-    shards: list[ImagePack | JpegPack] = []
+    manifests: list[Manifest] = []
+    opened: list[ImagePack | JpegPack] = []
     for entry in index.shards:
         m = read_shard_manifest(root, entry, index)
         shard = shard_root(root, entry)
         check_files(shard, m)
-        shards.append(open_pack(shard, m))
-    return PackSet(root, index, shards)
+        manifests.append(m)
+        opened.append(open_pack(shard, m))
+    return PackSet(root, index, manifests, LocalShards(root, index), opened)
 
 
 def describe_set(path: str | os.PathLike[str]) -> dict[str, Any]:
