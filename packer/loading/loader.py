@@ -93,7 +93,35 @@ class PackLoader(_Resumable):
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
     Args:
-      pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
+      pack: an :class:`ImagePack`, :class:`JpegPack` or :class:`packer.PackSet` from
+        :func:`packer.load`, or a path to one; or a list of them to stream together
+        (shards and packs end to end: global index ``i`` runs over the first, then the
+        next; they must share storage, image shape, class map and target columns, else
+        UsageError says how they differ). A set streams as one pack: every shard is
+        mapped into one range (one gather per batch, as for a single pack), and the
+        global order gives exactly the batches of the same images built as one pack.
+      order: "global" (default): the epoch's permutation of every image, as below.
+        "shards": for sets whose shards are fetched (object storage): the shard order
+        is shuffled each epoch, shards are cut into ``canonical_ranks`` parts, each part
+        read in windows of ``shard_window`` shards whose images are shuffled together
+        (:func:`packer.loading.order.shard_sequence`), and ranks split the sequence as
+        for the global order, so every rank gets the same number of batches and, when
+        ``world_size`` divides ``canonical_ranks``, reads only its own parts' shards. A
+        pure function of (seed, epoch, shard sizes, canonical_ranks, shard_window).
+        Memory: a rank holds about ``(shard_window + 1) * canonical_ranks / world_size``
+        shards at once, plus the store's prefetch depth; a cache smaller than that
+        working set is refused before the first batch, with both numbers.
+      shard_window: shards whose images ``order="shards"`` shuffles together (>= 1,
+        default 2).
+      canonical_ranks: the parts ``order="shards"`` cuts an epoch into (default: this
+        run's world_size). Keep it when the rank count changes; a state carries it.
+      weights, epoch_size: mixing (with a list of packs): each epoch draws
+        ``epoch_size`` images (default: all of them together) in the proportions
+        ``weights`` (positive, one per pack, normalized): pack ``j`` gives
+        ``round(weights[j] * epoch_size)`` images (largest remainder), whole passes over
+        it and then a subset without replacement drawn from (seed, epoch, j); the
+        loader then shuffles them as one epoch. ``len(loader)`` follows
+        ``epoch_size``. Not with ``indices``, ``resident`` or ``order="shards"``.
       batch_size: images per batch (an int >= 1).
       shuffle, seed: each pass uses the permutation of ``seed + epoch``
         (seed: an int with ``abs(seed) < 2**63``).
@@ -211,7 +239,9 @@ class PackLoader(_Resumable):
 
     ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly; a state
     is refused mid-epoch when the loader streams other rows (``indices``) or
-    another pack shape. Use as
+    another pack shape. The rank count may change mid-epoch when the global batch
+    (``batch_size * world_size``) stays (elastic resume: saved on 4 ranks, resumed on 2,
+    no image repeated or skipped). Use as
     a context manager, or call ``close()``, to stop background work at once;
     dropping an iterator or the loader also stops it.
     """
