@@ -68,7 +68,7 @@ def main() -> None:
     if not src.exists():
         make_jpeg_tree(src, args.images, (256, 256), classes=100, quality=90)
     row = 3 * 224 * 224
-    raw = BuildConfig(size=224, workers=16)
+    raw = BuildConfig(size=(224, 224), workers=16)
     per = -(-args.images // args.shards)
     t = {}
     for name, cfg in (
