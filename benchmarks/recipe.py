@@ -161,7 +161,7 @@ def per_call(fn: Callable[[int], Any], dev: torch.device, n: int = 30) -> dict:
         fn(i)
         host.append((time.perf_counter() - t0) * 1e6)
     sync(dev)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(10):
             fn(i)
         sync(dev)
@@ -181,6 +181,7 @@ def host_profile(ways: dict[str, Callable[[int], Any]]) -> None:
     import pstats
 
     out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
     text = []
     for name, fn in ways.items():
         pr = cProfile.Profile()
@@ -194,20 +195,20 @@ def host_profile(ways: dict[str, Callable[[int], Any]]) -> None:
     (out / "host_profile.txt").write_text("\n".join(text))
 
 
-def check(dev: torch.device, b: int, seeds: int = 6) -> dict:
+def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int = 224) -> dict:
     """The fused pipeline against the op-by-op one on the same batches and seeds:
     pixels (max |difference| of the normalized floats, share of elements that
     differ) and labels (equal or not), for both roundings of the normalization."""
     from packer.imaging import aug_triton
 
-    x = photo_batch(b, 256, 7, dev)
+    x = photo_batch(b, s_in, 7, dev)
     labels = torch.randint(0, CLASSES, (b,), device=dev)
     out = {}
     for fma in (True, False):
         aug_triton.NORM_FMA = fma
         worst, share, same_labels = 0.0, 0.0, True
         for seed in range(seeds):
-            recipe = recipe_compose(224, CLASSES)
+            recipe = recipe_compose(s_out, CLASSES)
             new, ln = recipe(x, labels, generator=torch.Generator().manual_seed(seed))
             with OpByOp():
                 ref, lr = recipe(x, labels, generator=torch.Generator().manual_seed(seed))

@@ -384,10 +384,10 @@ class Compose(nn.Sequential):
         if isinstance(labels, torch.Generator):  # the old call compose(images, generator)
             labels, generator = None, labels
         mods = list(self)
-        fused = _fused_module(images)
+        fast = _fused_module(images)
         i = 0
         while i < len(mods):
-            plan = None if fused is None else fused.match(mods, i)
+            plan = None if fast is None else fast.match(mods, i)
             if plan is not None and plan.applies(images, labels):
                 images, labels = plan.run(images, labels, generator)
                 i = plan.end
