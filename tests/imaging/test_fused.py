@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-from aug_checks import needs_cuda, photo_like
 
 import packer
 import packer.transforms as T
+from aug_checks import needs_cuda, photo_like
 from conftest import REPO, subprocess_env
 from packer.imaging import fused, policy_apply
 
