@@ -109,8 +109,8 @@ def pipeline_rates(dev: torch.device, b: int, s_in: int, s_out: int, a: argparse
     labels = torch.randint(0, CLASSES, (b,), device=dev)
     _, erase, mix = pipeline(s_out, CLASSES)
     norm = packer.Normalize().to(dev)
-    recipe = recipe_compose(s_out, CLASSES)
-    tail = T.Compose([packer.Normalize(), erase, mix])
+    recipe = recipe_compose(s_out, CLASSES).to(dev)  # Normalize's buffers onto the device
+    tail = T.Compose([packer.Normalize(), erase, mix]).to(dev)
     g = torch.Generator().manual_seed(0)
     crop = T.Compose([T.RandomResizedCrop(s_out), T.RandomHorizontalFlip()])
     ta = T.TrivialAugmentWide()
@@ -208,7 +208,7 @@ def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int
         aug_triton.NORM_FMA = fma
         worst, share, same_labels = 0.0, 0.0, True
         for seed in range(seeds):
-            recipe = recipe_compose(s_out, CLASSES)
+            recipe = recipe_compose(s_out, CLASSES).to(dev)
             new, ln = recipe(x, labels, generator=torch.Generator().manual_seed(seed))
             with OpByOp():
                 ref, lr = recipe(x, labels, generator=torch.Generator().manual_seed(seed))
@@ -265,7 +265,7 @@ def make_pack(work: Path, n: int, s: int) -> Any:
 def train_rates(dev: torch.device, pack: Any, a: argparse.Namespace) -> dict:
     b = a.batch
     out: dict[str, Any] = {}
-    recipe = recipe_compose(224, CLASSES)
+    recipe = recipe_compose(224, CLASSES).to(dev)
     step = train_step("resnet50", CLASSES, dev)
     # ceiling: the pipeline already applied, batches resident on the device
     g = torch.Generator().manual_seed(0)

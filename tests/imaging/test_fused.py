@@ -155,7 +155,7 @@ def test_fused_kernels_under_the_interpreter() -> None:
 @pytest.mark.parametrize("policy", ["ta", "ra", "aa"])
 def test_fused_equals_op_by_op_on_cuda(policy: str) -> None:
     pol = {"ta": T.TrivialAugmentWide(), "ra": T.RandAugment(), "aa": T.AutoAugment()}[policy]
-    tf = _recipe(56, 7, policy=pol)
+    tf = _recipe(56, 7, policy=pol).cuda()  # Normalize's buffers, for the op-by-op path
     x = photo_like(32, 64, 72, seed=1).cuda()
     labels = torch.randint(0, 7, (32,), generator=torch.Generator().manual_seed(0)).cuda()
     for seed in range(6):  # both mixers drawn
