@@ -170,3 +170,9 @@ def test_fused_equals_op_by_op_on_cuda(policy: str) -> None:
         assert a.shape == (32, 3, 56, 56) and a.dtype == torch.float32
         assert torch.equal(la, lb)
         assert (a - b).abs().max().item() < 1e-5, seed
+
+
+def test_a_recipe_moves_to_a_device() -> None:
+    # Module.to walks the modules through their _apply: a policy must not shadow it.
+    tf = _recipe(policy=T.AugMix()).to("cpu", torch.float32)
+    assert _recipe().to("cpu")[3].shift.dtype == torch.float32 and len(tf) == 6
