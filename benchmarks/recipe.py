@@ -1,13 +1,15 @@
 """The modern training recipe on the GPU (issue 33), against its baselines, in one run.
 
-Pipeline ("reference"): RandomResizedCrop 224 + flip, TrivialAugmentWide, RandomErasing
-0.1 (on the normalized batch, as torchvision's reference), MixUp 0.2 / CutMix 1.0
-(one of them per batch), batch 256, uint8 256² in. Figures, each with its baseline
-measured in this run:
+Pipeline ("reference"): RandomResizedCrop 224 + flip, TrivialAugmentWide, Normalize,
+RandomErasing 0.1 (on the normalized batch, as torchvision's reference), MixUp 0.2 /
+CutMix 1.0 (one of them per batch), batch 256, uint8 256² in, written as one Compose.
+Figures, each with its baseline measured in this run:
 
-  pipeline alone        img/s of the whole pipeline on resident uint8 batches,
-                        and of each stage alone; baseline: a device copy of the
-                        same bytes (the memory-bound limit)
+  pipeline alone        img/s of the whole pipeline on resident uint8 batches, fused
+                        (Compose's CUDA path, packer.imaging.fused) and op by op (that
+                        path off: the old code), interleaved, and of each stage alone;
+                        baseline: a device copy of the same bytes (the memory-bound
+                        limit); per batch, host and device µs
   ResNet-50 training    bf16 channels_last, SGD, fed by PackLoader(transform=pipeline)
                         vs the same step on resident batches with the pipeline
                         already applied (the ceiling)
@@ -17,10 +19,13 @@ measured in this run:
     python benchmarks/recipe.py                 # CUDA, writes $OUT/recipe.json
     python benchmarks/recipe.py --quick         # a smoke run, CPU or GPU
     python benchmarks/recipe.py --parts pipeline --profile   # + $OUT/profile.txt
+    python benchmarks/recipe.py --parts pipeline --check     # fused vs op by op, pixels
 
 ``--profile`` adds, per pipeline stage, torch.profiler's tables (by device time
 and by host time, 10 calls) and whether the stage makes the host wait (CUDA's
-sync debug mode), to ``$OUT/profile.txt``.
+sync debug mode), to ``$OUT/profile.txt``, and cProfile of the whole pipeline both
+ways to ``$OUT/host_profile.txt``. ``--check`` compares the fused pipeline's
+output with the op-by-op one's (same seeds), for both roundings of Normalize.
 """
 
 from __future__ import annotations

@@ -378,8 +378,8 @@ TAIL_NONE, TAIL_MIXUP, TAIL_CUTMIX = 0, 1, 2
 TAIL_HEAD = 8
 TAIL_TILE = (8, 128, 4)
 TAIL_LABELS_BLOCK = 1024
-# torch's addcmul rounds once (a fused multiply-add) on the CPU; on CUDA see
-# benchmarks/recipe.py --check): the fused kernel does the same unless this is set.
+# torch's addcmul (Normalize) rounds once, a fused multiply-add, on the CPU and on CUDA
+# (bit for bit on an H100, 2026-11-25: benchmarks/recipe.py --check); so does the tail.
 NORM_FMA = True
 
 
