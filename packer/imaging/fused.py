@@ -196,7 +196,7 @@ class Plan:
             for st in range(s):
                 if live[st]:
                     x = kernels.apply_stage(x, tab[st], fill_dev, bilinear, round_nearest, bool(lut[st]))  # fmt: skip
-            if x is images:
+            if x is images and self.norm is None:  # a new tensor, as the policy returns
                 x = images.clone()
         if self.norm is None:
             return x, labels
@@ -220,8 +220,9 @@ def _is_mixer(t: Any) -> bool:
     if type(t) in (MixUp, CutMix):
         return t.mode == "batch" and t.num_classes is not None
     if type(t) is RandomChoice:
-        ks = {_num_classes(m) for m in t.transforms}
-        return all(_is_mixer(m) for m in t.transforms) and len(ks) == 1
+        if not all(_is_mixer(m) for m in t.transforms):
+            return False
+        return len({_num_classes(m) for m in t.transforms}) == 1
     return False
 
 

@@ -32,6 +32,13 @@ def _recipe(size: int = 24, classes: int = 5, policy: object = None, **erase: ob
     )
 
 
+def _swap(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return images.flip(0), labels.flip(0)
+
+
+_swap.mixes_labels = True  # type: ignore[attr-defined]
+
+
 def test_the_recipe_is_one_run() -> None:
     mods = list(_recipe())
     plan = fused.match(mods, 0)
@@ -50,6 +57,10 @@ def test_what_the_run_leaves_to_the_ops() -> None:
     mods = [packer.Normalize(), T.RandomErasing(), T.MixUp(0.2, 5, mode="elem")]
     assert fused.match(mods, 0).end == 2
     assert fused.match([T.RandomResizedCrop(8), T.RandomHorizontalFlip()], 0) is None
+    plain = T.RandomChoice([T.MixUp(0.2, 5), _swap])  # a callable mixer: op by op
+    assert fused.match([packer.Normalize(), plain], 0).end == 1
+    mixed_k = T.RandomChoice([T.MixUp(0.2, 5), T.CutMix(1.0, 6)])
+    assert fused.match([packer.Normalize(), mixed_k], 0).end == 1
     fused.ENABLED = False
     try:
         assert fused.match(list(_recipe()), 0) is None
