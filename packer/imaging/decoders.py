@@ -270,7 +270,8 @@ def crop_all(images: Sequence[torch.Tensor], boxes: np.ndarray) -> list[torch.Te
 
 class CpuDecoder(DecoderBase):
     """The CPU decoder: :func:`packer.imaging.jpeg.decode_batch`, one image per thread of
-    a pool of ``threads`` (default: every core; 0: the calling thread)."""
+    a pool of ``threads`` (default: every core; 0: the calling thread), or of ``pool``
+    (the caller's, e.g. a loader's threads: used, never shut down here)."""
 
     name = "cpu"
 
@@ -279,23 +280,26 @@ class CpuDecoder(DecoderBase):
         device: torch.device | str = "cpu",
         *,
         threads: int | None = None,
+        pool: ThreadPoolExecutor | None = None,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
         _import("torchvision.io")
         quiet_torchvision_io()
         self.threads = len(os.sched_getaffinity(0)) if threads is None else int(threads)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = pool
+        self._own_pool = pool is None
 
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
         if self._pool is None and self.threads > 1 and self.device.type == "cpu":
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgpack-jpeg")
-        return decode_batch(datas, self.device, indices=names, pool=self._pool, ends_checked=True)
+        pool = self._pool if self.device.type == "cpu" else None
+        return decode_batch(datas, self.device, indices=names, pool=pool, ends_checked=True)
 
     def close(self) -> None:
-        if self._pool is not None:
+        if self._pool is not None and self._own_pool:
             self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pool = None if self._own_pool else self._pool
 
 
 class TorchvisionDecoder(CpuDecoder):

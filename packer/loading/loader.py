@@ -244,10 +244,17 @@ class PackLoader(_Resumable):
         repeats = _int_arg("repeats", repeats, 1, _MAX_REPEATS)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
-        from ..imaging.jpeg import DECODE_MODES, decodes_on_cpu
+        from ..imaging.decoders import JpegDecoder
+        from ..imaging.jpeg import DECODE_MODES
+        from .jpeg_pass import DECODE_NAMES
 
-        if not isinstance(decode, str) or decode not in DECODE_MODES:
-            raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
+        if not isinstance(decode, JpegDecoder) and (
+            not isinstance(decode, str) or decode not in (*DECODE_MODES, *DECODE_NAMES)
+        ):
+            raise UsageError(
+                f"decode must be 'auto', 'device' or 'cpu', not {decode!r} (or a GPU "
+                f"decoder's name: {', '.join(DECODE_NAMES)}, or a decoder object)"
+            )
         if not isinstance(gather, str) or gather not in GATHER_MODES:
             raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")
         shuffle = _bool_arg("shuffle", shuffle)
@@ -306,11 +313,40 @@ class PackLoader(_Resumable):
         self._warned_counted = False
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
-        # JPEG packs: decoded image by image on the threads (decode=)
-        self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
+        # JPEG packs: who decodes (decode=): a decoder in batches, else image by image on
+        # the threads (made here, on the caller's thread: a decoder imports its library)
+        self._decoding = None
+        if self._crop is not None:
+            from .jpeg_pass import decoding_for
+
+            self._decoding = decoding_for(decode, self.device)
+        self._on_cpu = self._crop is not None and self._decoding is None
         self._new_shared()
         if len(self) == 0:
             self._warn_empty()
+
+    @property
+    def decode_path(self) -> str | None:
+        """JPEG packs: who decodes and how the latest batch ran: "<decoder>: roi" (only
+        the crop boxes decoded), "<decoder>: roi (no fancy upsampling)", "<decoder>:
+        full+crop" (whole, then cropped), "<decoder>: not yet run", or "cpu threads:
+        decode + crop per image" (``decode="cpu"``). None for raw packs."""
+        if self._crop is None:
+            return None
+        if self._decoding is None:
+            return "cpu threads: decode + crop per image"
+        return self._decoding.path
+
+    def __repr__(self) -> str:
+        where = getattr(self.pack, "path", None)
+        head = f"PackLoader({str(where)!r}, " if where is not None else "PackLoader("
+        extra = ""
+        if self._crop is not None:
+            extra = f", image_size={self._crop.size}, decode={self.decode_path!r}"
+        return (
+            f"{head}batch_size={self.batch_size}, device={str(self.device)!r}, "
+            f"shuffle={self.shuffle}, images={self._n}{extra})"
+        )
 
     def _warn_empty(self) -> None:
         """Log that every epoch of this loader has no batches, and why it may."""
@@ -433,6 +469,7 @@ class PackLoader(_Resumable):
             resident=self.resident,
             crop=self._crop,
             on_cpu=self._on_cpu,
+            decoding=self._decoding,
         )
 
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
