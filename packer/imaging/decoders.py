@@ -50,7 +50,7 @@ import torch
 
 from ..errors import PackFormatError, UsageError
 from .decode import _FILLER, _GREY, jpeg_too_short
-from .jpeg import _decode_one, check_frames, decode_batch, frame_size, size_mismatch, truncated
+from .jpeg import _decode_one, check_frames, frame_size, size_mismatch, truncated
 from .resize import check_boxes
 
 GPU_CHAIN = ("nvimgcodec", "torchcodec", "torchvision")
@@ -293,8 +293,10 @@ class CpuDecoder(DecoderBase):
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
         if self._pool is None and self.threads > 1 and self.device.type == "cpu":
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgpack-jpeg")
+        from . import jpeg  # looked up per call: a test may stand in for decode_batch
+
         pool = self._pool if self.device.type == "cpu" else None
-        return decode_batch(datas, self.device, indices=names, pool=pool, ends_checked=True)
+        return jpeg.decode_batch(datas, self.device, indices=names, pool=pool, ends_checked=True)
 
     def close(self) -> None:
         if self._pool is not None and self._own_pool:
