@@ -66,6 +66,7 @@ def auto_device(config: Any, n: int, workers: int) -> Any:
         return None
     return torch.device("cuda")
 
+
 __all__ = [
     "CPU_IMG_S_PER_WORKER",
     "GPU_IMG_S",

@@ -19,7 +19,7 @@ from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
 from packer.imaging.jpeg_crop import _planes, resize_images
-from packer.loading.jpeg_pass import Decoding, decoding_for
+from packer.loading.jpeg_pass import decoding_for
 
 N = 29
 CPU = torch.device("cpu")
@@ -126,7 +126,9 @@ def test_nvimgcodec_is_asked_for_pitched_output(monkeypatch) -> None:
 def test_decode_argument_errors(grey: Path) -> None:
     with pytest.raises(UsageError, match=r"decode must be 'auto', .* not 'gpu' \(or a GPU "):
         packer.PackLoader(grey, 4, device="cpu", image_size=8, decode="gpu")
-    with pytest.raises(UsageError, match=r"decode= decodes on cuda, but the loader's device is cpu"):
+    with pytest.raises(
+        UsageError, match=r"decode= decodes on cuda, but the loader's device is cpu"
+    ):
         packer.PackLoader(grey, 4, device="cpu", image_size=8, decode=D.get_decoder("cuda"))
 
 
@@ -247,7 +249,7 @@ def test_planes_reads_padded_rows_in_place() -> None:
     assert _planes(x, 0, CPU) == (x.data_ptr(), 5, 16)
     y = torch.zeros(3, 4, 7, dtype=torch.uint8)
     assert _planes(y, 0, CPU) == (y.data_ptr(), 4, 7)
-    with pytest.raises(ValueError, match="image 2 must be a uint8 .* whole-row strides"):
+    with pytest.raises(ValueError, match=r"image 2 must be a uint8 .* whole-row strides"):
         _planes(y.permute(0, 2, 1), 2, CPU)
     with pytest.raises(ValueError, match="image 1 must be"):
         _planes(torch.zeros(3, 4, 7, 2, dtype=torch.uint8)[..., 0], 1, CPU)
