@@ -73,8 +73,7 @@ def decoders(device: torch.device) -> dict[str, DecoderBase]:
     variants: list[tuple[str, str, dict[str, Any]]] = []
     if device.type == "cuda":
         variants += [
-            (f"nvimgcodec {b}", "nvimgcodec", {"backends": b})
-            for b in ("hw+hybrid", "hw", "hybrid")
+            (f"nvimgcodec {b}", "nvimgcodec", {"backends": b}) for b in ("hw+hybrid", "hw")
         ]
         variants += [(n, n, {}) for n in GPU_CHAIN[1:]]
     else:
@@ -107,6 +106,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", default="loader,train,pixels,build")
     ap.add_argument("--train-iters", type=int, default=40)
+    ap.add_argument("--train-ways", default="auto,nvimgcodec,nvimgcodec hw (object),torchvision")
     ap.add_argument("--build-images", type=int, default=65536)
     ap.add_argument("--fresh-images", type=int, default=16384)
     ap.add_argument("--unique", type=int, default=4096, help="distinct 640x480 files")
@@ -214,6 +214,8 @@ def main() -> None:
         )
         dump(res, "bench_decoders.json")
         for k, v in res["roi_vs_pillow"].items():
+            if k not in rows:
+                continue
             full = rows[k]["vs_pillow_mean_abs"]
             summary.append(
                 (
@@ -228,7 +230,7 @@ def main() -> None:
         pack = args.work / "jpeg_pack"
         build(src, pack, BuildConfig(store="jpeg"))
     if "loader" in parts:
-        res["loader"] = loader_rates(pack, device, args.batch, args.repeats, decs)
+        res["loader"] = loader_rates(pack, device, args.batch, args.repeats)
         dump(res, "bench_decoders.json")
         print(f"\nPackLoader, JPEG pack, RandomResizedCrop 224 + flip, batch {args.batch}")
         print(
@@ -257,17 +259,23 @@ def main() -> None:
                 )
             )
     if "train" in parts and device.type == "cuda":
-        res["train"] = train_rates(pack, device, args.batch, args.train_iters, args.repeats)
+        ways = args.train_ways.split(",")
+        res["train"] = train_rates(pack, device, args.batch, args.train_iters, args.repeats, ways)
         dump(res, "bench_decoders.json")
         t = res["train"]
-        summary.append(
-            (
-                f"ResNet-50 bf16 CL fed by the JPEG pack ({t['path']}) / resident",
-                f"{t['loader']:,.0f} / {t['resident']:,.0f}",
-                ">= 0.98",
-                f"{t['loader'] / t['resident']:.3f}",
-            )
-        )
+        print(f"\nResNet-50 bf16 channels_last, batch {args.batch}, {args.train_iters} steps, "
+              f"median of {args.repeats} interleaved")  # fmt: skip
+        print("| fed by | img/s | / resident | path |\n| --- | --- | --- | --- |")
+        print(f"| resident batches | {t['resident']:,.0f} | 1.000 | |")
+        for w, r in t["ways"].items():
+            print(f"| PackLoader decode={w} | {r['img_s']:,.0f} | "
+                  f"{r['img_s'] / t['resident']:.3f} | {r['path']} |")  # fmt: skip
+        w, r = next(iter(t["ways"].items()))
+        summary.append((
+            f"ResNet-50 bf16 CL fed by the JPEG pack (decode={w}: {r['path']}) / resident",
+            f"{r['img_s']:,.0f} / {t['resident']:,.0f}", ">= 0.98",
+            f"{r['img_s'] / t['resident']:.3f}",
+        ))  # fmt: skip
     if "build" in parts:
         res["build"] = build_rates(args, device, procs)
         dump(res, "bench_decoders.json")
@@ -319,45 +327,68 @@ def roi_vs_pillow(
 ) -> dict[str, float]:
     """Mean |diff| (levels) of each decoder's ROI crops against Pillow's decode, cropped."""
     hw = torch.tensor([[375, 500]] * len(datas))
-    out = {}
-    for k, d in decs.items():
-        crops = d.decode_rois(datas, boxes, sizes=hw)
-        diffs = []
-        for c, data, (t, l, h, w) in zip(crops, datas, boxes.tolist()):  # noqa: E741
-            ref = pillow(data)[:, t : t + h, l : l + w].astype(np.int16)
-            diffs.append(np.abs(c.cpu().numpy().astype(np.int16) - ref).mean())
-        out[k] = round(float(np.mean(diffs)), 4)
+    out: dict[str, float] = {}
+    crops = {k: [c.cpu().numpy().astype(np.int16) for c in d.decode_rois(datas, boxes, sizes=hw)]
+             for k, d in decs.items()}  # fmt: skip
+    refs = [
+        pillow(data)[:, t : t + h, l : l + w].astype(np.int16)
+        for data, (t, l, h, w) in zip(datas, boxes.tolist())  # noqa: E741
+    ]
+    for k, cs in crops.items():
+        out[k] = round(float(np.mean([np.abs(c - r).mean() for c, r in zip(cs, refs)])), 4)
+        if "torchvision" in crops:  # what a split between k and torchvision mixes
+            tv = crops["torchvision"]
+            out[f"{k} vs torchvision"] = round(
+                float(np.mean([np.abs(c - r).mean() for c, r in zip(cs, tv)])), 4
+            )
     return out
 
 
-def loader_rates(
-    pack: Path, device: torch.device, batch: int, repeats: int, decs: dict[str, DecoderBase]
-) -> dict[str, dict[str, Any]]:
-    """PackLoader img/s over the JPEG pack for each ``decode=`` that runs here, interleaved
-    rounds, one pass each (the pack's rows 4 times: an epoch long enough to time)."""
-    names = (
-        ["auto"]
-        + (
-            sorted({d.name for d in decs.values()} - {"cpu"})
-            if device.type == "cuda"
-            else ["device"]
+def loader_ways(device: torch.device) -> dict[str, Any]:
+    """The ``decode=`` arguments compared, by label: "auto" (the default), each decoder
+    by name, and on CUDA nvImageCodec's engines alone and the split without ROI."""
+    from packer.imaging.decoders_split import SplitDecoder, best_decoder
+
+    ways: dict[str, Any] = {"auto": "auto"}
+    if device.type != "cuda":
+        return {**ways, "device": "device", "cpu": "cpu"}
+    for name in GPU_CHAIN:
+        try:
+            get_decoder(device, prefer=name)
+        except UsageError:
+            continue
+        ways[name] = name
+    if "nvimgcodec" in ways:
+        ways["nvimgcodec hw (object)"] = lambda: get_decoder(
+            device, prefer="nvimgcodec", backends="hw", pitched=True
         )
-        + ["cpu"]
+        if isinstance(best_decoder(device, pitched=True), SplitDecoder):
+            ways["split, no ROI (object)"] = lambda: SplitDecoder(
+                best_decoder(device, pitched=True).parts, roi=False
+            )
+    ways["cpu"] = "cpu"
+    return ways
+
+
+def _loader(pack: Path, device: torch.device, batch: int, way: Any, rows: torch.Tensor) -> Any:
+    decode = way() if callable(way) else way
+    return packer.PackLoader(
+        pack, batch, device=device, image_size=224, decode=decode, indices=rows, drop_last=True
     )
+
+
+def loader_rates(
+    pack: Path, device: torch.device, batch: int, repeats: int
+) -> dict[str, dict[str, Any]]:
+    """PackLoader img/s over the JPEG pack for each way of :func:`loader_ways`,
+    interleaved rounds, one pass each (the pack's rows 4 times: an epoch long enough to
+    time)."""
     n = len(packer.load(pack))
     rows = torch.arange(n).repeat(4)
     loaders = {}
-    for name in names:
+    for name, way in loader_ways(device).items():
         try:
-            loaders[name] = packer.PackLoader(
-                pack,
-                batch,
-                device=device,
-                image_size=224,
-                decode=name,
-                indices=rows,
-                drop_last=True,
-            )
+            loaders[name] = _loader(pack, device, batch, way, rows)
         except UsageError as e:
             print(f"  loader decode={name}: not run ({e})", file=sys.stderr)
     for ld in loaders.values():  # warm-up: threads, decoder handles, ROI probe, kernels
@@ -375,37 +406,29 @@ def loader_rates(
             rates[k].append(got / (time.perf_counter() - t0))
     out = {}
     for k, ld in loaders.items():
-        out[k] = {
-            "img_s": round(statistics.median(rates[k]), 1),
-            "min_img_s": round(min(rates[k]), 1),
-            "path": ld.decode_path,
-            "repr": repr(ld),
-        }
+        out[k] = {"img_s": round(statistics.median(rates[k]), 1), "min_img_s": round(min(rates[k]), 1),
+                  "path": ld.decode_path, "repr": repr(ld)}  # fmt: skip
         ld.close()
     return out
 
 
 def train_rates(
-    pack: Path, device: torch.device, batch: int, iters: int, repeats: int
+    pack: Path, device: torch.device, batch: int, iters: int, repeats: int, ways: list[str]
 ) -> dict[str, Any]:
     """ResNet-50 (bf16 autocast, channels_last, SGD) img/s on resident batches vs fed by
-    PackLoader over the JPEG pack (decode="auto"), rounds interleaved; Normalize both ways."""
+    PackLoader over the JPEG pack with each of ``ways`` (labels of :func:`loader_ways`;
+    the first is the default), rounds interleaved; Normalize on the GPU every way."""
     from packer.measure.bench.loading import train_step
 
     step = train_step("resnet50", 1000, device)
     norm = packer.Normalize().to(device)
     n = len(packer.load(pack))
-    ld = packer.PackLoader(
-        pack,
-        batch,
-        device=device,
-        image_size=224,
-        indices=torch.arange(n).repeat(64),
-        drop_last=True,
-    )
-    it = iter(ld)
-    resident = [next(it) for _ in range(8)]  # the loader's own crops, kept on the device
-    resident = [(x.clone(), y.clone()) for x, y in resident]
+    known = loader_ways(device)
+    rows = torch.arange(n).repeat(64)
+    loaders = {w: _loader(pack, device, batch, known[w], rows) for w in ways if w in known}
+    its = {w: iter(ld) for w, ld in loaders.items()}
+    first = its[next(iter(its))]
+    resident = [tuple(t.clone() for t in next(first)) for _ in range(8)]  # its crops, kept
 
     def run(feed) -> float:
         sync(device)
@@ -416,19 +439,28 @@ def train_rates(
         sync(device)
         return batch * iters / (time.perf_counter() - t0)
 
-    for i in range(10):  # warm-up: cudnn's choices, the allocator
+    for i in range(10):  # warm-up: cudnn's choices, the allocator, every loader started
         step(norm(resident[i % 8][0]), resident[i % 8][1])
-        x, y = next(it)
-        step(norm(x), y)
-    res_rates, ld_rates = [], []
+        for it in its.values():
+            x, y = next(it)
+            if i < 2:
+                step(norm(x), y)
+    rates: dict[str, list[float]] = {"resident": [], **{w: [] for w in its}}
     for _ in range(repeats):
-        res_rates.append(run(lambda i: resident[i % 8]))
-        ld_rates.append(run(lambda i: next(it)))
-    path = ld.decode_path
-    it.close()
-    ld.close()
-    return {"resident": round(statistics.median(res_rates), 1), "loader": round(statistics.median(ld_rates), 1),
-            "resident_all": res_rates, "loader_all": ld_rates, "iters": iters, "path": path}  # fmt: skip
+        rates["resident"].append(run(lambda i: resident[i % 8]))
+        for w, it in its.items():
+            rates[w].append(run(lambda i, it=it: next(it)))
+    out: dict[str, Any] = {"iters": iters, "all": rates}
+    out["resident"] = round(statistics.median(rates["resident"]), 1)
+    out["ways"] = {
+        w: {"img_s": round(statistics.median(rates[w]), 1), "path": loaders[w].decode_path}
+        for w in its
+    }
+    for it in its.values():
+        it.close()
+    for ld in loaders.values():
+        ld.close()
+    return out
 
 
 def _linked_set(root: Path, unique: Path, n: int) -> Path:

@@ -108,17 +108,23 @@ class Decoding:
         sizes: torch.Tensor,
         boxes: torch.Tensor,
         indices: list[int],
-    ) -> tuple[bool, list[torch.Tensor]]:
-        """On the decode thread: (cropped, images): the boxes alone (``cropped``: uint8
-        [3, bh_i, bw_i] each) where the decoder can, else whole images [3, h_i, w_i]."""
+    ) -> tuple[list[bool], list[torch.Tensor]]:
+        """On the decode thread: (cropped, images): per image, its box alone (uint8
+        [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
+        [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both."""
         with self.lock:
+            mixed = getattr(dec, "decode_mixed", None)
+            if mixed is not None:
+                cropped, out = mixed(datas, boxes, sizes=sizes, indices=indices)
+                self.last = dec.roi_path
+                return cropped, out
             if self.roi(dec):
                 out = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
                 self.last = dec.roi_path  # after a probe batch: the way it found
-                return True, out
+                return [True] * len(out), out
             out = dec.decode(datas, sizes=sizes, indices=indices)
             self.last = "full+crop"
-            return False, out
+            return [False] * len(out), out
 
 
 def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
@@ -150,7 +156,9 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
     if decode in ("auto", "device"):
         if device.type != "cuda":
             return Decoding(None, device)
-        return Decoding(get_decoder(device, pitched=True))
+        from ..imaging.decoders_split import best_decoder
+
+        return Decoding(best_decoder(device, pitched=True))
     return Decoding(get_decoder(device, prefer=decode, **_pitched(decode)))
 
 
@@ -232,18 +240,16 @@ class JpegDecode(_Pass):
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                     if cpu is None:
                         cropped, imgs = imgs
-                        if cropped:  # only the boxes were decoded: each crop is whole
-                            whole = torch.zeros_like(boxes)
-                            whole[:, 2:] = boxes[:, 2:]
-                            images = resize_images(
-                                imgs, crop.size, boxes=whole, flip=flip, sizes=boxes[:, 2:]
-                            )
-                        else:
-                            got = sizes_of(imgs)
-                            _check_sizes(got, sizes, idx)
-                            images = resize_images(
-                                imgs, crop.size, boxes=boxes, flip=flip, sizes=got
-                            )
+                        # an image decoded as its box alone is resized whole; one decoded
+                        # whole, from its box
+                        cut = torch.tensor(cropped, dtype=torch.bool).reshape(-1, 1)
+                        got = sizes_of(imgs)
+                        _check_sizes(got, torch.where(cut, boxes[:, 2:], sizes), idx)
+                        from_box = boxes.clone()
+                        from_box[cut.flatten(), :2] = 0
+                        images = resize_images(
+                            imgs, crop.size, boxes=from_box, flip=flip, sizes=got
+                        )
                     else:
                         out, futs = cpu
                         for f in futs:

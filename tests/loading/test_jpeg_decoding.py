@@ -18,6 +18,7 @@ import packer
 from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
+from packer.imaging.decoders_split import SplitDecoder, best_decoder
 from packer.imaging.jpeg_crop import _planes, resize_images
 from packer.loading.jpeg_pass import decoding_for
 
@@ -120,7 +121,7 @@ def test_nvimgcodec_is_asked_for_pitched_output(monkeypatch) -> None:
     monkeypatch.setitem(D._MAKERS, "nvimgcodec", fake)
     _block(monkeypatch, "torchcodec", "torchcodec.decoders")
     assert decoding_for("auto", CUDA).name == "torchvision"
-    assert seen == {"pitched": True}
+    assert seen["pitched"] is True
 
 
 def test_decode_argument_errors(grey: Path) -> None:
@@ -239,6 +240,99 @@ def test_corrupt_and_truncated_bytes_name_the_image_through_roi(
             next(it)
 
 
+# ---------------------------------------------------------------- several decoders at once
+
+
+class Refusing(RoiCpu):
+    """A region decoder that refuses every batch holding an image of ``refuse`` bytes
+    (as the hardware engines refuse a progressive JPEG)."""
+
+    def __init__(self, refuse: int) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def _decode_rois(self, datas, boxes, names, hw):
+        if any(len(d) % self.refuse == 0 for d in datas):
+            raise PackFormatError("image 0: refused (test)")
+        return super()._decode_rois(datas, boxes, names, hw)
+
+
+def test_split_decoder_gives_the_full_decode_paths_batches(photos: Path) -> None:
+    ref = _batches(photos, "device")
+    first, second = RoiCpu(), D.CpuDecoder(CPU, threads=0)
+    split = SplitDecoder([first, second])
+    ld = packer.PackLoader(photos, 8, device="cpu", image_size=12, seed=4, decode=split)
+    got = [(x, y) for x, y in ld]
+    assert first.calls["rois"] == len(ref)  # the first part decoded boxes, every batch
+    assert ld.decode_path == "roi-cpu+cpu: roi-cpu roi + cpu full+crop"
+    assert abs(sum(split.shares) - 1) < 1e-9 and min(split.shares) >= 0.09
+    for (a, ya), (b, yb) in zip(ref, got):
+        assert torch.equal(ya, yb)
+        assert (a.int() - b.int()).abs().float().mean() <= 1.0
+
+
+def test_split_decoder_rates_set_the_shares() -> None:
+    split = SplitDecoder([RoiCpu(), D.CpuDecoder(CPU, threads=0)])
+    assert split.shares == [0.5, 0.5] and split._bounds(10) == [0, 5, 10]
+    split._learn([(0, 10), (10, 40)], {0: ([], [], 1.0), 1: ([], [], 1.0)})  # 10/s, 30/s
+    assert split.shares == pytest.approx([0.25, 0.75]) and split._bounds(8) == [0, 2, 8]
+    split._learn([(0, 2), (2, 8)], {0: ([], [], 1.0), 1: ([], [], 1.0)})  # too few: kept
+    assert split.shares == pytest.approx([0.25, 0.75])
+    split._learn([(0, 100), (100, 101)], {0: ([], [], 0.01), 1: ([], [], 1.0)})
+    assert min(split.shares) >= 0.09  # each part keeps a share, so it stays measured
+
+
+def test_split_decoder_refused_images_go_to_the_last_part(photos: Path) -> None:
+    ref = _batches(photos, "device")
+    split = SplitDecoder([Refusing(refuse=3), D.CpuDecoder(CPU, threads=0)])
+    got = _batches(photos, split)
+    assert split.refused > 0
+    for (a, _), (b, _) in zip(ref, got):
+        assert (a.int() - b.int()).abs().float().mean() <= 1.0
+    with pytest.raises(ValueError, match="two decoders or more"):
+        SplitDecoder([RoiCpu()])
+
+
+def test_split_decoder_names_a_damaged_image(photos: Path, tmp_path: Path) -> None:
+    p = packer.load(photos)
+    bad = tmp_path / "bad"
+    shutil.copytree(photos, bad)
+    f = bad / "_tensordict" / "jpeg.memmap"
+    raw = bytearray(f.read_bytes())
+    off, n = int(p.offsets[2]), int(p.lengths[2])
+    raw[off + 2 : off + n - 2] = bytes(n - 4)
+    f.write_bytes(bytes(raw))
+    split = SplitDecoder([RoiCpu(), D.CpuDecoder(CPU, threads=0)])
+    ld = packer.PackLoader(bad, 8, device="cpu", image_size=8, shuffle=False, decode=split)
+    with pytest.raises(PackFormatError, match="image 2: its stored JPEG does not decode"):
+        list(ld)
+
+
+def test_best_decoder_falls_back_along_the_chain(monkeypatch) -> None:
+    assert best_decoder("cpu").name == "cpu"
+    _block(monkeypatch, "nvidia.nvimgcodec", "torchcodec", "torchcodec.decoders")
+    assert best_decoder("cuda").name == "torchvision"
+    made = []
+
+    def fake(device, **opts):
+        made.append(opts)
+        dec = RoiCpu()
+        dec.device = torch.device(device)
+        return dec
+
+    monkeypatch.setitem(D._MAKERS, "nvimgcodec", fake)
+    assert best_decoder("cpu").name == "cpu" and made == []  # the CPU never splits
+    monkeypatch.setattr(D.TorchvisionDecoder, "__init__", _cuda_stand_in)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)  # no GPU here
+    split = best_decoder(CUDA, pitched=True)
+    assert isinstance(split, SplitDecoder) and split.name == "roi-cpu+torchvision"
+    assert made == [{"backends": "hw", "pitched": True}]
+
+
+def _cuda_stand_in(self, device, **kw) -> None:
+    D.DecoderBase.__init__(self, CUDA)
+
+
 # ---------------------------------------------------------------- pitched decoder output
 
 
@@ -294,22 +388,29 @@ def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> N
     rounding; the ROI path without fancy upsampling within that)."""
     kw = dict(image_size=12, seed=4)
     ref = [(x, y) for x, y in packer.PackLoader(photos, 8, device="cpu", decode="device", **kw)]
+    names = _cuda_decoders()
+    split = names[0] == "nvimgcodec" and len(names) > 1
     auto = packer.PackLoader(photos, 8, device="cuda", **kw)
-    assert auto.decode_path.startswith(_cuda_decoders()[0] + ": ")
-    for name in _cuda_decoders():
+    want = f"nvimgcodec(hw)+{names[1]}: " if split else f"{names[0]}: "
+    assert auto.decode_path.startswith(want), auto.decode_path
+    pack = packer.load(grey)
+    value = sorted(int(s.split("/")[1][:2]) for s in pack.sources)
+    for name in ["auto", *names]:
         ld = packer.PackLoader(photos, 8, device="cuda", decode=name, **kw)
         got = [(x, y) for x, y in ld]
-        assert ld.decode_path.split(": ")[0] == name
-        assert ld.decode_path.split(": ")[1] in ("roi", "roi (no fancy upsampling)", "full+crop")
-        assert (name == "nvimgcodec") == ("roi" in ld.decode_path), ld.decode_path
+        if name != "auto":
+            assert ld.decode_path.split(": ")[0] == name
+            assert ld.decode_path.split(": ")[1] in ROI_WAYS
+            assert (name == "nvimgcodec") == ("roi" in ld.decode_path), ld.decode_path
         assert len(got) == len(ref)
         for (a, ya), (b, yb) in zip(ref, got):
             assert b.is_cuda and torch.equal(ya, yb.cpu())
             d = (a.int() - b.cpu().int()).abs().float().mean()
             assert d <= 2.0, (name, float(d))
-        pack = packer.load(grey)
-        value = sorted(int(s.split("/")[1][:2]) for s in pack.sources)
         seen = []
         for x, _ in packer.PackLoader(grey, 6, device="cuda", image_size=8, decode=name):
             seen += [round(float(v) / 8) for v in x.float().mean((1, 2, 3)).cpu()]
         assert sorted(seen) == value, name
+
+
+ROI_WAYS = ("roi", "roi (no fancy upsampling)", "full+crop")
