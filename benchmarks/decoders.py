@@ -106,7 +106,9 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", default="loader,train,pixels,build")
     ap.add_argument("--train-iters", type=int, default=40)
-    ap.add_argument("--train-ways", default="auto,nvimgcodec,nvimgcodec hw (object),torchvision")
+    ap.add_argument("--train-ways", default="auto,torchvision,nvimgcodec")
+    ap.add_argument("--no-cpu-loader", action="store_true", help="skip decode='cpu' (slow)")
+    ap.add_argument("--fresh-rounds", type=int, default=2)
     ap.add_argument("--build-images", type=int, default=65536)
     ap.add_argument("--fresh-images", type=int, default=16384)
     ap.add_argument("--unique", type=int, default=4096, help="distinct 640x480 files")
@@ -230,7 +232,7 @@ def main() -> None:
         pack = args.work / "jpeg_pack"
         build(src, pack, BuildConfig(store="jpeg"))
     if "loader" in parts:
-        res["loader"] = loader_rates(pack, device, args.batch, args.repeats)
+        res["loader"] = loader_rates(pack, device, args.batch, args.repeats, args.no_cpu_loader)
         dump(res, "bench_decoders.json")
         print(f"\nPackLoader, JPEG pack, RandomResizedCrop 224 + flip, batch {args.batch}")
         print(
@@ -277,7 +279,7 @@ def main() -> None:
             f"{r['img_s'] / t['resident']:.3f}",
         ))  # fmt: skip
     if "build" in parts:
-        res["build"] = build_rates(args, device, procs)
+        res["build"] = build_rates(args, device, procs, res)
         dump(res, "bench_decoders.json")
         b = res["build"]
         if "warm_cuda_img_s" in b:
@@ -344,10 +346,10 @@ def roi_vs_pillow(
     return out
 
 
-def loader_ways(device: torch.device) -> dict[str, Any]:
+def loader_ways(device: torch.device, cuda_only: bool = False) -> dict[str, Any]:
     """The ``decode=`` arguments compared, by label: "auto" (the default), each decoder
     by name, and on CUDA nvImageCodec's engines alone and the split without ROI."""
-    from packer.imaging.decoders_split import SplitDecoder, best_decoder
+    from packer.imaging.decoders_split import SplitDecoder
 
     ways: dict[str, Any] = {"auto": "auto"}
     if device.type != "cuda":
@@ -358,15 +360,16 @@ def loader_ways(device: torch.device) -> dict[str, Any]:
         except UsageError:
             continue
         ways[name] = name
-    if "nvimgcodec" in ways:
-        ways["nvimgcodec hw (object)"] = lambda: get_decoder(
-            device, prefer="nvimgcodec", backends="hw", pitched=True
-        )
-        if isinstance(best_decoder(device, pitched=True), SplitDecoder):
-            ways["split, no ROI (object)"] = lambda: SplitDecoder(
-                best_decoder(device, pitched=True).parts, roi=False
-            )
-    ways["cpu"] = "cpu"
+    if "nvimgcodec" in ways and ("torchcodec" in ways or "torchvision" in ways):
+        other = "torchcodec" if "torchcodec" in ways else "torchvision"
+
+        def split(roi: bool) -> Any:
+            hw = get_decoder(device, prefer="nvimgcodec", backends="hw", pitched=True)
+            return SplitDecoder([hw, get_decoder(device, prefer=other)], roi=roi)
+
+        ways["split hw+nvjpeg, no ROI"] = lambda: split(False)
+    if not cuda_only:
+        ways["cpu"] = "cpu"
     return ways
 
 
@@ -378,7 +381,7 @@ def _loader(pack: Path, device: torch.device, batch: int, way: Any, rows: torch.
 
 
 def loader_rates(
-    pack: Path, device: torch.device, batch: int, repeats: int
+    pack: Path, device: torch.device, batch: int, repeats: int, skip_cpu: bool = False
 ) -> dict[str, dict[str, Any]]:
     """PackLoader img/s over the JPEG pack for each way of :func:`loader_ways`,
     interleaved rounds, one pass each (the pack's rows 4 times: an epoch long enough to
@@ -386,7 +389,7 @@ def loader_rates(
     n = len(packer.load(pack))
     rows = torch.arange(n).repeat(4)
     loaders = {}
-    for name, way in loader_ways(device).items():
+    for name, way in loader_ways(device, cuda_only=skip_cpu).items():
         try:
             loaders[name] = _loader(pack, device, batch, way, rows)
         except UsageError as e:
@@ -474,8 +477,11 @@ def _linked_set(root: Path, unique: Path, n: int) -> Path:
     return root
 
 
-def build_rates(args: argparse.Namespace, device: torch.device, procs: int) -> dict[str, Any]:
-    """640x480 -> 224²: the ceiling, a warm GPU build, fresh-process builds."""
+def build_rates(
+    args: argparse.Namespace, device: torch.device, procs: int, res: dict[str, Any]
+) -> dict[str, Any]:
+    """640x480 -> 224²: the ceiling, a warm GPU build, fresh-process builds (each figure
+    saved in ``res["build"]`` as it comes)."""
     import packer.build.gpu as gpu_build
     from build import pixel_diff
 
@@ -491,32 +497,35 @@ def build_rates(args: argparse.Namespace, device: torch.device, procs: int) -> d
         "warm_images": args.build_images,
         "fresh_images": args.fresh_images,
     }
+    res["build"] = out
+
+    def save() -> None:
+        dump(res, "bench_decoders.json")
+
     out["ceiling_img_s"] = round(resize_ceiling(files, procs, 224, 3), 1)
+    save()
     print(f"  ceiling {out['ceiling_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
     cfg = {"size": (224, 224)}
     if device.type == "cuda":
         small = _linked_set(work / "small", unique, 512)
         build(small, work / "warm_cpu", BuildConfig(**cfg))
-        for name in ("torchvision", None):  # the chain's choice last: the timed build's
-            gpu_build.DECODER = name
-            dst = work / f"warm_gpu_{name}"
-            build(small, dst, BuildConfig(**cfg, device="cuda"))
-            out[f"warm_pixels_vs_cpu_{name or 'chain'}"] = pixel_diff(work / "warm_cpu", dst)
-        for name in (None,):
-            gpu_build.DECODER = name
-            dst = work / "out_gpu"
-            os.sync()
-            t0 = time.perf_counter()
-            r = build(big, dst, BuildConfig(**cfg, device="cuda"))
-            out["warm_cuda_img_s"] = round(r.count / (time.perf_counter() - t0), 1)
-            out["warm_cuda_decoder"] = "chain: " + str(gpu_build.make_decoder(device).name)
-            shutil.rmtree(dst)
+        dst = work / "warm_gpu"
+        build(small, dst, BuildConfig(**cfg, device="cuda"))  # warm-up, and its pixels
+        out["warm_pixels_vs_cpu"] = pixel_diff(work / "warm_cpu", dst)
+        dst = work / "out_gpu"
+        os.sync()
+        t0 = time.perf_counter()
+        r = build(big, dst, BuildConfig(**cfg, device="cuda"))
+        out["warm_cuda_img_s"] = round(r.count / (time.perf_counter() - t0), 1)
+        out["warm_cuda_decoder"] = gpu_build.make_decoder(device).name
+        shutil.rmtree(dst)
         print(f"  warm GPU build {out['warm_cuda_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
+        save()
     env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     ways = ["cpu", "auto"] + (["cuda"] if device.type == "cuda" else [])
     walls: dict[str, list[float]] = {w: [] for w in ways}
     used: dict[str, str] = {}
-    for rnd in range(2):  # cpu and auto alternate, twice; cuda once
+    for rnd in range(args.fresh_rounds):  # cpu and auto alternate; cuda once
         for way in ways if rnd == 0 else ways[:2]:
             dst = work / f"fresh_{way}"
             os.sync()
@@ -530,6 +539,8 @@ def build_rates(args: argparse.Namespace, device: torch.device, procs: int) -> d
                 file=sys.stderr,
                 flush=True,
             )
+            out["fresh_walls"] = walls
+            save()
     out["fresh"] = {
         w: {"img_s": round(args.fresh_images / statistics.median(v), 1), "wall_s": [round(x, 2) for x in v], "device": used[w]}
         for w, v in walls.items()

@@ -6,8 +6,8 @@ GPU decoder (:func:`_serve`):
 
     reader threads read each file once and classify it from its header bytes
     (packer.build.gpu_read, with packer.imaging.jpeg_header.plain_jpeg_size: no Pillow)
-      -> the JPEGs the GPU takes: the decode interface (packer.imaging.decoders: nvImageCodec's
-         engines + CUDA decoder, else torchcodec, else torchvision), one batch
+      -> the JPEGs the GPU takes: the decode interface (packer.imaging.decoders, in the
+         measured order: torchcodec, torchvision, nvImageCodec), one batch
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
          JPEG nvjpeg refuses: the CPU workers' decode (packer.imaging.decode, as the CPU
@@ -53,19 +53,23 @@ _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahea
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 
 
-# the GPU build's decoder: None takes the first of packer.imaging.decoders.GPU_CHAIN that
-# runs here (nvImageCodec: the hardware engines + its CUDA decoder, the same pixels as
-# Pillow); a benchmark may name another ("torchcodec", "torchvision") to compare
+# the GPU build's decoder: None takes the measured order's first that runs here
+# (packer.imaging.decoders_split.best_decoder: torchcodec, torchvision, nvImageCodec);
+# a benchmark may name one ("nvimgcodec", ...) to compare
 DECODER: str | None = None
 
 
 def make_decoder(device: torch.device) -> Any:
     """The build's batched JPEG decoder on ``device`` (:mod:`packer.imaging.decoders`);
-    its outputs may keep padded rows, which :func:`packer.imaging.jpeg.resize_images`
-    reads in place."""
+    nvImageCodec's outputs may keep padded rows, which
+    :func:`packer.imaging.jpeg.resize_images` reads in place. One decoder, never a split:
+    a pack's bytes depend only on its inputs and options."""
     from ..imaging.decoders import get_decoder
+    from ..imaging.decoders_split import best_decoder
 
-    kw = {"pitched": True} if DECODER in (None, "nvimgcodec") else {}
+    if DECODER is None:
+        return best_decoder(device, pitched=True)
+    kw = {"pitched": True} if DECODER == "nvimgcodec" else {}
     return get_decoder(device, prefer=DECODER, **kw)
 
 

@@ -1,5 +1,5 @@
 """Several JPEG decoders on one batch at once: :class:`SplitDecoder`, and
-:func:`best_decoder`, the JPEG-pack loader's choice on CUDA.
+:func:`best_decoder`, the JPEG-pack loader's and the GPU build's choice on CUDA.
 
 nvImageCodec's hardware engines (NVJPG, ``backends="hw"``) are silicon of their own,
 beside the SMs and the CPU; nvjpeg's batched CUDA decoder (torchcodec's, else
@@ -212,28 +212,35 @@ def _label(dec: DecoderBase) -> str:
     return f"{dec.name}({backends})" if backends and backends != "cpu" else dec.name
 
 
+# the order the loader and the GPU build try decoders in on CUDA, by measurement (H100,
+# 2026-11-25, benchmarks/decoders.py, docs/PERFORMANCE.md "GPU JPEG decoders"): nvjpeg's
+# batched decode (torchcodec, torchvision) fed ResNet-50 at 0.98 of its resident rate and
+# streamed 8.5-8.9k img/s; nvImageCodec (engines + CUDA decoder, ROI) at 0.89-0.90 and
+# 5.2-7.0k, this split included; nvImageCodec comes last (by name it is always there)
+MEASURED_ORDER = ("torchcodec", "torchvision", "nvimgcodec")
+
+
 def best_decoder(device: torch.device | str, **opts: object) -> DecoderBase:
-    """The JPEG-pack loader's decoder on ``device``: on CUDA, where nvImageCodec and
-    nvjpeg's batched decoder (torchcodec, else torchvision) both start, the two at once
-    (:class:`SplitDecoder`: the hardware engines first, the CUDA decoder taking the rest);
-    else the first of the chain that starts (:func:`~packer.imaging.decoders.get_decoder`).
-    ``opts`` go to nvImageCodec (``pitched``)."""
+    """The JPEG-pack loader's and the GPU build's decoder on ``device``: on CUDA the
+    first of :data:`MEASURED_ORDER` that starts here, quietly (``passed_over`` says why
+    the others did not); on the CPU the CPU decoder. ``opts`` go to nvImageCodec
+    (``pitched``). A :class:`SplitDecoder` is never chosen by itself: it measured no
+    faster (pass one as ``decode=`` to use it)."""
     from .decoders import get_decoder
 
     device = torch.device(device)
     if device.type != "cuda":
         return get_decoder(device)
-    try:
-        hw = get_decoder(device, prefer="nvimgcodec", backends="hw", **opts)
-    except UsageError:
-        return get_decoder(device, **opts)
-    for name in ("torchcodec", "torchvision"):
+    passed: list[str] = []
+    for name in MEASURED_ORDER:
         try:
-            other = get_decoder(device, prefer=name)
-        except UsageError:
+            dec = get_decoder(device, prefer=name, **(opts if name == "nvimgcodec" else {}))
+        except UsageError as e:
+            passed.append(f"{name}: {str(e)[:160]}")
             continue
-        return SplitDecoder([hw, other])
-    return get_decoder(device, **opts)
+        dec.passed_over = tuple(passed)
+        return dec
+    return get_decoder(device, **opts)  # raises, saying how to install one
 
 
-__all__ = ["SplitDecoder", "best_decoder"]
+__all__ = ["MEASURED_ORDER", "SplitDecoder", "best_decoder"]

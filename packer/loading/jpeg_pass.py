@@ -5,9 +5,12 @@ Per batch: read the files (offsets and end markers checked), draw every image's 
 from its stored size with the batch's generator, decode and crop, run the rest of the
 transform; on CUDA a decoder thread runs ahead and the crop runs on a side stream.
 
-In batches, the decode goes through :mod:`packer.imaging.decoders`: on CUDA the best
-that runs here (nvImageCodec's hardware engines with its CUDA decoder taking the rest,
-else torchcodec, else torchvision), or the one ``decode=`` names. A decoder that can
+In batches, the decode goes through :mod:`packer.imaging.decoders`: on CUDA the first
+that runs here in the measured order (torchcodec, torchvision, nvImageCodec:
+:func:`packer.imaging.decoders_split.best_decoder`; nvjpeg's batched decode fed
+ResNet-50 best), or the one ``decode=`` names (nvImageCodec: its hardware engines with
+its CUDA decoder taking the rest, GIL released, ROI), or a decoder object (a
+:class:`~packer.imaging.decoders_split.SplitDecoder`, say). A decoder that can
 decode a region decodes only each image's box (the ROI-fused crop of
 :mod:`packer.imaging.roi_crop`); the crops are then resized in one batched call. One
 that cannot (or whose ROI does not work on this version: its first batch finds out)
@@ -131,8 +134,8 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
     """The :class:`Decoding` of a JPEG-pack loader's ``decode=`` on ``device``, or None
     where it decodes image by image on its threads (``decode="cpu"``; "auto" on the CPU).
 
-    ``decode``: "auto" or "device" (on CUDA: the first of nvImageCodec, torchcodec,
-    torchvision that runs here, quietly; "device" on the CPU: the CPU decoder in
+    ``decode``: "auto" or "device" (on CUDA: the first of torchcodec, torchvision,
+    nvImageCodec that runs here, quietly; "device" on the CPU: the CPU decoder in
     batches), a name from :data:`DECODE_NAMES` (that decoder on ``device``, else a
     UsageError saying how to install it), or a decoder object (``get_decoder(...)``,
     on ``device``'s type). Made here, on the caller's thread: it imports its library.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,7 @@ def test_decode_modes_pick_the_decoder(monkeypatch) -> None:
     for mode in ("auto", "device"):
         d = decoding_for(mode, CUDA)
         assert d.name == "torchvision" and d.decoder.device.type == "cuda"
-        assert [p.split(":")[0] for p in d.decoder.passed_over] == ["nvimgcodec", "torchcodec"]
+        assert [p.split(":")[0] for p in d.decoder.passed_over] == ["torchcodec"]
     assert decoding_for("torchvision", CUDA).name == "torchvision"
     with pytest.raises(UsageError, match=r"decoder 'nvimgcodec' cannot run here .*imgpack\[gpu\]"):
         decoding_for("nvimgcodec", CUDA)
@@ -111,7 +112,7 @@ def test_decode_modes_pick_the_decoder(monkeypatch) -> None:
         decoding_for("torchcodec", CUDA)
 
 
-def test_nvimgcodec_is_asked_for_pitched_output(monkeypatch) -> None:
+def test_nvimgcodec_is_asked_for_pitched_output_and_comes_last(monkeypatch) -> None:
     seen = {}
 
     def fake(device, **opts):
@@ -119,9 +120,13 @@ def test_nvimgcodec_is_asked_for_pitched_output(monkeypatch) -> None:
         raise D.Unavailable("not here (test)")
 
     monkeypatch.setitem(D._MAKERS, "nvimgcodec", fake)
-    _block(monkeypatch, "torchcodec", "torchcodec.decoders")
-    assert decoding_for("auto", CUDA).name == "torchvision"
+    assert decoding_for("auto", CUDA).name in ("torchcodec", "torchvision") and seen == {}
+    _block(monkeypatch, "torchcodec", "torchcodec.decoders", "torchvision.io")
+    with pytest.raises(UsageError, match=r"no JPEG decoder runs on cuda"):
+        decoding_for("auto", CUDA)
     assert seen["pitched"] is True
+    with pytest.raises(UsageError, match=r"decoder 'nvimgcodec' cannot run here"):
+        decoding_for("nvimgcodec", CUDA)
 
 
 def test_decode_argument_errors(grey: Path) -> None:
@@ -308,29 +313,35 @@ def test_split_decoder_names_a_damaged_image(photos: Path, tmp_path: Path) -> No
         list(ld)
 
 
-def test_best_decoder_falls_back_along_the_chain(monkeypatch) -> None:
+def test_best_decoder_takes_the_measured_order(monkeypatch) -> None:
     assert best_decoder("cpu").name == "cpu"
-    _block(monkeypatch, "nvidia.nvimgcodec", "torchcodec", "torchcodec.decoders")
-    assert best_decoder("cuda").name == "torchvision"
     made = []
+    ready = [RoiCpu(), RoiCpu()]  # made while torchvision.io imports
 
     def fake(device, **opts):
         made.append(opts)
-        dec = RoiCpu()
+        dec = ready.pop()
         dec.device = torch.device(device)
         return dec
 
     monkeypatch.setitem(D._MAKERS, "nvimgcodec", fake)
-    assert best_decoder("cpu").name == "cpu" and made == []  # the CPU never splits
-    monkeypatch.setattr(D.TorchvisionDecoder, "__init__", _cuda_stand_in)
+    fake_tc = types.ModuleType("torchcodec.decoders")
+    fake_tc.decode_jpeg = lambda datas, mode, device: [torch.zeros(3, 1, 1)] * len(datas)
+    monkeypatch.setitem(sys.modules, "torchcodec", types.ModuleType("torchcodec"))
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", fake_tc)
+    assert best_decoder(CUDA, pitched=True).name == "torchcodec" and made == []
+    _block(monkeypatch, "torchcodec", "torchcodec.decoders")
+    dec = best_decoder(CUDA, pitched=True)
+    assert dec.name == "torchvision" and [p.split(":")[0] for p in dec.passed_over] == [
+        "torchcodec"
+    ]
+    _block(monkeypatch, "torchvision.io")
+    dec = best_decoder(CUDA, pitched=True)
+    assert dec.name == "roi-cpu" and made == [{"pitched": True}]
+    # a split is never chosen by itself; made by hand it joins decoders of one device
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)  # no GPU here
-    split = best_decoder(CUDA, pitched=True)
-    assert isinstance(split, SplitDecoder) and split.name == "roi-cpu+torchvision"
-    assert made == [{"backends": "hw", "pitched": True}]
-
-
-def _cuda_stand_in(self, device, **kw) -> None:
-    D.DecoderBase.__init__(self, CUDA)
+    split = SplitDecoder([dec, fake(CUDA)])
+    assert split.name == "roi-cpu+roi-cpu" and split.device == CUDA
 
 
 # ---------------------------------------------------------------- pitched decoder output
@@ -389,10 +400,9 @@ def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> N
     kw = dict(image_size=12, seed=4)
     ref = [(x, y) for x, y in packer.PackLoader(photos, 8, device="cpu", decode="device", **kw)]
     names = _cuda_decoders()
-    split = names[0] == "nvimgcodec" and len(names) > 1
     auto = packer.PackLoader(photos, 8, device="cuda", **kw)
-    want = f"nvimgcodec(hw)+{names[1]}: " if split else f"{names[0]}: "
-    assert auto.decode_path.startswith(want), auto.decode_path
+    first = next(n for n in ("torchcodec", "torchvision", "nvimgcodec") if n in names)
+    assert auto.decode_path == f"{first}: not yet run", auto.decode_path
     pack = packer.load(grey)
     value = sorted(int(s.split("/")[1][:2]) for s in pack.sources)
     for name in ["auto", *names]:
