@@ -164,15 +164,26 @@ class PackLoader(_Resumable):
         boxes drawn relative to each image's own size (its stored size, checked
         against the decoded one). A damaged offset, size or JPEG raises
         PackFormatError naming the image.
-      decode: JPEG packs: who decodes. "device": in batches on ``device`` (nvjpeg on
-        CUDA, then one batched crop; on the CPU torchvision's decode on the threads,
-        then one crop of the padded batch). "cpu": image by image on the loader's
-        ``num_threads`` threads (torchvision's libjpeg decode, then only the box
+      decode: JPEG packs: who decodes. "device": in batches on ``device`` through the
+        decode interface (:mod:`packer.imaging.decoders`): on CUDA the first of
+        torchcodec, torchvision, nvImageCodec that runs here (the measured order: nvjpeg's
+        batched decode fed ResNet-50 best, docs/PERFORMANCE.md), then one batched crop;
+        on the CPU torchvision's decode on the threads, then one crop of the padded
+        batch. A decoder's name ("nvimgcodec", "torchcodec", "torchvision"): that one
+        (UsageError saying how to install it if it does not run here). A decoder object
+        (``packer.imaging.decoders.get_decoder(...)``, a ``SplitDecoder``): that one,
+        for ``device``'s type. A decoder that decodes regions (nvImageCodec) decodes only
+        each image's crop box, then the crops are resized in one batched call; others,
+        or where ROI does not work on the installed version, decode whole and crop.
+        ``decode_path`` (and the repr) says which ran. "cpu": image by image on the
+        loader's ``num_threads`` threads (torchvision's libjpeg decode, then only the box
         resampled by Pillow), then copied to ``device``. "auto" (default): "device" on
         CUDA, "cpu" on the CPU, the faster on each (docs/BENCHMARKS.md, "Who
         decodes"). Boxes and flips are the seed's whichever decodes; the CPU ways
-        differ by resampling rounding (±1-2/255), nvjpeg from libjpeg by about 1/255
-        on average (chroma upsampling); each gives the same pixels from run to run.
+        differ by resampling rounding (±1-2/255), nvjpeg and nvImageCodec's ROI from
+        libjpeg by about 1.5/255 on average (chroma upsampling; nvImageCodec decoding
+        whole gives libjpeg's pixels); each gives the same pixels from run to run
+        (a SplitDecoder's ROI and nvjpeg parts give identical pixels: measured 0.000).
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
