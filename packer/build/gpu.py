@@ -53,24 +53,15 @@ _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahea
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 
 
-# the GPU build's decoder: None takes the measured order's first that runs here
-# (packer.imaging.decoders_split.best_decoder: torchcodec, torchvision, nvImageCodec);
-# a benchmark may name one ("nvimgcodec", ...) to compare
-DECODER: str | None = None
-
-
 def make_decoder(device: torch.device) -> Any:
-    """The build's batched JPEG decoder on ``device`` (:mod:`packer.imaging.decoders`);
-    nvImageCodec's outputs may keep padded rows, which
-    :func:`packer.imaging.jpeg.resize_images` reads in place. One decoder, never a split:
-    a pack's bytes depend only on its inputs and options."""
-    from ..imaging.decoders import get_decoder
+    """The build's batched JPEG decoder on ``device``: the measured order's first that
+    runs here (:func:`packer.imaging.decoders_split.best_decoder`: torchcodec,
+    torchvision, nvImageCodec, whose outputs may keep padded rows, which
+    :func:`packer.imaging.jpeg.resize_images` reads in place). One decoder, never a
+    split: a pack's bytes depend only on its inputs and options."""
     from ..imaging.decoders_split import best_decoder
 
-    if DECODER is None:
-        return best_decoder(device, pitched=True)
-    kw = {"pitched": True} if DECODER == "nvimgcodec" else {}
-    return get_decoder(device, prefer=DECODER, **kw)
+    return best_decoder(device, pitched=True)
 
 
 def _decode_list(

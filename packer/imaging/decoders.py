@@ -11,6 +11,11 @@ image's stored (h, w) (a pack's readers always pass it): every frame header must
 same before anything is decoded, so a 2 KB file cannot ask a decoder for gigabytes.
 ``boxes``: int [n, 4] (top, left, height, width) in the stored upright image.
 
+:func:`get_decoder`'s chain puts nvImageCodec first (Pillow's exact pixels, ROI); the
+JPEG-pack loader and the GPU build instead take
+:func:`packer.imaging.decoders_split.best_decoder`'s measured order (torchcodec,
+torchvision, nvImageCodec: nvjpeg's batched decode fed a model best on an H100).
+
 The backends (``name``):
 
 * ``nvimgcodec`` (:mod:`.decoders_nvimgcodec`): the GPU's hardware JPEG engines first,

@@ -3,11 +3,14 @@
 
 nvImageCodec's hardware engines (NVJPG, ``backends="hw"``) are silicon of their own,
 beside the SMs and the CPU; nvjpeg's batched CUDA decoder (torchcodec's, else
-torchvision's) decodes its Huffman data on the CPU and the rest on the SMs. Each alone
-is slower than both together, so a batch is split between them: the engines take the
-first share, the CUDA decoder the rest, each on a thread and a CUDA stream of its own
-(both release the GIL), and the share follows their measured rates (each part's images
-over its wall time, smoothed) so both finish together. An image the engines refuse (a
+torchvision's) decodes its Huffman data on the CPU and the rest on the SMs. A split
+batch goes to both at once: the engines take the first share, the CUDA decoder the rest,
+each on a thread and a CUDA stream of its own (both release the GIL), and the share
+follows their measured rates (each part's images over its wall time, smoothed) so both
+finish together. Measured on an H100 (docs/BENCHMARKS.md, 2026-11-25): without ROI
++4% over torchcodec alone in one lease, -1% in another; with ROI slower. So it is an
+opt-in decoder object (``PackLoader(decode=SplitDecoder([...], roi=False))``), not
+:func:`best_decoder`'s choice. An image the engines refuse (a
 progressive JPEG, say) is decoded by the CUDA decoder instead, which names a file that
 is damaged.
 
