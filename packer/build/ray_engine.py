@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 MAX_RETRIES = 3  # a task whose worker died (or raised OSError) runs up to 4 times
 _SHOWN = 3  # inputs named in the error of a shard that failed
-_CANCEL_WAIT_S = 30.0
+_CANCEL_WAIT_S = {False: 5.0, True: 30.0}  # interrupted, then killed
 
 
 def import_ray() -> Any:
@@ -106,15 +106,18 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 
 def _cancel(ray: Any, refs: list[Any]) -> None:
-    """Stop the tasks not finished: a running one's worker is killed (its shard stays
-    in its work folder, resumed by a rerun); wait for them to settle."""
-    for ref in refs:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception as e:  # a task that finished meanwhile: nothing to cancel
-            log.debug("cancel: %s", e)
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S)
+    """Stop the tasks not finished and wait for them to settle: a running one is
+    interrupted (KeyboardInterrupt in its worker: its shard stays in its work folder,
+    resumed by a rerun), or its worker killed if it does not stop within seconds."""
+    for force in (False, True):
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=force)
+            except Exception as e:  # a task that finished meanwhile: nothing to cancel
+                log.debug("cancel: %s", e)
+        if not refs:
+            return
+        _, refs = ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S[force])
 
 
 def _failure(ray: Any, sp: SetPlan, k: int, e: BaseException) -> PackerError:
