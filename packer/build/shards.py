@@ -25,6 +25,11 @@ a killed build keeps every shard already in place (its manifest valid), builds t
 and writes the index: byte-identical to an uninterrupted build. Shards no index names
 (left by a build with other inputs) are removed once the new index is in place.
 
+Who builds the shards is an engine's choice, never the bytes': :func:`plan_set` (the
+driver's plan), :func:`commit_shard` (one shard, put in place whole; idempotent) and
+:func:`finish_set` (the index) are the same for the local engine (one shard after
+another, here) and ``--engine ray`` (:mod:`packer.build.ray_engine`, a task per shard).
+
 ``--append`` reads the index, refuses other options, class map or targets (naming
 which), builds the images under SRC that the set has not seen (neither holds nor
 skipped) as new shards after the old ones, which are never rewritten, and swaps the
