@@ -5,6 +5,7 @@ extra missing. The local build never imports ray."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -142,11 +143,15 @@ def test_a_shard_that_keeps_failing_stops_the_build_with_its_inputs(
     with pytest.raises(ShardFailedError, match=rf"shard {names[2].name} .*cat/4\.png, cat/5\.png"):
         build(src, dst, replace(RAW, engine="ray"))
     assert not (dst / INDEX).exists() and not (dst / names[2].name).exists()
-    code, _out, err = cli_build(src, tmp_path / "cli", "--shard-size", "300", "--engine", "ray")
-    assert code == 0, err  # the CLI reuses this process's connection
+    code, _out, err = cli_build(src, dst, "--shard-size", "300", "--engine", "ray")
+    assert code == 1 and f"shard {names[2].name} (SRC" in one_error(err)
+    assert "could not be built: it failed 4 times: NotADirectoryError" in err
     blocker.unlink()
-    build(src, dst, replace(RAW, engine="ray"))
-    assert tree(dst) == tree(tmp_path / "local") == tree(tmp_path / "cli")
+    code, out, err = cli_build(src, dst, "--shard-size", "300", "--engine", "ray", "--json")
+    assert code == 0, err  # the CLI reuses this process's connection to the cluster
+    per_shard = json.loads(out)["per_shard"]
+    assert [s["count"] for s in per_shard] == [2] * 6 and per_shard[2]["status"] == "built"
+    assert tree(dst) == tree(tmp_path / "local") and not blocker.exists()
 
 
 def test_worker_node_killed_mid_build_loses_and_repeats_no_image(
