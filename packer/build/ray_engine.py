@@ -172,11 +172,15 @@ def run_ray(
         "max_retries": MAX_RETRIES,
         "retry_exceptions": [OSError],
     }
+    src = os.path.abspath(sp.src)  # a task's working folder is not the driver's
     refs: dict[Any, int] = {}
     for k, (name, _a, _b) in enumerate(sp.shards):
         if name not in sp.done:
+            part = sp.part(k)
+            root = Path(os.path.abspath(part.scan.root))
+            part = replace(part, scan=replace(part.scan, root=root))
             ref = task.options(name=f"imgpack-shard-{name}", **resources).remote(
-                str(sp.src), str(sp.dst), name, sp.part(k), cfg
+                src, str(sp.dst), name, part, cfg
             )
             refs[ref] = k
     outcomes: list[ShardOutcome] = []

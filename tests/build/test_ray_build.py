@@ -100,10 +100,12 @@ def test_ray_build_is_byte_identical_to_the_local_set(
 
 
 def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
-    ray_cluster: Any, tmp_path: Path
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ray_cluster.ensure_worker()
-    src = write_src(tmp_path / "src", 8)  # 8 shards of 2
+    write_src(tmp_path / "src", 8)  # 8 shards of 2
+    monkeypatch.chdir(tmp_path)
+    src = Path("src")  # relative: the tasks run in other working folders
     build(src, tmp_path / "local", RAW)
     r = build(src, tmp_path / "ray", replace(RAW, engine="ray"))
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
