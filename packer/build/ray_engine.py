@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 MAX_RETRIES = 3  # a task whose worker died (or raised OSError) runs up to 4 times
 _SHOWN = 3  # inputs named in the error of a shard that failed
-_CANCEL_WAIT_S = {False: 5.0, True: 30.0}  # interrupted, then killed
+_CANCEL_WAIT_S = 30.0
 
 
 def import_ray() -> Any:
@@ -105,19 +105,34 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
+def _check_fits(ray: Any, cpus: int, gpus: int) -> None:
+    """UsageError unless some live node can run a task of ``cpus`` CPUs and ``gpus`` GPUs:
+    Ray would keep such tasks pending for ever."""
+    have = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in have):
+        return
+    need = f"{cpus} CPU" + (f" and {gpus} GPU" if gpus else "")
+    most = max((r.get("CPU", 0) for r in have), default=0)
+    what = "--device cuda" if gpus and not any(r.get("GPU", 0) for r in have) else "--workers"
+    raise UsageError(
+        f"{what}: each shard's task needs {need}, and no node of the Ray cluster has that "
+        f"(the largest has {most:g} CPU, {max((r.get('GPU', 0) for r in have), default=0):g} "
+        "GPU); lower --workers, use --device cpu, or add such a node"
+    )
+
+
 def _cancel(ray: Any, refs: list[Any]) -> None:
-    """Stop the tasks not finished and wait for them to settle: a running one is
-    interrupted (KeyboardInterrupt in its worker: its shard stays in its work folder,
-    resumed by a rerun), or its worker killed if it does not stop within seconds."""
-    for force in (False, True):
-        for ref in refs:
-            try:
-                ray.cancel(ref, force=force)
-            except Exception as e:  # a task that finished meanwhile: nothing to cancel
-                log.debug("cancel: %s", e)
-        if not refs:
-            return
-        _, refs = ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S[force])
+    """Stop the tasks not finished and wait for them to settle. A running task's worker
+    is killed, as a crash would: its shard stays in its work folder and a rerun resumes
+    it. (A gentle cancel raises inside the task, where a per-image ``except`` may take
+    it for a bad image and commit the shard without that image.)"""
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception as e:  # a task that finished meanwhile: nothing to cancel
+            log.debug("cancel: %s", e)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S)
 
 
 def _failure(ray: Any, sp: SetPlan, k: int, e: BaseException) -> PackerError:
@@ -165,10 +180,17 @@ def run_ray(
     opened = _connect(ray, sp.config.ray_address)
     cpus = sp.config.workers or 1
     cfg = replace(sp.shard_config, workers=cpus, engine="local", ray_address=None)
+    gpus = 0 if cluster_device(sp.config) is None else 1
+    try:
+        _check_fits(ray, cpus, gpus)
+    except UsageError:
+        if opened:
+            ray.shutdown()
+        raise
     task = ray.remote(_shard_task)
     resources = {
         "num_cpus": cpus,
-        "num_gpus": 0 if cluster_device(sp.config) is None else 1,
+        "num_gpus": gpus,
         "max_retries": MAX_RETRIES,
         "retry_exceptions": [OSError],
     }

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import cli_build, one_error, subprocess_env, write_image
 from packer.build.run import BuildConfig, build
-from packer.errors import PackerError, ShardFailedError
+from packer.errors import PackerError, ShardFailedError, UsageError
 from packer.pack.index import INDEX, read_index, read_shard_manifest
 
 pytestmark = pytest.mark.ray
@@ -113,6 +113,18 @@ def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
     again = build(src, tmp_path / "ray", replace(RAW, engine="ray", overwrite=True))
     assert again.extra["shards_kept"] == 8 and again.extra["shards_built"] == 0
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+
+
+def test_tasks_no_node_can_run_are_refused_not_left_pending(
+    ray_cluster: Any, src: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(UsageError, match=r"--workers: each shard's task needs 2 CPU, and no node"):
+        build(src, tmp_path / "a", replace(RAW, engine="ray", workers=2))
+    with pytest.raises(UsageError, match=r"--device cuda: each shard's task needs 1 CPU and 1 GPU"):
+        build(src, tmp_path / "b", replace(RAW, engine="ray", device="cuda"))
+    with pytest.raises(UsageError, match=r"--device auto with --engine ray: give --device cpu"):
+        build(src, tmp_path / "c", replace(RAW, engine="ray", device="auto"))
+    assert not any((tmp_path / d / INDEX).exists() for d in "abc")
 
 
 def test_ctrl_c_cancels_the_tasks_and_the_same_command_resumes(
