@@ -154,12 +154,14 @@ def test_a_shard_that_keeps_failing_stops_the_build_with_its_inputs(
     # a file where shard 2's work folder goes: every attempt fails (NotADirectoryError)
     blocker = dst / f".{names[2].name}.imgpack-partial"
     blocker.write_text("")
-    with pytest.raises(ShardFailedError, match=rf"shard {names[2].name} .*cat/4\.png, cat/5\.png"):
-        build(src, dst, replace(RAW, engine="ray"))
-    assert not (dst / INDEX).exists() and not (dst / names[2].name).exists()
     code, _out, err = cli_build(src, dst, "--shard-size", "300", "--engine", "ray")
-    assert code == 1 and f"shard {names[2].name} (SRC" in one_error(err)
+    # exit 1 (ShardFailedError), one line: the shard, its inputs, the cause, what to do
+    assert code == 1 and f"shard {names[2].name} (SRC {src}: cat/4.png, cat/5.png)" in one_error(
+        err
+    )
     assert "could not be built: it failed 4 times: NotADirectoryError" in err
+    assert "run the same command again" in err and ShardFailedError.exit_code == 1
+    assert not (dst / INDEX).exists() and not (dst / names[2].name).exists()
     blocker.unlink()
     code, out, err = cli_build(src, dst, "--shard-size", "300", "--engine", "ray", "--json")
     assert code == 0, err  # the CLI reuses this process's connection to the cluster
