@@ -113,6 +113,12 @@ def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
     again = build(src, tmp_path / "ray", replace(RAW, engine="ray", overwrite=True))
     assert again.extra["shards_kept"] == 8 and again.extra["shards_built"] == 0
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    for i in (8, 9):  # --append: the new images as new shards, the old ones untouched
+        write_image(src / "cat" / f"{i}.png", (20, 16), seed=i)
+    build(src, tmp_path / "local", replace(RAW, append=True))
+    r = build(src, tmp_path / "ray", replace(RAW, engine="ray", append=True))
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local") and r.count == 18
+    assert [s["status"] for s in r.per_shard] == ["built"]
 
 
 def test_tasks_no_node_can_run_are_refused_not_left_pending(
