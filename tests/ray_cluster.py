@@ -119,7 +119,14 @@ class Cluster:
         self._wait("head", gcs_up, self.head)
         os.environ["RAY_AUTH_MODE"] = "disabled"  # this process is the driver
         ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
-        self.start_worker()
+        # The driver prints cluster events (the killed node marked dead, a task
+        # retried) on sys.stdout from a thread, seconds later: into whatever a later
+        # test captures there (a CliRunner's --json). Not needed here: dropped for the
+        # session (Ray's private function; a test-only patch, undone by stop()).
+        from ray._private import worker
+
+        self._print = worker.print_to_stdstream
+        worker.print_to_stdstream = lambda data, **kw: None
 
     def alive(self) -> list[str]:
         import ray
@@ -129,6 +136,30 @@ class Cluster:
     def start_worker(self) -> None:
         self.worker = self._node("--address", self.address)
         self._wait("worker node", lambda: len(self.alive()) >= 2, self.worker)
+        self.warm()
+
+    def warm(self) -> None:
+        """One task on each node that imports what a shard task imports, so each node
+        has a warm worker. Else a build of small shards can drain the queue on the
+        head's warm worker while the other node's first worker still imports torch
+        (its lease then cancelled): "both nodes ran tasks" would hang on timing."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        def load() -> str:  # nested: pickled by value (tests/ is not on the workers' path)
+            import packer.build.ray_engine
+            import packer.build.run  # noqa: F401
+
+            return ray.get_runtime_context().get_node_id()
+
+        task = ray.remote(load)
+        refs = [
+            task.options(
+                num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote()
+            for node in self.alive()
+        ]
+        assert sorted(ray.get(refs)) == sorted(self.alive())
 
     def ensure_worker(self) -> None:
         """Two nodes alive (a test before may have killed the worker node)."""
@@ -158,8 +189,11 @@ class Cluster:
 
     def stop(self) -> None:
         import ray
+        from ray._private import worker
 
         ray.shutdown()
+        if hasattr(self, "_print"):
+            worker.print_to_stdstream = self._print
         if self._auth is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:

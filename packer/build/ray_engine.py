@@ -24,6 +24,8 @@ build never load it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import time
@@ -176,6 +178,28 @@ def run_ray(
     ``sp.config.ray_address``. ``progress(n)``: n more images, once a shard is in place;
     ``on_shard(done, total)``: shards in place, after each.
     Returns each shard's outcome and, for the result's ``per_shard``, where each ran."""
+    # Ray's driver prints cluster events (a node marked dead, a task retried with its
+    # traceback) on stdout from a thread of its own: into the log while the build runs
+    # (INFO: shown without -q), so `--json` stays one object and a retry is no traceback
+    with contextlib.redirect_stdout(_LogLines()):
+        return _run(sp, progress, on_shard)
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose lines go to this module's log at INFO."""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                log.info("ray: %s", line)
+        return len(text)
+
+
+def _run(
+    sp: SetPlan,
+    progress: Callable[[int], None] | None,
+    on_shard: Callable[[int, int], None] | None,
+) -> tuple[list[ShardOutcome], dict[str, Any]]:
     ray = import_ray()
     opened = _connect(ray, sp.config.ray_address)
     cpus = sp.config.workers or 1

@@ -126,16 +126,16 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     default="local",
     show_default=True,
     help="Who builds a pack set's shards: local (this machine's cores) or ray (one Ray task "
-    "per shard on a cluster; needs pip install 'imgpack[ray]', SRC readable and DST "
-    "writable by every node at the same path). Same bytes either way; always a set.",
+    "per shard on a cluster, --workers CPUs each [default: 1]; needs pip install "
+    "'imgpack[ray]', SRC readable and DST writable by every node at the same path). Same "
+    "bytes either way; always a set.",
 )
 @click.option(
     "--ray-address",
     metavar="ADDR",
     default=None,
     help="--engine ray: the cluster to join (host:port of `ray start --head`) [default: "
-    "RAY_ADDRESS, else a one-machine cluster started for this build]. --workers: CPUs per task "
-    "[default: 1].",
+    "RAY_ADDRESS, else a one-machine cluster started for this build].",
 )
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "

@@ -103,7 +103,7 @@ def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
     ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ray_cluster.ensure_worker()
-    write_src(tmp_path / "src", 8)  # 8 shards of 2
+    write_src(tmp_path / "src", 12)  # 12 shards of 2: enough that a lease goes to each node
     monkeypatch.chdir(tmp_path)
     src = Path("src")  # relative: the tasks run in other working folders
     build(src, tmp_path / "local", RAW)
@@ -111,13 +111,13 @@ def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
     assert {s["node"] for s in r.per_shard} == set(ray_cluster.alive())  # both nodes
     again = build(src, tmp_path / "ray", replace(RAW, engine="ray", overwrite=True))
-    assert again.extra["shards_kept"] == 8 and again.extra["shards_built"] == 0
+    assert again.extra["shards_kept"] == 12 and again.extra["shards_built"] == 0
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    for i in (8, 9):  # --append: the new images as new shards, the old ones untouched
+    for i in (12, 13):  # --append: the new images as new shards, the old ones untouched
         write_image(src / "cat" / f"{i}.png", (20, 16), seed=i)
     build(src, tmp_path / "local", replace(RAW, append=True))
     r = build(src, tmp_path / "ray", replace(RAW, engine="ray", append=True))
-    assert tree(tmp_path / "ray") == tree(tmp_path / "local") and r.count == 18
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local") and r.count == 26
     assert [s["status"] for s in r.per_shard] == ["built"]
 
 
