@@ -40,6 +40,12 @@ class WorkerDiedError(PackerError):
     exit_code = 1
 
 
+class ShardFailedError(PackerError):
+    """A shard of a distributed build kept failing; the shards in place are kept for a rerun."""
+
+    exit_code = 1
+
+
 class NoUsableImagesError(PackerError):
     """Every input was skipped: there is nothing to write."""
 

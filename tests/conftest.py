@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -239,3 +240,17 @@ def stderr_until(proc: subprocess.Popen[str], needle: str) -> str:
         if needle in line:
             return seen
     raise AssertionError(f"{needle!r} never came; stderr: {seen}")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """A two-node Ray cluster on 127.0.0.1 (tests/ray_cluster.py), started once per
+    session (about 10 s) with this process connected as its driver; stopped by PID."""
+    from ray_cluster import Cluster
+
+    cluster = Cluster(subprocess_env())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

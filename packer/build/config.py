@@ -45,6 +45,10 @@ class BuildConfig:
     # a pack set (packer.build.shards): shards of about this many bytes; None: one pack
     shard_size: int | None = None
     append: bool = False  # add SRC's images the set at DST lacks, as new shards
+    # who builds a set's shards: "local" (this machine), "ray" (one Ray task per shard,
+    # packer.build.ray_engine; always a set), on the cluster at ``ray_address``
+    engine: str = "local"
+    ray_address: str | None = None  # None: the cluster ray.init finds (RAY_ADDRESS), or a new one
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -90,6 +94,10 @@ class BuildConfig:
             )
         if self.shard_size is not None and not 1 <= self.shard_size <= 1 << 50:
             raise UsageError(f"--shard-size must be 1 byte to 1 PB, not {self.shard_size}")
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise UsageError("--ray-address names the cluster of --engine ray; add --engine ray")
         if self.append and self.overwrite:
             raise UsageError(
                 "--append adds to the set at DST and --overwrite replaces it; give one"
@@ -125,6 +133,7 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 STORES = ("raw", "jpeg")
+ENGINES = ("local", "ray")
 # --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
 # batched code run on the CPU, 500x375 q90 photos-like JPEGs: mean 0.15-1.2, p99 1-12;
 # nvjpeg adds its IDCT rounding): the mean absolute difference per pixel value, at most
@@ -150,6 +159,9 @@ class BuildResult:
     classes_from: str | None = None
     storage: str = "raw"  # "jpeg": image_shape is the largest stored image, not every one's
     shards: int = 0  # a pack set: its shards (0: a single pack)
+    # a pack set: each shard's name, images, count, skips, status (built, kept, failed),
+    # and with --engine ray the node that built it and its seconds
+    per_shard: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -167,6 +179,7 @@ class BuildResult:
             "classes_from": self.classes_from,
             "storage": self.storage,
             **({"shards": self.shards} if self.shards else {}),
+            **({"per_shard": self.per_shard} if self.per_shard else {}),
         }
 
 

@@ -89,6 +89,7 @@ def build(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
     plan: _Labels | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> BuildResult:
     """Build a pack at ``dst`` from the images under ``src``.
 
@@ -97,14 +98,16 @@ def build(
     Raises PackerError subclasses for unusable input; broken images are skipped
     and listed in the result. Interrupted builds resume when rerun.
     ``plan``: the labelled images to pack, already listed (a shard of a set).
-    ``config.shard_size`` or ``config.append``: a pack set (packer.build.shards).
+    ``on_shard(done, total)``: a pack set's shards in place, after each.
+    ``config.shard_size``, ``config.append`` or ``config.engine="ray"``: a pack set
+    (packer.build.shards).
     """
     t0 = time.perf_counter()
     config.validate()
-    if config.shard_size is not None or config.append:  # issue 29: a pack set
+    if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
         from .shards import build_set
 
-        return build_set(src, dst, config, progress=progress, on_start=on_start)
+        return build_set(src, dst, config, progress=progress, on_start=on_start, on_shard=on_shard)
     auto = config.device == "auto"
     device = None if auto else _build_device(config)
     given = Path(dst)

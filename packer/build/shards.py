@@ -25,6 +25,11 @@ a killed build keeps every shard already in place (its manifest valid), builds t
 and writes the index: byte-identical to an uninterrupted build. Shards no index names
 (left by a build with other inputs) are removed once the new index is in place.
 
+Who builds the shards is an engine's choice, never the bytes': :func:`plan_set` (the
+driver's plan), :func:`commit_shard` (one shard, put in place whole; idempotent) and
+:func:`finish_set` (the index) are the same for the local engine (one shard after
+another, here) and ``--engine ray`` (:mod:`packer.build.ray_engine`, a task per shard).
+
 ``--append`` reads the index, refuses other options, class map or targets (naming
 which), builds the images under SRC that the set has not seen (neither holds nor
 skipped) as new shards after the old ones, which are never rewritten, and swaps the
@@ -42,7 +47,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -321,19 +326,28 @@ def build_set(
     config: BuildConfig,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> BuildResult:
     """Build (or with ``config.append``, extend) the pack set at ``dst`` from ``src``.
 
     ``config.shard_size``: bytes per shard (None: :data:`DEFAULT_SHARD_SIZE`).
     ``progress(n)``: n more images decoded; ``on_start(total, already_done)`` once,
-    ``already_done`` counting the images of shards kept from an interrupted run.
+    ``already_done`` counting the images of shards kept from an interrupted run;
+    ``on_shard(done, total)`` after each shard. ``config.engine``: who builds the
+    shards (``"ray"``: :mod:`packer.build.ray_engine`); the bytes are the same.
     Returns the result of the whole set (``shards`` set). Raises PackerError
     subclasses as a single build does, and for ``--append`` with other options.
     """
     t0 = time.perf_counter()
     config.validate()
     shard_size = config.shard_size or DEFAULT_SHARD_SIZE
-    device = _build_device(config)
+    if config.engine == "ray":
+        from .ray_engine import cluster_device, import_ray
+
+        import_ray()  # before the scan: a missing extra is a one-line error at once
+        device = cluster_device(config)
+    else:
+        device = _build_device(config)
     given = Path(dst)
     src, dst = Path(src), Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)
@@ -345,7 +359,7 @@ def build_set(
             _check_destination(src, dst, config)  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
             result = _build_set_locked(
-                src, dst, plan, config, shard_size, device, progress, on_start, t0
+                src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0
             )
     except OSError as e:
         raise destination_error(e, dst) from None
@@ -362,17 +376,55 @@ def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
     return replace(plan, scan=replace(plan.scan, entries=entries), targets=targets)
 
 
-def _build_set_locked(
-    src: Path,
-    dst: Path,
-    plan: _Labels,
-    config: BuildConfig,
-    shard_size: int,
-    device: Any,
-    progress: Callable[[int], None] | None,
-    on_start: Callable[[int, int], None] | None,
-    t0: float,
-) -> BuildResult:
+@dataclass
+class SetPlan:
+    """A set build as the driver fixes it before any shard is built: the labelled images,
+    where each shard starts and ends, its name, and which shards are already in place.
+    Every engine (local, :mod:`packer.build.ray_engine`) builds from one."""
+
+    src: Path
+    dst: Path
+    plan: _Labels
+    config: BuildConfig
+    shard_size: int
+    options: dict[str, Any]
+    old: SetIndex | None
+    start: int  # the position of the first new shard (after the old ones, --append)
+    shards: list[tuple[str, int, int]]  # (name, first row, end row) in plan.scan.entries
+    done: set[str]  # shards already in place (a rerun keeps them)
+
+    @property
+    def kept(self) -> int:
+        """Images in the shards already in place."""
+        return sum(b - a for name, a, b in self.shards if name in self.done)
+
+    @property
+    def shard_config(self) -> BuildConfig:
+        """The options each shard is built with (a single pack, never an append)."""
+        return replace(self.config, shard_size=None, append=False, overwrite=False)
+
+    def part(self, k: int) -> _Labels:
+        """The labelled images of shard ``k``."""
+        _, a, b = self.shards[k]
+        return _slice(self.plan, a, b)
+
+
+@dataclass
+class ShardOutcome:
+    """What building (or keeping) one shard gave: ``failed`` lists each input of a shard
+    none of whose images could be used (it is left out of the set), else it is empty."""
+
+    name: str
+    built: bool
+    resumed: int = 0
+    failed: list[Skip] = field(default_factory=list)
+
+
+def plan_set(
+    src: Path, dst: Path, plan: _Labels, config: BuildConfig, shard_size: int, device: Any
+) -> SetPlan:
+    """Cut ``plan`` into named shards (``--append``: only SRC's new images, after the
+    set's shards), and find the ones already in place. ``dst`` must exist (lock held)."""
     options = set_options(config, device)
     old = read_index(dst) if config.append else None
     start = 0
@@ -388,37 +440,105 @@ def _build_set_locked(
         for k, (a, b) in enumerate(bounds)
     ]
     done = {name for name, _, _ in shards if _complete(dst / name)}
-    kept = sum(b - a for name, a, b in shards if name in done)
+    return SetPlan(src, dst, plan, config, shard_size, options, old, start, shards, done)
+
+
+def commit_shard(
+    src: Path,
+    dst: Path,
+    name: str,
+    part: _Labels,
+    config: BuildConfig,
+    progress: Callable[[int], None] | None = None,
+) -> ShardOutcome:
+    """Build shard ``name`` of the set at ``dst`` from ``part`` and put it in place whole
+    (:func:`packer.build.run.build`: a work folder beside it, resumed by a rerun, renamed
+    into place when complete). Idempotent: a shard already in place is kept. ``config``:
+    :attr:`SetPlan.shard_config`. A destination other than a shared folder (an object
+    store) replaces this step: build into a local folder, then upload under ``name``."""
+    path = dst / name
+    if _complete(path):  # a retry of a task that died after the shard went into place
+        return ShardOutcome(name, built=True)
+    cfg = replace(config, overwrite=path.is_dir() and (path / MANIFEST).exists())
+    try:
+        r = build(src, path, cfg, progress=progress, plan=part)
+    except NoUsableImagesError as e:
+        # not one image of the shard decoded: the set goes on without it, and the
+        # paths are recorded so --append does not try them again
+        reason = f"no image of its shard could be used ({e})"
+        failed = [Skip(x.rel, reason) for x in part.scan.entries]
+        return ShardOutcome(name, built=False, failed=failed)
+    return ShardOutcome(name, built=True, resumed=r.resumed)
+
+
+def _run_local(
+    sp: SetPlan,
+    progress: Callable[[int], None] | None,
+    on_shard: Callable[[int, int], None] | None,
+) -> list[ShardOutcome]:
+    """The local engine: one shard after another, each with this machine's workers."""
+    out = []
+    for k, (name, _a, _b) in enumerate(sp.shards):
+        if name not in sp.done:
+            out.append(commit_shard(sp.src, sp.dst, name, sp.part(k), sp.shard_config, progress))
+        if on_shard:
+            on_shard(k + 1, len(sp.shards))
+        _reached(f"shard {k}")
+    return out
+
+
+def _build_set_locked(
+    src: Path,
+    dst: Path,
+    plan: _Labels,
+    config: BuildConfig,
+    shard_size: int,
+    device: Any,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+    on_shard: Callable[[int, int], None] | None,
+    t0: float,
+) -> BuildResult:
+    sp = plan_set(src, dst, plan, config, shard_size, device)
     if on_start:
-        on_start(len(plan.scan.entries), kept)
-    shard_config = replace(config, shard_size=None, append=False, overwrite=False)
+        on_start(len(sp.plan.scan.entries), sp.kept)
+    if config.engine == "ray":
+        from .ray_engine import run_ray
+
+        outcomes, extra = run_ray(sp, progress, on_shard)
+    else:
+        outcomes, extra = _run_local(sp, progress, on_shard), {}
+    return finish_set(sp, outcomes, t0, extra)
+
+
+def finish_set(
+    sp: SetPlan, outcomes: list[ShardOutcome], t0: float, extra: dict[str, Any] | None = None
+) -> BuildResult:
+    """Every shard of ``sp`` in place (or failed, per ``outcomes``): write the index (the
+    commit), remove what no index names, and return the set's result."""
+    src, dst, plan, config = sp.src, sp.dst, sp.plan, sp.config
+    by_name = {o.name: o for o in outcomes}
+    old = sp.old
     new: list[ShardEntry] = []
     failed: list[Skip] = []
     skipped = list(plan.scan.skipped)
-    resumed = kept
     shapes = []
-    built = 0
-    for k, (name, a, b) in enumerate(shards):
-        path = dst / name
-        if name not in done:
-            part = _slice(plan, a, b)
-            cfg = replace(shard_config, overwrite=path.is_dir() and (path / MANIFEST).exists())
-            try:
-                r = build(src, path, cfg, progress=progress, plan=part)
-                resumed += r.resumed
-                built += 1
-            except NoUsableImagesError as e:
-                # not one image of the shard decoded: the set goes on without it, and the
-                # paths are recorded so --append does not try them again
-                reason = f"no image of its shard could be used ({e})"
-                failed.extend(Skip(x.rel, reason) for x in part.scan.entries)
-                _reached(f"shard {k}")
-                continue
-        entry, m = _entry(path)
+    where = (extra or {}).pop("where", {})
+    per_shard = []
+    for name, a, b in sp.shards:
+        o = by_name.get(name)
+        row: dict[str, Any] = {"name": name, "images": b - a}
+        per_shard.append(row)
+        if o is not None and o.failed:
+            failed.extend(o.failed)
+            row.update(count=0, skipped=len(o.failed), status="failed", **where.get(name, {}))
+            continue
+        entry, m = _entry(dst / name)
         new.append(entry)
         shapes.append(m.image_shape)
         skipped.extend({"path": s.path, "reason": s.reason} for s in m.skipped)
-        _reached(f"shard {k}")
+        status = "built" if o is not None and o.built else "kept"
+        row.update(count=m.count, skipped=len(m.skipped), status=status, **where.get(name, {}))
     skipped.extend({"path": s.path, "reason": s.reason} for s in failed)
     all_shards = (old.shards if old is not None else ()) + tuple(new)
     if not all_shards:
@@ -434,8 +554,8 @@ def _build_set_locked(
         storage=config.store,
         classes=tuple(plan.scan.classes),
         shards=all_shards,
-        options=options,
-        shard_size=shard_size,
+        options=sp.options,
+        shard_size=sp.shard_size,
         targets=tuple(plan.target_names),
         skipped=(old.skipped if old is not None else ()) + tuple(failed),
     )
@@ -450,11 +570,12 @@ def _build_set_locked(
         classes=list(index.classes),
         image_shape=list(index.image_shape),
         seconds=time.perf_counter() - t0,
-        resumed=resumed,
+        resumed=sp.kept + sum(o.resumed for o in outcomes),
         extra={
-            "shards_built": built,
-            "shards_kept": len(done),
-            "shards_failed": len(shards) - len(new),
+            "shards_built": sum(o.built for o in outcomes),
+            "shards_kept": len(sp.done),
+            "shards_failed": len(sp.shards) - len(new),
+            **(extra or {}),
         },
         ignored=plan.ignored,
         new_classes=list(plan.new_classes),
@@ -462,4 +583,5 @@ def _build_set_locked(
         classes_from=_classes_from(plan),
         storage=config.store,
         shards=len(index.shards),
+        per_shard=per_shard,
     )

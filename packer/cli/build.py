@@ -120,6 +120,23 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     "shards (same options and class map, else refused; old shards are never rewritten). "
     "Removing images is not supported: build a new set.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Who builds a pack set's shards: local (this machine's cores) or ray (one Ray task "
+    "per shard on a cluster, --workers CPUs each [default: 1]; needs pip install "
+    "'imgpack[ray]', SRC readable and DST writable by every node at the same path). Same "
+    "bytes either way; always a set.",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    default=None,
+    help="--engine ray: the cluster to join (host:port of `ray start --head`) [default: "
+    "RAY_ADDRESS, else a one-machine cluster started for this build].",
+)
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
     "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
@@ -148,6 +165,8 @@ def build(
     max_side: int | None,
     shard_size: str | None,
     append: bool,
+    engine: str,
+    ray_address: str | None,
     device: str,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
@@ -174,6 +193,7 @@ def build(
       imgpack build ./small ./tensors --device cuda
       imgpack build ./train ./train_set --shard-size 256MB   # a pack set of shards
       imgpack build ./new_week ./train_set --append          # new images, new shards
+      imgpack build /shared/train /shared/train_set --engine ray --ray-address head:6379
     """
     from ..build.run import BuildConfig
     from ..build.run import build as build_pack
@@ -196,9 +216,13 @@ def build(
         max_side=max_side,
         shard_size=parse_bytes(shard_size) if shard_size is not None else None,
         append=append,
+        engine=engine,
+        ray_address=ray_address,
         device=device,
     )
-    result = run_with_bar("build", quiet, as_json, functools.partial(build_pack, src, dst, config))
+    sharded = config.shard_size is not None or append or engine != "local"
+    run = functools.partial(build_pack, src, dst, config)
+    result = run_with_bar("build", quiet, as_json, run, shards=sharded)
     if result.storage == "jpeg":  # each image keeps its own size: say the largest
         h, w = result.image_shape[1:]
         what = f"JPEG images (their own sizes, up to {w} wide x {h} high; decoded when read)"

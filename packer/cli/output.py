@@ -104,19 +104,30 @@ class Bar:
         if self.bar is not None:
             self.bar.update(n)
 
+    def shards(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"shards {done}/{total}")
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
 def run_with_bar(
-    desc: str, quiet: bool, as_json: bool, run: Callable[..., Any], unit: str = "img"
+    desc: str,
+    quiet: bool,
+    as_json: bool,
+    run: Callable[..., Any],
+    unit: str = "img",
+    shards: bool = False,
 ) -> Any:
-    """Run a library call that reports ``on_start``/``progress``, drawing a tqdm bar on stderr."""
+    """Run a library call that reports ``on_start``/``progress``, drawing a tqdm bar on stderr
+    (``shards``: and ``on_shard(done, total)``, shown beside it)."""
     _setup_logging(quiet or as_json)
     bar = Bar(desc, unit, quiet)
+    more = {"on_shard": bar.shards} if shards else {}
     try:
-        return run(progress=bar.update, on_start=bar.start)
+        return run(progress=bar.update, on_start=bar.start, **more)
     finally:
         bar.close()
 

@@ -1,0 +1,263 @@
+"""``imgpack build --engine ray``: a pack set whose shards are built by Ray tasks.
+
+Data flow::
+
+    driver: scan + labels, cut into named shards (packer.build.shards.plan_set, as the
+    local build) -> one Ray task per shard not yet in place -> each task builds its
+    shard with the local build into a work folder inside DST and renames it into place
+    (shards.commit_shard) -> driver: the index, written last (shards.finish_set)
+
+So the set is byte-identical to ``imgpack build SRC DST --shard-size ...`` on one
+machine. SRC must be a folder every node reads at the same path (shard names hash
+SRC's absolute path), DST a folder every node writes (a shared file system).
+
+Retries: a task whose worker or node dies is run again by Ray (``max_retries``), and
+so is one that raised OSError (a shared file system's hiccup); the retry resumes the
+dead attempt's work folder or finds the shard already in place. A shard that still
+fails stops the build: the tasks left are cancelled, nothing of that shard is in
+place, the index is not written, and the error names the shard and its first inputs.
+Ctrl-C cancels the tasks the same way; the same command resumes.
+
+Ray is imported here only, when a build asks for it: ``import packer`` and a local
+build never load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
+from . import shards
+from .config import BuildConfig
+from .shards import SetPlan, ShardOutcome, commit_shard
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 3  # a task whose worker died (or raised OSError) runs up to 4 times
+_SHOWN = 3  # inputs named in the error of a shard that failed
+_CANCEL_WAIT_S = 30.0
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or UsageError naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            "--engine ray needs Ray, which is not installed: pip install 'imgpack[ray]'"
+        ) from None
+    return ray
+
+
+def cluster_device(config: BuildConfig) -> Any:
+    """The device the shards are decoded on, fixed by the driver (it is part of every
+    shard's name), whatever GPUs the driver itself has: None for the CPU path."""
+    if config.device == "cpu" or config.store == "jpeg":
+        return None
+    if config.device == "auto":
+        raise UsageError(
+            "--device auto with --engine ray: give --device cpu or --device cuda (the "
+            "shards of one set are decoded on one kind of device, whichever node runs them)"
+        )
+    import torch
+
+    return torch.device("cuda")  # each task sees the GPU Ray gave it as cuda:0
+
+
+def _shard_task(src: str, dst: str, name: str, part: Any, config: BuildConfig) -> dict[str, Any]:
+    """One Ray task: build shard ``name`` and put it in place; where and how long."""
+    import ray
+
+    t = time.perf_counter()
+    outcome = commit_shard(Path(src), Path(dst), name, part, config)
+    return {
+        "outcome": outcome,
+        "node": ray.get_runtime_context().get_node_id(),
+        "pid": os.getpid(),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Join the cluster at ``address`` (None: RAY_ADDRESS, else a new one-machine
+    cluster); reuse the connection a library caller already made. True: we opened it."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    except ConnectionError as e:
+        raise UsageError(
+            f"--ray-address {address}: cannot reach a Ray cluster there ({e}); "
+            "start one with `ray start --head` or check the address"
+        ) from None
+    return True
+
+
+def _check_fits(ray: Any, cpus: int, gpus: int) -> None:
+    """UsageError unless some live node can run a task of ``cpus`` CPUs and ``gpus`` GPUs:
+    Ray would keep such tasks pending for ever."""
+    have = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in have):
+        return
+    need = f"{cpus} CPU" + (f" and {gpus} GPU" if gpus else "")
+    most = max((r.get("CPU", 0) for r in have), default=0)
+    what = "--device cuda" if gpus and not any(r.get("GPU", 0) for r in have) else "--workers"
+    raise UsageError(
+        f"{what}: each shard's task needs {need}, and no node of the Ray cluster has that "
+        f"(the largest has {most:g} CPU, {max((r.get('GPU', 0) for r in have), default=0):g} "
+        "GPU); lower --workers, use --device cpu, or add such a node"
+    )
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Stop the tasks not finished and wait for them to settle. A running task's worker
+    is killed, as a crash would: its shard stays in its work folder and a rerun resumes
+    it. (A gentle cancel raises inside the task, where a per-image ``except`` may take
+    it for a bad image and commit the shard without that image.)"""
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception as e:  # a task that finished meanwhile: nothing to cancel
+            log.debug("cancel: %s", e)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S)
+
+
+def _failure(ray: Any, sp: SetPlan, k: int, e: BaseException) -> PackerError:
+    """A shard that failed, as the error that stops the build: its inputs, the cause."""
+    name, a, b = sp.shards[k]
+    rels = [x.rel for x in sp.plan.scan.entries[a:b]]
+    inputs = ", ".join(rels[:_SHOWN])
+    if len(rels) > _SHOWN:
+        inputs += f", ... ({len(rels)} images)"
+    cause: BaseException = e
+    if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None:
+        cause = e.cause
+    x = ray.exceptions
+    died = isinstance(e, (x.WorkerCrashedError, x.NodeDiedError, x.OutOfMemoryError))
+    if died:
+        what = f"its worker died {MAX_RETRIES + 1} times"
+    elif isinstance(cause, OSError):
+        what = f"it failed {MAX_RETRIES + 1} times: {type(cause).__name__}: {cause}"
+    else:
+        what = f"it failed: {cause}"
+        if not isinstance(cause, PackerError):
+            log.error("shard %s: %s", name, e)  # a bug: the task's traceback
+    msg = (
+        f"{sp.dst}: shard {name} (SRC {sp.src}: {inputs}) could not be built: {what}; "
+        f"no index was written and the shards in place are kept: fix the cause and run "
+        f"the same command again"
+    )
+    if died:
+        return WorkerDiedError(msg)
+    if isinstance(cause, PackerError):
+        return type(cause)(msg)
+    return ShardFailedError(msg)
+
+
+def run_ray(
+    sp: SetPlan,
+    progress: Callable[[int], None] | None,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> tuple[list[ShardOutcome], dict[str, Any]]:
+    """Build the shards of ``sp`` not yet in place, one Ray task each, on the cluster at
+    ``sp.config.ray_address``. ``progress(n)``: n more images, once a shard is in place;
+    ``on_shard(done, total)``: shards in place, after each.
+    Returns each shard's outcome and, for the result's ``per_shard``, where each ran."""
+    # Ray's driver prints cluster events (a node marked dead, a task retried with its
+    # traceback) on stdout from a thread of its own: into the log while the build runs
+    # (INFO: shown without -q), so `--json` stays one object and a retry is no traceback
+    with contextlib.redirect_stdout(_LogLines()):
+        return _run(sp, progress, on_shard)
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose lines go to this module's log at INFO."""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                log.info("ray: %s", line)
+        return len(text)
+
+
+def _run(
+    sp: SetPlan,
+    progress: Callable[[int], None] | None,
+    on_shard: Callable[[int, int], None] | None,
+) -> tuple[list[ShardOutcome], dict[str, Any]]:
+    ray = import_ray()
+    opened = _connect(ray, sp.config.ray_address)
+    cpus = sp.config.workers or 1
+    cfg = replace(sp.shard_config, workers=cpus, engine="local", ray_address=None)
+    gpus = 0 if cluster_device(sp.config) is None else 1
+    try:
+        _check_fits(ray, cpus, gpus)
+    except UsageError:
+        if opened:
+            ray.shutdown()
+        raise
+    task = ray.remote(_shard_task)
+    resources = {
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_retries": MAX_RETRIES,
+        "retry_exceptions": [OSError],
+    }
+    src = os.path.abspath(sp.src)  # a task's working folder is not the driver's
+    refs: dict[Any, int] = {}
+    for k, (name, _a, _b) in enumerate(sp.shards):
+        if name not in sp.done:
+            part = sp.part(k)
+            root = Path(os.path.abspath(part.scan.root))
+            part = replace(part, scan=replace(part.scan, root=root))
+            ref = task.options(name=f"imgpack-shard-{name}", **resources).remote(
+                src, str(sp.dst), name, part, cfg
+            )
+            refs[ref] = k
+    outcomes: list[ShardOutcome] = []
+    where: dict[str, dict[str, Any]] = {}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                k = refs[ref]
+                try:
+                    res = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    _cancel(ray, pending)
+                    raise _failure(ray, sp, k, e) from e
+                outcomes.append(res["outcome"])
+                where[res["outcome"].name] = {
+                    "node": res["node"],
+                    "pid": res["pid"],
+                    "seconds": res["seconds"],
+                }
+                _, a, b = sp.shards[k]
+                if progress:
+                    progress(b - a)
+                if on_shard:
+                    on_shard(len(sp.done) + len(outcomes), len(sp.shards))
+                shards._reached(f"shard {k}")
+    except KeyboardInterrupt:
+        _cancel(ray, pending)
+        raise
+    finally:
+        if opened:
+            ray.shutdown()
+    return outcomes, {"engine": "ray", "where": where}
