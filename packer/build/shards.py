@@ -117,6 +117,18 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
     return value
 
 
+class ShardSink:
+    """Where a set build sends each shard once it is in place (see build_set)."""
+
+    def holds(self, path: Path) -> bool:
+        """Whether the shard whose local folder is ``path`` (its manifest at least) is
+        already there, whole: the build keeps it without building it again."""
+        return False
+
+    def put(self, path: Path) -> None:
+        """Send the complete shard at ``path``."""
+
+
 def _reached(step: str) -> None:
     """Called between a set build's steps ("shard <k>" once shard k is in place, "index"
     before the index is written, "committed" after); crash tests make it stop there."""
@@ -321,8 +333,12 @@ def build_set(
     config: BuildConfig,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    sink: ShardSink | None = None,
 ) -> BuildResult:
     """Build (or with ``config.append``, extend) the pack set at ``dst`` from ``src``.
+
+    ``sink``: where each shard goes once it is in place (object storage: see
+    :mod:`packer.build.upload`); a shard the sink already holds is not built again.
 
     ``config.shard_size``: bytes per shard (None: :data:`DEFAULT_SHARD_SIZE`).
     ``progress(n)``: n more images decoded; ``on_start(total, already_done)`` once,
@@ -345,7 +361,7 @@ def build_set(
             _check_destination(src, dst, config)  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
             result = _build_set_locked(
-                src, dst, plan, config, shard_size, device, progress, on_start, t0
+                src, dst, plan, config, shard_size, device, progress, on_start, t0, sink
             )
     except OSError as e:
         raise destination_error(e, dst) from None
@@ -372,6 +388,7 @@ def _build_set_locked(
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
     t0: float,
+    sink: ShardSink | None = None,
 ) -> BuildResult:
     options = set_options(config, device)
     old = read_index(dst) if config.append else None
@@ -387,7 +404,11 @@ def _build_set_locked(
         (shard_name(start + k, _slice(plan, a, b), [t for _, t in stats[a:b]], options), a, b)
         for k, (a, b) in enumerate(bounds)
     ]
-    done = {name for name, _, _ in shards if _complete(dst / name)}
+    done = {
+        name
+        for name, _, _ in shards
+        if _complete(dst / name) or (sink is not None and sink.holds(dst / name))
+    }
     kept = sum(b - a for name, a, b in shards if name in done)
     if on_start:
         on_start(len(plan.scan.entries), kept)
@@ -415,6 +436,8 @@ def _build_set_locked(
                 _reached(f"shard {k}")
                 continue
         entry, m = _entry(path)
+        if sink is not None:
+            sink.put(path)
         new.append(entry)
         shapes.append(m.image_shape)
         skipped.extend({"path": s.path, "reason": s.reason} for s in m.skipped)
