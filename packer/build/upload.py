@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError, PackFormatError, UsageError
+from ..pack.files import loads_json
 from ..pack.index import INDEX, manifest_digest
 from ..pack.schema import DATA_DIR, MANIFEST, Manifest
-from ..pack.files import loads_json
 from ..storage.cache import default_cache_dir
 from ..storage.client import NotFound, ObjectStore, open_store
 from ..storage.remote import read_remote_index

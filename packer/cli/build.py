@@ -180,7 +180,6 @@ def build(
     from ..build.run import build as build_pack
     from ..build.shards import parse_bytes
     from ..build.workdir import refuse_symlink_destination
-
     from ..storage.url import is_url
 
     if not is_url(dst):

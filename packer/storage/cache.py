@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import DiskFullError, PackFormatError
+from ..errors import DiskFullError, PackBusyError, PackFormatError
 from ..pack.index import SetIndex
 from ..pack.packset import ShardStore
 from ..pack.schema import DATA_DIR, Manifest
@@ -75,7 +75,7 @@ def default_cache_dir() -> Path:
 @contextlib.contextmanager
 def flocked(path: Path, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[int]:
     """Hold an flock on ``path`` (created) for the block. Waits at most ``timeout``
-    seconds (polling: flock has no timeout), then PackFormatError-free TimeoutError."""
+    seconds (polling: flock has no timeout), then PackBusyError."""
     fd = _lock(path, shared, timeout)
     try:
         yield fd
@@ -95,7 +95,10 @@ def _lock(path: Path, shared: bool, timeout: float) -> int:
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(fd)
-                raise TimeoutError(f"{path}: still locked by another process after {timeout:.0f} s")
+                raise PackBusyError(
+                    f"{path}: another process has held this cache lock for {timeout:.0f} s; "
+                    "if no imgpack process is running, report it (a lock dies with its process)"
+                ) from None
             time.sleep(delay)
             delay = min(0.1, delay * 2)
 

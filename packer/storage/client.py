@@ -77,7 +77,7 @@ def _aws_settings() -> dict[str, str]:
     except configparser.Error as e:
         raise UsageError(
             f"the AWS credentials or config file cannot be parsed ({type(e).__name__})"
-        )
+        ) from None
     section = "default" if profile == "default" else f"profile {profile}"
 
     def pick(env_names: tuple[str, ...], key: str) -> str | None:
@@ -133,14 +133,13 @@ class ObjectStore:
             s = _aws_settings()
             self._secrets = [s[k] for k in ("secret_access_key", "session_token") if k in s]
             self.endpoint = s.get("endpoint")
-            if self.endpoint:
-                if self.endpoint.startswith("http://"):
-                    if not _loopback(self.endpoint):
-                        raise UsageError(
-                            f"AWS_ENDPOINT_URL {self.endpoint}: plain http is allowed only "
-                            "for a server on this machine (127.0.0.1); use https"
-                        )
-                    options["allow_http"] = True  # type: ignore[assignment]
+            if self.endpoint and self.endpoint.startswith("http://"):
+                if not _loopback(self.endpoint):
+                    raise UsageError(
+                        f"AWS_ENDPOINT_URL {self.endpoint}: plain http is allowed only "
+                        "for a server on this machine (127.0.0.1); use https"
+                    )
+                options["allow_http"] = True  # type: ignore[assignment]
             kw: dict[str, Any] = {"region": s.get("region", "us-east-1")}
             for k in ("access_key_id", "secret_access_key", "session_token", "endpoint"):
                 if k in s:
@@ -159,7 +158,9 @@ class ObjectStore:
         try:
             self._store = make()
         except Exception as e:  # a bad setting: obstore names it, we scrub it
-            raise UsageError(f"{url}: cannot set up the client ({self._scrub(_first_line(e))})")
+            raise UsageError(
+                f"{url}: cannot set up the client ({self._scrub(_first_line(e))})"
+            ) from None
         self._obs = obs
 
     # ------------------------------------------------------------ errors

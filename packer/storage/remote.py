@@ -139,7 +139,9 @@ def _fetch_small(client: ObjectStore, root: Path, index: SetIndex, k: int) -> Ma
                 loads_json(data), where=f"{client.url.child(entry.name, MANIFEST)}"
             )
         except (ValueError, UnicodeDecodeError) as e:
-            raise PackFormatError(f"{client.url.child(entry.name, MANIFEST)}: not valid JSON ({e})")
+            raise PackFormatError(
+                f"{client.url.child(entry.name, MANIFEST)}: not valid JSON ({e})"
+            ) from None
         for rel in small_files(m)[:-1]:
             body = _get_checked(
                 client, entry.name, rel, lambda b, rel=rel: check_small_file(rel, b, m, shard)

@@ -13,7 +13,7 @@ from ..errors import UsageError
 
 SCHEMES = ("s3", "gs", "az")
 _URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<rest>.*)", re.S)
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,254}", re.I)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}", re.I)
 
 
 @dataclass(frozen=True)
