@@ -36,8 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import packer
@@ -146,7 +144,9 @@ def main() -> int:
         upload(local, url)
         upload_s = time.perf_counter() - t0
         cache = work / "cache"
-        rows: dict[str, list[float]] = {k: [] for k in ("local cold", "remote cold", "local warm", "remote warm", "small cache")}
+        rows: dict[str, list[float]] = {
+            k: [] for k in ("local cold", "remote cold", "local warm", "remote warm", "small cache")
+        }
         fetched: list[float] = []
         for _ in range(args.repeats):
             drop_page_cache(local)
@@ -170,7 +170,11 @@ def main() -> int:
             s.store.close()
             small = work / "small-cache"
             shutil.rmtree(small, ignore_errors=True)
-            s = packer.load(url, cache_dir=small, cache_limit=max(set_bytes // 4, 4 * args.shard_images * 3 * args.side**2))
+            s = packer.load(
+                url,
+                cache_dir=small,
+                cache_limit=max(set_bytes // 4, 4 * args.shard_images * 3 * args.side**2),
+            )
             t0 = time.perf_counter()
             epoch(s, args.batch)
             rows["small cache"].append(time.perf_counter() - t0)

@@ -144,6 +144,9 @@ class RemoteShards(ShardStore):
         self.downloads = 0
         self.downloaded_bytes = 0
         self._mutex = threading.Lock()
+        # one thread of this process fetches a shard; the others wait for it (the flocks
+        # order processes, these order threads that share one pin count)
+        self._shard_locks: dict[int, threading.Lock] = {}
         self._pins: dict[int, int] = {}
         self._use_fds: dict[int, int] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -172,10 +175,16 @@ class RemoteShards(ShardStore):
         with self._mutex:
             if self._closed:
                 raise RuntimeError("the remote set was closed")
-            held = self._pins.get(k, 0)
-            self._pins[k] = held + 1
-            if held:
-                return self.root / self._name(k)
+            lock = self._shard_locks.setdefault(k, threading.Lock())
+        with lock:
+            with self._mutex:
+                held = self._pins.get(k, 0)
+                self._pins[k] = held + 1
+            if not held:
+                self._first_fetch(k)
+        return self.root / self._name(k)
+
+    def _first_fetch(self, k: int) -> None:
         try:
             # held before looking: from here on no process can evict the shard
             fd = _lock(self.meta / f"{self._name(k)}.use", shared=True, timeout=LOCK_TIMEOUT)
@@ -187,7 +196,6 @@ class RemoteShards(ShardStore):
         except BaseException:
             self.release(k)
             raise
-        return self.root / self._name(k)
 
     def release(self, k: int) -> None:
         with self._mutex:

@@ -10,13 +10,14 @@ whose store is a :class:`~packer.storage.cache.RemoteShards`.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, PackerError, PackFormatError, UsageError
+from ..errors import DiskFullError, InputError, PackerError, PackFormatError, UsageError
 from ..pack.files import JSONNestingError, loads_json
 from ..pack.index import (
     INDEX,
@@ -58,6 +59,12 @@ def _write(path: Path, data: bytes, root: Path, tag: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(
+                f"{root}: the disk is full; free space or give another cache_dir"
+            ) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

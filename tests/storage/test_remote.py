@@ -22,7 +22,7 @@ import packer
 from conftest import subprocess_env
 from packer.build.run import BuildConfig, build
 from packer.cli import cli
-from packer.errors import InputError, PackFormatError, StorageError, UsageError
+from packer.errors import DiskFullError, InputError, PackFormatError, StorageError, UsageError
 from packer.storage import client
 from packer.storage.cache import META_DIR
 from packer.storage.local_server import S3Server
@@ -337,3 +337,57 @@ def test_missing_obstore_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(UsageError, match=r"pip install 'imgpack\[cloud\]'"):
         client.open_store(parse_url("s3://b/p"))
     assert np is not None
+
+
+def test_threads_fetching_one_shard_share_one_download(s3: S3Server, tmp_path: Path) -> None:
+    import threading
+
+    url, _ = built(tmp_path, RAW)
+    s = packer.load(url)
+    barrier = threading.Barrier(4)
+    seen = []
+
+    def one() -> None:
+        barrier.wait()
+        seen.append(s.shard(1).images.sum().item())
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(seen) == 4 and len(set(seen)) == 1
+    assert s.store.downloads == 1
+    for _ in range(4):
+        s.release(1)
+    assert s.store._pins[1] == 0
+    s.store.close()
+
+
+def test_full_cache_disk_is_a_clear_error_and_the_cache_stays_usable(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    url, _ = built(tmp_path, replace(RAW, size=(64, 64), shard_size=3 * 64 * 64 * 2), n=1)
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode:
+        pytest.skip("a full disk is made with a small tmpfs: needs mount (root)")
+    try:
+        s = packer.load(url, cache_dir=mnt)
+        st = os.statvfs(mnt)
+        filler = mnt / "filler"
+        filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 8192))  # 8 KiB left, 24 KiB wanted
+        with pytest.raises(
+            DiskFullError, match=r"the disk is full while fetching s3://.*images\.memmap"
+        ):
+            s.shard(0)
+        assert not list((s.path / META_DIR / "tmp").iterdir())  # nothing partial left
+        filler.unlink()
+        assert s.shard(0).images.shape == (2, 3, 64, 64)  # the same cache goes on
+        s.release(0)
+        s.store.close()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
