@@ -50,6 +50,8 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("the modern recipe (RRC, TrivialAugmentWide, erasing, MixUp/CutMix) vs a device "
                "copy; ResNet-50 fed by it vs resident vs torchvision's reference data path",
                [PY, str(HERE / "recipe.py"), "--work", "{work}/recipe"]),
+    "sets": ("PackLoader over a 16-shard set vs one pack, shard vs global order, ResNet-50 on sets",
+             [PY, str(HERE / "sets.py"), "--work", "{work}/sets"]),
     "ab": ("PackLoader raw and JPEG streaming, this tree vs the packer/ under $OLD_TREE, alternating",
            [PY, str(HERE / "loader_ab.py"), "--old", os.environ.get("OLD_TREE", ".old"),
             "--work", "{work}/ab"]),

@@ -29,6 +29,7 @@ from ._version import __version__
 _EXPORTS = {
     "load": "packer.pack.reader:open_pack",
     "ImagePack": "packer.pack.reader:ImagePack",
+    "PackSet": "packer.pack.packset:PackSet",
     "PackLoader": "packer.loading.loader:PackLoader",
     "PackSampler": "packer.loading.loader:PackSampler",
     "batch_seed": "packer.loading.order:batch_seed",
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
     from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport
     from .measure.verify import verify as verify_pack
+    from .pack.packset import PackSet
     from .pack.reader import ImagePack
     from .pack.reader import open_pack as load
     from .pack.schema import Manifest

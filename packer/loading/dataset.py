@@ -94,7 +94,7 @@ class PackDataset(torch.utils.data.Dataset):
         i = _index(i, "index")
         if not -self._len <= i < self._len:
             raise IndexError(f"index {i} is outside a pack of {self._len} images")
-        image = pack.images[i].clone()  # own memory: the map is read-only and shared
+        image = torch.from_numpy(_images(pack, np.array([i % self._len]))[0])
         label = int(pack.labels[i])
         image = image if self.transform is None else self.transform(image)
         if pack.targets is None:
@@ -107,7 +107,7 @@ class PackDataset(torch.utils.data.Dataset):
         idx = np.asarray([_index(i, "__getitems__ index") for i in indices], dtype=np.intp)
         if len(idx) and (idx.min() < -self._len or idx.max() >= self._len):
             raise IndexError(f"an index is outside a pack of {self._len} images")
-        images = torch.from_numpy(np.take(pack.images.numpy(), idx, axis=0)).unbind(0)
+        images = torch.from_numpy(_images(pack, idx % max(1, self._len))).unbind(0)
         labels = np.take(pack.labels.numpy(), idx).tolist()
         if self.transform is not None:
             images = tuple(self.transform(x) for x in images)
@@ -115,6 +115,29 @@ class PackDataset(torch.utils.data.Dataset):
             return list(zip(images, labels))
         targets = torch.from_numpy(np.take(pack.targets.numpy(), idx, axis=0)).unbind(0)
         return list(zip(images, labels, targets))
+
+
+def _images(pack: Any, idx: np.ndarray) -> np.ndarray:
+    """Images ``idx`` (non-negative) of a pack or a pack set, copied into own memory
+    (the maps are read-only and shared), uint8 [n, 3, H, W]."""
+    from ..pack.packset import PackSet
+
+    if not isinstance(pack, PackSet):
+        return np.take(pack.images.numpy(), idx, axis=0)
+    if pack.storage != "raw":
+        raise UsageError(
+            f"{pack.path}: PackDataset reads raw images; stream a JPEG set with "
+            "PackLoader(set, batch_size, image_size=S)"
+        )
+    out = np.empty((len(idx), *pack.image_shape), dtype=np.uint8)
+    shard, row = pack.locate(idx)
+    for k in np.unique(shard).tolist():
+        sel = np.flatnonzero(shard == k)
+        try:
+            out[sel] = np.take(pack.shard(k).images.numpy(), row[sel], axis=0)
+        finally:
+            pack.release(k)
+    return out
 
 
 def _index(i: Any, name: str) -> int:

@@ -62,7 +62,8 @@ class _EpochIterator:
         ld._populate_once()
         if self.next_batch >= self.nbatches:
             return  # nothing left (an empty epoch, or resumed at its end): no thread
-        rows = pos if cfg.rows is None else cfg.rows[pos]
+        rows = ld._rows_at(self.epoch, pos)
+        ld._check_working_set(rows[self.next_batch * cfg.batch_size :])
         shared = ld._shared_here()
         try:
             prepared = strategy.prepare(cfg, shared)
@@ -80,6 +81,12 @@ class _EpochIterator:
             **prepared,
         )
         self._pass = p
+        if p.sched is not None:
+            try:
+                p.sched.open()  # local shards: all mapped now, on this thread
+            except BaseException:
+                p.sched.close()
+                raise
         # collected: the finalizer only signals the producer (it must never wait: see
         # _producer's lifetime note); close() joins it
         self._finalizer = weakref.finalize(self, _Pass.signal_stop, p)

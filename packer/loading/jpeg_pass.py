@@ -107,7 +107,7 @@ class JpegDecode(_Pass):
 
         decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
         try:
-            for (_, idx, meta), imgs in decoded:
+            for (b, idx, meta), imgs in decoded:
                 sizes, boxes, flip, state, cpu = meta
                 if state is not None:
                     self.gen.set_state(state)  # type: ignore[union-attr]
@@ -122,6 +122,7 @@ class JpegDecode(_Pass):
                             f.result()
                         images = out.to(dev, non_blocking=True) if cuda else out
                     del imgs
+                    self.read_done(b)  # decoded: the batch's bytes are no longer read
                     labels = torch.from_numpy(np.take(self.labels, idx, 0))
                     targets = None
                     if self.targets is not None:
@@ -170,4 +171,7 @@ class JpegDecode(_Pass):
 
         # a few images a task: one submit per image would cost more GIL than it spares
         step = max(1, min(_CPU_TASK, -(-n // self.num_threads)))
-        return out, [self.pool.submit(run, a, min(a + step, n)) for a in range(0, n, step)]
+        futs = [self.pool.submit(run, a, min(a + step, n)) for a in range(0, n, step)]
+        if self.sched is not None:
+            self._inflight = [f for f in self._inflight if not f.done()] + futs
+        return out, futs

@@ -42,10 +42,11 @@ import logging
 import math
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.data
 
@@ -57,10 +58,12 @@ from ..pack.kinds import kind_of
 from ..pack.reader import ImagePack, open_pack
 from .epoch_iterator import _EpochIterator
 from .order import (
+    _DEFAULT_WINDOW,
     _EVEN_SPLITS,
     _MAX_EPOCH,
     _MAX_REPEATS,
     _MAX_SEED,
+    ORDERS,
     _bool_arg,
     _check_device,
     _check_dtypes,
@@ -70,6 +73,7 @@ from .order import (
     _rows_digest,
     _size_arg,
     epoch_indices,
+    shard_sequence,
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
 from .producer import (
@@ -89,7 +93,35 @@ class PackLoader(_Resumable):
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
     Args:
-      pack: an :class:`ImagePack` from :func:`packer.load`, or a pack's path.
+      pack: an :class:`ImagePack`, :class:`JpegPack` or :class:`packer.PackSet` from
+        :func:`packer.load`, or a path to one; or a list of them to stream together
+        (shards and packs end to end: global index ``i`` runs over the first, then the
+        next; they must share storage, image shape, class map and target columns, else
+        UsageError says how they differ). A set streams as one pack: every shard is
+        mapped into one range (one gather per batch, as for a single pack), and the
+        global order gives exactly the batches of the same images built as one pack.
+      order: "global" (default): the epoch's permutation of every image, as below.
+        "shards": for sets whose shards are fetched (object storage): the shard order
+        is shuffled each epoch, shards are cut into ``canonical_ranks`` parts, each part
+        read in windows of ``shard_window`` shards whose images are shuffled together
+        (:func:`packer.loading.order.shard_sequence`), and ranks split the sequence as
+        for the global order, so every rank gets the same number of batches and, when
+        ``world_size`` divides ``canonical_ranks``, reads only its own parts' shards. A
+        pure function of (seed, epoch, shard sizes, canonical_ranks, shard_window).
+        Memory: a rank holds about ``(shard_window + 1) * canonical_ranks / world_size``
+        shards at once, plus the store's prefetch depth; a cache smaller than that
+        working set is refused before the first batch, with both numbers.
+      shard_window: shards whose images ``order="shards"`` shuffles together (>= 1,
+        default 2).
+      canonical_ranks: the parts ``order="shards"`` cuts an epoch into (default: this
+        run's world_size). Keep it when the rank count changes; a state carries it.
+      weights, epoch_size: mixing (with a list of packs): each epoch draws
+        ``epoch_size`` images (default: all of them together) in the proportions
+        ``weights`` (positive, one per pack, normalized): pack ``j`` gives
+        ``round(weights[j] * epoch_size)`` images (largest remainder), whole passes over
+        it and then a subset without replacement drawn from (seed, epoch, j); the
+        loader then shuffles them as one epoch. ``len(loader)`` follows
+        ``epoch_size``. Not with ``indices``, ``resident`` or ``order="shards"``.
       batch_size: images per batch (an int >= 1).
       shuffle, seed: each pass uses the permutation of ``seed + epoch``
         (seed: an int with ``abs(seed) < 2**63``).
@@ -207,7 +239,9 @@ class PackLoader(_Resumable):
 
     ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly; a state
     is refused mid-epoch when the loader streams other rows (``indices``) or
-    another pack shape. Use as
+    another pack shape. The rank count may change mid-epoch when the global batch
+    (``batch_size * world_size``) stays (elastic resume: saved on 4 ranks, resumed on 2,
+    no image repeated or skipped). Use as
     a context manager, or call ``close()``, to stop background work at once;
     dropping an iterator or the loader also stops it.
     """
@@ -235,9 +269,13 @@ class PackLoader(_Resumable):
         train: bool = True,
         decode: str = "auto",
         gather: str = "cpu",
+        order: str = "global",
+        shard_window: int = _DEFAULT_WINDOW,
+        canonical_ranks: int | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_size: int | None = None,
     ) -> None:
-        if isinstance(pack, (str, os.PathLike)):
-            pack = open_pack(Path(pack))
+        pack, units, mix = _sources(pack, weights, epoch_size)
         batch_size = _int_arg("batch_size", batch_size, 1)
         prefetch = _int_arg("prefetch", prefetch, 1)
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
@@ -261,8 +299,25 @@ class PackLoader(_Resumable):
 
             refuse_batch_wide(transform)
         train = _bool_arg("train", train)
+        if not isinstance(order, str) or order not in ORDERS:
+            raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
+        shard_window = _int_arg("shard_window", shard_window, 1)
         # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
         self._kind = kind_of(getattr(pack, "storage", "raw"))
+        self._units = units
+        self._mix = mix
+        self.order = order
+        self.shard_window = shard_window
+        if units is not None and gather == "device":
+            raise UsageError(
+                "gather='device' reads one pack's file in place; stream a pack set or mixed "
+                "packs with gather='cpu' (the default)"
+            )
+        if mix is not None and (resident or indices is not None or order != "global"):
+            raise UsageError(
+                "weights= draws each epoch's images from several packs; it does not combine "
+                "with resident=True, indices= or order='shards'"
+            )
         self._crop = _crop_args(self._kind, transform, image_size, train, resident, gather, decode)
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
@@ -280,21 +335,45 @@ class PackLoader(_Resumable):
             )
         self._gather = gather
         self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.canonical_ranks = (
+            self.world_size
+            if canonical_ranks is None
+            else _int_arg("canonical_ranks", canonical_ranks, 1)
+        )
         self.transform = transform
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._images = self._kind.source_tensor(pack)
-        self._labels = pack.labels
-        self._targets: torch.Tensor | None = getattr(pack, "targets", None)
+        if units is None:
+            self._images = self._kind.source_tensor(pack)
+            self._labels = pack.labels
+            self._targets: torch.Tensor | None = getattr(pack, "targets", None)
+            total = len(pack)
+            raw_shape = None if self._kind.decoded else tuple(pack.images.shape[1:])
+        else:
+            self._images = None
+            self._labels, self._targets = units.labels, units.targets
+            total = len(units)
+            raw_shape = None if self._kind.decoded else _image_shape(units.sources[0])
         _check_dtypes(
-            None if self._kind.decoded else self._images, self._labels, self._targets, len(pack)
+            None if self._kind.decoded else self._images, self._labels, self._targets, total
         )
-        self._rows = None if indices is None else _check_indices(indices, len(pack))
-        self._n = len(pack) if self._rows is None else len(self._rows)
-        self._shape = (3, *self._crop.size) if self._kind.decoded else tuple(pack.images.shape[1:])
-        self._digest = _rows_digest(self._rows, len(pack), self._shape)
+        self._rows = None if indices is None else _check_indices(indices, total)
+        if (
+            order == "shards"
+            and self._rows is not None
+            and len(self._rows.unique()) < len(self._rows)
+        ):
+            raise UsageError(
+                "order='shards' streams each image once per epoch: indices= must not repeat rows"
+            )
+        self._n = (
+            (mix.size if mix is not None else total) if self._rows is None else len(self._rows)
+        )
+        self._shape = (3, *self._crop.size) if self._kind.decoded else raw_shape
+        extra = "" if mix is None else mix.key
+        self._digest = _rows_digest(self._rows, total, self._shape, extra)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
         self._serial = 0  # passes started; the latest one is what state_dict() describes
@@ -390,20 +469,48 @@ class PackLoader(_Resumable):
             self._n,
             epoch=epoch,
             seed=self.seed,
-            shuffle=self.shuffle,
+            shuffle=self.shuffle and self.order == "global",
             rank=self.rank,
             world_size=self.world_size,
             even_split=self.even_split,
             repeats=self.repeats,
         )
+        if self.order == "shards" and len(order):
+            order = self._shard_positions(epoch)[order]
         if self.drop_last:
             order = order[: len(self) * self.batch_size]
         return order
 
-    def indices(self, epoch: int) -> torch.Tensor:
-        """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
-        pos = self._positions(_int_arg("epoch", epoch, 0, _MAX_EPOCH))
+    def _shard_positions(self, epoch: int) -> torch.Tensor:
+        """``order="shards"``: the epoch's sequence (:func:`shard_sequence`) as positions
+        into the streamed rows (a subset given by ``indices`` keeps its images' places)."""
+        counts = self._units.counts if self._units is not None else [len(self._labels)]
+        seq = shard_sequence(
+            counts,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            parts=self.canonical_ranks,
+            window=self.shard_window,
+        )
+        if self._rows is None:
+            return seq
+        place = torch.full((len(self._labels),), -1, dtype=torch.int64)
+        place[self._rows] = torch.arange(len(self._rows))
+        pos = place[seq]
+        return pos[pos >= 0]
+
+    def _rows_at(self, epoch: int, pos: torch.Tensor) -> torch.Tensor:
+        """The pack (or set) rows at positions ``pos`` of ``epoch``'s streamed rows."""
+        if self._mix is not None:
+            return self._mix.rows(epoch, self.seed)[pos]
         return pos if self._rows is None else self._rows[pos]
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's pack rows for ``epoch``, in yield order (int64 [M]); for a pack
+        set or mixed packs, global indices (shards, then packs, end to end)."""
+        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
+        return self._rows_at(epoch, self._positions(epoch))
 
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
@@ -433,7 +540,41 @@ class PackLoader(_Resumable):
             resident=self.resident,
             crop=self._crop,
             on_cpu=self._on_cpu,
+            units=self._units,
+            fetch_ahead=self._fetch_ahead(),
         )
+
+    def _fetch_ahead(self) -> int:
+        """Shards a remote set fetches ahead of need (its store's prefetch depth)."""
+        if self._units is None:
+            return 0
+        return max(
+            (getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in self._units.sources
+        )
+
+    def _check_working_set(self, rows: torch.Tensor) -> None:
+        """Refuse a pass whose shards cannot fit the cache of a set fetched from object
+        storage, before its first batch: both numbers in the message. The ranks of one
+        node share its cache (``LOCAL_WORLD_SIZE`` of them, torchrun's variable)."""
+        units = self._units
+        if units is None or not units.remote:
+            return
+        from .sets import working_set
+
+        limits = [
+            s.store.limit for s in units.sources if getattr(s, "store", None) and s.store.limit
+        ]
+        if not limits:
+            return
+        need, shards = working_set(units, rows.numpy(), self.batch_size, self._fetch_ahead())
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        if need * local > min(limits):
+            raise UsageError(
+                f"the cache limit of {min(limits):,} bytes is below this pass's working set of "
+                f"{need * local:,} bytes ({shards} shards held at once by each of {local} "
+                f"rank(s) of this node, order={self.order!r}); raise cache_limit, or use "
+                "order='shards' with a smaller shard_window"
+            )
 
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The streamed rows on the device, loaded by the first resident pass."""
@@ -443,6 +584,8 @@ class PackLoader(_Resumable):
 
     def _populate_once(self) -> None:
         """``populate=True``: map the pack's pages before the first streamed pass."""
+        if self._populate and self._images is None:
+            self._populate = False  # a set's shards are mapped as passes reach them
         if self._populate:
             populate(self._images)
             self._populate = False
@@ -497,3 +640,116 @@ def _crop_args(
     if gather != "cpu":
         raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
     return crop
+
+
+class _Mix:
+    """``weights=``: each epoch draws ``size`` images from several packs or sets in fixed
+    proportions (:meth:`rows`), a pure function of (seed, epoch)."""
+
+    def __init__(self, sizes: list[int], weights: list[float], size: int) -> None:
+        from ..loading.dataset import _apportion
+
+        self.sizes = sizes
+        self.weights = weights
+        self.size = size
+        self.quota = _apportion(size, weights)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.key = f"mix/{sizes}/{[round(w, 12) for w in weights]}/{size}"
+        self._cache: tuple[int, int, torch.Tensor] | None = None
+
+    def rows(self, epoch: int, seed: int) -> torch.Tensor:
+        """The epoch's global rows, int64 [size], in pack order (the loader shuffles them):
+        pack ``j`` gives ``quota[j]`` images, whole passes over it and then a subset drawn
+        without replacement from (seed, epoch, j)."""
+        if self._cache is not None and self._cache[:2] == (epoch, seed):
+            return self._cache[2]
+        from .order import _rng
+
+        out = []
+        for j, (n, q) in enumerate(zip(self.sizes, self.quota)):
+            whole, rest = divmod(q, n) if n else (0, 0)
+            part = [np.tile(np.arange(n, dtype=np.int64), whole)]
+            if rest:
+                part.append(np.sort(_rng(seed, epoch, -1 - j).choice(n, rest, replace=False)))
+            out.append(self.starts[j] + np.concatenate(part))
+        rows = torch.from_numpy(np.concatenate(out).astype(np.int64))
+        self._cache = (epoch, seed, rows)
+        return rows
+
+
+def _open_source(p: Any) -> Any:
+    if isinstance(p, (str, os.PathLike)):
+        return open_pack(Path(p))
+    return p
+
+
+def _image_shape(src: Any) -> tuple[int, ...]:
+    shape = getattr(src, "image_shape", None)
+    if shape is not None and not hasattr(src, "images"):
+        return tuple(shape)
+    return tuple(src.images.shape[1:])
+
+
+def _describe(src: Any) -> str:
+    return str(getattr(src, "path", type(src).__name__))
+
+
+def _sources(pack: Any, weights: Any, epoch_size: Any) -> tuple[Any, Any, _Mix | None]:
+    """What a loader streams: ``(pack, units, mix)``. A single pack gives no units; a
+    pack set gives its shards as units; a list of packs and sets gives them end to end,
+    checked alike (storage, image shape, class map, target columns), and with
+    ``weights`` a :class:`_Mix` drawing each epoch's images in those proportions."""
+    from ..pack.packset import PackSet
+    from .sets import Units
+
+    many = isinstance(pack, (list, tuple))
+    if not many and (weights is not None or epoch_size is not None):
+        raise UsageError(
+            "weights= and epoch_size= mix several packs: pass a list, "
+            "PackLoader([pack_a, set_b], B, weights=(0.7, 0.3))"
+        )
+    if not many:
+        pack = _open_source(pack)
+        return pack, (Units([pack]) if isinstance(pack, PackSet) else None), None
+    sources = [_open_source(p) for p in pack]
+    if not sources:
+        raise UsageError("PackLoader was given an empty list of packs")
+    first = sources[0]
+    for src in sources[1:]:
+        for what, get in (
+            ("storage", lambda s: getattr(s, "storage", "raw")),
+            (
+                "image shape",
+                lambda s: list(_image_shape(s)) if getattr(s, "storage", "raw") == "raw" else None,
+            ),
+            ("classes", lambda s: list(s.classes)),
+            ("target columns", lambda s: list(getattr(s, "target_names", []))),
+        ):
+            if get(src) != get(first):
+                raise UsageError(
+                    f"packs to mix must share {what}: {_describe(first)} has {get(first)!r}, "
+                    f"{_describe(src)} has {get(src)!r}"
+                )
+    sizes = [len(s) for s in sources]
+    mix = None
+    if weights is not None:
+        try:
+            w = [float(x) for x in weights]
+        except (TypeError, ValueError):
+            raise UsageError(f"weights must be numbers, one per pack, not {weights!r}") from None
+        if len(w) != len(sources) or any(not x > 0 for x in w) or not all(map(math.isfinite, w)):
+            raise UsageError(
+                f"weights must be {len(sources)} positive numbers (one per pack), not {tuple(weights)}"
+            )
+        total = sum(w)
+        w = [x / total for x in w]
+        size = sum(sizes) if epoch_size is None else _int_arg("epoch_size", epoch_size, 1)
+        empty = [i for i, (n, q) in enumerate(zip(sizes, w)) if n == 0]
+        if empty:
+            raise UsageError(
+                f"pack {_describe(sources[empty[0]])} is empty; it cannot be drawn from"
+            )
+        mix = _Mix(sizes, w, size)
+    elif epoch_size is not None:
+        raise UsageError("epoch_size= goes with weights=")
+    return first if len(sources) == 1 and weights is None else sources, Units(sources), mix

@@ -123,12 +123,14 @@ def _bool_arg(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _rows_digest(rows: torch.Tensor | None, n: int, shape: tuple[int, ...]) -> str:
+def _rows_digest(
+    rows: torch.Tensor | None, n: int, shape: tuple[int, ...] | None, extra: str = ""
+) -> str:
     """A short digest of what a loader streams: the pack's image count and shape and the
     rows it streams (``indices``, in order), so a state from another subset or pack is
     refused mid-epoch."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(f"imgpack-rows/{n}/{list(shape)}/".encode())
+    h.update(f"imgpack-rows/{n}/{list(shape or ())}/{extra}".encode())
     h.update(b"all" if rows is None else rows.numpy().astype("<i8").tobytes())
     return h.hexdigest()
 
@@ -232,3 +234,74 @@ def _check_dtypes(
             f"PackLoader needs images uint8 [N, 3, H, W], labels int64 [N] and targets "
             f"float32 [N, K] or None, not {', '.join(got)}; open a pack with packer.load()"
         )
+
+
+ORDERS = ("global", "shards")  # PackLoader(order=)
+_DEFAULT_WINDOW = 2  # PackLoader(shard_window=): shards whose images are shuffled together
+
+
+def _rng(seed: int, epoch: int, *tag: int) -> np.random.Generator:
+    """A generator that is a pure function of its arguments (a hash of them: no
+    interpreter hash, no state carried between epochs)."""
+    key = "/".join(str(int(v)) for v in (seed, epoch, *tag))
+    digest = hashlib.blake2b(f"imgpack-shards/{key}".encode(), digest_size=16).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
+
+
+def shard_sequence(
+    counts: Any, *, seed: int, epoch: int, shuffle: bool, parts: int, window: int
+) -> torch.Tensor:
+    """The epoch's global order for ``order="shards"``: every image of the set once,
+    int64 [N], arranged so that each rank reads few shards at a time.
+
+    1. The shards, in an order drawn from (seed, epoch), are laid end to end and cut into
+       ``parts`` contiguous parts of (nearly) equal image counts: part ``c`` touches about
+       ``S / parts + 1`` shards. ``parts`` is the canonical rank count.
+    2. Each part is read in windows of ``window`` average shards' worth of images; the
+       images of a window are shuffled together (from (seed, epoch, part, window)). A
+       rank so needs at most ``window + 1`` shards of a part at once.
+    3. The parts are interleaved: position ``p`` of the sequence is image ``p // parts``
+       of part ``p % parts`` (the last round holds only the longer parts).
+
+    Rank ``r`` of ``W`` ranks then takes positions ``r, r + W, ...`` (as for the global
+    order, :func:`epoch_indices` on this sequence): with ``W`` dividing ``parts`` it reads
+    only parts ``r, r + W, ...``, so ``parts / W`` parts' shards. A pure function of
+    (seed, epoch, counts, parts, window). ``shuffle=False``: shards and images in order,
+    parts still interleaved.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    shard_order = _rng(seed, epoch).permutation(len(counts)) if shuffle else np.arange(len(counts))
+    seq = np.concatenate([offsets[k] + np.arange(counts[k]) for k in shard_order])
+    bounds = (np.arange(parts + 1, dtype=np.int64) * n) // parts
+    per_window = max(1, window * -(-n // len(counts)))
+    rounds = -(-n // parts)
+    grid = np.full((parts, rounds), -1, dtype=np.int64)
+    for c in range(parts):
+        part = seq[bounds[c] : bounds[c + 1]]
+        if shuffle:
+            for w, a in enumerate(range(0, len(part), per_window)):
+                part[a : a + per_window] = _rng(seed, epoch, c, w).permutation(
+                    part[a : a + per_window]
+                )
+        grid[c, : len(part)] = part
+    flat = grid.T.reshape(-1)
+    return torch.from_numpy(flat[flat >= 0].copy())
+
+
+def window_shards(counts: Any, parts: int, window: int, world_size: int) -> int:
+    """Shards one rank holds at once under ``order="shards"`` at most (before prefetch):
+    each of its parts' current window spans at most ``window + 1`` shards (more where
+    shards are smaller than average), and a rank reads ``ceil(parts / world_size)`` parts
+    side by side (all of them where ``world_size`` does not divide ``parts``)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if not len(counts) or counts.sum() == 0:
+        return 0
+    per_window = max(1, window * -(-int(counts.sum()) // len(counts)))
+    smallest = max(1, int(counts[counts > 0].min()))
+    spans = min(len(counts), -(-per_window // smallest) + 1)
+    mine = parts // world_size if parts % world_size == 0 else parts
+    return min(len(counts), spans * max(1, mine))

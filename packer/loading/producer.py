@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,11 @@ def populate(t: torch.Tensor) -> bool:
 def _take(src: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """Copy rows ``idx`` of ``src`` into ``out`` (a memcpy per row, GIL released)."""
     np.take(src, idx, 0, out, "clip")
+
+
+def _take_units(units: Any, idx: np.ndarray, out: np.ndarray) -> None:
+    """Copy global rows ``idx`` of a set into ``out``, shard by shard (where no RowSpace)."""
+    units.take(idx, out)
 
 
 # Lifetime. Garbage collection may run a finalizer inside any code of any thread: in
@@ -295,12 +300,29 @@ class _Pass:
         rows: Any = None,
     ) -> None:
         src = cfg.src
-        self.jpeg = (cfg.pack, cfg.crop, cfg.on_cpu) if cfg.kind.decoded else None
+        units = cfg.units  # a pack set or mixed packs (packer.loading.sets.Units), or None
+        self.units = units
+        self.sched = None
+        if units is not None:
+            from .sets import Schedule
+
+            self.sched = Schedule(units, order, cfg.batch_size, start, cfg.fetch_ahead)
+        self.jpeg = None
+        if cfg.kind.decoded:
+            self.jpeg = (cfg.pack if units is None else units, cfg.crop, cfg.on_cpu)
         self.rows = rows
-        row = 1 if cfg.kind.decoded else math.prod(src.shape[1:])
-        # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
-        self.src = src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
-        self.shape = tuple(src.shape[1:])
+        if units is not None:
+            self.shape = tuple(cfg.shape)
+            # one np.take over every shard's rows mapped side by side (sets.RowSpace)
+            self.src = units.array if units.space is not None else None
+        else:
+            row = 1 if cfg.kind.decoded else math.prod(src.shape[1:])
+            # 2-D byte views: each row is one image; np.take copies whole rows (memcpy).
+            self.src = (
+                src.numpy().reshape(len(src), row) if len(src) else np.empty((0, row), np.uint8)
+            )
+            self.shape = tuple(src.shape[1:])
+        self._inflight: list[Future[Any]] = []  # reads of the mapped data not yet done
         self.labels = cfg.labels.numpy()
         self.targets = None if cfg.targets is None else cfg.targets.numpy()
         self.order = order
@@ -355,6 +377,11 @@ class _Pass:
         slots, self.slots = self.slots, None
         if slots is not None:
             self.shared.give_slots(slots)
+        if self.sched is not None:
+            # a failed batch may leave reads of a shard running: they end before it goes
+            wait(self._inflight)
+            self._inflight = []
+            self.sched.close()
         self.shared.pass_ended()
 
     def _drain(self) -> None:
@@ -378,11 +405,25 @@ class _Pass:
         if pipelined:
             parts = min(parts, max(1, len(idx) * out.shape[1] // _TASK_BYTES))
         bounds = np.linspace(0, len(idx), parts + 1).astype(int)
-        return [
-            self.pool.submit(_take, self.src, idx[a:b], out[a:b])
+        src, take = self.src, _take
+        if self.units is not None:
+            if self.src is not None:
+                idx = self.units.translate(idx)
+            else:  # no RowSpace on this platform: shard by shard
+                src, take = self.units, _take_units
+        futs = [
+            self.pool.submit(take, src, idx[a:b], out[a:b])
             for a, b in itertools.pairwise(bounds)
             if b > a
         ]
+        if self.sched is not None:
+            self._inflight = [f for f in self._inflight if not f.done()] + futs
+        return futs
+
+    def read_done(self, b: int) -> None:
+        """Batch ``b`` no longer reads the pack's data (a set's shards it alone read may go)."""
+        if self.sched is not None:
+            self.sched.after(b)
 
     def put(self, item: Any) -> bool:
         while not self.stop.is_set():
@@ -398,6 +439,8 @@ class _Pass:
         for b in range(self.start, self.nbatches):
             if self.stop.is_set():
                 return
+            if self.sched is not None:
+                self.sched.before(b)  # fetch and map the shards this batch reads
             yield b, self.order[b * bs : (b + 1) * bs]
 
 

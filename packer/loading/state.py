@@ -51,16 +51,25 @@ class _Resumable:
             "rank": self.rank,
             "world_size": self.world_size,
             "rows": self._digest,
+            "order": self.order,
+            "canonical_ranks": self.canonical_ranks,
+            "shard_window": self.shard_window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next pass yields exactly the batches that
         were left of that epoch, then epochs go on as in the saved run.
 
-        Mid-epoch, the order must be the same (seed, shuffle, batch size,
-        drop_last, even_split, repeats, number of samples, world size, and the rows
-        streamed: the ``rows`` digest of the pack's count, image shape and
-        ``indices``); a mismatch is always refused. At an epoch boundary
+        Mid-epoch, the order must be the same (seed, shuffle, order, drop_last,
+        even_split, repeats, number of samples, and the rows streamed: the ``rows``
+        digest of the pack's count, image shape and ``indices``) and so must the global
+        batch (``batch_size * world_size``); a mismatch is always refused. The rank
+        count may change (elastic resume): a state saved on 4 ranks of batch 64 resumes
+        on 2 ranks of batch 128, and the epoch goes on from the same global batch, so no
+        image is repeated or skipped (the head padding of the epoch's last global batch
+        follows the new rank count; augmentations are drawn per rank, so they differ).
+        ``order="shards"`` takes the state's ``canonical_ranks`` and ``shard_window``,
+        which define the epoch's order. At an epoch boundary
         (``batches == 0``) only the epoch is taken, so the next epoch may use
         other rows or ranks. States saved before ``rows`` existed have no
         digest and are checked without it; states saved before ``repeats`` existed
@@ -99,7 +108,28 @@ class _Resumable:
                     "another pack or other indices); use the same pack and indices, or "
                     "resume from an epoch boundary"
                 )
-            for key in ("world_size", "samples", "batch_size", "seed", "shuffle"):
+            saved_order = state.get("order", "global")
+            if saved_order != mine["order"]:
+                raise UsageError(
+                    f"cannot resume mid-epoch with order={mine['order']!r}: the state was saved "
+                    f"with order={saved_order!r}; use the same order, or resume from an epoch "
+                    "boundary"
+                )
+            global_batch = (state.get("batch_size"), state.get("world_size"))
+            if global_batch != (self.batch_size, self.world_size):
+                # elastic: another rank count with the same global batch continues the same
+                # sequence of global batches (epoch_indices), so nothing repeats or is skipped
+                got = _global_batch(state)
+                if got != self.batch_size * self.world_size:
+                    raise UsageError(
+                        f"cannot resume mid-epoch with batch_size={self.batch_size} on "
+                        f"{self.world_size} rank(s) (global batch "
+                        f"{self.batch_size * self.world_size}): the state was saved with "
+                        f"batch_size={state.get('batch_size')!r} on {state.get('world_size')!r} "
+                        f"rank(s) (global batch {got}); keep the global batch "
+                        "(batch_size x world_size), or resume from an epoch boundary"
+                    )
+            for key in ("samples", "seed", "shuffle"):
                 if state.get(key) != mine[key]:
                     raise UsageError(
                         f"cannot resume mid-epoch with {key}={mine[key]!r}: the state was saved "
@@ -119,6 +149,12 @@ class _Resumable:
                     f"with repeats={saved!r}, and repeats changes which images the epoch "
                     f"holds; use repeats={saved!r}, or resume from an epoch boundary"
                 )
+            if saved_order == "shards":
+                # the saved run's canonical rank count and window define this epoch's order
+                self.canonical_ranks = _int_arg(
+                    "state['canonical_ranks']", state.get("canonical_ranks"), 1
+                )
+                self.shard_window = _int_arg("state['shard_window']", state.get("shard_window"), 1)
             if not 0 <= batches <= len(self):
                 raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
         self._resume = (epoch, batches)
@@ -194,3 +230,10 @@ def _check_state_fields(state: dict[str, Any]) -> None:
             f"state['rows'] must be the digest string state_dict() gives, not "
             f"{type(state['rows']).__name__}"
         )
+
+
+def _global_batch(state: dict[str, Any]) -> int | None:
+    b, w = state.get("batch_size"), state.get("world_size")
+    if isinstance(b, int) and isinstance(w, int):
+        return b * w
+    return None

@@ -60,6 +60,8 @@ class PassConfig:
     resident: bool
     crop: Any = None
     on_cpu: bool = False
+    units: Any = None  # packer.loading.sets.Units for a pack set or mixed packs
+    fetch_ahead: int = 0  # shards a remote set prefetches ahead of need
 
     @property
     def seeded(self) -> bool:
@@ -94,6 +96,7 @@ class CpuGather(_Pass):
             images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
             for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
                 f.result()
+            self.read_done(b)
             labels = torch.from_numpy(np.take(self.labels, idx, 0))
             targets = None
             if self.targets is not None:
@@ -143,6 +146,7 @@ class PinnedGather(_Pass):
             b, idx, s, futs = pending.popleft()
             for f in futs:
                 f.result()
+            self.read_done(b)
             n = len(idx)
             buf, lab = pinned[s][:n], pinned_lab[s][:n]
             np.take(self.labels, idx, out=lab.numpy(), mode="clip")

@@ -1,0 +1,186 @@
+"""DDP fed by a pack set, with an elastic resume: stop mid-epoch on W ranks, go on on W'.
+
+    # 8 GPUs, NCCL; stop after 20 steps, then finish the epoch on 4 GPUs (same global batch)
+    torchrun --standalone --nproc-per-node 8 examples/train_sets_ddp.py --pack SET \\
+        --batch-size 256 --stop-after 20 --state /tmp/run
+    torchrun --standalone --nproc-per-node 4 examples/train_sets_ddp.py --pack SET \\
+        --batch-size 512 --resume --state /tmp/run
+    # CPU processes over gloo (the test suite runs this with a tiny model)
+    torchrun --standalone --nproc-per-node 4 examples/train_sets_ddp.py --pack SET \\
+        --device cpu --model tiny --batch-size 4 --stop-after 2 --state /tmp/run
+
+Each rank opens the set itself (every rank maps the same shard files: the page cache
+holds one copy) and streams its part of the epoch (``--order global|shards``). Every
+step the ranks gather the ids of the images they trained on (each image's index in the
+set, found from its pixels when ``--check-ids``, else from ``loader.indices``); rank 0
+appends them to ``STATE/seen.jsonl``. ``--stop-after K`` saves ``loader.state_dict()``
+(the same on every rank) to ``STATE/loader.json`` after K steps and stops; ``--resume``
+restores it on however many ranks this run has, with ``batch_size * world_size``
+unchanged, and finishes the epoch. Rank 0 prints one JSON line: steps, images/s,
+the model's and loader's figures, and the node's RSS and page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on these machines
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packer
+
+
+def tiny_model(classes: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, max(1, classes)),
+    )
+
+
+def id_table(s: packer.PackSet) -> dict[bytes, int]:
+    """Image bytes digest -> index in the set (small sets: the test's check)."""
+    out = {}
+    for i in range(len(s)):
+        x = packer.PackDataset(s)[i][0]
+        out[hashlib.blake2b(x.numpy().tobytes(), digest_size=12).digest()] = i
+    return out
+
+
+def node_memory() -> dict[str, float]:
+    """MiB of this process's RSS and of the node's page cache (Linux)."""
+    out = {}
+    try:
+        with open("/proc/self/statm") as f:
+            out["rss_mib"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        out["page_cache_mib"] = int(info["Cached"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pack", required=True, help="a pack set (folder or s3:// URL)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--model", default="resnet50", help="'tiny' or a torchvision model name")
+    ap.add_argument("--batch-size", type=int, default=256, help="per rank")
+    ap.add_argument("--order", default="global", choices=["global", "shards"])
+    ap.add_argument("--canonical-ranks", type=int, default=None)
+    ap.add_argument("--image-size", type=int, default=224, help="JPEG sets: the crop side")
+    ap.add_argument("--stop-after", type=int, default=0, metavar="K")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--state", type=Path, required=True, help="folder for the state and ids")
+    ap.add_argument("--check-ids", action="store_true", help="ids from pixels (small sets)")
+    ap.add_argument("--epoch", type=int, default=0)
+    args = ap.parse_args()
+
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(local)
+    s = packer.load(args.pack)
+    kw = {"image_size": args.image_size} if s.storage == "jpeg" else {}
+    loader = packer.PackLoader(
+        s,
+        args.batch_size,
+        device=dev,
+        order=args.order,
+        canonical_ranks=args.canonical_ranks,
+        num_threads=max(1, min(8, (os.cpu_count() or 1) // world)),
+        **kw,
+    )
+    args.state.mkdir(parents=True, exist_ok=True)
+    saved = args.state / "loader.json"
+    if args.resume:
+        loader.load_state_dict(json.loads(saved.read_text()))
+    else:
+        loader.set_epoch(args.epoch)
+    epoch = loader.epoch
+    table = id_table(s) if args.check_ids else None
+    rows = loader.indices(epoch)
+    start = loader.state_dict()["batches"]
+
+    classes = max(1, len(s.classes))
+    if args.model == "tiny":
+        net = tiny_model(classes)
+    else:
+        import torchvision
+
+        net = getattr(torchvision.models, args.model)(num_classes=classes)
+    net = net.to(dev, memory_format=torch.channels_last)
+    model = DDP(net, device_ids=[local] if cuda else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    norm = packer.Normalize().to(dev)
+    seen_file = args.state / "seen.jsonl"
+    steps = 0
+    images = 0
+    t0 = time.perf_counter()
+    for b, (x, y, *_) in enumerate(loader, start=start):
+        if table is not None:
+            flat = x.cpu().reshape(len(x), -1).numpy()
+            ids = [table[hashlib.blake2b(r.tobytes(), digest_size=12).digest()] for r in flat]
+        else:
+            ids = rows[b * args.batch_size : b * args.batch_size + len(x)].tolist()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            out = model(norm(x).contiguous(memory_format=torch.channels_last))
+            loss = torch.nn.functional.cross_entropy(out.float(), y.clamp(min=0))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        mine = torch.tensor(ids, dtype=torch.int64)
+        every = [None] * world
+        dist.all_gather_object(every, mine.tolist())
+        if rank == 0:
+            with open(seen_file, "a") as f:
+                f.write(json.dumps({"epoch": epoch, "batch": b, "world": world, "ids": every}))
+                f.write("\n")
+        steps += 1
+        images += len(x)
+        if args.stop_after and steps == args.stop_after:
+            break
+    if cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    state = loader.state_dict()
+    if rank == 0 and args.stop_after and steps == args.stop_after:
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, saved)  # whole or absent
+    total = torch.tensor([images], dtype=torch.int64)
+    dist.all_reduce(total)
+    if rank == 0:
+        out = {
+            "world_size": world,
+            "batch_per_rank": args.batch_size,
+            "order": args.order,
+            "epoch": epoch,
+            "first_batch": start,
+            "steps": steps,
+            "images_per_s": round(int(total) / dt, 1) if dt > 0 else None,
+            "state": state,
+            **node_memory(),
+        }
+        print(json.dumps(out), flush=True)
+    loader.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

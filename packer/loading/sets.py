@@ -1,0 +1,295 @@
+"""Pack sets and mixed packs as one source for :class:`packer.loading.loader.PackLoader`.
+
+:class:`Units` lays the shards of one or more packs and pack sets end to end (a single
+pack is one unit, a set one unit per shard): global image ``i`` is row ``i -
+offsets[u]`` of unit ``u``. It holds the labels, targets and (JPEG) stored sizes of all
+of them, reads a raw batch's rows through one :class:`packer.loading.rowspace.RowSpace`
+(a single ``np.take``), and a JPEG batch's bytes shard by shard.
+
+:class:`Schedule` is one pass's use of the units: which units each batch reads, so a
+unit is fetched (and, from object storage, pinned in the cache) before the first batch
+that reads it, prefetched a few shards ahead, and let go after the last. On local disk
+every unit is mapped once and stays mapped. :func:`working_set` is the most bytes of
+shard data a pass holds at once; the loader refuses a cache limit below it before the
+first batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..pack.schema import Layout
+from . import rowspace
+
+
+class Units:
+    """The units (single packs, shards of sets) of what a loader streams, in order.
+
+    ``sources``: the packs and :class:`packer.pack.packset.PackSet` s given, each a
+    contiguous range of global indices (``starts[j]`` is source ``j``'s first)."""
+
+    def __init__(self, sources: Sequence[Any]) -> None:
+        self.sources = list(sources)
+        self.units: list[tuple[Any, int | None]] = []  # (PackSet, shard) or (pack, None)
+        counts, nbytes = [], []
+        for src in self.sources:
+            if _is_set(src):
+                for k, entry in enumerate(src.index.shards):
+                    self.units.append((src, k))
+                    counts.append(entry.count)
+                    nbytes.append(entry.bytes)
+            else:
+                self.units.append((src, None))
+                counts.append(len(src))
+                nbytes.append(0)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.bytes = np.asarray(nbytes, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        sizes = [len(s) for s in self.sources]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        first = self.sources[0]
+        self.storage = getattr(first, "storage", "raw")
+        self.labels = _cat([s.labels for s in self.sources], torch.int64)
+        t = [getattr(s, "targets", None) for s in self.sources]
+        self.targets = None if t[0] is None else torch.cat(t)
+        self.sizes = (
+            _cat([s.sizes for s in self.sources], torch.int64) if self.storage == "jpeg" else None
+        )
+        self.remote = any(_is_set(s) and s.store.remote for s in self.sources)
+        self._held: dict[int, Any] = {}  # unit -> its opened pack, while held
+        self._holds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.space: rowspace.RowSpace | None = None
+        self.row = 0
+        if self.storage == "raw":
+            shape = tuple(first.image_shape) if _is_set(first) else tuple(first.images.shape[1:])
+            self.row = int(np.prod(shape))
+            if rowspace.supported():
+                self.space = rowspace.RowSpace(self.row, self.counts.tolist())
+        self.path = getattr(first, "path", None)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def array(self) -> np.ndarray:
+        """Raw rows of every held unit, uint8 [V, row] (virtual rows: :meth:`translate`)."""
+        assert self.space is not None
+        return self.space.array
+
+    def unit_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, idx, side="right") - 1
+
+    def translate(self, idx: np.ndarray) -> np.ndarray:
+        """Virtual rows (of :attr:`array`) of global indices ``idx``."""
+        assert self.space is not None
+        u = self.unit_of(idx)
+        return self.space.base[u] + (idx - self.offsets[u])
+
+    # ---- holding units
+    def hold(self, u: int) -> None:
+        """Open unit ``u`` (fetch a remote shard first) and map it; counted."""
+        with self._lock:
+            if self._holds.get(u, 0):
+                self._holds[u] += 1
+                return
+        src, k = self.units[u]
+        pack = src if k is None else src.shard(k)
+        try:
+            if self.space is not None:
+                self.space.map(u, Layout(pack.path).images if k is not None else _rows_file(pack))
+        except BaseException:
+            if k is not None:
+                src.release(k)
+            raise
+        with self._lock:
+            self._held[u] = pack
+            self._holds[u] = self._holds.get(u, 0) + 1
+
+    def let_go(self, u: int) -> None:
+        """Undo one :meth:`hold`; the last one unmaps a unit of a remote set."""
+        with self._lock:
+            left = self._holds.get(u, 0) - 1
+            if left < 0:
+                return
+            self._holds[u] = left
+            if left:
+                return
+            self._held.pop(u, None)
+        src, k = self.units[u]
+        if k is None:
+            return
+        if src.store.remote and self.space is not None:
+            self.space.unmap(u)
+        src.release(k)
+
+    def held(self, u: int) -> bool:
+        return self._holds.get(u, 0) > 0
+
+    def prefetch(self, us: Sequence[int]) -> None:
+        by_set: dict[int, tuple[Any, list[int]]] = {}
+        for u in us:
+            src, k = self.units[u]
+            if k is not None and src.store.remote:
+                by_set.setdefault(id(src), (src, []))[1].append(k)
+        for src, ks in by_set.values():
+            src.prefetch(ks)
+
+    def take(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Raw rows of global ``idx`` into ``out`` [n, row], unit by unit (the way where
+        no :class:`RowSpace` can be made: a copy through a buffer per unit)."""
+        u = self.unit_of(idx)
+        for unit in np.unique(u).tolist():
+            sel = np.flatnonzero(u == unit)
+            pack = self._held[unit]
+            rows = pack.images.numpy().reshape(len(pack), -1)
+            out[sel] = np.take(rows, idx[sel] - self.offsets[unit], 0)
+
+    # ---- JPEG units: the reader the JPEG pass sees
+    def read(self, indices: Any, check_ends: bool = False) -> list[torch.Tensor]:
+        """The stored bytes of global images ``indices`` (their units held)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        u = self.unit_of(idx)
+        out: list[Any] = [None] * len(idx)
+        for unit in np.unique(u).tolist():
+            sel = np.flatnonzero(u == unit)
+            pack = self._held.get(unit)
+            if pack is None:
+                raise RuntimeError(f"imgpack: shard {unit} read before it was fetched")
+            for j, data in zip(sel.tolist(), pack.read(idx[sel] - self.offsets[unit], check_ends)):
+                out[j] = data
+        return out
+
+    def close(self) -> None:
+        if self.space is not None:
+            self.space.close()
+
+
+def _rows_file(pack: Any) -> Any:
+    path = getattr(pack, "path", None)
+    if path is None:
+        raise UsageError("mixing packs needs whole packs from packer.load(), not slices")
+    return Layout(path).images
+
+
+def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
+
+
+def _is_set(obj: Any) -> bool:
+    from ..pack.packset import PackSet
+
+    return isinstance(obj, PackSet)
+
+
+class Schedule:
+    """One pass's use of the units: ``before(b)`` holds what batch ``b`` reads (and
+    prefetches ahead), ``after(b)`` lets go of what no later batch reads. On local disk
+    every unit the pass reads is held at its start and kept (``keep``)."""
+
+    def __init__(
+        self, units: Units, order: np.ndarray, batch_size: int, start: int, depth: int
+    ) -> None:
+        self.units = units
+        unit = units.unit_of(np.asarray(order, dtype=np.int64))
+        nb = -(-len(order) // batch_size) if len(order) else 0
+        batch = np.arange(len(order)) // batch_size
+        ids = np.unique(unit)
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        if len(ids):
+            # first and last batch reading each unit (of the batches from ``start``)
+            keep = batch >= start
+            u, b = unit[keep], batch[keep]
+            for x, y in zip(*_first_last(u, b)):
+                self.first[int(x)] = int(y[0])
+                self.last[int(x)] = int(y[1])
+        self.start_of: dict[int, list[int]] = {}
+        for u, b in self.first.items():
+            self.start_of.setdefault(b, []).append(u)
+        self.end_of: dict[int, list[int]] = {}
+        for u, b in self.last.items():
+            self.end_of.setdefault(b, []).append(u)
+        self.upcoming = sorted(self.first, key=lambda u: (self.first[u], u))
+        self.depth = depth
+        self.nbatches = nb
+        self.keep = not units.remote
+        self.holding: set[int] = set()
+        self.lock = threading.Lock()
+
+    def open(self) -> None:
+        """Hold every unit up front when nothing is fetched (local disk: a map each)."""
+        if self.keep:
+            for u in self.upcoming:
+                self._hold(u)
+
+    def _hold(self, u: int) -> None:
+        with self.lock:
+            if u in self.holding:
+                return
+        self.units.hold(u)
+        with self.lock:
+            self.holding.add(u)
+
+    def before(self, b: int) -> None:
+        if self.keep:
+            return
+        starting = self.start_of.get(b, [])
+        if self.depth and starting:
+            i = self.upcoming.index(starting[0])
+            self.units.prefetch(self.upcoming[i : i + len(starting) + self.depth])
+        for u in starting:
+            self._hold(u)
+
+    def after(self, b: int) -> None:
+        if self.keep:
+            return
+        for u in self.end_of.get(b, []):
+            with self.lock:
+                if u not in self.holding:
+                    continue
+                self.holding.discard(u)
+            self.units.let_go(u)
+
+    def close(self) -> None:
+        """Let go of everything this pass holds (its reads have ended)."""
+        with self.lock:
+            held, self.holding = list(self.holding), set()
+        for u in held:
+            self.units.let_go(u)
+
+
+def _first_last(unit: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct units and the (first, last) batch each appears in."""
+    order = np.lexsort((batch, unit))
+    u, b = unit[order], batch[order]
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+    ends = np.r_[starts[1:], len(u)] - 1
+    return u[starts], np.stack([b[starts], b[ends]], 1)
+
+
+def working_set(units: Units, order: np.ndarray, batch_size: int, depth: int) -> tuple[int, int]:
+    """``(bytes, shards)`` of remote shard data one pass over ``order`` holds at most at
+    once: the units read by batches in flight, plus ``depth`` prefetched (the largest)."""
+    if not len(order):
+        return 0, 0
+    unit = units.unit_of(np.asarray(order, dtype=np.int64))
+    batch = np.arange(len(order)) // batch_size
+    u, fl = _first_last(unit, batch)
+    nb = int(batch[-1]) + 2
+    delta = np.zeros(nb + 1, dtype=np.int64)
+    count = np.zeros(nb + 1, dtype=np.int64)
+    np.add.at(delta, fl[:, 0], units.bytes[u])
+    np.add.at(delta, fl[:, 1] + 1, -units.bytes[u])
+    np.add.at(count, fl[:, 0], 1)
+    np.add.at(count, fl[:, 1] + 1, -1)
+    most = int(np.cumsum(delta).max())
+    shards = int(np.cumsum(count).max())
+    extra = int(np.sort(units.bytes)[::-1][:depth].sum()) if depth else 0
+    return most + extra, shards + min(depth, len(units.bytes))
