@@ -195,6 +195,12 @@ def open_pack(
 
         return open_remote(path, cache_dir, cache_limit)  # type: ignore[return-value]
     root = Path(path)
+    if manifest is None and (root / ".imgpack-cache" / "url").is_file():
+        # a set's folder in the object-storage cache (a DataLoader worker reopening a
+        # PackDataset's path): open it as the set it caches, shards fetched on demand
+        from ..storage.remote import reopen_cached
+
+        return reopen_cached(root)  # type: ignore[return-value]
     if manifest is None and is_set(root) and not (root / MANIFEST).exists():
         from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
 

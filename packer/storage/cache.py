@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,6 +118,8 @@ class RemoteShards(ShardStore):
     """The shards of a remote set, fetched into ``root`` (a set folder of the cache)
     on demand and ahead of need, bounded by ``limit`` bytes of big data files.
 
+    ``client``: an :class:`~packer.storage.client.ObjectStore`, or a function making one
+    when a download needs it.
     ``fetch(k)`` -> the shard's folder, its big file whole and checked, held (the
     ``.use`` lock) until as many ``release(k)``; see the module docstring for the rules.
     Counters for measurements: ``downloads`` and ``downloaded_bytes`` (this process)."""
@@ -129,14 +131,14 @@ class RemoteShards(ShardStore):
         root: Path,
         index: SetIndex,
         manifests: Sequence[Manifest],
-        client: ObjectStore,
+        client: ObjectStore | Callable[[], ObjectStore],
         limit: int | None = None,
         prefetch_depth: int = PREFETCH_DEPTH,
     ) -> None:
         self.root = root
         self.index = index
         self.manifests = list(manifests)
-        self.client = client
+        self._client = client
         self.limit = limit
         self.prefetch_depth = prefetch_depth
         self.meta = root / META_DIR
@@ -152,6 +154,14 @@ class RemoteShards(ShardStore):
         self._pool: ThreadPoolExecutor | None = None
         self._queued: dict[int, Future[None]] = {}
         self._closed = False
+
+    @property
+    def client(self) -> ObjectStore:
+        """The object-storage client, made on first use (a set reopened from its cache
+        folder needs none while its shards are cached)."""
+        if not isinstance(self._client, ObjectStore):
+            self._client = self._client()
+        return self._client
 
     # ------------------------------------------------------------ paths
 

@@ -51,6 +51,24 @@ class Retry:
 RETRY = Retry()
 
 
+# the process whose obstore runtime (tokio threads) is live: a process forked from it
+# has the runtime but not its threads, and any call there would wait forever
+_RUNTIME_PID: int | None = None
+
+
+def _check_not_forked(where: str) -> None:
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if _RUNTIME_PID is None:
+        _RUNTIME_PID = pid
+    elif pid != _RUNTIME_PID:
+        raise UsageError(
+            f"{where}: this process was forked from one that used object storage, whose "
+            "client cannot run here; start workers with spawn or forkserver (DataLoader("
+            "multiprocessing_context='spawn')), or fetch the shards before forking"
+        )
+
+
 class NotFound(Exception):
     """The object does not exist (callers decide what that means)."""
 
@@ -177,6 +195,7 @@ class ObjectStore:
         from obstore import exceptions as ox
 
         where = self.url.child(key) if key else str(self.url)
+        _check_not_forked(where)
         last: BaseException | None = None
         for attempt in range(max(1, self.retry.attempts)):
             if attempt:

@@ -200,6 +200,26 @@ def open_remote(
     return PackSet(root, index, manifests, store)
 
 
+def reopen_cached(root: Path) -> PackSet:
+    """The set whose cache folder is ``root`` (``cache_dir/sets/<key>``), as the process
+    that opened it left it (a DataLoader worker reopening a PackDataset's path): the
+    cached index and small files, checked, no request; shards not cached are fetched from
+    the URL recorded in the folder, with this process's settings, when wanted. No cache
+    limit (the opener's is not recorded)."""
+    from ..pack.index import read_index
+
+    url = (root / META_DIR / "url").read_text(encoding="utf-8").strip()
+    index = read_index(root)
+    manifests = []
+    for entry in index.shards:
+        m = _small_ok(root, entry, index)
+        if m is None:
+            return open_remote(url, cache_dir=root.parent.parent)  # not all here: fetch
+        manifests.append(m)
+    store = RemoteShards(root, index, manifests, lambda: open_store(parse_url(url)))
+    return PackSet(root, index, manifests, store)
+
+
 def describe_remote(url: str) -> dict[str, Any]:
     """``imgpack info URL --json``: :func:`~packer.pack.packset.describe_set` of the
     set (its index and small files fetched), with the URL as its path and the bytes the
