@@ -269,31 +269,41 @@ class RemoteShards(ShardStore):
                 return  # another process (or thread) fetched it while we waited
             for old in (self.meta / "tmp").glob(f"{name}.*.part"):
                 old.unlink(missing_ok=True)  # a killed run's: only the lock holder writes them
-            size = self.index.shards[k].bytes  # all data files; the big one is most of it
-            if not self._make_room(size, k) and not demand:
-                return  # a hint only: never push the cache over its limit for one
-            key = (name, DATA_DIR, spec.file)
-            for attempt in (1, 2):
-                tmp = self.meta / "tmp" / f"{name}.{os.getpid()}.{next(_counter)}.part"
-                try:
-                    n = self.client.download(tmp, *key)
-                    problem = check_big_file(tmp, m, self.root / name)
-                    if problem is None:
-                        os.replace(tmp, self._big(k))
-                        _fsync_dir(self._big(k).parent)
-                        break
-                finally:
-                    tmp.unlink(missing_ok=True)
-                log.warning("%s: %s (try %d of 2)", self.client.url.child(*key), problem, attempt)
-            else:
-                raise PackFormatError(
-                    f"{self.client.url.child(*key)}: {problem}, twice; the object in the "
-                    "bucket is damaged, rebuild the set"
-                )
+            size = (m.count if spec.rows is None else spec.rows) * spec.row_bytes
+            reservation = self.meta / f"{name}.reserved"
+            if not self._make_room(size, k, demand):
+                return  # a prefetch is a hint: it never pushes the cache over its limit
+            try:
+                n = self._download_checked(k)
+            finally:
+                reservation.unlink(missing_ok=True)
             with self._mutex:
                 self.downloads += 1
                 self.downloaded_bytes += n
             self._log(f"{os.getpid()} {name} {n}")
+
+    def _download_checked(self, k: int) -> int:
+        """Download, check and rename shard ``k``'s big file (fetched twice at most)."""
+        name = self._name(k)
+        m = self.manifests[k]
+        key = (name, DATA_DIR, big_field(m).file)
+        problem = None
+        for attempt in (1, 2):
+            tmp = self.meta / "tmp" / f"{name}.{os.getpid()}.{next(_counter)}.part"
+            try:
+                n = self.client.download(tmp, *key)
+                problem = check_big_file(tmp, m, self.root / name)
+                if problem is None:
+                    os.replace(tmp, self._big(k))
+                    _fsync_dir(self._big(k).parent)
+                    return n
+            finally:
+                tmp.unlink(missing_ok=True)
+            log.warning("%s: %s (try %d of 2)", self.client.url.child(*key), problem, attempt)
+        raise PackFormatError(
+            f"{self.client.url.child(*key)}: {problem}, twice; the object in the bucket is "
+            "damaged, rebuild the set"
+        )
 
     def _log(self, line: str) -> None:
         try:
@@ -330,17 +340,41 @@ class RemoteShards(ShardStore):
         out.sort()
         return out
 
+    def reserved(self, but: str) -> int:
+        """Bytes of big files being downloaded now (by any process), except shard ``but``'s:
+        each download writes ``<shard>.reserved`` under its ``.fetch`` lock; one whose lock
+        is free is a killed run's, removed here."""
+        total = 0
+        for r in self.meta.glob("*.reserved"):
+            name = r.name[: -len(".reserved")]
+            if name == but:
+                continue
+            fd = _try_lock(self.meta / f"{name}.fetch")
+            if fd is not None:  # nobody downloads it: a killed run's reservation
+                try:
+                    r.unlink(missing_ok=True)
+                finally:
+                    os.close(fd)
+                continue
+            try:
+                total += int(r.read_text() or 0)
+            except (OSError, ValueError):
+                pass
+        return total
+
     def cached_bytes(self) -> int:
         return sum(c[3] for c in self.cached())
 
-    def _make_room(self, need: int, k: int) -> bool:
+    def _make_room(self, need: int, k: int, demand: bool) -> bool:
         """Evict least recently used big files nobody holds until ``need`` more bytes fit
-        under :attr:`limit`. Whether they fit."""
+        under :attr:`limit` beside the downloads in flight, and reserve them (the caller
+        holds shard ``k``'s ``.fetch`` lock and removes the reservation). Whether to download:
+        when they fit, or when ``demand`` (then over the limit, with a warning)."""
         if self.limit is None:
             return True
         with flocked(self.meta / "evict.lock"):
             entries = self.cached()
-            total = sum(e[3] for e in entries)
+            total = sum(e[3] for e in entries) + self.reserved(but=self._name(k))
             for _used, name, path, size in entries:
                 if total + need <= self.limit:
                     break
@@ -355,7 +389,12 @@ class RemoteShards(ShardStore):
                     log.debug("evicted shard %s (%d bytes)", name, size)
                 finally:
                     os.close(fd)
-            if total + need > self.limit:
+            fits = total + need <= self.limit
+            if not (fits or demand):
+                return False
+            # counted by the others' make-room until this download ends (or its process)
+            (self.meta / f"{self._name(k)}.reserved").write_text(str(need))
+            if not fits:
                 log.warning(
                     "cache %s: %d bytes held by readers, shard %s needs %d more: over the "
                     "limit of %d bytes until they are released",
@@ -365,7 +404,6 @@ class RemoteShards(ShardStore):
                     need,
                     self.limit,
                 )
-                return False
             return True
 
 
