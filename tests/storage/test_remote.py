@@ -150,10 +150,16 @@ def test_info_verify_and_classes_over_the_url_never_show_the_secret(
     assert b.exit_code == 0, b.output
     assert packer.load(tmp_path / "val_pack").classes == ["cat", "dog"]
     assert packer.load(tmp_path / "val_pack").labels.tolist() == [1]
+    up = runner.invoke(
+        cli,
+        ["build", str(val), new_url(), "--size", "8x6", "--shard-size", "1KB", "--json"],
+    )
+    assert up.exit_code == 0, up.output
+    assert json.loads(up.stdout)["path"].startswith("s3://imgpack/sets/")
     bad = runner.invoke(cli, ["info", url + "-nothing-here"])
     assert bad.exit_code == 2 and "imgpack-set.json is missing" in bad.output
     secret = s3.secret.encode()
-    for text in (info.output, verify.output, b.output, bad.output):
+    for text in (info.output, verify.output, b.output, up.output, bad.output):
         assert s3.secret not in text
     for root in (tmp_path / "cache", bucket_path(s3, url), tmp_path / "val_pack"):
         for path, data in local_tree(root).items():
@@ -391,3 +397,30 @@ def test_full_cache_disk_is_a_clear_error_and_the_cache_stays_usable(
         s.store.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_credentials_and_endpoint_from_the_aws_files(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = built(tmp_path, RAW)
+    creds, config = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text(
+        f"[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n"
+        f"[bench]\naws_access_key_id = {s3.key}\naws_secret_access_key = {s3.secret}\n"
+    )
+    config.write_text(
+        f"[default]\nendpoint_url = {s3.endpoint}\n\n"
+        f"[profile bench]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n"
+    )
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    s = packer.load(url)
+    assert len(s) == 6
+    s.store.close()
+    monkeypatch.setenv("AWS_PROFILE", "default")  # the default profile's keys are wrong
+    with pytest.raises(StorageError, match="refused the credentials") as e:
+        packer.load(url)
+    assert s3.secret not in str(e.value)
