@@ -73,6 +73,7 @@ _SUBMODULES = (
     "measure",
     "pack",
     "sources",
+    "storage",
     "transforms",
 )
 

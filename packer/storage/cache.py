@@ -11,6 +11,7 @@ Layout (``cache_dir/sets/<key>/`` is the :class:`~packer.pack.packset.PackSet`'s
         <shard>.fetch                    flock: held (exclusive) while fetching the shard
         <shard>.use                      flock: shared while a reader has it mapped; its
                                          mtime is the shard's last use (LRU)
+        <shard>.reserved                 bytes a download in flight will add (see below)
         evict.lock                       flock: one evictor at a time
         tmp/<shard>.<pid>.<n>.part       downloads in progress (never mapped)
         downloads.log                    one line per big file downloaded (pid, shard, bytes)
@@ -28,7 +29,10 @@ Rules:
   shard some process has mapped is never evicted. flock locks die with their process,
   so a killed run leaves no stale lock, only ``.part`` files that the next fetch removes.
 * Beyond ``limit`` bytes of big files, the least recently used shards nobody holds lose
-  their big file (small files stay). A fetch on demand that cannot make room (every
+  their big file (small files stay). A download first reserves its bytes
+  (``<shard>.reserved``, under ``evict.lock``, while it holds the ``.fetch`` lock), and
+  every evictor counts the reservations: concurrent downloads stay under the limit
+  together. A reservation whose ``.fetch`` lock is free is a killed run's and is removed. A fetch on demand that cannot make room (every
   cached shard is held) goes over the limit and logs a warning; a prefetch does not.
 * :attr:`RemoteShards.prefetch_depth` (:data:`PREFETCH_DEPTH`) shards are fetched ahead
   on background threads; a prefetch that fails is retried, and raises, on demand.

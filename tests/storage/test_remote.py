@@ -293,9 +293,9 @@ def test_wrong_secret_is_one_clear_line(
 def test_unreachable_server_retries_then_names_the_object(
     s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(
-        "AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3.port + 1 if s3.port < 65535 else 1}"
-    )
+    from packer.storage.local_server import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens
     with pytest.raises(
         StorageError, match=r"sets/x/imgpack-set.json: could not read it after 3 tries"
     ):
