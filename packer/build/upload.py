@@ -84,9 +84,9 @@ class BucketSink(ShardSink):
         big.unlink(missing_ok=True)  # the staging folder keeps the small files only
 
 
-def _staging(url_text: str, client: ObjectStore) -> Path:
-    u = client.url
-    return default_cache_dir() / "builds" / u.cache_key(client.endpoint) / "set"
+def _staging(client: ObjectStore) -> Path:
+    """The build's staging set folder: ``<cache>/builds/<hash of URL and endpoint>/set``."""
+    return default_cache_dir() / "builds" / client.url.cache_key(client.endpoint) / "set"
 
 
 def _fetch_manifests(client: ObjectStore, staging: Path) -> None:
@@ -142,7 +142,7 @@ def build_to_bucket(
         )
     if config.append and not exists:
         raise UsageError(f"--append: {u} holds no pack set; build one first (without --append)")
-    staging = _staging(url, client)
+    staging = _staging(client)
     staging.parent.mkdir(parents=True, exist_ok=True)
     if config.append:
         _fetch_manifests(client, staging)

@@ -195,6 +195,11 @@ def open_pack(
 
         return open_remote(path, cache_dir, cache_limit)  # type: ignore[return-value]
     root = Path(path)
+    if str(root).startswith(("s3:/", "gs:/", "az:/")) and not root.exists():
+        raise UsageError(
+            f"{root}: looks like an object-storage URL folded by pathlib (its '//' became "
+            "'/'); pass the URL as a str, e.g. packer.load('s3://bucket/prefix')"
+        )
     if manifest is None and (root / ".imgpack-cache" / "url").is_file():
         # a set's folder in the object-storage cache (a DataLoader worker reopening a
         # PackDataset's path): open it as the set it caches, shards fetched on demand

@@ -336,6 +336,8 @@ def test_parse_url() -> None:
     with pytest.raises(UsageError, match=r"'\.' and '\.\.' are not allowed"):
         parse_url("s3://bucket/a/../b")
     assert parse_url("s3://b/p").cache_key(None) != parse_url("s3://b/p").cache_key("http://x")
+    with pytest.raises(UsageError, match=r"folded by pathlib .* pass the URL as a str"):
+        packer.load(Path("s3://bucket/prefix"))
 
 
 def test_missing_obstore_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
