@@ -15,8 +15,9 @@ Measured in one run, on one synthetic raw set (``--images`` random images of
                 bytes (the shard-aware order fetches each shard once per epoch: 1.00)
 
 An epoch is ``PackLoader(set, batch, order="shards", device=cpu)`` consumed whole
-(every image once); each figure is the median of ``--repeats`` epochs (``min`` in the
-JSON), ratios are to the local figure of the same page-cache state, in the same run.
+(every image once), timed apart from ``packer.load`` (the ``open s`` column: the index
+and small files); each figure is the median of ``--repeats`` (all of them in the JSON),
+and ratios compare epoch times to the local set's in the same page-cache state, same run.
 
     python benchmarks/remote.py [--images 4096] [--side 64] [--shard-images 256]
                                 [--batch 256] [--repeats 3] [--work /tmp/imgpack-remote]
@@ -50,6 +51,7 @@ BUCKET = "bench"
 
 def make_random_set(path: Path, n: int, side: int, per_shard: int) -> Path:
     """A valid raw pack set of ``n`` random images (synthetic shards, no decoding)."""
+    from packer.pack.files import loads_json
     from packer.pack.index import ShardEntry, data_bytes
     from packer.pack.schema import Manifest
 
@@ -63,7 +65,7 @@ def make_random_set(path: Path, n: int, side: int, per_shard: int) -> Path:
         shard = path / f"{k:05d}-{k:016x}"
         make_random_pack(shard, count, side)
         data = (shard / MANIFEST).read_bytes()
-        m = Manifest.from_json(packer.pack.files.loads_json(data))
+        m = Manifest.from_json(loads_json(data))
         classes = m.classes
         entries.append(ShardEntry(shard.name, count, data_bytes(m), manifest_digest(data)))
     index = SetIndex(
