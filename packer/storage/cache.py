@@ -129,6 +129,9 @@ class RemoteShards(ShardStore):
     Counters for measurements: ``downloads`` and ``downloaded_bytes`` (this process)."""
 
     remote = True
+    # called with each piece's size while a big file downloads (a progress bar; the
+    # tests kill the server there)
+    on_download: Callable[[int], None] | None = None
 
     def __init__(
         self,
@@ -295,7 +298,7 @@ class RemoteShards(ShardStore):
         for attempt in (1, 2):
             tmp = self.meta / "tmp" / f"{name}.{os.getpid()}.{next(_counter)}.part"
             try:
-                n = self.client.download(tmp, *key)
+                n = self.client.download(tmp, *key, progress=self.on_download)
                 problem = check_big_file(tmp, m, self.root / name)
                 if problem is None:
                     os.replace(tmp, self._big(k))

@@ -426,3 +426,32 @@ def test_credentials_and_endpoint_from_the_aws_files(
     with pytest.raises(StorageError, match="refused the credentials") as e:
         packer.load(url)
     assert s3.secret not in str(e.value)
+
+
+def test_server_killed_mid_download_is_retried_after_its_restart(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = replace(RAW, size=(512, 512), shard_size=40 * 3 * 512 * 512)  # one shard, 25 MB
+    url, _ = built(tmp_path, big, n=16)
+    monkeypatch.setattr(client, "_CHUNK", 256 << 10)
+    s = packer.load(url)
+    killed: list[int] = []
+    restarted: list[str] = []
+
+    def kill(n: int) -> None:  # after the first 256 KiB arrived: the rest is in flight
+        if not killed:
+            killed.append(n)
+            s3.stop(kill=True)
+
+    def restart(attempt: int, where: str) -> None:
+        if not restarted:
+            restarted.append(where)
+            s3.start()
+
+    s.store.on_download = kill
+    s.store.client.retry = client.Retry(attempts=3, backoff=0.05, on_retry=restart)
+    assert s.shard(0).images.shape == (32, 3, 512, 512)
+    assert killed and restarted and restarted[0].endswith("_tensordict/images.memmap")
+    assert s.store.downloads == 1 and not list((s.path / META_DIR / "tmp").iterdir())
+    s.release(0)
+    s.store.close()
