@@ -14,8 +14,24 @@ CPU decoder), each where it imports:
 Repeats are interleaved (every decoder and mode once per round), medians and minima
 reported. The baselines, measured in the same run on the same files with N processes
 (N = every core): Pillow decode + resize to 224 (``build.py``'s ceiling, the build's
-decode) and Pillow decode + RRC-like crop + flip (``jpeg.py``'s). Prints a table; writes
-``$OUT/bench_decoders.json``.
+decode) and Pillow decode + RRC-like crop + flip (``jpeg.py``'s).
+
+Then issue 32's figures, each against a baseline of the same run (``--parts``):
+
+* ``loader``: ``PackLoader(jpeg_pack, 256, image_size=224)`` (RandomResizedCrop + flip)
+  with each ``decode=`` that runs here, img/s and the path it took
+  (``PackLoader.decode_path``), vs the best decoder's bare batched decode above and vs
+  the CPU ceilings;
+* ``train``: ResNet-50 bf16 channels_last, batch 256, fed by that loader vs the same
+  step on resident batches (interleaved rounds);
+* ``pixels``: each decoder's ROI crops vs Pillow's decode of the same boxes;
+* ``build``: 640x480 JPEGs -> 224²: the 16-process ceiling; a warm ``build --device
+  cuda`` (this process, after a warm-up build) of ``--build-images``; fresh-process builds
+  of ``--fresh-images`` with ``--device cpu``, ``auto`` and ``cuda``. The 640x480 set has
+  ``--unique`` distinct files, the rest hard links to them (the same decode work; made
+  in seconds rather than minutes).
+
+Prints the tables, the summary last; writes ``$OUT/bench_decoders.json`` after each part.
 
     python benchmarks/decoders.py [--images 4096] [--batch 256] [--repeats 4] [--device cuda]
     python benchmarks/decoders.py --quick --device cpu     # a smoke test on the CPU
@@ -24,6 +40,7 @@ decode) and Pillow decode + RRC-like crop + flip (``jpeg.py``'s). Prints a table
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -38,13 +55,15 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packer
 from _out import dump, machine
 from build import ceiling as resize_ceiling
+from build import lib_build, make_set
 from jpeg import cpu_ceiling as rrc_ceiling
+from packer.build.run import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
 from packer.imaging.roi_crop import RoiResizedCrop
-from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import resolve_device, sync
 
 
@@ -54,8 +73,7 @@ def decoders(device: torch.device) -> dict[str, DecoderBase]:
     variants: list[tuple[str, str, dict[str, Any]]] = []
     if device.type == "cuda":
         variants += [
-            (f"nvimgcodec {b}", "nvimgcodec", {"backends": b})
-            for b in ("hw+hybrid", "hw", "hybrid")
+            (f"nvimgcodec {b}", "nvimgcodec", {"backends": b}) for b in ("hw+hybrid", "hw")
         ]
         variants += [(n, n, {}) for n in GPU_CHAIN[1:]]
     else:
@@ -86,14 +104,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small run (smoke test)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-decoders"))
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--parts", default="loader,train,pixels,build")
+    ap.add_argument("--train-iters", type=int, default=40)
+    ap.add_argument("--train-ways", default="auto,torchvision,nvimgcodec")
+    ap.add_argument("--no-cpu-loader", action="store_true", help="skip decode='cpu' (slow)")
+    ap.add_argument("--fresh-rounds", type=int, default=2)
+    ap.add_argument("--build-images", type=int, default=65536)
+    ap.add_argument("--fresh-images", type=int, default=16384)
+    ap.add_argument("--unique", type=int, default=4096, help="distinct 640x480 files")
     args = ap.parse_args()
     if args.quick:
         args.images, args.batch, args.repeats = 96, 32, 2
+        args.train_iters, args.build_images, args.fresh_images, args.unique = 2, 256, 128, 64
     device = resolve_device(args.device)
     procs = args.procs or len(os.sched_getaffinity(0))
     shutil.rmtree(args.work, ignore_errors=True)
     src = args.work / "src"
-    make_jpeg_tree(src, args.images, (500, 375), quality=90)
+    make_set(src, args.images, (500, 375), procs)  # make_jpeg_tree's files, by processes
     files = sorted(str(p) for p in src.rglob("*.jpg"))
     datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]
     n = len(datas) - len(datas) % args.batch
@@ -175,6 +202,350 @@ def main() -> None:
     print(f"| CPU ceiling, {procs} procs: Pillow decode+RRC+flip | | | "
           f"{res['ceiling_rrc_flip_img_s']:,.0f} | | | |")  # fmt: skip
     dump(res, "bench_decoders.json")
+    for d in decs.values():
+        close = getattr(d, "close", None)
+        if close is not None:
+            close()
+
+    parts = set(args.parts.split(",")) if args.parts else set()
+    summary: list[tuple[str, str, str, str]] = []
+    best_full = best[0]
+    if "pixels" in parts:
+        res["roi_vs_pillow"] = roi_vs_pillow(
+            decs, datas[:64], torch.cat([bx for bx, _ in draws])[:64]
+        )
+        dump(res, "bench_decoders.json")
+        for k, v in res["roi_vs_pillow"].items():
+            if k not in rows:
+                continue
+            full = rows[k]["vs_pillow_mean_abs"]
+            summary.append(
+                (
+                    f"pixels vs Pillow: {k}, full decode / its crops",
+                    f"{full:.3f} / {v:.3f}/255",
+                    "<= 0.5/255",
+                    "met" if full <= 0.5 else "not met",
+                )
+            )
+    pack = None
+    if parts & {"loader", "train"}:
+        pack = args.work / "jpeg_pack"
+        build(src, pack, BuildConfig(store="jpeg"))
+    if "loader" in parts:
+        res["loader"] = loader_rates(pack, device, args.batch, args.repeats, args.no_cpu_loader)
+        dump(res, "bench_decoders.json")
+        print(f"\nPackLoader, JPEG pack, RandomResizedCrop 224 + flip, batch {args.batch}")
+        print(
+            "| decode= | img/s | path | / best bare decode | / ceiling decode+resize | / ceiling decode+RRC |"
+        )
+        print("| --- | --- | --- | --- | --- | --- |")
+        for k, r in res["loader"].items():
+            print(f"| {k} | {r['img_s']:,.0f} | {r['path']} | {r['img_s'] / best_full:.2f} | "
+                  f"{r['img_s'] / ceil:.2f}x | {r['img_s'] / res['ceiling_rrc_flip_img_s']:.2f}x |")  # fmt: skip
+        a = res["loader"].get("auto")
+        if a:
+            summary.append(
+                (
+                    f"PackLoader RRC 224 + flip (auto: {a['path']}) / best bare decode ({best[1]})",
+                    f"{a['img_s']:,.0f} / {best_full:,.0f}",
+                    ">= 1.00",
+                    f"{a['img_s'] / best_full:.2f}",
+                )
+            )
+            summary.append(
+                (
+                    f"the same / {procs}-proc CPU decode+resize ceiling",
+                    f"{a['img_s']:,.0f} / {ceil:,.0f}",
+                    ">= 4x",
+                    f"{a['img_s'] / ceil:.2f}x",
+                )
+            )
+    if "train" in parts and device.type == "cuda":
+        ways = args.train_ways.split(",")
+        res["train"] = train_rates(pack, device, args.batch, args.train_iters, args.repeats, ways)
+        dump(res, "bench_decoders.json")
+        t = res["train"]
+        print(f"\nResNet-50 bf16 channels_last, batch {args.batch}, {args.train_iters} steps, "
+              f"median of {args.repeats} interleaved")  # fmt: skip
+        print("| fed by | img/s | / resident | path |\n| --- | --- | --- | --- |")
+        print(f"| resident batches | {t['resident']:,.0f} | 1.000 | |")
+        for w, r in t["ways"].items():
+            print(f"| PackLoader decode={w} | {r['img_s']:,.0f} | "
+                  f"{r['img_s'] / t['resident']:.3f} | {r['path']} |")  # fmt: skip
+        w, r = next(iter(t["ways"].items()))
+        summary.append((
+            f"ResNet-50 bf16 CL fed by the JPEG pack (decode={w}: {r['path']}) / resident",
+            f"{r['img_s']:,.0f} / {t['resident']:,.0f}", ">= 0.98",
+            f"{r['img_s'] / t['resident']:.3f}",
+        ))  # fmt: skip
+    if "build" in parts:
+        res["build"] = build_rates(args, device, procs, res)
+        dump(res, "bench_decoders.json")
+        b = res["build"]
+        if "warm_cuda_img_s" in b:
+            summary.append(
+                (
+                    f"warm build --device cuda, {b['warm_images']} 640x480 -> 224² / {procs}-proc ceiling",
+                    f"{b['warm_cuda_img_s']:,.0f} / {b['ceiling_img_s']:,.0f}",
+                    ">= 4x",
+                    f"{b['warm_cuda_img_s'] / b['ceiling_img_s']:.2f}x",
+                )
+            )
+        f = b["fresh"]
+        summary.append(
+            (
+                f"fresh-process build --device auto ({f['auto']['device']}) / --device cpu, {b['fresh_images']} images",
+                f"{f['auto']['img_s']:,.0f} / {f['cpu']['img_s']:,.0f}",
+                ">= 1.00",
+                f"{f['auto']['img_s'] / f['cpu']['img_s']:.2f}",
+            )
+        )
+        if "cuda" in f:
+            summary.append(
+                (
+                    "  fresh-process build --device cuda / --device cpu",
+                    f"{f['cuda']['img_s']:,.0f} / {f['cpu']['img_s']:,.0f}",
+                    "",
+                    f"{f['cuda']['img_s'] / f['cpu']['img_s']:.2f}",
+                )
+            )
+    if summary:
+        print(
+            f"\nIssue 32 on {res['machine'].get('gpu', device)}, {procs} cores, every ratio against a baseline of this run"
+        )
+        print("| what | measured | target | ratio |")
+        print("| --- | --- | --- | --- |")
+        for row in summary:
+            print("| " + " | ".join(row) + " |")
+    res["summary"] = summary
+    dump(res, "bench_decoders.json")
+
+
+# ---------------------------------------------------------------- issue 32's parts
+
+
+def roi_vs_pillow(
+    decs: dict[str, DecoderBase], datas: list[torch.Tensor], boxes: torch.Tensor
+) -> dict[str, float]:
+    """Mean |diff| (levels) of each decoder's ROI crops against Pillow's decode, cropped."""
+    hw = torch.tensor([[375, 500]] * len(datas))
+    out: dict[str, float] = {}
+    crops = {k: [c.cpu().numpy().astype(np.int16) for c in d.decode_rois(datas, boxes, sizes=hw)]
+             for k, d in decs.items()}  # fmt: skip
+    refs = [
+        pillow(data)[:, t : t + h, l : l + w].astype(np.int16)
+        for data, (t, l, h, w) in zip(datas, boxes.tolist())  # noqa: E741
+    ]
+    for k, cs in crops.items():
+        out[k] = round(float(np.mean([np.abs(c - r).mean() for c, r in zip(cs, refs)])), 4)
+        if "torchvision" in crops:  # what a split between k and torchvision mixes
+            tv = crops["torchvision"]
+            out[f"{k} vs torchvision"] = round(
+                float(np.mean([np.abs(c - r).mean() for c, r in zip(cs, tv)])), 4
+            )
+    return out
+
+
+def loader_ways(device: torch.device, cuda_only: bool = False) -> dict[str, Any]:
+    """The ``decode=`` arguments compared, by label: "auto" (the default), each decoder
+    by name, and on CUDA nvImageCodec's engines alone and the split without ROI."""
+    from packer.imaging.decoders_split import SplitDecoder
+
+    ways: dict[str, Any] = {"auto": "auto"}
+    if device.type != "cuda":
+        return {**ways, "device": "device", "cpu": "cpu"}
+    for name in GPU_CHAIN:
+        try:
+            get_decoder(device, prefer=name)
+        except UsageError:
+            continue
+        ways[name] = name
+    if "nvimgcodec" in ways and ("torchcodec" in ways or "torchvision" in ways):
+        other = "torchcodec" if "torchcodec" in ways else "torchvision"
+
+        def split(roi: bool) -> Any:
+            hw = get_decoder(device, prefer="nvimgcodec", backends="hw", pitched=True)
+            return SplitDecoder([hw, get_decoder(device, prefer=other)], roi=roi)
+
+        ways["split hw+nvjpeg, no ROI"] = lambda: split(False)
+    if not cuda_only:
+        ways["cpu"] = "cpu"
+    return ways
+
+
+def _loader(pack: Path, device: torch.device, batch: int, way: Any, rows: torch.Tensor) -> Any:
+    decode = way() if callable(way) else way
+    return packer.PackLoader(
+        pack, batch, device=device, image_size=224, decode=decode, indices=rows, drop_last=True
+    )
+
+
+def loader_rates(
+    pack: Path, device: torch.device, batch: int, repeats: int, skip_cpu: bool = False
+) -> dict[str, dict[str, Any]]:
+    """PackLoader img/s over the JPEG pack for each way of :func:`loader_ways`,
+    interleaved rounds, one pass each (the pack's rows 4 times: an epoch long enough to
+    time)."""
+    n = len(packer.load(pack))
+    rows = torch.arange(n).repeat(4)
+    loaders = {}
+    for name, way in loader_ways(device, cuda_only=skip_cpu).items():
+        try:
+            loaders[name] = _loader(pack, device, batch, way, rows)
+        except UsageError as e:
+            print(f"  loader decode={name}: not run ({e})", file=sys.stderr)
+    for ld in loaders.values():  # warm-up: threads, decoder handles, ROI probe, kernels
+        for i, _ in enumerate(ld):
+            if i == 4:
+                break
+    rates: dict[str, list[float]] = {k: [] for k in loaders}
+    for r in range(repeats):
+        for k, ld in loaders.items():
+            ld.set_epoch(r + 1)
+            sync(device)
+            t0 = time.perf_counter()
+            got = sum(len(x) for x, _ in ld)
+            sync(device)
+            rates[k].append(got / (time.perf_counter() - t0))
+    out = {}
+    for k, ld in loaders.items():
+        out[k] = {"img_s": round(statistics.median(rates[k]), 1), "min_img_s": round(min(rates[k]), 1),
+                  "path": ld.decode_path, "repr": repr(ld)}  # fmt: skip
+        ld.close()
+    return out
+
+
+def train_rates(
+    pack: Path, device: torch.device, batch: int, iters: int, repeats: int, ways: list[str]
+) -> dict[str, Any]:
+    """ResNet-50 (bf16 autocast, channels_last, SGD) img/s on resident batches vs fed by
+    PackLoader over the JPEG pack with each of ``ways`` (labels of :func:`loader_ways`;
+    the first is the default), rounds interleaved; Normalize on the GPU every way."""
+    from packer.measure.bench.loading import train_step
+
+    step = train_step("resnet50", 1000, device)
+    norm = packer.Normalize().to(device)
+    n = len(packer.load(pack))
+    known = loader_ways(device)
+    rows = torch.arange(n).repeat(64)
+    loaders = {w: _loader(pack, device, batch, known[w], rows) for w in ways if w in known}
+    its = {w: iter(ld) for w, ld in loaders.items()}
+    first = its[next(iter(its))]
+    resident = [tuple(t.clone() for t in next(first)) for _ in range(8)]  # its crops, kept
+
+    def run(feed) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        for i in range(iters):
+            x, y = feed(i)
+            step(norm(x), y)
+        sync(device)
+        return batch * iters / (time.perf_counter() - t0)
+
+    for i in range(10):  # warm-up: cudnn's choices, the allocator, every loader started
+        step(norm(resident[i % 8][0]), resident[i % 8][1])
+        for it in its.values():
+            x, y = next(it)
+            if i < 2:
+                step(norm(x), y)
+    rates: dict[str, list[float]] = {"resident": [], **{w: [] for w in its}}
+    for _ in range(repeats):
+        rates["resident"].append(run(lambda i: resident[i % 8]))
+        for w, it in its.items():
+            rates[w].append(run(lambda i, it=it: next(it)))
+    out: dict[str, Any] = {"iters": iters, "all": rates}
+    out["resident"] = round(statistics.median(rates["resident"]), 1)
+    out["ways"] = {
+        w: {"img_s": round(statistics.median(rates[w]), 1), "path": loaders[w].decode_path}
+        for w in its
+    }
+    for it in its.values():
+        it.close()
+    for ld in loaders.values():
+        ld.close()
+    return out
+
+
+def _linked_set(root: Path, unique: Path, n: int) -> Path:
+    """``n`` files under ``root``: the ``unique`` set's, then hard links to them."""
+    files = sorted(unique.rglob("*.jpg"))
+    for i in range(n):
+        f = files[i % len(files)]
+        d = root / f.parent.name
+        d.mkdir(parents=True, exist_ok=True)
+        os.link(f, d / f"{i:06d}.jpg")
+    return root
+
+
+def build_rates(
+    args: argparse.Namespace, device: torch.device, procs: int, res: dict[str, Any]
+) -> dict[str, Any]:
+    """640x480 -> 224²: the ceiling, a warm GPU build, fresh-process builds (each figure
+    saved in ``res["build"]`` as it comes)."""
+    import packer.build.gpu as gpu_build
+    from build import pixel_diff
+
+    work = args.work / "b640"
+    shutil.rmtree(work, ignore_errors=True)
+    unique = work / "unique"
+    make_set(unique, args.unique, (640, 480), procs)
+    big = _linked_set(work / "big", unique, args.build_images)
+    fresh = _linked_set(work / "fresh", unique, args.fresh_images)
+    files = sorted(str(p) for p in fresh.rglob("*.jpg"))
+    out: dict[str, Any] = {
+        "unique": args.unique,
+        "warm_images": args.build_images,
+        "fresh_images": args.fresh_images,
+    }
+    res["build"] = out
+
+    def save() -> None:
+        dump(res, "bench_decoders.json")
+
+    out["ceiling_img_s"] = round(resize_ceiling(files, procs, 224, 3), 1)
+    save()
+    print(f"  ceiling {out['ceiling_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
+    cfg = {"size": (224, 224)}
+    if device.type == "cuda":
+        small = _linked_set(work / "small", unique, 512)
+        build(small, work / "warm_cpu", BuildConfig(**cfg))
+        dst = work / "warm_gpu"
+        build(small, dst, BuildConfig(**cfg, device="cuda"))  # warm-up, and its pixels
+        out["warm_pixels_vs_cpu"] = pixel_diff(work / "warm_cpu", dst)
+        dst = work / "out_gpu"
+        os.sync()
+        t0 = time.perf_counter()
+        r = build(big, dst, BuildConfig(**cfg, device="cuda"))
+        out["warm_cuda_img_s"] = round(r.count / (time.perf_counter() - t0), 1)
+        out["warm_cuda_decoder"] = gpu_build.make_decoder(device).name
+        shutil.rmtree(dst)
+        print(f"  warm GPU build {out['warm_cuda_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
+        save()
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    ways = ["cpu", "auto"] + (["cuda"] if device.type == "cuda" else [])
+    walls: dict[str, list[float]] = {w: [] for w in ways}
+    used: dict[str, str] = {}
+    for rnd in range(args.fresh_rounds):  # cpu and auto alternate; cuda once
+        for way in ways if rnd == 0 else ways[:2]:
+            dst = work / f"fresh_{way}"
+            os.sync()
+            r = lib_build(fresh, dst, 224, procs, env, way)
+            m = json.loads((dst / "imgpack.json").read_text())
+            walls[way].append(r["process_wall_s"])
+            used[way] = m["build"].get("device", "cpu")
+            shutil.rmtree(dst)
+            print(
+                f"  fresh {way}: {r['process_wall_s']:.2f} s on {used[way]}",
+                file=sys.stderr,
+                flush=True,
+            )
+            out["fresh_walls"] = walls
+            save()
+    out["fresh"] = {
+        w: {"img_s": round(args.fresh_images / statistics.median(v), 1), "wall_s": [round(x, 2) for x in v], "device": used[w]}
+        for w, v in walls.items()
+    }  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

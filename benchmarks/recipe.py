@@ -1,13 +1,15 @@
 """The modern training recipe on the GPU (issue 33), against its baselines, in one run.
 
-Pipeline ("reference"): RandomResizedCrop 224 + flip, TrivialAugmentWide, RandomErasing
-0.1 (on the normalized batch, as torchvision's reference), MixUp 0.2 / CutMix 1.0
-(one of them per batch), batch 256, uint8 256² in. Figures, each with its baseline
-measured in this run:
+Pipeline ("reference"): RandomResizedCrop 224 + flip, TrivialAugmentWide, Normalize,
+RandomErasing 0.1 (on the normalized batch, as torchvision's reference), MixUp 0.2 /
+CutMix 1.0 (one of them per batch), batch 256, uint8 256² in, written as one Compose.
+Figures, each with its baseline measured in this run:
 
-  pipeline alone        img/s of the whole pipeline on resident uint8 batches,
-                        and of each stage alone; baseline: a device copy of the
-                        same bytes (the memory-bound limit)
+  pipeline alone        img/s of the whole pipeline on resident uint8 batches, fused
+                        (Compose's CUDA path, packer.imaging.fused) and op by op (that
+                        path off: the old code), interleaved, and of each stage alone;
+                        baseline: a device copy of the same bytes (the memory-bound
+                        limit); per batch, host and device µs
   ResNet-50 training    bf16 channels_last, SGD, fed by PackLoader(transform=pipeline)
                         vs the same step on resident batches with the pipeline
                         already applied (the ceiling)
@@ -17,10 +19,13 @@ measured in this run:
     python benchmarks/recipe.py                 # CUDA, writes $OUT/recipe.json
     python benchmarks/recipe.py --quick         # a smoke run, CPU or GPU
     python benchmarks/recipe.py --parts pipeline --profile   # + $OUT/profile.txt
+    python benchmarks/recipe.py --parts pipeline --check     # fused vs op by op, pixels
 
 ``--profile`` adds, per pipeline stage, torch.profiler's tables (by device time
 and by host time, 10 calls) and whether the stage makes the host wait (CUDA's
-sync debug mode), to ``$OUT/profile.txt``.
+sync debug mode), to ``$OUT/profile.txt``, and cProfile of the whole pipeline both
+ways to ``$OUT/host_profile.txt``. ``--check`` compares the fused pipeline's
+output with the op-by-op one's (same seeds), for both roundings of Normalize.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
 import packer.transforms as T
 from augment import photo_batch  # the same photo-like batches as the crop benchmark
+from packer.imaging import fused
 from packer.imaging.normalize import IMAGENET_MEAN, IMAGENET_STD
 from packer.measure.bench.loading import train_step
 from packer.measure.timing import resolve_device, sync
@@ -59,40 +65,48 @@ def pipeline(size: int, classes: int) -> tuple[Any, Any, Any]:
     return aug, erase, mix
 
 
-class Recipe(torch.nn.Module):
-    """The whole pipeline as one loader transform: uint8 in, normalized float and soft
-    labels out (erasing after Normalize, as the reference)."""
+def recipe_compose(size: int, classes: int) -> T.Compose:
+    """The whole pipeline as one loader transform, as a user writes it: uint8 in,
+    normalized float and soft labels out (erasing after Normalize, as the reference).
+    On CUDA it runs fused (packer.imaging.fused) unless ``fused.ENABLED`` is off."""
+    aug, erase, mix = pipeline(size, classes)
+    return T.Compose([*aug, packer.Normalize(), erase, mix])
 
-    mixes_labels = True
-    accepts_generator = True
 
-    def __init__(self, size: int, classes: int) -> None:
-        super().__init__()
-        self.aug, self.erase, self.mix = pipeline(size, classes)
-        self.norm = packer.Normalize()
+class OpByOp:
+    """The old code path: every op on its own (the fused Compose path off)."""
 
-    def forward(self, images, labels, generator=None):
-        x = self.aug(images, generator=generator)
-        if self.norm.shift.device != x.device:  # Module.to walks the module: not per batch
-            self.norm.to(x.device)
-        x = self.norm(x)
-        x = self.erase(x, generator=generator)
-        return self.mix(x, labels, generator=generator)
+    def __enter__(self) -> None:
+        fused.ENABLED = False
+
+    def __exit__(self, *exc: object) -> None:
+        fused.ENABLED = True
 
 
 def rate(fn: Callable[[int], Any], n_img: int, dev: torch.device, iters: int, repeats: int) -> dict:
     """img/s of ``fn(i)`` over ``iters`` calls, median (and best) of ``repeats``."""
-    for i in range(3):
-        fn(i)
-    sync(dev)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(iters):
+    return rates({"x": fn}, n_img, dev, iters, repeats)["x"]
+
+
+def rates(
+    ways: dict[str, Callable[[int], Any]], n_img: int, dev: torch.device, iters: int, repeats: int
+) -> dict:
+    """img/s of each way's ``fn(i)`` over ``iters`` calls, median (and best) of
+    ``repeats`` rounds; the rounds interleave the ways, so a drift of the machine
+    touches them all alike."""
+    for fn in ways.values():
+        for i in range(3):
             fn(i)
-        sync(dev)
-        rates.append(n_img * iters / (time.perf_counter() - t0))
-    return {"median": statistics.median(rates), "best": max(rates)}
+    sync(dev)
+    got: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(repeats):
+        for k, fn in ways.items():
+            t0 = time.perf_counter()
+            for i in range(iters):
+                fn(i)
+            sync(dev)
+            got[k].append(n_img * iters / (time.perf_counter() - t0))
+    return {k: {"median": statistics.median(v), "best": max(v), "all": v} for k, v in got.items()}
 
 
 def pipeline_rates(dev: torch.device, b: int, s_in: int, s_out: int, a: argparse.Namespace) -> dict:
@@ -100,24 +114,117 @@ def pipeline_rates(dev: torch.device, b: int, s_in: int, s_out: int, a: argparse
     labels = torch.randint(0, CLASSES, (b,), device=dev)
     _, erase, mix = pipeline(s_out, CLASSES)
     norm = packer.Normalize().to(dev)
-    recipe = Recipe(s_out, CLASSES)
+    recipe = recipe_compose(s_out, CLASSES).to(dev)  # Normalize's buffers onto the device
+    tail = T.Compose([packer.Normalize(), erase, mix]).to(dev)
     g = torch.Generator().manual_seed(0)
     crop = T.Compose([T.RandomResizedCrop(s_out), T.RandomHorizontalFlip()])
     ta = T.TrivialAugmentWide()
     small = [crop(x, generator=g) for x in bufs]
     normed = [norm(x) for x in small]
+
+    def old(fn: Callable[[int], Any]) -> Callable[[int], Any]:
+        def run(i: int) -> Any:
+            with OpByOp():
+                return fn(i)
+
+        return run
+
+    whole = lambda i: recipe(bufs[i % 4], labels, generator=g)  # noqa: E731
+    tail_fn = lambda i: tail(small[i % 4], labels, generator=g)  # noqa: E731
     ways = {
         "device copy (baseline)": lambda i: bufs[i % 4].clone(),
         "RRC 224 + flip": lambda i: crop(bufs[i % 4], generator=g),
         "TrivialAugmentWide (224²)": lambda i: ta(small[i % 4], generator=g),
         "RandomErasing 0.1 (normalized)": lambda i: erase(normed[i % 4], generator=g),
         "MixUp/CutMix (normalized)": lambda i: mix(normed[i % 4], labels, generator=g),
-        "whole pipeline": lambda i: recipe(bufs[i % 4], labels, generator=g),
+        "Normalize+Erasing+Mix, op by op": old(tail_fn),
+        "Normalize+Erasing+Mix, fused": tail_fn,
+        "whole pipeline, op by op (old)": old(whole),
+        "whole pipeline, fused (new)": whole,
     }
-    res = {k: rate(f, b, dev, a.iters, a.repeats) for k, f in ways.items()}
+    res = rates(ways, b, dev, a.iters, a.repeats)
+    if dev.type == "cuda":
+        res["per call"] = {
+            "old": per_call(old(whole), dev),
+            "new": per_call(whole, dev),
+        }
     if a.profile and dev.type == "cuda":
         profile_stages(ways, dev)
+        host_profile({"old": old(whole), "new": whole})
     return res
+
+
+def per_call(fn: Callable[[int], Any], dev: torch.device, n: int = 30) -> dict:
+    """Host µs per call (the device idle at each start, so no call waits for it) and
+    device µs per call (the kernels' own time, from torch.profiler), medians."""
+    from torch.profiler import ProfilerActivity, profile
+
+    host = []
+    for i in range(n):
+        sync(dev)
+        t0 = time.perf_counter()
+        fn(i)
+        host.append((time.perf_counter() - t0) * 1e6)
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(10):
+            fn(i)
+        sync(dev)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    dev_us = sum(e.device_time for e in kernels) / 10
+    return {
+        "host_us": statistics.median(host),
+        "device_us": dev_us,
+        "device_events": len(kernels) / 10,
+    }
+
+
+def host_profile(ways: dict[str, Callable[[int], Any]]) -> None:
+    """cProfile of 50 calls of each way, the top of the host's time to $OUT/host_profile.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    text = []
+    for name, fn in ways.items():
+        pr = cProfile.Profile()
+        pr.enable()
+        for i in range(50):
+            fn(i)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        text += [f"==== {name}", buf.getvalue()]
+    (out / "host_profile.txt").write_text("\n".join(text))
+
+
+def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int = 224) -> dict:
+    """The fused pipeline against the op-by-op one on the same batches and seeds:
+    pixels (max |difference| of the normalized floats, share of elements that
+    differ) and labels (equal or not), for both roundings of the normalization."""
+    from packer.imaging import aug_triton
+
+    x = photo_batch(b, s_in, 7, dev)
+    labels = torch.randint(0, CLASSES, (b,), device=dev)
+    out = {}
+    for fma in (True, False):
+        aug_triton.NORM_FMA = fma
+        worst, share, same_labels = 0.0, 0.0, True
+        for seed in range(seeds):
+            recipe = recipe_compose(s_out, CLASSES).to(dev)
+            new, ln = recipe(x, labels, generator=torch.Generator().manual_seed(seed))
+            with OpByOp():
+                ref, lr = recipe(x, labels, generator=torch.Generator().manual_seed(seed))
+            d = (new - ref).abs()
+            worst = max(worst, float(d.max()))
+            share = max(share, float((d > 0).float().mean()))
+            same_labels &= bool(torch.equal(ln, lr))
+        out[f"norm_fma={fma}"] = {"max_abs_diff": worst, "share_differing": share,
+                                  "labels_equal": same_labels}  # fmt: skip
+    aug_triton.NORM_FMA = True
+    return out
 
 
 def profile_stages(ways: dict[str, Callable[[int], Any]], dev: torch.device) -> None:
@@ -163,7 +270,7 @@ def make_pack(work: Path, n: int, s: int) -> Any:
 def train_rates(dev: torch.device, pack: Any, a: argparse.Namespace) -> dict:
     b = a.batch
     out: dict[str, Any] = {}
-    recipe = Recipe(224, CLASSES)
+    recipe = recipe_compose(224, CLASSES).to(dev)
     step = train_step("resnet50", CLASSES, dev)
     # ceiling: the pipeline already applied, batches resident on the device
     g = torch.Generator().manual_seed(0)
@@ -245,6 +352,7 @@ def main() -> None:
     ap.add_argument("--parts", default="pipeline,train,reference")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--profile", action="store_true", help="per-stage profiles to $OUT (CUDA)")
+    ap.add_argument("--check", action="store_true", help="fused vs op-by-op outputs (CUDA)")
     a = ap.parse_args()
     dev = resolve_device(a.device)
     if a.quick:
@@ -253,6 +361,9 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"device": str(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
                            "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "batch": a.batch}  # fmt: skip
+    if a.check and dev.type == "cuda":
+        res["check"] = check(dev, a.batch)
+        print("fused vs op by op:", json.dumps(res["check"]), flush=True)
     if "pipeline" in parts:
         res["pipeline"] = pipeline_rates(dev, a.batch, 256, 224, a)
     if "train" in parts and (dev.type == "cuda" or a.quick):
@@ -268,7 +379,14 @@ def main() -> None:
         base = res["pipeline"]["device copy (baseline)"]["median"]
         print(f"{'pipeline stage':34s} {'img/s':>12s} {'best':>12s} {'vs copy':>8s}")
         for k, v in res["pipeline"].items():
-            print(f"{k:34s} {v['median']:12,.0f} {v['best']:12,.0f} {v['median'] / base:8.3f}")
+            if k != "per call":
+                print(f"{k:34s} {v['median']:12,.0f} {v['best']:12,.0f} {v['median'] / base:8.3f}")
+        old = res["pipeline"]["whole pipeline, op by op (old)"]["median"]
+        new = res["pipeline"]["whole pipeline, fused (new)"]["median"]
+        print(f"whole pipeline, fused vs op by op: {new / old:.2f}x")
+        for k, v in res["pipeline"].get("per call", {}).items():
+            print(f"per call, {k}: host {v['host_us']:.0f} µs, device {v['device_us']:.0f} µs, "
+                  f"{v['device_events']:.0f} device events")  # fmt: skip
     if "train" in res:
         ceil = res["train"]["resnet50, resident, pipeline applied"]["median"]
         rows = {**res["train"], **res.get("reference", {})}

@@ -86,6 +86,11 @@ def main() -> None:
     ap.add_argument("--state", type=Path, required=True, help="folder for the state and ids")
     ap.add_argument("--check-ids", action="store_true", help="ids from pixels (small sets)")
     ap.add_argument("--epoch", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=0, help="steps before the clock starts")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (timing)")
+    ap.add_argument(
+        "--resident", action="store_true", help="the same step on one batch kept on the device"
+    )
     args = ap.parse_args()
 
     cuda = args.device == "cuda"
@@ -132,8 +137,29 @@ def main() -> None:
     steps = 0
     images = 0
     t0 = time.perf_counter()
-    for b, (x, y, *_) in enumerate(loader, start=start):
-        if table is not None:
+
+    def epochs():  # timing runs go on past the epoch's end
+        e, first = epoch, start
+        while True:
+            yield from enumerate(loader, start=first)
+            if not args.steps:
+                return
+            e, first = e + 1, 0
+            loader.set_epoch(e)
+
+    batches = epochs()
+    if args.resident:
+        b0, (x0, y0, *_) = next(batches)
+        batches = ((b0, (x0, y0)) for _ in iter(int, 1))
+    for b, (x, y, *_) in batches:
+        if steps == args.warmup and args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+            t0, images = time.perf_counter(), 0
+        if args.resident or args.steps:
+            ids = []
+        elif table is not None:
             flat = x.cpu().reshape(len(x), -1).numpy()
             ids = [table[hashlib.blake2b(r.tobytes(), digest_size=12).digest()] for r in flat]
         else:
@@ -144,16 +170,18 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        mine = torch.tensor(ids, dtype=torch.int64)
-        every = [None] * world
-        dist.all_gather_object(every, mine.tolist())
-        if rank == 0:
-            with open(seen_file, "a") as f:
-                f.write(json.dumps({"epoch": epoch, "batch": b, "world": world, "ids": every}))
-                f.write("\n")
+        if not args.steps:  # timing runs skip the bookkeeping
+            every = [None] * world
+            dist.all_gather_object(every, list(ids))
+            if rank == 0:
+                with open(seen_file, "a") as f:
+                    f.write(json.dumps({"epoch": epoch, "batch": b, "world": world, "ids": every}))
+                    f.write("\n")
         steps += 1
         images += len(x)
         if args.stop_after and steps == args.stop_after:
+            break
+        if args.steps and steps == args.steps + args.warmup:
             break
     if cuda:
         torch.cuda.synchronize()
@@ -174,6 +202,7 @@ def main() -> None:
             "first_batch": start,
             "steps": steps,
             "images_per_s": round(int(total) / dt, 1) if dt > 0 else None,
+            "resident": args.resident,
             "state": state,
             **node_memory(),
         }

@@ -6,7 +6,8 @@ GPU decoder (:func:`_serve`):
 
     reader threads read each file once and classify it from its header bytes
     (packer.build.gpu_read, with packer.imaging.jpeg_header.plain_jpeg_size: no Pillow)
-      -> the JPEGs the GPU takes: packer.imaging.jpeg.decode_batch (nvjpeg), one batch
+      -> the JPEGs the GPU takes: the decode interface (packer.imaging.decoders, in the
+         measured order: torchcodec, torchvision, nvImageCodec), one batch
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
          JPEG nvjpeg refuses: the CPU workers' decode (packer.imaging.decode, as the CPU
@@ -52,41 +53,53 @@ _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahea
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 
 
-def _decode_list(
-    read: Future[GroupRead], device: torch.device
-) -> tuple[GroupRead, list[torch.Tensor | None]]:
-    """In the decoder thread: a group's JPEGs (``read``) decoded in one batch; per JPEG
-    the image, or None for one that fails to decode (the CPU path then decides, and
-    names the reason)."""
-    from ..imaging.jpeg import decode_batch
+def make_decoder(device: torch.device) -> Any:
+    """The build's batched JPEG decoder on ``device``: the measured order's first that
+    runs here (:func:`packer.imaging.decoders_split.best_decoder`: torchcodec,
+    torchvision, nvImageCodec, whose outputs may keep padded rows, which
+    :func:`packer.imaging.jpeg.resize_images` reads in place). One decoder, never a
+    split: a pack's bytes depend only on its inputs and options."""
+    from ..imaging.decoders_split import best_decoder
 
+    return best_decoder(device, pitched=True)
+
+
+def _decode_list(
+    read: Future[GroupRead], decoder: Any
+) -> tuple[GroupRead, list[torch.Tensor | None]]:
+    """In the decoder thread: a group's JPEGs (``read``) decoded in one batch by
+    ``decoder``; per JPEG the image, or None for one that fails to decode (the CPU path
+    then decides, and names the reason)."""
     r = read.result()
     imgs: list[torch.Tensor | None] = [None] * len(r.datas)
     if not r.datas:
         return r, imgs
+    hw = [(h, w) for w, h in r.sizes]
     try:
-        imgs = list(decode_batch(r.datas, device, ends_checked=True))
+        imgs = list(decoder.decode(r.datas, sizes=hw))
     except PackerError:
-        for i, t in enumerate(r.datas):
+        for i, (t, s) in enumerate(zip(r.datas, hw)):
             with contextlib.suppress(PackerError):
-                imgs[i] = decode_batch([t], device, ends_checked=True)[0]
+                imgs[i] = decoder.decode([t], sizes=[s])[0]
     return r, imgs
 
 
-def _warm_up(device: torch.device, spec: ResizeSpec) -> None:
+def _warm_up(device: torch.device, spec: ResizeSpec) -> Any:
     """On a thread of its own while the workers read the first groups: the CUDA context,
-    nvjpeg and the crop kernel (loaded, or compiled for an image 1.5x the output, the
-    typical scale), which take seconds in a fresh process."""
+    the decoder (returned) and the crop kernel (loaded, or compiled for an image 1.5x the
+    output, the typical scale), which take seconds in a fresh process."""
     from torchvision.io import encode_jpeg
 
-    from ..imaging.jpeg import decode_batch, resize_images
+    from ..imaging.jpeg import resize_images
 
     h, w = spec.height, spec.width
     data = encode_jpeg(torch.zeros((3, h * 3 // 2, w * 3 // 2), dtype=torch.uint8))
     with torch.cuda.device(device):
-        imgs = decode_batch([data, data], device, ends_checked=True)
+        decoder = make_decoder(device)
+        imgs = decoder.decode([data, data])
         resize_images(imgs, (h, w), mode=spec.mode)
         torch.cuda.synchronize(device)
+    return decoder
 
 
 def _write_group(
@@ -166,6 +179,7 @@ def _serve(
     device: torch.device,
     cpu_decode: CpuDecode,
     stop: threading.Event | None = None,
+    decoder: Any = None,
 ) -> None:
     """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
     build's process (the CPU stand-in of the tests).
@@ -184,12 +198,17 @@ def _serve(
     groups ahead; this thread crops/resizes a group in one kernel
     (:func:`packer.imaging.jpeg.resize_images`) and starts its copy into a pinned buffer
     (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
-    decodes, then pwrite and hash each chunk.
+    decodes, then pwrite and hash each chunk. ``decoder``: the batched JPEG decoder
+    (:func:`make_decoder`; default: the CPU decoder, on ``device``).
     """
     from ..imaging.jpeg import decode_ahead
 
     row = image_bytes(spec.shape)
     cuda = device.type == "cuda"
+    if decoder is None:
+        from ..imaging.decoders import get_decoder
+
+        decoder = get_decoder(device, prefer="cpu" if not cuda else None, threads=0)
     writeback = _writeback_fn()
     failed = threading.Event()
     try:
@@ -216,7 +235,7 @@ def _serve(
     def ended() -> bool:
         return failed.is_set() or (stop is not None and stop.is_set())
 
-    items = _read_ahead(take_item, readers, spec, device, cpu_decode, ended)
+    items = _read_ahead(take_item, readers, spec, decoder, cpu_decode, ended)
     decoded = decode_ahead(items, device, stream, ahead=3)
     try:
         for (g, group), (read, imgs) in decoded:
@@ -255,7 +274,7 @@ def _read_ahead(
     take_item: Callable[[bool], Any],
     readers: ThreadPoolExecutor,
     spec: ResizeSpec,
-    device: torch.device,
+    decoder: Any,
     cpu_decode: CpuDecode,
     ended: Callable[[], bool],
 ) -> Iterator[tuple[Any, Callable[[], Any]]]:
@@ -279,7 +298,7 @@ def _read_ahead(
         if not reads:
             return
         key, read = reads.popleft()
-        yield key, functools.partial(_decode_list, read, device)
+        yield key, functools.partial(_decode_list, read, decoder)
 
 
 class _HostRows:
@@ -359,13 +378,17 @@ class _Decoder:
             return submit_cpu(pool, paths, spec)
 
         def run() -> None:
+            decoder = None
             if device.type == "cuda":
                 try:
-                    _warm_up(device, spec)
+                    decoder = _warm_up(device, spec)
                 except BaseException as e:
                     self.box.put(("error", e))
                     return
-            _serve(self._inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop)
+            _serve(
+                self._inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop,
+                decoder,
+            )  # fmt: skip
             self.box.put(("end",))
 
         self._thread = threading.Thread(target=run, name="imgpack-decoder", daemon=True)

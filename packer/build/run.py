@@ -109,12 +109,17 @@ def build(
         from .shards import build_set
 
         return build_set(src, dst, config, progress=progress, on_start=on_start)
-    device = _build_device(config)
+    auto = config.device == "auto"
+    device = None if auto else _build_device(config)
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
     plan = plan_labels(src, config) if plan is None else plan
+    if auto:  # the faster way for this job (packer.build.auto), known once it is listed
+        from .auto import auto_device
+
+        device = auto_device(config, len(plan.scan.entries), config.workers or default_workers())
     check_destination(src, dst, config.overwrite)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)

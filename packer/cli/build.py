@@ -59,7 +59,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     type=click.Path(),
     default=None,
     help="Fix the class -> index map: a text file (one class name per line, in index "
-    "order) or an existing pack or set (also s3://...), whose map is reused.",
+    "order) or an existing pack or pack set (also s3://...), whose map is reused.",
 )
 @click.option(
     "--allow-new-classes",

@@ -105,16 +105,16 @@ class AugMix(Policy):
         chains = signed_draw(self._space, table, op, bins, u_sign)
         return AugMixDraw(chains, torch.from_numpy(depth), torch.cat([m[:, :1], w], 1))
 
-    # forward: Policy's (draw with sample, then _apply)
+    # forward: Policy's (draw with sample, then _run)
 
     def apply(self, images: torch.Tensor, draw: AugMixDraw) -> torch.Tensor:
         """The chains and weights of ``draw`` (from :meth:`sample`) applied and mixed.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
-        return self._apply(images, draw, drawn=False)
+        return self._run(images, draw, drawn=False)
 
-    def _apply(self, images: torch.Tensor, draw: AugMixDraw, drawn: bool) -> torch.Tensor:
+    def _run(self, images: torch.Tensor, draw: AugMixDraw, drawn: bool) -> torch.Tensor:
         check_images(images)
         wd, d = self.mixture_width, self.max_depth
         b, _, h, w = images.shape

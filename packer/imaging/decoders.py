@@ -11,6 +11,11 @@ image's stored (h, w) (a pack's readers always pass it): every frame header must
 same before anything is decoded, so a 2 KB file cannot ask a decoder for gigabytes.
 ``boxes``: int [n, 4] (top, left, height, width) in the stored upright image.
 
+:func:`get_decoder`'s chain puts nvImageCodec first (Pillow's exact pixels, ROI); the
+JPEG-pack loader and the GPU build instead take
+:func:`packer.imaging.decoders_split.best_decoder`'s measured order (torchcodec,
+torchvision, nvImageCodec: nvjpeg's batched decode fed a model best on an H100).
+
 The backends (``name``):
 
 * ``nvimgcodec`` (:mod:`.decoders_nvimgcodec`): the GPU's hardware JPEG engines first,
@@ -50,7 +55,7 @@ import torch
 
 from ..errors import PackFormatError, UsageError
 from .decode import _FILLER, _GREY, jpeg_too_short
-from .jpeg import _decode_one, check_frames, decode_batch, frame_size, size_mismatch, truncated
+from .jpeg import _decode_one, check_frames, frame_size, size_mismatch, truncated
 from .resize import check_boxes
 
 GPU_CHAIN = ("nvimgcodec", "torchcodec", "torchvision")
@@ -270,7 +275,8 @@ def crop_all(images: Sequence[torch.Tensor], boxes: np.ndarray) -> list[torch.Te
 
 class CpuDecoder(DecoderBase):
     """The CPU decoder: :func:`packer.imaging.jpeg.decode_batch`, one image per thread of
-    a pool of ``threads`` (default: every core; 0: the calling thread)."""
+    a pool of ``threads`` (default: every core; 0: the calling thread), or of ``pool``
+    (the caller's, e.g. a loader's threads: used, never shut down here)."""
 
     name = "cpu"
 
@@ -279,23 +285,28 @@ class CpuDecoder(DecoderBase):
         device: torch.device | str = "cpu",
         *,
         threads: int | None = None,
+        pool: ThreadPoolExecutor | None = None,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
         _import("torchvision.io")
         quiet_torchvision_io()
         self.threads = len(os.sched_getaffinity(0)) if threads is None else int(threads)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = pool
+        self._own_pool = pool is None
 
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
         if self._pool is None and self.threads > 1 and self.device.type == "cpu":
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgpack-jpeg")
-        return decode_batch(datas, self.device, indices=names, pool=self._pool, ends_checked=True)
+        from . import jpeg  # looked up per call: a test may stand in for decode_batch
+
+        pool = self._pool if self.device.type == "cpu" else None
+        return jpeg.decode_batch(datas, self.device, indices=names, pool=pool, ends_checked=True)
 
     def close(self) -> None:
-        if self._pool is not None:
+        if self._pool is not None and self._own_pool:
             self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pool = None if self._own_pool else self._pool
 
 
 class TorchvisionDecoder(CpuDecoder):

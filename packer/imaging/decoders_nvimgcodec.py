@@ -54,7 +54,10 @@ def import_nvimgcodec():  # -> the nvidia.nvimgcodec module
 
 class NvImageCodecDecoder(DecoderBase):
     """nvImageCodec's batched decoder. ``backends`` (CUDA): "hw+hybrid" (default), "hw"
-    (the engines alone) or "hybrid" (the CUDA decoder alone)."""
+    (the engines alone) or "hybrid" (the CUDA decoder alone). ``pitched``: outputs keep
+    the decoder's padded rows where it pads them (strides of whole rows, what
+    :func:`packer.imaging.jpeg.resize_images` reads in place) instead of a contiguous
+    copy each: the JPEG-pack loader's way."""
 
     name = "nvimgcodec"
     supports_roi = True
@@ -64,9 +67,11 @@ class NvImageCodecDecoder(DecoderBase):
         device: torch.device | str,
         *,
         backends: str = "hw+hybrid",
+        pitched: bool = False,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
+        self.pitched = bool(pitched)
         if backends not in BACKENDS:
             raise ValueError(f"backends must be one of {BACKENDS}, not {backends!r}")
         nv = self._nv = import_nvimgcodec()
@@ -127,7 +132,12 @@ class NvImageCodecDecoder(DecoderBase):
             t = torch.from_dlpack(img)
         else:
             t = torch.from_numpy(np.array(img.cpu()))
-        return t if t.is_contiguous() else t.contiguous()  # rows may be padded
+        if t.is_contiguous():
+            return t
+        s0, s1, s2 = t.stride()
+        if self.pitched and s2 == 1 and s1 >= t.shape[2] and s0 % s1 == 0:
+            return t  # padded rows, planes of whole rows: resize_images reads it in place
+        return t.contiguous()
 
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
         imgs = self._run(self._full, self._streams(datas, names))

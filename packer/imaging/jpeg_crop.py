@@ -160,15 +160,32 @@ def resize_images(
     if kernels is not None and kernels.fits(scale):
         table = np.empty((n, 8), dtype=np.int64)
         for i, x in enumerate(images):
-            if not x.is_contiguous() or x.shape[0] != 3 or x.device != dev:
-                raise ValueError(f"image {i} must be a contiguous uint8 [3, H, W] on {dev}")
-            table[i, 0] = x.data_ptr()
+            table[i, 0], table[i, 6], table[i, 7] = _planes(x, i, dev)
         table[:, 1:5] = bn
         table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
-        table[:, 6:] = s
         t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
         return kernels.resample_ragged(t, 3, oh, ow, scale, dev)
     return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
+
+
+def _planes(x: torch.Tensor, i: int, dev: torch.device) -> tuple[int, int, int]:
+    """(address, plane height, row pitch) of a uint8 [3, h, w] the ragged kernel reads as
+    a contiguous [3, H, W] (its plane stride H * W, its row stride W): contiguous
+    (H, W = h, w), or with padded rows and planes whose stride is whole rows (a
+    decoder's pitched output, read in place rather than copied)."""
+    s0, s1, s2 = x.stride() if x.ndim == 3 else (0, 0, 0)
+    if (
+        x.ndim != 3
+        or x.shape[0] != 3
+        or x.device != dev
+        or x.dtype != torch.uint8
+        or s2 != 1
+        or s1 < x.shape[2]
+        or s0 % max(s1, 1)
+        or s0 < s1 * x.shape[1]
+    ):
+        raise ValueError(f"image {i} must be a uint8 [3, H, W] on {dev} with whole-row strides")
+    return x.data_ptr(), s0 // s1, s1
 
 
 def _ragged_kernels(device: torch.device):  # -> module | None

@@ -36,6 +36,9 @@ class Normalize(nn.Module):
         self.register_buffer("scale_u8", (1 / (255 * s)).float(), persistent=False)
         self.register_buffer("scale_f", (1 / s).float(), persistent=False)
         self.register_buffer("shift", (-m / s).float(), persistent=False)
+        # Host copies, for fused kernels that take them with their other parameters.
+        self.host_scale_u8 = self.scale_u8.numpy().ravel().copy()
+        self.host_shift = self.shift.numpy().ravel().copy()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.scale_u8 if x.dtype == torch.uint8 else self.scale_f

@@ -121,16 +121,16 @@ class Policy(_Transform):
     ) -> torch.Tensor:
         check_images(images)
         b, _, h, w = images.shape
-        return self._apply(images, self.sample(b, generator, size=(h, w)), drawn=True)
+        return self._run(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
     def apply(self, images: torch.Tensor, draw: PolicyDraw) -> torch.Tensor:
         """The ops of ``draw`` (from :meth:`sample`), in order, with its signed magnitudes.
 
         ``images``: uint8 Tensor[B, C, H, W]; returns a new uint8 tensor like it.
         """
-        return self._apply(images, draw, drawn=False)
+        return self._run(images, draw, drawn=False)
 
-    def _apply(self, images: torch.Tensor, draw: PolicyDraw, drawn: bool) -> torch.Tensor:
+    def _run(self, images: torch.Tensor, draw: PolicyDraw, drawn: bool) -> torch.Tensor:
         """``drawn``: ``draw`` comes from :meth:`sample`, so its magnitudes are its
         bins' and signs' (the fused path then looks its table rows up)."""
         check_images(images)

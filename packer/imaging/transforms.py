@@ -351,7 +351,10 @@ class Compose(nn.Sequential):
 
     A RandomResizedCrop directly followed by a RandomHorizontalFlip runs as one
     resample (the flip reverses the interpolation matrix), drawing the same
-    random numbers in the same order as the two run one after the other.
+    random numbers in the same order as the two run one after the other. On
+    CUDA, the modern recipe's ops in a row (crop + flip, a policy, Normalize,
+    RandomErasing, MixUp/CutMix) run as a few fused kernels with the same draws
+    (:mod:`packer.imaging.fused`).
 
     Labels: ``compose(images, labels, generator=g)`` returns ``(images, labels)``,
     the labels passed through the batch mixers (MixUp, CutMix: elements with
@@ -381,8 +384,14 @@ class Compose(nn.Sequential):
         if isinstance(labels, torch.Generator):  # the old call compose(images, generator)
             labels, generator = None, labels
         mods = list(self)
+        fast = _fused_module(images)
         i = 0
         while i < len(mods):
+            plan = None if fast is None else fast.match(mods, i)
+            if plan is not None and plan.applies(images, labels):
+                images, labels = plan.run(images, labels, generator)
+                i = plan.end
+                continue
             t = mods[i]
             nxt = mods[i + 1] if i + 1 < len(mods) else None
             if isinstance(t, RandomResizedCrop) and isinstance(nxt, RandomHorizontalFlip):
@@ -415,6 +424,18 @@ class Compose(nn.Sequential):
                 images = t(images)
             i += 1
         return images if labels is None else (images, labels)
+
+
+def _fused_module(images: object):  # -> packer.imaging.fused or None
+    """The fused recipe's module where a batch may take it (a CUDA tensor; the tests
+    also let CPU tensors through, under Triton's interpreter)."""
+    if not __package__ or not isinstance(images, torch.Tensor):
+        return None
+    from . import fused
+
+    if not fused.ENABLED or (fused.DEVICES == "cuda" and not images.is_cuda):
+        return None
+    return fused
 
 
 def _crop_flip_cuda(

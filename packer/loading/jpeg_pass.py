@@ -1,22 +1,35 @@
-"""The pass strategy of a storage kind that decodes (JPEG packs): :class:`JpegDecode`.
+"""The pass strategy of a storage kind that decodes (JPEG packs): :class:`JpegDecode`,
+and who decodes its batches: :class:`Decoding` (:func:`decoding_for`).
 
 Per batch: read the files (offsets and end markers checked), draw every image's box
 from its stored size with the batch's generator, decode and crop, run the rest of the
 transform; on CUDA a decoder thread runs ahead and the crop runs on a side stream.
+
+In batches, the decode goes through :mod:`packer.imaging.decoders`: on CUDA the first
+that runs here in the measured order (torchcodec, torchvision, nvImageCodec:
+:func:`packer.imaging.decoders_split.best_decoder`; nvjpeg's batched decode fed
+ResNet-50 best), or the one ``decode=`` names (nvImageCodec: its hardware engines with
+its CUDA decoder taking the rest, GIL released, ROI), or a decoder object (a
+:class:`~packer.imaging.decoders_split.SplitDecoder`, say). A decoder that can
+decode a region decodes only each image's box (the ROI-fused crop of
+:mod:`packer.imaging.roi_crop`); the crops are then resized in one batched call. One
+that cannot (or whose ROI does not work on this version: its first batch finds out)
+decodes whole and the boxes are cut in that same call. ``Decoding.path`` says which ran.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import PackerError, PackFormatError
+from ..errors import PackerError, PackFormatError, UsageError
 from .batch_transform import _check_transformed, _mix
 from .order import batch_seed
 from .producer import _Pass
@@ -53,9 +66,123 @@ def _raise(e: BaseException) -> None:
     raise e
 
 
+DECODE_NAMES = ("nvimgcodec", "torchcodec", "torchvision")  # decode= may name one
+
+
+class Decoding:
+    """Who decodes a JPEG-pack loader's batches on its device: a decoder of
+    :mod:`packer.imaging.decoders`, shared by the loader's passes (one decode call at a
+    time: nvImageCodec's ROI probe and handles are per decoder), or on the CPU a
+    :class:`~packer.imaging.decoders.CpuDecoder` per pass on the pass's threads.
+
+    ``path``: what the latest batch ran, "<decoder>: roi", "<decoder>: roi (no fancy
+    upsampling)" or "<decoder>: full+crop" ("<decoder>: not yet run" before any)."""
+
+    def __init__(self, decoder: Any = None, device: torch.device | None = None) -> None:
+        self.decoder = decoder  # None: a CpuDecoder per pass (the CPU's "device" way)
+        self.device = decoder.device if decoder is not None else device
+        self.lock = threading.Lock()
+        self.last: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.decoder.name if self.decoder is not None else "cpu"
+
+    @property
+    def path(self) -> str:
+        return f"{self.name}: {self.last or 'not yet run'}"
+
+    def for_pass(self, pool: ThreadPoolExecutor | None) -> Any:
+        """The decoder a pass uses (on the calling thread: it may import)."""
+        if self.decoder is not None:
+            return self.decoder
+        from ..imaging.decoders import CpuDecoder
+
+        return CpuDecoder(self.device, pool=pool)
+
+    def roi(self, dec: Any) -> bool:
+        """Whether ``dec``'s next batch decodes only the boxes (a probe batch does)."""
+        return bool(dec.supports_roi) and dec.roi_path != "full+crop"
+
+    def run(
+        self,
+        dec: Any,
+        datas: list[torch.Tensor],
+        sizes: torch.Tensor,
+        boxes: torch.Tensor,
+        indices: list[int],
+    ) -> tuple[list[bool], list[torch.Tensor]]:
+        """On the decode thread: (cropped, images): per image, its box alone (uint8
+        [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
+        [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both."""
+        with self.lock:
+            mixed = getattr(dec, "decode_mixed", None)
+            if mixed is not None:
+                cropped, out = mixed(datas, boxes, sizes=sizes, indices=indices)
+                self.last = dec.roi_path
+                return cropped, out
+            if self.roi(dec):
+                out = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
+                self.last = dec.roi_path  # after a probe batch: the way it found
+                return [True] * len(out), out
+            out = dec.decode(datas, sizes=sizes, indices=indices)
+            self.last = "full+crop"
+            return [False] * len(out), out
+
+
+def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
+    """The :class:`Decoding` of a JPEG-pack loader's ``decode=`` on ``device``, or None
+    where it decodes image by image on its threads (``decode="cpu"``; "auto" on the CPU).
+
+    ``decode``: "auto" or "device" (on CUDA: the first of torchcodec, torchvision,
+    nvImageCodec that runs here, quietly; "device" on the CPU: the CPU decoder in
+    batches), a name from :data:`DECODE_NAMES` (that decoder on ``device``, else a
+    UsageError saying how to install it), or a decoder object (``get_decoder(...)``,
+    on ``device``'s type). Made here, on the caller's thread: it imports its library.
+    """
+    from ..imaging.decoders import JpegDecoder, get_decoder
+    from ..imaging.jpeg import decodes_on_cpu
+
+    if isinstance(decode, JpegDecoder):
+        if decode.device.type != device.type or (
+            device.index is not None
+            and decode.device.index is not None
+            and decode.device.index != device.index
+        ):
+            raise UsageError(
+                f"decode= decodes on {decode.device}, but the loader's device is {device}; "
+                "make the decoder for the loader's device"
+            )
+        return Decoding(decode)
+    if decodes_on_cpu(decode, device):
+        return None
+    if decode in ("auto", "device"):
+        if device.type != "cuda":
+            return Decoding(None, device)
+        from ..imaging.decoders_split import best_decoder
+
+        return Decoding(best_decoder(device, pitched=True))
+    return Decoding(get_decoder(device, prefer=decode, **_pitched(decode)))
+
+
+def _pitched(name: str) -> dict[str, Any]:
+    return {"pitched": True} if name == "nvimgcodec" else {}
+
+
 class JpegDecode(_Pass):
-    """A JPEG pack's pass: decoded on the device in batches, or image by image on the
-    loader's threads (``decode="cpu"``)."""
+    """A JPEG pack's pass: decoded on the device in batches (its :class:`Decoding`), or
+    image by image on the loader's threads (``decode="cpu"``)."""
+
+    def __init__(self, cfg: Any, *, decoder: Any = None, **kw: Any) -> None:
+        super().__init__(cfg, **kw)
+        self.decoding: Decoding | None = cfg.decoding
+        self.decoder = decoder
+
+    @classmethod
+    def prepare(cls, cfg: Any, shared: Any) -> dict[str, Any]:
+        if cfg.on_cpu or cfg.decoding is None:
+            return {}
+        return {"decoder": cfg.decoding.for_pass(shared.thread_pool(cfg.num_threads))}
 
     def run(self) -> None:
         """JPEG packs: per batch, read the files (offsets and end markers checked), draw
@@ -72,15 +199,15 @@ class JpegDecode(_Pass):
         copied, when the batch goes to CUDA). Either way the boxes, and the generator
         state the rest of the transform continues from, depend on the seed alone.
         """
-        from ..imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
+        from ..imaging.jpeg import decode_ahead, resize_images, sizes_of
         from ..imaging.resize import to_device
 
         pack, crop, on_cpu = self.jpeg  # type: ignore[misc]
         dev = self.device
         cuda = dev.type == "cuda"
         stream = torch.cuda.Stream(dev) if cuda else None
-        pool = None if cuda else self.pool
         stored = pack.sizes.numpy()
+        decoding, decoder = self.decoding, self.decoder
 
         def jobs() -> Iterator[tuple[Any, Callable[[], list[torch.Tensor]]]]:
             # the reads (offsets and end markers checked) run here, on the producer
@@ -101,8 +228,10 @@ class JpegDecode(_Pass):
                     cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, crop.size)
                     yield (b, idx, (sizes, boxes, flip, state, cpu)), list
                     continue
-                kw = {"indices": idx.tolist(), "pool": pool, "ends_checked": True, "sizes": sizes}
-                decode = functools.partial(decode_batch, datas, dev, **kw)
+                decode = functools.partial(
+                    decoding.run,  # type: ignore[union-attr]
+                    decoder, datas, sizes, boxes, idx.tolist(),
+                )  # fmt: skip
                 yield (b, idx, (sizes, boxes, flip, state, None)), decode
 
         decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
@@ -113,9 +242,17 @@ class JpegDecode(_Pass):
                     self.gen.set_state(state)  # type: ignore[union-attr]
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                     if cpu is None:
+                        cropped, imgs = imgs
+                        # an image decoded as its box alone is resized whole; one decoded
+                        # whole, from its box
+                        cut = torch.tensor(cropped, dtype=torch.bool).reshape(-1, 1)
                         got = sizes_of(imgs)
-                        _check_sizes(got, sizes, idx)
-                        images = resize_images(imgs, crop.size, boxes=boxes, flip=flip, sizes=got)
+                        _check_sizes(got, torch.where(cut, boxes[:, 2:], sizes), idx)
+                        from_box = boxes.clone()
+                        from_box[cut.flatten(), :2] = 0
+                        images = resize_images(
+                            imgs, crop.size, boxes=from_box, flip=flip, sizes=got
+                        )
                     else:
                         out, futs = cpu
                         for f in futs:

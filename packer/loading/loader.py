@@ -196,15 +196,26 @@ class PackLoader(_Resumable):
         boxes drawn relative to each image's own size (its stored size, checked
         against the decoded one). A damaged offset, size or JPEG raises
         PackFormatError naming the image.
-      decode: JPEG packs: who decodes. "device": in batches on ``device`` (nvjpeg on
-        CUDA, then one batched crop; on the CPU torchvision's decode on the threads,
-        then one crop of the padded batch). "cpu": image by image on the loader's
-        ``num_threads`` threads (torchvision's libjpeg decode, then only the box
+      decode: JPEG packs: who decodes. "device": in batches on ``device`` through the
+        decode interface (:mod:`packer.imaging.decoders`): on CUDA the first of
+        torchcodec, torchvision, nvImageCodec that runs here (the measured order: nvjpeg's
+        batched decode fed ResNet-50 best, docs/PERFORMANCE.md), then one batched crop;
+        on the CPU torchvision's decode on the threads, then one crop of the padded
+        batch. A decoder's name ("nvimgcodec", "torchcodec", "torchvision"): that one
+        (UsageError saying how to install it if it does not run here). A decoder object
+        (``packer.imaging.decoders.get_decoder(...)``, a ``SplitDecoder``): that one,
+        for ``device``'s type. A decoder that decodes regions (nvImageCodec) decodes only
+        each image's crop box, then the crops are resized in one batched call; others,
+        or where ROI does not work on the installed version, decode whole and crop.
+        ``decode_path`` (and the repr) says which ran. "cpu": image by image on the
+        loader's ``num_threads`` threads (torchvision's libjpeg decode, then only the box
         resampled by Pillow), then copied to ``device``. "auto" (default): "device" on
         CUDA, "cpu" on the CPU, the faster on each (docs/BENCHMARKS.md, "Who
         decodes"). Boxes and flips are the seed's whichever decodes; the CPU ways
-        differ by resampling rounding (±1-2/255), nvjpeg from libjpeg by about 1/255
-        on average (chroma upsampling); each gives the same pixels from run to run.
+        differ by resampling rounding (±1-2/255), nvjpeg and nvImageCodec's ROI from
+        libjpeg by about 1.5/255 on average (chroma upsampling; nvImageCodec decoding
+        whole gives libjpeg's pixels); each gives the same pixels from run to run
+        (a SplitDecoder's ROI and nvjpeg parts give identical pixels: measured 0.000).
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -282,10 +293,17 @@ class PackLoader(_Resumable):
         repeats = _int_arg("repeats", repeats, 1, _MAX_REPEATS)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
-        from ..imaging.jpeg import DECODE_MODES, decodes_on_cpu
+        from ..imaging.decoders import JpegDecoder
+        from ..imaging.jpeg import DECODE_MODES
+        from .jpeg_pass import DECODE_NAMES
 
-        if not isinstance(decode, str) or decode not in DECODE_MODES:
-            raise UsageError(f"decode must be 'auto', 'device' or 'cpu', not {decode!r}")
+        if not isinstance(decode, JpegDecoder) and (
+            not isinstance(decode, str) or decode not in (*DECODE_MODES, *DECODE_NAMES)
+        ):
+            raise UsageError(
+                f"decode must be 'auto', 'device' or 'cpu', not {decode!r} (or a GPU "
+                f"decoder's name: {', '.join(DECODE_NAMES)}, or a decoder object)"
+            )
         if not isinstance(gather, str) or gather not in GATHER_MODES:
             raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")
         shuffle = _bool_arg("shuffle", shuffle)
@@ -385,11 +403,40 @@ class PackLoader(_Resumable):
         self._warned_counted = False
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
-        # JPEG packs: decoded image by image on the threads (decode=)
-        self._on_cpu = self._crop is not None and decodes_on_cpu(decode, self.device)
+        # JPEG packs: who decodes (decode=): a decoder in batches, else image by image on
+        # the threads (made here, on the caller's thread: a decoder imports its library)
+        self._decoding = None
+        if self._crop is not None:
+            from .jpeg_pass import decoding_for
+
+            self._decoding = decoding_for(decode, self.device)
+        self._on_cpu = self._crop is not None and self._decoding is None
         self._new_shared()
         if len(self) == 0:
             self._warn_empty()
+
+    @property
+    def decode_path(self) -> str | None:
+        """JPEG packs: who decodes and how the latest batch ran: "<decoder>: roi" (only
+        the crop boxes decoded), "<decoder>: roi (no fancy upsampling)", "<decoder>:
+        full+crop" (whole, then cropped), "<decoder>: not yet run", or "cpu threads:
+        decode + crop per image" (``decode="cpu"``). None for raw packs."""
+        if self._crop is None:
+            return None
+        if self._decoding is None:
+            return "cpu threads: decode + crop per image"
+        return self._decoding.path
+
+    def __repr__(self) -> str:
+        where = getattr(self.pack, "path", None)
+        head = f"PackLoader({str(where)!r}, " if where is not None else "PackLoader("
+        extra = ""
+        if self._crop is not None:
+            extra = f", image_size={self._crop.size}, decode={self.decode_path!r}"
+        return (
+            f"{head}batch_size={self.batch_size}, device={str(self.device)!r}, "
+            f"shuffle={self.shuffle}, images={self._n}{extra})"
+        )
 
     def _warn_empty(self) -> None:
         """Log that every epoch of this loader has no batches, and why it may."""
@@ -542,6 +589,7 @@ class PackLoader(_Resumable):
             on_cpu=self._on_cpu,
             units=self._units,
             fetch_ahead=self._fetch_ahead(),
+            decoding=self._decoding,
         )
 
     def _fetch_ahead(self) -> int:

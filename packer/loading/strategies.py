@@ -40,7 +40,8 @@ class PassConfig:
     ``src``: the kind's mapped images (raw uint8 rows [N, 3, H, W], or JPEG bytes);
     ``labels`` int64 [N]; ``targets`` float32 [N, K] or None; ``rows`` the streamed pack
     rows (``indices=``) or None for all; ``shape`` (3, h, w) of a yielded image;
-    ``crop`` a :class:`packer.imaging.jpeg.JpegCrop` (kinds that decode) or None."""
+    ``crop`` a :class:`packer.imaging.jpeg.JpegCrop` (kinds that decode) or None;
+    ``decoding`` who decodes their batches (:class:`packer.loading.jpeg_pass.Decoding`)."""
 
     kind: StorageKind
     pack: Any
@@ -62,6 +63,7 @@ class PassConfig:
     on_cpu: bool = False
     units: Any = None  # packer.loading.sets.Units for a pack set or mixed packs
     fetch_ahead: int = 0  # shards a remote set prefetches ahead of need
+    decoding: Any = None  # kinds that decode, in batches: a jpeg_pass.Decoding
 
     @property
     def seeded(self) -> bool:

@@ -359,8 +359,8 @@ class JpegPack:
 
 
 def read_class_map(source: str | os.PathLike[str]) -> list[str]:
-    """The class names, in index order, of a class-map file or an existing pack
-    (``--classes FILE|PACK``).
+    """The class names, in index order, of a class-map file, an existing pack or a pack
+    set (``--classes FILE|PACK|SET``).
 
     ``source`` is a text file with one class name per line
     (:func:`packer.sources.classes.read_class_file`), or a pack directory (or its
@@ -373,6 +373,8 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
 
         return read_remote_class_map(source)
     path = Path(source)
+    if path.is_dir() and is_set(path) and not (path / MANIFEST).exists():
+        return _set_classes(path)
     if path.is_dir():
         return _pack_classes(path)
     if path.name == MANIFEST and path.exists():
@@ -380,6 +382,22 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
     from ..sources.classes import read_class_file  # the CSV/text reader, only when asked
 
     return read_class_file(path)
+
+
+def _set_classes(root: Path) -> list[str]:
+    """The class map of a pack set's index (``--classes SET``); InputError as a pack's."""
+    from .index import read_index
+
+    try:
+        classes = list(read_index(root).classes)
+    except PackFormatError as e:
+        raise InputError(f"{e} (given as a class map)") from None
+    if not classes:
+        raise InputError(
+            f"{root}: the set has no classes (built from a flat folder or integer labels); "
+            "it cannot fix a class map"
+        )
+    return classes
 
 
 def _pack_classes(root: Path) -> list[str]:

@@ -264,10 +264,11 @@ def test_gpu_pixels_against_pillow_and_roi_against_full():
     for dec in _gpu_decoders():
         full = dec.decode(datas, sizes=hw)
         diff = float(np.mean([mad(x.cpu(), y) for x, y in zip(full, ref)]))
-        print(
-            f"{dec.name}: mean |diff| vs Pillow {diff:.3f}/255"
-        )  # torchvision, torchcodec: ~0.244
-        assert diff <= (0.5 if dec.name == "nvimgcodec" else 1.0), dec.name
+        print(f"{dec.name}: mean |diff| vs Pillow {diff:.3f}/255")
+        # nvjpeg upsamples chroma without libjpeg's smoothing: torchvision and torchcodec
+        # measured 1.47-1.48/255 on these photos (H100, 2026-11-25; 0.244 on the issue's
+        # images); nvImageCodec with its defaults gives Pillow's pixels (0.000)
+        assert diff <= (0.5 if dec.name == "nvimgcodec" else 2.0), dec.name
         rois = dec.decode_rois(datas, boxes, sizes=hw)
         crops = D.crop_all(full, boxes.numpy())
         # without fancy upsampling (the only ROI way nvImageCodec 0.9 has on the GPU) the

@@ -333,3 +333,27 @@ def test_set_loader_arguments_are_checked(packs: dict[str, Path]) -> None:
         packer.PackLoader(s, 4, device="cpu", order="shards", indices=[1, 1])
     with pytest.raises(UsageError, match="canonical_ranks must be at least 1"):
         packer.PackLoader(s, 4, device="cpu", canonical_ranks=0)
+
+
+def test_a_mixed_loader_resumes_mid_epoch_exactly(packs: dict[str, Path]) -> None:
+    one, s = packer.load(packs["one"]), packer.load(packs["set"])
+
+    def make() -> packer.PackLoader:
+        return packer.PackLoader([one, s], 4, device="cpu", weights=(2, 1), seed=4)
+
+    full = make()
+    full.set_epoch(3)
+    want = [y.tolist() for _, y in full]
+    first = make()
+    first.set_epoch(3)
+    it = iter(first)
+    got = [next(it)[1].tolist() for _ in range(5)]
+    state = first.state_dict()
+    it.close()
+    again = make()
+    again.load_state_dict(state)
+    got += [y.tolist() for _, y in again]
+    assert got == want
+    other = packer.PackLoader([one, s], 4, device="cpu", weights=(1, 1), seed=4)
+    with pytest.raises(UsageError, match="streaming other rows"):
+        other.load_state_dict(state)

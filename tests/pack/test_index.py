@@ -196,3 +196,19 @@ def test_bad_index_json_is_refused(pack_set: Path) -> None:
     (pack_set / INDEX).write_text("[" * 100_000)
     with pytest.raises(PackFormatError, match="nested too deeply"):
         packer.load(pack_set)
+
+
+def test_classes_from_a_set_fix_another_builds_class_map(pack_set: Path, tmp_path: Path) -> None:
+    from packer.pack.reader import read_class_map
+
+    assert read_class_map(pack_set) == ["cat", "dog"]
+    write_image(tmp_path / "val" / "dog" / "0.png", (20, 16))
+    build(
+        tmp_path / "val",
+        tmp_path / "valpack",
+        BuildConfig(size=(8, 6), workers=1, classes=pack_set),
+    )
+    assert packer.load(tmp_path / "valpack").classes == ["cat", "dog"]
+    _edit(pack_set, lambda o: o.update(count=-1))
+    with pytest.raises(packer.InputError, match=r"imgpack-set.json.*\(given as a class map\)"):
+        read_class_map(pack_set)

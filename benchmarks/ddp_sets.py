@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""DDP fed by pack sets on every GPU of the machine (issue 34), one call, a table last.
+
+    python3 benchmarks/ddp_sets.py --images 16384 --work /tmp/imgpack-gpu/ddp
+
+Builds a raw set and a JPEG set (16 shards each) of synthetic 256² photos, then for
+1 GPU and for every GPU of the machine (1, 2, 4, 8 where there are that many), runs
+``examples/train_sets_ddp.py`` under torchrun: ResNet-50 bf16 channels_last, batch 256
+per GPU, fed by the raw set, by the JPEG set (RandomResizedCrop 224 + flip), and the
+same step on a resident batch. Then the elastic resume: a run on all GPUs stopped after
+``--stop`` steps and finished on half of them with the same global batch; the ids every
+rank trained on (from ``loader.indices``) must cover the set once. Node RSS and page
+cache come from rank 0. JSON to ``$OUT/ddp_sets.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _out import dump  # noqa: E402
+
+
+def torchrun(n: int, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={n}", str(ROOT / "examples" / "train_sets_ddp.py"), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        print(p.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"torchrun failed: {' '.join(cmd)}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    import torch
+
+    from packer.build.run import BuildConfig, build
+    from packer.measure.bench.synth import make_jpeg_tree
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--stop", type=int, default=5)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-gpu/ddp"))
+    args = ap.parse_args()
+    w = args.work
+    src = w / "src"
+    if not src.exists():
+        make_jpeg_tree(src, args.images, (256, 256), classes=100, quality=90)
+    raw = BuildConfig(size=(224, 224), workers=os.cpu_count())
+    per = -(-args.images // 16)
+    total = sum(f.stat().st_size for f in src.rglob("*.jpg"))
+    for name, cfg in (
+        ("raw", replace(raw, shard_size=per * 3 * 224 * 224)),
+        ("jpeg", replace(raw, store="jpeg", shard_size=-(-total // 16))),
+    ):
+        if not (w / name).exists():
+            build(src, w / name, cfg)
+    gpus = torch.cuda.device_count()
+    worlds = sorted({1, *[g for g in (2, 4, 8) if g <= gpus]})
+    rows: dict[str, dict[int, dict]] = {}
+    common = ["--batch-size", "256", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    for world in worlds:
+        for feed, extra in (("resident", ["--resident"]), ("raw", []), ("jpeg", [])):
+            pack = w / ("jpeg" if feed == "jpeg" else "raw")
+            out = torchrun(world, "--pack", str(pack), "--state", str(w / "t"), *common, *extra)
+            rows.setdefault(feed, {})[world] = out
+            print(json.dumps({"world": world, "feed": feed, **out}), flush=True)
+    elastic = None
+    if gpus >= 2:
+        state = w / "elastic"
+        if state.exists():
+            import shutil
+
+            shutil.rmtree(state)
+        first = torchrun(
+            gpus,
+            "--pack",
+            str(w / "raw"),
+            "--state",
+            str(state),
+            "--batch-size",
+            "256",
+            "--stop-after",
+            str(args.stop),
+            "--order",
+            "shards",
+        )
+        second = torchrun(
+            gpus // 2,
+            "--pack",
+            str(w / "raw"),
+            "--state",
+            str(state),
+            "--batch-size",
+            str(256 * 2),
+            "--resume",
+            "--order",
+            "shards",
+        )
+        seen = Counter()
+        for line in (state / "seen.jsonl").read_text().splitlines():
+            for ids in json.loads(line)["ids"]:
+                seen.update(ids)
+        n = args.images
+        elastic = {
+            "from": gpus, "to": gpus // 2, "first_steps": first["steps"],
+            "second_steps": second["steps"], "distinct": len(seen),
+            "repeated": sum(c - 1 for c in seen.values()), "missing": n - len(seen),
+        }  # fmt: skip
+    out = {"gpus": gpus, "rows": rows, "elastic": elastic}
+    dump(out, "ddp_sets.json")
+    print()
+    print("| feed | GPUs | img/s | x one GPU | of resident | rank-0 RSS MiB | page cache MiB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for feed, by in rows.items():
+        one = by[1]["images_per_s"]
+        for world, r in by.items():
+            res = rows["resident"][world]["images_per_s"]
+            print(
+                f"| {feed} | {world} | {r['images_per_s']:,.0f} | {r['images_per_s'] / one:.2f} "
+                f"| {r['images_per_s'] / res:.3f} | {r.get('rss_mib', 0):,.0f} "
+                f"| {r.get('page_cache_mib', 0):,.0f} |"
+            )
+    if elastic:
+        print(f"\nelastic resume {elastic}")
+
+
+if __name__ == "__main__":
+    main()
