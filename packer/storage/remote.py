@@ -241,10 +241,16 @@ def read_remote_class_map(url: str) -> list[str]:
     client = open_store(u)
     try:
         index, _ = read_remote_index(client)
-        return list(index.classes)
     except PackFormatError as e:
         if "is missing" not in str(e):
             raise InputError(f"{e} (given as a class map)") from None
+    else:
+        if not index.classes:
+            raise InputError(
+                f"{u}: the set has no classes (built from a flat folder or integer labels); "
+                "it cannot fix a class map"
+            )
+        return list(index.classes)
     try:
         data = client.get(MANIFEST)
         m = Manifest.from_json(loads_json(data), where=f"{u}/{MANIFEST}")
