@@ -228,15 +228,39 @@ def test_two_processes_share_one_cache_and_download_each_shard_once(
 
 def test_a_killed_runs_leftovers_do_not_break_the_next(s3: S3Server, tmp_path: Path) -> None:
     url, _ = built(tmp_path, RAW)
-    s = packer.load(url)
-    name = s.index.shards[0].name
+    s = packer.load(url, cache_limit=10_000)
+    name, other = s.index.shards[0].name, s.index.shards[1].name
     part = s.path / META_DIR / "tmp" / f"{name}.99999.0.part"
     part.write_bytes(b"half a download")
     (s.path / META_DIR / f"{name}.fetch").write_bytes(b"")  # a lock file, nobody's lock
+    stale = s.path / META_DIR / f"{other}.reserved"  # a killed download's reservation
+    stale.write_text(str(10**9))
     assert s.shard(0).images.shape == (2, 3, 6, 8)
-    assert not part.exists()
+    assert not part.exists() and not stale.exists()
+    assert s.store.cached_bytes() == 288  # the stale reservation did not evict or refuse
     s.release(0)
     s.store.close()
+
+
+def test_a_shard_another_reader_holds_is_not_evicted(s3: S3Server, tmp_path: Path) -> None:
+    """Two opens of the set share the cache as two processes do (each its own flocks)."""
+    url, _ = built(tmp_path, RAW, n=4)
+    a = packer.load(url)
+    b = packer.load(url, cache_limit=2 * 288)
+    names = [e.name for e in a.index.shards]
+    a.shard(0)  # held by the other reader
+    for k in (1, 2, 3):
+        b.shard(k)
+        b.release(k)
+    # shard 0 (the oldest) stays: each fetch of b evicted the shard b had used before
+    assert {n for _, n, _, _ in b.store.cached()} == {names[0], names[3]}
+    a.release(0)
+    b.shard(1)  # evicts shard 0 now that nobody holds it
+    b.release(1)
+    assert names[0] not in {n for _, n, _, _ in b.store.cached()}
+    assert b.store.cached_bytes() <= 2 * 288
+    a.store.close()
+    b.store.close()
 
 
 def _corrupt(s3: S3Server, url: str, truncate: bool) -> None:
