@@ -287,6 +287,9 @@ def test_a_damaged_object_is_fetched_twice_then_refused(
     assert not list((s.path / META_DIR / "tmp").iterdir())  # nothing partial left
     assert not (s.path / s.index.shards[0].name / "_tensordict" / "images.memmap").exists()
     s.store.close()
+    r = CliRunner().invoke(cli, ["verify", url, "--no-source"])
+    assert r.exit_code == 1 and r.output.count("FAIL  shard") == 1, r.output
+    assert "twice; the object in the bucket is damaged" in r.output
 
 
 def test_a_damaged_manifest_is_refused(s3: S3Server, tmp_path: Path) -> None:
