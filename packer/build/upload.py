@@ -98,7 +98,10 @@ def _fetch_manifests(client: ObjectStore, staging: Path) -> None:
         local = staging / entry.name / MANIFEST
         if local.is_file() and manifest_digest(local.read_bytes()) == entry.sha256:
             continue
-        body = client.get(entry.name, MANIFEST)
+        try:
+            body = client.get(entry.name, MANIFEST)
+        except NotFound:
+            body = b""
         if manifest_digest(body) != entry.sha256:
             raise PackFormatError(
                 f"{client.url.child(entry.name, MANIFEST)}: does not match the SHA-256 the "

@@ -56,7 +56,7 @@ from ..errors import DiskFullError, PackBusyError, PackFormatError
 from ..pack.index import SetIndex
 from ..pack.packset import ShardStore
 from ..pack.schema import DATA_DIR, Manifest
-from .client import ObjectStore
+from .client import NotFound, ObjectStore
 from .verify import big_field, check_big_file
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,13 @@ class RemoteShards(ShardStore):
         for attempt in (1, 2):
             tmp = self.meta / "tmp" / f"{name}.{os.getpid()}.{next(_counter)}.part"
             try:
-                n = self.client.download(tmp, *key, progress=self.on_download)
+                try:
+                    n = self.client.download(tmp, *key, progress=self.on_download)
+                except NotFound:
+                    raise PackFormatError(
+                        f"{self.client.url.child(*key)} is missing from the bucket; the set "
+                        "is incomplete, rebuild it"
+                    ) from None
                 problem = check_big_file(tmp, m, self.root / name)
                 if problem is None:
                     os.replace(tmp, self._big(k))

@@ -194,7 +194,7 @@ class ObjectStore:
         refused credentials (at once) or a server that keeps failing."""
         from obstore import exceptions as ox
 
-        where = self.url.child(key) if key else str(self.url)
+        where = f"{self.url.scheme}://{self.url.bucket}/{key}"
         _check_not_forked(where)
         last: BaseException | None = None
         for attempt in range(max(1, self.retry.attempts)):

@@ -94,7 +94,13 @@ def _get_checked(client: ObjectStore, name: str, rel: str, check: Any) -> bytes:
     """An object of shard ``name``; fetched a second time if ``check(data)`` names a
     problem, then PackFormatError naming the object."""
     for _ in (1, 2):
-        data = client.get(name, *rel.split("/"))
+        try:
+            data = client.get(name, *rel.split("/"))
+        except NotFound:
+            raise PackFormatError(
+                f"{client.url.child(name, rel)} is missing from the bucket; the set is "
+                "incomplete, rebuild it"
+            ) from None
         problem = check(data)
         if problem is None:
             return data
