@@ -55,6 +55,10 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "ab": ("PackLoader raw and JPEG streaming, this tree vs the packer/ under $OLD_TREE, alternating",
            [PY, str(HERE / "loader_ab.py"), "--old", os.environ.get("OLD_TREE", ".old"),
             "--work", "{work}/ab"]),
+    "remote": ("a pack set streamed from an S3 server on this machine (rclone) vs local disk: "
+               "cold, warm cache, bytes fetched per epoch",
+               [PY, str(HERE / "remote.py"), "--images", "65536", "--side", "128",
+                "--shard-images", "2048", "--work", "{work}/remote"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
               [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
 }  # fmt: skip

@@ -59,6 +59,7 @@ _EXPORTS = {
     "WorkerDiedError": "packer.errors:WorkerDiedError",
     "NoUsableImagesError": "packer.errors:NoUsableImagesError",
     "FFmpegError": "packer.errors:FFmpegError",
+    "StorageError": "packer.errors:StorageError",
 }
 
 # ``packer.<name>`` for these is the module, importable without an import statement
@@ -73,6 +74,7 @@ _SUBMODULES = (
     "measure",
     "pack",
     "sources",
+    "storage",
     "transforms",
 )
 
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
         PackBusyError,
         PackerError,
         PackFormatError,
+        StorageError,
         UsageError,
         WorkerDiedError,
     )

@@ -52,6 +52,13 @@ class NoUsableImagesError(PackerError):
     exit_code = 1
 
 
+class StorageError(PackerError):
+    """Object storage could not be reached, or refused a request (credentials, bucket),
+    after the retries; the message names the object, never a credential."""
+
+    exit_code = 1
+
+
 class FFmpegError(PackerError):
     """The ffmpeg binary is missing or cannot run."""
 

@@ -77,6 +77,7 @@ _STAGE_RANK = {
     "imaging": 2,
     "transforms": 2,  # the public face of imaging's transforms
     "pack": 3,
+    "storage": 3,  # object storage: the pack reader opens a URL through it (peers)
     "build": 4,
     "loading": 4,
     "compress": 5,
@@ -85,7 +86,11 @@ _STAGE_RANK = {
     "__main__": 9,
     "__init__": 9,
 }
-_PEERS = {frozenset({"imaging", "transforms"}), frozenset({"cli", "__main__"})}
+_PEERS = {
+    frozenset({"imaging", "transforms"}),
+    frozenset({"cli", "__main__"}),
+    frozenset({"pack", "storage"}),
+}
 
 
 def _imports_of(path, module: str, is_pkg: bool):

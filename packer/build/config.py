@@ -34,7 +34,7 @@ class BuildConfig:
     workers: int | None = None  # None: every core
     overwrite: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
-    classes: Path | None = None
+    classes: Path | str | None = None  # str: an object-storage URL
     allow_new_classes: bool = False
     labels: Path | None = None
     targets: tuple[str, ...] = ()
@@ -54,8 +54,10 @@ class BuildConfig:
         # paths given as str and column names as a list are the same options
         for name in ("classes", "labels"):
             value = getattr(self, name)
+            # an object-storage URL stays a str (Path would fold its "//")
             if value is not None and not isinstance(value, Path):
-                object.__setattr__(self, name, Path(value))
+                keep = name == "classes" and isinstance(value, str) and "://" in value
+                object.__setattr__(self, name, value if keep else Path(value))
         if not isinstance(self.targets, tuple):
             object.__setattr__(self, "targets", tuple(self.targets))
 

@@ -34,7 +34,13 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
     or the rows of a ``--labels`` table. Raises InputError for a class not in the map,
     a bad table (with its row number) or a table that names no image under ``src``."""
     fixed = read_class_map(config.classes) if config.classes is not None else None
-    class_map = str(config.classes.resolve()) if config.classes is not None else None
+    class_map = (
+        None
+        if config.classes is None
+        else config.classes
+        if isinstance(config.classes, str)  # a URL
+        else str(config.classes.resolve())
+    )
     if config.labels is None:
         scan = scan_tree(src)
         classes, new = resolve_classes(

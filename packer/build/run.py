@@ -104,6 +104,10 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
+    if isinstance(dst, str) and "://" in dst:  # issue 30: a pack set in object storage
+        from .upload import build_to_bucket
+
+        return build_to_bucket(src, dst, config, progress=progress, on_start=on_start)
     if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
         from .shards import build_set
 

@@ -122,6 +122,18 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
     return value
 
 
+class ShardSink:
+    """Where a set build sends each shard once it is in place (see build_set)."""
+
+    def holds(self, path: Path) -> bool:
+        """Whether the shard whose local folder is ``path`` (its manifest at least) is
+        already there, whole: the build keeps it without building it again."""
+        return False
+
+    def put(self, path: Path) -> None:
+        """Send the complete shard at ``path``."""
+
+
 def _reached(step: str) -> None:
     """Called between a set build's steps ("shard <k>" once shard k is in place, "index"
     before the index is written, "committed" after); crash tests make it stop there."""
@@ -327,8 +339,12 @@ def build_set(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_shard: Callable[[int, int], None] | None = None,
+    sink: ShardSink | None = None,
 ) -> BuildResult:
     """Build (or with ``config.append``, extend) the pack set at ``dst`` from ``src``.
+
+    ``sink``: where each shard goes once it is in place (object storage: see
+    :mod:`packer.build.upload`); a shard the sink already holds is not built again.
 
     ``config.shard_size``: bytes per shard (None: :data:`DEFAULT_SHARD_SIZE`).
     ``progress(n)``: n more images decoded; ``on_start(total, already_done)`` once,
@@ -359,7 +375,7 @@ def build_set(
             _check_destination(src, dst, config)  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
             result = _build_set_locked(
-                src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0
+                src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0, sink
             )
     except OSError as e:
         raise destination_error(e, dst) from None
@@ -421,7 +437,13 @@ class ShardOutcome:
 
 
 def plan_set(
-    src: Path, dst: Path, plan: _Labels, config: BuildConfig, shard_size: int, device: Any
+    src: Path,
+    dst: Path,
+    plan: _Labels,
+    config: BuildConfig,
+    shard_size: int,
+    device: Any,
+    sink: ShardSink | None = None,
 ) -> SetPlan:
     """Cut ``plan`` into named shards (``--append``: only SRC's new images, after the
     set's shards), and find the ones already in place. ``dst`` must exist (lock held)."""
@@ -439,7 +461,11 @@ def plan_set(
         (shard_name(start + k, _slice(plan, a, b), [t for _, t in stats[a:b]], options), a, b)
         for k, (a, b) in enumerate(bounds)
     ]
-    done = {name for name, _, _ in shards if _complete(dst / name)}
+    done = {
+        name
+        for name, _, _ in shards
+        if _complete(dst / name) or (sink is not None and sink.holds(dst / name))
+    }
     return SetPlan(src, dst, plan, config, shard_size, options, old, start, shards, done)
 
 
@@ -475,12 +501,19 @@ def _run_local(
     sp: SetPlan,
     progress: Callable[[int], None] | None,
     on_shard: Callable[[int, int], None] | None,
+    sink: ShardSink | None = None,
 ) -> list[ShardOutcome]:
-    """The local engine: one shard after another, each with this machine's workers."""
+    """The local engine: one shard after another, each with this machine's workers; each
+    sent to ``sink`` as soon as it is in place."""
     out = []
     for k, (name, _a, _b) in enumerate(sp.shards):
+        ok = True
         if name not in sp.done:
-            out.append(commit_shard(sp.src, sp.dst, name, sp.part(k), sp.shard_config, progress))
+            o = commit_shard(sp.src, sp.dst, name, sp.part(k), sp.shard_config, progress)
+            out.append(o)
+            ok = not o.failed
+        if sink is not None and ok:
+            sink.put(sp.dst / name)
         if on_shard:
             on_shard(k + 1, len(sp.shards))
         _reached(f"shard {k}")
@@ -498,16 +531,22 @@ def _build_set_locked(
     on_start: Callable[[int, int], None] | None,
     on_shard: Callable[[int, int], None] | None,
     t0: float,
+    sink: ShardSink | None = None,
 ) -> BuildResult:
-    sp = plan_set(src, dst, plan, config, shard_size, device)
+    sp = plan_set(src, dst, plan, config, shard_size, device, sink)
     if on_start:
         on_start(len(sp.plan.scan.entries), sp.kept)
     if config.engine == "ray":
         from .ray_engine import run_ray
 
         outcomes, extra = run_ray(sp, progress, on_shard)
+        if sink is not None:  # uploaded by the driver once the cluster built them
+            failed = {o.name for o in outcomes if o.failed}
+            for name, _, _ in sp.shards:
+                if name not in failed:
+                    sink.put(sp.dst / name)
     else:
-        outcomes, extra = _run_local(sp, progress, on_shard), {}
+        outcomes, extra = _run_local(sp, progress, on_shard, sink), {}
     return finish_set(sp, outcomes, t0, extra)
 
 

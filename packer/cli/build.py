@@ -22,7 +22,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 
 @click.command(cls=QualityHint)
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--size",
     default="224",
@@ -56,10 +56,10 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @click.option(
     "--classes",
     "class_map",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     default=None,
     help="Fix the class -> index map: a text file (one class name per line, in index "
-    "order) or an existing pack or pack set, whose map is reused.",
+    "order) or an existing pack or pack set (also s3://...), whose map is reused.",
 )
 @click.option(
     "--allow-new-classes",
@@ -147,7 +147,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @sigterm_as_interrupt
 def build(
     src: Path,
-    dst: Path,
+    dst: str,
     size: tuple[int, int],
     resize: str,
     workers: int | None,
@@ -156,7 +156,7 @@ def build(
     strict: bool,
     as_json: bool,
     quiet: bool,
-    class_map: Path | None,
+    class_map: str | None,
     allow_new_classes: bool,
     labels_table: Path | None,
     targets: str | None,
@@ -194,13 +194,17 @@ def build(
       imgpack build ./train ./train_set --shard-size 256MB   # a pack set of shards
       imgpack build ./new_week ./train_set --append          # new images, new shards
       imgpack build /shared/train /shared/train_set --engine ray --ray-address head:6379
+      imgpack build ./train s3://bucket/train --shard-size 256MB   # into object storage
     """
     from ..build.run import BuildConfig
     from ..build.run import build as build_pack
     from ..build.shards import parse_bytes
     from ..build.workdir import refuse_symlink_destination
+    from ..storage.url import is_url
 
-    refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
+    if not is_url(dst):
+        dst = Path(dst)  # type: ignore[assignment]
+        refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
     config = BuildConfig(
         size=size,
         resize=resize,

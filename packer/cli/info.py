@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ..errors import UsageError
@@ -21,7 +19,7 @@ def _parse_fractions(text: str) -> tuple[float, ...]:
 
 
 @click.command()
-@click.argument("pack", type=click.Path(path_type=Path))
+@click.argument("pack", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--split",
     "split_text",
@@ -32,7 +30,7 @@ def _parse_fractions(text: str) -> tuple[float, ...]:
 @click.option("--seed", type=int, default=None, help="Seed of --split (default 0).")
 @json_option()
 @handle_errors
-def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) -> None:
+def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> None:
     """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
 
     With --split, also each part's size and class histogram, as packer.split
@@ -43,6 +41,7 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
       imgpack info ./tensors
       imgpack info ./tensors --json | jq .class_counts
       imgpack info ./tensors --split 0.9,0.1 --seed 1
+      imgpack info s3://bucket/train                # a set in object storage
     """
     from ..pack.describe import describe
     from ..pack.index import is_set
@@ -51,7 +50,14 @@ def info(pack: Path, split_text: str | None, seed: int | None, as_json: bool) ->
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
     fractions = _parse_fractions(split_text) if split_text is not None else None
-    out = describe_set(pack) if is_set(pack) else describe(pack)
+    from ..storage.url import is_url
+
+    if is_url(pack):
+        from ..storage.remote import describe_remote
+
+        out = describe_remote(pack)
+    else:
+        out = describe_set(pack) if is_set(pack) else describe(pack)
     splits = None
     if fractions is not None:
         from ..loading.dataset import class_histogram, split

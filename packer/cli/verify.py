@@ -34,7 +34,7 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
 
 
 @click.command()
-@click.argument("pack", type=click.Path(path_type=Path))
+@click.argument("pack", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--source",
     type=click.Path(path_type=Path),
@@ -76,7 +76,7 @@ def _parse_sample(ctx: click.Context, param: click.Parameter, value: str) -> int
 @handle_errors
 @sigterm_as_interrupt
 def verify(
-    pack: Path,
+    pack: str,
     source: Path | None,
     no_source: bool,
     sample: int | None,
@@ -102,6 +102,7 @@ def verify(
       imgpack verify ./tensors                      # uses the recorded source folder
       imgpack verify ./tensors --device cuda --batch-size 256 --plot speed.png
       imgpack verify ./tensors --no-speed --sample all --json
+      imgpack verify s3://bucket/train              # downloads and checks every shard
     """
     from ..measure.verify import VerifyConfig
     from ..measure.verify import verify as verify_pack
@@ -126,7 +127,9 @@ def verify(
         throughput=not no_speed,
     )
     config.validate()
-    if is_set(pack):  # a pack set: the index and every shard (no timing yet)
+    from ..storage.url import is_url
+
+    if is_url(pack) or is_set(pack):  # a pack set: the index and every shard (no timing yet)
 
         def run(progress: Any, on_start: Any) -> Any:
             return verify_set(pack, config, progress=progress)

@@ -32,11 +32,18 @@ def verify_set(
     ``progress(k)``: k more images of a shard checked. Raises PackFormatError
     only when ``path`` holds no readable index (nothing to verify); a damaged
     shard is a failed check, and the other shards are still checked."""
-    root = Path(path)
     config = config or VerifyConfig(throughput=False)
     config.validate()
+    remote = None
+    if isinstance(path, str) and "://" in path:  # object storage: every shard downloaded
+        from ..storage.remote import open_remote
+
+        remote = open_remote(path, prefetch_depth=0)
+        root = remote.path
+    else:
+        root = Path(path)
     index = read_index(root)
-    report = VerifyReport(path=root)
+    report = VerifyReport(path=Path(root) if remote is None else path)  # type: ignore[arg-type]
     report.add(
         "index",
         True,
@@ -44,21 +51,44 @@ def verify_set(
         f"in {len(index.shards)} shards ({index.storage})",
     )
     shard_config = replace(config, throughput=False)
-    for entry in index.shards:
-        name = f"shard {entry.name}"
-        try:
-            read_shard_manifest(root, entry, index)
-            r = verify(shard_root(root, entry), shard_config, progress=progress)
-        except PackerError as e:
-            report.add(name, False, str(e))
-            continue
-        failed = [c for c in r.checks if not c["ok"]]
-        if failed:
-            detail = "; ".join(_failure(c, index.storage) for c in failed)
-        else:
-            detail = f"{entry.count} images: " + ", ".join(c["name"] for c in r.checks) + " ok"
-        report.add(name, not failed, detail)
+    try:
+        for k, entry in enumerate(index.shards):
+            _check_shard(report, root, index, k, entry, shard_config, remote, progress)
+    finally:
+        if remote is not None:
+            remote.store.close()
     return report
+
+
+def _check_shard(
+    report: VerifyReport,
+    root: Path,
+    index: Any,
+    k: int,
+    entry: Any,
+    shard_config: VerifyConfig,
+    remote: Any,
+    progress: Callable[[int], None] | None,
+) -> None:
+    name = f"shard {entry.name}"
+    try:
+        read_shard_manifest(root, entry, index)
+        if remote is not None:
+            remote.store.fetch(k)  # downloaded (and hashed) into the cache, held
+        try:
+            r = verify(shard_root(root, entry), shard_config, progress=progress)
+        finally:
+            if remote is not None:
+                remote.store.release(k)
+    except PackerError as e:
+        report.add(name, False, str(e))
+        return
+    failed = [c for c in r.checks if not c["ok"]]
+    if failed:
+        detail = "; ".join(_failure(c, index.storage) for c in failed)
+    else:
+        detail = f"{entry.count} images: " + ", ".join(c["name"] for c in r.checks) + " ok"
+    report.add(name, not failed, detail)
 
 
 # the file of a shard each of verify's checks reads, named in a failed check's detail

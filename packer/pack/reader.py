@@ -164,8 +164,19 @@ def _only_path(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
         )
 
 
-def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) -> ImagePack:
+def open_pack(
+    path: str | os.PathLike[str],
+    manifest: Manifest | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | None = None,
+) -> ImagePack:
     """Open the pack at ``path`` read-only, without running anything from it.
+
+    ``path`` may be an object-storage URL (``s3://bucket/prefix``, gs://, az://) of a
+    pack set: it opens through a local cache (:func:`packer.storage.remote.open_remote`;
+    ``cache_dir``, default the user's cache folder, and ``cache_limit`` in bytes, apply
+    to URLs only).
 
     Returns an :class:`ImagePack` (``len(pack)`` is N) whose ``images``
     (uint8 [N, 3, H, W], 0-255, RGB), ``labels`` (int64 [N]) and ``targets``
@@ -179,7 +190,22 @@ def open_pack(path: str | os.PathLike[str], manifest: Manifest | None = None) ->
     ``manifest``: one already read (and its files checked) by the caller, as
     ``verify`` does, so the pack is parsed and walked once.
     """
+    if isinstance(path, str) and "://" in path:
+        from ..storage.remote import open_remote  # a peer stage: object storage (issue 30)
+
+        return open_remote(path, cache_dir, cache_limit)  # type: ignore[return-value]
     root = Path(path)
+    if str(root).startswith(("s3:/", "gs:/", "az:/")) and not root.exists():
+        raise UsageError(
+            f"{root}: looks like an object-storage URL folded by pathlib (its '//' became "
+            "'/'); pass the URL as a str, e.g. packer.load('s3://bucket/prefix')"
+        )
+    if manifest is None and (root / ".imgpack-cache" / "url").is_file():
+        # a set's folder in the object-storage cache (a DataLoader worker reopening a
+        # PackDataset's path): open it as the set it caches, shards fetched on demand
+        from ..storage.remote import reopen_cached
+
+        return reopen_cached(root)  # type: ignore[return-value]
     if manifest is None and is_set(root) and not (root / MANIFEST).exists():
         from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
 
@@ -342,6 +368,10 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
     is read: nothing of the pack is unpickled or imported. Raises :class:`InputError`
     naming the file and the problem.
     """
+    if isinstance(source, str) and "://" in source:
+        from ..storage.remote import read_remote_class_map  # --classes s3://...
+
+        return read_remote_class_map(source)
     path = Path(source)
     if path.is_dir() and is_set(path) and not (path / MANIFEST).exists():
         return _set_classes(path)

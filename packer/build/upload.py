@@ -1,0 +1,179 @@
+"""``imgpack build SRC s3://bucket/prefix --shard-size SIZE``: a pack set built into
+object storage.
+
+The set is built by :func:`packer.build.shards.build_set` into a staging folder of the
+cache (``<cache>/builds/<hash of the URL>/set``); each shard is uploaded as soon as it
+is in place (its data files, then tensordict's meta files, then its manifest, last),
+and its big data file is dropped from the staging folder, which keeps only manifests and
+small files. The index goes up last, after every shard: a reader never sees a set
+whose index names a shard that is not whole in the bucket.
+
+A rerun of a killed build resumes: a shard whose manifest is in the bucket byte for
+byte (uploaded whole, since the manifest goes last) is neither built nor uploaded again;
+shards built but not uploaded are uploaded. ``--append`` reads the bucket's index and
+the manifests of its shards, builds SRC's new images as new shards and swaps the index.
+Once the new index is up, objects of shards it does not name (an older build's) are
+deleted. The staging folder is removed after a build that completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import InputError, PackFormatError, UsageError
+from ..pack.files import loads_json
+from ..pack.index import INDEX, manifest_digest
+from ..pack.schema import DATA_DIR, MANIFEST, Manifest
+from ..storage.cache import default_cache_dir
+from ..storage.client import NotFound, ObjectStore, open_store
+from ..storage.remote import read_remote_index
+from ..storage.url import parse_url
+from .config import BuildConfig, BuildResult
+from .shards import ShardSink, build_set
+
+log = logging.getLogger(__name__)
+
+_SHARD_DIR = re.compile(r"\d{5,}-[0-9a-f]{16}")
+
+
+def _reached(step: str) -> None:
+    """Called after each upload ("uploaded <shard>", "index uploaded"); crash tests
+    make it stop there."""
+
+
+class BucketSink(ShardSink):
+    """Uploads each shard of a set build to the client's URL (see the module docstring)."""
+
+    def __init__(self, client: ObjectStore) -> None:
+        self.client = client
+        self.uploaded = 0
+        self.skipped = 0
+
+    def _remote_manifest(self, name: str) -> bytes | None:
+        try:
+            return self.client.get(name, MANIFEST)
+        except NotFound:
+            return None
+
+    def holds(self, path: Path) -> bool:
+        local = path / MANIFEST
+        if not local.is_file():
+            return False
+        return self._remote_manifest(path.name) == local.read_bytes()
+
+    def put(self, path: Path) -> None:
+        name = path.name
+        data = (path / MANIFEST).read_bytes()
+        m = Manifest.from_json(loads_json(data), where=f"{path}: {MANIFEST}")
+        big = path / DATA_DIR / m.fields[0].file
+        if self._remote_manifest(name) == data:
+            self.skipped += 1
+        else:
+            files = [f"{DATA_DIR}/{f.file}" for f in m.fields]
+            for rel in [*files, "meta.json", f"{DATA_DIR}/meta.json"]:
+                self.client.put(path / rel, name, *rel.split("/"))
+            self.client.put(data, name, MANIFEST)  # last: the shard is whole in the bucket
+            self.uploaded += 1
+            _reached(f"uploaded {name}")
+        big.unlink(missing_ok=True)  # the staging folder keeps the small files only
+
+
+def _staging(client: ObjectStore) -> Path:
+    """The build's staging set folder: ``<cache>/builds/<hash of URL and endpoint>/set``."""
+    return default_cache_dir() / "builds" / client.url.cache_key(client.endpoint) / "set"
+
+
+def _fetch_manifests(client: ObjectStore, staging: Path) -> None:
+    """--append: the bucket's index and every shard's manifest into the staging folder
+    (what build_set reads of the old set)."""
+    index, data = read_remote_index(client)
+    staging.mkdir(parents=True, exist_ok=True)
+    for entry in index.shards:
+        local = staging / entry.name / MANIFEST
+        if local.is_file() and manifest_digest(local.read_bytes()) == entry.sha256:
+            continue
+        try:
+            body = client.get(entry.name, MANIFEST)
+        except NotFound:
+            body = b""
+        if manifest_digest(body) != entry.sha256:
+            raise PackFormatError(
+                f"{client.url.child(entry.name, MANIFEST)}: does not match the SHA-256 the "
+                "index gives; the set in the bucket is damaged"
+            )
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, local)
+    tmp = staging / (INDEX + ".part")
+    tmp.write_bytes(data)
+    os.replace(tmp, staging / INDEX)
+
+
+def build_to_bucket(
+    src: str | os.PathLike[str],
+    url: str,
+    config: BuildConfig,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> BuildResult:
+    """Build the pack set at ``url`` (s3://, gs://, az://) from ``src``: see the module
+    docstring. ``config.shard_size`` is required (a URL holds sets only). Returns the
+    result of the whole set; ``extra`` counts ``shards_uploaded`` and
+    ``shards_already_there``."""
+    u = parse_url(url)
+    if config.engine != "local":
+        raise UsageError(
+            f"{u}: --engine {config.engine} builds into a folder every node writes; a bucket "
+            "is built by the local engine for now (drop --engine, or build to a shared "
+            "folder and upload it)"
+        )
+    if config.shard_size is None and not config.append:
+        raise UsageError(
+            f"{u}: object storage holds pack sets; give --shard-size (e.g. --shard-size 256MB)"
+        )
+    client = open_store(u)
+    try:
+        client.get(INDEX)
+        exists = True
+    except NotFound:
+        exists = False
+    if exists and not (config.append or config.overwrite):
+        raise InputError(
+            f"{u}: a pack set already exists; pass --append to add SRC's new images or "
+            "--overwrite to rebuild it"
+        )
+    if config.append and not exists:
+        raise UsageError(f"--append: {u} holds no pack set; build one first (without --append)")
+    staging = _staging(client)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if config.append:
+        _fetch_manifests(client, staging)
+        local = config
+    else:
+        # the staging folder is this build's own: a leftover of a killed run is resumed
+        local = replace(config, overwrite=True)
+    sink = BucketSink(client)
+    result = build_set(src, staging, local, progress=progress, on_start=on_start, sink=sink)
+    index = (staging / INDEX).read_bytes()
+    client.put(index, INDEX)  # the commit point, last
+    _reached("index uploaded")
+    names = {e["name"] for e in loads_json(index)["shards"]}
+    for key in client.list():
+        first = key.split("/", 1)[0]
+        if _SHARD_DIR.fullmatch(first) and first not in names:
+            client.delete(key)
+    shutil.rmtree(staging.parent, ignore_errors=True)
+    result.path = str(u)  # type: ignore[assignment]
+    result.extra = {
+        **result.extra,
+        "shards_uploaded": sink.uploaded,
+        "shards_already_there": sink.skipped,
+    }
+    return result

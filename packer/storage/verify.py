@@ -1,0 +1,84 @@
+"""Checks of downloaded shard files against the shard's manifest (already checked
+against the index's SHA-256): the big data file block by block before it is renamed
+into place, and the small files (labels, targets, the JPEG index files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..pack.kinds import kind_of
+from ..pack.schema import (
+    DATA_DIR,
+    LABELS_FILE,
+    LENGTHS_FILE,
+    MANIFEST,
+    OFFSETS_FILE,
+    SIZES_FILE,
+    TARGETS_FILE,
+    FieldSpec,
+    Manifest,
+)
+from ..pack.writer import digest, hash_blocks
+
+
+def big_field(m: Manifest) -> FieldSpec:
+    """The field of a shard fetched on demand: the kind's data (images or JPEG bytes)."""
+    return kind_of(m).fields(m)[0]
+
+
+def small_files(m: Manifest) -> list[str]:
+    """A shard's files (relative paths) fetched when its set is opened, the manifest
+    last: tensordict's two meta.json files and every field file but the big one."""
+    fields = [f"{DATA_DIR}/{f.file}" for f in m.fields[1:]]
+    return ["meta.json", f"{DATA_DIR}/meta.json", *fields, MANIFEST]
+
+
+def check_small_file(rel: str, data: bytes, m: Manifest, shard: Path) -> str | None:
+    """What is wrong with ``data`` as the shard's file ``rel``, or None. Labels and
+    targets against their SHA-256; the JPEG index files (hashed together in the
+    manifest) are checked once all three are there (``shard`` holds the others)."""
+    ck = m.checksums
+    name = rel.rsplit("/", 1)[-1]
+    if name == LABELS_FILE and digest(data) != ck.labels:
+        return "labels do not match the manifest's SHA-256"
+    if name == TARGETS_FILE and digest(data) != ck.targets:
+        return "targets do not match the manifest's SHA-256"
+    return None
+
+
+def check_jpeg_index(shard: Path, m: Manifest) -> str | None:
+    """The three JPEG index files in ``shard`` against the manifest's SHA-256."""
+    parts = [(shard / DATA_DIR / f).read_bytes() for f in (OFFSETS_FILE, LENGTHS_FILE, SIZES_FILE)]
+    if digest(b"".join(parts)) != m.checksums.index:
+        return "offsets/lengths/sizes do not match the manifest's SHA-256"
+    return None
+
+
+def check_big_file(path: Path, m: Manifest, shard: Path) -> str | None:
+    """What is wrong with ``path`` as the shard's big data file, or None: its size, then
+    the SHA-256 of every block of ``block_rows`` images (the JPEG block ranges come from
+    the shard's lengths file, checked when the set was opened)."""
+    spec = big_field(m)
+    want_size = (m.count if spec.rows is None else spec.rows) * spec.row_bytes
+    size = path.stat().st_size
+    if size != want_size:
+        return f"{size:,} bytes where the manifest says {want_size:,} (truncated)"
+    ck = m.checksums
+    block, want = ck.block_rows, list(ck.images)
+    if m.storage == "raw":
+        got = hash_blocks(path, m.image_bytes * block, len(want))
+    else:
+        lengths = np.fromfile(shard / DATA_DIR / LENGTHS_FILE, dtype="<i8")
+        ends = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        got = []
+        with open(path, "rb") as f:
+            for b in range(len(want)):
+                lo, hi = b * block, min(m.count, (b + 1) * block)
+                f.seek(int(ends[lo]))
+                got.append(digest(f.read(int(ends[hi] - ends[lo]))))
+    bad = [b for b, (x, y) in enumerate(zip(got, want)) if x != y]
+    if len(got) != len(want) or bad:
+        return f"checksum mismatch in {len(bad)} of {len(want)} blocks"
+    return None
