@@ -9,7 +9,10 @@ Data flow::
 
 So the set is byte-identical to ``imgpack build SRC DST --shard-size ...`` on one
 machine. SRC must be a folder every node reads at the same path (shard names hash
-SRC's absolute path), DST a folder every node writes (a shared file system).
+SRC's absolute path), DST a folder every node writes (a shared file system), or an
+object-store URL: then each task builds its shard in a node-local temporary folder
+and uploads it itself, with its node's credentials, and the driver fetches the
+manifests for the index (:mod:`packer.build.upload`).
 
 Retries: a task whose worker or node dies is run again by Ray (``max_retries``), and
 so is one that raised OSError (a shared file system's hiccup); the retry resumes the
@@ -37,7 +40,7 @@ from typing import Any
 from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
 from . import shards
 from .config import BuildConfig
-from .shards import SetPlan, ShardOutcome, commit_shard
+from .shards import SetPlan, ShardOutcome, ShardSink, commit_shard
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +75,24 @@ def cluster_device(config: BuildConfig) -> Any:
     return torch.device("cuda")  # each task sees the GPU Ray gave it as cuda:0
 
 
-def _shard_task(src: str, dst: str, name: str, part: Any, config: BuildConfig) -> dict[str, Any]:
-    """One Ray task: build shard ``name`` and put it in place; where and how long."""
+def _shard_task(
+    src: str, dst: str, name: str, part: Any, config: BuildConfig, url: str | None = None
+) -> dict[str, Any]:
+    """One Ray task: build shard ``name`` and put it in place (``url``: upload it there
+    from a node-local folder instead); where and how long."""
     import ray
 
     t = time.perf_counter()
-    outcome = commit_shard(Path(src), Path(dst), name, part, config)
+    uploaded = False
+    if url is None:
+        outcome = commit_shard(Path(src), Path(dst), name, part, config)
+    else:
+        from .upload import build_and_upload
+
+        outcome, uploaded = build_and_upload(Path(src), url, name, part, config)
     return {
         "outcome": outcome,
+        "uploaded": uploaded,
         "node": ray.get_runtime_context().get_node_id(),
         "pid": os.getpid(),
         "seconds": round(time.perf_counter() - t, 3),
@@ -173,16 +186,24 @@ def run_ray(
     sp: SetPlan,
     progress: Callable[[int], None] | None,
     on_shard: Callable[[int, int], None] | None = None,
+    sink: ShardSink | None = None,
 ) -> tuple[list[ShardOutcome], dict[str, Any]]:
     """Build the shards of ``sp`` not yet in place, one Ray task each, on the cluster at
     ``sp.config.ray_address``. ``progress(n)``: n more images, once a shard is in place;
-    ``on_shard(done, total)``: shards in place, after each.
+    ``on_shard(done, total)``: shards in place, after each. ``sink``: where the shards
+    go; with a ``sink.url`` each task uploads its own (``sink.sent`` once it has).
     Returns each shard's outcome and, for the result's ``per_shard``, where each ran."""
     # Ray's driver prints cluster events (a node marked dead, a task retried with its
     # traceback) on stdout from a thread of its own: into the log while the build runs
     # (INFO: shown without -q), so `--json` stays one object and a retry is no traceback
     with contextlib.redirect_stdout(_LogLines()):
-        return _run(sp, progress, on_shard)
+        outcomes, extra = _run(sp, progress, on_shard, sink)
+    if sink is not None and sink.url is None:  # in DST: the driver sends them on
+        failed = {o.name for o in outcomes if o.failed}
+        for name, _, _ in sp.shards:
+            if name not in failed:
+                sink.put(sp.dst / name)
+    return outcomes, extra
 
 
 class _LogLines(io.TextIOBase):
@@ -199,8 +220,10 @@ def _run(
     sp: SetPlan,
     progress: Callable[[int], None] | None,
     on_shard: Callable[[int, int], None] | None,
+    sink: ShardSink | None,
 ) -> tuple[list[ShardOutcome], dict[str, Any]]:
     ray = import_ray()
+    url = sink.url if sink is not None else None
     opened = _connect(ray, sp.config.ray_address)
     cpus = sp.config.workers or 1
     cfg = replace(sp.shard_config, workers=cpus, engine="local", ray_address=None)
@@ -226,7 +249,7 @@ def _run(
             root = Path(os.path.abspath(part.scan.root))
             part = replace(part, scan=replace(part.scan, root=root))
             ref = task.options(name=f"imgpack-shard-{name}", **resources).remote(
-                src, str(sp.dst), name, part, cfg
+                src, str(sp.dst), name, part, cfg, url
             )
             refs[ref] = k
     outcomes: list[ShardOutcome] = []
@@ -242,7 +265,14 @@ def _run(
                 except ray.exceptions.RayError as e:
                     _cancel(ray, pending)
                     raise _failure(ray, sp, k, e) from e
-                outcomes.append(res["outcome"])
+                outcome = res["outcome"]
+                if url is not None and not outcome.failed:
+                    try:
+                        sink.sent(sp.dst / outcome.name, res["uploaded"])  # type: ignore[union-attr]
+                    except PackerError:
+                        _cancel(ray, pending)
+                        raise
+                outcomes.append(outcome)
                 where[res["outcome"].name] = {
                     "node": res["node"],
                     "pid": res["pid"],

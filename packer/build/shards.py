@@ -125,6 +125,14 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
 class ShardSink:
     """Where a set build sends each shard once it is in place (see build_set)."""
 
+    #: ``--engine ray``: the object-store URL each task uploads its own shard to (built
+    #: in a node-local folder), or None: the shards are in DST and :meth:`put` sends them
+    url: str | None = None
+
+    def sent(self, path: Path, uploaded: bool) -> None:
+        """A task sent shard ``path.name`` itself (``uploaded``: False if it was there
+        already): bring what the index needs of it (its manifest) into ``path``."""
+
     def holds(self, path: Path) -> bool:
         """Whether the shard whose local folder is ``path`` (its manifest at least) is
         already there, whole: the build keeps it without building it again."""
@@ -539,12 +547,7 @@ def _build_set_locked(
     if config.engine == "ray":
         from .ray_engine import run_ray
 
-        outcomes, extra = run_ray(sp, progress, on_shard)
-        if sink is not None:  # uploaded by the driver once the cluster built them
-            failed = {o.name for o in outcomes if o.failed}
-            for name, _, _ in sp.shards:
-                if name not in failed:
-                    sink.put(sp.dst / name)
+        outcomes, extra = run_ray(sp, progress, on_shard, sink)
     else:
         outcomes, extra = _run_local(sp, progress, on_shard, sink), {}
     return finish_set(sp, outcomes, t0, extra)

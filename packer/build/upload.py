@@ -14,6 +14,16 @@ shards built but not uploaded are uploaded. ``--append`` reads the bucket's inde
 the manifests of its shards, builds SRC's new images as new shards and swaps the index.
 Once the new index is up, objects of shards it does not name (an older build's) are
 deleted. The staging folder is removed after a build that completed.
+
+``--engine ray``: each task builds its shard in a node-local temporary folder (the same
+:func:`~packer.build.shards.commit_shard`, so the same bytes) and uploads it itself with
+the same :class:`BucketSink` (:func:`build_and_upload`), opening the store from the URL
+and its node's own AWS environment: no credential travels in a task's arguments. The
+driver plans with :class:`ClusterSink`: a shard whose manifest is in the bucket under its
+name is done (the name hashes everything its bytes depend on, and the manifest goes up
+last); it fetches the manifest of each shard a task sent, writes the index from them
+and uploads it last, as above. So the bucket holds the same objects as the local
+engine's build, and a rerun builds and uploads only the shards the bucket lacks.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -34,8 +45,8 @@ from ..storage.cache import default_cache_dir
 from ..storage.client import NotFound, ObjectStore, open_store
 from ..storage.remote import read_remote_index
 from ..storage.url import parse_url
-from .config import BuildConfig, BuildResult
-from .shards import ShardSink, build_set
+from .config import BuildConfig, BuildResult, _Labels
+from .shards import ShardOutcome, ShardSink, build_set, commit_shard
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +95,69 @@ class BucketSink(ShardSink):
         big.unlink(missing_ok=True)  # the staging folder keeps the small files only
 
 
+class ClusterSink(BucketSink):
+    """The driver's sink of an ``--engine ray`` build into a bucket: the tasks upload
+    (:attr:`url`); this one finds the shards already there and fetches the manifests
+    of those the tasks sent, for the index."""
+
+    def __init__(self, client: ObjectStore) -> None:
+        super().__init__(client)
+        self.url = str(client.url)
+
+    def _keep(self, path: Path) -> bool:
+        """The bucket's manifest of shard ``path.name`` into ``path`` if it is there and
+        valid; whether it was."""
+        body = self._remote_manifest(path.name)
+        if body is None:
+            return False
+        try:
+            Manifest.from_json(loads_json(body), where=self.client.url.child(path.name, MANIFEST))
+        except PackFormatError as e:
+            log.warning("%s; building that shard again", e)
+            return False
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / (MANIFEST + ".part")
+        tmp.write_bytes(body)
+        os.replace(tmp, path / MANIFEST)
+        return True
+
+    def holds(self, path: Path) -> bool:
+        # by name, not by comparing bytes: the driver builds nothing to compare with
+        if not self._keep(path):
+            return False
+        self.skipped += 1
+        return True
+
+    def put(self, path: Path) -> None:
+        raise AssertionError("the tasks of a cluster build upload their shards themselves")
+
+    def sent(self, path: Path, uploaded: bool) -> None:
+        if not self._keep(path):
+            raise PackFormatError(
+                f"{self.client.url.child(path.name, MANIFEST)}: its task reported the shard "
+                "uploaded, but the bucket does not hold its manifest; run the same command again"
+            )
+        if uploaded:
+            self.uploaded += 1
+        else:
+            self.skipped += 1
+
+
+def build_and_upload(
+    src: Path, url: str, name: str, part: _Labels, config: BuildConfig
+) -> tuple[ShardOutcome, bool]:
+    """One Ray task of a build into a bucket: shard ``name`` built from ``part`` in a
+    node-local temporary folder and uploaded to ``url`` with this node's credentials.
+    Returns the outcome and whether it uploaded (False: the bucket held the same
+    manifest already, as after a retry of a task whose upload had completed)."""
+    sink = BucketSink(open_store(parse_url(url)))
+    with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as tmp:
+        outcome = commit_shard(src, Path(tmp), name, part, config)
+        if not outcome.failed:
+            sink.put(Path(tmp) / name)
+    return outcome, sink.uploaded > 0
+
+
 def _staging(client: ObjectStore) -> Path:
     """The build's staging set folder: ``<cache>/builds/<hash of URL and endpoint>/set``."""
     return default_cache_dir() / "builds" / client.url.cache_key(client.endpoint) / "set"
@@ -128,12 +202,6 @@ def build_to_bucket(
     result of the whole set; ``extra`` counts ``shards_uploaded`` and
     ``shards_already_there``."""
     u = parse_url(url)
-    if config.engine != "local":
-        raise UsageError(
-            f"{u}: --engine {config.engine} builds into a folder every node writes; a bucket "
-            "is built by the local engine for now (drop --engine, or build to a shared "
-            "folder and upload it)"
-        )
     if config.shard_size is None and not config.append:
         raise UsageError(
             f"{u}: object storage holds pack sets; give --shard-size (e.g. --shard-size 256MB)"
@@ -159,7 +227,7 @@ def build_to_bucket(
     else:
         # the staging folder is this build's own: a leftover of a killed run is resumed
         local = replace(config, overwrite=True)
-    sink = BucketSink(client)
+    sink = ClusterSink(client) if config.engine == "ray" else BucketSink(client)
     result = build_set(src, staging, local, progress=progress, on_start=on_start, sink=sink)
     index = (staging / INDEX).read_bytes()
     client.put(index, INDEX)  # the commit point, last
