@@ -9,7 +9,9 @@ Data flow::
 
 So the set is byte-identical to ``imgpack build SRC DST --shard-size ...`` on one
 machine. SRC must be a folder every node reads at the same path (shard names hash
-SRC's absolute path), DST a folder every node writes (a shared file system), or an
+SRC's absolute path) or an object-store prefix of images, listed once by the driver
+(:func:`packer.build.upload.plan_bucket`; each task downloads its shard's images into a
+node-local folder), DST a folder every node writes (a shared file system), or an
 object-store URL: then each task builds its shard in a node-local temporary folder
 and uploads it itself, with its node's credentials, and the driver fetches the
 manifests for the index (:mod:`packer.build.upload`).
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
+from ..sources.scan import Scan
 from . import shards
 from .config import BuildConfig
 from .shards import SetPlan, ShardOutcome, ShardSink, commit_shard
@@ -79,17 +82,26 @@ def _shard_task(
     src: str, dst: str, name: str, part: Any, config: BuildConfig, url: str | None = None
 ) -> dict[str, Any]:
     """One Ray task: build shard ``name`` and put it in place (``url``: upload it there
-    from a node-local folder instead); where and how long."""
+    from a node-local folder instead; ``src`` a bucket URL: download the shard's images
+    into a node-local folder first); where and how long."""
     import ray
+
+    from ..storage.url import is_url
 
     t = time.perf_counter()
     uploaded = False
-    if url is None:
-        outcome = commit_shard(Path(src), Path(dst), name, part, config)
-    else:
+    bucket_src = is_url(src)  # (an absolute path never is one)
+    if url is not None:
         from .upload import build_and_upload
 
-        outcome, uploaded = build_and_upload(Path(src), url, name, part, config)
+        where: Path | str = src if bucket_src else Path(src)
+        outcome, uploaded = build_and_upload(where, url, name, part, config)
+    elif bucket_src:
+        from .upload import build_from_bucket
+
+        outcome = build_from_bucket(src, Path(dst), name, part, config)
+    else:
+        outcome = commit_shard(Path(src), Path(dst), name, part, config)
     return {
         "outcome": outcome,
         "uploaded": uploaded,
@@ -241,13 +253,19 @@ def _run(
         "max_retries": MAX_RETRIES,
         "retry_exceptions": [OSError],
     }
-    src = os.path.abspath(sp.src)  # a task's working folder is not the driver's
+    bucket_src = isinstance(sp.src, str)  # a bucket of images: the tasks download them
+    src = str(sp.src) if bucket_src else os.path.abspath(sp.src)  # (not the tasks' folder)
     refs: dict[Any, int] = {}
     for k, (name, _a, _b) in enumerate(sp.shards):
         if name not in sp.done:
             part = sp.part(k)
-            root = Path(os.path.abspath(part.scan.root))
-            part = replace(part, scan=replace(part.scan, root=root))
+            if bucket_src:  # the shard's entries only, not the whole listing's stamps
+                scan = Scan(
+                    root=part.scan.root, classes=part.scan.classes, entries=part.scan.entries
+                )
+            else:
+                scan = replace(part.scan, root=Path(os.path.abspath(part.scan.root)))
+            part = replace(part, scan=scan)
             ref = task.options(name=f"imgpack-shard-{name}", **resources).remote(
                 src, str(sp.dst), name, part, cfg, url
             )

@@ -39,6 +39,7 @@ removing images from a set is not offered (build a new set).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -165,6 +166,11 @@ def set_options(config: BuildConfig, device: Any) -> dict[str, Any]:
 def _stats(scan: Scan) -> list[tuple[int, str]]:
     """(size in bytes, "size:mtime_ns" stamp) of each entry; a file gone since the scan
     counts 0 bytes and is skipped by its shard's build."""
+    objects = getattr(scan, "objects", None)
+    if objects is not None:  # a bucket's listing (packer.sources.bucket): size and ETag
+        return [
+            (objects[e.rel][0], f"{objects[e.rel][0]}:{objects[e.rel][1]}") for e in scan.entries
+        ]
     out = []
     root = str(scan.root)
     for e in scan.entries:
@@ -203,7 +209,7 @@ def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[st
         __version__,
         options,
         plan.scan.classes,
-        str(plan.scan.root.resolve()),
+        getattr(plan.scan, "url", None) or str(plan.scan.root.resolve()),
         plan.class_map,
         plan.table,
         plan.table_sha256,
@@ -219,7 +225,7 @@ def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[st
 
 def _slice(plan: _Labels, a: int, b: int) -> _Labels:
     """The part of ``plan`` a shard packs: the same class map, no set-wide skips."""
-    scan = Scan(root=plan.scan.root, classes=plan.scan.classes, entries=plan.scan.entries[a:b])
+    scan = replace(plan.scan, entries=plan.scan.entries[a:b], skipped=[])
     targets = None if plan.targets is None else plan.targets[a:b]
     return replace(plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True)
 
@@ -238,6 +244,11 @@ def _complete(path: Path) -> bool:
 def _check_destination(src: Path, dst: Path, config: BuildConfig) -> None:
     """Refuse a set destination that would lose data or nest the set inside its source."""
     check_not_nested(src, dst, "set")
+    _check_set_destination(dst, config)
+
+
+def _check_set_destination(dst: Path, config: BuildConfig) -> None:
+    """Refuse a set destination that would lose data."""
     if not (dst.exists() or dst.is_symlink()):
         if config.append:
             raise UsageError(
@@ -373,14 +384,24 @@ def build_set(
     else:
         device = _build_device(config)
     given = Path(dst)
-    src, dst = Path(src), Path(os.path.abspath(dst))
+    dst = Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)
-    plan = plan_labels(src, config)
-    _check_destination(src, dst, config)
+    if isinstance(src, str) and "://" in src:  # a bucket of images (packer.build.upload)
+        from ..storage.url import parse_url
+        from .upload import plan_bucket
+
+        src = str(parse_url(src))  # stays the URL (SetPlan.src), written one way
+        plan = plan_bucket(src, config)
+        check = functools.partial(_check_set_destination, dst, config)
+    else:
+        src = Path(src)
+        plan = plan_labels(src, config)
+        check = functools.partial(_check_destination, src, dst, config)
+    check()
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with dest_lock(dst):
-            _check_destination(src, dst, config)  # again, now that we hold the lock
+            check()  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
             result = _build_set_locked(
                 src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0, sink
@@ -406,7 +427,7 @@ class SetPlan:
     where each shard starts and ends, its name, and which shards are already in place.
     Every engine (local, :mod:`packer.build.ray_engine`) builds from one."""
 
-    src: Path
+    src: Path  # or an object-store URL (str) of images: --engine ray
     dst: Path
     plan: _Labels
     config: BuildConfig

@@ -38,9 +38,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError, PackFormatError, UsageError
-from ..pack.files import loads_json
+from ..pack.files import loads_json, read_manifest, write_json_atomic
 from ..pack.index import INDEX, manifest_digest
+from ..pack.reader import read_class_map
 from ..pack.schema import DATA_DIR, MANIFEST, Manifest
+from ..sources.bucket import bucket_scan
+from ..sources.classes import apply_class_map, resolve_classes
+from ..sources.labels import apply_table
+from ..sources.scan import Scan
+from ..sources.tables import read_table
 from ..storage.cache import default_cache_dir
 from ..storage.client import NotFound, ObjectStore, open_store
 from ..storage.remote import read_remote_index
@@ -143,19 +149,131 @@ class ClusterSink(BucketSink):
             self.skipped += 1
 
 
+def plan_bucket(src: str, config: BuildConfig) -> _Labels:
+    """The labelled images of a bucket SRC (``s3://bucket/images/``), listed once (keys,
+    sizes, ETags): class folders through the ``--classes`` map, or the rows of a
+    ``--labels`` table, as :func:`packer.build.plan.plan_labels` does for a folder.
+    UsageError unless ``config.engine`` is ``"ray"``."""
+    u = parse_url(src)
+    if config.engine != "ray":
+        raise UsageError(
+            f"SRC {u}: a bucket of images is built with --engine ray (each task downloads "
+            "its shard's images); add --engine ray, or copy the images to a folder"
+        )
+    listing = open_store(u).list_meta()
+    fixed = read_class_map(config.classes) if config.classes is not None else None
+    class_map = (
+        None
+        if config.classes is None
+        else config.classes
+        if isinstance(config.classes, str)
+        else str(config.classes.resolve())
+    )
+    if config.labels is None:
+        scan = bucket_scan(str(u), listing)
+        classes, new = resolve_classes(
+            scan.classes, fixed, config.allow_new_classes, map_source=config.classes
+        )
+        if new:
+            log.warning("classes not in %s, appended at the end: %s", config.classes, new)
+        mapped = apply_class_map(scan, classes)
+        scan = replace(scan, classes=mapped.classes, entries=mapped.entries)
+        return _Labels(scan=scan, new_classes=new, class_map=class_map)
+    table = read_table(
+        config.labels,
+        targets=config.targets,
+        classes=fixed,
+        allow_new_classes=config.allow_new_classes,
+    )
+    found = bucket_scan(str(u), listing, tree=False)
+    match = apply_table(table, [e.rel for e in found.entries])
+    if not match.entries:
+        raise InputError(
+            f"{config.labels}: none of its {len(table)} rows names an image under {u} "
+            f"(first: {match.missing[0][0]!r}); paths are relative to SRC, check SRC and "
+            "the table"
+        )
+    if match.ignored:
+        log.info("%d image(s) under %s have no row in %s; ignored", match.ignored, u, config.labels)
+    missing = [{"path": rel, "reason": reason} for rel, reason in match.missing]
+    scan = replace(found, classes=list(match.classes), entries=match.entries, skipped=missing)
+    return _Labels(
+        scan=scan,
+        targets=match.targets,
+        target_names=tuple(table.target_names),
+        new_classes=list(match.new_classes),
+        ignored=match.ignored,
+        missing_rows=match.missing_count,
+        class_map=class_map,
+        table=str(config.labels.resolve()),
+        table_sha256=table.sha256,
+    )
+
+
+def _download(src: str, part: _Labels, folder: Path) -> _Labels:
+    """The images of ``part`` from the bucket ``src`` into ``folder`` (at their relative
+    paths); ``part`` reading them from there."""
+    client = open_store(parse_url(src))
+    for e in part.scan.entries:
+        path = folder / e.rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        client.download(path, *e.rel.split("/"))
+    scan = Scan(root=folder, classes=part.scan.classes, entries=part.scan.entries)
+    return replace(part, scan=scan)
+
+
 def build_and_upload(
-    src: Path, url: str, name: str, part: _Labels, config: BuildConfig
+    src: Path | str, url: str, name: str, part: _Labels, config: BuildConfig
 ) -> tuple[ShardOutcome, bool]:
     """One Ray task of a build into a bucket: shard ``name`` built from ``part`` in a
     node-local temporary folder and uploaded to ``url`` with this node's credentials.
+    ``src`` may be a bucket URL: the shard's images are downloaded first, and the
+    manifest names ``src`` as its source (not the temporary folder).
     Returns the outcome and whether it uploaded (False: the bucket held the same
     manifest already, as after a retry of a task whose upload had completed)."""
     sink = BucketSink(open_store(parse_url(url)))
     with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as tmp:
-        outcome = commit_shard(src, Path(tmp), name, part, config)
+        outcome = _build_here(src, Path(tmp), name, part, config)
         if not outcome.failed:
-            sink.put(Path(tmp) / name)
+            sink.put(Path(tmp) / "set" / name)
     return outcome, sink.uploaded > 0
+
+
+def build_from_bucket(
+    src: str, dst: Path, name: str, part: _Labels, config: BuildConfig
+) -> ShardOutcome:
+    """One Ray task of a build from a bucket into a shared folder: the shard's images
+    downloaded into a node-local temporary folder, the shard built in place at ``dst``."""
+    with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as tmp:
+        local = _download(src, part, Path(tmp) / "src")
+        outcome = commit_shard(Path(tmp) / "src", dst, name, local, config)
+        if outcome.built:
+            _name_source(dst / name, src)
+    return outcome
+
+
+def _build_here(
+    src: Path | str, tmp: Path, name: str, part: _Labels, config: BuildConfig
+) -> ShardOutcome:
+    out = tmp / "set"
+    out.mkdir()
+    if isinstance(src, str):
+        local = _download(src, part, tmp / "src")
+        outcome = commit_shard(tmp / "src", out, name, local, config)
+        if outcome.built:
+            _name_source(out / name, src)
+        return outcome
+    return commit_shard(src, out, name, part, config)
+
+
+def _name_source(path: Path, src: str) -> None:
+    """The manifest of the shard at ``path`` records the bucket ``src`` as where its images
+    came from, not the temporary folder they were read from (so its bytes depend on its
+    inputs only)."""
+    m = read_manifest(path)
+    if m.build.source_root != src:
+        m = replace(m, build=replace(m.build, source_root=src))
+        write_json_atomic(path / MANIFEST, m.to_json())
 
 
 def _staging(client: ObjectStore) -> Path:

@@ -301,6 +301,22 @@ class ObjectStore:
         cut = len(base) + 1 if base else 0
         return [k[cut:] for k in keys]
 
+    def list_meta(self, *parts: str) -> list[tuple[str, int, str]]:
+        """``(key, size, ETag)`` of each object under ``parts``, keys relative to the
+        URL's prefix (an ETag the server gave none of: "")."""
+        key = self.url.key(*parts)
+        base = self.url.key()
+
+        def once() -> list[tuple[str, int, str]]:
+            out = []
+            for batch in self._obs.list(self._store, prefix=key + "/" if key else None):
+                out.extend((o["path"], int(o["size"]), str(o.get("e_tag") or "")) for o in batch)
+            return out
+
+        found = self._call(key, "list it", once)
+        cut = len(base) + 1 if base else 0
+        return [(k[cut:], size, etag) for k, size, etag in found]
+
     def delete(self, *parts: str) -> None:
         key = self.url.key(*parts)
         try:

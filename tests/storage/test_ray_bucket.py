@@ -5,6 +5,8 @@ builds and uploads only what the bucket lacks."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +16,9 @@ import pytest
 import s3_server as fx
 from s3_server import RAW, bucket_path, new_url, write_src
 
+from conftest import write_image
 from packer.build.run import build
+from packer.errors import UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST
 from packer.storage.client import open_store
@@ -97,3 +101,70 @@ def test_ray_rerun_uploads_nothing_new_and_a_killed_run_resumes(
     assert r.extra["shards_already_there"] == 5
     assert objects(s3, url) == objects(s3, ref)
     assert not list((tmp_path / "cache" / "builds").glob("*"))  # the staging folder went
+
+
+def upload_tree(root: Path, url: str) -> None:
+    client = open_store(parse_url(url))
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            client.put(p, *p.relative_to(root).parts)
+
+
+def same_set(local: dict[str, bytes], remote: dict[str, bytes], source: str) -> None:
+    """Two sets of the same images: the same shards in the same order, each with the same
+    data files and manifest but the recorded source; only the names differ (they hash
+    where the images came from)."""
+    index = [json.loads(t[INDEX]) for t in (local, remote)]
+    names = [[s["name"] for s in i["shards"]] for i in index]
+    assert len(names[0]) == len(names[1]) >= 3 and names[0] != names[1]
+    for i in index:
+        for s in i["shards"]:
+            del s["name"], s["sha256"]
+    assert index[0] == index[1]
+    for a, b in zip(*names):
+        files = {k.split("/", 1)[1] for k in local if k.startswith(a + "/")}
+        assert files == {k.split("/", 1)[1] for k in remote if k.startswith(b + "/")}
+        for f in files - {MANIFEST}:
+            assert local[f"{a}/{f}"] == remote[f"{b}/{f}"], f
+        ma, mb = (json.loads(t[f"{n}/{MANIFEST}"]) for t, n in ((local, a), (remote, b)))
+        assert mb["build"].pop("source_root") == source
+        ma["build"].pop("source_root")
+        assert ma == mb
+
+
+def tree_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("how", ["folders-raw", "table-jpeg"])
+def test_ray_build_from_a_bucket_src_equals_the_build_from_the_files_on_disk(
+    nodes_env: Any, s3: S3Server, src: Path, tmp_path: Path, how: str
+) -> None:
+    write_image(src / "dog" / "deep" / "er" / "x.png", (24, 18), seed=7)  # any depth
+    write_image(src / "loose.png", (24, 18), seed=8)  # in the root: not in ImageFolder
+    (src / "cat" / "notes.txt").write_text("not an image")
+    images = f"s3://{fx.BUCKET}/images/{uuid.uuid4().hex[:12]}"
+    upload_tree(src, images)
+    cfg = replace(RAW, classes=None)
+    if how == "table-jpeg":
+        rows = [f"{c}/{i}.png,{c}" for c in ("cat", "dog") for i in range(6)]
+        table = tmp_path / "labels.csv"
+        table.write_text("path,label\n" + "\n".join([*rows[1:], "loose.png,bird"]) + "\n")
+        cfg = replace(RAW, labels=table, store="jpeg", shard_size=1500)
+    disk = build(src, tmp_path / "disk", cfg)
+    url = new_url()
+    r = build(images + "/", url, replace(cfg, engine="ray"))
+    assert r.count == disk.count == (13 if how == "folders-raw" else 12)
+    assert r.classes == disk.classes and r.ignored == disk.ignored
+    same_set(tree_of(tmp_path / "disk"), objects(s3, url), images)
+    # the same into a shared folder; a rerun builds nothing (names from sizes and ETags)
+    r = build(images, tmp_path / "ray", replace(cfg, engine="ray"))
+    assert r.extra["shards_built"] == r.shards
+    same_set(tree_of(tmp_path / "disk"), tree_of(tmp_path / "ray"), images)
+    again = build(images, tmp_path / "ray", replace(cfg, engine="ray", overwrite=True))
+    assert again.extra["shards_built"] == 0 and again.extra["shards_kept"] == r.shards
+
+
+def test_a_bucket_src_needs_the_ray_engine(s3: S3Server, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"SRC s3://imgpack/images: a bucket of images is built"):
+        build(f"s3://{fx.BUCKET}/images", tmp_path / "set", RAW)
