@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
-from ..sources.scan import Scan
 from . import shards
 from .config import BuildConfig
 from .shards import SetPlan, ShardOutcome, ShardSink, commit_shard
@@ -259,10 +258,10 @@ def _run(
     for k, (name, _a, _b) in enumerate(sp.shards):
         if name not in sp.done:
             part = sp.part(k)
-            if bucket_src:  # the shard's entries only, not the whole listing's stamps
-                scan = Scan(
-                    root=part.scan.root, classes=part.scan.classes, entries=part.scan.entries
-                )
+            if bucket_src:  # the ETags of the shard's images only, not the whole listing's
+                objects = part.scan.objects  # type: ignore[attr-defined]
+                mine = {e.rel: objects[e.rel] for e in part.scan.entries}
+                scan = replace(part.scan, objects=mine)
             else:
                 scan = replace(part.scan, root=Path(os.path.abspath(part.scan.root)))
             part = replace(part, scan=scan)

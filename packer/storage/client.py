@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import DiskFullError, StorageError, UsageError
+from ..errors import DiskFullError, InputError, StorageError, UsageError
 from .url import StorageURL
 
 CONNECT_TIMEOUT = "5s"
@@ -245,14 +245,35 @@ class ObjectStore:
             return None
 
     def download(
-        self, path: Path, *parts: str, progress: Callable[[int], None] | None = None
+        self,
+        path: Path,
+        *parts: str,
+        progress: Callable[[int], None] | None = None,
+        etag: str | None = None,
     ) -> int:
         """Stream the object into the new file ``path`` (created, truncated on each try,
-        fsynced); returns its size. DiskFullError for a full disk (never retried)."""
+        fsynced); returns its size. DiskFullError for a full disk (never retried).
+        ``etag``: the object must still have this ETag (as listed), else InputError."""
         key = self.url.key(*parts)
 
         def once() -> int:
-            result = self._obs.get(self._store, key)
+            from obstore import exceptions as ox
+
+            want = etag.strip('"') if etag else None
+            changed = _LocalWriteError(  # final, as a local write error is: not retried
+                InputError(
+                    f"{self.url.scheme}://{self.url.bucket}/{key}: changed since it was "
+                    "listed; run the same command again (it lists the objects anew)"
+                )
+            )
+            try:
+                options = {"if_match": f'"{want}"'} if want else None
+                result = self._obs.get(self._store, key, options=options)
+            except ox.PreconditionError:
+                raise changed from None
+            got = str(result.meta.get("e_tag") or "").strip('"')
+            if want and got and got != want:  # a server that ignores If-Match
+                raise changed
             n = 0
             try:
                 with open(path, "wb") as f:

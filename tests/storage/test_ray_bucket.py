@@ -18,8 +18,9 @@ import s3_server as fx
 from s3_server import RAW, bucket_path, new_url, write_src
 
 from conftest import write_image
+from packer.build import upload
 from packer.build.run import build
-from packer.errors import UsageError
+from packer.errors import InputError, UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST
 from packer.storage.client import open_store
@@ -177,3 +178,29 @@ def test_ray_build_from_a_bucket_src_equals_the_build_from_the_files_on_disk(
 def test_a_bucket_src_needs_the_ray_engine(s3: S3Server, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"SRC s3://imgpack/images: a bucket of images is built"):
         build(f"s3://{fx.BUCKET}/images", tmp_path / "set", RAW)
+
+
+def test_an_image_changed_after_the_listing_is_refused_and_a_rerun_takes_it(
+    nodes_env: Any, s3: S3Server, src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = f"s3://{fx.BUCKET}/images/{uuid.uuid4().hex[:12]}"
+    upload_tree(src, images)
+    changed = write_image(tmp_path / "new.png", (20, 16), seed=99)
+    listed = upload.plan_bucket
+
+    def list_then_change(url: str, config: Any) -> Any:  # the driver listed; then a writer
+        plan = listed(url, config)
+        open_store(parse_url(images)).put(changed, "dog", "3.png")
+        return plan
+
+    monkeypatch.setattr(upload, "plan_bucket", list_then_change)
+    with pytest.raises(InputError, match=r"shard 00004-.*dog/3\.png: changed since it was listed"):
+        build(images, tmp_path / "set", replace(RAW, engine="ray"))
+    assert not (tmp_path / "set" / INDEX).exists()
+    monkeypatch.setattr(upload, "plan_bucket", listed)
+    r = build(images, tmp_path / "set", replace(RAW, engine="ray"))
+    (src / "dog" / "3.png").write_bytes(changed.read_bytes())
+    disk = build(src, tmp_path / "disk", RAW)
+    assert r.count == disk.count == 12 and r.per_shard[4]["status"] == "built"
+    assert r.extra["shards_kept"] + r.extra["shards_built"] == 6  # (those in place kept)
+    same_set(tree_of(tmp_path / "disk"), tree_of(tmp_path / "set"), images)
