@@ -52,7 +52,7 @@ from ..storage.client import NotFound, ObjectStore, open_store
 from ..storage.remote import read_remote_index
 from ..storage.url import parse_url
 from .config import BuildConfig, BuildResult, _Labels
-from .shards import ShardOutcome, ShardSink, build_set, commit_shard
+from .shards import ShardOutcome, ShardSink, _complete, build_set, commit_shard
 
 log = logging.getLogger(__name__)
 
@@ -245,12 +245,20 @@ def build_from_bucket(
     src: str, dst: Path, name: str, part: _Labels, config: BuildConfig
 ) -> ShardOutcome:
     """One Ray task of a build from a bucket into a shared folder: the shard's images
-    downloaded into a node-local temporary folder, the shard built in place at ``dst``."""
+    downloaded into a node-local temporary folder and built there (its manifest naming
+    ``src``), then copied beside ``dst/name`` and renamed into place whole."""
+    path = dst / name
+    if _complete(path):  # a retry of a task that died after the rename
+        return ShardOutcome(name, built=True)
     with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as tmp:
-        local = _download(src, part, Path(tmp) / "src")
-        outcome = commit_shard(Path(tmp) / "src", dst, name, local, config)
+        outcome = _build_here(src, Path(tmp), name, part, config)
         if outcome.built:
-            _name_source(dst / name, src)
+            partial = dst / f".{name}.imgpack-partial"  # removed by the set's clean-up
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(Path(tmp) / "set" / name, partial)
+            if path.is_dir():  # an incomplete one, left by a crash
+                shutil.rmtree(path)
+            os.replace(partial, path)
     return outcome
 
 
