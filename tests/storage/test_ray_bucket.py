@@ -20,7 +20,7 @@ from s3_server import RAW, bucket_path, new_url, write_src
 from conftest import write_image
 from packer.build import upload
 from packer.build.run import build
-from packer.errors import InputError, UsageError
+from packer.errors import InputError, StorageError, UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST
 from packer.storage.client import open_store
@@ -42,19 +42,22 @@ def shard_mtimes(server: S3Server, url: str) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in root.glob("*-*/**/*") if p.is_file()}
 
 
+def join(cluster: Any, env: dict[str, str] | None) -> None:
+    """This driver joins ``cluster`` again, its tasks seeing ``env`` (None: nothing more)."""
+    import ray
+
+    ray.shutdown()
+    kw: dict[str, Any] = {} if env is None else {"runtime_env": {"env_vars": env}}
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False, **kw)
+
+
 @pytest.fixture(scope="module")
 def nodes_env(ray_cluster: Any, s3_server: S3Server) -> Iterator[Any]:
     """The cluster's tasks see the S3 server's AWS environment, as on nodes started with
     it. The session's cluster starts before this server, so the driver joins it again
     with that environment as its job's (Ray's runtime_env: a test's stand-in for the
     nodes' own environment; imgpack passes no credential to a task); then as before."""
-    import ray
-
-    def join(**kw: Any) -> None:
-        ray.shutdown()
-        ray.init(address=ray_cluster.address, logging_level="ERROR", log_to_driver=False, **kw)
-
-    join(runtime_env={"env_vars": s3_server.env()})
+    join(ray_cluster, s3_server.env())
     if ray_cluster.worker is not None and ray_cluster.worker.poll() is not None:
         # killed by a test before (tests/build/test_ray_build.py, last there): until
         # Ray's health check marks it dead it still counts as alive, and a new worker
@@ -66,7 +69,7 @@ def nodes_env(ray_cluster: Any, s3_server: S3Server) -> Iterator[Any]:
     try:
         yield ray_cluster
     finally:
-        join()
+        join(ray_cluster, None)
         ray_cluster.warm()  # the job's workers are new: warm as the session's were
 
 
@@ -204,3 +207,19 @@ def test_an_image_changed_after_the_listing_is_refused_and_a_rerun_takes_it(
     assert r.count == disk.count == 12 and r.per_shard[4]["status"] == "built"
     assert r.extra["shards_kept"] + r.extra["shards_built"] == 6  # (those in place kept)
     same_set(tree_of(tmp_path / "disk"), tree_of(tmp_path / "set"), images)
+
+
+def test_a_task_uploads_with_its_nodes_credentials_never_the_drivers(
+    nodes_env: Any, s3: S3Server, src: Path
+) -> None:
+    # the driver holds the right secret, the nodes a wrong one: the tasks are refused
+    wrong = "imgpack-wrong-secret-on-the-nodes"
+    join(nodes_env, {**s3.env(), "AWS_SECRET_ACCESS_KEY": wrong})
+    try:
+        url = new_url()
+        with pytest.raises(StorageError, match=r"shard 0000\d-.*refused the credentials") as e:
+            build(src, url, replace(RAW, engine="ray"))
+        assert s3.secret not in str(e.value) and wrong not in str(e.value)
+        assert not (bucket_path(s3, url) / INDEX).exists()
+    finally:
+        join(nodes_env, s3.env())
