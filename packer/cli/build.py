@@ -21,7 +21,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 
 
 @click.command(cls=QualityHint)
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=click.Path())  # a str: a bucket SRC (s3://) keeps its "//"
 @click.argument("dst", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--size",
@@ -146,7 +146,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @handle_errors
 @sigterm_as_interrupt
 def build(
-    src: Path,
+    src: str,
     dst: str,
     size: tuple[int, int],
     resize: str,
