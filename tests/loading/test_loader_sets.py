@@ -357,3 +357,37 @@ def test_a_mixed_loader_resumes_mid_epoch_exactly(packs: dict[str, Path]) -> Non
     other = packer.PackLoader([one, s], 4, device="cpu", weights=(1, 1), seed=4)
     with pytest.raises(UsageError, match="streaming other rows"):
         other.load_state_dict(state)
+
+
+def test_a_unit_held_while_its_last_let_go_unmaps_stays_mapped(
+    packs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two passes over one fetched set (zip(loader, loader)): one lets go of a shard as the
+    other holds it. A hold that slipped between the let-go's count and its unmap left the
+    shard held but unmapped, and the next gather read an unmapped slot (a segfault)."""
+    import threading
+
+    from packer.loading.sets import Units
+
+    local = open_set(packs["set"])
+    store = _Fetching(packs["set"], tmp_path)
+    units = Units([PackSet(local.path, local.index, local.manifests, store)])
+    assert units.space is not None
+    units.hold(0)
+    unmap = units.space.unmap
+    other = threading.Thread(target=units.hold, args=(0,))
+
+    def unmap_as_another_pass_holds(k: int) -> None:
+        other.start()
+        other.join(timeout=0.2)  # the buggy code let it finish here; a fixed one blocks it
+        unmap(k)
+
+    units.space.unmap = unmap_as_another_pass_holds  # type: ignore[method-assign]
+    units.let_go(0)
+    other.join()
+    assert units.held(0) and units.space.mapped[0] and store.holds[0] == 1
+    assert units.array[units.translate(np.array([0]))].any()  # readable, not a segfault
+    units.space.unmap = unmap  # type: ignore[method-assign]
+    units.let_go(0)
+    assert not units.space.mapped[0] and store.holds[0] == 0
+    units.close()
