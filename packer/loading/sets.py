@@ -249,10 +249,8 @@ class Schedule:
             return
         starting = self.start_of.get(b, [])
         if self.depth and starting:
-            # the ``depth`` units after those starting now (held, so fetched, just below):
-            # a store takes the first ``depth`` it is given
-            i = self.upcoming.index(starting[0]) + len(starting)
-            self.units.prefetch(self.upcoming[i : i + self.depth])
+            i = self.upcoming.index(starting[0])
+            self.units.prefetch(self.upcoming[i : i + len(starting) + self.depth])
         for u in starting:
             self._hold(u)
 
