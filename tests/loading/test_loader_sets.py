@@ -391,3 +391,18 @@ def test_a_unit_held_while_its_last_let_go_unmaps_stays_mapped(
     units.let_go(0)
     assert not units.space.mapped[0] and store.holds[0] == 0
     units.close()
+
+
+def test_a_refused_shard_order_state_leaves_the_loader_unchanged(packs: dict[str, Path]) -> None:
+    s = packer.load(packs["set"])
+    ld = packer.PackLoader(s, 3, device="cpu", order="shards", canonical_ranks=4, shard_window=3)
+    it = iter(ld)
+    next(it)
+    state = {**ld.state_dict(), "batches": 99}
+    it.close()
+    other = packer.PackLoader(s, 3, device="cpu", order="shards")
+    want = other.indices(0).tolist()
+    with pytest.raises(UsageError, match="state has 99 batches done of an epoch of 10"):
+        other.load_state_dict(state)
+    assert (other.canonical_ranks, other.shard_window) == (1, 2)
+    assert other.indices(0).tolist() == want
