@@ -406,3 +406,17 @@ def test_a_refused_shard_order_state_leaves_the_loader_unchanged(packs: dict[str
         other.load_state_dict(state)
     assert (other.canonical_ranks, other.shard_window) == (1, 2)
     assert other.indices(0).tolist() == want
+
+
+def test_the_sampler_yields_the_rows_the_loader_streams(packs: dict[str, Path]) -> None:
+    """``loader.sampler`` / ``batch_sampler`` (what Lightning and a DataLoader over
+    PackDataset read) follow order='shards' and mixing, not the global permutation."""
+    one, s = packer.load(packs["one"]), packer.load(packs["set"])
+    for ld in (
+        packer.PackLoader(s, 4, device="cpu", order="shards", rank=1, world_size=2, seed=3),
+        packer.PackLoader([one, s], 4, device="cpu", weights=(0.9, 0.1), seed=3),
+    ):
+        ld.set_epoch(2)
+        want = ld.indices(2).tolist()
+        assert list(ld.sampler) == want and len(ld.sampler) == len(want)
+        assert [r for b in ld.batch_sampler for r in b] == want
