@@ -420,3 +420,16 @@ def test_the_sampler_yields_the_rows_the_loader_streams(packs: dict[str, Path]) 
         want = ld.indices(2).tolist()
         assert list(ld.sampler) == want and len(ld.sampler) == len(want)
         assert [r for b in ld.batch_sampler for r in b] == want
+
+
+def test_jpeg_packs_and_sets_mix(packs: dict[str, Path]) -> None:
+    """A list of JPEG sources decodes: the kind is the sources' storage, not the list's
+    (which has none, and was taken for raw: image_size refused, nothing decoded)."""
+    one, s = packer.load(packs["jone"]), packer.load(packs["jset"])
+    labels = torch.cat([one.labels, s.labels])
+    for kw in ({}, {"weights": (1, 3), "epoch_size": 20}):
+        ld = packer.PackLoader([one, s], 4, device="cpu", image_size=8, seed=1, **kw)
+        ld.set_epoch(0)
+        got = [(x, y) for x, y in ld]
+        assert all(x.shape[1:] == (3, 8, 8) for x, _ in got)
+        assert torch.cat([y for _, y in got]).tolist() == labels[ld.indices(0)].tolist()
