@@ -433,3 +433,25 @@ def test_jpeg_packs_and_sets_mix(packs: dict[str, Path]) -> None:
         got = [(x, y) for x, y in ld]
         assert all(x.shape[1:] == (3, 8, 8) for x, _ in got)
         assert torch.cat([y for _, y in got]).tolist() == labels[ld.indices(0)].tolist()
+
+
+def test_without_a_row_space_a_set_is_gathered_shard_by_shard(
+    packs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where shards cannot be mapped side by side (rowspace.supported() False: neither
+    Linux nor macOS) the same batches come, shard by shard, also from a fetching store."""
+    from packer.loading import rowspace
+
+    s = open_set(packs["set"])
+    want = [y.tolist() for _, y in packer.PackLoader(s, 7, device="cpu", seed=3)]
+    one = packer.load(packs["one"])
+    monkeypatch.setattr(rowspace, "supported", lambda: False)
+    store = _Fetching(packs["set"], tmp_path)
+    fetched = PackSet(s.path, s.index, s.manifests, store)
+    for src in (s, fetched):
+        ld = packer.PackLoader(src, 7, device="cpu", seed=3)
+        assert ld._units.space is None
+        got = list(ld)
+        assert [y.tolist() for _, y in got] == want
+        assert all(x.equal(one.images[i]) for (x, _), i in zip(got, ld.indices(0).split(7)))
+    assert not any(store.holds.values())
