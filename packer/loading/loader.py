@@ -321,7 +321,10 @@ class PackLoader(_Resumable):
             raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
         shard_window = _int_arg("shard_window", shard_window, 1)
         # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
-        self._kind = kind_of(getattr(pack, "storage", "raw"))
+        # mixed packs: ``pack`` is their list, and the storage they share is the units'
+        self._kind = kind_of(
+            units.storage if units is not None else getattr(pack, "storage", "raw")
+        )
         self._units = units
         self._mix = mix
         self.order = order

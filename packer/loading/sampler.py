@@ -36,14 +36,17 @@ class PackSampler(torch.utils.data.Sampler[int]):
             ld._n,
             epoch=ld.epoch,
             seed=ld.seed,
-            shuffle=ld.shuffle,
+            shuffle=ld.shuffle and ld.order == "global",
             rank=ld.rank,
             world_size=ld.world_size,
             even_split=ld.even_split,
             repeats=ld.repeats,
         )
-        rows = pos if ld._rows is None else ld._rows[pos]
-        return iter(rows.tolist())
+        # the loader's own order (PackLoader._positions, before drop_last, which a
+        # BatchSampler applies): the shard-aware sequence, and the mixed epoch's rows
+        if ld.order == "shards" and len(pos):
+            pos = ld._shard_positions(ld.epoch)[pos]
+        return iter(ld._rows_at(ld.epoch, pos).tolist())
 
 
 class _RandomPackSampler(PackSampler, torch.utils.data.RandomSampler):

@@ -65,6 +65,10 @@ class Units:
         self._held: dict[int, Any] = {}  # unit -> its opened pack, while held
         self._holds: dict[int, int] = {}
         self._lock = threading.Lock()
+        # a unit's first hold (fetch, map) and last let-go (unmap, release) run whole under
+        # its lock: two passes (zip(loader, loader)) may hold and let go of one unit at once,
+        # and a hold that slipped between a let-go's count and its unmap read an unmapped slot
+        self._unit_locks = [threading.Lock() for _ in self.units]
         self.space: rowspace.RowSpace | None = None
         self.row = 0
         if self.storage == "raw":
@@ -95,39 +99,42 @@ class Units:
     # ---- holding units
     def hold(self, u: int) -> None:
         """Open unit ``u`` (fetch a remote shard first) and map it; counted."""
-        with self._lock:
-            if self._holds.get(u, 0):
-                self._holds[u] += 1
-                return
-        src, k = self.units[u]
-        pack = src if k is None else src.shard(k)
-        try:
-            if self.space is not None:
-                self.space.map(u, Layout(pack.path).images if k is not None else _rows_file(pack))
-        except BaseException:
-            if k is not None:
-                src.release(k)
-            raise
-        with self._lock:
-            self._held[u] = pack
-            self._holds[u] = self._holds.get(u, 0) + 1
+        with self._unit_locks[u]:
+            with self._lock:
+                if self._holds.get(u, 0):
+                    self._holds[u] += 1
+                    return
+            src, k = self.units[u]
+            pack = src if k is None else src.shard(k)
+            try:
+                if self.space is not None:
+                    rows = Layout(pack.path).images if k is not None else _rows_file(pack)
+                    self.space.map(u, rows)
+            except BaseException:
+                if k is not None:
+                    src.release(k)
+                raise
+            with self._lock:
+                self._held[u] = pack
+                self._holds[u] = self._holds.get(u, 0) + 1
 
     def let_go(self, u: int) -> None:
         """Undo one :meth:`hold`; the last one unmaps a unit of a remote set."""
-        with self._lock:
-            left = self._holds.get(u, 0) - 1
-            if left < 0:
+        with self._unit_locks[u]:
+            with self._lock:
+                left = self._holds.get(u, 0) - 1
+                if left < 0:
+                    return
+                self._holds[u] = left
+                if left:
+                    return
+                self._held.pop(u, None)
+            src, k = self.units[u]
+            if k is None:
                 return
-            self._holds[u] = left
-            if left:
-                return
-            self._held.pop(u, None)
-        src, k = self.units[u]
-        if k is None:
-            return
-        if src.store.remote and self.space is not None:
-            self.space.unmap(u)
-        src.release(k)
+            if src.store.remote and self.space is not None:
+                self.space.unmap(u)
+            src.release(k)
 
     def held(self, u: int) -> bool:
         return self._holds.get(u, 0) > 0

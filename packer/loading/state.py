@@ -151,12 +151,13 @@ class _Resumable:
                 )
             if saved_order == "shards":
                 # the saved run's canonical rank count and window define this epoch's order
-                self.canonical_ranks = _int_arg(
-                    "state['canonical_ranks']", state.get("canonical_ranks"), 1
-                )
-                self.shard_window = _int_arg("state['shard_window']", state.get("shard_window"), 1)
+                # (taken only once the state is accepted: a refused one changes nothing)
+                parts = _int_arg("state['canonical_ranks']", state.get("canonical_ranks"), 1)
+                window = _int_arg("state['shard_window']", state.get("shard_window"), 1)
             if not 0 <= batches <= len(self):
                 raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
+            if saved_order == "shards":
+                self.canonical_ranks, self.shard_window = parts, window
         self._resume = (epoch, batches)
         self._epoch = epoch
         self._progress = None

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import DiskFullError, InputError, StorageError, UsageError
 from .url import StorageURL
@@ -127,6 +127,18 @@ def _loopback(endpoint: str) -> bool:
         return False
 
 
+def _userinfo(endpoint: str) -> list[str]:
+    password = urlsplit(endpoint).password
+    return [password] if password else []
+
+
+def _without_userinfo(endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    if "@" not in parts.netloc:
+        return endpoint
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else type(e).__name__
@@ -151,6 +163,10 @@ class ObjectStore:
             s = _aws_settings()
             self._secrets = [s[k] for k in ("secret_access_key", "session_token") if k in s]
             self.endpoint = s.get("endpoint")
+            if self.endpoint:
+                # user:password@ in an endpoint is a credential: never shown, scrubbed too
+                self._secrets += _userinfo(self.endpoint)
+                self.endpoint = _without_userinfo(self.endpoint)
             if self.endpoint and self.endpoint.startswith("http://"):
                 if not _loopback(self.endpoint):
                     raise UsageError(

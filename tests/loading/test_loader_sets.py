@@ -357,3 +357,101 @@ def test_a_mixed_loader_resumes_mid_epoch_exactly(packs: dict[str, Path]) -> Non
     other = packer.PackLoader([one, s], 4, device="cpu", weights=(1, 1), seed=4)
     with pytest.raises(UsageError, match="streaming other rows"):
         other.load_state_dict(state)
+
+
+def test_a_unit_held_while_its_last_let_go_unmaps_stays_mapped(
+    packs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two passes over one fetched set (zip(loader, loader)): one lets go of a shard as the
+    other holds it. A hold that slipped between the let-go's count and its unmap left the
+    shard held but unmapped, and the next gather read an unmapped slot (a segfault)."""
+    import threading
+
+    from packer.loading.sets import Units
+
+    local = open_set(packs["set"])
+    store = _Fetching(packs["set"], tmp_path)
+    units = Units([PackSet(local.path, local.index, local.manifests, store)])
+    assert units.space is not None
+    units.hold(0)
+    unmap = units.space.unmap
+    other = threading.Thread(target=units.hold, args=(0,))
+
+    def unmap_as_another_pass_holds(k: int) -> None:
+        other.start()
+        other.join(timeout=0.2)  # the buggy code let it finish here; a fixed one blocks it
+        unmap(k)
+
+    units.space.unmap = unmap_as_another_pass_holds  # type: ignore[method-assign]
+    units.let_go(0)
+    other.join()
+    assert units.held(0) and units.space.mapped[0] and store.holds[0] == 1
+    assert units.array[units.translate(np.array([0]))].any()  # readable, not a segfault
+    units.space.unmap = unmap  # type: ignore[method-assign]
+    units.let_go(0)
+    assert not units.space.mapped[0] and store.holds[0] == 0
+    units.close()
+
+
+def test_a_refused_shard_order_state_leaves_the_loader_unchanged(packs: dict[str, Path]) -> None:
+    s = packer.load(packs["set"])
+    ld = packer.PackLoader(s, 3, device="cpu", order="shards", canonical_ranks=4, shard_window=3)
+    it = iter(ld)
+    next(it)
+    state = {**ld.state_dict(), "batches": 99}
+    it.close()
+    other = packer.PackLoader(s, 3, device="cpu", order="shards")
+    want = other.indices(0).tolist()
+    with pytest.raises(UsageError, match="state has 99 batches done of an epoch of 10"):
+        other.load_state_dict(state)
+    assert (other.canonical_ranks, other.shard_window) == (1, 2)
+    assert other.indices(0).tolist() == want
+
+
+def test_the_sampler_yields_the_rows_the_loader_streams(packs: dict[str, Path]) -> None:
+    """``loader.sampler`` / ``batch_sampler`` (what Lightning and a DataLoader over
+    PackDataset read) follow order='shards' and mixing, not the global permutation."""
+    one, s = packer.load(packs["one"]), packer.load(packs["set"])
+    for ld in (
+        packer.PackLoader(s, 4, device="cpu", order="shards", rank=1, world_size=2, seed=3),
+        packer.PackLoader([one, s], 4, device="cpu", weights=(0.9, 0.1), seed=3),
+    ):
+        ld.set_epoch(2)
+        want = ld.indices(2).tolist()
+        assert list(ld.sampler) == want and len(ld.sampler) == len(want)
+        assert [r for b in ld.batch_sampler for r in b] == want
+
+
+def test_jpeg_packs_and_sets_mix(packs: dict[str, Path]) -> None:
+    """A list of JPEG sources decodes: the kind is the sources' storage, not the list's
+    (which has none, and was taken for raw: image_size refused, nothing decoded)."""
+    one, s = packer.load(packs["jone"]), packer.load(packs["jset"])
+    labels = torch.cat([one.labels, s.labels])
+    for kw in ({}, {"weights": (1, 3), "epoch_size": 20}):
+        ld = packer.PackLoader([one, s], 4, device="cpu", image_size=8, seed=1, **kw)
+        ld.set_epoch(0)
+        got = [(x, y) for x, y in ld]
+        assert all(x.shape[1:] == (3, 8, 8) for x, _ in got)
+        assert torch.cat([y for _, y in got]).tolist() == labels[ld.indices(0)].tolist()
+
+
+def test_without_a_row_space_a_set_is_gathered_shard_by_shard(
+    packs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where shards cannot be mapped side by side (rowspace.supported() False: neither
+    Linux nor macOS) the same batches come, shard by shard, also from a fetching store."""
+    from packer.loading import rowspace
+
+    s = open_set(packs["set"])
+    want = [y.tolist() for _, y in packer.PackLoader(s, 7, device="cpu", seed=3)]
+    one = packer.load(packs["one"])
+    monkeypatch.setattr(rowspace, "supported", lambda: False)
+    store = _Fetching(packs["set"], tmp_path)
+    fetched = PackSet(s.path, s.index, s.manifests, store)
+    for src in (s, fetched):
+        ld = packer.PackLoader(src, 7, device="cpu", seed=3)
+        assert ld._units.space is None
+        got = list(ld)
+        assert [y.tolist() for _, y in got] == want
+        assert all(x.equal(one.images[i]) for (x, _), i in zip(got, ld.indices(0).split(7)))
+    assert not any(store.holds.values())

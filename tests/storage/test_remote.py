@@ -349,6 +349,25 @@ def test_unreachable_server_retries_then_names_the_object(
         packer.load("s3://imgpack/sets/x")
 
 
+def test_a_password_in_the_endpoint_is_never_shown(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS_ENDPOINT_URL=http://user:password@host: the password is a credential (a URL's
+    own user info is refused for the same reason); errors name the endpoint without it."""
+    from packer.storage.local_server import free_port
+
+    word = "endpoint-password-" + "y" * 12
+    for endpoint, error, what in (
+        (f"http://key:{word}@example.com:9000", UsageError, "plain http is allowed only"),
+        (f"http://key:{word}@127.0.0.1:{free_port()}", StorageError, "could not read it"),
+    ):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        with pytest.raises(error, match=what) as e:
+            packer.load("s3://imgpack/sets/x", cache_dir=tmp_path / "c")
+        assert word not in str(e.value)
+        assert endpoint.rpartition("@")[2] in str(e.value)
+
+
 def test_server_killed_mid_epoch_is_retried_after_its_restart(s3: S3Server, tmp_path: Path) -> None:
     url, _ = built(tmp_path, RAW)
     s = packer.load(url)
