@@ -19,6 +19,7 @@ small files, read when the set is opened; only the big data file of a shard
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,7 @@ class PackSet:
         self.store = store if store is not None else LocalShards(root, index)
         self._open: dict[int, ImagePack | JpegPack] = dict(enumerate(opened or ()))
         self._pins: dict[int, int] = {}
+        self._pins_lock = threading.Lock()
         counts = np.array([s.count for s in index.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         labels, targets, sizes = [], [], []
@@ -195,7 +197,8 @@ class PackSet:
         """Shard ``k`` opened: its folder from the store (fetched if needed, and pinned
         until :meth:`release`), checked and mapped once."""
         path = self.store.fetch(k)
-        self._pins[k] = self._pins.get(k, 0) + 1
+        with self._pins_lock:  # loaders' threads hold shards of one set side by side
+            self._pins[k] = self._pins.get(k, 0) + 1
         pack = self._open.get(k)
         if pack is None:
             try:
@@ -210,10 +213,11 @@ class PackSet:
     def release(self, k: int) -> None:
         """Let go of shard ``k`` (one :meth:`shard` call); a fetched shard may be evicted
         once nothing holds it, so its mapping is dropped with the last hold."""
-        left = self._pins.get(k, 0) - 1
-        if left < 0:
-            return
-        self._pins[k] = left
+        with self._pins_lock:
+            left = self._pins.get(k, 0) - 1
+            if left < 0:
+                return
+            self._pins[k] = left
         if left == 0 and self.store.remote:
             self._open.pop(k, None)
         self.store.release(k)
