@@ -345,3 +345,13 @@ def test_sigterm_handler_is_restored(image_tree: Path, tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     CliRunner().invoke(cli, ["build", str(image_tree), str(tmp_path / "p"), "--workers", "1"])
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_bucket_src_keeps_its_url_and_needs_the_ray_engine(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    r = runner.invoke(cli, ["build", "s3://bucket/images/", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert "s3://bucket/images/: a bucket of images is built by a cluster: --engine ray" in (
+        r.output
+    )
