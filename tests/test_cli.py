@@ -352,6 +352,4 @@ def test_a_bucket_src_keeps_its_url_and_needs_the_ray_engine(
 ) -> None:
     r = runner.invoke(cli, ["build", "s3://bucket/images/", str(tmp_path / "out")])
     assert r.exit_code == 2, r.output
-    assert "s3://bucket/images/: a bucket of images is built by a cluster: --engine ray" in (
-        r.output
-    )
+    assert "SRC s3://bucket/images/: a bucket of images is built with --engine ray" in r.output

@@ -110,8 +110,8 @@ def build(
         return build_to_bucket(src, dst, config, progress=progress, on_start=on_start)
     if isinstance(src, str) and "://" in src and config.engine != "ray":
         raise UsageError(
-            f"{src}: a bucket of images is built by a cluster: --engine ray (each task "
-            "downloads its shard's images); to build here, download the images first"
+            f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
+            "its shard's images); to build here, download the images first"
         )
     if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
         from .shards import build_set
