@@ -249,8 +249,9 @@ class Schedule:
             return
         starting = self.start_of.get(b, [])
         if self.depth and starting:
-            i = self.upcoming.index(starting[0])
-            self.units.prefetch(self.upcoming[i : i + len(starting) + self.depth])
+            # the shards after those this batch starts (fetched on demand just below)
+            i = self.upcoming.index(starting[0]) + len(starting)
+            self.units.prefetch(self.upcoming[i : i + self.depth])
         for u in starting:
             self._hold(u)
 

@@ -68,6 +68,9 @@ LOCK_TIMEOUT = 600.0  # seconds a reader waits for another process's download of
 _counter = itertools.count()
 
 
+_PREFETCH_AHEAD_S = 3600.0  # a prefetched shard's LRU stamp, this far past its fetch
+
+
 def default_cache_dir() -> Path:
     """``$IMGPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/imgpack``, else ``~/.cache/imgpack``."""
     if os.environ.get("IMGPACK_CACHE_DIR"):
@@ -260,9 +263,13 @@ class RemoteShards(ShardStore):
             with flocked(
                 self.meta / f"{self._name(k)}.use", shared=True, timeout=LOCK_TIMEOUT
             ) as fd:
-                os.utime(fd)
                 if not self._present(k):
                     self._download(k, demand=False)
+                # wanted soon: stamped ahead of every shard in use, so a full cache evicts
+                # the shards already read before the ones about to be (a reader's first
+                # fetch stamps it with the time of that use)
+                now = time.time() + _PREFETCH_AHEAD_S
+                os.utime(fd, (now, now))
         except Exception as e:  # fetched again, and raised, when the shard is wanted
             log.debug("prefetch of shard %s failed: %s", self._name(k), e)
 

@@ -130,14 +130,6 @@ def test_pack_dataset_in_forked_dataloader_workers(
     s.store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: Schedule.before hands the store the starting shard plus depth "
-    "more, and RemoteShards.prefetch keeps the first depth, so only depth-1 are fetched "
-    "ahead. Handing it the depth after the starting ones makes the cache thrash at a limit "
-    "equal to the working set (a prefetched, unused shard's LRU stamp is older than a used, "
-    "released one's, so it is evicted first: 16 downloads for 12 shards); fix both together",
-)
 def test_the_prefetch_depth_is_shards_ahead_of_the_one_read(
     s3: S3Server, sets: dict[str, tuple[str, Path]]
 ) -> None:
