@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +57,27 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
         classes=fixed,
         allow_new_classes=config.allow_new_classes,
     )
-    table_sha = table.sha256  # of exactly the bytes read_table parsed
     found = list_images(src)
     match = apply_table(table, [e.rel for e in found.entries], src=src)
+    return labels_from_table(found, match, table, table_path, class_map, str(src))
+
+
+def labels_from_table(
+    found: Scan, match: Any, table: Any, table_path: Path, class_map: str | None, where: str
+) -> _Labels:
+    """The labelled images of a ``--labels`` table matched against the images ``found``
+    under SRC (``where`` names it: a folder or a bucket URL): InputError when no row names
+    one; rows naming no image are recorded as skipped (the first ones, then a count)."""
     if not match.entries:
         first = match.missing[0][0]
         raise InputError(
-            f"{table_path}: none of its {len(table)} rows names an image under {src} "
+            f"{table_path}: none of its {len(table)} rows names an image under {where} "
             f"(first: {first!r}); paths are relative to SRC, check SRC and the table"
         )
     if match.ignored:
-        log.info("%d image(s) under %s have no row in %s; ignored", match.ignored, src, table_path)
+        log.info(
+            "%d image(s) under %s have no row in %s; ignored", match.ignored, where, table_path
+        )
     missing = [{"path": rel, "reason": reason} for rel, reason in match.missing]
     if match.missing_count > len(match.missing):
         # A table of a million rows naming no file would store a million skips; list
@@ -79,8 +90,8 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
                 f"{len(match.missing)} are listed)",
             }
         )
-    scan = Scan(
-        root=found.root,
+    scan = replace(
+        found,
         classes=list(match.classes),
         entries=match.entries,
         skipped=found.skipped + missing,
@@ -93,8 +104,8 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
         ignored=match.ignored,
         missing_rows=match.missing_count,
         class_map=class_map,
-        table=str(table_path.resolve()),
-        table_sha256=table_sha,
+        table=str(Path(table_path).resolve()),
+        table_sha256=table.sha256,
     )
 
 

@@ -52,6 +52,7 @@ from ..storage.client import NotFound, ObjectStore, open_store
 from ..storage.remote import read_remote_index
 from ..storage.url import parse_url
 from .config import BuildConfig, BuildResult, _Labels
+from .plan import labels_from_table
 from .shards import ShardOutcome, ShardSink, _complete, build_set, commit_shard
 
 log = logging.getLogger(__name__)
@@ -187,27 +188,7 @@ def plan_bucket(src: str, config: BuildConfig) -> _Labels:
     )
     found = bucket_scan(str(u), listing, tree=False)
     match = apply_table(table, [e.rel for e in found.entries])
-    if not match.entries:
-        raise InputError(
-            f"{config.labels}: none of its {len(table)} rows names an image under {u} "
-            f"(first: {match.missing[0][0]!r}); paths are relative to SRC, check SRC and "
-            "the table"
-        )
-    if match.ignored:
-        log.info("%d image(s) under %s have no row in %s; ignored", match.ignored, u, config.labels)
-    missing = [{"path": rel, "reason": reason} for rel, reason in match.missing]
-    scan = replace(found, classes=list(match.classes), entries=match.entries, skipped=missing)
-    return _Labels(
-        scan=scan,
-        targets=match.targets,
-        target_names=tuple(table.target_names),
-        new_classes=list(match.new_classes),
-        ignored=match.ignored,
-        missing_rows=match.missing_count,
-        class_map=class_map,
-        table=str(config.labels.resolve()),
-        table_sha256=table.sha256,
-    )
+    return labels_from_table(found, match, table, config.labels, class_map, str(u))
 
 
 def _download(src: str, part: _Labels, folder: Path) -> _Labels:
