@@ -161,6 +161,42 @@ class Cluster:
         ]
         assert sorted(ray.get(refs)) == sorted(self.alive())
 
+    def head_node(self) -> str:
+        """The head node's id (its object store socket lives in the head's temp dir)."""
+        import ray
+
+        head_dir = self.dirs[0]
+        for n in ray.nodes():
+            if n["Alive"] and str(n.get("ObjectStoreSocketName", "")).startswith(head_dir):
+                return n["NodeID"]
+        raise RuntimeError("the head node is not alive")
+
+    def occupy_head(self, gate: Path) -> Any:
+        """Take the head node's one CPU with a task that ends once ``gate`` exists, so
+        tasks go to the worker node meanwhile; returns once it runs (its ref)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        started = gate.with_name(gate.name + ".started")
+
+        def hold(gate: str, started: str) -> None:  # nested: pickled by value
+            import os
+            import time
+
+            open(started, "w").close()
+            while not os.path.exists(gate):  # a gate the test opens, not a timing guess
+                time.sleep(0.02)
+
+        strategy = NodeAffinitySchedulingStrategy(self.head_node(), soft=False)
+        ref = ray.remote(hold).options(num_cpus=1, scheduling_strategy=strategy)
+        ref = ref.remote(str(gate), str(started))
+        end = time.monotonic() + _START_S
+        while not started.exists():
+            if time.monotonic() > end:
+                raise RuntimeError("the head node's CPU could not be taken")
+            time.sleep(0.02)
+        return ref
+
     def ensure_worker(self) -> None:
         """Two nodes alive (a test before may have killed the worker node)."""
         if self.worker is None or self.worker.poll() is not None or len(self.alive()) < 2:

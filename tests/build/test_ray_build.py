@@ -198,7 +198,17 @@ def test_worker_node_killed_mid_build_loses_and_repeats_no_image(
                     killed.append(m.group(1))
                     return
 
-    watcher = threading.Thread(target=kill_mid_shard)
+    # every shard goes to the worker node until it is killed: the head's one CPU is held
+    gate = tmp_path / "gate"
+    held = ray_cluster.occupy_head(gate)
+
+    def kill_then_free_the_head() -> None:
+        try:
+            kill_mid_shard()
+        finally:
+            gate.touch()  # the retries run on the head
+
+    watcher = threading.Thread(target=kill_then_free_the_head)
     watcher.start()
     try:
         r = build(src, dst, replace(RAW, engine="ray"))
@@ -207,6 +217,10 @@ def test_worker_node_killed_mid_build_loses_and_repeats_no_image(
     finally:
         killed.append("")  # stops the watcher if it never fired
         watcher.join()
+        gate.touch()
+    import ray
+
+    ray.get(held)
     assert killed[0], "the worker node never held a shard's work folder"
     assert tree(dst) == tree(tmp_path / "local") and r.count == 48
     assert sorted(sources(dst)) == sorted(f"{c}/{i}.png" for c in ("cat", "dog") for i in range(24))
