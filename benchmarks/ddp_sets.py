@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,8 +41,8 @@ def torchrun(n: int, *args: str) -> dict:
 
 def main() -> None:
     import torch
+    from sets import build_ways, set_configs
 
-    from packer.build.run import BuildConfig, build
     from packer.measure.bench.synth import make_jpeg_tree
 
     ap = argparse.ArgumentParser()
@@ -57,15 +56,8 @@ def main() -> None:
     src = w / "src"
     if not src.exists():
         make_jpeg_tree(src, args.images, (256, 256), classes=100, quality=90)
-    raw = BuildConfig(size=(224, 224), workers=os.cpu_count())
-    per = -(-args.images // 16)
-    total = sum(f.stat().st_size for f in src.rglob("*.jpg"))
-    for name, cfg in (
-        ("raw", replace(raw, shard_size=per * 3 * 224 * 224)),
-        ("jpeg", replace(raw, store="jpeg", shard_size=-(-total // 16))),
-    ):
-        if not (w / name).exists():
-            build(src, w / name, cfg)
+    ways = set_configs(src, args.images, 16, workers=os.cpu_count() or 1)
+    build_ways(src, w, {"raw": ways["set"], "jpeg": ways["jset"]})
     gpus = torch.cuda.device_count()
     worlds = sorted({1, *[g for g in (2, 4, 8) if g <= gpus]})
     rows: dict[str, dict[int, dict]] = {}

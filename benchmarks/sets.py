@@ -32,6 +32,31 @@ from packer.build.run import BuildConfig, build
 from packer.measure.bench.synth import make_jpeg_tree
 
 
+def set_configs(src: Path, images: int, shards: int, workers: int) -> dict[str, BuildConfig]:
+    """The four builds of one tree: ``one`` (a raw 224² pack), ``set`` (raw, ``shards``
+    shards), ``jone`` (a JPEG pack), ``jset`` (JPEG, cut into ``shards`` by source bytes)."""
+    raw = BuildConfig(size=(224, 224), workers=workers)
+    per = -(-images // shards)
+    total = sum(f.stat().st_size for f in src.rglob("*.jpg"))
+    return {
+        "one": raw,
+        "set": replace(raw, shard_size=per * 3 * 224 * 224),
+        "jone": replace(raw, store="jpeg"),
+        "jset": replace(raw, store="jpeg", shard_size=-(-total // shards)),
+    }
+
+
+def build_ways(src: Path, work: Path, configs: dict[str, BuildConfig]) -> dict[str, float]:
+    """Build each way not built yet under ``work``; seconds each took."""
+    took = {}
+    for name, cfg in configs.items():
+        if not (work / name).exists():
+            s = time.perf_counter()
+            build(src, work / name, cfg)
+            took[name] = time.perf_counter() - s
+    return took
+
+
 def stream_rate(make: callable, batches: int) -> float:
     """Images/s of one pass of up to ``batches`` batches, the GPU synchronized."""
     norm = packer.Normalize().cuda()
@@ -67,27 +92,7 @@ def main() -> None:
     src = w / "src"
     if not src.exists():
         make_jpeg_tree(src, args.images, (256, 256), classes=100, quality=90)
-    row = 3 * 224 * 224
-    raw = BuildConfig(size=(224, 224), workers=16)
-    per = -(-args.images // args.shards)
-    t = {}
-    for name, cfg in (
-        ("one", raw),
-        ("set", replace(raw, shard_size=per * row)),
-        ("jone", replace(raw, store="jpeg")),
-        (
-            "jset",
-            replace(
-                raw,
-                store="jpeg",
-                shard_size=-(-sum(f.stat().st_size for f in src.rglob("*.jpg")) // args.shards),
-            ),
-        ),
-    ):
-        if not (w / name).exists():
-            s = time.perf_counter()
-            build(src, w / name, cfg)
-            t[name] = time.perf_counter() - s
+    t = build_ways(src, w, set_configs(src, args.images, args.shards, workers=16))
     one, s = packer.load(w / "one"), packer.load(w / "set")
     jone, js = packer.load(w / "jone"), packer.load(w / "jset")
     B = 256
