@@ -204,13 +204,13 @@ def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int
     """The fused pipeline against the op-by-op one on the same batches and seeds:
     pixels (max |difference| of the normalized floats, share of elements that
     differ) and labels (equal or not), for both roundings of the normalization."""
-    from packer.imaging import aug_triton
+    from packer.imaging import tail_triton
 
     x = photo_batch(b, s_in, 7, dev)
     labels = torch.randint(0, CLASSES, (b,), device=dev)
     out = {}
     for fma in (True, False):
-        aug_triton.NORM_FMA = fma
+        tail_triton.NORM_FMA = fma
         worst, share, same_labels = 0.0, 0.0, True
         for seed in range(seeds):
             recipe = recipe_compose(s_out, CLASSES).to(dev)
@@ -223,7 +223,7 @@ def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int
             same_labels &= bool(torch.equal(ln, lr))
         out[f"norm_fma={fma}"] = {"max_abs_diff": worst, "share_differing": share,
                                   "labels_equal": same_labels}  # fmt: skip
-    aug_triton.NORM_FMA = True
+    tail_triton.NORM_FMA = True
     return out
 
 

@@ -2,7 +2,7 @@
 
 Data flow::
 
-    driver: scan + labels, cut into named shards (packer.build.shards.plan_set, as the
+    driver: scan + labels, cut into named shards (packer.build.set_plan.plan_set, as the
     local build) -> one Ray task per shard not yet in place -> each task builds its
     shard with the local build into a work folder inside DST and renames it into place
     (shards.commit_shard) -> driver: the index, written last (shards.finish_set)
@@ -42,7 +42,8 @@ from typing import Any
 from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
 from . import shards
 from .config import BuildConfig
-from .shards import SetPlan, ShardOutcome, ShardSink, commit_shard
+from .set_plan import SetPlan, ShardSink
+from .shards import ShardOutcome, commit_shard
 
 log = logging.getLogger(__name__)
 

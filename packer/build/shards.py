@@ -6,18 +6,8 @@ Data flow::
     into shards in source order -> each shard a complete pack, built by the single-pack
     build into SET/<k>-<hash> -> the index (packer.pack.index), written last: the commit
 
-Where shards end is fixed by the inputs and the options only:
-
-* raw storage: a fixed image count per shard, ``shard_size // (3 * H * W)`` (at least
-  one), so every shard but the last holds the same count;
-* ``--store jpeg``: by the cumulative size of the source files; a shard ends before
-  the image that would take it past ``shard_size`` (each holds at least one). Stored
-  JPEGs are about their sources' size (kept byte for byte, or re-encoded once).
-
-A shard's name is its position and a hash of its inputs (relative paths, sizes, mtimes,
-labels, targets), the class map, the source folder, the options and the imgpack
-version; its manifest records no build time. So the same command gives the same names
-and bytes whatever the timing or ``--workers``.
+Where shards end and their names (fixed by the inputs and the options only), which are
+in place already, and the ``--append`` checks: :mod:`packer.build.set_plan`.
 
 Crash safety: each shard is built by :func:`packer.build.run.build` (its own work folder
 beside it, inside the set, resumed by a rerun) and renamed into place whole. A rerun of
@@ -26,9 +16,10 @@ and writes the index: byte-identical to an uninterrupted build. Shards no index 
 (left by a build with other inputs) are removed once the new index is in place.
 
 Who builds the shards is an engine's choice, never the bytes': :func:`plan_set` (the
-driver's plan), :func:`commit_shard` (one shard, put in place whole; idempotent) and
-:func:`finish_set` (the index) are the same for the local engine (one shard after
-another, here) and ``--engine ray`` (:mod:`packer.build.ray_engine`, a task per shard).
+driver's plan, in :mod:`packer.build.set_plan`), :func:`commit_shard` (one shard, put in
+place whole; idempotent) and :func:`finish_set` (the index) are the same for the local
+engine (one shard after another, here) and ``--engine ray``
+(:mod:`packer.build.ray_engine`, a task per shard).
 
 ``--append`` reads the index, refuses other options, class map or targets (naming
 which), builds the images under SRC that the set has not seen (neither holds nor
@@ -40,8 +31,6 @@ removing images from a set is not offered (build a new set).
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import os
 import re
@@ -52,29 +41,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .._version import __version__
-from ..errors import InputError, NoUsableImagesError, PackFormatError, UsageError
-from ..pack.files import check_files, loads_json, read_manifest
+from ..errors import InputError, NoUsableImagesError, UsageError
+from ..pack.files import loads_json
 from ..pack.index import (
     INDEX,
-    OPTION_KEYS,
-    SET_VERSION,
     SetIndex,
     ShardEntry,
     data_bytes,
     is_set,
     manifest_digest,
-    read_index,
-    read_shard_manifest,
     write_index,
 )
-from ..pack.schema import FORMAT_VERSION, MANIFEST, Manifest, Skip
-from ..pack.writer import image_bytes
-from ..sources.scan import Scan
+from ..pack.schema import MANIFEST, Manifest, Skip
 from .config import BuildConfig, BuildResult, _Labels
 from .finalize import _classes_from
 from .plan import check_not_nested, plan_labels
 from .run import _build_device, build
+from .set_plan import SetPlan, ShardSink, _complete, plan_set
 from .workdir import dest_lock, destination_error, refuse_symlink_destination
 
 log = logging.getLogger(__name__)
@@ -93,18 +76,8 @@ _UNITS = {
     "tib": 1024**4,
 }
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
-# what a set build writes into the set folder besides the index
-_SHARD_DIR = re.compile(r"(\d{5,})-[0-9a-f]{16}")
+# what a set build writes into the set folder besides the index (shard folders: set_plan)
 _OWN = re.compile(r"\.?(\d{5,})-[0-9a-f]{16}(\.imgpack-partial|\.imgpack-old)?")
-_FLAGS = {
-    "size": "--size",
-    "resize": "--resize",
-    "max_pixels": "--max-pixels",
-    "store": "--store",
-    "quality": "--quality",
-    "max_side": "--max-side",
-    "device": "--device",
-}
 
 
 def parse_bytes(text: str, option: str = "--shard-size") -> int:
@@ -123,122 +96,9 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
     return value
 
 
-class ShardSink:
-    """Where a set build sends each shard once it is in place (see build_set)."""
-
-    #: ``--engine ray``: the object-store URL each task uploads its own shard to (built
-    #: in a node-local folder), or None: the shards are in DST and :meth:`put` sends them
-    url: str | None = None
-
-    def sent(self, path: Path, uploaded: bool) -> None:
-        """A task sent shard ``path.name`` itself (``uploaded``: False if it was there
-        already): bring what the index needs of it (its manifest) into ``path``."""
-
-    def holds(self, path: Path) -> bool:
-        """Whether the shard whose local folder is ``path`` (its manifest at least) is
-        already there, whole: the build keeps it without building it again."""
-        return False
-
-    def put(self, path: Path) -> None:
-        """Send the complete shard at ``path``."""
-
-
 def _reached(step: str) -> None:
     """Called between a set build's steps ("shard <k>" once shard k is in place, "index"
     before the index is written, "committed" after); crash tests make it stop there."""
-
-
-def set_options(config: BuildConfig, device: Any) -> dict[str, Any]:
-    """The build options a set records and ``--append`` must repeat (OPTION_KEYS)."""
-    opts = {
-        "size": list(config.size),
-        "resize": config.resize,
-        "max_pixels": config.max_pixels,
-        "store": config.store,
-        "quality": config.quality,
-        "max_side": config.max_side,
-        "device": "cpu" if device is None else device.type,
-    }
-    assert tuple(opts) == OPTION_KEYS
-    return opts
-
-
-def _stats(scan: Scan) -> list[tuple[int, str]]:
-    """(size in bytes, "size:mtime_ns" stamp) of each entry; a file gone since the scan
-    counts 0 bytes and is skipped by its shard's build."""
-    objects = getattr(scan, "objects", None)
-    if objects is not None:  # a bucket's listing (packer.sources.bucket): size and ETag
-        return [
-            (objects[e.rel][0], f"{objects[e.rel][0]}:{objects[e.rel][1]}") for e in scan.entries
-        ]
-    out = []
-    root = str(scan.root)
-    for e in scan.entries:
-        try:
-            st = os.stat(os.path.join(root, e.rel))
-            out.append((st.st_size, f"{st.st_size}:{st.st_mtime_ns}"))
-        except OSError:
-            out.append((0, "missing"))
-    return out
-
-
-def cut(sizes: list[int], store: str, row_bytes: int, shard_size: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each shard over a list of inputs (see the module docstring):
-    raw, ``shard_size // row_bytes`` images each; jpeg, by cumulative source bytes."""
-    n = len(sizes)
-    if store == "raw":
-        per = max(1, shard_size // max(row_bytes, 1))
-        return [(a, min(a + per, n)) for a in range(0, n, per)]
-    out, start, total = [], 0, 0
-    for i, s in enumerate(sizes):
-        if i > start and total + s > shard_size:
-            out.append((start, i))
-            start, total = i, 0
-        total += s
-    if start < n:
-        out.append((start, n))
-    return out
-
-
-def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[str, Any]) -> str:
-    """``<position>-<16 hex>``: a hash of everything the shard's bytes depend on."""
-    h = hashlib.sha256()
-    head = [
-        SET_VERSION,
-        FORMAT_VERSION,
-        __version__,
-        options,
-        plan.scan.classes,
-        getattr(plan.scan, "url", None) or str(plan.scan.root.resolve()),
-        plan.class_map,
-        plan.table,
-        plan.table_sha256,
-        list(plan.target_names),
-    ]
-    h.update(json.dumps(head).encode())
-    for e, stamp in zip(plan.scan.entries, stamps):
-        h.update(f"{e.rel}\0{e.label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
-    if plan.targets is not None:
-        h.update(plan.targets.astype("<f4").tobytes())
-    return f"{position:05d}-{h.hexdigest()[:16]}"
-
-
-def _slice(plan: _Labels, a: int, b: int) -> _Labels:
-    """The part of ``plan`` a shard packs: the same class map, no set-wide skips."""
-    scan = replace(plan.scan, entries=plan.scan.entries[a:b], skipped=[])
-    targets = None if plan.targets is None else plan.targets[a:b]
-    return replace(plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True)
-
-
-def _complete(path: Path) -> bool:
-    """Whether a shard folder already holds a whole, valid pack (a rerun keeps it)."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    try:
-        check_files(path, read_manifest(path))
-        return True
-    except PackFormatError:
-        return False
 
 
 def _check_destination(src: Path, dst: Path, config: BuildConfig) -> None:
@@ -277,56 +137,6 @@ def _check_set_destination(dst: Path, config: BuildConfig) -> None:
             f"{dst}: exists and is not a pack set (it holds {other[0]!r}); refusing to "
             "write into it (choose a new path or remove it yourself)"
         )
-
-
-def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Path) -> None:
-    """--append: the same options, class map and targets as the set, or UsageError /
-    InputError naming what differs."""
-    for key in OPTION_KEYS:
-        if old.options[key] != options[key]:
-            have, want = old.options[key], options[key]
-            if key == "size":
-                have, want = "x".join(map(str, have)), "x".join(map(str, want))
-            raise UsageError(
-                f"--append: {_FLAGS[key]} {want} differs from the set's {have} ({dst}); "
-                "give the options the set was built with"
-            )
-    if tuple(plan.scan.classes) != old.classes:
-        added = [c for c in plan.scan.classes if c not in old.classes]
-        gone = [c for c in old.classes if c not in plan.scan.classes]
-        what = (
-            f"classes not in the set: {added}"
-            if added
-            else f"set classes missing: {gone}"
-            if gone
-            else "the same classes in another order"
-        )
-        raise InputError(
-            f"--append: the class map of SRC differs from the set's ({what}); a set keeps "
-            f"one class map (see `imgpack info {dst}`): fix SRC or build a new set"
-        )
-    if tuple(plan.target_names) != old.targets:
-        raise UsageError(
-            f"--append: --targets {','.join(plan.target_names) or '(none)'} differs from the "
-            f"set's {','.join(old.targets) or '(none)'}"
-        )
-
-
-def _seen(root: Path, old: SetIndex) -> set[str]:
-    """Every source path the set holds or skipped (what --append leaves out)."""
-    seen = {s.path for s in old.skipped}
-    for entry in old.shards:
-        m = read_shard_manifest(root, entry, old)
-        seen.update(m.sources)
-        seen.update(s.path for s in m.skipped)
-    return seen
-
-
-def _next_position(old: SetIndex) -> int:
-    nums = [_SHARD_DIR.fullmatch(s.name) for s in old.shards]
-    if all(nums):
-        return max(int(m.group(1)) for m in nums if m) + 1
-    return len(old.shards)
 
 
 def _entry(path: Path) -> tuple[ShardEntry, Manifest]:
@@ -412,48 +222,6 @@ def build_set(
     return result
 
 
-def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
-    """``plan`` less the images the set at ``dst`` already holds (``--append``)."""
-    seen = _seen(dst, old)
-    keep_rows = [i for i, e in enumerate(plan.scan.entries) if e.rel not in seen]
-    entries = [plan.scan.entries[i] for i in keep_rows]
-    targets = None if plan.targets is None else plan.targets[keep_rows]
-    return replace(plan, scan=replace(plan.scan, entries=entries), targets=targets)
-
-
-@dataclass
-class SetPlan:
-    """A set build as the driver fixes it before any shard is built: the labelled images,
-    where each shard starts and ends, its name, and which shards are already in place.
-    Every engine (local, :mod:`packer.build.ray_engine`) builds from one."""
-
-    src: Path  # or an object-store URL (str) of images: --engine ray
-    dst: Path
-    plan: _Labels
-    config: BuildConfig
-    shard_size: int
-    options: dict[str, Any]
-    old: SetIndex | None
-    start: int  # the position of the first new shard (after the old ones, --append)
-    shards: list[tuple[str, int, int]]  # (name, first row, end row) in plan.scan.entries
-    done: set[str]  # shards already in place (a rerun keeps them)
-
-    @property
-    def kept(self) -> int:
-        """Images in the shards already in place."""
-        return sum(b - a for name, a, b in self.shards if name in self.done)
-
-    @property
-    def shard_config(self) -> BuildConfig:
-        """The options each shard is built with (a single pack, never an append)."""
-        return replace(self.config, shard_size=None, append=False, overwrite=False)
-
-    def part(self, k: int) -> _Labels:
-        """The labelled images of shard ``k``."""
-        _, a, b = self.shards[k]
-        return _slice(self.plan, a, b)
-
-
 @dataclass
 class ShardOutcome:
     """What building (or keeping) one shard gave: ``failed`` lists each input of a shard
@@ -463,39 +231,6 @@ class ShardOutcome:
     built: bool
     resumed: int = 0
     failed: list[Skip] = field(default_factory=list)
-
-
-def plan_set(
-    src: Path,
-    dst: Path,
-    plan: _Labels,
-    config: BuildConfig,
-    shard_size: int,
-    device: Any,
-    sink: ShardSink | None = None,
-) -> SetPlan:
-    """Cut ``plan`` into named shards (``--append``: only SRC's new images, after the
-    set's shards), and find the ones already in place. ``dst`` must exist (lock held)."""
-    options = set_options(config, device)
-    old = read_index(dst) if config.append else None
-    start = 0
-    if old is not None:
-        _check_append(old, plan, options, dst)
-        plan = _only_new(plan, dst, old)
-        start = _next_position(old)
-    stats = _stats(plan.scan)
-    row = image_bytes(config.spec.shape)
-    bounds = cut([s for s, _ in stats], config.store, row, shard_size)
-    shards = [
-        (shard_name(start + k, _slice(plan, a, b), [t for _, t in stats[a:b]], options), a, b)
-        for k, (a, b) in enumerate(bounds)
-    ]
-    done = {
-        name
-        for name, _, _ in shards
-        if _complete(dst / name) or (sink is not None and sink.holds(dst / name))
-    }
-    return SetPlan(src, dst, plan, config, shard_size, options, old, start, shards, done)
 
 
 def commit_shard(

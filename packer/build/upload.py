@@ -53,7 +53,8 @@ from ..storage.remote import read_remote_index
 from ..storage.url import parse_url
 from .config import BuildConfig, BuildResult, _Labels
 from .plan import labels_from_table
-from .shards import ShardOutcome, ShardSink, _complete, build_set, commit_shard
+from .set_plan import ShardSink, _complete
+from .shards import ShardOutcome, build_set, commit_shard
 
 log = logging.getLogger(__name__)
 

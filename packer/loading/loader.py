@@ -43,10 +43,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data
 
@@ -55,8 +52,10 @@ from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: o
 from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
 from ..imaging.normalize import Normalize as Normalize
 from ..pack.kinds import kind_of
-from ..pack.reader import ImagePack, open_pack
+from ..pack.reader import ImagePack
+from .arguments import check_modes, check_transform, crop_args, refuse_combinations
 from .epoch_iterator import _EpochIterator
+from .mixture import sources
 from .order import (
     _DEFAULT_WINDOW,
     _EVEN_SPLITS,
@@ -66,18 +65,13 @@ from .order import (
     ORDERS,
     _bool_arg,
     _check_device,
-    _check_dtypes,
-    _check_indices,
     _dist_defaults,
     _int_arg,
-    _rows_digest,
-    _size_arg,
-    epoch_indices,
-    shard_sequence,
 )
 from .order import batch_seed as batch_seed  # re-exported: old import path
+from .order import epoch_indices as epoch_indices
+from .positions import Positions
 from .producer import (
-    GATHER_MODES,
     _Shared,
     populate,
 )
@@ -88,7 +82,7 @@ from .strategies import PassConfig, Resident
 log = logging.getLogger(__name__)
 
 
-class PackLoader(_Resumable):
+class PackLoader(Positions, _Resumable):
     """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
@@ -286,36 +280,19 @@ class PackLoader(_Resumable):
         weights: Sequence[float] | None = None,
         epoch_size: int | None = None,
     ) -> None:
-        pack, units, mix = _sources(pack, weights, epoch_size)
+        pack, units, mix = sources(pack, weights, epoch_size)
         batch_size = _int_arg("batch_size", batch_size, 1)
         prefetch = _int_arg("prefetch", prefetch, 1)
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
         repeats = _int_arg("repeats", repeats, 1, _MAX_REPEATS)
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1)
-        from ..imaging.decoders import JpegDecoder
-        from ..imaging.jpeg import DECODE_MODES
-        from .jpeg_pass import DECODE_NAMES
-
-        if not isinstance(decode, JpegDecoder) and (
-            not isinstance(decode, str) or decode not in (*DECODE_MODES, *DECODE_NAMES)
-        ):
-            raise UsageError(
-                f"decode must be 'auto', 'device' or 'cpu', not {decode!r} (or a GPU "
-                f"decoder's name: {', '.join(DECODE_NAMES)}, or a decoder object)"
-            )
-        if not isinstance(gather, str) or gather not in GATHER_MODES:
-            raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")
+        check_modes(decode, gather)
         shuffle = _bool_arg("shuffle", shuffle)
         drop_last = _bool_arg("drop_last", drop_last)
         resident = _bool_arg("resident", resident)
         populate = _bool_arg("populate", populate)
-        if transform is not None and not callable(transform):
-            raise UsageError(f"transform must be callable, not {type(transform).__name__}")
-        if transform is not None:
-            from ..imaging.per_image import refuse_batch_wide
-
-            refuse_batch_wide(transform)
+        check_transform(transform)
         train = _bool_arg("train", train)
         if not isinstance(order, str) or order not in ORDERS:
             raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
@@ -329,17 +306,8 @@ class PackLoader(_Resumable):
         self._mix = mix
         self.order = order
         self.shard_window = shard_window
-        if units is not None and gather == "device":
-            raise UsageError(
-                "gather='device' reads one pack's file in place; stream a pack set or mixed "
-                "packs with gather='cpu' (the default)"
-            )
-        if mix is not None and (resident or indices is not None or order != "global"):
-            raise UsageError(
-                "weights= draws each epoch's images from several packs; it does not combine "
-                "with resident=True, indices= or order='shards'"
-            )
-        self._crop = _crop_args(self._kind, transform, image_size, train, resident, gather, decode)
+        refuse_combinations(units, mix, gather, resident, indices, order)
+        self._crop = crop_args(self._kind, transform, image_size, train, resident, gather, decode)
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
@@ -366,44 +334,8 @@ class PackLoader(_Resumable):
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        if units is None:
-            self._images = self._kind.source_tensor(pack)
-            self._labels = pack.labels
-            self._targets: torch.Tensor | None = getattr(pack, "targets", None)
-            total = len(pack)
-            raw_shape = None if self._kind.decoded else tuple(pack.images.shape[1:])
-        else:
-            self._images = None
-            self._labels, self._targets = units.labels, units.targets
-            total = len(units)
-            raw_shape = None if self._kind.decoded else _image_shape(units.sources[0])
-        _check_dtypes(
-            None if self._kind.decoded else self._images, self._labels, self._targets, total
-        )
-        self._rows = None if indices is None else _check_indices(indices, total)
-        if (
-            order == "shards"
-            and self._rows is not None
-            and len(self._rows.unique()) < len(self._rows)
-        ):
-            raise UsageError(
-                "order='shards' streams each image once per epoch: indices= must not repeat rows"
-            )
-        self._n = (
-            (mix.size if mix is not None else total) if self._rows is None else len(self._rows)
-        )
-        self._shape = (3, *self._crop.size) if self._kind.decoded else raw_shape
-        extra = "" if mix is None else mix.key
-        self._digest = _rows_digest(self._rows, total, self._shape, extra)
-        self._epoch = 0
-        self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
-        self._serial = 0  # passes started; the latest one is what state_dict() describes
-        self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
-        # Whether the caller names the epoch (set_epoch since the latest pass started) or
-        # carries it in a saved state; a counted epoch restarts at 0 in a resumed process.
-        self._epoch_named = False
-        self._epoch_in_state = False
-        self._warned_counted = False
+        self._stream_rows(pack, units, mix, indices)
+        self._start_counting()
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         # JPEG packs: who decodes (decode=): a decoder in batches, else image by image on
@@ -471,13 +403,6 @@ class PackLoader(_Resumable):
         return self._shared
 
     # ---- size and order
-    def _per_rank(self) -> int:
-        if self.world_size == 1:
-            return self._n
-        if self.even_split == "trim":
-            return self._n // self.world_size
-        return math.ceil(self._n / self.world_size)
-
     def __len__(self) -> int:
         m = self._per_rank()
         return m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
@@ -513,49 +438,6 @@ class PackLoader(_Resumable):
         (Lightning: whether the order is shuffled, and to call ``set_epoch``)."""
         return torch.utils.data.BatchSampler(self.sampler, self.batch_size, self.drop_last)
 
-    def _positions(self, epoch: int) -> torch.Tensor:
-        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M]."""
-        order = epoch_indices(
-            self._n,
-            epoch=epoch,
-            seed=self.seed,
-            shuffle=self.shuffle and self.order == "global",
-            rank=self.rank,
-            world_size=self.world_size,
-            even_split=self.even_split,
-            repeats=self.repeats,
-        )
-        if self.order == "shards" and len(order):
-            order = self._shard_positions(epoch)[order]
-        if self.drop_last:
-            order = order[: len(self) * self.batch_size]
-        return order
-
-    def _shard_positions(self, epoch: int) -> torch.Tensor:
-        """``order="shards"``: the epoch's sequence (:func:`shard_sequence`) as positions
-        into the streamed rows (a subset given by ``indices`` keeps its images' places)."""
-        counts = self._units.counts if self._units is not None else [len(self._labels)]
-        seq = shard_sequence(
-            counts,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            parts=self.canonical_ranks,
-            window=self.shard_window,
-        )
-        if self._rows is None:
-            return seq
-        place = torch.full((len(self._labels),), -1, dtype=torch.int64)
-        place[self._rows] = torch.arange(len(self._rows))
-        pos = place[seq]
-        return pos[pos >= 0]
-
-    def _rows_at(self, epoch: int, pos: torch.Tensor) -> torch.Tensor:
-        """The pack (or set) rows at positions ``pos`` of ``epoch``'s streamed rows."""
-        if self._mix is not None:
-            return self._mix.rows(epoch, self.seed)[pos]
-        return pos if self._rows is None else self._rows[pos]
-
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's pack rows for ``epoch``, in yield order (int64 [M]); for a pack
         set or mixed packs, global indices (shards, then packs, end to end)."""
@@ -565,67 +447,9 @@ class PackLoader(_Resumable):
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
         self._shared_here()
-        it = _EpochIterator(self, self._pass_config())
+        it = _EpochIterator(self, PassConfig.of(self))
         self._live.add(it)
         return it
-
-    def _pass_config(self) -> PassConfig:
-        """What a pass takes from this loader, frozen when the pass is made."""
-        return PassConfig(
-            kind=self._kind,
-            pack=self.pack,
-            src=self._images,
-            labels=self._labels,
-            targets=self._targets,
-            rows=self._rows,
-            shape=self._shape,
-            batch_size=self.batch_size,
-            prefetch=self.prefetch,
-            device=self.device,
-            num_threads=self.num_threads,
-            transform=self.transform,
-            seed=self.seed,
-            rank=self.rank,
-            gather=self._gather,
-            resident=self.resident,
-            crop=self._crop,
-            on_cpu=self._on_cpu,
-            units=self._units,
-            fetch_ahead=self._fetch_ahead(),
-            decoding=self._decoding,
-        )
-
-    def _fetch_ahead(self) -> int:
-        """Shards a remote set fetches ahead of need (its store's prefetch depth)."""
-        if self._units is None:
-            return 0
-        return max(
-            (getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in self._units.sources
-        )
-
-    def _check_working_set(self, rows: torch.Tensor) -> None:
-        """Refuse a pass whose shards cannot fit the cache of a set fetched from object
-        storage, before its first batch: both numbers in the message. The ranks of one
-        node share its cache (``LOCAL_WORLD_SIZE`` of them, torchrun's variable)."""
-        units = self._units
-        if units is None or not units.remote:
-            return
-        from .sets import working_set
-
-        limits = [
-            s.store.limit for s in units.sources if getattr(s, "store", None) and s.store.limit
-        ]
-        if not limits:
-            return
-        need, shards = working_set(units, rows.numpy(), self.batch_size, self._fetch_ahead())
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        if need * local > min(limits):
-            raise UsageError(
-                f"the cache limit of {min(limits):,} bytes is below this pass's working set of "
-                f"{need * local:,} bytes ({shards} shards held at once by each of {local} "
-                f"rank(s) of this node, order={self.order!r}); raise cache_limit, or use "
-                "order='shards' with a smaller shard_window"
-            )
 
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The streamed rows on the device, loaded by the first resident pass."""
@@ -656,151 +480,3 @@ class PackLoader(_Resumable):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _crop_args(
-    kind: Any,
-    transform: Any,
-    image_size: Any,
-    train: bool,
-    resident: bool,
-    gather: str,
-    decode: str,
-) -> Any:
-    """The :class:`packer.imaging.jpeg.JpegCrop` of a kind that decodes (None for raw
-    rows), after refusing the arguments that do not apply to ``kind``."""
-    if not kind.decoded:
-        if decode != "auto":
-            raise UsageError("decode= is for JPEG packs; a raw pack's rows are not decoded")
-        if image_size is not None:
-            raise UsageError(
-                "image_size is for JPEG packs; a raw pack's images have the size it was "
-                "built with (crop or resize them with transform=)"
-            )
-        return None
-    from ..imaging.jpeg import crop_for
-
-    if resident:
-        raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")
-    if image_size is not None:
-        image_size = _size_arg("image_size", image_size)
-    try:
-        crop = crop_for(transform, image_size, train)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if gather != "cpu":
-        raise UsageError("gather= is for raw packs; a JPEG pack's images are decoded")
-    return crop
-
-
-class _Mix:
-    """``weights=``: each epoch draws ``size`` images from several packs or sets in fixed
-    proportions (:meth:`rows`), a pure function of (seed, epoch)."""
-
-    def __init__(self, sizes: list[int], weights: list[float], size: int) -> None:
-        from ..loading.dataset import _apportion
-
-        self.sizes = sizes
-        self.weights = weights
-        self.size = size
-        self.quota = _apportion(size, weights)
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.key = f"mix/{sizes}/{[round(w, 12) for w in weights]}/{size}"
-        self._cache: tuple[int, int, torch.Tensor] | None = None
-
-    def rows(self, epoch: int, seed: int) -> torch.Tensor:
-        """The epoch's global rows, int64 [size], in pack order (the loader shuffles them):
-        pack ``j`` gives ``quota[j]`` images, whole passes over it and then a subset drawn
-        without replacement from (seed, epoch, j)."""
-        if self._cache is not None and self._cache[:2] == (epoch, seed):
-            return self._cache[2]
-        from .order import _rng
-
-        out = []
-        for j, (n, q) in enumerate(zip(self.sizes, self.quota)):
-            whole, rest = divmod(q, n) if n else (0, 0)
-            part = [np.tile(np.arange(n, dtype=np.int64), whole)]
-            if rest:
-                part.append(np.sort(_rng(seed, epoch, -1 - j).choice(n, rest, replace=False)))
-            out.append(self.starts[j] + np.concatenate(part))
-        rows = torch.from_numpy(np.concatenate(out).astype(np.int64))
-        self._cache = (epoch, seed, rows)
-        return rows
-
-
-def _open_source(p: Any) -> Any:
-    if isinstance(p, (str, os.PathLike)):
-        return open_pack(Path(p))
-    return p
-
-
-def _image_shape(src: Any) -> tuple[int, ...]:
-    shape = getattr(src, "image_shape", None)
-    if shape is not None and not hasattr(src, "images"):
-        return tuple(shape)
-    return tuple(src.images.shape[1:])
-
-
-def _describe(src: Any) -> str:
-    return str(getattr(src, "path", type(src).__name__))
-
-
-def _sources(pack: Any, weights: Any, epoch_size: Any) -> tuple[Any, Any, _Mix | None]:
-    """What a loader streams: ``(pack, units, mix)``. A single pack gives no units; a
-    pack set gives its shards as units; a list of packs and sets gives them end to end,
-    checked alike (storage, image shape, class map, target columns), and with
-    ``weights`` a :class:`_Mix` drawing each epoch's images in those proportions."""
-    from ..pack.packset import PackSet
-    from .sets import Units
-
-    many = isinstance(pack, (list, tuple))
-    if not many and (weights is not None or epoch_size is not None):
-        raise UsageError(
-            "weights= and epoch_size= mix several packs: pass a list, "
-            "PackLoader([pack_a, set_b], B, weights=(0.7, 0.3))"
-        )
-    if not many:
-        pack = _open_source(pack)
-        return pack, (Units([pack]) if isinstance(pack, PackSet) else None), None
-    sources = [_open_source(p) for p in pack]
-    if not sources:
-        raise UsageError("PackLoader was given an empty list of packs")
-    first = sources[0]
-    for src in sources[1:]:
-        for what, get in (
-            ("storage", lambda s: getattr(s, "storage", "raw")),
-            (
-                "image shape",
-                lambda s: list(_image_shape(s)) if getattr(s, "storage", "raw") == "raw" else None,
-            ),
-            ("classes", lambda s: list(s.classes)),
-            ("target columns", lambda s: list(getattr(s, "target_names", []))),
-        ):
-            if get(src) != get(first):
-                raise UsageError(
-                    f"packs to mix must share {what}: {_describe(first)} has {get(first)!r}, "
-                    f"{_describe(src)} has {get(src)!r}"
-                )
-    sizes = [len(s) for s in sources]
-    mix = None
-    if weights is not None:
-        try:
-            w = [float(x) for x in weights]
-        except (TypeError, ValueError):
-            raise UsageError(f"weights must be numbers, one per pack, not {weights!r}") from None
-        if len(w) != len(sources) or any(not x > 0 for x in w) or not all(map(math.isfinite, w)):
-            raise UsageError(
-                f"weights must be {len(sources)} positive numbers (one per pack), not {tuple(weights)}"
-            )
-        total = sum(w)
-        w = [x / total for x in w]
-        size = sum(sizes) if epoch_size is None else _int_arg("epoch_size", epoch_size, 1)
-        empty = [i for i, (n, q) in enumerate(zip(sizes, w)) if n == 0]
-        if empty:
-            raise UsageError(
-                f"pack {_describe(sources[empty[0]])} is empty; it cannot be drawn from"
-            )
-        mix = _Mix(sizes, w, size)
-    elif epoch_size is not None:
-        raise UsageError("epoch_size= goes with weights=")
-    return first if len(sources) == 1 and weights is None else sources, Units(sources), mix

@@ -20,7 +20,19 @@ class _Resumable:
     """The epoch bookkeeping of :class:`PackLoader` (a base class of it): ``state_dict``,
     ``load_state_dict``, and what a pass asks when it starts (``_start_pass``) and as it
     yields (``_note``); they read and set ``_epoch``, ``_resume``, ``_progress``,
-    ``_serial`` and the ``_epoch_*`` flags that ``PackLoader.__init__`` sets."""
+    ``_serial`` and the ``_epoch_*`` flags that ``_start_counting`` sets."""
+
+    def _start_counting(self) -> None:
+        """Epoch 0 next, no resume point, no pass yet (``PackLoader.__init__`` calls it)."""
+        self._epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
+        self._serial = 0  # passes started; the latest one is what state_dict() describes
+        self._progress: tuple[int, int, bool] | None = None  # (epoch, yielded, exhausted)
+        # Whether the caller names the epoch (set_epoch since the latest pass started) or
+        # carries it in a saved state; a counted epoch restarts at 0 in a resumed process.
+        self._epoch_named = False
+        self._epoch_in_state = False
+        self._warned_counted = False
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: the next batch it will yield. Small and plain (ints, strs).

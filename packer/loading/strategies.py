@@ -65,6 +65,34 @@ class PassConfig:
     fetch_ahead: int = 0  # shards a remote set prefetches ahead of need
     decoding: Any = None  # kinds that decode, in batches: a jpeg_pass.Decoding
 
+    @classmethod
+    def of(cls, loader: Any) -> PassConfig:
+        """What a pass takes from ``loader`` (a :class:`PackLoader`), frozen when the pass is
+        made (``iter(loader)``)."""
+        return cls(
+            kind=loader._kind,
+            pack=loader.pack,
+            src=loader._images,
+            labels=loader._labels,
+            targets=loader._targets,
+            rows=loader._rows,
+            shape=loader._shape,
+            batch_size=loader.batch_size,
+            prefetch=loader.prefetch,
+            device=loader.device,
+            num_threads=loader.num_threads,
+            transform=loader.transform,
+            seed=loader.seed,
+            rank=loader.rank,
+            gather=loader._gather,
+            resident=loader.resident,
+            crop=loader._crop,
+            on_cpu=loader._on_cpu,
+            units=loader._units,
+            fetch_ahead=loader._fetch_ahead(),
+            decoding=loader._decoding,
+        )
+
     @property
     def seeded(self) -> bool:
         """Whether batches draw random parameters from a generator seeded per batch."""

@@ -139,7 +139,7 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
     cfg = BuildConfig(size=(16, 16), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
     monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
-    real = packer.build.gpu._write_group
+    real = packer.build.gpu.write_group
     calls: list[int] = []
 
     def full_at_third(*a):
@@ -148,10 +148,10 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*a)
 
-    monkeypatch.setattr(packer.build.gpu, "_write_group", full_at_third)
+    monkeypatch.setattr(packer.build.gpu, "write_group", full_at_third)
     with pytest.raises(DiskFullError, match="disk is full"):
         build(photos, tmp_path / "out", cfg)
-    monkeypatch.setattr(packer.build.gpu, "_write_group", real)
+    monkeypatch.setattr(packer.build.gpu, "write_group", real)
     r = build(photos, tmp_path / "out", cfg)
     assert r.resumed >= 4  # at least the first two groups
     for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
@@ -256,7 +256,7 @@ STAGES = {
     "reader": (packer.build.gpu, "read_group"),  # where the pipeline looks it up
     "decoder": (packer.imaging.jpeg, "decode_batch"),
     "main": (packer.imaging.jpeg, "resize_images"),
-    "writer": (packer.build.gpu, "_write_group"),
+    "writer": (packer.build.gpu, "write_group"),
     "retry": (packer.build.workers, "_decode_paths"),  # on a writer thread: workers=1 only
 }
 
@@ -357,7 +357,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
     monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 1)  # a group per image
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
-    real = packer.build.gpu._write_group
+    real = packer.build.gpu.write_group
     lock, go = threading.Lock(), threading.Event()
     in_use: set[int] = set()
     ptrs: set[int] = set()
@@ -390,7 +390,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
         return real(fd, row, group, at, sizes, host, copied, cpu, writeback, rel)
 
-    monkeypatch.setattr(packer.build.gpu, "_write_group", held)
+    monkeypatch.setattr(packer.build.gpu, "write_group", held)
     build(photos, tmp_path / "out", cfg)
     assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build.gpu._WRITERS + 2
     assert _same(tmp_path / "out", tmp_path / "ref")

@@ -17,7 +17,8 @@ import pytest
 import packer
 from conftest import beside, subprocess_env, write_image
 from packer.build.run import BuildConfig, build
-from packer.build.shards import DEFAULT_SHARD_SIZE, cut, parse_bytes
+from packer.build.set_plan import cut
+from packer.build.shards import DEFAULT_SHARD_SIZE, parse_bytes
 from packer.errors import InputError, UsageError
 from packer.pack.index import read_index
 

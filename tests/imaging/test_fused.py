@@ -106,10 +106,11 @@ import packer, packer.transforms as T
 import packer.imaging.aug_triton as K
 import packer.imaging.fused as FU
 import packer.imaging.policy_apply as PA
+import packer.imaging.tail_triton as KT
 
 K.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python
 K.STATS_BLOCK = 128
-K.TAIL_TILE = (4, 16, 1)
+KT.TAIL_TILE = (4, 16, 1)
 FU.DEVICES = "any"
 PA._BACKEND = "triton"  # the op-by-op policy runs the same kernels
 
