@@ -3,7 +3,7 @@
 Works on uint8 images (before ``packer.Normalize``) and on floating, normalized
 ones (after it, where torchvision's classification reference erases), returning
 the input's dtype. Boxes follow torchvision's rule (``RandomErasing.get_params``): its
-exact distribution for the image size, drawn with one uniform per image (or, for a
+exact distribution for the image size, drawn with four uniforms per image (or, for a
 fixed scale or ratio, the ten tries of each image to erase at once); an image without
 a fitting try is left as it is.
 """

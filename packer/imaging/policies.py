@@ -11,7 +11,7 @@ op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
 
 Pixels (:mod:`packer.imaging.policy_apply`; op spaces and draws:
 :mod:`packer.imaging.policy_ops`): a batch's draws come from ``generator`` on the CPU
-(one seed for numpy's generator, :func:`~packer.imaging.resize.host_rng`; AugMix: three
+(one seed for numpy's generator, :func:`~packer.imaging.draws.host_rng`; AugMix: three
 torch calls), become per-image parameters in numpy (the geometric ops'
 affine matrices in float64, as torchvision computes them), and the batch's gathers go
 to the device in one copy. Images are grouped by the batched op they need: the five
