@@ -253,8 +253,8 @@ def _policy_table(
     lookup table."""
     index = policy._row_index(b, generator)
     table = policy._rows(h, w, c).reshape(-1, NCOL).take(index.T, 0)
-    kind = table[..., 0]
-    return table, (kind != 0).any(1), (kind == 1).any(1)
+    kind = table[..., 0]  # 0: no op, 1: a lookup table, 2-4: other kinds
+    return table, np.maximum.reduce(kind, 1) > 0, np.logical_or.reduce(kind == 1, 1)
 
 
 _NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
