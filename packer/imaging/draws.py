@@ -181,12 +181,12 @@ def box_table(
     :func:`_area` integrates in closed form. The first fitting of ten tries is a
     fitting cell with probability P(cell) / P(fit) * (1 - (1 - P(fit))**10).
     """
-    key = (kind, height, width, scale, ratio, p)
+    key = (kind, height, width, tuple(scale), tuple(ratio), p)  # a list set as an attribute
     table = _TABLES.get(key)
     if table is None and key not in _TABLES:
         if len(_TABLES) >= 16:  # many image sizes: start over rather than grow
             _TABLES.clear()
-        table = _TABLES[key] = _build(kind, height, width, scale, ratio, p)
+        table = _TABLES[key] = _build(*key)
     return table
 
 

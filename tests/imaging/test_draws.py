@@ -148,6 +148,8 @@ def test_no_table_where_the_rule_has_no_density() -> None:
     assert draws.box_table("crop", 20, 20, (0.5, 0.5), (0.5, 2.0)) is None  # fixed scale
     assert draws.box_table("erase", 20, 20, (0.1, 0.4), (2.0, 2.0)) is None  # fixed ratio
     assert draws.box_table("crop", 4000, 4000, (0.08, 1.0), (3 / 4, 4 / 3)) is None  # huge
+    same = draws.box_table("crop", 24, 30, [0.08, 1.0], [3 / 4, 4 / 3])  # lists, as attributes
+    assert same is draws.box_table("crop", 24, 30, (0.08, 1.0), (3 / 4, 4 / 3))
     # Then the modules draw the tries instead: still torchvision's rule, in bounds.
     boxes = T.RandomResizedCrop(8, scale=(0.5, 0.5)).sample_boxes(
         500, 20, 20, torch.Generator().manual_seed(0)
