@@ -50,6 +50,10 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("the modern recipe (RRC, TrivialAugmentWide, erasing, MixUp/CutMix) vs a device "
                "copy; ResNet-50 fed by it vs resident vs torchvision's reference data path",
                [PY, str(HERE / "recipe.py"), "--work", "{work}/recipe"]),
+    "recipe_host": ("the recipe's random draws on the host, µs per batch of 256 (CPU), this "
+                    "tree vs the packer/ under $OLD_TREE when it is set",
+                    [PY, str(HERE / "recipe_host.py"),
+                     *(["--against", os.environ["OLD_TREE"]] if os.environ.get("OLD_TREE") else [])]),
     "sets": ("PackLoader over a 16-shard set vs one pack, shard vs global order, ResNet-50 on sets",
              [PY, str(HERE / "sets.py"), "--work", "{work}/sets"]),
     "ab": ("PackLoader raw and JPEG streaming, this tree vs the packer/ under $OLD_TREE, alternating",

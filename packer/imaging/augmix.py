@@ -102,7 +102,7 @@ class AugMix(Policy):
         op = np.where(live, randint(u_op, len(self._space)), -1)
         bins = randint(u_bin, self.severity)
         table = self._table(self._PARAMETER_MAX, self._size(size))
-        chains = signed_draw(self._space, table, op, bins, u_sign)
+        chains = signed_draw(table, op, bins, self._signed[op] & (u_sign <= 0.5))
         return AugMixDraw(chains, torch.from_numpy(depth), torch.cat([m[:, :1], w], 1))
 
     # forward: Policy's (draw with sample, then _run)

@@ -2,14 +2,14 @@
 
 Works on uint8 images (before ``packer.Normalize``) and on floating, normalized
 ones (after it, where torchvision's classification reference erases), returning
-the input's dtype. Boxes follow torchvision's rule (``RandomErasing.get_params``),
-vectorised: all ten tries of every image are drawn at once and each image takes
-its first try that fits; an image with none is left as it is.
+the input's dtype. Boxes follow torchvision's rule (``RandomErasing.get_params``): its
+exact distribution for the image size, drawn with four uniforms per image (or, for a
+fixed scale or ratio, the ten tries of each image to erase at once); an image without
+a fitting try is left as it is.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -18,11 +18,9 @@ import numpy as np
 import torch
 
 from . import functional as F
+from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
 from .params import constant, send
-from .transforms import _Transform
-
-# Tries per image before giving up, as torchvision.
-_TRIES = 10
+from .transforms import _size_column, _Transform
 
 
 class ErasingParams(NamedTuple):
@@ -103,36 +101,43 @@ class RandomErasing(_Transform):
     ) -> ErasingParams:
         """Per image, whether it is erased and its box, for ``height`` x ``width`` images.
 
-        One draw of [B, 23] from ``generator``: the coin (< p), then per try an
-        area ``U(scale) * H * W`` and an aspect ``exp(U(log ratio))``, h =
-        round(sqrt(area * aspect)), w = round(sqrt(area / aspect)) (half to
-        even, as Python's round); the first try with h < H and w < W wins and its
-        corner is uniform (``randint(0, H - h + 1)``, ``randint(0, W - w + 1)``).
+        As torchvision: with probability p, up to ten tries of an area ``U(scale) * H *
+        W`` and an aspect ``exp(U(log ratio))``, h = round(sqrt(area * aspect)), w =
+        round(sqrt(area / aspect)) (half to even, as Python's round); the first try
+        with h < H and w < W wins and its corner is uniform (``randint(0, H - h + 1)``,
+        ``randint(0, W - w + 1)``); an image without one is not erased. From the exact
+        table of that distribution (:func:`~packer.imaging.draws.box_table`): four
+        uniforms per image from :func:`~packer.imaging.draws.host_rng` (one draw from
+        ``generator``); where there is none (a fixed scale or ratio), from the coins
+        and then the tries of the images to erase.
         """
         if height < 1 or width < 1:
             raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
-        u = torch.rand(batch, 3 + 2 * _TRIES, generator=generator, dtype=torch.float64).numpy()
-        area = float(height * width)
-        lo, hi = self.scale
-        target = u[:, 1 : 1 + _TRIES] * (hi - lo)
-        target += lo
-        target *= area
-        lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = u[:, 1 + _TRIES : 1 + 2 * _TRIES] * (lr1 - lr0)
-        aspect += lr0
-        np.exp(aspect, out=aspect)
-        h = np.round(np.sqrt(target * aspect))
-        w = np.round(np.sqrt(np.divide(target, aspect, out=target), out=target), out=target)
-        ok = (h < height) & (w < width)
-        first = ok.argmax(1)  # the first fitting try (0 when none fits: then found is False)
-        rows = np.arange(batch)
-        found = ok[rows, first]
-        h, w = h[rows, first], w[rows, first]
-        top = np.minimum(np.floor(u[:, -2] * (height - h + 1.0)), height - h)
-        left = np.minimum(np.floor(u[:, -1] * (width - w + 1.0)), width - w)
-        erase = (u[:, 0] < self.p) & found
-        boxes = np.stack([top, left, h, w], 1).astype(np.int64)
-        boxes[~erase] = 0
+        table = box_table("erase", height, width, self.scale, self.ratio, self.p)
+        rng = host_rng(generator)
+        if table is not None:
+            k, box = draw_boxes(table, rng.random((4, batch)))  # zeros where not erased
+            erase = torch.from_numpy(k < table.found)
+            return ErasingParams(erase, torch.from_numpy(box.T.astype(np.int64, order="C")))
+        idx = (rng.random(batch) < self.p).nonzero()[0]
+        erase = np.zeros(batch, dtype=bool)
+        boxes = np.zeros((batch, 4), dtype=np.int64)
+        n = len(idx)
+        if n:
+            u = rng.random((2 * TRIES + 2, n))  # areas, aspects, the corner
+            area = float(height * width)
+            wh = try_sides(u[:TRIES], u[TRIES : 2 * TRIES], area, self.scale, self.ratio)
+            size = _size_column(height, width)  # [2, 1, 1]
+            fit = wh[::-1] < size
+            box = np.empty((4, n))  # top, left, h, w
+            np.take(wh[::-1].reshape(2, -1), first_fit(fit[0] & fit[1]), 1, box[2:])
+            # floor(u * (H - h + 1)): u is at most 1 - 2**-53, so this stays below H - h + 1.
+            np.subtract(size[:, 0] + 1.0, box[2:], out=box[:2])
+            box[:2] *= u[2 * TRIES :]
+            np.floor(box[:2], out=box[:2])
+            found = np.logical_or.reduce(fit[0] & fit[1], 0)
+            erase[idx[found]] = True
+            boxes[idx[found]] = box.T[found]
         return ErasingParams(torch.from_numpy(erase), torch.from_numpy(boxes))
 
     def forward(

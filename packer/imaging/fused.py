@@ -39,7 +39,7 @@ from .mixing import CutMix, MixUp, RandomChoice
 from .normalize import Normalize
 from .params import send
 from .policies import Policy
-from .policy_apply import fused_backend, fused_fill
+from .policy_apply import NCOL, fused_backend, fused_fill
 from .resize import taps, triton_kernels
 from .transforms import RandomHorizontalFlip, RandomResizedCrop
 
@@ -239,26 +239,22 @@ def _mix_draw(
     if type(mixer) is RandomChoice:
         mixer = mixer.transforms[mixer.sample(generator)]
     if type(mixer) is MixUp:
-        lam = float(mixer.sample(b, generator)[0])
+        lam = mixer._lam(generator)
         return float(np.float32(1.0 - lam)), float(np.float32(lam)), np.array([1, 0, 0, 0, 0])
-    draw = mixer.sample(b, h, w, generator)
-    lam = float(draw.lam_adjusted[0])
-    box = draw.boxes[0].numpy()
-    head = np.array([2, box[0], box[1], box[2], box[3]])
-    return float(np.float32(1.0 - lam)), float(np.float32(lam)), head
+    _, lam, box = mixer._batch_draw(h, w, generator)
+    return float(np.float32(1.0 - lam)), float(np.float32(lam)), np.array([2, *box])
 
 
 def _policy_table(
     policy: Policy, b: int, c: int, h: int, w: int, generator: torch.Generator | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The policy's draw as its fused kernels' table, float32 [S, B, 12], and per
-    stage whether any image changes and whether any needs a lookup table."""
-    draw = policy.sample(b, generator, size=(h, w))
-    rows = policy._rows(h, w, c)
-    neg = (draw.sign.numpy() < 0).astype(np.int64)
-    table = np.ascontiguousarray(rows[draw.op.numpy(), draw.bin.numpy(), neg].transpose(1, 0, 2))
-    kind = table[..., 0]
-    return table, (kind != 0).any(1), (kind == 1).any(1)
+    """The policy's draw (its ``sample``'s) as its fused kernels' table, float32
+    [S, B, 12], and per stage whether any image changes and whether any needs a
+    lookup table."""
+    index = policy._row_index(b, generator)
+    table = policy._rows(h, w, c).reshape(-1, NCOL).take(index.T, 0)
+    kind = table[..., 0]  # 0: no op, 1: a lookup table, 2-4: other kinds
+    return table, np.maximum.reduce(kind, 1) > 0, np.logical_or.reduce(kind == 1, 1)
 
 
 _NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

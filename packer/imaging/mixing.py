@@ -20,6 +20,8 @@ torchvision's ``lam`` and box. Label smoothing is the loss's job
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .draws import uniform
 from .params import send
 
 _MODES = ("batch", "elem")
@@ -39,8 +42,27 @@ def sample_beta(alpha: float, n: int, generator: torch.Generator | None = None) 
     The first of a two-parameter Dirichlet, as ``torch.distributions.Beta``
     samples, so the same generator state gives torchvision's ``lam``.
     """
-    conc = torch.full((n, 2), float(alpha), dtype=torch.float32)
-    return torch._sample_dirichlet(conc, generator=generator)[:, 0]
+    return torch._sample_dirichlet(_concentration(alpha, n), generator=generator)[:, 0]
+
+
+def _beta_one(alpha: float, generator: torch.Generator | None) -> float:
+    """``float(sample_beta(alpha, 1, generator)[0])``, the same draw, with less host work."""
+    return torch._sample_dirichlet(_concentration(alpha, 1), generator=generator).tolist()[0][0]
+
+
+_CONCENTRATIONS: dict[tuple[float, int], torch.Tensor] = {}
+
+
+def _concentration(alpha: float, n: int) -> torch.Tensor:
+    """float32 [n, 2] of ``alpha``, made once per (alpha, n): ``torch.full`` costs about
+    what the draw does."""
+    key = (float(alpha), n)
+    conc = _CONCENTRATIONS.get(key)
+    if conc is None:
+        if len(_CONCENTRATIONS) >= 64:  # many batch sizes: start over rather than grow
+            _CONCENTRATIONS.clear()
+        conc = _CONCENTRATIONS[key] = torch.full((n, 2), key[0], dtype=torch.float32)
+    return conc
 
 
 class CutMixDraw(NamedTuple):
@@ -158,6 +180,10 @@ class MixUp(_Mixer):
         """The mixing weights, float32 on the CPU: [1] in batch mode, [batch] in elem mode."""
         return sample_beta(self.alpha, 1 if self.mode == "batch" else batch, generator)
 
+    def _lam(self, generator: torch.Generator | None) -> float:
+        """Batch mode's weight: ``float(self.sample(b, generator)[0])``, the same draw."""
+        return _beta_one(self.alpha, generator)
+
     def forward(
         self,
         images: torch.Tensor,
@@ -166,12 +192,12 @@ class MixUp(_Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._check(images, labels)
         b = images.shape[0]
-        lam_cpu = self.sample(b, generator)
         x = images.float() if images.dtype == torch.uint8 else images
         soft = self._soft(labels)
         if self.mode == "batch":
-            lam_img = lam_lab = float(lam_cpu[0])
+            lam_img = lam_lab = self._lam(generator)
         else:
+            lam_cpu = self.sample(b, generator)
             lam_dev = send(lam_cpu, images.device)
             lam_img = lam_dev.to(x.dtype)[:, None, None, None]
             if soft.device != images.device:
@@ -206,15 +232,18 @@ class CutMix(_Mixer):
         self, batch: int, height: int, width: int, generator: torch.Generator | None = None
     ) -> CutMixDraw:
         """The boxes for a batch of ``height`` x ``width`` images (:class:`CutMixDraw`)."""
-        n = 1 if self.mode == "batch" else batch
-        lam = sample_beta(self.alpha, n, generator)
-        if self.mode == "batch":  # torchvision's draws: randint(W), then randint(H)
-            cx = torch.randint(width, (1,), generator=generator).numpy()
-            cy = torch.randint(height, (1,), generator=generator).numpy()
-        else:  # one draw for all centres, as floor(u * size)
-            u = torch.rand(n, 2, generator=generator, dtype=torch.float64).numpy()
-            cx = np.minimum(np.floor(u[:, 0] * width), width - 1).astype(np.int64)
-            cy = np.minimum(np.floor(u[:, 1] * height), height - 1).astype(np.int64)
+        if self.mode == "batch":
+            lam, lam_adj, box = self._batch_draw(height, width, generator)
+            return CutMixDraw(
+                torch.tensor([lam], dtype=torch.float32),
+                torch.tensor([box], dtype=torch.int64),
+                torch.tensor([lam_adj], dtype=torch.float64),
+            )
+        lam = sample_beta(self.alpha, batch, generator)
+        # One draw for all centres, as floor(u * size).
+        u = torch.rand(batch, 2, generator=generator, dtype=torch.float64).numpy()
+        cx = np.minimum(np.floor(u[:, 0] * width), width - 1).astype(np.int64)
+        cy = np.minimum(np.floor(u[:, 1] * height), height - 1).astype(np.int64)
         r = 0.5 * np.sqrt(1.0 - lam.numpy().astype(np.float64))
         rw = (r * width).astype(np.int64)  # int(): truncation, as torchvision
         rh = (r * height).astype(np.int64)
@@ -231,6 +260,20 @@ class CutMix(_Mixer):
         lam_adj = 1.0 - area / (width * height)
         return CutMixDraw(lam, torch.from_numpy(boxes), torch.from_numpy(lam_adj))
 
+    def _batch_draw(
+        self, height: int, width: int, generator: torch.Generator | None
+    ) -> tuple[float, float, tuple[int, int, int, int]]:
+        """Batch mode's (lam, lam_adjusted, (x1, y1, x2, y2)) in Python numbers, with
+        torchvision's draws and arithmetic: lam, then ``randint(W)``, ``randint(H)``."""
+        lam = _beta_one(self.alpha, generator)
+        cx = int(torch.randint(width, (1,), generator=generator))
+        cy = int(torch.randint(height, (1,), generator=generator))
+        r = 0.5 * math.sqrt(1.0 - lam)
+        rw, rh = int(r * width), int(r * height)
+        x1, y1 = max(cx - rw, 0), max(cy - rh, 0)
+        x2, y2 = min(cx + rw, width), min(cy + rh, height)
+        return lam, 1.0 - (x2 - x1) * (y2 - y1) / (width * height), (x1, y1, x2, y2)
+
     def forward(
         self,
         images: torch.Tensor,
@@ -239,13 +282,13 @@ class CutMix(_Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._check(images, labels)
         b, _, h, w = images.shape
-        draw = self.sample(b, h, w, generator)
         soft = self._soft(labels)
         if self.mode == "batch":
-            x1, y1, x2, y2 = draw.boxes[0].tolist()
+            _, lam_adj, (x1, y1, x2, y2) = self._batch_draw(h, w, generator)
             out = images.clone()
             out[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
-            return out, self._mix_labels(soft, float(draw.lam_adjusted[0]))
+            return out, self._mix_labels(soft, lam_adj)
+        draw = self.sample(b, h, w, generator)
         # One transfer: the boxes and the label weights, as float64 (exact for ints).
         params = torch.cat([draw.boxes.double(), draw.lam_adjusted[:, None]], 1)
         params = send(params, images.device)
@@ -265,8 +308,9 @@ class RandomChoice(nn.Module):
     """One of ``transforms`` (mixers) per batch, picked with probabilities ``p``.
 
     As torchvision's v2 RandomChoice: ``p`` (default uniform) is normalized to sum
-    to 1, and the pick is one ``multinomial`` draw from ``generator``, after which
-    the chosen mixer draws its own numbers. The reference recipe's
+    to 1, and the pick follows it (one uniform from ``generator`` against the
+    cumulative ``p``, where torchvision calls ``multinomial``, some twenty times the
+    host's time), after which the chosen mixer draws its own numbers. The reference recipe's
     ``RandomChoice([MixUp(0.2, K), CutMix(1.0, K)])`` mixes each batch one way.
     """
 
@@ -296,14 +340,18 @@ class RandomChoice(nn.Module):
             t if isinstance(t, nn.Module) else _Plain(t) for t in transforms
         )
         self.p = [x / total for x in p]
-        self._p = torch.tensor(self.p, dtype=torch.float64)
+        # The pick is the first index whose cumulative p exceeds the uniform; the last
+        # positive one takes the rest (where the sum rounds below 1), and indices of
+        # zero probability are never picked.
+        last = max(i for i, x in enumerate(self.p) if x > 0)
+        self._cum = list(itertools.accumulate(self.p))[:last] + [math.inf] * (len(p) - last)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
 
     def sample(self, generator: torch.Generator | None = None) -> int:
         """The index of the transform to apply to the next batch."""
-        return int(torch.multinomial(self._p, 1, generator=generator))
+        return bisect.bisect_right(self._cum, uniform(generator))
 
     def forward(
         self,

@@ -6,12 +6,13 @@ CPU or CUDA, and returns uint8 of the same shape on the same device. Every image
 draws its own op, magnitude bin and sign, with torchvision's v2 op spaces,
 magnitude tables and rules (``torchvision.transforms.v2._auto_augment``): the
 op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
-(RandAugment), the sign negative where a uniform draw is <= 0.5 for the signed
-ops. :meth:`sample` returns the draws (a :class:`PolicyDraw`).
+(RandAugment), the sign negative with probability 1/2 for the signed ops.
+:meth:`sample` returns the draws (a :class:`PolicyDraw`).
 
 Pixels (:mod:`packer.imaging.policy_apply`; op spaces and draws:
 :mod:`packer.imaging.policy_ops`): a batch's draws come from ``generator`` on the CPU
-in one call (AugMix: three), become per-image parameters in numpy (the geometric ops'
+(one seed for numpy's generator, :func:`~packer.imaging.draws.host_rng`; AugMix: three
+torch calls), become per-image parameters in numpy (the geometric ops'
 affine matrices in float64, as torchvision computes them), and the batch's gathers go
 to the device in one copy. Images are grouped by the batched op they need: the five
 geometric ops (shear, translate, rotate) are one affine warp
@@ -28,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .draws import host_rng
 from .params import send
 from .policy_apply import (
     NCOL,
@@ -85,6 +87,8 @@ class Policy(_Transform):
         self.interpolation = interpolation_mode(interpolation)
         self.fill = _check_fill(fill)
         self._plan = OpPlan(tuple(self._space))
+        # Per op index (and -1: none) whether its magnitude takes a random sign.
+        self._signed = np.array([sg for _, sg in self._space.values()] + [False])
         self._tables: dict[tuple[int, int, int], np.ndarray] = {}
         self._fused_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
 
@@ -115,6 +119,36 @@ class Policy(_Transform):
             return (0, 0)
         h, w = (int(v) for v in size)
         return h, w
+
+    def sample(
+        self,
+        batch: int,
+        generator: torch.Generator | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> PolicyDraw:
+        """The ops of ``batch`` images (:class:`PolicyDraw`, [B, S] each, S ops per
+        image), drawn by :meth:`_draw`; ``size`` (h, w) sets the translations."""
+        table = self._table(self._bins(), self._size(size))
+        return signed_draw(table, *self._draw(batch, generator))
+
+    def _draw(
+        self, batch: int, generator: torch.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per image and step: the op (int64 [B, S], -1: none), its bin (int64 [B, S])
+        and whether its sign is negative (bool [B, S]), from
+        :func:`~packer.imaging.draws.host_rng` (one draw from ``generator``)."""
+        raise NotImplementedError
+
+    def _row_index(self, batch: int, generator: torch.Generator | None) -> np.ndarray:
+        """:meth:`_draw`'s draw (the same numbers) as indices into
+        ``_rows(...).reshape(-1, NCOL)``, int64 [B, S] (-1 ops: the last rows, none)."""
+        op, bins, negative = self._draw(batch, generator)
+        index = op * self._bins()
+        index += bins
+        index *= 2
+        index += negative
+        return index
 
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
@@ -254,20 +288,23 @@ class TrivialAugmentWide(Policy):
     def _repr_fields(self) -> dict[str, object]:
         return {"num_magnitude_bins": self.num_magnitude_bins, **super()._repr_fields()}
 
-    def sample(
-        self,
-        batch: int,
-        generator: torch.Generator | None = None,
-        *,
-        size: tuple[int, int] | None = None,
-    ) -> PolicyDraw:
-        """Per image: op, bin and sign ([B, 1] each), from one draw of ``generator``."""
-        n = len(self._space)
-        u = torch.rand(batch, 3, generator=generator, dtype=torch.float64).numpy()
-        op = randint(u[:, :1], n)
-        bins = randint(u[:, 1:2], self.num_magnitude_bins)
-        table = self._table(self.num_magnitude_bins, self._size(size))
-        return signed_draw(self._space, table, op, bins, u[:, 2:3])
+    def _draw(
+        self, batch: int, generator: torch.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per image one op, bin and sign ([B, 1] each), independent and uniform."""
+        op, k = np.divmod(self._code(batch, generator), 2 * self.num_magnitude_bins)
+        bins, coin = np.divmod(k, 2)
+        return op, bins, np.logical_and(self._signed[op], coin)
+
+    def _code(self, batch: int, generator: torch.Generator | None) -> np.ndarray:
+        """int64 [B, 1], uniform below ops x bins x 2: (op x bins + bin) x 2 + a coin
+        for the sign."""
+        n = len(self._space) * self.num_magnitude_bins * 2
+        return randint(host_rng(generator).random((batch, 1)), n)
+
+    def _row_index(self, batch: int, generator: torch.Generator | None) -> np.ndarray:
+        # The code is the row: for an unsigned op both signs' rows are the same.
+        return self._code(batch, generator)
 
 
 class RandAugment(Policy):
@@ -307,21 +344,14 @@ class RandAugment(Policy):
             **super()._repr_fields(),
         }
 
-    def sample(
-        self,
-        batch: int,
-        generator: torch.Generator | None = None,
-        *,
-        size: tuple[int, int] | None = None,
-    ) -> PolicyDraw:
-        """Per image: ``num_ops`` ops and signs ([B, num_ops] each); ``size`` (h, w)
-        sets the translations."""
-        k = self.num_ops
-        u = torch.rand(batch, 2 * k, generator=generator, dtype=torch.float64).numpy()
-        op = randint(u[:, :k], len(self._space))
-        bins = np.full_like(op, self.magnitude)
-        table = self._table(self.num_magnitude_bins, self._size(size))
-        return signed_draw(self._space, table, op, bins, u[:, k:])
+    def _draw(
+        self, batch: int, generator: torch.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per image ``num_ops`` ops and signs ([B, num_ops] each) at the fixed bin:
+        one integer below ops x 2 per step holds both."""
+        k = randint(host_rng(generator).random((batch, self.num_ops)), 2 * len(self._space))
+        op, coin = np.divmod(k, 2)
+        return op, np.full_like(op, self.magnitude), np.logical_and(self._signed[op], coin)
 
 
 class AutoAugment(Policy):
@@ -348,18 +378,12 @@ class AutoAugment(Policy):
     def _repr_fields(self) -> dict[str, object]:
         return {"policy": self.policy, **super()._repr_fields()}
 
-    def sample(
-        self,
-        batch: int,
-        generator: torch.Generator | None = None,
-        *,
-        size: tuple[int, int] | None = None,
-    ) -> PolicyDraw:
-        """Per image: its sub-policy's two ops ([B, 2] each; -1 where skipped)."""
-        u = torch.rand(batch, 5, generator=generator, dtype=torch.float64).numpy()
+    def _draw(
+        self, batch: int, generator: torch.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per image its sub-policy's two ops ([B, 2] each; -1 where skipped)."""
+        u = host_rng(generator).random((batch, 5))
         pol = randint(u[:, 0], len(self._sub_op))
         applied = u[:, 1:3] <= self._sub_p[pol]
         op = np.where(applied, self._sub_op[pol], -1)
-        bins = self._sub_bin[pol]
-        table = self._table(10, self._size(size))
-        return signed_draw(self._space, table, op, bins, u[:, 3:5])
+        return op, self._sub_bin[pol], self._signed[op] & (u[:, 3:5] <= 0.5)

@@ -220,25 +220,23 @@ class AugMixDraw(NamedTuple):
 
 
 def signed_draw(
-    space: dict,
-    table: np.ndarray,
-    op: np.ndarray,
-    bins: np.ndarray,
-    u_sign: np.ndarray,
+    table: np.ndarray, op: np.ndarray, bins: np.ndarray, negative: np.ndarray
 ) -> PolicyDraw:
-    """Magnitudes and signs for ops ``op`` (int, -1 = none) at ``bins``."""
-    signed = np.array([s for _, s in space.values()] + [False])  # [-1] -> none
-    neg = signed[op] & (u_sign <= 0.5)
-    sign = np.where(neg, -1.0, 1.0)
+    """The draw of ops ``op`` (int, -1 = none) at ``bins`` with their signs (``negative``:
+    bool, True only for signed ops), magnitudes from ``table`` [ops, bins]."""
+    sign = np.where(negative, -1.0, 1.0)
     mag = np.where(op >= 0, table[np.maximum(op, 0), bins], 0.0) * sign
     return PolicyDraw(
-        torch.from_numpy(op.astype(np.int64)),
+        torch.from_numpy(op.astype(np.int64, copy=False)),
         torch.from_numpy(mag + 0.0),  # + 0.0: no -0.0
         torch.from_numpy(sign),
-        torch.from_numpy(bins.astype(np.int64)),
+        torch.from_numpy(bins.astype(np.int64, copy=False)),
     )
 
 
 def randint(u: np.ndarray, n: int) -> np.ndarray:
-    """Uniform integers in [0, n) from uniform floats in [0, 1)."""
-    return np.minimum((u * n).astype(np.int64), n - 1)
+    """Uniform integers in [0, n) from uniform floats in [0, 1): numpy's and torch's
+    float64 uniforms are at most 1 - 2**-53, so ``u * n`` rounds below n for any n
+    up to 2**53 and needs no clamp. (numpy's ``integers`` costs several times more.)"""
+    u = u * n
+    return u.astype(np.int64)

@@ -13,15 +13,17 @@ copies: nothing here makes the host wait for the device.
     train_tf[0].size = 160  # progressive resizing: set before an epoch starts
 The crop and resize is one batched call, :func:`packer.imaging.resize.resized_crop`
 (this module's pixels, its weights and its CUDA kernel). Host work per batch on CUDA
-(Compose of crop + flip): one draw from the generator, about 25 numpy passes written
-straight into a reused pinned [B, 5] int32 table, one async copy and one launch.
-This module needs only torch and numpy (and ``resize.py`` beside it), so it also
-imports standalone.
+(Compose of crop + flip): a seed from the generator for numpy's uniforms
+(:func:`~packer.imaging.draws.host_rng`), the boxes from the exact table of
+torchvision's rule for the image size (:func:`~packer.imaging.draws.box_table`) in a
+few numpy passes written straight into a reused pinned [B, 5] int32 table, one torch
+draw for the flips, one async copy and one launch.
+This module needs only torch and numpy (and ``resize.py`` and ``draws.py`` beside it),
+so it also imports standalone.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 if __package__:
+    from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
     from .resize import (
         Size,
         check_images,
@@ -39,7 +42,15 @@ if __package__:
         to_device,
         triton_kernels,
     )
-else:  # imported standalone, beside resize.py
+else:  # imported standalone, beside resize.py and draws.py
+    from draws import (  # type: ignore[no-redef]
+        TRIES,
+        box_table,
+        draw_boxes,
+        first_fit,
+        host_rng,
+        try_sides,
+    )
     from resize import (  # type: ignore[no-redef]
         Size,
         check_images,
@@ -51,8 +62,18 @@ else:  # imported standalone, beside resize.py
         triton_kernels,
     )
 
-# Tries before RandomResizedCrop falls back to a centre crop, as torchvision.
-_TRIES = 10
+
+def _size_column(height: int, width: int) -> np.ndarray:
+    """float64 [2, 1, 1]: (height, width), made once per size."""
+    col = _COLUMNS.get((height, width))
+    if col is None:
+        if len(_COLUMNS) >= 64:  # many image sizes: start over rather than grow
+            _COLUMNS.clear()
+        col = _COLUMNS[(height, width)] = np.array([height, width], dtype=np.float64)[:, None, None]
+    return col
+
+
+_COLUMNS: dict[tuple[int, int], np.ndarray] = {}
 
 
 def _np_sizes(size: int | torch.Tensor, batch: int) -> np.ndarray:
@@ -135,11 +156,15 @@ class RandomResizedCrop(_SizedTransform):
         """Draw ``batch`` boxes, int64 [B, 4] (top, left, height, width), on the CPU.
 
         ``height``/``width``: the image size, or int64 [B] per image (a padded
-        batch of variable-size images). Per image: up to 10 tries of area ~
-        U(scale) * H * W and log aspect ~ U(log ratio), w = round(sqrt(a * r)),
-        h = round(sqrt(a / r)); the first try with 0 < w <= W and 0 < h <= H
-        wins and its corner is uniform; else a centre crop of the whole image
-        with its aspect clamped into ``ratio``. All tries are drawn at once.
+        batch of variable-size images). Per image, torchvision's rule: up to 10
+        tries of area ~ U(scale) * H * W and log aspect ~ U(log ratio), w =
+        round(sqrt(a * r)), h = round(sqrt(a / r)); the first try with 0 < w <= W
+        and 0 < h <= H wins and its corner is uniform; else a centre crop of the
+        whole image with its aspect clamped into ``ratio``. For one image size the
+        box comes from that rule's exact distribution
+        (:func:`~packer.imaging.draws.box_table`): one uniform per image; else the
+        tries are drawn. The uniforms come from
+        :func:`~packer.imaging.draws.host_rng` (one draw from ``generator``).
         """
         out = np.empty((batch, 4), dtype=np.int64)
         self._draw(batch, height, width, generator, out)
@@ -157,71 +182,47 @@ class RandomResizedCrop(_SizedTransform):
         if type(height) is int and type(width) is int:  # one size: no numpy sizes
             if height < 1 or width < 1:
                 raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
-            hh, ww = height, width
+            table = box_table("crop", height, width, self.scale, self.ratio)
+            if table is not None:
+                if batch:
+                    out[:, :4] = draw_boxes(table, host_rng(generator).random((4, batch)))[1].T
+                return
+            hw = _size_column(height, width)
+            area = float(height * width)
         else:
             hh = _np_sizes(height, batch)
             ww = _np_sizes(width, batch)
             if batch and ((hh < 1) | (ww < 1)).any():
                 raise ValueError(f"image size must be positive, not {height!r}x{width!r}")
-        # One draw from the generator, then a few numpy passes over [B, 10] in
-        # place: each numpy or torch call costs the host microseconds, so there
-        # are as few as the arithmetic allows (about 25 for a batch).
-        u = torch.rand(batch, 2 * _TRIES + 2, generator=generator, dtype=torch.float64).numpy()
-        scalar = batch > 0 and (isinstance(hh, int) or (hh.strides == (0,) and ww.strides == (0,)))
-        if scalar:
-            hh, ww = int(np.asarray(hh).flat[0]), int(np.asarray(ww).flat[0])
-            hf, wf = float(hh), float(ww)  # one image size: Python scalars
-        else:
-            hh, ww = np.broadcast_to(hh, (batch,)), np.broadcast_to(ww, (batch,))
-            hf, wf = hh.astype(np.float64), ww.astype(np.float64)
-        area = hf * wf if scalar else (hf * wf)[:, None]
-        lo, hi = self.scale
-        # The same float operations, in the same order, as torchvision's get_params.
-        target = u[:, :_TRIES] * (hi - lo)
-        target += lo
-        target *= area
-        lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = u[:, _TRIES : 2 * _TRIES] * (lr1 - lr0)
-        aspect += lr0
-        np.exp(aspect, out=aspect)
-        w = target * aspect
-        np.sqrt(w, out=w)
-        np.round(w, out=w)  # round half to even, as Python's round
-        h = np.divide(target, aspect, out=target)
-        np.sqrt(h, out=h)
-        np.round(h, out=h)
-        hcol, wcol = (hf, wf) if scalar else (hf[:, None], wf[:, None])
-        ok = w <= wcol
-        ok &= h <= hcol
-        ok &= w > 0
-        ok &= h > 0
-        first = ok.argmax(1)  # the first accepted try
-        rows = np.arange(batch)
-        found = ok[rows, first]
-        h = h[rows, first]
-        w = w[rows, first]
-        # Corner ~ randint(0, H - h + 1), used where a try was accepted.
-        top = np.floor(u[:, -2] * (hf - h + 1.0))
-        left = np.floor(u[:, -1] * (wf - w + 1.0))
-        np.minimum(top, hf - h, out=top)
-        np.minimum(left, wf - w, out=left)
+            hw = np.stack([hh, ww]).astype(np.float64)[:, None, :]  # [2, 1, B]
+            area = hw[0] * hw[1]  # [1, B]
+        if batch == 0:
+            return
+        # No table: all ten tries of every image at once (try-major: contiguous rows).
+        u = host_rng(generator).random((2 * TRIES + 2, batch))  # areas, aspects, corner
+        box = try_sides(u[:TRIES], u[TRIES : 2 * TRIES], area, self.scale, self.ratio)
+        fit = box <= hw
+        fit &= box > 0
+        ok = fit[0] & fit[1]
+        res = np.empty((4, batch))  # top, left, h, w
+        np.take(box.reshape(2, -1), first_fit(ok), 1, res[2:])
+        found = np.logical_or.reduce(ok, 0)
+        # Corner ~ randint(0, H - h + 1), randint(0, W - w + 1), as floor(u * n): u is
+        # at most 1 - 2**-53, so u * n rounds below n for every integer n >= 1.
+        corner = res[:2]
+        np.subtract(hw[:, 0] + 1.0, res[2:], out=corner)
+        corner *= u[2 * TRIES :]
+        np.floor(corner, out=corner)
         if not found.all():
-            # Fallback: the whole image, its aspect clamped into [min, max] ratio,
-            # centred.
-            hfa = np.broadcast_to(np.asarray(hf), (batch,))
-            wfa = np.broadcast_to(np.asarray(wf), (batch,))
-            in_ratio = wfa / hfa
+            # Fallback: the whole image, its aspect clamped into [min, max] ratio, centred.
+            miss = np.flatnonzero(~found)
+            fh, fw = np.broadcast_to(hw[:, 0], (2, batch))[:, miss]
+            in_ratio = fw / fh
             rmin, rmax = min(self.ratio), max(self.ratio)
-            fw = np.where(in_ratio > rmax, np.round(hfa * rmax), wfa)
-            fh = np.where(in_ratio < rmin, np.round(wfa / rmin), hfa)
-            h = np.where(found, h, fh)
-            w = np.where(found, w, fw)
-            top = np.where(found, top, (hh - h.astype(np.int64)) // 2)
-            left = np.where(found, left, (ww - w.astype(np.int64)) // 2)
-        out[:, 0] = top
-        out[:, 1] = left
-        out[:, 2] = h
-        out[:, 3] = w
+            h = np.where(in_ratio < rmin, np.round(fw / rmin), fh)
+            w = np.where(in_ratio > rmax, np.round(fh * rmax), fw)
+            res[:, miss] = (fh - h) // 2, (fw - w) // 2, h, w
+        out[:, :4] = res.T
 
     def forward(
         self,

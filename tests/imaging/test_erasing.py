@@ -42,6 +42,7 @@ def _tv_draws(p: float, h: int, w: int, scale, ratio, n: int = N, seed: int = 0)
     [
         (32, 40, (0.02, 0.33), (0.3, 3.3)),  # the reference's: a try almost always fits
         (8, 8, (0.3, 0.9), (0.3, 3.3)),  # many images use up their ten tries
+        (12, 20, (0.2, 0.2), (0.5, 2.0)),  # a fixed scale: no table, the tries drawn
     ],
 )
 def test_boxes_follow_torchvision(h: int, w: int, scale, ratio) -> None:

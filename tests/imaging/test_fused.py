@@ -98,6 +98,25 @@ def test_op_by_op_on_the_cpu_as_before() -> None:
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("policy", ["ta", "ra", "aa"])
+def test_policy_table_holds_the_policys_own_draw(policy: str) -> None:
+    # The fused table is looked up by index; it must hold the rows of the ops, bins and
+    # signs that the policy's sample draws from the same generator state.
+    pol = {"ta": T.TrivialAugmentWide(), "ra": T.RandAugment(), "aa": T.AutoAugment()}[policy]
+    g, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    table, live, lut = fused._policy_table(pol, 300, 3, 20, 24, g)
+    kind = table[..., 0]
+    op, bins, negative = pol._draw(300, g2)
+    assert torch.equal(g.get_state(), g2.get_state())  # the same draws, the same count
+    rows = pol._rows(20, 24, 3)[op, bins, negative.astype(int)]  # [B, S, 12]
+    assert table.shape == (op.shape[1], 300, policy_apply.NCOL)
+    assert (table == rows.transpose(1, 0, 2)).all()
+    assert (live == (kind != 0).any(1)).all() and (lut == (kind == 1).any(1)).all()
+    draw = pol.sample(300, torch.Generator().manual_seed(4), size=(20, 24))
+    assert (draw.op.numpy() == op).all() and (draw.bin.numpy() == bins).all()
+    assert ((draw.sign.numpy() < 0) == negative).all()
+
+
 _CODE = r"""
 import sys, torch
 sys.path.insert(0, "tests/imaging")

@@ -192,6 +192,17 @@ def test_random_choice_picks_by_p_and_follows_the_seed() -> None:
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_random_choice_never_picks_a_zero_probability() -> None:
+    mixers = [MixUp(0.2, 3), CutMix(1.0, 3), MixUp(1.0, 3), CutMix(0.5, 3)]
+    g = torch.Generator().manual_seed(1)
+    for p, allowed in [([0, 1, 0, 3], {1, 3}), ([2, 0, 0, 0], {0}), ([0, 0, 0, 1], {3})]:
+        rc = RandomChoice(mixers, p=p)
+        picks = np.array([rc.sample(g) for _ in range(4000)])
+        assert set(picks.tolist()) == allowed
+        if allowed == {1, 3}:
+            assert abs((picks == 3).mean() - 0.75) < 0.03
+
+
 def test_compose_passes_labels_through_a_mixer() -> None:
     x, labels = batch(b=4, h=16, w=16), torch.tensor([0, 1, 2, 1])
     tf = T.Compose([T.CenterCrop(12), T.RandomChoice([T.MixUp(1.0, 3), T.CutMix(1.0, 3)])])

@@ -74,21 +74,24 @@ def test_boxes_follow_torchvision_distribution(
         [tv.RandomResizedCrop.get_params(torch.empty(1, h, w), scale, ratio) for _ in range(n)]
     )
     rrc = T.RandomResizedCrop(8, scale=scale, ratio=ratio)
-    ours = rrc.sample_boxes(n, h, w, torch.Generator().manual_seed(1))
-    assert ours.dtype == torch.int64 and ours.shape == (n, 4)
-    top, left, bh, bw = ours.unbind(1)
-    assert bool(((top >= 0) & (left >= 0) & (top + bh <= h) & (left + bw <= w)).all())
-    assert bool(((bh >= 1) & (bw >= 1)).all())
-    # alpha = 0.001 two-sample KS threshold: 1.95 * sqrt(2 / n); seeds are fixed.
-    limit = 1.95 * math.sqrt(2 / n)
-    for name, f in {
-        "area fraction": lambda b: b[:, 2] * b[:, 3] / (h * w),
-        "log aspect": lambda b: torch.log(b[:, 3] / b[:, 2]),
-        "top": lambda b: b[:, 0].double(),
-        "left": lambda b: b[:, 1].double(),
-    }.items():
-        d = ks_statistic(f(ours.double()), f(ref.double()))
-        assert d < limit, f"{name}: KS {d:.4f} >= {limit:.4f}"
+    # One size: the rule's exact table; sizes per image: the tries themselves.
+    sizes = (torch.full((n,), h), torch.full((n,), w))
+    for way, (hh, ww) in {"table": (h, w), "tries": sizes}.items():
+        ours = rrc.sample_boxes(n, hh, ww, torch.Generator().manual_seed(1))
+        assert ours.dtype == torch.int64 and ours.shape == (n, 4)
+        top, left, bh, bw = ours.unbind(1)
+        assert bool(((top >= 0) & (left >= 0) & (top + bh <= h) & (left + bw <= w)).all())
+        assert bool(((bh >= 1) & (bw >= 1)).all())
+        # alpha = 0.001 two-sample KS threshold: 1.95 * sqrt(2 / n); seeds are fixed.
+        limit = 1.95 * math.sqrt(2 / n)
+        for name, f in {
+            "area fraction": lambda b: b[:, 2] * b[:, 3] / (h * w),
+            "log aspect": lambda b: torch.log(b[:, 3] / b[:, 2]),
+            "top": lambda b: b[:, 0].double(),
+            "left": lambda b: b[:, 1].double(),
+        }.items():
+            d = ks_statistic(f(ours.double()), f(ref.double()))
+            assert d < limit, f"{way}, {name}: KS {d:.4f} >= {limit:.4f}"
 
 
 def test_fallback_is_torchvisions_centre_crop() -> None:
@@ -285,10 +288,13 @@ def _load_alone(name: str, path: Path):
 
 
 def test_imports_standalone_with_torch_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The crop core (resize.py) imports without packer, and the modules (transforms.py)
-    with it beside them, as the two files copied into another project would."""
+    """The crop core (resize.py) and the draws (draws.py) import without packer, and the
+    modules (transforms.py) with them beside them, as the three files copied into
+    another project would."""
     resize = _load_alone("resize", ROOT / "packer/imaging/resize.py")
+    draws = _load_alone("draws", ROOT / "packer/imaging/draws.py")
     monkeypatch.setitem(sys.modules, "resize", resize)  # what transforms.py imports
+    monkeypatch.setitem(sys.modules, "draws", draws)
     mod = _load_alone("transforms_alone", ROOT / "packer/imaging/transforms.py")
     x = photo_like(2, 16, 16)
     assert mod.RandomResizedCrop(8)(x).shape == (2, 3, 8, 8)
