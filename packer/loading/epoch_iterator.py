@@ -63,7 +63,7 @@ class _EpochIterator:
         if self.next_batch >= self.nbatches:
             return  # nothing left (an empty epoch, or resumed at its end): no thread
         rows = ld._rows_at(self.epoch, pos)
-        ld._check_working_set(rows[self.next_batch * cfg.batch_size :])
+        ld._check_working_set(rows[self.next_batch * cfg.batch_size :], strategy.read_window(cfg))
         shared = ld._shared_here()
         try:
             prepared = strategy.prepare(cfg, shared)

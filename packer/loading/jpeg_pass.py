@@ -173,6 +173,11 @@ class JpegDecode(_Pass):
     """A JPEG pack's pass: decoded on the device in batches (its :class:`Decoding`), or
     image by image on the loader's threads (``decode="cpu"``)."""
 
+    @classmethod
+    def read_window(cls, cfg: Any) -> int:
+        # the batch being cropped, ``_DECODE_AHEAD`` decoding, and the next one's read
+        return _DECODE_AHEAD + 2
+
     def __init__(self, cfg: Any, *, decoder: Any = None, **kw: Any) -> None:
         super().__init__(cfg, **kw)
         self.decoding: Decoding | None = cfg.decoding

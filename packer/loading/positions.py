@@ -109,7 +109,24 @@ class Positions:
             (getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in self._units.sources
         )
 
-    def _check_working_set(self, rows: torch.Tensor) -> None:
+    def working_set(self, epoch: int | None = None) -> tuple[int, int]:
+        """``(bytes, shards)`` of a set's shard data that one pass of ``epoch`` (default:
+        the current one) holds at once, as this loader reads (its order, batch size,
+        device and read-ahead, and its store's prefetch depth): the least ``cache_limit``
+        a set in object storage streams with, per rank of a node. ``(0, 0)`` for a pack.
+        """
+        if self._units is None:
+            return 0, 0
+        from .sets import working_set
+        from .strategies import PassConfig, choose
+
+        e = self.epoch if epoch is None else int(epoch)
+        rows = self._rows_at(e, self._positions(e))
+        cfg = PassConfig.of(self)
+        window = choose(cfg).read_window(cfg)
+        return working_set(self._units, rows.numpy(), self.batch_size, self._fetch_ahead(), window)
+
+    def _check_working_set(self, rows: torch.Tensor, window: int = 1) -> None:
         """Refuse a pass whose shards cannot fit the cache of a set fetched from object
         storage, before its first batch: both numbers in the message. The ranks of one
         node share its cache (``LOCAL_WORLD_SIZE`` of them, torchrun's variable)."""
@@ -123,7 +140,9 @@ class Positions:
         ]
         if not limits:
             return
-        need, shards = working_set(units, rows.numpy(), self.batch_size, self._fetch_ahead())
+        need, shards = working_set(
+            units, rows.numpy(), self.batch_size, self._fetch_ahead(), window
+        )
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         if need * local > min(limits):
             raise UsageError(

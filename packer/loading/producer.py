@@ -286,6 +286,13 @@ class _Pass:
     producer's loop; ``prepare(cfg, shared)`` gives what it takes besides (pinned
     slots, the pack's GPU mapping), before its thread starts."""
 
+    @classmethod
+    def read_window(cls, cfg: Any) -> int:
+        """Batches whose reads of a set's shards may be under way at once in this pass
+        (their shards are held together): the batch being read, and those a
+        strategy reads ahead of it. A cache must hold their shards (the working set)."""
+        return 1
+
     def __init__(
         self,
         cfg: Any,  # a strategies.PassConfig

@@ -282,15 +282,21 @@ def _first_last(unit: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, np.nda
     return u[starts], np.stack([b[starts], b[ends]], 1)
 
 
-def working_set(units: Units, order: np.ndarray, batch_size: int, depth: int) -> tuple[int, int]:
+def working_set(
+    units: Units, order: np.ndarray, batch_size: int, depth: int, window: int = 1
+) -> tuple[int, int]:
     """``(bytes, shards)`` of remote shard data one pass over ``order`` holds at most at
-    once: the units read by batches in flight, plus ``depth`` prefetched (the largest)."""
+    once: the units read by ``window`` consecutive batches (those whose reads may be
+    under way together), plus ``depth`` prefetched (the largest)."""
     if not len(order):
         return 0, 0
     unit = units.unit_of(np.asarray(order, dtype=np.int64))
     batch = np.arange(len(order)) // batch_size
     u, fl = _first_last(unit, batch)
     nb = int(batch[-1]) + 2
+    # a unit is held from its first batch until the reads of its last are done, while
+    # the reads of up to ``window - 1`` later batches have already begun
+    fl[:, 1] = np.minimum(fl[:, 1] + max(1, window) - 1, nb - 1)
     delta = np.zeros(nb + 1, dtype=np.int64)
     count = np.zeros(nb + 1, dtype=np.int64)
     np.add.at(delta, fl[:, 0], units.bytes[u])

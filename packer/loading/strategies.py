@@ -142,6 +142,10 @@ class PinnedGather(_Pass):
     """CUDA: rows gathered into pinned slots, copied and transformed on a side stream."""
 
     @classmethod
+    def read_window(cls, cfg: PassConfig) -> int:
+        return cfg.prefetch + 1  # up to ``prefetch`` gathered batches wait to ship
+
+    @classmethod
     def prepare(cls, cfg: PassConfig, shared: _Shared) -> dict[str, Any]:
         ntargets = None if cfg.targets is None else cfg.targets.shape[1]
         slots = shared.take_slots(cfg.prefetch, cfg.batch_size, cfg.shape, ntargets, cfg.device)
@@ -222,6 +226,10 @@ class DeviceGather(_Pass):
     """CUDA: the GPU reads each batch's rows from the registered pack itself."""
 
     @classmethod
+    def read_window(cls, cfg: PassConfig) -> int:
+        return 1 << 40  # the whole pass is mapped for the GPU at once
+
+    @classmethod
     def prepare(cls, cfg: PassConfig, shared: _Shared) -> dict[str, Any]:
         with torch.cuda.device(cfg.device):
             in_place = shared.device_rows(cfg.src, cfg.labels, cfg.targets)
@@ -279,6 +287,10 @@ class Resident:
     """``resident=True``: the streamed rows on the device (images uint8 [M, 3, H, W],
     labels, targets), each batch gathered there in the consumer's ``__next__`` and
     transformed on its current stream."""
+
+    @classmethod
+    def read_window(cls, cfg: PassConfig) -> int:
+        return 1 << 40  # every streamed row is copied to the device up front
 
     def __init__(
         self,
