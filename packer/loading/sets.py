@@ -132,8 +132,8 @@ class Units:
             src, k = self.units[u]
             if k is None:
                 return
-            if src.store.remote and self.space is not None:
-                self.space.unmap(u)
+            if not src.store.keeps_released and self.space is not None:
+                self.space.unmap(u)  # its file may be evicted once released
             src.release(k)
 
     def held(self, u: int) -> bool:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,29 @@ class ShardStore:
     (pinned) until ``release(k)`` is called as many times as ``fetch(k)``.
     ``prefetch(ks)``: shards wanted soon, in order (a hint; returns at once).
     ``limit``: bytes of shard data the store holds at most (None: no limit).
-    ``remote``: whether shards are fetched (a local set maps every shard at once)."""
+    ``remote``: whether shards are fetched (a local set maps every shard at once).
+    ``keeps_released``: whether a released shard's files stay where ``fetch`` put them
+    (nothing evicts them), so a reader may keep them mapped after letting go."""
 
     remote = False
     limit: int | None = None
     prefetch_depth = 0  # shards fetched ahead of need
+
+    @property
+    def keeps_released(self) -> bool:
+        return not self.remote
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the store closes (a :class:`PackSet` drops the shards it
+        kept mapped); held weakly when it is a bound method."""
+        hooks = self.__dict__.setdefault("_close_hooks", [])
+        hooks.append(weakref.WeakMethod(fn) if hasattr(fn, "__self__") else (lambda: fn))
+
+    def _run_close_hooks(self) -> None:
+        for ref in self.__dict__.pop("_close_hooks", []):
+            fn = ref()
+            if fn is not None:
+                fn()
 
     def fetch(self, k: int) -> Path:
         raise NotImplementedError
@@ -126,6 +145,8 @@ class PackSet:
         self._open: dict[int, ImagePack | JpegPack] = dict(enumerate(opened or ()))
         self._pins: dict[int, int] = {}
         self._pins_lock = threading.Lock()
+        if self.store.remote:
+            self.store.on_close(self._drop_mappings)
         counts = np.array([s.count for s in index.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         labels, targets, sizes = [], [], []
@@ -218,12 +239,18 @@ class PackSet:
             if left < 0:
                 return
             self._pins[k] = left
-        if left == 0 and self.store.remote:
-            self._open.pop(k, None)
+        if left == 0 and not self.store.keeps_released:
+            self._open.pop(k, None)  # its files may be evicted: drop the mapping
         self.store.release(k)
 
     def prefetch(self, ks: Sequence[int]) -> None:
         self.store.prefetch(ks)
+
+    def _drop_mappings(self) -> None:
+        """The store closed: the shards it fetched are let go, their mappings too."""
+        with self._pins_lock:
+            self._pins.clear()
+        self._open.clear()
 
     def entry(self, k: int) -> ShardEntry:
         return self.index.shards[k]

@@ -191,6 +191,14 @@ class RemoteShards(ShardStore):
 
     # ------------------------------------------------------------ the seam
 
+    @property
+    def keeps_released(self) -> bool:
+        """With no limit this reader never evicts: a shard it let go of stays mapped, so
+        the next epoch neither checks, opens nor maps it again (it is the bytes the
+        index's hash checked; a process with a limit sharing the cache may still
+        delete the file, and its blocks are then freed when this reader closes)."""
+        return self.limit is None
+
     def fetch(self, k: int) -> Path:
         with self._mutex:
             if self._closed:
@@ -251,6 +259,7 @@ class RemoteShards(ShardStore):
             pool.shutdown(wait=True, cancel_futures=True)
         for fd in fds:
             os.close(fd)
+        self._run_close_hooks()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -291,9 +300,6 @@ class RemoteShards(ShardStore):
                 n = self._download_checked(k)
             finally:
                 reservation.unlink(missing_ok=True)
-            with self._mutex:
-                self.downloads += 1
-                self.downloaded_bytes += n
             self._log(f"{os.getpid()} {name} {n}")
 
     def _download_checked(self, k: int) -> int:
@@ -314,6 +320,9 @@ class RemoteShards(ShardStore):
                     ) from None
                 problem = check_big_file(tmp, m, self.root / name)
                 if problem is None:
+                    with self._mutex:  # counted before a reader can see the shard
+                        self.downloads += 1
+                        self.downloaded_bytes += n
                     os.replace(tmp, self._big(k))
                     _fsync_dir(self._big(k).parent)
                     return n

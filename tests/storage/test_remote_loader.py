@@ -154,3 +154,28 @@ def test_the_prefetch_depth_is_shards_ahead_of_the_one_read(
     for i, k in enumerate(order[:-2]):
         assert set(order[i + 1 : i + 3]) <= started[k], (k, started[k])
     store.close()
+
+
+def test_a_warm_shard_stays_mapped_between_epochs_only_without_a_limit(
+    s3: S3Server, sets: dict[str, tuple[str, Path]]
+) -> None:
+    """No limit: nothing evicts a released shard, so the next epoch reuses its checked,
+    mapped pack; with a limit it is dropped on release (it may be evicted); closing the
+    store drops every mapping."""
+    url, _ = sets["raw"]
+    s = packer.load(url)
+    assert s.store.keeps_released
+    list(packer.PackLoader(s, 3, device="cpu", order="shards"))
+    kept = {k: s.shard(k) for k in range(len(s.index.shards))}
+    for k in kept:
+        s.release(k)
+    assert all(s.shard(k) is kept[k] for k in kept)  # the same objects: not reopened
+    for k in kept:
+        s.release(k)
+    s.store.close()
+    assert not s._open
+    limited = packer.load(url, cache_limit=10**9)
+    assert not limited.store.keeps_released
+    list(packer.PackLoader(limited, 3, device="cpu", order="shards"))
+    assert not limited._open  # every shard let go and unmapped
+    limited.store.close()
