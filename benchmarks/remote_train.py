@@ -43,12 +43,9 @@ WAYS = ("resident", "local", "remote cold", "remote warm")
 
 def _batches(dataset: Any) -> Iterator:
     """Training batches from ``dataset``, epoch after epoch."""
-    e = 0
-    while True:
-        ld = packer.PackLoader(dataset, B, image_size=224, drop_last=True, order="shards")
-        ld.set_epoch(e)
-        yield from ld
-        e += 1
+    from train_example import forever
+
+    return forever(packer.PackLoader(dataset, B, image_size=224, drop_last=True, order="shards"))
 
 
 def train_part(
@@ -56,7 +53,8 @@ def train_part(
 ) -> dict:
     """The four ways' ResNet-50 rates (img/s, every repeat), and what the cold cache
     downloaded per run vs the set's data bytes."""
-    from train_example import make_model, make_optimizer, train_step
+    from train_example import make_model, make_optimizer
+    from train_example import timed as train_rate
 
     src, local = work / "jsrc", work / "jset"
     make_jpeg_tree(src, images, (256, 256), classes=100, quality=90)
@@ -74,16 +72,7 @@ def train_part(
     y0 = torch.randint(0, 100, (B,), device="cuda")
 
     def timed(batches: Iterator) -> float:
-        for _ in range(5):
-            x, y, *_ = next(batches)
-            train_step(model, opt, x, y)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(steps):
-            x, y, *_ = next(batches)
-            train_step(model, opt, x, y)
-        torch.cuda.synchronize()
-        return steps * B / (time.perf_counter() - t)
+        return train_rate(model, opt, batches, warmup=5, steps=steps, repeats=1)
 
     def resident() -> Iterator:
         while True:
