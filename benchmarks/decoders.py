@@ -368,8 +368,30 @@ def loader_ways(device: torch.device, cuda_only: bool = False) -> dict[str, Any]
             return SplitDecoder([hw, get_decoder(device, prefer=other)], roi=roi)
 
         ways["split hw+nvjpeg, no ROI"] = lambda: split(False)
+    ways.update(lane_ways(device, ways))
     if not cuda_only:
         ways["cpu"] = "cpu"
+    return ways
+
+
+def lane_ways(device: torch.device, names: dict[str, Any]) -> dict[str, Any]:
+    """``decode=`` lists of several decoders (a batch each at once), by label: nvjpeg's
+    batched decode (torchcodec, else torchvision) beside nvImageCodec's CUDA decoder,
+    its engines, or both, and beside the other nvjpeg."""
+    nvjpeg = next((k for k in ("torchcodec", "torchvision") if k in names), None)
+    if nvjpeg is None:
+        return {}
+    ways: dict[str, Any] = {}
+    if "nvimgcodec" in names:
+        for b in ("hybrid", "hw", "hw+hybrid"):
+
+            def lanes(b: str = b) -> list[Any]:
+                nv = get_decoder(device, prefer="nvimgcodec", backends=b, pitched=True)
+                return [nvjpeg, nv]
+
+            ways[f"lanes {nvjpeg}+nvimgcodec({b})"] = lanes
+    if "torchcodec" in names and "torchvision" in names:
+        ways["lanes torchcodec+torchvision"] = ["torchcodec", "torchvision"]
     return ways
 
 
@@ -381,15 +403,22 @@ def _loader(pack: Path, device: torch.device, batch: int, way: Any, rows: torch.
 
 
 def loader_rates(
-    pack: Path, device: torch.device, batch: int, repeats: int, skip_cpu: bool = False
+    pack: Path,
+    device: torch.device,
+    batch: int,
+    repeats: int,
+    skip_cpu: bool = False,
+    only: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """PackLoader img/s over the JPEG pack for each way of :func:`loader_ways`,
-    interleaved rounds, one pass each (the pack's rows 4 times: an epoch long enough to
-    time)."""
+    """PackLoader img/s over the JPEG pack for each way of :func:`loader_ways` (those
+    in ``only``, if given), interleaved rounds, one pass each (the pack's rows 4 times:
+    an epoch long enough to time)."""
     n = len(packer.load(pack))
     rows = torch.arange(n).repeat(4)
     loaders = {}
     for name, way in loader_ways(device, cuda_only=skip_cpu).items():
+        if only is not None and name not in only:
+            continue
         try:
             loaders[name] = _loader(pack, device, batch, way, rows)
         except UsageError as e:
@@ -517,7 +546,7 @@ def build_rates(
         t0 = time.perf_counter()
         r = build(big, dst, BuildConfig(**cfg, device="cuda"))
         out["warm_cuda_img_s"] = round(r.count / (time.perf_counter() - t0), 1)
-        out["warm_cuda_decoder"] = gpu_build.make_decoder(device).name
+        out["warm_cuda_decoder"] = "+".join(d.name for d in gpu_build.make_decoders(device))
         shutil.rmtree(dst)
         print(f"  warm GPU build {out['warm_cuda_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
         save()

@@ -246,4 +246,30 @@ def best_decoder(device: torch.device | str, **opts: object) -> DecoderBase:
     return get_decoder(device, **opts)  # raises, saying how to install one
 
 
-__all__ = ["MEASURED_ORDER", "SplitDecoder", "best_decoder"]
+# decoders with an nvjpeg instance each (each library keeps one decoder behind a lock):
+# two of them decode two batches at once, 1.6x one alone and 1.5-1.8x the loader's rate
+# with one (H100, 2026-11-25, benchmarks/decode_lanes.py); nvImageCodec beside nvjpeg
+# gained little and fed ResNet-50 worse
+MEASURED_LANES = ("torchcodec", "torchvision")
+
+
+def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
+    """The JPEG-pack loader's decoders on ``device``: on CUDA every one of
+    :data:`MEASURED_LANES` that starts here (a batch each at once), else
+    :func:`best_decoder`'s one; on the CPU the CPU decoder."""
+    from .decoders import get_decoder
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        lanes = []
+        for name in MEASURED_LANES:
+            try:
+                lanes.append(get_decoder(device, prefer=name))
+            except UsageError:
+                continue
+        if len(lanes) > 1:
+            return lanes
+    return [best_decoder(device, **opts)]
+
+
+__all__ = ["MEASURED_LANES", "MEASURED_ORDER", "SplitDecoder", "best_decoder", "best_lanes"]

@@ -33,6 +33,7 @@ A JPEG that fails to decode raises :class:`PackFormatError` naming its index
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -337,28 +338,33 @@ def decode_ahead(
     stream: torch.cuda.Stream | None = None,
     *,
     ahead: int = 2,
+    workers: int = 1,
 ) -> Iterator[tuple[Any, Any]]:
-    """Run each job's decode ``fn()`` on a thread of its own, ``ahead`` jobs ahead of
-    the caller; yield ``(key, fn())`` in order.
+    """Run each job's decode ``fn()`` on a thread of its own (``workers`` threads: a
+    job goes to whichever is free), ``ahead`` jobs ahead of the caller; yield
+    ``(key, fn())`` in order.
 
     ``jobs``: ``(key, fn)`` pairs; ``fn`` reads and decodes (e.g. :func:`decode_batch`:
     nvjpeg and the CPU decoder run without the GIL, so the caller's Python, such as the
     crop of the previous batch, runs meanwhile). Pulled from ``jobs`` on the caller's
     thread, so a ``jobs`` generator may use state the caller owns.
 
-    On CUDA, ``fn`` runs with a decode stream of its own current, where nothing else
-    allocates: nvjpeg writes its output on its own stream, so memory it is given must
+    On CUDA, ``fn`` runs with a decode stream of its thread's own current, where nothing
+    else allocates: nvjpeg writes its output on its own stream, so memory it is given must
     not be memory a pending kernel still reads. ``stream`` (the caller's, where it uses
     the decoded tensors) waits for each decode before the item is yielded, and an
     item's tensors are kept until the work the caller queued on ``stream`` by the next
     resume has run. Closing the generator waits for the jobs in flight.
     """
     cuda = device.type == "cuda"
-    dstream = torch.cuda.Stream(device) if cuda else None
+    local = threading.local()  # each worker thread's decode stream
 
     def run(fn: Callable[[], Any]) -> tuple[Any, Any]:
         if not cuda:
             return fn(), None
+        dstream = getattr(local, "stream", None)
+        if dstream is None:
+            dstream = local.stream = torch.cuda.Stream(device)
         with torch.cuda.device(device), torch.cuda.stream(dstream):
             out = fn()
             done = torch.cuda.Event()
@@ -366,7 +372,7 @@ def decode_ahead(
             return out, done
 
     todo = iter(jobs)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="imgpack-decode")
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgpack-decode")
     inflight: collections.deque[tuple[Any, Future[Any]]] = collections.deque()
     held: collections.deque[tuple[torch.cuda.Event, Any]] = collections.deque()
     try:

@@ -20,12 +20,15 @@ def check_modes(decode: Any, gather: Any) -> None:
     from ..imaging.jpeg import DECODE_MODES
     from .jpeg_pass import DECODE_NAMES
 
-    if not isinstance(decode, JpegDecoder) and (
-        not isinstance(decode, str) or decode not in (*DECODE_MODES, *DECODE_NAMES)
-    ):
+    def one(d: Any, modes: tuple[str, ...]) -> bool:
+        return isinstance(d, JpegDecoder) or (isinstance(d, str) and d in (*modes, *DECODE_NAMES))
+
+    several = isinstance(decode, (list, tuple)) and decode
+    if not (all(one(d, ()) for d in decode) if several else one(decode, DECODE_MODES)):
         raise UsageError(
             f"decode must be 'auto', 'device' or 'cpu', not {decode!r} (or a GPU "
-            f"decoder's name: {', '.join(DECODE_NAMES)}, or a decoder object)"
+            f"decoder's name: {', '.join(DECODE_NAMES)}, a decoder object, or a list of "
+            "those to decode several batches at once)"
         )
     if not isinstance(gather, str) or gather not in GATHER_MODES:
         raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")

@@ -3,14 +3,18 @@ and who decodes its batches: :class:`Decoding` (:func:`decoding_for`).
 
 Per batch: read the files (offsets and end markers checked), draw every image's box
 from its stored size with the batch's generator, decode and crop, run the rest of the
-transform; on CUDA a decoder thread runs ahead and the crop runs on a side stream.
+transform; on CUDA decoder threads run ahead and the crop runs on a side stream.
 
-In batches, the decode goes through :mod:`packer.imaging.decoders`: on CUDA the first
-that runs here in the measured order (torchcodec, torchvision, nvImageCodec:
-:func:`packer.imaging.decoders_split.best_decoder`; nvjpeg's batched decode fed
+In batches, the decode goes through :mod:`packer.imaging.decoders`: on CUDA
+torchcodec and torchvision at once where both run (each keeps one nvjpeg decoder
+behind a lock; two decode two batches at once:
+:func:`packer.imaging.decoders_split.best_lanes`), else the first that runs here in
+the measured order (torchcodec, torchvision, nvImageCodec; nvjpeg's batched decode fed
 ResNet-50 best), or the one ``decode=`` names (nvImageCodec: its hardware engines with
 its CUDA decoder taking the rest, GIL released, ROI), or a decoder object (a
-:class:`~packer.imaging.decoders_split.SplitDecoder`, say). A decoder that can
+:class:`~packer.imaging.decoders_split.SplitDecoder`, say), or a list of those (the
+lanes: each batch goes whole to whichever decoder is free, in a thread and CUDA
+stream of its own; batches still come in order). A decoder that can
 decode a region decodes only each image's box (the ROI-fused crop of
 :mod:`packer.imaging.roi_crop`); the crops are then resized in one batched call. One
 that cannot (or whose ROI does not work on this version: its first batch finds out)
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,32 +75,57 @@ DECODE_NAMES = ("nvimgcodec", "torchcodec", "torchvision")  # decode= may name o
 
 
 class Decoding:
-    """Who decodes a JPEG-pack loader's batches on its device: a decoder of
-    :mod:`packer.imaging.decoders`, shared by the loader's passes (one decode call at a
-    time: nvImageCodec's ROI probe and handles are per decoder), or on the CPU a
+    """Who decodes a JPEG-pack loader's batches on its device: one decoder of
+    :mod:`packer.imaging.decoders` or several (``lanes``: each batch goes whole to
+    whichever is free, each on a decode thread and CUDA stream of its own), shared by
+    the loader's passes, each used by one thread at a time (nvImageCodec's ROI probe
+    and handles are per decoder); or on the CPU a
     :class:`~packer.imaging.decoders.CpuDecoder` per pass on the pass's threads.
 
-    ``path``: what the latest batch ran, "<decoder>: roi", "<decoder>: roi (no fancy
-    upsampling)" or "<decoder>: full+crop" ("<decoder>: not yet run" before any)."""
+    ``path``: what the latest batch of each decoder ran, "<decoder>: roi", "<decoder>:
+    roi (no fancy upsampling)" or "<decoder>: full+crop" ("<decoder>: not yet run"
+    before any), joined by "; "."""
 
-    def __init__(self, decoder: Any = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self, decoder: Any = None, device: torch.device | None = None, *, more: Any = ()
+    ) -> None:
+        self.decoders = [] if decoder is None else [decoder, *more]
         self.decoder = decoder  # None: a CpuDecoder per pass (the CPU's "device" way)
         self.device = decoder.device if decoder is not None else device
         self.lock = threading.Lock()
-        self.last: str | None = None
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for d in self.decoders:
+            self._idle.put(d)
+        self._last: dict[int, str] = {}
+
+    @property
+    def lanes(self) -> int:
+        """Batches decoded at once: one per decoder."""
+        return max(1, len(self.decoders))
 
     @property
     def name(self) -> str:
-        return self.decoder.name if self.decoder is not None else "cpu"
+        return "+".join(_label(d) for d in self.decoders) if self.decoders else "cpu"
+
+    @property
+    def last(self) -> str | None:
+        """What the latest batch ran, the first decoder's (None before any)."""
+        return next(iter(self._last.values()), None)
 
     @property
     def path(self) -> str:
-        return f"{self.name}: {self.last or 'not yet run'}"
+        if not self.decoders:
+            return f"cpu: {self._last.get(0) or 'not yet run'}"
+        return "; ".join(
+            f"{_label(d)}: {self._last.get(k) or 'not yet run'}"
+            for k, d in enumerate(self.decoders)
+        )
 
     def for_pass(self, pool: ThreadPoolExecutor | None) -> Any:
-        """The decoder a pass uses (on the calling thread: it may import)."""
-        if self.decoder is not None:
-            return self.decoder
+        """The decoder a pass uses (on the calling thread: it may import); None where
+        each batch takes whichever of ``decoders`` is free."""
+        if self.decoders:
+            return None
         from ..imaging.decoders import CpuDecoder
 
         return CpuDecoder(self.device, pool=pool)
@@ -112,34 +142,67 @@ class Decoding:
         boxes: torch.Tensor,
         indices: list[int],
     ) -> tuple[list[bool], list[torch.Tensor]]:
-        """On the decode thread: (cropped, images): per image, its box alone (uint8
+        """On a decode thread: (cropped, images): per image, its box alone (uint8
         [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
-        [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both."""
-        with self.lock:
+        [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both.
+        ``dec`` None: the first of ``decoders`` free, held for this batch."""
+        own = dec is None
+        if own:
+            dec = self._idle.get()
+        try:
             mixed = getattr(dec, "decode_mixed", None)
             if mixed is not None:
-                cropped, out = mixed(datas, boxes, sizes=sizes, indices=indices)
-                self.last = dec.roi_path
-                return cropped, out
-            if self.roi(dec):
-                out = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
-                self.last = dec.roi_path  # after a probe batch: the way it found
-                return [True] * len(out), out
-            out = dec.decode(datas, sizes=sizes, indices=indices)
-            self.last = "full+crop"
-            return [False] * len(out), out
+                out = mixed(datas, boxes, sizes=sizes, indices=indices)
+            elif self.roi(dec):
+                got = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
+                out = [True] * len(got), got
+            else:
+                got = dec.decode(datas, sizes=sizes, indices=indices)
+                out = [False] * len(got), got
+            way = dec.roi_path if mixed is not None or self.roi(dec) else "full+crop"
+            with self.lock:  # after a probe batch: the way it found
+                self._last[self._index(dec)] = way
+            return out
+        finally:
+            if own:
+                self._idle.put(dec)
+
+    def _index(self, dec: Any) -> int:
+        return next((k for k, d in enumerate(self.decoders) if d is dec), 0)
+
+
+def _label(dec: Any) -> str:
+    backends = getattr(dec, "backends", None)
+    if dec.name == "nvimgcodec" and backends and backends != "hw+hybrid":
+        return f"nvimgcodec({backends})"
+    return str(dec.name)
 
 
 def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
     """The :class:`Decoding` of a JPEG-pack loader's ``decode=`` on ``device``, or None
     where it decodes image by image on its threads (``decode="cpu"``; "auto" on the CPU).
 
-    ``decode``: "auto" or "device" (on CUDA: the first of torchcodec, torchvision,
-    nvImageCodec that runs here, quietly; "device" on the CPU: the CPU decoder in
-    batches), a name from :data:`DECODE_NAMES` (that decoder on ``device``, else a
-    UsageError saying how to install it), or a decoder object (``get_decoder(...)``,
-    on ``device``'s type). Made here, on the caller's thread: it imports its library.
+    ``decode``: "auto" or "device" (on CUDA: torchcodec and torchvision, a batch each
+    at once, where both run, else the first of torchcodec, torchvision, nvImageCodec
+    that runs here, quietly; "device" on the CPU: the CPU decoder in batches), a name from :data:`DECODE_NAMES` (that decoder on ``device``, else a
+    UsageError saying how to install it), a decoder object (``get_decoder(...)``,
+    on ``device``'s type), or a list or tuple of names and decoder objects: several
+    decoders, a batch each at once. Made here, on the caller's thread: it imports its
+    library.
     """
+    if isinstance(decode, (list, tuple)):
+        if not decode:
+            raise UsageError("decode= names no decoder: give one or more")
+        got = [decoding_for(d, device) for d in decode]
+        decs = [d.decoder for d in got if d is not None and d.decoder is not None]
+        if len(decs) != len(got):
+            raise UsageError(
+                f"decode={list(decode)!r}: a list of decoders decodes on {device} in "
+                "batches; give GPU decoders' names or decoder objects, not a mode"
+            )
+        if len({id(d) for d in decs}) != len(decs):
+            raise UsageError("decode= lists one decoder object twice; make one per lane")
+        return Decoding(decs[0], more=decs[1:])
     from ..imaging.decoders import JpegDecoder, get_decoder
     from ..imaging.jpeg import decodes_on_cpu
 
@@ -159,14 +222,21 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
     if decode in ("auto", "device"):
         if device.type != "cuda":
             return Decoding(None, device)
-        from ..imaging.decoders_split import best_decoder
+        from ..imaging.decoders_split import best_lanes
 
-        return Decoding(best_decoder(device, pitched=True))
+        first, *more = best_lanes(device, pitched=True)
+        return Decoding(first, more=more)
     return Decoding(get_decoder(device, prefer=decode, **_pitched(decode)))
 
 
 def _pitched(name: str) -> dict[str, Any]:
     return {"pitched": True} if name == "nvimgcodec" else {}
+
+
+def _lanes(cfg: Any) -> int:
+    """Batches a pass decodes at once: one per decoder (one on the CPU)."""
+    decoding = getattr(cfg, "decoding", None)
+    return 1 if decoding is None or getattr(cfg, "on_cpu", False) else decoding.lanes
 
 
 class JpegDecode(_Pass):
@@ -175,8 +245,9 @@ class JpegDecode(_Pass):
 
     @classmethod
     def read_window(cls, cfg: Any) -> int:
-        # the batch being cropped, ``_DECODE_AHEAD`` decoding, and the next one's read
-        return _DECODE_AHEAD + 2
+        # the batch being cropped, ``_DECODE_AHEAD`` decoding (one more per further
+        # decoder), and the next one's read
+        return _DECODE_AHEAD + _lanes(cfg) + 1
 
     def __init__(self, cfg: Any, *, decoder: Any = None, **kw: Any) -> None:
         super().__init__(cfg, **kw)
@@ -239,7 +310,8 @@ class JpegDecode(_Pass):
                 )  # fmt: skip
                 yield (b, idx, (sizes, boxes, flip, state, None)), decode
 
-        decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD)
+        lanes = 1 if on_cpu or decoding is None else decoding.lanes
+        decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD + lanes - 1, workers=lanes)
         try:
             for (b, idx, meta), imgs in decoded:
                 sizes, boxes, flip, state, cpu = meta

@@ -191,14 +191,17 @@ class PackLoader(Positions, _Resumable):
         against the decoded one). A damaged offset, size or JPEG raises
         PackFormatError naming the image.
       decode: JPEG packs: who decodes. "device": in batches on ``device`` through the
-        decode interface (:mod:`packer.imaging.decoders`): on CUDA the first of
-        torchcodec, torchvision, nvImageCodec that runs here (the measured order: nvjpeg's
-        batched decode fed ResNet-50 best, docs/PERFORMANCE.md), then one batched crop;
+        decode interface (:mod:`packer.imaging.decoders`): on CUDA torchcodec and
+        torchvision, a batch each at once, where both run (each keeps its own nvjpeg
+        decoder: 1.5x one), else the first of torchcodec, torchvision, nvImageCodec that
+        runs here (the measured order: nvjpeg's batched decode fed ResNet-50 best,
+        docs/PERFORMANCE.md), then one batched crop;
         on the CPU torchvision's decode on the threads, then one crop of the padded
         batch. A decoder's name ("nvimgcodec", "torchcodec", "torchvision"): that one
         (UsageError saying how to install it if it does not run here). A decoder object
         (``packer.imaging.decoders.get_decoder(...)``, a ``SplitDecoder``): that one,
-        for ``device``'s type. A decoder that decodes regions (nvImageCodec) decodes only
+        for ``device``'s type. A list of names and decoder objects: those, a batch
+        each at once (each on a thread and CUDA stream of its own; batches in order). A decoder that decodes regions (nvImageCodec) decodes only
         each image's crop box, then the crops are resized in one batched call; others,
         or where ROI does not work on the installed version, decode whole and crop.
         ``decode_path`` (and the repr) says which ran. "cpu": image by image on the
