@@ -5,9 +5,8 @@ Same bytes as ``benchmarks/decoders.py`` (``make_jpeg_tree``'s ~500x375 q90 file
 batch 256. Parts (``--parts``):
 
 * ``bare``: each decoder alone, then sets of them at once: one thread per decoder, each
-  with its own CUDA stream, taking the next whole batch as it comes free (what the
-  loader's lanes do). img/s over the set, median of interleaved rounds; each set's
-  rate over its best member alone.
+  with its own CUDA stream, taking the next whole batch as it comes free. img/s over the set, median of interleaved
+  rounds; each set's rate over its best member alone.
 * ``loader``: ``PackLoader(jpeg_pack, 256, image_size=224)`` (RRC + flip) with the
   default decoder and with lanes (``decoders.loader_ways``), vs the best bare decoder
   above; where each lane's time went (decode busy per lane, the batched crop).

@@ -546,7 +546,7 @@ def build_rates(
         t0 = time.perf_counter()
         r = build(big, dst, BuildConfig(**cfg, device="cuda"))
         out["warm_cuda_img_s"] = round(r.count / (time.perf_counter() - t0), 1)
-        out["warm_cuda_decoder"] = "+".join(d.name for d in gpu_build.make_decoders(device))
+        out["warm_cuda_decoder"] = gpu_build.make_decoder(device).name
         shutil.rmtree(dst)
         print(f"  warm GPU build {out['warm_cuda_img_s']:,.0f} img/s", file=sys.stderr, flush=True)
         save()

@@ -6,9 +6,8 @@ GPU decoder (:func:`_serve`):
 
     reader threads read each file once and classify it from its header bytes
     (packer.build.gpu_read, with packer.imaging.jpeg_header.plain_jpeg_size: no Pillow)
-      -> the JPEGs the GPU takes: the decode interface (packer.imaging.decoders:
-         torchcodec and torchvision, a group each at once, else the measured order's
-         first: torchcodec, torchvision, nvImageCodec), one batch
+      -> the JPEGs the GPU takes: the decode interface (packer.imaging.decoders, in the
+         measured order: torchcodec, torchvision, nvImageCodec), one batch
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
          JPEG nvjpeg refuses: the CPU workers' decode (packer.imaging.decode, as the CPU
@@ -54,48 +53,40 @@ _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
 
 
 def make_decoder(device: torch.device) -> Any:
-    """The build's first batched JPEG decoder on ``device`` (:func:`make_decoders`)."""
-    return make_decoders(device)[0]
+    """The build's batched JPEG decoder on ``device``: the measured order's first that
+    runs here (:func:`packer.imaging.decoders_split.best_decoder`: torchcodec,
+    torchvision, nvImageCodec, whose outputs may keep padded rows, which
+    :func:`packer.imaging.jpeg.resize_images` reads in place). One decoder, never a
+    split: a pack's bytes depend only on its inputs and options."""
+    from ..imaging.decoders_split import best_decoder
 
-
-def make_decoders(device: torch.device) -> list[Any]:
-    """The build's batched JPEG decoders on ``device``: torchcodec and torchvision where
-    both run (each keeps one nvjpeg decoder: two decode two groups at once), else the
-    measured order's first that runs here
-    (:func:`packer.imaging.decoders_split.best_lanes`; nvImageCodec's outputs may keep
-    padded rows, which :func:`packer.imaging.jpeg.resize_images` reads in place). Group
-    ``g`` always goes to decoder ``g % len``, never split, never to whichever is free:
-    a pack's bytes depend only on its inputs, options and installed decoders."""
-    from ..imaging.decoders_split import best_lanes
-
-    return best_lanes(device, pitched=True)
+    return best_decoder(device, pitched=True)
 
 
 def _decode_list(
-    read: Future[GroupRead], decoder: Any, lock: threading.Lock
+    read: Future[GroupRead], decoder: Any
 ) -> tuple[GroupRead, list[torch.Tensor | None]]:
-    """In a decoder thread: a group's JPEGs (``read``) decoded in one batch by
-    ``decoder`` (held with ``lock``: one group at a time); per JPEG the image, or None for
-    one that fails to decode (the CPU path then decides, and names the reason)."""
+    """In the decoder thread: a group's JPEGs (``read``) decoded in one batch by
+    ``decoder``; per JPEG the image, or None for one that fails to decode (the CPU path
+    then decides, and names the reason)."""
     r = read.result()
     imgs: list[torch.Tensor | None] = [None] * len(r.datas)
     if not r.datas:
         return r, imgs
     hw = [(h, w) for w, h in r.sizes]
-    with lock:
-        try:
-            imgs = list(decoder.decode(r.datas, sizes=hw))
-        except PackerError:
-            for i, (t, s) in enumerate(zip(r.datas, hw)):
-                with contextlib.suppress(PackerError):
-                    imgs[i] = decoder.decode([t], sizes=[s])[0]
+    try:
+        imgs = list(decoder.decode(r.datas, sizes=hw))
+    except PackerError:
+        for i, (t, s) in enumerate(zip(r.datas, hw)):
+            with contextlib.suppress(PackerError):
+                imgs[i] = decoder.decode([t], sizes=[s])[0]
     return r, imgs
 
 
 def _warm_up(device: torch.device, spec: ResizeSpec) -> Any:
     """On a thread of its own while the workers read the first groups: the CUDA context,
-    the decoders (returned) and the crop kernel (loaded, or compiled for an image 1.5x
-    the output, the typical scale), which take seconds in a fresh process."""
+    the decoder (returned) and the crop kernel (loaded, or compiled for an image 1.5x the
+    output, the typical scale), which take seconds in a fresh process."""
     from torchvision.io import encode_jpeg
 
     from ..imaging.jpeg import resize_images
@@ -103,12 +94,11 @@ def _warm_up(device: torch.device, spec: ResizeSpec) -> Any:
     h, w = spec.height, spec.width
     data = encode_jpeg(torch.zeros((3, h * 3 // 2, w * 3 // 2), dtype=torch.uint8))
     with torch.cuda.device(device):
-        decoders = make_decoders(device)
-        for decoder in decoders:
-            imgs = decoder.decode([data, data])
+        decoder = make_decoder(device)
+        imgs = decoder.decode([data, data])
         resize_images(imgs, (h, w), mode=spec.mode)
         torch.cuda.synchronize(device)
-    return decoders
+    return decoder
 
 
 def _serve(
@@ -133,14 +123,13 @@ def _serve(
     and returns its getter. ``stop`` set: end early (the build failed).
 
     Stages, each on threads of its own: ``_READERS`` threads read and classify a
-    group's files (:func:`~packer.build.gpu_read.read_group`); a decoder thread per
-    decoder decodes a group's JPEGs in one batch (:func:`packer.imaging.jpeg.decode_ahead`,
-    the JPEG-pack reader's own), 2 groups ahead and one more per decoder; this thread crops/resizes a group in one kernel
+    group's files (:func:`~packer.build.gpu_read.read_group`); a decoder thread decodes a group's JPEGs in
+    one nvjpeg batch (:func:`packer.imaging.jpeg.decode_ahead`, the JPEG-pack reader's own), 3
+    groups ahead; this thread crops/resizes a group in one kernel
     (:func:`packer.imaging.jpeg.resize_images`) and starts its copy into a pinned buffer
     (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
-    decodes, then pwrite and hash each chunk. ``decoder``: the batched JPEG decoder, or
-    a list of them (:func:`make_decoders`: group ``g`` goes to decoder ``g % len``, each
-    on a decoder thread of its own; default: the CPU decoder, on ``device``).
+    decodes, then pwrite and hash each chunk. ``decoder``: the batched JPEG decoder
+    (:func:`make_decoder`; default: the CPU decoder, on ``device``).
     """
     from ..imaging.jpeg import decode_ahead
 
@@ -176,10 +165,8 @@ def _serve(
     def ended() -> bool:
         return failed.is_set() or (stop is not None and stop.is_set())
 
-    decoders = list(decoder) if isinstance(decoder, (list, tuple)) else [decoder]
-    items = _read_ahead(take_item, readers, spec, decoders, cpu_decode, ended)
-    lanes = len(decoders)
-    decoded = decode_ahead(items, device, stream, ahead=2 + lanes, workers=lanes)
+    items = _read_ahead(take_item, readers, spec, decoder, cpu_decode, ended)
+    decoded = decode_ahead(items, device, stream, ahead=3)
     try:
         for (g, group), (read, imgs) in decoded:
             ok = [i for i, x in zip(read.gpu, imgs) if x is not None]
@@ -217,14 +204,13 @@ def _read_ahead(
     take_item: Callable[[bool], Any],
     readers: ThreadPoolExecutor,
     spec: ResizeSpec,
-    decoders: list[Any],
+    decoder: Any,
     cpu_decode: CpuDecode,
     ended: Callable[[], bool],
 ) -> Iterator[tuple[Any, Callable[[], Any]]]:
-    """The groups as the decoders take them (group ``g`` decoder ``g % len``), each read
-    ``_READ_AHEAD`` groups ahead (as many as have arrived): the reads and the CPU decodes
-    they start run beside the GPU's work."""
-    locks = [threading.Lock() for _ in decoders]
+    """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
+    ahead (as many as have arrived): the reads and the CPU decodes they start run
+    beside the GPU's work."""
     reads: collections.deque[tuple[Any, Future[GroupRead]]] = collections.deque()
     more = True
     while not ended():
@@ -242,8 +228,7 @@ def _read_ahead(
         if not reads:
             return
         key, read = reads.popleft()
-        k = key[0] % len(decoders)
-        yield key, functools.partial(_decode_list, read, decoders[k], locks[k])
+        yield key, functools.partial(_decode_list, read, decoder)
 
 
 class _Decoder:

@@ -338,11 +338,13 @@ def decode_ahead(
     stream: torch.cuda.Stream | None = None,
     *,
     ahead: int = 2,
-    workers: int = 1,
+    lanes: int = 1,
+    lane: Callable[[Any], int] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
-    """Run each job's decode ``fn()`` on a thread of its own (``workers`` threads: a
-    job goes to whichever is free), ``ahead`` jobs ahead of the caller; yield
-    ``(key, fn())`` in order.
+    """Run each job's decode ``fn()`` on a thread of its own, ``ahead`` jobs ahead of
+    the caller; yield ``(key, fn())`` in order. ``lanes`` threads: job ``key`` runs on
+    thread ``lane(key) % lanes`` (a decoder each: which one decodes a job never depends
+    on timing).
 
     ``jobs``: ``(key, fn)`` pairs; ``fn`` reads and decodes (e.g. :func:`decode_batch`:
     nvjpeg and the CPU decoder run without the GIL, so the caller's Python, such as the
@@ -372,7 +374,10 @@ def decode_ahead(
             return out, done
 
     todo = iter(jobs)
-    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgpack-decode")
+    pools = [
+        ThreadPoolExecutor(1, thread_name_prefix=f"imgpack-decode-{k}")
+        for k in range(max(1, lanes))
+    ]
     inflight: collections.deque[tuple[Any, Future[Any]]] = collections.deque()
     held: collections.deque[tuple[torch.cuda.Event, Any]] = collections.deque()
     try:
@@ -381,7 +386,8 @@ def decode_ahead(
                 job = next(todo, None)
                 if job is None:
                     break
-                inflight.append((job[0], pool.submit(run, job[1])))
+                k = 0 if lane is None else lane(job[0]) % len(pools)
+                inflight.append((job[0], pools[k].submit(run, job[1])))
             if not inflight:
                 return
             key, fut = inflight.popleft()
@@ -397,7 +403,8 @@ def decode_ahead(
                     held.popleft()
             del out
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
         if stream is not None:
             stream.synchronize()  # the caller's work on the decoded images has run
         held.clear()

@@ -28,7 +28,7 @@ def check_modes(decode: Any, gather: Any) -> None:
         raise UsageError(
             f"decode must be 'auto', 'device' or 'cpu', not {decode!r} (or a GPU "
             f"decoder's name: {', '.join(DECODE_NAMES)}, a decoder object, or a list of "
-            "those to decode several batches at once)"
+            "decoder names and objects to decode several batches at once)"
         )
     if not isinstance(gather, str) or gather not in GATHER_MODES:
         raise UsageError(f"gather must be 'cpu' or 'device', not {gather!r}")

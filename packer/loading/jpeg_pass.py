@@ -13,8 +13,8 @@ the measured order (torchcodec, torchvision, nvImageCodec; nvjpeg's batched deco
 ResNet-50 best), or the one ``decode=`` names (nvImageCodec: its hardware engines with
 its CUDA decoder taking the rest, GIL released, ROI), or a decoder object (a
 :class:`~packer.imaging.decoders_split.SplitDecoder`, say), or a list of those (the
-lanes: each batch goes whole to whichever decoder is free, in a thread and CUDA
-stream of its own; batches still come in order). A decoder that can
+lanes: batch b goes whole to decoder b % n, in a thread and CUDA stream of its own;
+batches still come in order). A decoder that can
 decode a region decodes only each image's box (the ROI-fused crop of
 :mod:`packer.imaging.roi_crop`); the crops are then resized in one batched call. One
 that cannot (or whose ROI does not work on this version: its first batch finds out)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,10 +75,11 @@ DECODE_NAMES = ("nvimgcodec", "torchcodec", "torchvision")  # decode= may name o
 
 class Decoding:
     """Who decodes a JPEG-pack loader's batches on its device: one decoder of
-    :mod:`packer.imaging.decoders` or several (``lanes``: each batch goes whole to
-    whichever is free, each on a decode thread and CUDA stream of its own), shared by
-    the loader's passes, each used by one thread at a time (nvImageCodec's ROI probe
-    and handles are per decoder); or on the CPU a
+    :mod:`packer.imaging.decoders` or several (``lanes``: batch ``b`` goes whole to
+    decoder ``b % lanes``, each on a decode thread and CUDA stream of its own, so which
+    decoder gave a batch's pixels never depends on timing), shared by the loader's
+    passes, each used by one thread at a time (nvImageCodec's ROI probe and handles are
+    per decoder); or on the CPU a
     :class:`~packer.imaging.decoders.CpuDecoder` per pass on the pass's threads.
 
     ``path``: what the latest batch of each decoder ran, "<decoder>: roi", "<decoder>:
@@ -93,9 +93,7 @@ class Decoding:
         self.decoder = decoder  # None: a CpuDecoder per pass (the CPU's "device" way)
         self.device = decoder.device if decoder is not None else device
         self.lock = threading.Lock()
-        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for d in self.decoders:
-            self._idle.put(d)
+        self._held = {id(d): threading.Lock() for d in self.decoders}
         self._last: dict[int, str] = {}
 
     @property
@@ -109,8 +107,8 @@ class Decoding:
 
     @property
     def last(self) -> str | None:
-        """What the latest batch ran, the first decoder's (None before any)."""
-        return next(iter(self._last.values()), None)
+        """What the first decoder's latest batch ran (None before any)."""
+        return self._last.get(0)
 
     @property
     def path(self) -> str:
@@ -123,12 +121,16 @@ class Decoding:
 
     def for_pass(self, pool: ThreadPoolExecutor | None) -> Any:
         """The decoder a pass uses (on the calling thread: it may import); None where
-        each batch takes whichever of ``decoders`` is free."""
+        batch ``b`` takes ``decoders[b % lanes]`` (:meth:`of_batch`)."""
         if self.decoders:
             return None
         from ..imaging.decoders import CpuDecoder
 
         return CpuDecoder(self.device, pool=pool)
+
+    def of_batch(self, b: int) -> Any:
+        """The decoder of batch ``b`` (its number in the epoch: the same on a resume)."""
+        return self.decoders[b % len(self.decoders)]
 
     def roi(self, dec: Any) -> bool:
         """Whether ``dec``'s next batch decodes only the boxes (a probe batch does)."""
@@ -145,11 +147,8 @@ class Decoding:
         """On a decode thread: (cropped, images): per image, its box alone (uint8
         [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
         [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both.
-        ``dec`` None: the first of ``decoders`` free, held for this batch."""
-        own = dec is None
-        if own:
-            dec = self._idle.get()
-        try:
+        ``dec`` is held for the batch: one batch at a time each."""
+        with self._held.get(id(dec)) or contextlib.nullcontext():
             mixed = getattr(dec, "decode_mixed", None)
             if mixed is not None:
                 out = mixed(datas, boxes, sizes=sizes, indices=indices)
@@ -163,9 +162,6 @@ class Decoding:
             with self.lock:  # after a probe batch: the way it found
                 self._last[self._index(dec)] = way
             return out
-        finally:
-            if own:
-                self._idle.put(dec)
 
     def _index(self, dec: Any) -> int:
         return next((k for k, d in enumerate(self.decoders) if d is dec), 0)
@@ -200,7 +196,8 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
                 f"decode={list(decode)!r}: a list of decoders decodes on {device} in "
                 "batches; give GPU decoders' names or decoder objects, not a mode"
             )
-        if len({id(d) for d in decs}) != len(decs):
+        ids = [id(p) for d in decs for p in (d, *getattr(d, "parts", ()))]
+        if len(set(ids)) != len(ids):
             raise UsageError("decode= lists one decoder object twice; make one per lane")
         return Decoding(decs[0], more=decs[1:])
     from ..imaging.decoders import JpegDecoder, get_decoder
@@ -231,6 +228,10 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
 
 def _pitched(name: str) -> dict[str, Any]:
     return {"pitched": True} if name == "nvimgcodec" else {}
+
+
+def _batch_of(key: tuple[Any, ...]) -> int:
+    return int(key[0])
 
 
 def _lanes(cfg: Any) -> int:
@@ -304,14 +305,17 @@ class JpegDecode(_Pass):
                     cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, crop.size)
                     yield (b, idx, (sizes, boxes, flip, state, cpu)), list
                     continue
+                dec = decoder if decoder is not None else decoding.of_batch(b)  # type: ignore[union-attr]
                 decode = functools.partial(
                     decoding.run,  # type: ignore[union-attr]
-                    decoder, datas, sizes, boxes, idx.tolist(),
+                    dec, datas, sizes, boxes, idx.tolist(),
                 )  # fmt: skip
                 yield (b, idx, (sizes, boxes, flip, state, None)), decode
 
         lanes = 1 if on_cpu or decoding is None else decoding.lanes
-        decoded = decode_ahead(jobs(), dev, stream, ahead=_DECODE_AHEAD + lanes - 1, workers=lanes)
+        decoded = decode_ahead(
+            jobs(), dev, stream, ahead=_DECODE_AHEAD + lanes - 1, lanes=lanes, lane=_batch_of
+        )
         try:
             for (b, idx, meta), imgs in decoded:
                 sizes, boxes, flip, state, cpu = meta

@@ -596,38 +596,3 @@ def test_a_jpeg_too_short_for_its_frame_is_skipped_as_by_the_cpu_build(
     reasons = {s["path"]: s["reason"] for s in gpu.skipped}
     assert reasons["zebra/short.jpg"].startswith("corrupt JPEG data: premature end of data")
     assert "zebra/short.jpg" not in packer.load(tmp_path / "gpu").sources
-
-
-def test_two_decoders_take_alternate_groups_and_give_the_same_bytes(
-    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch
-) -> None:
-    """Where two batched decoders run (torchcodec and torchvision on CUDA), group g goes
-    to decoder g % 2, each on a thread of its own: the pack's bytes are one decoder's."""
-    from packer.imaging.decoders import CpuDecoder
-
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
-    cfg = BuildConfig(size=(16, 16), workers=1, device="cuda")
-    build(photos, tmp_path / "one", cfg)
-    seen: list[tuple[int, int]] = []
-
-    class Lane(CpuDecoder):
-        def __init__(self, k: int) -> None:
-            super().__init__(torch.device("cpu"), threads=0)
-            self.k = k
-
-        def decode(self, datas, *, sizes=None, indices=None):
-            seen.append((self.k, threading.get_ident()))
-            return super().decode(datas, sizes=sizes, indices=indices)
-
-    serve = packer.build.gpu._serve
-
-    def two(*a):
-        *head, decoder = a
-        assert decoder is None  # the CPU stand-in: no decoder of its own
-        return serve(*head, [Lane(0), Lane(1)])
-
-    monkeypatch.setattr(packer.build.gpu, "_serve", two)
-    build(photos, tmp_path / "two", cfg)
-    for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
-        assert (tmp_path / "two" / f).read_bytes() == (tmp_path / "one" / f).read_bytes()
-    assert {k for k, _ in seen} == {0, 1}, seen

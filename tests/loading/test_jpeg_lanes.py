@@ -111,7 +111,7 @@ def test_lanes_argument_errors(photos: Path) -> None:
     one = Counting("a")
     cases = [
         ([], r"decode must be 'auto', 'device' or 'cpu', not \[\]"),
-        (["cpu"], r"decode must be .* a list of those to decode several batches at once"),
+        (["cpu"], r"decode must be .* a list of decoder names and objects to decode several"),
         (["torchvision", "auto"], r"decode must be"),
         ([one, one], r"decode= lists one decoder object twice; make one per lane"),
         ((one, "gpu"), r"decode must be"),
@@ -119,6 +119,12 @@ def test_lanes_argument_errors(photos: Path) -> None:
     for decode, match in cases:
         with pytest.raises(UsageError, match=match):
             packer.PackLoader(photos, 4, device="cpu", image_size=8, decode=decode)
+    from packer.imaging.decoders_split import SplitDecoder
+
+    split = SplitDecoder.__new__(SplitDecoder)  # its parts only: no threads, no GPU
+    split.parts, split.name, split.device = [one, Counting("z")], "a+z", CPU
+    with pytest.raises(UsageError, match=r"lists one decoder object twice"):
+        decoding_for([split, one], CPU)
     with pytest.raises(UsageError, match=r"decode= decodes on cuda, but the loader's device"):
         packer.PackLoader(
             photos, 4, device="cpu", image_size=8, decode=[one, D.get_decoder("cuda")]
@@ -143,8 +149,8 @@ def test_lanes_name_a_damaged_image(photos: Path, tmp_path: Path) -> None:
 
 
 def test_a_lane_is_used_by_one_batch_at_a_time() -> None:
-    """Decoding.run hands each batch a decoder nobody else holds (nvImageCodec's handles
-    and ROI probe are per decoder): four threads, two decoders, never both on one."""
+    """Decoding.run holds a batch's decoder for it (nvImageCodec's handles and ROI probe
+    are per decoder): four threads, two decoders, never two batches on one."""
     held: dict[int, int] = {}
     lock = threading.Lock()
     clash = []
@@ -162,16 +168,58 @@ def test_a_lane_is_used_by_one_batch_at_a_time() -> None:
     d = Decoding(Slow(CPU, threads=0), more=[Slow(CPU, threads=0)])
     box = torch.zeros(0, 4, dtype=torch.int64)
 
-    def go() -> None:
-        for _ in range(20):
-            d.run(None, [], torch.zeros(0, 2, dtype=torch.int64), box, [])
+    def go(k: int) -> None:
+        for b in range(20):
+            d.run(d.of_batch(b + k), [], torch.zeros(0, 2, dtype=torch.int64), box, [])
 
-    ts = [threading.Thread(target=go) for _ in range(4)]
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(4)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     assert len(clash) == 80 and not any(clash)
+
+
+class Odd(Counting):
+    """A decoder whose pixels differ from the others' (lowest bit set), as two
+    libraries' may: which decoder gave a batch shows in its pixels."""
+
+    def _decode(self, datas, names):
+        return [x | 1 for x in super()._decode(datas, names)]
+
+
+def test_batch_b_goes_to_decoder_b_mod_n_whatever_the_timing(photos: Path) -> None:
+    """Two runs of one seed give the same pixels even where the decoders differ, and a
+    loader resumed mid-epoch gives the uninterrupted one's batches: batch b is always
+    decoder b % 2's."""
+
+    def lanes():
+        return [Counting("a"), Odd("b")]
+
+    kw = dict(device="cpu", image_size=12, seed=4, decode=None)
+    runs = []
+    for _ in range(2):
+        decs = lanes()
+        kw["decode"] = decs
+        ld = packer.PackLoader(photos, 8, **kw)
+        runs.append([x for x, _ in ld])
+        assert [d.batches for d in decs] == [3, 3]  # 6 batches: 0, 2, 4 and 1, 3, 5
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    plain = [x for x, _ in packer.PackLoader(photos, 8, **{**kw, "decode": "device"})]
+    same = [torch.equal(a, b) for a, b in zip(runs[0], plain)]
+    assert same == [True, False] * 3  # b's pixels in batches 1, 3, 5 only
+    kw["decode"] = lanes()
+    ld = packer.PackLoader(photos, 8, **kw)
+    it = iter(ld)
+    first = [next(it)[0] for _ in range(3)]
+    state = ld.state_dict()
+    it.close()
+    kw["decode"] = lanes()
+    again = packer.PackLoader(photos, 8, **kw)
+    again.load_state_dict(state)
+    rest = [x for x, _ in again]
+    assert all(torch.equal(a, b) for a, b in zip(first + rest, runs[0]))
+    assert len(first + rest) == len(runs[0])
 
 
 def test_best_lanes_takes_both_nvjpeg_libraries_where_they_run(monkeypatch) -> None:
