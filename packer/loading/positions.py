@@ -58,8 +58,9 @@ class Positions:
             return self._n // self.world_size
         return math.ceil(self._n / self.world_size)
 
-    def _positions(self, epoch: int) -> torch.Tensor:
-        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M]."""
+    def _positions(self, epoch: int, trim: bool = True) -> torch.Tensor:
+        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M];
+        ``trim`` False: before ``drop_last`` (a BatchSampler applies it)."""
         order = epoch_indices(
             self._n,
             epoch=epoch,
@@ -72,7 +73,7 @@ class Positions:
         )
         if self.order == "shards" and len(order):
             order = self._shard_positions(epoch)[order]
-        if self.drop_last:
+        if trim and self.drop_last:
             order = order[: len(self) * self.batch_size]
         return order
 

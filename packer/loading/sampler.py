@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.utils.data
 
-from .order import epoch_indices
-
 if TYPE_CHECKING:
     from .loader import PackLoader
 
@@ -32,20 +30,9 @@ class PackSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         ld = self.loader
-        pos = epoch_indices(
-            ld._n,
-            epoch=ld.epoch,
-            seed=ld.seed,
-            shuffle=ld.shuffle and ld.order == "global",
-            rank=ld.rank,
-            world_size=ld.world_size,
-            even_split=ld.even_split,
-            repeats=ld.repeats,
-        )
-        # the loader's own order (PackLoader._positions, before drop_last, which a
-        # BatchSampler applies): the shard-aware sequence, and the mixed epoch's rows
-        if ld.order == "shards" and len(pos):
-            pos = ld._shard_positions(ld.epoch)[pos]
+        # the loader's own order, before drop_last (a BatchSampler applies it): the
+        # shard-aware sequence, and the mixed epoch's rows
+        pos = ld._positions(ld.epoch, trim=False)
         return iter(ld._rows_at(ld.epoch, pos).tolist())
 
 
