@@ -225,6 +225,7 @@ def main() -> None:
         }
         print(json.dumps(out), flush=True)
     loader.close()
+    dist.barrier()  # every rank done with the group before any tears it down
     dist.destroy_process_group()
 
 
