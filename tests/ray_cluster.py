@@ -84,6 +84,7 @@ class Cluster:
         self.dirs: list[str] = []
         self.head: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
+        self.worker_id: str | None = None  # the worker node's id, once started
 
     def _node(self, *args: str) -> subprocess.Popen[bytes]:
         # short: Ray's Unix sockets live under it (a path of at most 107 bytes)
@@ -134,8 +135,12 @@ class Cluster:
         return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 
     def start_worker(self) -> None:
+        # a node killed before may still count as alive until Ray's health check marks
+        # it dead (seconds, more on a loaded machine): wait for the new node itself
+        before = set(self.alive())
         self.worker = self._node("--address", self.address)
-        self._wait("worker node", lambda: len(self.alive()) >= 2, self.worker)
+        self._wait("worker node", lambda: bool(set(self.alive()) - before), self.worker)
+        self.worker_id = (set(self.alive()) - before).pop()
         self.warm()
 
     def warm(self) -> None:
@@ -153,13 +158,16 @@ class Cluster:
             return ray.get_runtime_context().get_node_id()
 
         task = ray.remote(load)
+        # the head and the worker started last (not a killed one not yet marked dead)
+        up = self.worker is not None and self.worker.poll() is None and self.worker_id
+        nodes = [self.head_node(), *([self.worker_id] if up else [])]
         refs = [
             task.options(
                 num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
             ).remote()
-            for node in self.alive()
+            for node in nodes
         ]
-        assert sorted(ray.get(refs)) == sorted(self.alive())
+        assert sorted(ray.get(refs)) == sorted(nodes)
 
     def head_node(self) -> str:
         """The head node's id (its object store socket lives in the head's temp dir)."""
