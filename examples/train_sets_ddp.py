@@ -23,6 +23,7 @@ the model's and loader's figures, and the node's RSS and page cache.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -225,6 +226,11 @@ def main() -> None:
         }
         print(json.dumps(out), flush=True)
     loader.close()
+    # DDP's reducer holds the process group and its gloo work: free them while the
+    # interpreter is whole, not in its finalization, where gloo's threads abort
+    # ("terminate called without an active exception"; pytorch/pytorch#179291)
+    model = opt = net = out = loss = None
+    gc.collect()
     dist.barrier()  # every rank done with the group before any tears it down
     dist.destroy_process_group()
 
