@@ -39,6 +39,7 @@ def _free_port() -> int:
 def _ports() -> list[str]:
     base = random.randint(30000, 45000)  # worker ports: a range, not one free port
     out = ["--min-worker-port", str(base), "--max-worker-port", str(base + 100)]
+    taken = set(range(base, base + 101))  # Ray refuses a component port in that range
     for flag in (
         "--node-manager-port",
         "--object-manager-port",
@@ -47,7 +48,11 @@ def _ports() -> list[str]:
         "--metrics-export-port",
         "--runtime-env-agent-port",
     ):
-        out += [flag, str(_free_port())]
+        port = _free_port()
+        while port in taken:
+            port = _free_port()
+        taken.add(port)
+        out += [flag, str(port)]
     return out
 
 
