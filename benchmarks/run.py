@@ -46,6 +46,13 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "lanes": ("JPEG decoders at once, the loader's lanes, what costs ResNet-50 time",
               [PY, str(HERE / "decode_lanes.py"), "--device", "cuda", "--parts",
                "bare,loader,train,blocking,interfere", "--work", "{work}/lanes"]),
+    "share": ("what a JPEG loader takes from ResNet-50: a profile, the crop whole vs in "
+              "slices, pixels on sample_data (set CUDA_DEVICE_MAX_CONNECTIONS=8 to see 8 queues)",
+              [PY, str(HERE / "model_share.py"), "--device", "cuda", "--parts",
+               "profile,ab,pixels", "--chunks", "0,8", "--work", "{work}/share"]),
+    "bound": ("what bounds build --device cuda: the ceiling, bare decoders, the disk, the build",
+              [PY, str(HERE / "build_bound.py"), "--device", "cuda", "--parts",
+               "ceiling,bare,write,build,stages", "--work", "{work}/bound"]),
     "jpeg": ("JPEG packs and the GPU build vs the CPU ceiling",
              [PY, str(HERE / "jpeg.py"), "--images", "8192", "--work", "{work}/jpeg"]),
     "compress": ("imgpack compress: size and time per quality",

@@ -25,6 +25,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .imaging.cuda_queues import claim as _claim_cuda_queues
+
+_claim_cuda_queues()  # CUDA_DEVICE_MAX_CONNECTIONS=32 unless set: see packer.imaging.cuda_queues
 
 _EXPORTS = {
     "load": "packer.pack.reader:open_pack",

@@ -24,6 +24,12 @@ import triton.language as tl
 TILE = (2, 128, 4)  # the gather kernel's best of 5 on an H100 (822k img/s vs 1.0M for dot)
 DOT_TILE = (16, 16, 1)  # best of 12 on an H100 (benchmarks/augment.py)
 KERNEL = "dot"
+# Images per launch of the ragged kernel (0: the whole batch in one). A launch fills
+# every SM until its last tile starts, and a model's kernel queued meanwhile on another
+# stream waits for all of it (about 0.7 ms for 256 crops to 224 on an H100); in slices
+# of 8 it waits for one slice at most. ResNet-50 fed by a JPEG pack: 0.975-0.977 of
+# resident whole, 0.981-0.984 in slices of 8 (benchmarks/model_share.py --parts ab).
+RAGGED_CHUNK = 8
 
 
 @triton.jit
@@ -362,24 +368,28 @@ def resample_ragged(
 
     ``table``: int64 [B, 8] on ``device``: each image's address (``data_ptr()`` of a
     contiguous uint8 [C, H, W] on ``device``), its box (top, left, height, width), flip
-    flag, H and W. ``max_scale``: the largest box height / oh and width / ow.
+    flag, H and W. ``max_scale``: the largest box height / oh and width / ow. Launched
+    in slices of :data:`RAGGED_CHUNK` images (the same bytes as one launch).
     """
     b = table.shape[0]
     out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
     if b == 0:
         return out
-    grid, sy, sx, warps = _dot_launch(b, oh, ow, max_scale)
+    step = RAGGED_CHUNK if RAGGED_CHUNK > 0 else b
     block_h, block_w, _ = DOT_TILE
-    _resample_ragged_kernel[grid](
-        table,
-        out,
-        oh,
-        ow,
-        C=channels,
-        SY=sy,
-        SX=sx,
-        BLOCK_H=block_h,
-        BLOCK_W=block_w,
-        num_warps=warps,
-    )
+    for a in range(0, b, step):
+        z = min(a + step, b)
+        grid, sy, sx, warps = _dot_launch(z - a, oh, ow, max_scale)
+        _resample_ragged_kernel[grid](
+            table[a:z],
+            out[a:z],
+            oh,
+            ow,
+            C=channels,
+            SY=sy,
+            SX=sx,
+            BLOCK_H=block_h,
+            BLOCK_W=block_w,
+            num_warps=warps,
+        )
     return out

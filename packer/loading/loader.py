@@ -348,6 +348,10 @@ class PackLoader(Positions, _Resumable):
             from .jpeg_pass import decoding_for
 
             self._decoding = decoding_for(decode, self.device)
+            if self._decoding is not None and self.device.type == "cuda":
+                from ..imaging.cuda_queues import warn_once
+
+                warn_once()
         self._on_cpu = self._crop is not None and self._decoding is None
         self._new_shared()
         if len(self) == 0:

@@ -176,6 +176,10 @@ for size in [(12, 16), (30, 20)]:
     b = R.resample_ragged(torch.from_numpy(table), 3, *size, sc, torch.device("cpu"))
     d = (a.int() - b.int()).abs()
     assert d.max() <= 1 and d.float().mean() < 0.1, (size, d.max())
+    old, R.RAGGED_CHUNK = R.RAGGED_CHUNK, 2  # the batch in slices (2 + 1 images): the same bytes
+    c = R.resample_ragged(torch.from_numpy(table), 3, *size, sc, torch.device("cpu"))
+    R.RAGGED_CHUNK = old
+    assert torch.equal(b, c), size
 print("ok")
 """
 

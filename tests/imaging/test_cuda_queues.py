@@ -1,0 +1,69 @@
+"""packer.imaging.cuda_queues: ``import packer`` asks CUDA for 32 hardware queues unless
+the user chose or CUDA had started, and a JPEG loader on CUDA says where it has fewer."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from conftest import subprocess_env
+from packer.imaging import cuda_queues as cq
+
+SHOW = (
+    "import os, packer; from packer.imaging import cuda_queues as q; "
+    "print(os.environ.get(q.VAR), q.queues(), q.advice() is None)"
+)
+
+
+def _child(code: str, **env: str) -> list[str]:
+    e = subprocess_env(**env)
+    if cq.VAR not in env:
+        e.pop(cq.VAR, None)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.split()
+
+
+def test_import_sets_32_where_unset():
+    assert _child(SHOW) == ["32", "32", "True"]
+
+
+def test_the_users_value_stands_and_a_low_one_is_named():
+    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="4") == ["4", "4", "False"]
+    code = "import packer; from packer.imaging import cuda_queues as q; print(q.advice())"
+    line = " ".join(_child(code, CUDA_DEVICE_MAX_CONNECTIONS="4"))
+    assert (
+        "CUDA_DEVICE_MAX_CONNECTIONS=4" in line and "export CUDA_DEVICE_MAX_CONNECTIONS=32" in line
+    )
+    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="24") == ["24", "24", "True"]
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    monkeypatch.setattr(cq, "_seen", {})
+    return cq._seen
+
+
+def test_cuda_started_before_import_means_the_default_8(seen, monkeypatch, caplog):
+    monkeypatch.setattr(cq, "_cuda_started", lambda: True)
+    monkeypatch.delenv(cq.VAR, raising=False)
+    cq.claim()
+    assert cq.VAR not in __import__("os").environ  # too late to matter: not set
+    assert cq.queues() == 8
+    assert "CUDA started before `import packer`" in (cq.advice() or "")
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        cq.warn_once()
+        cq.warn_once()
+    assert sum("hardware queues" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_unknown_before_claim_and_unparsable_values_say_nothing(seen, monkeypatch):
+    assert cq.queues() is None and cq.advice() is None
+    monkeypatch.setattr(cq, "_cuda_started", lambda: False)
+    monkeypatch.setenv(cq.VAR, "many")
+    cq.claim()
+    assert cq.queues() is None and cq.advice() is None
