@@ -100,7 +100,9 @@ def main() -> None:
     ap.add_argument("--green-sms", default="8,16,32")
     ap.add_argument("--streams", default="default,high", help="the step's streams (priority)")
     ap.add_argument("--chunks", default="0,32", help="ab: images per crop launch (0: all)")
+    ap.add_argument("--ungrouped", action="store_true", help="ab: also the crop's rows ungrouped")
     ap.add_argument("--nochecks", action="store_true", help="ab: also without header checks")
+    ap.add_argument("--ways", default="auto,torchcodec", help="the loaders' decode= values")
     ap.add_argument("--tag", default="", help="suffix of the JSON and trace names")
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-share"))
     args = ap.parse_args()
@@ -125,10 +127,9 @@ def main() -> None:
 
     step = train_step("resnet50", 1000, device)
     norm = packer.Normalize().to(device)
-    lds = {"auto": _loader(pack, device, args.batch, "auto"),
-           "torchcodec": _loader(pack, device, args.batch, "torchcodec")}  # fmt: skip
+    lds = {w: _loader(pack, device, args.batch, w) for w in args.ways.split(",")}
     its = {k: iter(v) for k, v in lds.items()}
-    resident = [tuple(t.clone() for t in next(its["auto"])) for _ in range(8)]
+    resident = [tuple(t.clone() for t in next(its[next(iter(its))])) for _ in range(8)]
     res["paths"] = {k: v.decode_path for k, v in lds.items()}
     feeds = {"resident": lambda i: resident[i % 8],
              **{k: (lambda i, it=it: next(it)) for k, it in its.items()}}  # fmt: skip
@@ -223,7 +224,7 @@ def ab(args: Any, device: torch.device, step: Any, norm: Any, feeds: dict[str, A
 
     from packer.imaging.decoders import DecoderBase
 
-    checked0, chunk0 = DecoderBase._checked, rt.RAGGED_CHUNK
+    checked0, chunk0, group0 = DecoderBase._checked, rt.RAGGED_CHUNK, rt.RAGGED_GROUP
 
     def unchecked(self: Any, datas: Any, sizes: Any, indices: Any) -> Any:
         """The header checks skipped (a probe of their GIL time, never shipped)."""
@@ -236,6 +237,8 @@ def ab(args: Any, device: torch.device, step: Any, norm: Any, feeds: dict[str, A
         if k != "resident":
             ways += [(f"{k}, crop whole" if c == 0 else f"{k}, crop in slices of {c}", k, c)
                      for c in chunks]  # fmt: skip
+            if args.ungrouped:
+                ways.append((f"{k}, slices of {chunks[-1]}, ungrouped", k, chunks[-1]))
             if args.nochecks:
                 ways.append((f"{k}, slices of {chunks[-1]}, no header checks", k, chunks[-1]))
     rates: dict[str, list[float]] = defaultdict(list)
@@ -247,6 +250,7 @@ def ab(args: Any, device: torch.device, step: Any, norm: Any, feeds: dict[str, A
         for _ in range(args.repeats):
             for label, k, c in ways:
                 rt.RAGGED_CHUNK = c
+                rt.RAGGED_GROUP = "ungrouped" not in label
                 DecoderBase._checked = unchecked if "no header" in label else checked0  # type: ignore[method-assign]
                 for i in range(3):  # the queue refilled under this setting
                     x, y = feeds[k](i)
@@ -264,7 +268,7 @@ def ab(args: Any, device: torch.device, step: Any, norm: Any, feeds: dict[str, A
     finally:
         jpeg_pass.Decoding.run = run0  # type: ignore[method-assign]
         DecoderBase._checked = checked0  # type: ignore[method-assign]
-        rt.RAGGED_CHUNK = chunk0
+        rt.RAGGED_CHUNK, rt.RAGGED_GROUP = chunk0, group0
     base = statistics.median(rates["resident"])
     out: dict[str, Any] = {}
     print(

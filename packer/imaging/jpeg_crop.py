@@ -158,13 +158,17 @@ def resize_images(
     scale = (float(bh.max()) / oh, float(bw.max()) / ow)
     kernels = _ragged_kernels(dev)
     if kernels is not None and kernels.fits(scale):
-        table = np.empty((n, 8), dtype=np.int64)
+        table = np.empty((n, 9), dtype=np.int64)
         for i, x in enumerate(images):
             table[i, 0], table[i, 6], table[i, 7] = _planes(x, i, dev)
         table[:, 1:5] = bn
         table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
-        t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
-        return kernels.resample_ragged(t, 3, oh, ow, scale, dev)
+        table[:, 8] = np.arange(n)
+        order, launches = np.arange(n), None
+        if kernels.RAGGED_GROUP:
+            order, launches = kernels.ragged_order(np.stack([bh / oh, bw / ow], 1))
+        t = torch.from_numpy(table[order]).pin_memory().to(dev, non_blocking=True)
+        return kernels.resample_ragged(t, 3, oh, ow, scale, dev, launches)
     return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
 
 

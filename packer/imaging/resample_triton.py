@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -28,8 +29,12 @@ KERNEL = "dot"
 # every SM until its last tile starts, and a model's kernel queued meanwhile on another
 # stream waits for all of it (about 0.7 ms for 256 crops to 224 on an H100); in slices
 # of 8 it waits for one slice at most. ResNet-50 fed by a JPEG pack: 0.975-0.977 of
-# resident whole, 0.981-0.984 in slices of 8 (benchmarks/model_share.py --parts ab).
+# resident whole, 0.981-0.984 in slices of 8 (benchmarks/model_share.py --parts ab);
+# grouped (RAGGED_GROUP) 0.978-0.980 vs 0.970-0.977 ungrouped in one run.
 RAGGED_CHUNK = 8
+# Group the ragged kernel's rows by the input patch their tiles need (ragged_order), so a
+# batch's largest box no longer sets every image's patch.
+RAGGED_GROUP = True
 
 
 @triton.jit
@@ -234,10 +239,10 @@ def _resample_ragged_kernel(
     BLOCK_W: tl.constexpr,
 ):
     # Images of different sizes, each in its own allocation: row b of the int64
-    # table is (address, top, left, height, width, flip, image height, image width)
-    # of a contiguous uint8 [C, H, W]. No padded copy of the batch is ever made.
+    # table is (address, top, left, height, width, flip, image height, image width,
+    # output row) of a contiguous uint8 [C, H, W]. No padded copy of the batch is made.
     b = tl.program_id(0)
-    row = table_ptr + b * 8
+    row = table_ptr + b * 9
     x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
     top = tl.load(row + 1).to(tl.int32)
     left = tl.load(row + 2).to(tl.int32)
@@ -246,9 +251,10 @@ def _resample_ragged_kernel(
     flip = tl.load(row + 5).to(tl.int32)
     ih = tl.load(row + 6)
     iw = tl.load(row + 7)
+    dst = tl.load(row + 8)
     _dot_tile(
         x_base,
-        out_ptr + b.to(tl.int64) * (C * oh * ow),
+        out_ptr + dst * (C * oh * ow),
         ih * iw,
         iw,
         1,
@@ -274,6 +280,13 @@ def _span(block: int, scale: float) -> int:
     """Input patch length covering the windows of ``block`` outputs (power of 2, >= 16)."""
     need = math.ceil((block - 1) * scale + 2 * max(scale, 1.0)) + 2
     return max(16, triton.next_power_of_2(need))
+
+
+def _spans(block: int, scale: np.ndarray) -> np.ndarray:
+    """:func:`_span` of every scale at once (int64)."""
+    need = np.ceil((block - 1) * scale + 2 * np.maximum(scale, 1.0)).astype(np.int64) + 2
+    pow2 = np.left_shift(1, np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64))
+    return np.maximum(16, pow2)
 
 
 def _dot_launch(
@@ -356,6 +369,31 @@ def resample(
     return out
 
 
+def ragged_order(scales: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, float, float]]]:
+    """Launch plan of :func:`resample_ragged` for boxes of ``scales`` float [B, 2] (box
+    height / oh, width / ow each): the order of the table's rows (grouped by the input
+    patch their tiles need: a batch's largest box no longer sets every image's), and the
+    launches (first row, end row, scale per axis), each of at most :data:`RAGGED_CHUNK`
+    rows (0: a group in one)."""
+    scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
+    b = len(scales)
+    spans = np.stack([_spans(DOT_TILE[0], scales[:, 0]), _spans(DOT_TILE[1], scales[:, 1])], 1)
+    order = np.lexsort((spans[:, 1], spans[:, 0])) if b else np.zeros(0, dtype=np.int64)
+    launches: list[tuple[int, int, float, float]] = []
+    a = 0
+    while a < b:
+        key = tuple(spans[order[a]])
+        z = a
+        while (
+            z < b and tuple(spans[order[z]]) == key and (RAGGED_CHUNK <= 0 or z - a < RAGGED_CHUNK)
+        ):
+            z += 1
+        part = scales[order[a:z]]
+        launches.append((a, z, float(part[:, 0].max()), float(part[:, 1].max())))
+        a = z
+    return order, launches
+
+
 def resample_ragged(
     table: torch.Tensor,
     channels: int,
@@ -363,26 +401,32 @@ def resample_ragged(
     ow: int,
     max_scale: tuple[float, float],
     device: torch.device,
+    launches: list[tuple[int, int, float, float]] | None = None,
 ) -> torch.Tensor:
     """Images of different sizes -> uint8 [B, C, oh, ow], each cropped, resized, flipped.
 
-    ``table``: int64 [B, 8] on ``device``: each image's address (``data_ptr()`` of a
+    ``table``: int64 [B, 9] on ``device``: each image's address (``data_ptr()`` of a
     contiguous uint8 [C, H, W] on ``device``), its box (top, left, height, width), flip
-    flag, H and W. ``max_scale``: the largest box height / oh and width / ow. Launched
-    in slices of :data:`RAGGED_CHUNK` images (the same bytes as one launch).
+    flag, H, W and its row of the output. ``max_scale``: the largest box height / oh and
+    width / ow. ``launches``: (first row, end row, scale per axis) per launch
+    (:func:`ragged_order`); default: slices of :data:`RAGGED_CHUNK` rows at
+    ``max_scale``. A launch fills every SM until its last tile starts, and a model's
+    kernel queued meanwhile on another stream waits for all of it: small launches keep
+    that wait short.
     """
     b = table.shape[0]
     out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
     if b == 0:
         return out
-    step = RAGGED_CHUNK if RAGGED_CHUNK > 0 else b
+    if launches is None:
+        step = RAGGED_CHUNK if RAGGED_CHUNK > 0 else b
+        launches = [(a, min(a + step, b), *max_scale) for a in range(0, b, step)]
     block_h, block_w, _ = DOT_TILE
-    for a in range(0, b, step):
-        z = min(a + step, b)
-        grid, sy, sx, warps = _dot_launch(z - a, oh, ow, max_scale)
+    for a, z, sc_h, sc_w in launches:
+        grid, sy, sx, warps = _dot_launch(z - a, oh, ow, (sc_h, sc_w))
         _resample_ragged_kernel[grid](
             table[a:z],
-            out[a:z],
+            out,
             oh,
             ow,
             C=channels,

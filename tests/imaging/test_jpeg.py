@@ -160,28 +160,54 @@ RAGGED = """
 import numpy as np, torch, packer.transforms as T, packer.imaging.resample_triton as R
 from packer.imaging import jpeg as J
 g = torch.Generator().manual_seed(0)
-shapes = [(20, 26), (17, 31), (33, 12)]
+shapes = [(20, 26), (17, 31), (33, 12), (40, 44), (9, 11)]
 imgs = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in shapes]
 sizes = J.sizes_of(imgs)
-boxes = T.RandomResizedCrop(8).sample_boxes(3, sizes[:, 0], sizes[:, 1], g)
-flip = torch.tensor([True, False, True])
-for size in [(12, 16), (30, 20)]:
+n = len(imgs)
+boxes = T.RandomResizedCrop(8).sample_boxes(n, sizes[:, 0], sizes[:, 1], g)
+flip = torch.tensor([True, False, True, False, True])
+for size in [(12, 16), (30, 20), (6, 4)]:
     a = J.resize_batch(*J.pad_batch(imgs), size, boxes=boxes, flip=flip)
-    table = np.empty((3, 8), np.int64)
+    table = np.empty((n, 9), np.int64)
     table[:, 0] = [x.data_ptr() for x in imgs]
     table[:, 1:5] = boxes.numpy()
     table[:, 5] = flip.numpy()
-    table[:, 6:] = sizes.numpy()
+    table[:, 6:8] = sizes.numpy()
+    table[:, 8] = np.arange(n)
     sc = (float(boxes[:, 2].max()) / size[0], float(boxes[:, 3].max()) / size[1])
     b = R.resample_ragged(torch.from_numpy(table), 3, *size, sc, torch.device("cpu"))
     d = (a.int() - b.int()).abs()
     assert d.max() <= 1 and d.float().mean() < 0.1, (size, d.max())
-    old, R.RAGGED_CHUNK = R.RAGGED_CHUNK, 2  # the batch in slices (2 + 1 images): the same bytes
+    old, R.RAGGED_CHUNK = R.RAGGED_CHUNK, 2  # the batch in slices of 2: the same bytes
     c = R.resample_ragged(torch.from_numpy(table), 3, *size, sc, torch.device("cpu"))
+    # rows grouped by the patch each needs, each written to its own output row
+    scales = (boxes[:, 2:].numpy() / np.array(size)).astype(np.float64)
+    order, launches = R.ragged_order(scales)
     R.RAGGED_CHUNK = old
     assert torch.equal(b, c), size
+    assert sorted(order.tolist()) == list(range(n)) and launches[-1][1] == n
+    assert all(z - a <= 2 for a, z, _, _ in launches)
+    e = R.resample_ragged(torch.from_numpy(table[order]), 3, *size, sc, torch.device("cpu"), launches)
+    d = (b.int() - e.int()).abs()
+    assert d.max() <= 1 and d.float().mean() < 0.01, (size, d.max())
+    def spans(rows):
+        return {(R._span(16, float(y)), R._span(16, float(x))) for y, x in scales[rows]}
+
+    for a0, z0, sh, sw in launches:  # a launch's rows all need its patch, no larger
+        assert spans(order[a0:z0]) == {(R._span(16, sh), R._span(16, sw))}, (size, launches)
+    assert len(launches) >= len(spans(np.arange(n)))
 print("ok")
 """
+
+
+def test_vectorised_spans_equal_the_kernels_rule():
+    pytest.importorskip("triton")
+    import packer.imaging.resample_triton as R
+
+    sc = np.concatenate([np.random.default_rng(0).uniform(0.05, 20, 4000), [0.0, 0.8, 1.0, 2.0]])
+    assert R._spans(16, sc).tolist() == [R._span(16, float(x)) for x in sc]
+    order, launches = R.ragged_order(np.zeros((0, 2)))
+    assert len(order) == 0 and launches == []
 
 
 def test_ragged_kernel_matches_the_padded_route_in_the_interpreter():
