@@ -444,6 +444,18 @@ def loader_rates(
     return out
 
 
+def timed_steps(step: Any, norm: Any, feed: Any, iters: int, batch: int, device: Any) -> float:
+    """img/s of ``iters`` training steps ``step(norm(x), y)`` on ``feed(i)``'s batches,
+    the device synchronized before each clock read."""
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(iters):
+        x, y = feed(i)
+        step(norm(x), y)
+    sync(device)
+    return batch * iters / (time.perf_counter() - t0)
+
+
 def train_rates(
     pack: Path, device: torch.device, batch: int, iters: int, repeats: int, ways: list[str]
 ) -> dict[str, Any]:
@@ -463,13 +475,7 @@ def train_rates(
     resident = [tuple(t.clone() for t in next(first)) for _ in range(8)]  # its crops, kept
 
     def run(feed) -> float:
-        sync(device)
-        t0 = time.perf_counter()
-        for i in range(iters):
-            x, y = feed(i)
-            step(norm(x), y)
-        sync(device)
-        return batch * iters / (time.perf_counter() - t0)
+        return timed_steps(step, norm, feed, iters, batch, device)
 
     for i in range(10):  # warm-up: cudnn's choices, the allocator, every loader started
         step(norm(resident[i % 8][0]), resident[i % 8][1])

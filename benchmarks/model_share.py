@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _trace import profiled
-from decoders import pillow
+from decoders import pillow, timed_steps
 
 import packer
 from _out import ROOT, dump, machine
@@ -44,7 +44,7 @@ from build import make_set
 from packer.build.run import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import get_decoder
-from packer.measure.timing import resolve_device, sync
+from packer.measure.timing import resolve_device
 
 JSON = "bench_model_share.json"
 _KEEP: list[Any] = []  # green contexts outlive their streams' work
@@ -57,15 +57,8 @@ def _loader(pack: Path, device: torch.device, batch: int, decode: Any) -> Any:
 
 
 def _run(step: Any, norm: Any, feed: Any, iters: int, batch: int, stream: Any) -> float:
-    dev = torch.device("cuda")
     with torch.cuda.stream(stream):
-        sync(dev)
-        t0 = time.perf_counter()
-        for i in range(iters):
-            x, y = feed(i)
-            step(norm(x), y)
-        sync(dev)
-    return batch * iters / (time.perf_counter() - t0)
+        return timed_steps(step, norm, feed, iters, batch, torch.device("cuda"))
 
 
 def green_stream(device: torch.device, sms: int) -> tuple[Any, str]:

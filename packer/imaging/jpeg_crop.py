@@ -164,10 +164,11 @@ def resize_images(
         table[:, 1:5] = bn
         table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
         table[:, 8] = np.arange(n)
-        order, launches = np.arange(n), None
+        launches = None
         if kernels.RAGGED_GROUP:
             order, launches = kernels.ragged_order(np.stack([bh / oh, bw / ow], 1))
-        t = torch.from_numpy(table[order]).pin_memory().to(dev, non_blocking=True)
+            table = table[order]
+        t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
         return kernels.resample_ragged(t, 3, oh, ow, scale, dev, launches)
     return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
 

@@ -378,19 +378,17 @@ def ragged_order(scales: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, f
     scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
     b = len(scales)
     spans = np.stack([_spans(DOT_TILE[0], scales[:, 0]), _spans(DOT_TILE[1], scales[:, 1])], 1)
-    order = np.lexsort((spans[:, 1], spans[:, 0])) if b else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((spans[:, 1], spans[:, 0]))
+    key = spans[order]
+    ends = [*(np.flatnonzero((key[1:] != key[:-1]).any(1)) + 1).tolist(), b]
     launches: list[tuple[int, int, float, float]] = []
-    a = 0
-    while a < b:
-        key = tuple(spans[order[a]])
-        z = a
-        while (
-            z < b and tuple(spans[order[z]]) == key and (RAGGED_CHUNK <= 0 or z - a < RAGGED_CHUNK)
-        ):
-            z += 1
-        part = scales[order[a:z]]
-        launches.append((a, z, float(part[:, 0].max()), float(part[:, 1].max())))
-        a = z
+    start = 0
+    for end in ends if b else []:  # each group of one patch, in slices
+        step = RAGGED_CHUNK if RAGGED_CHUNK > 0 else end - start
+        for a in range(start, end, step):
+            part = scales[order[a : min(a + step, end)]]
+            launches.append((a, min(a + step, end), *part.max(0).tolist()))
+        start = end
     return order, launches
 
 
