@@ -62,43 +62,160 @@ VARIANTS = {
     "switch 0.5 ms": {"switch": 0.0005},
     "2 readers 2 writers": {"_READERS": 2, "_WRITERS": 2},
     "groups of 1024": {"GROUP_IMAGES": 1024},
+    "16 in flight 6 ahead": {"_IN_FLIGHT": 16, "_DECODE_AHEAD": 6},
+    "eager pool": {"eager": True},  # the CPU workers started with the build, as before
+    # ablations: a stage taken out of the build, to see which one holds its decoder back
+    "cached reads": {"ablate": ("reads",)},
+    "no checks": {"ablate": ("checks",)},
+    "checks twice": {"ablate": ("twice",)},  # the decoder walks the readers' headers again
+    "no crop": {"ablate": ("crop",)},
+    "no writes": {"ablate": ("writes",)},
+    "decode only": {"ablate": ("reads", "checks", "crop", "writes")},
 }
 
 
+def _ablate(g: Any, what: tuple[str, ...], src: Path) -> dict[str, Any]:
+    """``packer.build.gpu``'s stages named in ``what`` replaced by stand-ins that do no
+    work of theirs (the pack they leave is not a valid one: a probe's, deleted after):
+
+    * ``reads``: each file's bytes and size from memory (the source tree is hard links
+      to a few unique files: keyed by inode), no file read and no header parse;
+    * ``checks``: the decoder's own batched decode without the interface's header and
+      shape checks;
+    * ``crop``: no crop kernel and no copy to the host: zero rows from the reused buffers;
+    * ``writes``: no pwrite and no hash (each chunk's result made up).
+
+    Returns the replaced attributes, to put back."""
+    from packer.build.gpu_read import GroupRead
+    from packer.imaging.jpeg_header import plain_jpeg_size
+
+    old: dict[str, Any] = {}
+    if "reads" in what:
+        by_inode: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}
+        where: dict[str, int] = {}
+        for f in src.rglob("*.jpg"):
+            ino = f.stat().st_ino
+            where[str(f)] = ino
+            if ino not in by_inode:
+                b = f.read_bytes()
+                size = plain_jpeg_size(memoryview(b), 1 << 40)
+                assert size is not None, f
+                by_inode[ino] = (torch.frombuffer(bytearray(b), dtype=torch.uint8), size)
+
+        def read_group(paths: list[str], max_pixels: int, cpu_decode: Any) -> GroupRead:
+            got = [by_inode[where[p]] for p in paths]
+            return GroupRead(list(range(len(paths))), [d for d, _ in got],
+                             [s for _, s in got], [], list)  # fmt: skip
+
+        old["read_group"] = g.read_group
+        g.read_group = read_group
+    if "checks" in what:
+        make0 = g.make_decoder
+
+        def make(dev: torch.device) -> Any:
+            dec = make0(dev)
+            dec.decode = lambda datas, sizes=None, prechecked=False: dec._decode(
+                list(datas), list(range(len(datas)))
+            )
+            return dec
+
+        old["make_decoder"] = make0
+        g.make_decoder = make
+    if "twice" in what:
+        make1 = g.make_decoder
+
+        def make_twice(dev: torch.device) -> Any:
+            dec = make1(dev)
+            whole = dec.decode
+            dec.decode = lambda datas, sizes=None, prechecked=False: whole(datas, sizes=sizes)
+            return dec
+
+        old["make_decoder"] = make1
+        g.make_decoder = make_twice
+    if "crop" in what:
+
+        def resize_to_host(imgs: list, spec: Any, stream: Any, host_rows: Any) -> tuple:
+            n = sum(x is not None for x in imgs)
+            buf = host_rows.take(n)
+            return buf[:n], None, buf
+
+        old["resize_to_host"] = g.resize_to_host
+        g.resize_to_host = resize_to_host
+    if "writes" in what:
+
+        def write_group(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
+            try:
+                if copied is not None:
+                    copied.synchronize()
+                out, k = [], 0
+                for chunk, _start, cpaths in group:
+                    wh = [list(sizes[k + j]) for j in range(len(cpaths))]
+                    out.append((chunk, [], wh, "0" * 64, None))
+                    k += len(cpaths)
+                return out
+            finally:
+                release()
+
+        old["write_group"] = g.write_group
+        g.write_group = write_group
+    return old
+
+
 @contextlib.contextmanager
-def variant(name: str) -> Iterator[None]:
-    """The GPU build's knobs (``packer.build.gpu``'s constants, the GIL switch interval)
-    set as ``VARIANTS[name]`` says, for a probe; restored after."""
+def variant(name: str, src: Path) -> Iterator[None]:
+    """The GPU build's knobs (``packer.build.gpu``'s constants, the GIL switch interval,
+    stages taken out: :func:`_ablate`, for a build of ``src``) set as ``VARIANTS[name]``
+    says, for a probe; restored after."""
     import packer.build.gpu as g
+    import packer.build.run as run
 
     knobs = dict(VARIANTS[name])
     switch = knobs.pop("switch", None)
+    ablate = knobs.pop("ablate", ())
+    eager = knobs.pop("eager", False)
     old = {k: getattr(g, k) for k in knobs}
     old_switch = sys.getswitchinterval()
+    lazy = run.LazyPool
     try:
+        if eager:
+            run.LazyPool = lambda start: start()
         for k, v in knobs.items():
             setattr(g, k, v)
         if switch is not None:
             sys.setswitchinterval(switch)
+        if ablate:
+            old.update(_ablate(g, ablate, src))
         yield
     finally:
         for k, v in old.items():
             setattr(g, k, v)
         sys.setswitchinterval(old_switch)
+        run.LazyPool = lazy
 
 
 def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
     """One warm GPU build with its stages' calls timed: per stage the summed wall time of
-    its calls over the build's wall time (1.0 = one thread busy throughout)."""
+    its calls over the build's wall time (1.0 = one thread busy throughout), the build's
+    own phase split (``BuildResult.extra``), and a timeline of the calls (``events``:
+    stage, thread, start, end in seconds from the build's start) with the share of the
+    decode window (``decode_chunks_batched``) the decoder thread spent in its decoder."""
     import threading
 
     import packer.build.gpu as g
+    import packer.imaging.jpeg as jpeg
 
     busy: dict[str, float] = {}
+    events: list[tuple[str, str, float, float]] = []
     lock = threading.Lock()
     names = {"read_group": "read", "_decode_list": "read wait + decode", "resize_to_host": "crop+copy",
-             "write_group": "write+hash"}  # fmt: skip
+             "write_group": "write+hash", "decode_chunks_batched": "window"}  # fmt: skip
     orig = {k: getattr(g, k) for k in names}
+
+    def note(name: str, t0: float) -> None:
+        t1 = time.perf_counter()
+        with lock:
+            busy[name] = busy.get(name, 0.0) + t1 - t0
+            events.append((name, threading.current_thread().name, t0, t1))
 
     def wrap(k: str) -> Any:
         f = orig[k]
@@ -108,8 +225,7 @@ def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
             try:
                 return f(*a, **kw)
             finally:
-                with lock:
-                    busy[names[k]] = busy.get(names[k], 0.0) + time.perf_counter() - t0
+                note(names[k], t0)
 
         return timed
 
@@ -122,9 +238,44 @@ def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
         dec.decode = wrap("decoder.decode")
         return dec
 
+    ahead0, take0 = jpeg.decode_ahead, g.HostRows.take
+
+    def ahead(*a: Any, **kw: Any) -> Any:  # the pipeline's waits for decoded groups
+        it = ahead0(*a, **kw)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    note("wait for decode", t0)
+                yield item
+        finally:
+            it.close()
+
+    def take(self: Any, n: int) -> Any:  # its waits for a free pinned buffer
+        t0 = time.perf_counter()
+        try:
+            return take0(self, n)
+        finally:
+            note("host buffer", t0)
+
+    lags: list[float] = []
+    probing = threading.Event()
+
+    def probe() -> None:  # how late a thread gets the GIL back after a 1 ms sleep
+        while not probing.is_set():
+            t = time.perf_counter()
+            time.sleep(0.001)
+            lags.append(time.perf_counter() - t - 0.001)
+
     for k in list(names):
         setattr(g, k, wrap(k))
-    g.make_decoder = make
+    g.make_decoder, jpeg.decode_ahead, g.HostRows.take = make, ahead, take
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
     try:
         shutil.rmtree(dst, ignore_errors=True)
         sync(device)
@@ -135,10 +286,56 @@ def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
         for k, f in orig.items():
             if "." not in k:
                 setattr(g, k, f)
-        g.make_decoder = make0
+        g.make_decoder, jpeg.decode_ahead, g.HostRows.take = make0, ahead0, take0
+        probing.set()
+        prober.join()
         shutil.rmtree(dst, ignore_errors=True)
     out = {k: round(v / wall, 2) for k, v in busy.items()}
-    return {"img_s": round(r.count / wall, 1), "wall_s": round(wall, 2), "busy": out}
+    win = [e for e in events if e[0] == "window"]
+    share = None
+    if win:
+        w0, w1 = win[0][2], win[0][3]
+        dec = sum(min(b, w1) - max(a, w0) for n, _, a, b in events if n == "decoder call")
+        share = round(dec / (w1 - w0), 3)
+    return {
+        "img_s": round(r.count / wall, 1),
+        "wall_s": round(wall, 2),
+        "busy": out,
+        "decoder_share_of_window": share,
+        "gil_lag_ms": {  # the probe's wake-up lag beyond its 1 ms sleep: GIL (and CPU) waits
+            "median": round(1e3 * sorted(lags)[len(lags) // 2], 3) if lags else None,
+            "p90": round(1e3 * sorted(lags)[9 * len(lags) // 10], 3) if lags else None,
+        },
+        "phases": r.extra,
+        "events": [(n, th, round(a - t0, 5), round(b - t0, 5)) for n, th, a, b in events],
+    }
+
+
+def same_pixels(files: list[str], device: torch.device, batch: int) -> dict[str, Any]:
+    """Each GPU decoder's output on ``files`` against torchcodec's, batch by batch: the
+    images that differ at all, and the largest difference."""
+    from packer.errors import UsageError
+    from packer.imaging.decoders import get_decoder
+
+    datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]
+    ref = get_decoder(device, prefer="torchcodec")
+    out: dict[str, Any] = {}
+    for name in ("torchvision", "nvimgcodec"):
+        try:
+            dec = get_decoder(device, prefer=name)
+        except UsageError as e:
+            out[name] = f"not run ({str(e)[:80]})"
+            continue
+        differ, worst = 0, 0
+        for i in range(0, len(datas), batch):
+            a = ref.decode(datas[i : i + batch])
+            b = dec.decode(datas[i : i + batch])
+            for x, y in zip(a, b):
+                d = int((x.int() - y.int()).abs().max())
+                differ += d > 0
+                worst = max(worst, d)
+        out[name] = {"images": len(datas), "differ": differ, "max_abs": worst}
+    return out
 
 
 def main() -> None:
@@ -153,6 +350,7 @@ def main() -> None:
     ap.add_argument("--tmpfs", type=Path, default=Path("/dev/shm/imgpack-bound"))
     ap.add_argument("--parts", default="ceiling,bare,write,build")
     ap.add_argument("--variants", default="default", help="stages: " + ",".join(VARIANTS))
+    ap.add_argument("--bare", default=None, help="bare: only these decoders/sets, comma-separated")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     device = resolve_device(args.device)
@@ -175,10 +373,13 @@ def main() -> None:
         args.tmpfs.mkdir(parents=True, exist_ok=True)
         res["stages"] = {}
         for v in args.variants.split(","):
-            with variant(v):
+            with variant(v, big):
                 res["stages"][v] = st = stages(big, args.tmpfs / "pack", device)
             dump(res, "bench_build_bound.json")
-            rows.append((f"warm build, tmpfs, {v}, stages timed ({st['busy']})", st["img_s"]))
+            busy = {k: v for k, v in st["busy"].items() if k != "window"}
+            rows.append((f"warm build, tmpfs, {v}: window {st['busy'].get('window')}, decoder "
+                         f"{st['decoder_share_of_window']} of it, GIL lag {st['gil_lag_ms']}, "
+                         f"busy {busy}", st["img_s"]))  # fmt: skip
     if "profile" in parts:  # a 4,096-image warm build under torch.profiler
         from _trace import profile_call
 
@@ -191,18 +392,27 @@ def main() -> None:
         )
         dump(res, "bench_build_bound.json")
         print(json.dumps(pr, indent=1))
-    if parts <= {"ceiling", "stages", "profile"}:
+    if "same" in parts:  # do the nvjpeg decoders give the same bytes (may lanes mix)?
+        res["same"] = same_pixels(files[: args.decode_images], device, args.batch)
+        photos = sorted(str(f) for f in Path("sample_data").rglob("*.jpg"))
+        if photos:  # photographs too (odd sizes, other subsamplings)
+            res["same_photos"] = same_pixels(photos, device, args.batch)
+            print(f"  same pixels, sample_data: {res['same_photos']}", file=sys.stderr)
+        dump(res, "bench_build_bound.json")
+        print(f"  same pixels: {res['same']}", file=sys.stderr, flush=True)
+    if "bare" in parts:
+        datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8)
+                 for f in files[: args.decode_images]]  # fmt: skip
+        n = len(datas) - len(datas) % args.batch
+        batches = [datas[i : i + args.batch] for i in range(0, n, args.batch)]
+        hw = torch.tensor([[480, 640]] * args.batch)
+        only = None if args.bare is None else set(args.bare.split(","))
+        res["bare"] = b = bare(device, batches, hw, args.repeats, only)
+        dump(res, "bench_build_bound.json")
+        rows += [(f"bare decode: {k}", r["img_s"]) for k, r in b.items()]
+    if not parts & {"write", "build"}:
         _table(res, rows, ceil, procs, device)
         return
-
-    datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8)
-             for f in files[: args.decode_images]]  # fmt: skip
-    n = len(datas) - len(datas) % args.batch
-    batches = [datas[i : i + args.batch] for i in range(0, n, args.batch)]
-    hw = torch.tensor([[480, 640]] * args.batch)
-    res["bare"] = b = bare(device, batches, hw, args.repeats)
-    dump(res, "bench_build_bound.json")
-    rows += [(f"bare decode: {k}", r["img_s"]) for k, r in b.items()]
 
     nbytes = args.images * row
     places = {"disk": args.work}

@@ -88,7 +88,15 @@ def together(decs: list[DecoderBase], batches: list[list[torch.Tensor]], hw: tor
         return sum(pool.map(lane, decs))
 
 
-def bare(device: torch.device, batches: list, hw: torch.Tensor, repeats: int) -> dict[str, Any]:
+def bare(
+    device: torch.device,
+    batches: list,
+    hw: torch.Tensor,
+    repeats: int,
+    only: set[str] | None = None,
+) -> dict[str, Any]:
+    """Each decoder's and set's batched rate on ``batches`` (median of ``repeats``);
+    ``only``: just these labels (e.g. ``torchcodec``, ``torchcodec + torchvision``)."""
     made: dict[str, list[DecoderBase]] = {}
 
     def get(label: str, k: int) -> DecoderBase:
@@ -107,6 +115,8 @@ def bare(device: torch.device, batches: list, hw: torch.Tensor, repeats: int) ->
     for s in SETS:
         if all(x in work for x in s):
             work[" + ".join(s)] = [get(x, s[:i].count(x)) for i, x in enumerate(s)]
+    if only is not None:
+        work = {k: v for k, v in work.items() if k in only}
     for decs in work.values():  # warm-up off the clock: handles, pools
         together(decs, batches[:2], hw)
     rates: dict[str, list[float]] = {k: [] for k in work}

@@ -13,6 +13,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -285,7 +286,45 @@ def start_pool(
     return pool
 
 
-def stop_pool(pool: ProcessPoolExecutor) -> None:
+class LazyPool:
+    """A process pool that starts at its first task: the GPU build's CPU workers decode
+    only what the GPU does not take, often nothing, and 16 booting workers took the
+    cores the GPU pipeline's threads needed (H100 machine, 2026-11-26: the decoder's
+    calls ran 2-3x slower until the pool had booted; docs/PERFORMANCE.md). ``start()``
+    makes the pool; :func:`stop_pool` and ``shutdown`` work on one never started."""
+
+    def __init__(self, start: Callable[[], ProcessPoolExecutor]) -> None:
+        self._start = start
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    @property
+    def _processes(self) -> Any:  # stop_pool's handle on the workers
+        return None if self._pool is None else getattr(self._pool, "_processes", None)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if self._pool is None:
+                self._pool = self._start()
+            pool = self._pool
+        return pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them
     for p in list((getattr(pool, "_processes", None) or {}).values()):

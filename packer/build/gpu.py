@@ -50,6 +50,7 @@ _WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256
 _READERS = 4  # per decoder: threads reading and classifying the files (read frees the GIL)
 _READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahead of it
 _IN_FLIGHT = 8  # groups sent to one decoder and not yet written
+_DECODE_AHEAD = 3  # groups decoded ahead of the crop
 
 
 def make_decoder(device: torch.device) -> Any:
@@ -74,12 +75,12 @@ def _decode_list(
     if not r.datas:
         return r, imgs
     hw = [(h, w) for w, h in r.sizes]
-    try:
-        imgs = list(decoder.decode(r.datas, sizes=hw))
+    try:  # the readers' plain_jpeg_size checked these bytes: not parsed again
+        imgs = list(decoder.decode(r.datas, sizes=hw, prechecked=True))
     except PackerError:
         for i, (t, s) in enumerate(zip(r.datas, hw)):
             with contextlib.suppress(PackerError):
-                imgs[i] = decoder.decode([t], sizes=[s])[0]
+                imgs[i] = decoder.decode([t], sizes=[s], prechecked=True)[0]
     return r, imgs
 
 
@@ -166,7 +167,7 @@ def _serve(
         return failed.is_set() or (stop is not None and stop.is_set())
 
     items = _read_ahead(take_item, readers, spec, decoder, cpu_decode, ended)
-    decoded = decode_ahead(items, device, stream, ahead=3)
+    decoded = decode_ahead(items, device, stream, ahead=_DECODE_AHEAD)
     try:
         for (g, group), (read, imgs) in decoded:
             ok = [i for i, x in zip(read.gpu, imgs) if x is not None]

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..pack.writer import block_rows_for, image_bytes
-from .chunks import decode_all, start_pool, stop_pool, store_options
+from .chunks import LazyPool, decode_all, start_pool, stop_pool, store_options
 from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
 from .config import STORES as STORES
 from .config import BuildConfig, BuildResult, _Labels
@@ -171,7 +171,9 @@ def _build_locked(
 
     t = time.perf_counter()
     times["plan"] = t - t0
-    pool = new_pool() if workers > 1 else None
+    pool: Any = None
+    if workers > 1:  # the GPU build's workers start when it first needs them
+        pool = new_pool() if device is None else LazyPool(new_pool)
     t_pool = time.perf_counter()
     times["pool_start"] = t_pool - t
     try:

@@ -86,6 +86,7 @@ class JpegDecoder(Protocol):
         *,
         sizes: torch.Tensor | np.ndarray | None = None,
         indices: Sequence[int] | None = None,
+        prechecked: bool = False,
     ) -> list[torch.Tensor]: ...
 
     def decode_rois(
@@ -143,9 +144,23 @@ class DecoderBase:
         *,
         sizes: torch.Tensor | np.ndarray | None = None,
         indices: Sequence[int] | None = None,
+        prechecked: bool = False,
     ) -> list[torch.Tensor]:
-        """Each JPEG whole: list of uint8 [3, h_i, w_i] in [0, 255] on ``device``."""
-        names, hw = self._checked(datas, sizes, indices)
+        """Each JPEG whole: list of uint8 [3, h_i, w_i] in [0, 255] on ``device``.
+
+        ``prechecked``: the caller took ``sizes`` from
+        :func:`packer.imaging.jpeg_header.plain_jpeg_size` of these very bytes (the GPU
+        build's readers), which made every check of the headers, the end marker and the
+        length made here: they are not made twice (the outputs' shapes still are)."""
+        if prechecked:
+            if sizes is None:
+                raise ValueError("prechecked decode needs the sizes the checks read")
+            names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
+            hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+            if len(hw) != len(datas) or len(names) != len(datas):
+                raise ValueError(f"{len(hw)} sizes, {len(names)} names for {len(datas)} images")
+        else:
+            names, hw = self._checked(datas, sizes, indices)
         if not datas:
             return []
         out = self._decode(list(datas), names)

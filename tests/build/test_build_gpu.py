@@ -53,6 +53,48 @@ def test_batched_path_matches_cpu_within_tolerance(
             assert torch.equal(a.images[i], b.images[i]), s
 
 
+def test_gpu_build_starts_its_cpu_workers_only_when_a_file_needs_them(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU workers decode what the GPU does not take: a tree of plain JPEGs starts
+    none (16 booting workers slowed the GPU pipeline 2x), a mixed tree starts them once,
+    and the pack is the same as with the workers started up front."""
+    started: list[int] = []
+    real = packer.build.run.start_pool
+
+    def counted(workers, *a, **k):
+        started.append(workers)
+        return real(workers, *a, **k)
+
+    monkeypatch.setattr(packer.build.run, "start_pool", counted)
+    jpegs = tmp_path / "jpegs"
+    for i in range(12):
+        write_image(jpegs / ("a" if i % 2 else "b") / f"{i:02d}.jpg", (30 + i, 20 + i), seed=i)
+    cfg = dict(size=(16, 16), workers=2, device="cuda")
+    assert build(jpegs, tmp_path / "j", BuildConfig(**cfg)).count == 12
+    assert started == []
+    lazy = build(photos, tmp_path / "lazy", BuildConfig(**cfg))
+    assert started == [2] and lazy.count == 33
+    monkeypatch.setattr(packer.build.run, "LazyPool", lambda start: start())  # up front
+    build(photos, tmp_path / "eager", BuildConfig(**cfg))
+    assert started == [2, 2]
+    for f in ("_tensordict/images.memmap", "_tensordict/labels.memmap"):
+        assert (tmp_path / "lazy" / f).read_bytes() == (tmp_path / "eager" / f).read_bytes()
+
+
+def test_lazy_pool_never_started_stops_and_refuses_work_after_shutdown() -> None:
+    from packer.build.chunks import LazyPool, stop_pool
+
+    calls: list[int] = []
+    pool = LazyPool(lambda: calls.append(1))  # type: ignore[arg-type,return-value]
+    assert not pool.started and pool._processes is None
+    stop_pool(pool)  # a pool never started: nothing to kill or wait for
+    pool.shutdown(wait=True)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(print)
+    assert calls == []
+
+
 def test_batched_build_resumes(photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch):
     cfg = BuildConfig(size=(16, 16), workers=1, device="cuda")
     build(photos, tmp_path / "ref", cfg)

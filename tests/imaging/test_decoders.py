@@ -66,6 +66,30 @@ def test_cpu_decoder_is_the_existing_cpu_decode(datas):
     assert dec.decode([]) == []
 
 
+def test_prechecked_decode_walks_no_header_but_still_checks_shapes(datas, monkeypatch):
+    """The GPU build's readers check each file with plain_jpeg_size; its decode then
+    skips the same walk (``prechecked``), and still refuses an output of another size."""
+    from packer.imaging.jpeg_header import plain_jpeg_size
+
+    dec = D.get_decoder("cpu", threads=0)
+    hw = [plain_jpeg_size(memoryview(d.numpy()), 1 << 30)[::-1] for d in datas]
+    want = dec.decode(datas, sizes=hw)
+
+    def walked(*a, **k):
+        raise AssertionError("the headers were walked again")
+
+    monkeypatch.setattr(D, "check_frames", walked)
+    monkeypatch.setattr(D, "jpeg_too_short", walked)
+    got = dec.decode(datas, sizes=hw, prechecked=True, indices=[4, 5, 6, 7])
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    with pytest.raises(AssertionError, match="walked again"):
+        dec.decode(datas, sizes=hw)
+    with pytest.raises(PackFormatError, match=r"image 5: .*57x23"):  # shapes: still checked
+        dec.decode(datas[:2], sizes=[hw[0], (24, 57)], prechecked=True, indices=[4, 5])
+    with pytest.raises(ValueError, match="needs the sizes"):
+        dec.decode(datas, prechecked=True)
+
+
 def test_roi_decode_is_full_decode_then_crop(datas):
     dec = D.get_decoder("cpu", threads=0)
     full = dec.decode(datas)
