@@ -11,7 +11,8 @@ GPU decoder (:func:`_serve`):
          -> packer.imaging.jpeg.resize_images (build's --resize boxes) -> pinned host rows (reused)
       -> the rest (PNG, CMYK, 16-bit, EXIF-rotated, arithmetic, unreadable), and any
          JPEG nvjpeg refuses: the CPU workers' decode (packer.imaging.decode, as the CPU
-         build), started at once, in parallel
+         build), started at once, in parallel (the workers themselves start with the
+         first such file: packer.build.chunks.LazyPool; a tree of plain JPEGs starts none)
     -> each chunk's rows pwritten into rows.u8 and hashed
     -> the build's process journals each chunk's SHA-256 in order, as the CPU build does
 
