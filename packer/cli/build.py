@@ -140,7 +140,8 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
     "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
-    "tolerance in docs). auto: cuda when present.",
+    "tolerance in docs). auto: cuda where a GPU is there and the job is large enough to "
+    "finish sooner on it (from about 90k images on 16 workers), else cpu.",
     default="cpu",
 )
 @handle_errors
