@@ -98,6 +98,15 @@ def main() -> None:
     ap.add_argument(
         "--resident", action="store_true", help="the same step on one batch kept on the device"
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="the loader's threads (0: the cores / ranks, at most 8)",
+    )
+    ap.add_argument(
+        "--no-ddp", action="store_true", help="one rank: the model without DDP's wrapper"
+    )
     args = ap.parse_args()
 
     cuda = args.device == "cuda"
@@ -119,7 +128,7 @@ def main() -> None:
         device=dev,
         order=args.order,
         canonical_ranks=args.canonical_ranks,
-        num_threads=max(1, min(8, (os.cpu_count() or 1) // world)),
+        num_threads=args.threads or max(1, min(8, (os.cpu_count() or 1) // world)),
         **kw,
     )
     args.state.mkdir(parents=True, exist_ok=True)
@@ -141,7 +150,9 @@ def main() -> None:
 
         net = getattr(torchvision.models, args.model)(num_classes=classes)
     net = net.to(dev, memory_format=torch.channels_last)
-    model = DDP(net, device_ids=[local] if cuda else None)
+    if args.no_ddp and world != 1:
+        raise SystemExit("--no-ddp: one rank only")
+    model = net if args.no_ddp else DDP(net, device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     norm = packer.Normalize().to(dev)
     seen_file = args.state / "seen.jsonl"

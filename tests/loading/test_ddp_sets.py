@@ -59,3 +59,18 @@ def test_ddp_stopped_on_4_ranks_and_resumed_on_2_sees_every_image_once(
     assert [(r["world"], r["batch"]) for r in lines] == [(4, 0), (2, 1), (2, 2)]
     seen = Counter(i for r in lines for ids in r["ids"] for i in ids)
     assert seen == Counter(range(N))  # none repeated, none skipped
+
+
+@pytest.mark.slow
+def test_one_rank_without_ddp_wrapper_sees_every_image_once(tmp_path: Path) -> None:
+    """``--no-ddp`` (the benchmarks' measure of what DDP's wrapper costs) trains the
+    same epoch, every image once."""
+    for i in range(N):
+        write_image(tmp_path / "src" / f"c{i % 2}" / f"{i:02d}.png", (20, 16), seed=i)
+    build(tmp_path / "src", tmp_path / "set", BuildConfig(size=(8, 6), workers=1, shard_size=432))
+    common = ["--pack", str(tmp_path / "set"), "--device", "cpu", "--model", "tiny"]
+    common += ["--state", str(tmp_path / "run"), "--check-ids", "--threads", "1"]
+    out = _torchrun(1, *common, "--batch-size", "8", "--no-ddp")
+    assert out["steps"] == 3 and out["world_size"] == 1
+    lines = [json.loads(x) for x in (tmp_path / "run" / "seen.jsonl").read_text().splitlines()]
+    assert Counter(i for r in lines for ids in r["ids"] for i in ids) == Counter(range(N))
