@@ -219,7 +219,7 @@ def ab(args: Any, device: torch.device, step: Any, norm: Any, feeds: dict[str, A
 
     checked0, chunk0, group0 = DecoderBase._checked, rt.RAGGED_CHUNK, rt.RAGGED_GROUP
 
-    def unchecked(self: Any, datas: Any, sizes: Any, indices: Any) -> Any:
+    def unchecked(self: Any, datas: Any, sizes: Any, indices: Any, walk: bool = True) -> Any:
         """The header checks skipped (a probe of their GIL time, never shipped)."""
         names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
         return names, np.asarray(sizes, dtype=np.int64).reshape(-1, 2)

@@ -152,15 +152,7 @@ class DecoderBase:
         :func:`packer.imaging.jpeg_header.plain_jpeg_size` of these very bytes (the GPU
         build's readers), which made every check of the headers, the end marker and the
         length made here: they are not made twice (the outputs' shapes still are)."""
-        if prechecked:
-            if sizes is None:
-                raise ValueError("prechecked decode needs the sizes the checks read")
-            names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
-            hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-            if len(hw) != len(datas) or len(names) != len(datas):
-                raise ValueError(f"{len(hw)} sizes, {len(names)} names for {len(datas)} images")
-        else:
-            names, hw = self._checked(datas, sizes, indices)
+        names, hw = self._checked(datas, sizes, indices, walk=not prechecked)
         if not datas:
             return []
         out = self._decode(list(datas), names)
@@ -212,17 +204,24 @@ class DecoderBase:
         datas: Sequence[torch.Tensor],
         sizes: torch.Tensor | np.ndarray | None,
         indices: Sequence[int] | None,
+        walk: bool = True,
     ) -> tuple[list[int], np.ndarray]:
         """The names errors use, and each image's (h, w) int64 [n, 2]: ``sizes`` checked
         against the frame headers, else read from them. Refuses before any decode a file
-        without its end marker or too short for its frame."""
+        without its end marker or too short for its frame. ``walk`` False: the caller
+        made those checks on these bytes (``decode(prechecked=True)``); only the counts
+        are checked, and ``sizes`` is required."""
         names = list(range(len(datas))) if indices is None else [int(i) for i in indices]
         if len(names) != len(datas):
             raise ValueError(f"{len(names)} indices for {len(datas)} images")
+        if sizes is None and not walk:
+            raise ValueError("prechecked decode needs the sizes the checks read")
         if sizes is not None:
             hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
             if len(hw) != len(datas):
                 raise ValueError(f"{len(hw)} sizes for {len(datas)} images")
+            if not walk:
+                return names, hw
             check_frames(datas, names, hw)
         else:
             hw = np.empty((len(datas), 2), dtype=np.int64)
