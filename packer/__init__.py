@@ -26,8 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .imaging.cuda_queues import claim as _claim_cuda_queues
+from .pack.guard import install as _install_tensordict_guard
 
 _claim_cuda_queues()  # CUDA_DEVICE_MAX_CONNECTIONS=32 unless set: see packer.imaging.cuda_queues
+# tensordict's loaders refuse an untrusted pack from here on, whatever imports tensordict
+# and whenever (standard library only: no torch import): see packer.pack.guard
+_install_tensordict_guard()
 
 _EXPORTS = {
     "load": "packer.pack.reader:open_pack",

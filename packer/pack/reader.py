@@ -12,10 +12,9 @@ import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
-from .files import check_files, check_tensordict_meta, read_manifest
+from .files import check_files, read_manifest
 from .index import is_set
 from .schema import DATA_DIR, MANIFEST, Manifest
-from .writer import check_data_meta
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
@@ -110,47 +109,6 @@ class ImagePack:
 # and tensordict finds a tensorclass by that name: it stays the public face of the
 # package that defines it.
 ImagePack.__module__ = "packer.pack"
-
-
-def _refuse_unchecked(prefix: Any) -> None:
-    """What tensordict's loaders call before reading a directory's ``meta.json``
-    (:func:`_guard_tensordict`): a pack (a folder holding imgpack's manifest) whose
-    ``meta.json`` is not exactly imgpack's is refused, since that file alone picks the
-    class whose loader runs, and most unpickle ``other.pickle``. With imgpack's, the
-    pack goes on to :meth:`ImagePack._load_memmap`, that is :func:`open_pack`. The
-    ``_tensordict`` folder of a pack (which tensordict reads as a TensorDict) is loaded
-    only after the pack's checks (:func:`check_files`: no pickle or other file, sizes as
-    the manifest says) and with its ``meta.json`` as imgpack writes it."""
-    if not isinstance(prefix, (str, os.PathLike)):
-        return  # a member of a tensordict archive file, not a folder
-    path = Path(prefix)
-    if (path / MANIFEST).exists():
-        check_tensordict_meta(path)
-    elif path.name == DATA_DIR and (path.parent / MANIFEST).exists():
-        m = read_manifest(path.parent)
-        check_files(path.parent, m)
-        check_data_meta(path.parent, m)
-
-
-def _guard_tensordict() -> None:
-    """Route every tensordict loader (``TensorDict.load_memmap``, ``tensordict.load_memmap``,
-    ``load``, any tensorclass's ``load_memmap``) through :func:`_refuse_unchecked`: they
-    all read a directory's ``meta.json`` with ``tensordict._base.serialization.
-    _load_metadata`` (the tensorclass copies of the loader share that module's names).
-    Installed once, when this module is imported; other folders load as before."""
-    from tensordict._base import serialization
-
-    read = serialization._load_metadata
-    if getattr(read, "_imgpack_guard", False):
-        return
-
-    def _load_metadata(prefix: Any) -> Any:
-        _refuse_unchecked(prefix)
-        return read(prefix)
-
-    _load_metadata._imgpack_guard = True  # type: ignore[attr-defined]
-    _load_metadata._imgpack_unguarded = read  # type: ignore[attr-defined]
-    serialization._load_metadata = _load_metadata
 
 
 def _only_path(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -428,6 +386,3 @@ def _pack_classes(root: Path) -> list[str]:
             "it cannot fix a class map"
         )
     return classes
-
-
-_guard_tensordict()  # on import: see RELIABILITY.md, "Which tensordict calls are safe"
