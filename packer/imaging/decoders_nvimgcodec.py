@@ -24,11 +24,23 @@ whose ROI decode still returns None is decoded whole and cropped (``roi_fallback
 Memory: the outputs are views (DLPack) of nvImageCodec's buffers, allocated stream-ordered
 for the CUDA stream current at the call, which the decode is ordered on: use them on that
 stream (or make it wait on an event), as with torch's own tensors.
+
+Kept buffers (``reuse=True``, the JPEG-pack loader's way): an output's buffer goes back to
+the decoder once the tensor it returned is gone (a finalizer on that tensor), and a later
+batch decodes into it (nvImageCodec's ``images=``, grown where an image is larger)
+instead of allocating afresh: the hardware engines' batch went from 16.8-19.1k to
+25.2-26.1k img/s on an H200 (docs/PERFORMANCE.md, "JPEG packs beside DALI"). The caller
+must therefore drop a returned tensor only once the work that reads it has been ordered
+before the decoder's next call (the loader holds each batch until its crop's event has
+completed; views taken of a returned tensor must not outlive it). Buffers are taken only
+where a whole batch's worth is free, and at most ``keep`` are kept.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,10 +80,18 @@ class NvImageCodecDecoder(DecoderBase):
         *,
         backends: str = "hw+hybrid",
         pitched: bool = False,
+        reuse: bool = False,
+        roi: bool = True,
+        keep: int = 4096,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
         self.pitched = bool(pitched)
+        self.reuse = bool(reuse)
+        self.supports_roi = bool(roi)
+        self._keep = int(keep)
+        self._free: collections.deque = collections.deque()  # buffers whose tensor is gone
+        self.reused = 0  # images decoded into a kept buffer
         if backends not in BACKENDS:
             raise ValueError(f"backends must be one of {BACKENDS}, not {backends!r}")
         nv = self._nv = import_nvimgcodec()
@@ -105,10 +125,13 @@ class NvImageCodecDecoder(DecoderBase):
 
     @property
     def roi_path(self) -> str:
+        if not self.supports_roi:
+            return "full+crop"
         return self._roi_path or "roi (not yet probed)"
 
     def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", backends={self.backends!r})"
+        more = ", reuse=True" if self.reuse else ""
+        return super().__repr__()[:-1] + f", backends={self.backends!r}{more})"
 
     # ------------------------------------------------------------ decoding
 
@@ -121,11 +144,27 @@ class NvImageCodecDecoder(DecoderBase):
                 raise undecodable(i, str(e)) from None
         return out
 
-    def _run(self, decoder, streams: list) -> list:
+    def _run(self, decoder, streams: list, images: list | None = None) -> list:
         kw = {}
         if self.device.type == "cuda":
             kw["cuda_stream"] = torch.cuda.current_stream(self.device).cuda_stream
+        if images is not None:
+            kw["images"] = images
         return decoder.decode(streams, params=self._params, **kw)
+
+    def _take(self, n: int) -> list | None:
+        """``n`` kept buffers to decode into, or None where fewer are free."""
+        free = self._free
+        if len(free) < n:
+            return None
+        try:
+            return [free.popleft() for _ in range(n)]
+        except IndexError:  # taken meanwhile by another thread: decode afresh
+            return None
+
+    def _give_back(self, img) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(img)
 
     def _tensor(self, img) -> torch.Tensor:
         if self.device.type == "cuda":
@@ -140,12 +179,19 @@ class NvImageCodecDecoder(DecoderBase):
         return t.contiguous()
 
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
-        imgs = self._run(self._full, self._streams(datas, names))
+        streams = self._streams(datas, names)
+        into = self._take(len(streams)) if self.reuse else None
+        imgs = self._run(self._full, streams, into)
+        if into is not None:
+            self.reused += len(into)
         out = []
         for img, i in zip(imgs, names):
             if img is None:
                 raise undecodable(i, "nvImageCodec returned no image")
-            out.append(self._tensor(img))
+            t = self._tensor(img)
+            if self.reuse:
+                weakref.finalize(t, self._give_back, img)
+            out.append(t)
         return out
 
     def _decode_rois(

@@ -272,4 +272,50 @@ def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
     return [best_decoder(device, **opts)]
 
 
-__all__ = ["MEASURED_LANES", "MEASURED_ORDER", "SplitDecoder", "best_decoder", "best_lanes"]
+# nvImageCodec in the JPEG-pack loader: the hardware engines decode whole images into
+# kept buffers (reuse), several decoders at once (a batch each): bare, one such decoder
+# gave 25.2-26.1k img/s and four 31.8k on an H200, where the engines with ROI gave 20.3k
+# and the engines beside the CUDA decoder 24.1k (benchmarks/dali.py, docs/PERFORMANCE.md
+# "JPEG packs beside DALI"). Where the engines are missing, the CUDA decoder alone.
+NVIMGCODEC_LANES = 4
+NVIMGCODEC_BACKENDS = ("hw", "hw+hybrid", "hybrid")
+
+
+def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) -> list:
+    """The JPEG-pack loader's nvImageCodec decoders on ``device``: ``lanes`` decoders on
+    the first of :data:`NVIMGCODEC_BACKENDS` that starts here, each decoding whole images
+    into kept buffers (``reuse``) with pitched outputs; the loader crops them. On the
+    CPU one decoder. Raises UsageError (how to install) where nvImageCodec cannot run."""
+    from .decoders import Unavailable, get_decoder
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return [get_decoder(device, prefer="nvimgcodec", reuse=True, roi=False)]
+    why = ""
+    for backends in NVIMGCODEC_BACKENDS:
+        try:
+            first = get_decoder(
+                device, prefer="nvimgcodec", backends=backends, pitched=True, reuse=True, roi=False
+            )
+        except UsageError as e:
+            why = str(e)
+            continue
+        more = [
+            get_decoder(
+                device, prefer="nvimgcodec", backends=backends, pitched=True, reuse=True, roi=False
+            )
+            for _ in range(max(1, lanes) - 1)
+        ]
+        return [first, *more]
+    raise UsageError(why or str(Unavailable("nvImageCodec")))
+
+
+__all__ = [
+    "MEASURED_LANES",
+    "MEASURED_ORDER",
+    "NVIMGCODEC_LANES",
+    "SplitDecoder",
+    "best_decoder",
+    "best_lanes",
+    "nvimgcodec_lanes",
+]

@@ -315,3 +315,30 @@ def test_gpu_roi_crop_matches_the_loaders_crop():
     for dec in _gpu_decoders():
         out = RoiResizedCrop(dec, 224).apply(datas, hw, boxes, flip)
         assert mad(out, ref) <= 1.0, (dec.name, dec.roi_path)
+
+
+def test_nvimgcodec_kept_buffers_come_back_only_when_their_tensors_are_gone(datas):
+    """``reuse``: a batch decodes into buffers whose tensors are gone (never into one
+    still held), with the same pixels as fresh buffers; at most ``keep`` are kept."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    from packer.imaging.decoders_nvimgcodec import NvImageCodecDecoder
+
+    dec = NvImageCodecDecoder("cpu", reuse=True, roi=False)
+    assert dec.roi_path == "full+crop" and not dec.supports_roi
+    ref = D.get_decoder("cpu", prefer="nvimgcodec").decode(datas, sizes=HW)
+    held = dec.decode(datas, sizes=HW)
+    again = dec.decode(datas[::-1], sizes=HW.flip(0))  # the first batch is still held
+    assert dec.reused == 0
+    assert all(torch.equal(a, b) for a, b in zip(held, ref))
+    assert all(torch.equal(a, b) for a, b in zip(again, ref[::-1]))
+    del held
+    third = dec.decode(datas, sizes=HW)  # into the first batch's buffers
+    assert dec.reused == len(datas)
+    assert all(torch.equal(a, b) for a, b in zip(third, ref))
+    small = NvImageCodecDecoder("cpu", reuse=True, roi=False, keep=2)
+    out = small.decode(datas, sizes=HW)
+    del out
+    assert len(small._free) == 2
+    small.decode(datas, sizes=HW)  # fewer kept than the batch: decoded afresh
+    assert small.reused == 0
+

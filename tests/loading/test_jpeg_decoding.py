@@ -413,9 +413,11 @@ def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> N
         ld = packer.PackLoader(photos, 8, device="cuda", decode=name, **kw)
         got = [(x, y) for x, y in ld]
         if name != "auto":
-            assert ld.decode_path.split(": ")[0] == name
-            assert ld.decode_path.split(": ")[1] in ROI_WAYS
-            assert (name == "nvimgcodec") == ("roi" in ld.decode_path), ld.decode_path
+            # nvImageCodec: its lanes, each "nvimgcodec(<backends>)", whole images into
+            # kept buffers, cropped by the loader
+            assert ld.decode_path.split(": ")[0].split("(")[0] == name
+            assert ld.decode_path.split(": ")[1].split(";")[0] in ROI_WAYS
+            assert "roi" not in ld.decode_path, ld.decode_path
         assert len(got) == len(ref)
         for (a, ya), (b, yb) in zip(ref, got):
             assert b.is_cuda and torch.equal(ya, yb.cpu())
@@ -428,3 +430,29 @@ def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> N
 
 
 ROI_WAYS = ("roi", "roi (no fancy upsampling)", "full+crop")
+
+
+@needs_cuda
+def test_cuda_nvimgcodec_kept_buffers_give_the_batches_of_fresh_ones(photos: Path) -> None:
+    """The loader's nvImageCodec lanes decode into kept buffers: the same batches, pixel
+    for pixel, as the same decoders allocating afresh, over two epochs (a buffer reused
+    while its crop still read it would show), and the buffers were in fact reused."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    from packer.imaging.decoders_nvimgcodec import NvImageCodecDecoder
+    from packer.imaging.decoders_split import nvimgcodec_lanes
+
+    kept = nvimgcodec_lanes("cuda", 2)
+    fresh = [
+        NvImageCodecDecoder("cuda", backends=d.backends, pitched=True, roi=False) for d in kept
+    ]
+    kw = dict(image_size=12, seed=4)
+    a = packer.PackLoader(photos, 4, device="cuda", decode=kept, **kw)
+    b = packer.PackLoader(photos, 4, device="cuda", decode=fresh, **kw)
+    for epoch in range(2):
+        a.set_epoch(epoch)
+        b.set_epoch(epoch)
+        for (x, y), (u, v) in zip(a, b, strict=True):
+            assert torch.equal(x, u) and torch.equal(y, v)
+    assert sum(d.reused for d in kept) > 0
+    assert all(d.reused == 0 for d in fresh)
+

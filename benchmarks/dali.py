@@ -1,0 +1,383 @@
+"""imgpack's JPEG-pack loader beside NVIDIA DALI on the same files and GPU (issue 44).
+
+One run, one machine, the same JPEGs (``--images`` photo-like files of ``--size``,
+quality 90, made by ``benchmarks/build.py``'s ``make_set``):
+
+* ``dali``: DALI's ResNet-50 file pipeline (``fn.readers.file`` over the folder, shuffled;
+  ``fn.decoders.image_random_crop(device="mixed")`` with the example's paddings and
+  preallocation hints, scale 0.08-1, ratio 3/4-4/3; ``fn.resize`` 224 triangular;
+  ``fn.crop_mirror_normalize`` uint8 CHW with a random mirror), read through
+  ``DALIGenericIterator``; batch ``--batch``, every core a DALI thread.
+* ``imgpack``: ``PackLoader(jpeg_pack, batch, device="cuda", image_size=224)`` over a
+  ``--store jpeg`` pack of the same files (RandomResizedCrop 224 + flip), with each
+  ``decode=`` given by ``--decodes`` (``auto`` = the default).
+* ``bare``: nvImageCodec's batched decode alone on the pack's bytes, by backend (the
+  NVJPG hardware engines, the hybrid CUDA decoder, both with a load split), full images
+  and RandomResizedCrop boxes (ROI), one decoder or several at once on their own streams:
+  what the engines can give, before any loader.
+
+Rounds alternate (every variant once per round); medians and minima of img/s, and each
+variant as a ratio to DALI's median in the same run. Tables printed last; JSON under
+``$OUT/bench_dali.json``.
+
+    python3 benchmarks/dali.py --work /tmp/dali-bench [--images 20000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packer
+from _out import dump, machine
+from build import make_set
+from packer.build.run import BuildConfig, build
+
+
+def dali_loader(root: Path, batch: int, threads: int, seed: int, hw_load: float | None) -> Any:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    kw = {} if hw_load is None else {"hw_decoder_load": hw_load}
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0, seed=seed)
+    def pipe():
+        jpegs, labels = fn.readers.file(
+            file_root=str(root), random_shuffle=True, name="Reader", initial_fill=4096
+        )
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device="mixed",
+            output_type=types.RGB,
+            device_memory_padding=211025920,
+            host_memory_padding=140544512,
+            preallocate_width_hint=5980,
+            preallocate_height_hint=6430,
+            random_aspect_ratio=[3 / 4, 4 / 3],
+            random_area=[0.08, 1.0],
+            num_attempts=100,
+            **kw,
+        )
+        images = fn.resize(
+            images, device="gpu", resize_x=224, resize_y=224, interp_type=types.INTERP_TRIANGULAR
+        )
+        mirror = fn.random.coin_flip(probability=0.5)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.UINT8, output_layout="CHW", crop=(224, 224), mirror=mirror
+        )
+        return images, labels.gpu()
+
+    p = pipe()
+    p.build()
+    return DALIGenericIterator(p, ["images", "labels"], reader_name="Reader", auto_reset=True)
+
+
+def rate(batches: Any, steps: int, warmup: int, batch: int) -> float:
+    """img/s over ``steps`` batches after ``warmup``, the device synchronized at both ends."""
+    it = iter(batches)
+    for _ in range(warmup):
+        next(it)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        next(it)
+    torch.cuda.synchronize()
+    return steps * batch / (time.perf_counter() - t)
+
+
+def _endless(make: Any) -> Any:
+    while True:
+        yield from make()
+
+
+def dali_batches(it: Any) -> Any:
+    while True:
+        for out in it:
+            yield out[0]["images"]
+
+
+def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
+    """nvImageCodec alone on the pack's bytes, by backend, full and ROI, 1-4 decoders."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    from nvidia import nvimgcodec as nv
+
+    n = min(len(pack), batch * 8)
+    datas = [t.numpy().copy() for t in pack.read(np.arange(n))]
+    rng = np.random.default_rng(0)
+    groups = [list(range(k, min(k + batch, n))) for k in range(0, n, batch)]
+    t = time.perf_counter()
+    streams = [nv.CodeStream(d) for d in datas]
+    out["codestream_us_per_image"] = (time.perf_counter() - t) / n * 1e6
+
+    def boxes_for(k: int) -> tuple[int, int, int, int]:
+        s = streams[k]
+        h, w = s.height, s.width
+        area = h * w * rng.uniform(0.08, 1.0)
+        r = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+        bw = int(min(w, max(1, round((area * r) ** 0.5))))
+        bh = int(min(h, max(1, round((area / r) ** 0.5))))
+        y, x = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
+        return y, x, y + bh, x + bw
+
+    rois = [s.get_sub_code_stream(region=nv.Region(*boxes_for(k))) for k, s in enumerate(streams)]
+    params = nv.DecodeParams(
+        apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.P_RGB
+    )
+
+    def make(kind: str, threads: int = 0, options: str = "") -> Any:
+        hw = nv.Backend(
+            nv.HW_GPU_ONLY, load_hint=1.0, load_hint_policy=nv.ADAPTIVE_MINIMIZE_IDLE_TIME
+        )
+        backends = {
+            "hw": [hw],
+            "hybrid": [nv.Backend(nv.HYBRID_CPU_GPU)],
+            "hw+hybrid": [hw, nv.Backend(nv.HYBRID_CPU_GPU)],
+            "hw0.65+hybrid": [
+                nv.Backend(nv.HW_GPU_ONLY, load_hint=0.65, load_hint_policy=nv.FIXED),
+                nv.Backend(nv.HYBRID_CPU_GPU),
+            ],
+            "hw0.9+hybrid": [
+                nv.Backend(nv.HW_GPU_ONLY, load_hint=0.9, load_hint_policy=nv.FIXED),
+                nv.Backend(nv.HYBRID_CPU_GPU),
+            ],
+            "hw0.8+hybrid": [
+                nv.Backend(nv.HW_GPU_ONLY, load_hint=0.8, load_hint_policy=nv.FIXED),
+                nv.Backend(nv.HYBRID_CPU_GPU),
+            ],
+        }[kind]
+        return nv.Decoder(
+            device_id=0, max_num_cpu_threads=threads, backends=backends, options=options
+        )
+
+    def run(dec: Any, src: list, stream: torch.cuda.Stream, reuse: bool) -> int:
+        images = None
+        done = 0
+        with torch.cuda.stream(stream):
+            for g in groups:
+                batch_in = [src[k] for k in g]
+                if reuse and images is not None and len(images) == len(batch_in):
+                    imgs = dec.decode(
+                        batch_in, params=params, images=images, cuda_stream=stream.cuda_stream
+                    )
+                else:
+                    imgs = dec.decode(batch_in, params=params, cuda_stream=stream.cuda_stream)
+                done += sum(x is not None for x in imgs)
+                images = imgs if reuse else None
+        return done
+
+    variants: list[tuple[str, str, str, int, bool, int]] = [
+        # label, backends, source, decoders at once, reuse buffers, cpu threads
+        ("hw full", "hw", "full", 1, False, 0),
+        ("hw full reuse", "hw", "full", 1, True, 0),
+        ("hw roi reuse", "hw", "roi", 1, True, 0),
+        ("hybrid full reuse", "hybrid", "full", 1, True, 0),
+        ("hybrid roi reuse", "hybrid", "roi", 1, True, 0),
+        ("hw+hybrid full reuse", "hw+hybrid", "full", 1, True, 0),
+        ("hw0.8+hybrid full reuse", "hw0.8+hybrid", "full", 1, True, 0),
+        ("hw0.9+hybrid full reuse", "hw0.9+hybrid", "full", 1, True, 0),
+        ("hw full reuse x2", "hw", "full", 2, True, 0),
+        ("hw full reuse x4", "hw", "full", 4, True, 0),
+        ("hw roi reuse x2", "hw", "roi", 2, True, 0),
+        ("hw0.9+hybrid full reuse x2", "hw0.9+hybrid", "full", 2, True, 0),
+    ]
+    decs: dict[str, list] = {}
+    results: dict[str, list[float]] = {v[0]: [] for v in variants}
+    fails: dict[str, str] = {}
+    for label, kind, _src, k, _reuse, threads in variants:
+        try:
+            decs[label] = [make(kind, threads) for _ in range(k)]
+        except Exception as e:  # a backend this machine lacks
+            fails[label] = str(e)[:200]
+    for r in range(rounds + 1):  # round 0 warms up
+        for label, _kind, src, k, reuse, _t in variants:
+            if label not in decs:
+                continue
+            source = streams if src == "full" else rois
+            ss = [torch.cuda.Stream() for _ in range(k)]
+            counts = [0] * k
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            decs_k = decs[label]
+
+            def work(j: int, decs_k=decs_k, source=source, ss=ss, reuse=reuse, counts=counts):
+                counts[j] = run(decs_k[j], source, ss[j], reuse)
+
+            th = [threading.Thread(target=work, args=(j,)) for j in range(k)]
+            for x in th:
+                x.start()
+            for x in th:
+                x.join()
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            if r:
+                results[label].append(sum(counts) / dt)
+            elif sum(counts) < k * n:
+                fails[label + " (images not decoded)"] = f"{k * n - sum(counts)} of {k * n}"
+    # the same decodes through imgpack's decoder interface (checks, DLPack tensors, kept
+    # buffers), and the raw decode + DLPack alone: where the loader's decode time goes
+    from packer.imaging.decoders_nvimgcodec import NvImageCodecDecoder
+
+    tens = [torch.from_numpy(d) for d in datas]
+    sizes = torch.tensor([[s.height, s.width] for s in streams])
+
+    def iface(dec: Any, stream: torch.cuda.Stream) -> int:
+        done = 0
+        with torch.cuda.stream(stream):
+            for g in groups:
+                got = dec.decode([tens[k] for k in g], sizes=sizes[g], indices=g)
+                done += len(got)
+                del got
+        return done
+
+    def dlpack(dec: Any, stream: torch.cuda.Stream) -> int:
+        done = 0
+        images = None
+        with torch.cuda.stream(stream):
+            for g in groups:
+                kw = {} if images is None else {"images": images}
+                imgs = dec.decode([streams[k] for k in g], params=params,
+                                  cuda_stream=stream.cuda_stream, **kw)  # fmt: skip
+                ts = [torch.from_dlpack(x) for x in imgs]
+                done += len(ts)
+                del ts
+                images = imgs
+        return done
+
+    more = {
+        "iface hw reuse": ("iface", 1),
+        "iface hw reuse x4": ("iface", 4),
+        "raw+dlpack hw reuse": ("dlpack", 1),
+        "raw+dlpack hw reuse x4": ("dlpack", 4),
+    }
+    ds_of: dict[str, list] = {}
+    for label, (how, k) in more.items():
+        if how == "iface":
+            ds_of[label] = [
+                NvImageCodecDecoder("cuda", backends="hw", pitched=True, reuse=True, roi=False)
+                for _ in range(k)
+            ]
+        else:
+            ds_of[label] = [make("hw") for _ in range(k)]
+    for r in range(rounds + 1):
+        for label, (how, k) in more.items():
+            ds = ds_of[label]
+            ss = [torch.cuda.Stream() for _ in range(k)]
+            fn = iface if how == "iface" else dlpack
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            th = [threading.Thread(target=fn, args=(ds[j], ss[j])) for j in range(k)]
+            for x in th:
+                x.start()
+            for x in th:
+                x.join()
+            torch.cuda.synchronize()
+            if r:
+                results.setdefault(label, []).append(k * n / (time.perf_counter() - t))
+    out["bare"] = {
+        k: {"median": statistics.median(v), "min": min(v)} for k, v in results.items() if v
+    }
+    out["bare_failures"] = fails
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--work", default="/tmp/dali-bench")
+    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--size", default="500x375")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument(
+        "--decodes", default="auto,nvimgcodec", help="decode= values; nvimgcodec:K = K lanes"
+    )
+    ap.add_argument("--parts", default="bare,loaders")
+    ap.add_argument(
+        "--max-side", type=int, default=0, help="also a --max-side pack of the same files"
+    )
+    a = ap.parse_args()
+    work = Path(a.work)
+    cores = len(os.sched_getaffinity(0))
+    w, h = (int(x) for x in a.size.split("x"))
+    src = work / f"src_{a.size}_{a.images}"
+    t = time.perf_counter()
+    make_set(src, a.images, (w, h), cores)
+    out: dict[str, Any] = {"machine": machine(), "args": vars(a), "make_s": time.perf_counter() - t}
+    pack_dir = work / f"jpeg_{a.size}_{a.images}"
+    if not (pack_dir / "imgpack.json").exists():
+        build(src, pack_dir, BuildConfig(store="jpeg", workers=cores, overwrite=True))
+    pack = packer.load(pack_dir)
+    parts = a.parts.split(",")
+    if "bare" in parts:
+        bare(pack, a.batch, a.rounds, out)
+        dump(out, "bench_dali.json")
+    if "loaders" in parts:
+        makers: dict[str, Any] = {}
+        try:
+            it = dali_loader(src, a.batch, cores, 1, None)
+            makers["dali"] = dali_batches(it)
+        except Exception as e:
+            out["dali_error"] = repr(e)[:400]
+        for d in a.decodes.split(","):
+            kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
+            if d.startswith("nvimgcodec:"):  # that many lanes
+                from packer.imaging.decoders_split import nvimgcodec_lanes
+
+                kw["decode"] = nvimgcodec_lanes("cuda", int(d.split(":")[1]))
+            try:
+                loader = packer.PackLoader(pack, a.batch, device="cuda", image_size=224, **kw)
+                makers[f"imgpack {d}"] = _endless(lambda loader=loader: iter(loader))
+                out.setdefault("paths", {})[d] = None
+                out["paths"][d] = loader
+            except Exception as e:
+                out.setdefault("loader_errors", {})[d] = repr(e)[:400]
+        res: dict[str, list[float]] = {k: [] for k in makers}
+        for _ in range(a.rounds):
+            for k, m in makers.items():
+                res[k].append(rate(m, a.steps, a.warmup, a.batch))
+        for d, loader in list(out.get("paths", {}).items()):
+            out["paths"][d] = getattr(loader, "decode_path", None)
+        out["loaders"] = {
+            k: {"runs": v, "median": statistics.median(v), "min": min(v)} for k, v in res.items()
+        }
+        dump(out, "bench_dali.json")
+    # tables
+    print(
+        f"\n== {out['machine'].get('gpu')} {cores} cores, {a.images} JPEGs {a.size} q90, batch {a.batch}"
+    )
+    if "bare" in out:
+        print(f"-- nvImageCodec bare (CodeStream {out['codestream_us_per_image']:.1f} us/img)")
+        for k, v in out["bare"].items():
+            print(f"{k:28s} {v['median']:10.0f} img/s (min {v['min']:.0f})")
+        for k, v in out["bare_failures"].items():
+            print(f"FAILED {k}: {v}")
+    if "loaders" in out:
+        base = out["loaders"].get("dali", {}).get("median")
+        print("-- loaders, RRC 224 + flip, uint8 CHW on the GPU")
+        for k, v in out["loaders"].items():
+            ratio = f"{v['median'] / base:.3f}x DALI" if base else ""
+            runs = " ".join(f"{x:.0f}" for x in v["runs"])
+            print(f"{k:28s} {v['median']:10.0f} img/s  {ratio}  [{runs}]")
+        print(
+            "paths:",
+            json.dumps(out.get("paths")),
+            out.get("dali_error", ""),
+            out.get("loader_errors", ""),
+        )
+
+
+if __name__ == "__main__":
+    main()
