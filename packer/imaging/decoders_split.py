@@ -272,17 +272,20 @@ def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
     return [best_decoder(device, **opts)]
 
 
-# nvImageCodec in the JPEG-pack loader: the hardware engines decode whole images into
-# kept buffers (reuse), several decoders at once (a batch each): bare, one such decoder
-# gave 25.2-26.1k img/s and four 31.8k on an H200, where the engines with ROI gave 20.3k
-# and the engines beside the CUDA decoder 24.1k (benchmarks/dali.py, docs/PERFORMANCE.md
-# "JPEG packs beside DALI"). Where the engines are missing, the CUDA decoder alone.
+# nvImageCodec lanes: the hardware engines decode whole images into kept buffers (reuse),
+# several decoders at once (a batch each). Bare, one such decoder gave 17.5-26.1k img/s
+# and four 28.1-31.8k on an H200; through the decoder interface (header checks, a DLPack
+# tensor and a finalizer per image, under the GIL) one gave 10.0k and four 9.8k, and
+# the loader fed by four 6.7k, below its default (benchmarks/dali.py, docs/PERFORMANCE.md
+# "JPEG packs beside DALI"). So the loader does not use them by itself: pass
+# ``decode=nvimgcodec_lanes(device)`` to try them. Where the engines are missing, the
+# CUDA decoder alone.
 NVIMGCODEC_LANES = 4
 NVIMGCODEC_BACKENDS = ("hw", "hw+hybrid", "hybrid")
 
 
 def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) -> list:
-    """The JPEG-pack loader's nvImageCodec decoders on ``device``: ``lanes`` decoders on
+    """nvImageCodec decoders for a JPEG-pack loader's ``decode=`` on ``device``: ``lanes`` decoders on
     the first of :data:`NVIMGCODEC_BACKENDS` that starts here, each decoding whole images
     into kept buffers (``reuse``) with pitched outputs; the loader crops them. On the
     CPU one decoder. Raises UsageError (how to install) where nvImageCodec cannot run."""

@@ -223,12 +223,11 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
 
         first, *more = best_lanes(device, pitched=True)
         return Decoding(first, more=more)
-    if decode == "nvimgcodec":
-        from ..imaging.decoders_split import nvimgcodec_lanes
+    return Decoding(get_decoder(device, prefer=decode, **_pitched(decode)))
 
-        first, *more = nvimgcodec_lanes(device)
-        return Decoding(first, more=more)
-    return Decoding(get_decoder(device, prefer=decode))
+
+def _pitched(name: str) -> dict[str, Any]:
+    return {"pitched": True} if name == "nvimgcodec" else {}
 
 
 def _batch_of(key: tuple[Any, ...]) -> int:
