@@ -49,19 +49,19 @@ MAX_SIDE = 16384
 def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
     """``size`` as (height, width), each 1 to :data:`MAX_SIDE`; ValueError otherwise."""
     if isinstance(size, bool):
-        raise ValueError(f"{name} must be a positive int or (height, width), not {size!r}")
+        raise ArgumentError(f"{name} must be a positive int or (height, width), not {size!r}")
     if isinstance(size, int):
         size = (size, size)
     try:
         h, w = (int(s) for s in size)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a positive int or (height, width), not {size!r}"
         ) from None
     if h < 1 or w < 1:
-        raise ValueError(f"{name} must be positive, not {size!r}")
+        raise ArgumentError(f"{name} must be positive, not {size!r}")
     if h > MAX_SIDE or w > MAX_SIDE:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} {size!r} is too large: each output side must be at most {MAX_SIDE} pixels"
         )
     return h, w

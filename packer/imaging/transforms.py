@@ -333,7 +333,8 @@ class Resize(_Transform):
         if new_long > MAX_SIDE:
             raise ArgumentError(
                 f"Resize({self.size}) of {height}x{width} images makes a side of {new_long} "
-                f"pixels; each output side must be at most {MAX_SIDE}"
+                f"pixels, too large: "
+                f"each output side must be at most {MAX_SIDE}"
             )
         return (self.size, new_long) if height <= width else (new_long, self.size)
 
