@@ -66,7 +66,7 @@ def test_zero_size_images_are_refused_by_every_op_naming_it(shape: tuple[int, ..
             make()(x, torch.zeros(shape[0], dtype=torch.int64), generator=torch.Generator())
     with pytest.raises(UsageError, match="Resize: images of 0x0 pixels have no side"):
         T.Resize(8).output_size(0, 0)
-    with pytest.raises(UsageError, match="CutMix.sample: height"):
+    with pytest.raises(UsageError, match=r"CutMix\.sample: height"):
         T.CutMix(1.0, 5, mode="elem").sample(4, 0, 0)
 
 
@@ -161,7 +161,7 @@ def test_the_bounds_themselves_are_accepted() -> None:
     x = batch(b=2)
     T.TrivialAugmentWide(num_magnitude_bins=P.MAX_BINS)(x, generator=torch.Generator())
     T.AugMix(mixture_width=2, chain_depth=P.MAX_CHAINS)(x, generator=torch.Generator())
-    out, soft = T.CutMix(P.MAX_ALPHA, 7, mode="elem")(
+    _out, soft = T.CutMix(P.MAX_ALPHA, 7, mode="elem")(
         x, torch.tensor([1, 2]), generator=torch.Generator()
     )
     assert torch.isfinite(soft).all()
