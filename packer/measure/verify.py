@@ -269,10 +269,13 @@ def _export_trace(prof: Any, trace: Path) -> None:
     """Write the Chrome trace whole or not at all: a temporary name beside it, then a
     rename. The name ends like ``trace`` (the profiler gzips a ``.gz`` name) and is
     one of imgpack's own (``.imgpack-tmp-``), removed if the export is interrupted."""
+    from .plots import check_output_file
+
     trace = Path(trace)
     tmp = trace.with_name(f".imgpack-tmp-{os.getpid()}-{trace.name}")
     try:
         prof.export_chrome_trace(str(tmp))
+        check_output_file(trace, "--trace")
         os.replace(tmp, trace)
     finally:
         tmp.unlink(missing_ok=True)
