@@ -247,7 +247,6 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     name, then renamed). Raises UsageError without matplotlib, or for an op this
     imgpack lacks; PackFormatError for a missing or damaged pack."""
     from ..pack.reader import open_pack
-
     from .plots import check_output_file
 
     cfg.validate()
