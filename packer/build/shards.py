@@ -38,6 +38,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+MAX_BYTES = 1 << 50  # the largest size parse_bytes takes (BuildConfig's --shard-size bound)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 # what a set build writes into the set folder besides the index (shard folders: set_plan)
 _OWN = re.compile(r"\.?(\d{5,})-[0-9a-f]{16}(\.imgpack-partial|\.imgpack-old)?")
@@ -90,9 +92,13 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
             f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB "
             "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if len(m.group(1)) > 64:  # no size needs more digits (and a float of them overflows)
+        raise UsageError(f"{option} {text[:40]!r}...: too many digits for a size")
+    value = int(Fraction(m.group(1)) * _UNITS[m.group(2)])  # exact, never a float overflow
     if value < 1:
         raise UsageError(f"{option} {text!r}: must be at least one byte")
+    if value > MAX_BYTES:
+        raise UsageError(f"{option} {text!r}: must be at most 1 PB ({MAX_BYTES:,} bytes)")
     return value
 
 

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int], None]
 
 
+MAX_BATCH = 65536  # verify --batch-size: the largest timed batch
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     source: Path | None = None  # None: the build's source folder, if it still exists
@@ -64,6 +67,11 @@ class VerifyConfig:
     def validate(self) -> None:
         if self.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
+        if self.batch_size > MAX_BATCH:  # the timed batches are allocated whole
+            raise UsageError(f"--batch-size must be at most {MAX_BATCH:,}, not {self.batch_size:,}")
+        for name, v in (("batches", self.batches), ("repeats", self.repeats)):
+            if not 1 <= v <= 10_000:
+                raise UsageError(f"{name} must be in [1, 10000], not {v}")
         if self.sample is not None and self.sample < 0:
             raise UsageError("--sample must be a positive number or 'all'")
         if isinstance(self.device, str):
