@@ -30,6 +30,7 @@ removing images from a set is not offered (build a new set).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -193,10 +194,14 @@ def build_set(
     config.validate()
     shard_size = config.shard_size or DEFAULT_SHARD_SIZE
     if config.engine == "ray":
-        from .ray_engine import cluster_device, import_ray
+        from .ray_engine import check_address, cluster_device, import_ray
 
         import_ray()  # before the scan: a missing extra is a one-line error at once
         device = cluster_device(config)
+        import ray
+
+        if not ray.is_initialized():  # (a library caller's own connection is taken as it is)
+            check_address(config.ray_address)  # before DST is made: seconds, not 14 minutes
     else:
         device = _build_device(config)
     given = Path(dst)
@@ -214,14 +219,22 @@ def build_set(
         plan = plan_labels(src, config)
         check = functools.partial(_check_destination, src, dst, config)
     check()
+    made = not (dst.exists() or dst.is_symlink())
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with dest_lock(dst):
             check()  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
-            result = _build_set_locked(
-                src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0, sink
-            )
+            try:
+                result = _build_set_locked(
+                    src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0,
+                    sink,
+                )  # fmt: skip
+            except BaseException:
+                if made:  # a failed build leaves no empty DST folder it made behind
+                    with contextlib.suppress(OSError):
+                        dst.rmdir()  # only when empty
+                raise
     except OSError as e:
         raise destination_error(e, dst) from None
     result.path = given
