@@ -353,3 +353,32 @@ def test_a_bucket_src_keeps_its_url_and_needs_the_ray_engine(
     r = runner.invoke(cli, ["build", "s3://bucket/images/", str(tmp_path / "out")])
     assert r.exit_code == 2, r.output
     assert "SRC s3://bucket/images/: a bucket of images is built with --engine ray" in r.output
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("9" * 400, "too many digits for a size"),
+        ("9" * 60 + "TB", "must be at most 1 PB"),
+        ("2000TB", "must be at most 1 PB"),
+        ("1e308", "give a size such as 256MB"),
+    ],
+)
+def test_shard_size_too_large_for_a_float_is_one_error_line(
+    image_tree: Path, tmp_path: Path, value: str, match: str
+) -> None:
+    """Issue 42.14: --shard-size with a number too large for a float was an OverflowError."""
+    from conftest import cli_build, one_error
+
+    code, _, err = cli_build(image_tree, tmp_path / "set", "--shard-size", value)
+    assert code == 2 and match in one_error(err)
+    assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("value", [str(10**25), str(2**40)])
+def test_verify_batch_size_is_bounded(packed: Path, value: str) -> None:
+    from conftest import cli_run, one_error
+
+    code, out, err = cli_run("verify", packed, "--batch-size", value, "--no-source")
+    assert code == 2 and "--batch-size must be at most 65,536" in one_error(err)
+    assert "checks" not in out and "throughput" not in out

@@ -33,6 +33,7 @@ import contextlib
 import io
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -111,6 +112,57 @@ def _shard_task(
     }
 
 
+PROBE_TIMEOUT_S = 3.0  # the TCP probe of --ray-address before any work
+
+
+def check_address(address: str | None) -> None:
+    """Refuse, before any work, a ``--ray-address`` (or ``RAY_ADDRESS`` when none is
+    given) that is malformed or where nothing accepts a connection within
+    :data:`PROBE_TIMEOUT_S`: a UsageError naming the address (Ray itself would raise a
+    raw ValueError, or retry for about 14 minutes). Takes ``HOST:PORT`` (a bracketed
+    IPv6 host too), ``ray://HOST:PORT`` (Ray Client), ``auto`` and ``local``; None with
+    no ``RAY_ADDRESS`` starts a one-machine cluster and is not probed."""
+    flag = "--ray-address"
+    if address is None:
+        address = os.environ.get("RAY_ADDRESS") or None
+        flag = "RAY_ADDRESS"
+    if address is None or address in ("auto", "local"):
+        return
+    host, port = _host_port(address, flag)
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
+        raise UsageError(
+            f"{flag} {address}: cannot reach a Ray cluster there ({why} within "
+            f"{PROBE_TIMEOUT_S:g} s); start one with `ray start --head` or check the address"
+        ) from None
+
+
+def _host_port(address: str, flag: str) -> tuple[str, int]:
+    """(host, port) of ``[ray://]HOST:PORT``; UsageError naming ``flag`` otherwise."""
+    bad = UsageError(
+        f"{flag} {address!r}: give the head node as HOST:PORT (e.g. 10.0.0.5:6379, "
+        "[fe80::1]:6379, ray://head:10001), 'auto' or 'local'"
+    )
+    rest = address[len("ray://") :] if address.startswith("ray://") else address
+    if not rest or any(c.isspace() or ord(c) < 32 for c in rest) or "/" in rest:
+        raise bad
+    if rest.startswith("["):
+        host, sep, tail = rest[1:].partition("]")
+        if not sep or not tail.startswith(":") or ":" not in host:
+            raise bad
+        port_text = tail[1:]
+    else:
+        host, sep, port_text = rest.rpartition(":")
+        if not sep or not host or ":" in host:
+            raise bad
+    if not (port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535):
+        raise bad
+    return host, int(port_text)
+
+
 def _connect(ray: Any, address: str | None) -> bool:
     """Join the cluster at ``address`` (None: RAY_ADDRESS, else a new one-machine
     cluster); reuse the connection a library caller already made. True: we opened it."""
@@ -124,7 +176,7 @@ def _connect(ray: Any, address: str | None) -> bool:
             log_to_driver=False,
             configure_logging=False,
         )
-    except ConnectionError as e:
+    except (ConnectionError, ValueError) as e:
         raise UsageError(
             f"--ray-address {address}: cannot reach a Ray cluster there ({e}); "
             "start one with `ray start --head` or check the address"

@@ -30,6 +30,7 @@ removing images from a set is not offered (build a new set).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -38,6 +39,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,7 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+MAX_BYTES = 1 << 50  # the largest size parse_bytes takes (BuildConfig's --shard-size bound)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 # what a set build writes into the set folder besides the index (shard folders: set_plan)
 _OWN = re.compile(r"\.?(\d{5,})-[0-9a-f]{16}(\.imgpack-partial|\.imgpack-old)?")
@@ -90,9 +93,13 @@ def parse_bytes(text: str, option: str = "--shard-size") -> int:
             f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB "
             "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if len(m.group(1)) > 64:  # no size needs more digits (and a float of them overflows)
+        raise UsageError(f"{option} {text[:40]!r}...: too many digits for a size")
+    value = int(Fraction(m.group(1)) * _UNITS[m.group(2)])  # exact, never a float overflow
     if value < 1:
         raise UsageError(f"{option} {text!r}: must be at least one byte")
+    if value > MAX_BYTES:
+        raise UsageError(f"{option} {text!r}: must be at most 1 PB ({MAX_BYTES:,} bytes)")
     return value
 
 
@@ -187,10 +194,14 @@ def build_set(
     config.validate()
     shard_size = config.shard_size or DEFAULT_SHARD_SIZE
     if config.engine == "ray":
-        from .ray_engine import cluster_device, import_ray
+        from .ray_engine import check_address, cluster_device, import_ray
 
         import_ray()  # before the scan: a missing extra is a one-line error at once
         device = cluster_device(config)
+        import ray
+
+        if not ray.is_initialized():  # (a library caller's own connection is taken as it is)
+            check_address(config.ray_address)  # before DST is made: seconds, not 14 minutes
     else:
         device = _build_device(config)
     given = Path(dst)
@@ -208,14 +219,22 @@ def build_set(
         plan = plan_labels(src, config)
         check = functools.partial(_check_destination, src, dst, config)
     check()
+    made = not (dst.exists() or dst.is_symlink())
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with dest_lock(dst):
             check()  # again, now that we hold the lock
             dst.mkdir(exist_ok=True)
-            result = _build_set_locked(
-                src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0, sink
-            )
+            try:
+                result = _build_set_locked(
+                    src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0,
+                    sink,
+                )  # fmt: skip
+            except BaseException:
+                if made:  # a failed build leaves no empty DST folder it made behind
+                    with contextlib.suppress(OSError):
+                        dst.rmdir()  # only when empty
+                raise
     except OSError as e:
         raise destination_error(e, dst) from None
     result.path = given

@@ -77,6 +77,9 @@ def check_output(path: Path, option: str, folder: bool = False) -> None:
     else:
         if path.is_dir():
             raise UsageError(f"{path}: {option} must be a file name, and this is a folder")
+        from ..measure.plots import check_output_file  # the one check of an output file
+
+        check_output_file(path, option)
         parent = path.parent
         if not parent.exists():
             raise UsageError(f"{parent}: no such folder for {option}; create it first")

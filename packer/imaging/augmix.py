@@ -9,16 +9,14 @@ policies' ops do (:mod:`packer.imaging.policy_apply`), all of them from one copy
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from .params import send
+from .params import MAX_ALPHA, MAX_CHAINS, count, send
 from .policies import Policy
 from .policy_apply import fused_backend, program, run_chain
 from .policy_ops import AUGMIX_ALL, AUGMIX_PARTIAL, AugMixDraw, randint, signed_draw
-from .resize import check_images
+from .resize import ArgumentError, check_images
 
 
 class AugMix(Policy):
@@ -55,9 +53,14 @@ class AugMix(Policy):
             raise ValueError(
                 f"chain_depth must be an int (<= 0: 1 to 3 at random), not {chain_depth!r}"
             )
+        count(mixture_width, "mixture_width", "AugMix", 1, MAX_CHAINS)
+        count(chain_depth, "chain_depth (<= 0: 1 to 3 at random)", "AugMix", -(1 << 62), MAX_CHAINS)
+        ok = not isinstance(alpha, bool) and isinstance(alpha, (int, float))
+        if not (ok and 0 < alpha <= MAX_ALPHA):  # NaN and infinities too
+            raise ArgumentError(
+                f"AugMix: alpha must be a positive number at most {MAX_ALPHA:g}, not {alpha!r}"
+            )
         alpha = float(alpha)
-        if not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a positive number, not {alpha!r}")
         self.severity = severity
         self.mixture_width = mixture_width
         self.chain_depth = chain_depth
@@ -115,7 +118,7 @@ class AugMix(Policy):
         return self._run(images, draw, drawn=False)
 
     def _run(self, images: torch.Tensor, draw: AugMixDraw, drawn: bool) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         wd, d = self.mixture_width, self.max_depth
         b, _, h, w = images.shape
         op, mag = draw.chains.op.numpy(), draw.chains.magnitude.numpy()

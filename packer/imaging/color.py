@@ -13,7 +13,6 @@ returns the input itself when none is chosen, as torchvision does.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -21,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from . import functional as F
-from .params import apply_groups, apply_to
+from .params import MAX_FACTOR, MAX_SIGMA, apply_groups, apply_to, number
 from .resize import check_images
 from .transforms import _Transform
 
@@ -36,7 +35,7 @@ def _range(
     value: float | Sequence[float],
     name: str,
     center: float = 1.0,
-    bound: tuple[float, float] = (0.0, math.inf),
+    bound: tuple[float, float] = (0.0, MAX_FACTOR),
     clip_first_on_zero: bool = True,
 ) -> tuple[float, float] | None:
     """torchvision's ColorJitter ``_check_input``: a number ``v`` means
@@ -76,7 +75,7 @@ class _RandomApply(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         return apply_to(images, self.sample(images.shape[0], generator), self._apply)
 
 
@@ -138,7 +137,7 @@ class ColorJitter(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         order, factors = self.sample(images.shape[0], generator)
         ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
         fns = [
@@ -193,6 +192,7 @@ class GaussianBlur(_Transform):
             raise ValueError(
                 f"sigma must be positive, as (min, max) with min <= max, not {sigma!r}"
             )
+        number(hi, "sigma", "GaussianBlur", 0.0, MAX_SIGMA, lo_open=True)
         self.kernel_size = ks
         self.sigma = (lo, hi)
 
@@ -207,7 +207,7 @@ class GaussianBlur(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         return F.gaussian_blur(images, self.kernel_size, self.sample(images.shape[0], generator))
 
 
@@ -252,7 +252,9 @@ class RandomAdjustSharpness(_RandomApply):
             raise ValueError(
                 f"sharpness_factor must be a non-negative number, not {sharpness_factor!r}"
             )
-        self.sharpness_factor = float(sharpness_factor)
+        self.sharpness_factor = number(
+            sharpness_factor, "sharpness_factor", "RandomAdjustSharpness", 0.0, MAX_FACTOR
+        )
 
     def _repr_fields(self) -> dict[str, object]:
         return {"sharpness_factor": self.sharpness_factor, "p": self.p}

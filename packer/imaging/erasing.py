@@ -19,7 +19,8 @@ import torch
 
 from . import functional as F
 from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
-from .params import constant, send
+from .params import constant, number, send
+from .resize import MAX_SIDE, ArgumentError, zero_size
 from .transforms import _size_column, _Transform
 
 
@@ -73,6 +74,8 @@ class RandomErasing(_Transform):
         rlo, rhi = float(ratio[0]), float(ratio[1])
         if not 0.0 < rlo <= rhi:
             raise ValueError(f"ratio must be (min, max), both positive, not {ratio!r}")
+        for r in (rlo, rhi):
+            number(r, "ratio", "RandomErasing", 1 / MAX_SIDE, MAX_SIDE)
         if isinstance(value, str):
             if value != "random":
                 raise ValueError(f"value must be a number, numbers or 'random', not {value!r}")
@@ -149,6 +152,8 @@ class RandomErasing(_Transform):
         if images.dtype != torch.uint8 and not images.is_floating_point():
             raise ValueError(f"images must be uint8 or floating, not {images.dtype}")
         b, c, h, w = images.shape
+        if b and not (h and w):
+            raise ArgumentError(f"RandomErasing: images {zero_size(images)}")
         if isinstance(self.value, tuple) and len(self.value) not in (1, c):
             raise ValueError(
                 f"value has {len(self.value)} numbers for {c}-channel images: give 1 or {c}"

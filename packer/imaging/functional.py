@@ -226,7 +226,7 @@ def solarize(img: torch.Tensor, threshold: Param) -> torch.Tensor:
 
 def invert(img: torch.Tensor) -> torch.Tensor:
     """``255 - img``."""
-    check_images(img)
+    check_images(img, "invert")
     return img.bitwise_not()
 
 
@@ -250,7 +250,7 @@ def equalize(img: torch.Tensor) -> torch.Tensor:
 
     A channel whose histogram has a single non-maximal step (``step == 0``) is kept.
     """
-    check_images(img)
+    check_images(img, "equalize")
     if img.numel() == 0:
         return img
     b, c, h, w = img.shape
@@ -296,7 +296,7 @@ def gaussian_blur(
     # One reflect pad of the uint8 images for both passes (padding rows, then
     # filtering along them, equals filtering then padding), one float32 copy.
     x = nnf.pad(img, (kx // 2, kx // 2, ky // 2, ky // 2), mode="reflect").to(torch.float32)
-    x = x.view(1, b * c, *x.shape[-2:])
+    x = x.reshape(1, b * c, *x.shape[-2:])  # any layout (channels-last too)
     for axis, k, shape in ((0, kx, (1, kx)), (1, ky, (ky, 1))):  # x (sigma[:, 0]), then y
         if k == 1:
             continue

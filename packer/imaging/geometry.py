@@ -18,13 +18,25 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .params import MAX_DEGREES, MAX_SCALE, MAX_SHEAR, check_fill, number
 from .resize import check_images
 from .transforms import _Transform
 from .warps import affine, interpolation_mode, rotate
 
 
 def _angles(value: float | Sequence[float], name: str, sizes: tuple[int, ...]) -> tuple[float, ...]:
-    """torchvision's ``_setup_angle``: a number ``v`` >= 0 means (-v, v)."""
+    """torchvision's ``_setup_angle``: a number ``v`` >= 0 means (-v, v); each angle
+    finite, within +-MAX_DEGREES (a shear within +-MAX_SHEAR: tan(90) is infinite)."""
+    out = _angles_unchecked(value, name, sizes)
+    bound = MAX_SHEAR if name == "shear" else MAX_DEGREES
+    for v in out:
+        number(v, name, "RandomRotation/RandomAffine", -bound, bound)
+    return out
+
+
+def _angles_unchecked(
+    value: float | Sequence[float], name: str, sizes: tuple[int, ...]
+) -> tuple[float, ...]:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"{name} must be a non-negative number or a sequence, not {value!r}")
@@ -36,6 +48,7 @@ def _angles(value: float | Sequence[float], name: str, sizes: tuple[int, ...]) -
 
 
 def _fill(fill: object) -> float | tuple[float, ...] | None:
+    check_fill(fill, "RandomRotation/RandomAffine")
     if fill is None:
         return None
     if isinstance(fill, numbers.Real) and not isinstance(fill, bool):
@@ -49,7 +62,9 @@ def _center(center: object) -> tuple[float, float] | None:
     if center is None:
         return None
     if isinstance(center, Sequence) and len(center) == 2:
-        return (float(center[0]), float(center[1]))
+        return tuple(
+            number(c, "center", "RandomRotation/RandomAffine", -65536, 65536) for c in center
+        )  # type: ignore[return-value]
     raise ValueError(f"center must be (x, y) in pixels or None, not {center!r}")
 
 
@@ -94,7 +109,7 @@ class RandomRotation(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         angle = self.sample(images.shape[0], generator)
         return rotate(images, angle, self.interpolation, self.fill, self.center)
 
@@ -141,6 +156,8 @@ class RandomAffine(_Transform):
                 raise ValueError(f"scale must be (min, max) or None, not {scale!r}")
             if not all(float(s) > 0 for s in scale):
                 raise ValueError(f"scale values must be positive, not {scale!r}")
+            for s in scale:
+                number(s, "scale", "RandomAffine", 0.0, MAX_SCALE, lo_open=True)
             scale = (float(scale[0]), float(scale[1]))
         self.translate = translate
         self.scale = scale
@@ -187,7 +204,7 @@ class RandomAffine(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         b, _, h, w = images.shape
         p = self.sample(b, h, w, generator)
         return affine(

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from .draws import uniform
-from .params import send
+from .params import MAX_ALPHA, MAX_CLASSES, count, send
+from .resize import ArgumentError, zero_size
 
 _MODES = ("batch", "elem")
 
@@ -79,13 +80,22 @@ class _Mixer(nn.Module):
 
     def __init__(self, alpha: float, num_classes: int | None, mode: str) -> None:
         super().__init__()
+        name = type(self).__name__
+        ok = not isinstance(alpha, bool) and isinstance(alpha, (int, float))
+        if not (ok and 0 < alpha <= MAX_ALPHA):  # NaN and infinities too
+            raise ArgumentError(
+                f"{name}: alpha must be a positive number at most {MAX_ALPHA:g}, not {alpha!r}"
+            )
         alpha = float(alpha)
-        if not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a positive number, not {alpha!r}")
         if num_classes is not None and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+            isinstance(num_classes, bool)
+            or not isinstance(num_classes, int)
+            or not 1 <= num_classes <= MAX_CLASSES
         ):
-            raise ValueError(f"num_classes must be a positive int or None, not {num_classes!r}")
+            raise ArgumentError(
+                f"{name}: num_classes must be a positive int at most {MAX_CLASSES:,} or None, "
+                f"not {num_classes!r}"
+            )
         if mode not in _MODES:
             raise ValueError(f"mode must be 'batch' or 'elem', not {mode!r}")
         self.alpha = alpha
@@ -102,6 +112,8 @@ class _Mixer(nn.Module):
             raise ValueError(f"{name}: images must be a batch [B, C, H, W], not {shape}")
         if images.dtype != torch.uint8 and not images.dtype.is_floating_point:
             raise ValueError(f"{name}: images must be uint8 or floating, not {images.dtype}")
+        if images.shape[0] and not (images.shape[2] and images.shape[3]):
+            raise ArgumentError(f"{name}: images {zero_size(images)}")
         if not isinstance(labels, torch.Tensor):
             raise ValueError(f"{name}: labels must be a tensor, not {type(labels).__name__}")
         if labels.ndim == 1:
@@ -232,6 +244,8 @@ class CutMix(_Mixer):
         self, batch: int, height: int, width: int, generator: torch.Generator | None = None
     ) -> CutMixDraw:
         """The boxes for a batch of ``height`` x ``width`` images (:class:`CutMixDraw`)."""
+        count(height, "height", "CutMix.sample", 1, 1 << 31)
+        count(width, "width", "CutMix.sample", 1, 1 << 31)
         if self.mode == "batch":
             lam, lam_adj, box = self._batch_draw(height, width, generator)
             return CutMixDraw(
@@ -333,7 +347,7 @@ class RandomChoice(nn.Module):
         p = [float(x) for x in p]
         if len(p) != len(transforms):
             raise ValueError(f"p has {len(p)} probabilities for {len(transforms)} transforms")
-        if any(not (x >= 0 and math.isfinite(x)) for x in p) or sum(p) <= 0:
+        if any(not (x >= 0 and math.isfinite(x)) for x in p) or not 0 < sum(p) < math.inf:
             raise ValueError(f"p must be non-negative with a positive sum, not {p!r}")
         total = sum(p)
         self.transforms = nn.ModuleList(

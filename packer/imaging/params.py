@@ -14,13 +14,14 @@ device.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .resize import check_images
+from .resize import ArgumentError, check_images
 
 Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None
@@ -80,7 +81,7 @@ def send(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def check_batch(img: torch.Tensor, name: str, channels: tuple[int, ...] = (1, 3)) -> None:
-    check_images(img)
+    check_images(img, name)
     if img.shape[1] not in channels:
         allowed = " or ".join(map(str, channels))
         raise ValueError(f"{name} takes {allowed} channels, not {img.shape[1]}")
@@ -273,10 +274,72 @@ def fill_values(fill: Fill, b: int, c: int) -> np.ndarray | torch.Tensor | None:
     f = f.reshape(1, -1) if f.ndim < 2 else f
     if f.ndim != 2 or f.shape[0] not in (1, b) or f.shape[1] not in (1, c):
         raise ValueError(f"fill must be a number, {c} numbers or a tensor [{b}, {c}], not {fill!r}")
-    if f.size and (f.min() < 0 or f.max() > 255):
-        raise ValueError(f"fill must lie in [0, 255] for uint8 images, not {fill!r}")
+    if f.size and not (np.isfinite(f).all() and f.min() >= 0 and f.max() <= 255):
+        raise ArgumentError(f"fill must lie in [0, 255] for uint8 images, not {fill!r}")
     if f.shape[1] == c:
         return f
     full = np.empty((f.shape[0], c))
     full[...] = f
     return full
+
+
+# ---------------------------------------------------------------- argument bounds
+# The bounds of packer.transforms' size-like and numeric arguments, checked when an
+# op is made (docs/RELIABILITY.md, "Arguments and outputs, round 4"): past them an op
+# would allocate or loop without limit, or compute NaN or infinity.
+MAX_BINS = 1024  # num_magnitude_bins (torchvision's default 31)
+MAX_OPS = 64  # RandAugment's num_ops (default 2): one pass over the batch each
+MAX_CHAINS = 16  # AugMix's mixture_width and chain_depth (defaults 3 and 1-3)
+MAX_ALPHA = 1000.0  # the Beta/Dirichlet concentration of MixUp, CutMix, AugMix
+MAX_CLASSES = 1_000_000  # MixUp/CutMix num_classes: soft labels [B, num_classes] float32
+MAX_FACTOR = 256.0  # ColorJitter's brightness/contrast/saturation, sharpness factors
+MAX_SIGMA = 1000.0  # GaussianBlur's sigma
+MAX_DEGREES = 360.0  # rotation angles (either sign)
+MAX_SHEAR = 89.0  # shear angles (either sign): tan(90 degrees) is infinite
+MAX_SCALE = 1000.0  # RandomAffine's scale
+
+
+def number(
+    value: object,
+    name: str,
+    op: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+) -> float:
+    """``value`` as a finite float within [lo, hi] ((lo, hi] with ``lo_open``); an
+    :class:`~packer.imaging.resize.ArgumentError` naming ``op`` and ``name`` otherwise
+    (NaN, an infinity, a bool, a string)."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+    v = math.nan if bad else float(value)  # type: ignore[arg-type]
+    if bad or not math.isfinite(v):
+        raise ArgumentError(f"{op}: {name} must be a finite number, not {value!r}")
+    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        where = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo:g}, {hi:g}]"
+        raise ArgumentError(f"{op}: {name} must lie in {where}, not {value!r}")
+    return v
+
+
+def count(value: object, name: str, op: str, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi]; ArgumentError naming ``op`` and ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(f"{op}: {name} must be an int in [{lo}, {hi}], not {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ArgumentError(f"{op}: {name} must be an int in [{lo}, {hi}], not {value!r}")
+    return int(value)
+
+
+def check_fill(fill: object, op: str) -> None:
+    """A fill given to an op: None, or numbers each finite in [0, 255] (uint8 images);
+    ArgumentError naming ``op`` otherwise. Device tensors are checked when used."""
+    if fill is None or (isinstance(fill, torch.Tensor) and fill.device.type != "cpu"):
+        return
+    try:
+        f = np.asarray(fill.numpy() if isinstance(fill, torch.Tensor) else fill, dtype=np.float64)
+    except (TypeError, ValueError):
+        return  # the op's own check names what it takes
+    if f.size and not (np.isfinite(f).all() and f.min() >= 0 and f.max() <= 255):
+        raise ArgumentError(
+            f"{op}: fill must be finite, in [0, 255] for uint8 images, not {fill!r}"
+        )

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .draws import host_rng
-from .params import send
+from .params import MAX_BINS, MAX_OPS, check_fill, count, send
 from .policy_apply import (
     NCOL,
     OpPlan,
@@ -57,6 +57,7 @@ from .warps import interpolation_mode
 
 
 def _check_fill(fill: object) -> object:
+    check_fill(fill, "fill of a policy (TrivialAugmentWide, RandAugment, AutoAugment, AugMix)")
     if fill is None or (isinstance(fill, (int, float)) and not isinstance(fill, bool)):
         return fill
     try:
@@ -72,7 +73,7 @@ def _check_bins(num_magnitude_bins: int) -> int:
         raise ValueError(f"num_magnitude_bins must be an int >= 2, not {num_magnitude_bins!r}")
     if num_magnitude_bins < 2:
         raise ValueError(f"num_magnitude_bins must be an int >= 2, not {num_magnitude_bins!r}")
-    return num_magnitude_bins
+    return count(num_magnitude_bins, "num_magnitude_bins", "policy", 2, MAX_BINS)
 
 
 # ---------------------------------------------------------------- modules
@@ -153,7 +154,7 @@ class Policy(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         b, _, h, w = images.shape
         return self._run(images, self.sample(b, generator, size=(h, w)), drawn=True)
 
@@ -167,7 +168,7 @@ class Policy(_Transform):
     def _run(self, images: torch.Tensor, draw: PolicyDraw, drawn: bool) -> torch.Tensor:
         """``drawn``: ``draw`` comes from :meth:`sample`, so its magnitudes are its
         bins' and signs' (the fused path then looks its table rows up)."""
-        check_images(images)
+        check_images(images, self)
         op, mag = draw.op.numpy(), draw.magnitude.numpy()
         if op.ndim != 2 or op.shape[0] != images.shape[0] or mag.shape != op.shape:
             raise ValueError(
@@ -324,6 +325,7 @@ class RandAugment(Policy):
         super().__init__(RA_SPACE, interpolation, fill)
         if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
             raise ValueError(f"num_ops must be a non-negative int, not {num_ops!r}")
+        count(num_ops, "num_ops", "RandAugment", 0, MAX_OPS)
         self.num_magnitude_bins = _check_bins(num_magnitude_bins)
         if (
             isinstance(magnitude, bool)

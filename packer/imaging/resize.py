@@ -27,6 +27,18 @@ import torch
 
 Size = int | tuple[int, int] | Sequence[int]
 
+if __package__:
+    from ..errors import UsageError
+
+    class ArgumentError(UsageError, ValueError):
+        """A bad argument or input of an op of :mod:`packer.transforms`: a
+        :class:`~packer.errors.UsageError` (the CLI's one ``Error:`` line, exit 2) that
+        is also the ``ValueError`` the ops have always raised. The message names the op
+        (or function) and the argument."""
+
+else:  # imported standalone, beside resample_triton.py
+    ArgumentError = ValueError  # type: ignore[misc,assignment]
+
 
 # Largest output side any transform makes: twice the build's --size limit (8192),
 # so upscaling a pack's images stays possible, while a typo such as 10**6 fails at
@@ -37,25 +49,28 @@ MAX_SIDE = 16384
 def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
     """``size`` as (height, width), each 1 to :data:`MAX_SIDE`; ValueError otherwise."""
     if isinstance(size, bool):
-        raise ValueError(f"{name} must be a positive int or (height, width), not {size!r}")
+        raise ArgumentError(f"{name} must be a positive int or (height, width), not {size!r}")
     if isinstance(size, int):
         size = (size, size)
     try:
         h, w = (int(s) for s in size)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a positive int or (height, width), not {size!r}"
         ) from None
     if h < 1 or w < 1:
-        raise ValueError(f"{name} must be positive, not {size!r}")
+        raise ArgumentError(f"{name} must be positive, not {size!r}")
     if h > MAX_SIDE or w > MAX_SIDE:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} {size!r} is too large: each output side must be at most {MAX_SIDE} pixels"
         )
     return h, w
 
 
-def check_images(images: torch.Tensor) -> None:
+def check_images(images: torch.Tensor, op: object = None) -> None:
+    """A uint8 batch [B, C, H, W]; ValueError otherwise, and :class:`ArgumentError`
+    (naming ``op``: an op, or its name) for images of zero pixels (H or W of 0) in a
+    non-empty batch: no op of :mod:`packer.transforms` means anything on them."""
     if not isinstance(images, torch.Tensor):
         raise ValueError(f"images must be a uint8 tensor [B, C, H, W], not {type(images)}")
     if images.dtype != torch.uint8:
@@ -65,6 +80,23 @@ def check_images(images: torch.Tensor) -> None:
         )
     if images.ndim != 4:
         raise ValueError(f"images must be a batch [B, C, H, W], not of shape {tuple(images.shape)}")
+    if images.shape[0] and not (images.shape[2] and images.shape[3]):
+        raise ArgumentError(f"{op_name(op)}: images {zero_size(images)}")
+
+
+def op_name(op: object) -> str:
+    """``op``'s name for a message: a string as it is, else its class's name."""
+    if op is None:
+        return "images"
+    return op if isinstance(op, str) else type(op).__name__
+
+
+def zero_size(images: torch.Tensor) -> str:
+    h, w = images.shape[-2:]
+    return (
+        f"of {h}x{w} pixels (a batch {list(images.shape)}) hold nothing to transform; "
+        "every image needs at least one pixel"
+    )
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -221,7 +253,7 @@ def resized_crop(
       height, width, size, antialias=True)`` image by image within rounding
       (about 0.2/255 mean absolute difference, at most 1-2/255 per pixel).
     """
-    check_images(images)
+    check_images(images, "resized_crop")
     oh, ow = size_pair(size)
     if backend not in ("auto", "matmul", "triton"):
         raise ValueError(f"backend must be 'auto', 'matmul' or 'triton', not {backend!r}")

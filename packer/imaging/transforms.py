@@ -33,6 +33,8 @@ from torch import nn
 if __package__:
     from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
     from .resize import (
+        MAX_SIDE,
+        ArgumentError,
         Size,
         check_images,
         pinned_tables,
@@ -52,6 +54,8 @@ else:  # imported standalone, beside resize.py and draws.py
         try_sides,
     )
     from resize import (  # type: ignore[no-redef]
+        MAX_SIDE,
+        ArgumentError,
         Size,
         check_images,
         pinned_tables,
@@ -137,6 +141,10 @@ class RandomResizedCrop(_SizedTransform):
             raise ValueError(f"ratio must be positive, not {ratio!r}")
         if rlo > rhi:
             raise ValueError(f"ratio must be (min, max) with min <= max, not {ratio!r}")
+        if not (rlo >= 1 / MAX_SIDE and rhi <= MAX_SIDE):  # finite: an aspect an image can have
+            raise ArgumentError(
+                f"RandomResizedCrop: ratio must lie in [1/{MAX_SIDE}, {MAX_SIDE}], not {ratio!r}"
+            )
         if not antialias:
             raise ValueError("only antialias=True is implemented (torchvision's default)")
         self.scale = (lo, hi)
@@ -231,7 +239,7 @@ class RandomResizedCrop(_SizedTransform):
         *,
         flip: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         b, _, h, w = images.shape
         boxes = self.sample_boxes(b, h, w, generator)
         return resized_crop(images, boxes, self.size, flip=flip)
@@ -259,7 +267,7 @@ class RandomHorizontalFlip(_Transform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         mask = to_device(self.sample(images.shape[0], generator), images.device)
         return torch.where(mask[:, None, None, None], images.flip(-1), images)
 
@@ -281,7 +289,7 @@ class CenterCrop(_SizedTransform):
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         oh, ow = self.size
         h, w = images.shape[-2:]
         if oh > h or ow > w:
@@ -319,13 +327,21 @@ class Resize(_Transform):
         if not isinstance(self.size, int):
             return self.size
         short, long = (height, width) if height <= width else (width, height)
+        if short < 1:
+            raise ArgumentError(f"Resize: images of {height}x{width} pixels have no side to scale")
         new_long = int(self.size * long / short)
+        if new_long > MAX_SIDE:
+            raise ArgumentError(
+                f"Resize({self.size}) of {height}x{width} images makes a side of {new_long} "
+                f"pixels, too large: "
+                f"each output side must be at most {MAX_SIDE}"
+            )
         return (self.size, new_long) if height <= width else (new_long, self.size)
 
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        check_images(images)
+        check_images(images, self)
         b, _, h, w = images.shape
         boxes = torch.tensor([[0, 0, h, w]], dtype=torch.int64).expand(b, 4)
         return resized_crop(images, boxes, self.output_size(h, w))
@@ -396,7 +412,7 @@ class Compose(nn.Sequential):
             t = mods[i]
             nxt = mods[i + 1] if i + 1 < len(mods) else None
             if isinstance(t, RandomResizedCrop) and isinstance(nxt, RandomHorizontalFlip):
-                check_images(images)
+                check_images(images, t)
                 b, _, h, w = images.shape
                 if images.is_cuda and b:
                     fused = _crop_flip_cuda(t, nxt, images, generator)

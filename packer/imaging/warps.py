@@ -90,7 +90,7 @@ def affine(
     pixels match exactly; a nearest sample exactly halfway between two pixels
     may pick the other one.
     """
-    check_images(img)
+    check_images(img, "affine")
     b, _, h, w = img.shape
     mode = interpolation_mode(interpolation)
     ang = param(angle, b, "angle")
@@ -124,7 +124,7 @@ def rotate(
     """Rotate each image by ``angle`` degrees counter-clockwise (Tensor[B] or a number)
     about the centre, keeping its size: torchvision's ``rotate(expand=False)``.
     ``interpolation``, ``fill``, ``center``: as :func:`affine`."""
-    check_images(img)
+    check_images(img, "rotate")
     ang = param(angle, img.shape[0], "angle")
     return affine(img, -ang, 0.0, 1.0, 0.0, interpolation, fill, center)
 

@@ -60,10 +60,15 @@ from .order import (
     _DEFAULT_WINDOW,
     _EVEN_SPLITS,
     _MAX_EPOCH,
+    _MAX_PREFETCH,
+    _MAX_RANKS,
     _MAX_REPEATS,
     _MAX_SEED,
+    _MAX_THREADS,
+    _MAX_WINDOW,
     ORDERS,
     _bool_arg,
+    _capped_arg,
     _check_device,
     _dist_defaults,
     _int_arg,
@@ -285,11 +290,11 @@ class PackLoader(Positions, _Resumable):
     ) -> None:
         pack, units, mix = sources(pack, weights, epoch_size)
         batch_size = _int_arg("batch_size", batch_size, 1)
-        prefetch = _int_arg("prefetch", prefetch, 1)
+        prefetch = _capped_arg("prefetch", prefetch, 1, _MAX_PREFETCH)
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
         repeats = _int_arg("repeats", repeats, 1, _MAX_REPEATS)
         if num_threads is not None:
-            num_threads = _int_arg("num_threads", num_threads, 1)
+            num_threads = _capped_arg("num_threads", num_threads, 1, _MAX_THREADS)
         check_modes(decode, gather)
         shuffle = _bool_arg("shuffle", shuffle)
         drop_last = _bool_arg("drop_last", drop_last)
@@ -299,7 +304,7 @@ class PackLoader(Positions, _Resumable):
         train = _bool_arg("train", train)
         if not isinstance(order, str) or order not in ORDERS:
             raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
-        shard_window = _int_arg("shard_window", shard_window, 1)
+        shard_window = _capped_arg("shard_window", shard_window, 1, _MAX_WINDOW)
         # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
         # mixed packs: ``pack`` is their list, and the storage they share is the units'
         self._kind = kind_of(
@@ -330,7 +335,7 @@ class PackLoader(Positions, _Resumable):
         self.canonical_ranks = (
             self.world_size
             if canonical_ranks is None
-            else _int_arg("canonical_ranks", canonical_ranks, 1)
+            else _capped_arg("canonical_ranks", canonical_ranks, 1, _MAX_RANKS)
         )
         self.transform = transform
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)

@@ -15,7 +15,7 @@ import torch
 from ..errors import UsageError
 from ..pack.reader import open_pack
 from .dataset import _apportion
-from .order import _int_arg, _rng
+from .order import _MAX_EPOCH_SIZE, _capped_arg, _rng
 
 
 class Mix:
@@ -116,7 +116,11 @@ def sources(pack: Any, weights: Any, epoch_size: Any) -> tuple[Any, Any, Mix | N
             )
         total = sum(w)
         w = [x / total for x in w]
-        size = sum(sizes) if epoch_size is None else _int_arg("epoch_size", epoch_size, 1)
+        size = (
+            sum(sizes)
+            if epoch_size is None
+            else _capped_arg("epoch_size", epoch_size, 1, _MAX_EPOCH_SIZE)
+        )
         empty = [i for i, (n, q) in enumerate(zip(sizes, w)) if n == 0]
         if empty:
             raise UsageError(

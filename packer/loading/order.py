@@ -20,6 +20,15 @@ from ..errors import UsageError
 _MAX_SEED = 1 << 63  # |seed| below this and epoch below _MAX_EPOCH keep seed + epoch a
 _MAX_EPOCH = 1 << 62  # valid torch seed (manual_seed takes [-2**63, 2**64))
 _MAX_REPEATS = 1 << 16  # PackLoader(repeats=): copies of an image per epoch, well past any use
+# Bounds of PackLoader's other size-like arguments (docs/RELIABILITY.md, "Arguments and
+# outputs, round 4"): past them a loader allocates or loops without limit (canonical_ranks
+# of 10**10 asked for 74.5 GiB at the first batch). Each is the largest value taken
+# (:func:`_capped_arg`).
+_MAX_RANKS = 1 << 16  # canonical_ranks, world_size: 65,536 ranks
+_MAX_PREFETCH = 256  # prefetch: batches in flight
+_MAX_THREADS = 1024  # num_threads
+_MAX_WINDOW = 1 << 16  # shard_window: shards a part reads side by side
+_MAX_EPOCH_SIZE = 1 << 40  # epoch_size of mixed packs: images an epoch
 _STATE_VERSION = 1
 _EVEN_SPLITS = ("pad", "trim")
 
@@ -99,6 +108,15 @@ def _int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None
     return v
 
 
+def _capped_arg(name: str, value: Any, lo: int, most: int) -> int:
+    """:func:`_int_arg` at least ``lo``, and at most ``most`` (one of the bounds above):
+    UsageError naming ``name`` and the bound past it."""
+    v = _int_arg(name, value, lo)
+    if v > most:
+        raise UsageError(f"{name} must be at most {most:,} (imgpack's bound), not {v:,}")
+    return v
+
+
 def _size_arg(name: str, value: Any) -> tuple[int, int]:
     """An image size: an int S (S x S) or a pair (height, width) of ints, each 1 to
     ``transforms.MAX_SIDE``, as (height, width); UsageError naming ``name`` for anything
@@ -143,7 +161,7 @@ def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
     rank = 0 if rank is None else _int_arg("rank", rank)
-    world_size = 1 if world_size is None else _int_arg("world_size", world_size)
+    world_size = 1 if world_size is None else _capped_arg("world_size", world_size, 1, _MAX_RANKS)
     if world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size

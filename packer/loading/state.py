@@ -13,7 +13,16 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from .epoch_iterator import _EpochIterator
 
-from .order import _EVEN_SPLITS, _MAX_EPOCH, _MAX_SEED, _STATE_VERSION, _bool_arg, _int_arg
+from .order import (
+    _EVEN_SPLITS,
+    _MAX_EPOCH,
+    _MAX_RANKS,
+    _MAX_SEED,
+    _MAX_WINDOW,
+    _STATE_VERSION,
+    _bool_arg,
+    _int_arg,
+)
 
 
 class _Resumable:
@@ -164,8 +173,12 @@ class _Resumable:
             if saved_order == "shards":
                 # the saved run's canonical rank count and window define this epoch's order
                 # (taken only once the state is accepted: a refused one changes nothing)
-                parts = _int_arg("state['canonical_ranks']", state.get("canonical_ranks"), 1)
-                window = _int_arg("state['shard_window']", state.get("shard_window"), 1)
+                parts = _int_arg(
+                    "state['canonical_ranks']", state.get("canonical_ranks"), 1, _MAX_RANKS
+                )
+                window = _int_arg(
+                    "state['shard_window']", state.get("shard_window"), 1, _MAX_WINDOW
+                )
             if not 0 <= batches <= len(self):
                 raise UsageError(f"state has {batches} batches done of an epoch of {len(self)}")
             if saved_order == "shards":

@@ -31,17 +31,60 @@ def plot_verify(report: Any, path: Path) -> None:
     ax.set_ylabel("throughput (images/s)")
     speed = f", {report.speedup:.1f}x faster" if report.speedup else ""
     ax.set_title(f"imgpack verify on {report.device}{speed}\n{time.strftime('%Y-%m-%d')}")
-    save_png(plt, fig, Path(path))
+    save_png(plt, fig, Path(path), option="--plot")
 
 
-def save_png(plt: Any, fig: Any, path: Path, layout: bool = True) -> Path:
-    """Write under a temporary name, then rename: a PNG at ``path`` is always whole."""
+def check_output_file(path: Path, option: str) -> None:
+    """The one check of every output file imgpack renames into place (``show --out``,
+    ``verify --plot``, ``verify --trace``): nothing there, or a regular file (replaced).
+    A FIFO, a device, a socket, a folder or a symbolic link (even to a regular file) is
+    refused with a UsageError, never renamed over. Run before any work, and again just
+    before the rename."""
+    import os
+    import stat
+
+    from ..errors import UsageError
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"{path}: {option} cannot be checked ({e.strerror})") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    raise UsageError(
+        f"{path}: {option} exists and is {kind}, not a regular file; imgpack replaces only "
+        "regular files: choose another path"
+    )
+
+
+def save_png(plt: Any, fig: Any, path: Path, layout: bool = True, option: str = "PNG") -> Path:
+    """Write under a temporary name, then rename: a PNG at ``path`` is always whole.
+    What is at ``path`` must be a regular file or nothing (:func:`check_output_file`)."""
     import os
 
     if layout:
         fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, format="png")
+        plt.close(fig)
+        check_output_file(path, option)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

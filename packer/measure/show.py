@@ -31,6 +31,14 @@ AUGMENTS: dict[str, tuple[str, tuple[Any, ...]]] = {
 }
 _CELL_IN = 1.4  # inches per image on the sheet
 _DPI = 100
+# Bounds of the sheet (docs/RELIABILITY.md, "Arguments and outputs, round 4"): 3,000
+# draws took 58 s and 1.8 GB for a PNG 420,280 pixels wide.
+MAX_DRAWS = 32  # augmented versions per image
+MAX_PER_CLASS = 100  # images of each class
+MAX_CLASSES = 1000  # classes (rows) on the sheet
+MAX_CELLS = 4096  # images on the sheet in all (stored and drawn): at most ~580 MP
+MAX_SEED = (1 << 63) - 1  # --seed: 0 to this
+MAX_ALPHA = 1000.0  # --mixup-alpha, --cutmix-alpha (the mixers' own bound)
 
 
 @dataclass(frozen=True)
@@ -52,15 +60,20 @@ class ShowConfig:
         return bool(self.augment or self.random_erase or self.mixup_alpha or self.cutmix_alpha)
 
     def validate(self) -> None:
-        for name, flag, lo in (
-            ("per_class", "--per-class", 1),
-            ("max_classes", "--max-classes", 1),
-            ("draws", "--draws", 1),
-            ("size", "--size", 8),
+        for name, flag, lo, hi in (
+            ("per_class", "--per-class", 1, MAX_PER_CLASS),
+            ("max_classes", "--max-classes", 1, MAX_CLASSES),
+            ("draws", "--draws", 1, MAX_DRAWS),
+            ("size", "--size", 8, 1024),
         ):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise UsageError(f"{name} ({flag}) must be an integer >= {lo}, not {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise UsageError(f"{name} ({flag}) must be an integer in [{lo}, {hi}], not {v!r}")
+        seed = self.seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+        ):
+            raise UsageError(f"seed (--seed) must be an integer in [0, 2**63 - 1], not {seed!r}")
         if self.augment is not None and self.augment not in AUGMENTS:
             raise UsageError(
                 f"augment (--augment) must be one of {', '.join(AUGMENTS)}, not {self.augment!r}"
@@ -71,8 +84,10 @@ class ShowConfig:
             )
         for name, flag in (("mixup_alpha", "--mixup-alpha"), ("cutmix_alpha", "--cutmix-alpha")):
             v = getattr(self, name)
-            if not (v >= 0.0 and np.isfinite(v)):
-                raise UsageError(f"{name} ({flag}) must be 0 (off) or positive, not {v}")
+            if not (v >= 0.0 and v <= MAX_ALPHA):  # NaN and infinities too
+                raise UsageError(
+                    f"{name} ({flag}) must be 0 (off) or positive, at most {MAX_ALPHA:g}, not {v}"
+                )
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,18 @@ def _groups(labels: np.ndarray, classes: list[str], cfg: ShowConfig) -> list[tup
 
 
 def _load(pack: Any, rows: list[int]) -> list[torch.Tensor]:
-    """uint8 [3, h, w] per row, as stored (a JPEG pack's decoded on the CPU)."""
+    """uint8 [3, h, w] per row, as stored (a JPEG pack's decoded on the CPU); a pack
+    set's rows from their shards, each held only while it is read."""
+    if hasattr(pack, "locate"):  # a PackSet: rows of the whole set
+        shards, local = pack.locate(rows)
+        out = []
+        for k, r in zip(shards.tolist(), local.tolist()):
+            shard = pack.shard(k)
+            try:
+                out += _load(shard, [r])
+            finally:
+                pack.release(k)
+        return out
     if getattr(pack, "storage", "raw") == "jpeg":
         return pack.decode(rows, "cpu")
     return list(pack.images[torch.as_tensor(rows, dtype=torch.int64)].clone())
@@ -221,8 +247,10 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     name, then renamed). Raises UsageError without matplotlib, or for an op this
     imgpack lacks; PackFormatError for a missing or damaged pack."""
     from ..pack.reader import open_pack
+    from .plots import check_output_file
 
     cfg.validate()
+    check_output_file(Path(cfg.out), "--out")
     plt = _pyplot()
     pack = open_pack(Path(cfg.pack))
     classes = list(pack.classes)
@@ -231,6 +259,12 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     if not groups:
         raise UsageError(f"{cfg.pack}: the pack holds no images; nothing to show")
     rows = [r for _, rs in groups for r in rs]
+    cells = len(rows) * (1 + cfg.draws) if cfg.augmented else len(rows)
+    if cells > MAX_CELLS:
+        raise UsageError(
+            f"the sheet would hold {cells:,} images, more than {MAX_CELLS:,}: lower --draws, "
+            "--per-class or --max-classes"
+        )
     stored = _load(pack, rows)
     names = classes or [str(v) for v in range(int(labels.max()) + 1)]
     draws: list[torch.Tensor] = []
@@ -329,7 +363,7 @@ def _draw(
             if r == 0 and heads:
                 ax.set_title(heads[c], fontsize=8)
         axes[r][0].set_ylabel(row_names[r], fontsize=8, rotation=0, ha="right", va="center")
-    save_png(plt, fig, Path(cfg.out))
+    save_png(plt, fig, Path(cfg.out), option="--out")
     from PIL import Image
 
     with Image.open(cfg.out) as im:

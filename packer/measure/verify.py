@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int], None]
 
 
+MAX_BATCH = 65536  # verify --batch-size: the largest timed batch
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     source: Path | None = None  # None: the build's source folder, if it still exists
@@ -64,6 +67,8 @@ class VerifyConfig:
     def validate(self) -> None:
         if self.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
+        if self.batch_size > MAX_BATCH:  # the timed batches are allocated whole
+            raise UsageError(f"--batch-size must be at most {MAX_BATCH:,}, not {self.batch_size:,}")
         if self.sample is not None and self.sample < 0:
             raise UsageError("--sample must be a positive number or 'all'")
         if isinstance(self.device, str):
@@ -269,10 +274,13 @@ def _export_trace(prof: Any, trace: Path) -> None:
     """Write the Chrome trace whole or not at all: a temporary name beside it, then a
     rename. The name ends like ``trace`` (the profiler gzips a ``.gz`` name) and is
     one of imgpack's own (``.imgpack-tmp-``), removed if the export is interrupted."""
+    from .plots import check_output_file
+
     trace = Path(trace)
     tmp = trace.with_name(f".imgpack-tmp-{os.getpid()}-{trace.name}")
     try:
         prof.export_chrome_trace(str(tmp))
+        check_output_file(trace, "--trace")
         os.replace(tmp, trace)
     finally:
         tmp.unlink(missing_ok=True)

@@ -227,3 +227,44 @@ def test_worker_node_killed_mid_build_loses_and_repeats_no_image(
     dead = {x["node"] for x in r.per_shard} - set(ray_cluster.alive())
     assert [x["status"] for x in r.per_shard if x["name"] == killed[0]] == ["built"]
     assert all(x["node"] not in dead for x in r.per_shard if x["name"] == killed[0])
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["head", "head:99999", "head:0", "[::1:6379", "::1:6379", "a b:6379", "http://head:6379",
+     "head:63x9", ":6379", "ray://"],
+)  # fmt: skip
+def test_a_malformed_ray_address_is_one_error_line_and_leaves_no_dst(
+    src: Path, tmp_path: Path, address: str
+) -> None:
+    """Issue 42.11: a malformed address was Ray's raw ValueError (exit 1) after DST was made."""
+    code, _out, err = cli_build(src, tmp_path / "set", "--engine", "ray", "--ray-address", address)
+    assert code == 2, err
+    assert one_error(err).startswith(f"Error: --ray-address {address!r}: give the head node as")
+    assert not (tmp_path / "set").exists() and list(tmp_path.iterdir()) == [src]
+
+
+def test_a_ray_address_where_nothing_listens_fails_in_seconds_and_leaves_no_dst(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42.11: it failed only after about 14 minutes, leaving an empty DST."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port of 127.0.0.1 that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    t = time.monotonic()
+    code, _out, err = cli_build(src, tmp_path / "set", "--engine", "ray", "--ray-address", address)
+    assert time.monotonic() - t < 15
+    assert code == 2, err
+    assert one_error(err).startswith(f"Error: --ray-address {address}: cannot reach a Ray cluster")
+    assert not (tmp_path / "set").exists() and list(tmp_path.iterdir()) == [src]
+    monkeypatch.setenv("RAY_ADDRESS", f"[::1]:{port}")  # the environment's address likewise
+    code, _out, err = cli_build(src, tmp_path / "set", "--engine", "ray")
+    assert code == 2 and "Error: RAY_ADDRESS [::1]:" in one_error(err)
+    monkeypatch.setenv("RAY_ADDRESS", "nonsense")
+    code, _out, err = cli_build(src, tmp_path / "set", "--engine", "ray")
+    assert code == 2 and "Error: RAY_ADDRESS 'nonsense': give the head node" in one_error(err)
+    assert not (tmp_path / "set").exists()

@@ -95,3 +95,26 @@ def test_bad_batch_size(pack6, bs: object) -> None:
 def test_numpy_ints_are_ints(pack6) -> None:
     ld = packer.PackLoader(pack6, np.int64(2), device="cpu", seed=np.int32(3))
     assert (ld.batch_size, ld.seed) == (2, 3) and type(ld.seed) is int
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        ({"canonical_ranks": 10**10}, "canonical_ranks"),
+        ({"canonical_ranks": 10**8}, "canonical_ranks"),
+        ({"world_size": 10**8, "rank": 0}, "world_size"),
+        ({"shard_window": 10**9}, "shard_window"),
+        ({"prefetch": 10**6}, "prefetch"),
+        ({"num_threads": 10**6}, "num_threads"),
+    ],
+)
+def test_size_like_arguments_are_bounded(pack6, kw: dict, name: str) -> None:
+    """Issue 42.12: canonical_ranks of 10**10 was a raw 74.5 GiB MemoryError at the first
+    batch; every size-like argument has a bound, refused when the loader is made."""
+    with pytest.raises(UsageError, match=rf"^{name} must be at most [\d,]+ \(imgpack's bound\)"):
+        packer.PackLoader(pack6, 2, device="cpu", **kw)
+
+
+def test_the_rank_bound_itself_is_taken(pack6) -> None:
+    loader = packer.PackLoader(pack6, 2, device="cpu", canonical_ranks=1 << 16, order="shards")
+    assert loader.canonical_ranks == 1 << 16
