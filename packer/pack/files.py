@@ -20,6 +20,7 @@ from .schema import (
     MANIFEST_BYTES_PER_IMAGE,
     MAX_MANIFEST_BYTES,
     MAX_META_BYTES,
+    SET_INDEX,
     TD_TYPE,
     Layout,
     Manifest,
@@ -115,6 +116,27 @@ def manifest_limit(root: Path) -> int:
     return min(MAX_MANIFEST_BYTES, MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_IMAGE * n)
 
 
+def folder_kind(path: str | os.PathLike[str]) -> str | None:
+    """What the folder at ``path`` is: ``"set"`` (it holds a set index), ``"pack"`` (it
+    holds a pack's manifest) or None (neither, or not a folder). The one rule that
+    ``packer.load``, ``imgpack info``, ``imgpack verify``, ``describe`` and
+    ``--classes`` follow: a folder holding both (an index beside a manifest) is neither,
+    and PackFormatError refuses it, the same message everywhere (issue 42.17)."""
+    has_index = os.path.lexists(os.path.join(path, SET_INDEX))
+    has_manifest = os.path.lexists(os.path.join(path, MANIFEST))
+    if has_index and has_manifest:
+        raise PackFormatError(
+            f"{path}: holds both a pack set's index ({SET_INDEX}) and a single pack's manifest "
+            f"({MANIFEST}), so it is neither; refusing it (a folder is one or the other: "
+            "remove the file that does not belong, or rebuild into an empty folder)"
+        )
+    if has_index:
+        return "set"
+    if has_manifest:
+        return "pack"
+    return None
+
+
 def read_manifest(root: Path) -> Manifest:
     """Read and validate a pack's manifest. Raises PackFormatError naming the problem."""
     root = Path(root)
@@ -122,6 +144,7 @@ def read_manifest(root: Path) -> Manifest:
         raise _fail(root, "no such pack; check the path or build one with `imgpack build`")
     if not root.is_dir():
         raise _fail(root, "is a file, not a pack directory")
+    folder_kind(root)  # a folder that is also a set is refused, as everywhere
     lay = Layout(root)
     try:
         data = read_bounded(root, lay.manifest, manifest_limit(root))

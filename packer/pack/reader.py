@@ -12,8 +12,7 @@ import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
-from .files import check_files, check_tensordict_meta, read_manifest
-from .index import is_set
+from .files import check_files, check_tensordict_meta, folder_kind, read_manifest
 from .schema import DATA_DIR, MANIFEST, Manifest
 from .writer import check_data_meta
 
@@ -206,7 +205,7 @@ def open_pack(
         from ..storage.remote import reopen_cached
 
         return reopen_cached(root)  # type: ignore[return-value]
-    if manifest is None and is_set(root) and not (root / MANIFEST).exists():
+    if manifest is None and folder_kind(root) == "set":  # both files: refused there
         from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
 
         return open_set(root)  # type: ignore[return-value]
@@ -373,7 +372,7 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
 
         return read_remote_class_map(source)
     path = Path(source)
-    if path.is_dir() and is_set(path) and not (path / MANIFEST).exists():
+    if path.is_dir() and folder_kind(path) == "set":  # both files: refused there
         return _set_classes(path)
     if path.is_dir():
         return _pack_classes(path)

@@ -21,6 +21,7 @@ from ..imaging.decode import DEFAULT_MAX_PIXELS
 FORMAT_NAME = "imgpack"
 FORMAT_VERSION = 1
 MANIFEST = "imgpack.json"
+SET_INDEX = "imgpack-set.json"  # a pack set's index (packer.pack.index)
 DATA_DIR = "_tensordict"
 IMAGES_FILE = "images.memmap"
 LABELS_FILE = "labels.memmap"
