@@ -67,8 +67,9 @@ def read_bounded(root: Path, path: Path, limit: int, head: bytes | None = None) 
     (symlinks followed) of at most ``limit`` bytes: checked on the opened descriptor
     before anything is read (opening never blocks, so a FIFO is refused, not waited on).
     ``limit`` is the reader's (a constant or the user's option), never read from the pack.
-    ``head``: the first non-blank byte the file must start with (b"{" for JSON objects),
-    checked on the first chunk, so a large file of garbage (or a sparse one) is refused
+    ``head``: the bytes the file's first non-blank byte may be (b"{[" for JSON: what
+    the parser could take as a manifest or report as nested too deeply), checked on
+    the first chunk, so a large file of garbage (or a sparse one) is refused
     before the rest is read. Read into one buffer of the file's size (no second copy).
     Raises FileNotFoundError when there is none, PackFormatError for anything else."""
     name = os.path.relpath(path, root)
@@ -93,11 +94,11 @@ def read_bounded(root: Path, path: Path, limit: int, head: bytes | None = None) 
         first = os.read(fd, min(8 << 20, st.st_size + 1))
         if head is not None:
             lead = first.lstrip(b" \t\r\n")[:1]
-            if lead and lead != head:
+            if lead and lead not in head:
                 raise _fail(
                     root,
-                    f"{name} does not start as {head.decode()!r} (it starts with {lead!r}); "
-                    "the pack is damaged or not from imgpack, refusing it",
+                    f"{name} does not start as JSON (it starts with {lead!r}); the pack "
+                    "is damaged or not from imgpack, refusing it",
                 )
         # the rest straight into one buffer of the file's size (one byte more: a file
         # growing meanwhile is seen), allocated only once the head passed
@@ -160,7 +161,7 @@ def read_manifest(root: Path) -> Manifest:
     folder_kind(root)  # a folder that is also a set is refused, as everywhere
     lay = Layout(root)
     try:
-        data = read_bounded(root, lay.manifest, MAX_MANIFEST_BYTES, head=b"{")
+        data = read_bounded(root, lay.manifest, MAX_MANIFEST_BYTES, head=b"{[")
     except FileNotFoundError:
         raise _fail(
             root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`"

@@ -284,7 +284,7 @@ def read_index(root: str | os.PathLike[str]) -> SetIndex:
     root = Path(root)
     folder_kind(root)  # a folder that is also a pack is refused, as everywhere
     try:
-        data = read_bounded(root, root / INDEX, MAX_INDEX_BYTES, head=b"{")
+        data = read_bounded(root, root / INDEX, MAX_INDEX_BYTES, head=b"{[")
     except FileNotFoundError:
         raise PackFormatError(
             f"{root}: not a pack set ({INDEX} is missing); build one with "
@@ -348,7 +348,7 @@ def read_shard_manifest(root: Path, entry: ShardEntry, index: SetIndex) -> Manif
     where = f"{root}: shard {entry.name!r}"
     folder_kind(path)  # a shard that is also a set is refused, as everywhere
     try:
-        data = read_bounded(path, path / MANIFEST, MAX_MANIFEST_BYTES, head=b"{")
+        data = read_bounded(path, path / MANIFEST, MAX_MANIFEST_BYTES, head=b"{[")
     except FileNotFoundError:
         raise PackFormatError(f"{where}: {MANIFEST} is missing; the shard is incomplete") from None
     if manifest_digest(data) != entry.sha256:

@@ -32,7 +32,14 @@ from ..errors import PackFormatError, UsageError
 from .describe import pack_bytes
 from .files import check_files
 from .index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
-from .reader import ImagePack, JpegPack, check_stored_sizes, open_pack, read_max_pixels
+from .reader import (
+    ImagePack,
+    JpegPack,
+    check_stored_sizes,
+    open_pack,
+    pack_dir,
+    read_max_pixels,
+)
 from .schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
 
 
@@ -182,6 +189,10 @@ class PackSet:
 
     def __len__(self) -> int:
         return self.index.count
+
+    def __dir__(self) -> list[str]:
+        own = ("shards", "shard", "release", "prefetch", "locate", "entry", "index")
+        return pack_dir(self, (*own, "manifests", "offsets", "sizes", "store", "max_pixels"))
 
     def __repr__(self) -> str:
         where = " (fetched into a cache)" if self.store.remote else ""

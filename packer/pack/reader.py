@@ -20,6 +20,31 @@ from .writer import check_data_meta
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
 
+# What every pack and set answers, whatever its storage (issue 43.8): ImagePack,
+# JpegPack and PackSet each define these, and ``len()``; ``dir()`` of each lists them
+# with the few names of its own (its data fields and methods), not every method of
+# the tensordict beneath (tensordict's methods still work on an ImagePack).
+PACK_ATTRIBUTES = (
+    "classes",
+    "class_to_idx",
+    "image_shape",
+    "labels",
+    "path",
+    "sources",
+    "storage",
+    "target_names",
+    "targets",
+)
+# the tensordict names an ImagePack's dir() keeps (the ones a user of a pack reaches for)
+_TENSORDICT_NAMES = ("apply", "batch_size", "clone", "cpu", "cuda", "device", "numel", "to")
+
+
+def pack_dir(obj: Any, own: tuple[str, ...]) -> list[str]:
+    """``dir()`` of a pack or set: :data:`PACK_ATTRIBUTES`, the names ``own`` to its
+    class, and the dunder names ``object`` gives (``__len__``, ``__class__``...)."""
+    return sorted({*PACK_ATTRIBUTES, *own, *(n for n in object.__dir__(obj) if n[:2] == "__")})
+
+
 @tensorclass
 class ImagePack:
     """A packed image dataset: N images of one size, with labels and optional targets.
@@ -34,6 +59,8 @@ class ImagePack:
       classes: list[str], class_to_idx: dict[str, int] (name -> label index),
       target_names: list[str] (``[]`` without targets), sources: list[str] (relative
       source path of each image), manifest: :class:`packer.pack.schema.Manifest`, path: Path.
+    Of any pack or slice: image_shape ((3, H, W)), storage (``"raw"``), ``len()``.
+    A JPEG pack and a pack set answer the same names (:data:`PACK_ATTRIBUTES`).
 
     ``ImagePack.load_memmap(path)`` and ``ImagePack.load(path)`` are
     :func:`packer.load`: tensordict's own loader would unpickle files planted in
@@ -65,6 +92,21 @@ class ImagePack:
     @property
     def manifest(self) -> Manifest:
         return self._attr("_imgpack_manifest")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(3, H, W) of every image, as a :class:`PackSet`'s."""
+        c, h, w = (int(v) for v in self.images.shape[1:])
+        return (c, h, w)
+
+    @property
+    def storage(self) -> str:
+        """How images are stored: ``"raw"`` rows (a JPEG pack's is ``"jpeg"``)."""
+        return "raw"
+
+    def __dir__(self) -> list[str]:
+        own = ("images", "manifest", "load", "load_memmap", *_TENSORDICT_NAMES)
+        return pack_dir(self, own)
 
     @property
     def path(self) -> Path:
@@ -326,6 +368,16 @@ class JpegPack:
     @property
     def target_names(self) -> list[str]:
         return list(self.manifest.targets)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(3, H, W): the largest stored image's sides (as a JPEG set's)."""
+        c, h, w = self.manifest.image_shape
+        return (c, h, w)
+
+    def __dir__(self) -> list[str]:
+        own = ("jpeg", "offsets", "lengths", "sizes", "manifest", "read", "decode")
+        return pack_dir(self, own)
 
     @property
     def images(self) -> torch.Tensor:
