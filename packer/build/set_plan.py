@@ -235,6 +235,18 @@ class _OldShard:
             return None if self._pack is False else self._pack
 
 
+def _same_root(recorded: str | None, plan: _Labels) -> bool:
+    """Whether a shard built from ``recorded`` (its manifest's ``build.source_root``)
+    came from the source folder or bucket prefix of ``plan`` (a bucket's is recorded as
+    its URL folded into a path, under the folder the build ran in)."""
+    if recorded is None:
+        return False
+    url = getattr(plan.scan, "url", None)
+    if url:
+        return recorded == url or recorded.endswith(str(Path(url)))
+    return recorded == str(plan.scan.root.resolve())
+
+
 def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> str | None:
     """Why SRC's image ``rel`` may be left out of the set: the reason when the set
     already holds it (the same pixels or stored bytes as one of the set's images of that
@@ -244,7 +256,6 @@ def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> s
     same path from the same source folder is taken as the one the set holds."""
     from ..pack.kinds import kind_of
 
-    src_root = getattr(plan.scan, "url", None) or str(plan.scan.root.resolve())
     local = getattr(plan.scan, "url", None) is None
     for shard, row in held:
         pack = shard.pack() if (local and shard.cpu) else None
@@ -253,7 +264,7 @@ def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> s
             path = os.path.join(str(plan.scan.root), rel)
             if kind_of(shard.m).same_as_source(pack, shard.m, path, row):
                 return f"--append: the same image as {rel} in {where}, already in the set"
-        elif shard.m.build.source_root == src_root:
+        elif _same_root(shard.m.build.source_root, plan):
             return (
                 f"--append: {rel} from the same source folder is in {where} (the set's data "
                 "is not on this machine or was built on a GPU, so not compared)"
@@ -273,14 +284,13 @@ def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
     set's build could not use is left out only when it comes from the same source
     folder, or when a whole shard of it failed (those skips are recorded by path alone).
     """
-    src_root = getattr(plan.scan, "url", None) or str(plan.scan.root.resolve())
     held: dict[str, list[tuple[_OldShard, int]]] = {}
     failed: dict[str, str] = {s.path: s.reason for s in old.skipped}
     for entry in old.shards:
         shard = _OldShard(dst, entry, old)
         for i, rel in enumerate(shard.m.sources):
             held.setdefault(rel, []).append((shard, i))
-        if shard.m.build.source_root == src_root:
+        if _same_root(shard.m.build.source_root, plan):
             for s in shard.m.skipped:
                 failed.setdefault(s.path, s.reason)
     entries = plan.scan.entries
