@@ -21,6 +21,8 @@ import hashlib
 import json
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -199,16 +201,6 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
         )
 
 
-def _seen(root: Path, old: SetIndex) -> set[str]:
-    """Every source path the set holds or skipped (what --append leaves out)."""
-    seen = {s.path for s in old.skipped}
-    for entry in old.shards:
-        m = read_shard_manifest(root, entry, old)
-        seen.update(m.sources)
-        seen.update(s.path for s in m.skipped)
-    return seen
-
-
 def _next_position(old: SetIndex) -> int:
     nums = [_SHARD_DIR.fullmatch(s.name) for s in old.shards]
     if all(nums):
@@ -216,13 +208,113 @@ def _next_position(old: SetIndex) -> int:
     return len(old.shards)
 
 
+class _OldShard:
+    """One shard of the set ``--append`` extends: its manifest, and (opened on first
+    use) its pack, to compare a new image with what the set stores."""
+
+    def __init__(self, dst: Path, entry: Any, old: SetIndex) -> None:
+        self.entry = entry
+        self.path = dst / entry.name
+        self.m = read_shard_manifest(dst, entry, old)
+        self.cpu = old.options.get("device") == "cpu"  # CPU builds re-decode exactly
+        self._pack: Any = None
+        self._lock = threading.Lock()
+
+    def pack(self) -> Any:
+        """The shard opened, or None where its data is not here (a set in object
+        storage keeps only manifests in its staging folder)."""
+        with self._lock:
+            if self._pack is None:
+                from ..pack.reader import open_pack  # torch: only when comparing
+
+                try:
+                    check_files(self.path, self.m)
+                    self._pack = open_pack(self.path, self.m)
+                except PackFormatError:
+                    self._pack = False
+            return None if self._pack is False else self._pack
+
+
+def _same_root(recorded: str | None, plan: _Labels) -> bool:
+    """Whether a shard built from ``recorded`` (its manifest's ``build.source_root``)
+    came from the source folder or bucket prefix of ``plan`` (a bucket's is recorded as
+    its URL folded into a path, under the folder the build ran in)."""
+    if recorded is None:
+        return False
+    url = getattr(plan.scan, "url", None)
+    if url:
+        return recorded == url or recorded.endswith(str(Path(url)))
+    return recorded == str(plan.scan.root.resolve())
+
+
+def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> str | None:
+    """Why SRC's image ``rel`` may be left out of the set: the reason when the set
+    already holds it (the same pixels or stored bytes as one of the set's images of that
+    path, re-made from SRC exactly as the build would), else None (a different image:
+    it is added). Where the set's data cannot be compared (not on this machine, or built
+    on a GPU, whose pixels differ from the CPU's within a tolerance), an image of the
+    same path from the same source folder is taken as the one the set holds."""
+    from ..pack.kinds import kind_of
+
+    local = getattr(plan.scan, "url", None) is None
+    for shard, row in held:
+        pack = shard.pack() if (local and shard.cpu) else None
+        where = f"shard {shard.entry.name} of the set"
+        if pack is not None:
+            path = os.path.join(str(plan.scan.root), rel)
+            if kind_of(shard.m).same_as_source(pack, shard.m, path, row):
+                return f"--append: the same image as {rel} in {where}, already in the set"
+        elif _same_root(shard.m.build.source_root, plan):
+            return (
+                f"--append: {rel} from the same source folder is in {where} (the set's data "
+                "is not on this machine or was built on a GPU, so not compared)"
+            )
+    return None
+
+
 def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
-    """``plan`` less the images the set at ``dst`` already holds (``--append``)."""
-    seen = _seen(dst, old)
-    keep_rows = [i for i, e in enumerate(plan.scan.entries) if e.rel not in seen]
-    entries = [plan.scan.entries[i] for i in keep_rows]
+    """``plan`` less the images the set at ``dst`` already holds (``--append``), each one
+    left out listed in ``plan.scan.skipped`` with its reason.
+
+    A path is not an image's identity: appends from other folders (a new week of data)
+    bring paths the set holds already. An image whose path relative to SRC is also in the
+    set is compared with the set's image(s) of that path (:func:`_same_image`): the same
+    image is left out, a different one is added (each shard records the source folder
+    it was built from, so ``(source root, path)`` stays unique over appends). A path the
+    set's build could not use is left out only when it comes from the same source
+    folder, or when a whole shard of it failed (those skips are recorded by path alone).
+    """
+    held: dict[str, list[tuple[_OldShard, int]]] = {}
+    failed: dict[str, str] = {s.path: s.reason for s in old.skipped}
+    for entry in old.shards:
+        shard = _OldShard(dst, entry, old)
+        for i, rel in enumerate(shard.m.sources):
+            held.setdefault(rel, []).append((shard, i))
+        if _same_root(shard.m.build.source_root, plan):
+            for s in shard.m.skipped:
+                failed.setdefault(s.path, s.reason)
+    entries = plan.scan.entries
+    found = [i for i, e in enumerate(entries) if e.rel in held]
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        same = dict(
+            zip(
+                found,
+                pool.map(lambda i: _same_image(plan, entries[i].rel, held[entries[i].rel]), found),
+            )
+        )
+    keep_rows, skipped = [], list(plan.scan.skipped)
+    for i, e in enumerate(entries):
+        why = same.get(i)
+        if why is None and e.rel not in held and e.rel in failed:
+            why = f"--append: an earlier build of the set could not use {e.rel} ({failed[e.rel]})"
+        if why is None:
+            keep_rows.append(i)
+        else:
+            skipped.append({"path": e.rel, "reason": why})
+    kept = [entries[i] for i in keep_rows]
     targets = None if plan.targets is None else plan.targets[keep_rows]
-    return replace(plan, scan=replace(plan.scan, entries=entries), targets=targets)
+    scan = replace(plan.scan, entries=kept, skipped=skipped)
+    return replace(plan, scan=scan, targets=targets)
 
 
 @dataclass

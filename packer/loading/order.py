@@ -153,6 +153,16 @@ def _rows_digest(
     return h.hexdigest()
 
 
+def _cut_digest(counts: list[int]) -> str:
+    """A short digest of where a set's shards end (their image counts, in order): with
+    ``order="shards"`` the epoch's order is a function of them, so a state saved over
+    the same images cut into other shards is refused mid-epoch (issue 42.7)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"imgpack-cut/{len(counts)}/".encode())
+    h.update(np.asarray(counts, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None or world_size is None:
         import torch.distributed as dist

@@ -13,7 +13,14 @@ import torch
 from ..errors import UsageError
 from .arguments import check_distinct
 from .mixture import image_shape
-from .order import _check_dtypes, _check_indices, _rows_digest, epoch_indices, shard_sequence
+from .order import (
+    _check_dtypes,
+    _check_indices,
+    _cut_digest,
+    _rows_digest,
+    epoch_indices,
+    shard_sequence,
+)
 
 
 class Positions:
@@ -49,6 +56,9 @@ class Positions:
         self._shape = (3, *self._crop.size) if self._kind.decoded else raw_shape
         extra = "" if mix is None else mix.key
         self._digest = _rows_digest(self._rows, total, self._shape, extra)
+        # where the shards end: what order="shards" orders by (a state carries it)
+        counts = [total] if units is None else [int(c) for c in units.counts]
+        self._cut = _cut_digest(counts)
 
     def _per_rank(self) -> int:
         """This rank's rows per epoch, before ``drop_last`` (the split of ``epoch_indices``)."""

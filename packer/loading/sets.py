@@ -306,4 +306,10 @@ def working_set(
     most = int(np.cumsum(delta).max())
     shards = int(np.cumsum(count).max())
     extra = int(np.sort(units.bytes)[::-1][:depth].sum()) if depth else 0
-    return most + extra, shards + min(depth, len(units.bytes))
+    # a prefetch fetches only shards the pass reads and does not hold yet: never more
+    # than the shards this pass reads, nor their bytes (issue 42.9: an 8-shard set
+    # held all 8 and counted one prefetched beside them, 9)
+    return (
+        min(most + extra, int(units.bytes[u].sum())),
+        min(shards + min(depth, len(units.bytes)), len(u)),
+    )

@@ -72,6 +72,7 @@ class _Resumable:
             "rank": self.rank,
             "world_size": self.world_size,
             "rows": self._digest,
+            "cut": self._cut,
             "order": self.order,
             "canonical_ranks": self.canonical_ranks,
             "shard_window": self.shard_window,
@@ -83,7 +84,8 @@ class _Resumable:
 
         Mid-epoch, the order must be the same (seed, shuffle, order, drop_last,
         even_split, repeats, number of samples, and the rows streamed: the ``rows``
-        digest of the pack's count, image shape and ``indices``) and so must the global
+        digest of the pack's count, image shape and ``indices``; with ``order="shards"``
+        also the ``cut`` digest of where the shards end) and so must the global
         batch (``batch_size * world_size``); a mismatch is always refused. The rank
         count may change (elastic resume): a state saved on 4 ranks of batch 64 resumes
         on 2 ranks of batch 128, and the epoch goes on from the same global batch, so no
@@ -135,6 +137,14 @@ class _Resumable:
                     f"cannot resume mid-epoch with order={mine['order']!r}: the state was saved "
                     f"with order={saved_order!r}; use the same order, or resume from an epoch "
                     "boundary"
+                )
+            if saved_order == "shards" and "cut" in state and state["cut"] != mine["cut"]:
+                raise UsageError(
+                    "cannot resume mid-epoch with order='shards': the state was saved over "
+                    f"another shard cut (cut digest {state['cut']!r}, this loader's "
+                    f"{mine['cut']!r}: the same images in other shards, such as another "
+                    "--shard-size), and the shards' sizes define the epoch's order; use the "
+                    "set the state was saved over, or resume from an epoch boundary"
                 )
             global_batch = (state.get("batch_size"), state.get("world_size"))
             if global_batch != (self.batch_size, self.world_size):
@@ -251,11 +261,12 @@ def _check_state_fields(state: dict[str, Any]) -> None:
         raise UsageError(
             f"state['even_split'] must be 'pad' or 'trim', not {state['even_split']!r}"
         )
-    if "rows" in state and not isinstance(state["rows"], str):
-        raise UsageError(
-            f"state['rows'] must be the digest string state_dict() gives, not "
-            f"{type(state['rows']).__name__}"
-        )
+    for key in ("rows", "cut"):
+        if key in state and not isinstance(state[key], str):
+            raise UsageError(
+                f"state[{key!r}] must be the digest string state_dict() gives, not "
+                f"{type(state[key]).__name__}"
+            )
 
 
 def _global_batch(state: dict[str, Any]) -> int | None:

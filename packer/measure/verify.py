@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PackerError, UsageError
-from ..pack.files import check_files, read_manifest
+from ..pack.files import check_files, folder_kind, read_manifest
 from ..pack.kinds import kind_of
 from ..pack.schema import MANIFEST, Layout, Manifest
 from ..pack.writer import digest
@@ -393,6 +393,7 @@ def verify(
     report = VerifyReport(path=root)
     if not root.exists():
         raise UsageError(f"{root}: no such pack; check the path")
+    folder_kind(root)  # a folder that is both a pack and a set is refused (issue 42.17)
     if not root.is_dir() or not (root / MANIFEST).is_file():
         # a file, or a folder with no manifest (images, say): no pack to verify, so bad
         # input (exit 2); a pack whose manifest is damaged is a failed check (exit 1)

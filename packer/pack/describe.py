@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .files import read_manifest
+from .files import folder_kind, read_manifest
 from .schema import MANIFEST
 
 
@@ -27,7 +27,9 @@ def pack_bytes(root: Path) -> int:
 
 
 def is_pack(path: Path) -> bool:
-    return (path / MANIFEST).is_file()
+    """Whether ``path`` is a single pack's folder, by :func:`folder_kind` (PackFormatError
+    for a folder that also holds a set index)."""
+    return folder_kind(path) == "pack" and (Path(path) / MANIFEST).is_file()
 
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,9 @@ from ..sources.scan import NotRegularFile, file_kind, open_fd_if_regular
 from .schema import (
     DATA_DIR,
     MANIFEST,
-    MANIFEST_BASE_BYTES,
-    MANIFEST_BYTES_PER_IMAGE,
     MAX_MANIFEST_BYTES,
     MAX_META_BYTES,
+    SET_INDEX,
     TD_TYPE,
     Layout,
     Manifest,
@@ -64,10 +62,15 @@ def _fail(root: Path, what: str) -> PackFormatError:
     return PackFormatError(f"{root}: {what}")
 
 
-def read_bounded(root: Path, path: Path, limit: int) -> bytes:
+def read_bounded(root: Path, path: Path, limit: int, head: bytes | None = None) -> bytearray:
     """The bytes of ``path`` (a file of the pack at ``root``), if it is a regular file
     (symlinks followed) of at most ``limit`` bytes: checked on the opened descriptor
     before anything is read (opening never blocks, so a FIFO is refused, not waited on).
+    ``limit`` is the reader's (a constant or the user's option), never read from the pack.
+    ``head``: the bytes the file's first non-blank byte may be (b"{[" for JSON: what
+    the parser could take as a manifest or report as nested too deeply), checked on
+    the first chunk, so a large file of garbage (or a sparse one) is refused
+    before the rest is read. Read into one buffer of the file's size (no second copy).
     Raises FileNotFoundError when there is none, PackFormatError for anything else."""
     name = os.path.relpath(path, root)
     try:
@@ -88,31 +91,64 @@ def read_bounded(root: Path, path: Path, limit: int) -> bytes:
                 f"({limit:,}); the pack is damaged or not from imgpack, refusing it",
             )
         os.set_blocking(fd, True)
-        parts, got = [], 0
-        while got <= limit:  # a file growing meanwhile is read no further than the cap
-            part = os.read(fd, min(8 << 20, limit + 1 - got))
-            if not part:
+        first = os.read(fd, min(8 << 20, st.st_size + 1))
+        if head is not None:
+            lead = first.lstrip(b" \t\r\n")[:1]
+            if lead and lead not in head:
+                raise _fail(
+                    root,
+                    f"{name} does not start as JSON (it starts with {lead!r}); the pack "
+                    "is damaged or not from imgpack, refusing it",
+                )
+        # the rest straight into one buffer of the file's size (one byte more: a file
+        # growing meanwhile is seen), allocated only once the head passed
+        buf = bytearray(st.st_size + 1)
+        buf[: len(first)] = first
+        got = len(first)
+        del first
+        view = memoryview(buf)
+        while got < len(buf):
+            k = os.readv(fd, [view[got : got + (8 << 20)]])
+            if not k:
                 break
-            parts.append(part)
-            got += len(part)
-        if got > limit:
-            raise _fail(root, f"{name} grew past {limit:,} bytes while read; refusing it")
-        return b"".join(parts)
+            got += k
+        del view
+        if got > st.st_size:
+            raise _fail(root, f"{name} grew while read; refusing it")
+        del buf[got:]
+        return buf
     except OSError as e:
         raise _fail(root, f"{name} cannot be read ({e.strerror})") from None
     finally:
         os.close(fd)
 
 
-def manifest_limit(root: Path) -> int:
-    """The most bytes the manifest of the pack at ``root`` may have: a base plus an
-    allowance per image of its labels file (int64 [N]), at most MAX_MANIFEST_BYTES."""
-    try:
-        st = os.stat(Layout(root).labels)
-        n = st.st_size // 8 if stat.S_ISREG(st.st_mode) else 0
-    except OSError:
-        n = 0
-    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_IMAGE * n)
+def manifest_limit(root: Path | None = None) -> int:
+    """The most bytes a pack's manifest may have: the reader's constant
+    MAX_MANIFEST_BYTES, whatever the pack at ``root`` holds (never a figure read from
+    the pack being checked)."""
+    return MAX_MANIFEST_BYTES
+
+
+def folder_kind(path: str | os.PathLike[str]) -> str | None:
+    """What the folder at ``path`` is: ``"set"`` (it holds a set index), ``"pack"`` (it
+    holds a pack's manifest) or None (neither, or not a folder). The one rule that
+    ``packer.load``, ``imgpack info``, ``imgpack verify``, ``describe`` and
+    ``--classes`` follow: a folder holding both (an index beside a manifest) is neither,
+    and PackFormatError refuses it, the same message everywhere (issue 42.17)."""
+    has_index = os.path.lexists(os.path.join(path, SET_INDEX))
+    has_manifest = os.path.lexists(os.path.join(path, MANIFEST))
+    if has_index and has_manifest:
+        raise PackFormatError(
+            f"{path}: holds both a pack set's index ({SET_INDEX}) and a single pack's manifest "
+            f"({MANIFEST}), so it is neither; refusing it (a folder is one or the other: "
+            "remove the file that does not belong, or rebuild into an empty folder)"
+        )
+    if has_index:
+        return "set"
+    if has_manifest:
+        return "pack"
+    return None
 
 
 def read_manifest(root: Path) -> Manifest:
@@ -122,9 +158,10 @@ def read_manifest(root: Path) -> Manifest:
         raise _fail(root, "no such pack; check the path or build one with `imgpack build`")
     if not root.is_dir():
         raise _fail(root, "is a file, not a pack directory")
+    folder_kind(root)  # a folder that is also a set is refused, as everywhere
     lay = Layout(root)
     try:
-        data = read_bounded(root, lay.manifest, manifest_limit(root))
+        data = read_bounded(root, lay.manifest, MAX_MANIFEST_BYTES, head=b"{[")
     except FileNotFoundError:
         raise _fail(
             root, f"not an imgpack pack ({MANIFEST} is missing); build it with `imgpack build`"

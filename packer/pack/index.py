@@ -33,10 +33,24 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackFormatError
-from .files import JSONNestingError, loads_json, manifest_limit, read_bounded, write_json_atomic
-from .schema import MANIFEST, MAX_COUNT, STORAGE_KINDS, Manifest, Skip
+from .files import (
+    JSONNestingError,
+    folder_kind,
+    loads_json,
+    read_bounded,
+    write_json_atomic,
+)
+from .schema import (
+    MANIFEST,
+    MAX_COUNT,
+    MAX_MANIFEST_BYTES,
+    SET_INDEX,
+    STORAGE_KINDS,
+    Manifest,
+    Skip,
+)
 
-INDEX = "imgpack-set.json"
+INDEX = SET_INDEX  # the index's file name (defined in schema, with the pack's)
 SET_FORMAT = "imgpack-set"
 SET_VERSION = 1
 # ~150 bytes per shard and ~100 per skipped input: a set of 1M shards stays well under
@@ -213,9 +227,10 @@ def _parse(m: Any) -> SetIndex:
     raw_shards = m.get("shards")
     _want(isinstance(raw_shards, list) and raw_shards, "field 'shards' must list the shards")
     shards = [_parse_shard(k, s) for k, s in enumerate(raw_shards)]
-    names = [s.name for s in shards]
-    dup = next((x for x in names if names.count(x) > 1), None)
-    _want(dup is None, f"shard {dup!r} is listed twice")
+    names: set[str] = set()
+    for s in shards:  # a set: linear in the shard count (issue 42.13)
+        _want(s.name not in names, f"shard {s.name!r} is listed twice")
+        names.add(s.name)
     total = sum(s.count for s in shards)
     _want(total == n, f"the shards hold {total} images, field 'count' says {n}")
     skipped = m.get("skipped", [])
@@ -247,8 +262,9 @@ def _parse(m: Any) -> SetIndex:
 
 
 def is_set(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a folder holding a set index (a committed pack set)."""
-    return os.path.isfile(os.path.join(path, INDEX))
+    """Whether ``path`` is a folder holding a set index (a committed pack set), by
+    :func:`folder_kind` (PackFormatError for a folder that also holds a manifest)."""
+    return folder_kind(path) == "set" and os.path.isfile(os.path.join(path, INDEX))
 
 
 def write_index(root: Path, index: SetIndex) -> None:
@@ -266,8 +282,9 @@ def read_index(root: str | os.PathLike[str]) -> SetIndex:
     """Read and validate the index of the set at ``root`` (bounded, nesting-guarded).
     Raises PackFormatError naming the set and the problem."""
     root = Path(root)
+    folder_kind(root)  # a folder that is also a pack is refused, as everywhere
     try:
-        data = read_bounded(root, root / INDEX, MAX_INDEX_BYTES)
+        data = read_bounded(root, root / INDEX, MAX_INDEX_BYTES, head=b"{[")
     except FileNotFoundError:
         raise PackFormatError(
             f"{root}: not a pack set ({INDEX} is missing); build one with "
@@ -329,8 +346,9 @@ def read_shard_manifest(root: Path, entry: ShardEntry, index: SetIndex) -> Manif
     resize. PackFormatError naming the shard for any difference."""
     path = shard_root(root, entry)
     where = f"{root}: shard {entry.name!r}"
+    folder_kind(path)  # a shard that is also a set is refused, as everywhere
     try:
-        data = read_bounded(path, path / MANIFEST, manifest_limit(path))
+        data = read_bounded(path, path / MANIFEST, MAX_MANIFEST_BYTES, head=b"{[")
     except FileNotFoundError:
         raise PackFormatError(f"{where}: {MANIFEST} is missing; the shard is incomplete") from None
     if manifest_digest(data) != entry.sha256:

@@ -95,7 +95,15 @@ class StorageKind:
         """``m`` with the fields this kind owns set from what :meth:`assemble` wrote."""
         return m
 
-    def open(self, root: Path, m: Manifest, tensors: dict[str, torch.Tensor]) -> Any:
+    def open(
+        self,
+        root: Path,
+        m: Manifest,
+        tensors: dict[str, torch.Tensor],
+        max_pixels: int | None = None,
+    ) -> Any:
+        """The pack object over ``tensors``; ``max_pixels``: the reader's bound on a
+        stored image (kinds that decode; see ``reader.check_stored_sizes``)."""
         raise NotImplementedError
 
     def source_tensor(self, pack: Any) -> torch.Tensor:
@@ -149,7 +157,13 @@ class RawKind(StorageKind):
             shas = hash_blocks(images, row * block, -(-size // (row * block)))
         return {"shas": shas}
 
-    def open(self, root: Path, m: Manifest, tensors: dict[str, torch.Tensor]) -> Any:
+    def open(
+        self,
+        root: Path,
+        m: Manifest,
+        tensors: dict[str, torch.Tensor],
+        max_pixels: int | None = None,
+    ) -> Any:
         from ..errors import PackFormatError
         from .parse import check_label_arrays
         from .reader import ImagePack
@@ -214,8 +228,12 @@ class RawKind(StorageKind):
     def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
         """The source re-decoded exactly as the build did gives row ``i``'s pixels."""
         from ..imaging.decode import ResizeSpec, decode
+        from .reader import read_max_pixels
 
-        spec = ResizeSpec(m.width, m.height, m.resize, m.build.max_pixels)
+        # the reader's bound on a source's pixels; the pack's own figure only lowers it
+        spec = ResizeSpec(
+            m.width, m.height, m.resize, min(m.build.max_pixels, read_max_pixels(None))
+        )
         try:
             return np.array_equal(decode(path, spec), pack.images[i].numpy())
         except DecodeError:
@@ -319,12 +337,18 @@ class JpegKind(StorageKind):
             build=replace(m.build, extra=extra),
         )
 
-    def open(self, root: Path, m: Manifest, tensors: dict[str, torch.Tensor]) -> Any:
+    def open(
+        self,
+        root: Path,
+        m: Manifest,
+        tensors: dict[str, torch.Tensor],
+        max_pixels: int | None = None,
+    ) -> Any:
         from .parse import check_label_arrays
         from .reader import JpegPack, check_stored_sizes
 
         check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
-        check_stored_sizes(tensors["sizes"].numpy(), m, root)
+        check_stored_sizes(tensors["sizes"].numpy(), m, root, max_pixels)
         return JpegPack(tensors, m, root)
 
     def source_tensor(self, pack: Any) -> torch.Tensor:
@@ -400,9 +424,11 @@ class JpegKind(StorageKind):
     def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
         """The source made into a stored JPEG again gives image ``i``'s bytes."""
         from ..imaging.decode import jpeg_for_pack
+        from .reader import read_max_pixels
 
         try:
-            data, *_ = jpeg_for_pack(path, m.max_side, m.quality or 3, m.build.max_pixels)
+            most = min(m.build.max_pixels, read_max_pixels(None))  # the reader's bound
+            data, *_ = jpeg_for_pack(path, m.max_side, m.quality or 3, most)
         except DecodeError:
             return False
         return data == bytes(pack.read([i])[0].numpy())

@@ -32,7 +32,14 @@ from ..errors import PackFormatError, UsageError
 from .describe import pack_bytes
 from .files import check_files
 from .index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
-from .reader import ImagePack, JpegPack, check_stored_sizes, open_pack
+from .reader import (
+    ImagePack,
+    JpegPack,
+    check_stored_sizes,
+    open_pack,
+    pack_dir,
+    read_max_pixels,
+)
 from .schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
 
 
@@ -137,8 +144,10 @@ class PackSet:
         manifests: Sequence[Manifest],
         store: ShardStore | None = None,
         opened: Sequence[ImagePack | JpegPack] | None = None,
+        max_pixels: int | None = None,
     ) -> None:
         self.path = root
+        self.max_pixels = read_max_pixels(max_pixels)  # the reader's bound (open_pack's)
         self.index = index
         self.manifests = list(manifests)
         self.store = store if store is not None else LocalShards(root, index)
@@ -162,7 +171,7 @@ class PackSet:
                 )
             if index.storage == "jpeg":
                 hw = _small_field(data / SIZES_FILE, "int64", m.count, (2,), where)
-                check_stored_sizes(hw, m, root / entry.name)
+                check_stored_sizes(hw, m, root / entry.name, self.max_pixels)
                 sizes.append(hw)
         from .parse import check_label_arrays
 
@@ -180,6 +189,10 @@ class PackSet:
 
     def __len__(self) -> int:
         return self.index.count
+
+    def __dir__(self) -> list[str]:
+        own = ("shards", "shard", "release", "prefetch", "locate", "entry", "index")
+        return pack_dir(self, (*own, "manifests", "offsets", "sizes", "store", "max_pixels"))
 
     def __repr__(self) -> str:
         where = " (fetched into a cache)" if self.store.remote else ""
@@ -224,7 +237,7 @@ class PackSet:
         if pack is None:
             try:
                 check_files(path, self.manifests[k])
-                pack = open_pack(path, self.manifests[k])
+                pack = open_pack(path, self.manifests[k], max_pixels=self.max_pixels)
             except BaseException:
                 self.release(k)
                 raise
@@ -266,10 +279,10 @@ class PackSet:
         return shard, idx - self.offsets[shard]
 
 
-def open_set(path: str | os.PathLike[str]) -> PackSet:
+def open_set(path: str | os.PathLike[str], max_pixels: int | None = None) -> PackSet:
     """Open the pack set at ``path``: the index, then each shard checked against it and
     mapped. Raises PackFormatError naming the shard for a missing, changed or foreign
-    one, and naming the field for a bad index."""
+    one, and naming the field for a bad index. ``max_pixels``: as :func:`open_pack`'s."""
     root = Path(path)
     index = read_index(root)
     manifests: list[Manifest] = []
@@ -279,8 +292,8 @@ def open_set(path: str | os.PathLike[str]) -> PackSet:
         shard = shard_root(root, entry)
         check_files(shard, m)
         manifests.append(m)
-        opened.append(open_pack(shard, m))
-    return PackSet(root, index, manifests, LocalShards(root, index), opened)
+        opened.append(open_pack(shard, m, max_pixels=max_pixels))
+    return PackSet(root, index, manifests, LocalShards(root, index), opened, max_pixels)
 
 
 def describe_set(path: str | os.PathLike[str]) -> dict[str, Any]:

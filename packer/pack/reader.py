@@ -12,11 +12,36 @@ import torch
 from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
-from .files import check_files, read_manifest
-from .index import is_set
+from ..imaging.decode import DEFAULT_MAX_PIXELS
+from .files import check_files, check_tensordict_meta, folder_kind, read_manifest
 from .schema import DATA_DIR, MANIFEST, Manifest
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
+
+
+# What every pack and set answers, whatever its storage (issue 43.8): ImagePack,
+# JpegPack and PackSet each define these, and ``len()``; ``dir()`` of each lists them
+# with the few names of its own (its data fields and methods), not every method of
+# the tensordict beneath (tensordict's methods still work on an ImagePack).
+PACK_ATTRIBUTES = (
+    "classes",
+    "class_to_idx",
+    "image_shape",
+    "labels",
+    "path",
+    "sources",
+    "storage",
+    "target_names",
+    "targets",
+)
+# the tensordict names an ImagePack's dir() keeps (the ones a user of a pack reaches for)
+_TENSORDICT_NAMES = ("apply", "batch_size", "clone", "cpu", "cuda", "device", "numel", "to")
+
+
+def pack_dir(obj: Any, own: tuple[str, ...]) -> list[str]:
+    """``dir()`` of a pack or set: :data:`PACK_ATTRIBUTES`, the names ``own`` to its
+    class, and the dunder names ``object`` gives (``__len__``, ``__class__``...)."""
+    return sorted({*PACK_ATTRIBUTES, *own, *(n for n in object.__dir__(obj) if n[:2] == "__")})
 
 
 @tensorclass
@@ -33,6 +58,8 @@ class ImagePack:
       classes: list[str], class_to_idx: dict[str, int] (name -> label index),
       target_names: list[str] (``[]`` without targets), sources: list[str] (relative
       source path of each image), manifest: :class:`packer.pack.schema.Manifest`, path: Path.
+    Of any pack or slice: image_shape ((3, H, W)), storage (``"raw"``), ``len()``.
+    A JPEG pack and a pack set answer the same names (:data:`PACK_ATTRIBUTES`).
 
     ``ImagePack.load_memmap(path)`` and ``ImagePack.load(path)`` are
     :func:`packer.load`: tensordict's own loader would unpickle files planted in
@@ -64,6 +91,21 @@ class ImagePack:
     @property
     def manifest(self) -> Manifest:
         return self._attr("_imgpack_manifest")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(3, H, W) of every image, as a :class:`PackSet`'s."""
+        c, h, w = (int(v) for v in self.images.shape[1:])
+        return (c, h, w)
+
+    @property
+    def storage(self) -> str:
+        """How images are stored: ``"raw"`` rows (a JPEG pack's is ``"jpeg"``)."""
+        return "raw"
+
+    def __dir__(self) -> list[str]:
+        own = ("images", "manifest", "load", "load_memmap", *_TENSORDICT_NAMES)
+        return pack_dir(self, own)
 
     @property
     def path(self) -> Path:
@@ -128,6 +170,7 @@ def open_pack(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | None = None,
+    max_pixels: int | None = None,
 ) -> ImagePack:
     """Open the pack at ``path`` read-only, without running anything from it.
 
@@ -147,7 +190,21 @@ def open_pack(
 
     ``manifest``: one already read (and its files checked) by the caller, as
     ``verify`` does, so the pack is parsed and walked once.
+
+    ``max_pixels``: the most pixels one stored JPEG may decode to (JPEG packs and sets;
+    default :data:`packer.imaging.decode.DEFAULT_MAX_PIXELS`, 100 million). The
+    reader's bound: a pack's own record can lower it, never raise it. Give a pack built
+    with a larger ``--max-pixels`` the same figure here.
     """
+    if (
+        read_max_pixels(max_pixels) != DEFAULT_MAX_PIXELS
+        and isinstance(path, str)
+        and "://" in path
+    ):
+        raise UsageError(
+            "max_pixels= applies to packs and sets on this machine; a set in object "
+            "storage is read with the default bound"
+        )
     if isinstance(path, str) and "://" in path:
         from ..storage.remote import open_remote  # a peer stage: object storage (issue 30)
 
@@ -164,10 +221,10 @@ def open_pack(
         from ..storage.remote import reopen_cached
 
         return reopen_cached(root)  # type: ignore[return-value]
-    if manifest is None and is_set(root) and not (root / MANIFEST).exists():
+    if manifest is None and folder_kind(root) == "set":  # both files: refused there
         from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
 
-        return open_set(root)  # type: ignore[return-value]
+        return open_set(root, max_pixels=max_pixels)  # type: ignore[return-value]
     if manifest is None:
         manifest = read_manifest(root)
         check_files(root, manifest)
@@ -184,30 +241,49 @@ def open_pack(
             )
     from .kinds import kind_of
 
-    return kind_of(manifest).open(root, manifest, tensors)
+    return kind_of(manifest).open(root, manifest, tensors, max_pixels=max_pixels)
 
 
 JPEG_MAX_SIDE = 65535  # a JPEG frame header's sides are 16-bit
 
 
-def check_stored_sizes(sizes: np.ndarray, m: Manifest, root: Path) -> None:
-    """A JPEG pack's stored (h, w) [N, 2], each as its build allows: 1 to ``max_side``
-    (or 65535, a JPEG's most) a side, at most the build's ``max_pixels`` pixels. A
+def read_max_pixels(max_pixels: int | None) -> int:
+    """The most pixels a reader lets one stored image decode to: the user's
+    ``max_pixels=`` (checked here), or :data:`DEFAULT_MAX_PIXELS`. Never the pack's
+    own ``build.max_pixels``, which a hostile pack sets as it likes (issue 42.3); that
+    figure may only lower the bound."""
+    if max_pixels is None:
+        return DEFAULT_MAX_PIXELS
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)):
+        raise UsageError(f"max_pixels must be an int, not {type(max_pixels).__name__}")
+    if not 1 <= max_pixels <= JPEG_MAX_SIDE * JPEG_MAX_SIDE:
+        raise UsageError(f"max_pixels must be 1 to {JPEG_MAX_SIDE**2:,}, not {max_pixels}")
+    return int(max_pixels)
+
+
+def check_stored_sizes(
+    sizes: np.ndarray, m: Manifest, root: Path, max_pixels: int | None = None
+) -> None:
+    """A JPEG pack's stored (h, w) [N, 2], each inside the reader's bounds: 1 to
+    ``max_side`` (or 65535, a JPEG's most) a side, at most ``max_pixels`` pixels (the
+    reader's: :func:`read_max_pixels`; the build's own ``max_pixels`` only lowers it). A
     decoder allocates what a JPEG's header says, and readers check each header against
     these before decoding, so this bounds every decode of the pack (a 2 KB file saying
     65000x65000 would ask for 12 GB). PackFormatError naming the first image outside."""
     if not len(sizes):
         return
     side = min(m.max_side or JPEG_MAX_SIDE, JPEG_MAX_SIDE)
+    most = min(m.build.max_pixels, read_max_pixels(max_pixels))
     bad = ((sizes < 1) | (sizes > side)).any(1)
     inside = np.where(bad[:, None], 1, sizes)  # sides bounded: the product cannot overflow
-    bad |= inside[:, 0] * inside[:, 1] > m.build.max_pixels
+    bad |= inside[:, 0] * inside[:, 1] > most
     if bad.any():
         i = int(bad.argmax())
         h, w = (int(v) for v in sizes[i])
+        mine = "" if most == m.build.max_pixels else "; pass max_pixels= to packer.load to raise"
         raise PackFormatError(
-            f"{root}: image {i}: the pack gives its size as {w}x{h}, outside what its build "
-            f"allows (sides 1 to {side}, at most {m.build.max_pixels:,} pixels); the pack is "
+            f"{root}: image {i}: the pack gives its size as {w}x{h}, outside what this reader "
+            f"allows (sides 1 to {side}, at most {most:,} pixels{mine}); the pack is "
             "damaged or not from imgpack, refusing it"
         )
 
@@ -250,6 +326,16 @@ class JpegPack:
     @property
     def target_names(self) -> list[str]:
         return list(self.manifest.targets)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(3, H, W): the largest stored image's sides (as a JPEG set's)."""
+        c, h, w = self.manifest.image_shape
+        return (c, h, w)
+
+    def __dir__(self) -> list[str]:
+        own = ("jpeg", "offsets", "lengths", "sizes", "manifest", "read", "decode")
+        return pack_dir(self, own)
 
     @property
     def images(self) -> torch.Tensor:
@@ -331,7 +417,7 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
 
         return read_remote_class_map(source)
     path = Path(source)
-    if path.is_dir() and is_set(path) and not (path / MANIFEST).exists():
+    if path.is_dir() and folder_kind(path) == "set":  # both files: refused there
         return _set_classes(path)
     if path.is_dir():
         return _pack_classes(path)

@@ -21,6 +21,7 @@ from ..imaging.decode import DEFAULT_MAX_PIXELS
 FORMAT_NAME = "imgpack"
 FORMAT_VERSION = 1
 MANIFEST = "imgpack.json"
+SET_INDEX = "imgpack-set.json"  # a pack set's index (packer.pack.index)
 DATA_DIR = "_tensordict"
 IMAGES_FILE = "images.memmap"
 LABELS_FILE = "labels.memmap"
@@ -28,13 +29,15 @@ TARGETS_FILE = "targets.memmap"
 TD_TYPE = "<class 'packer.pack.ImagePack'>"
 CHECKSUM = "sha256"
 # A manifest holds about 100 bytes per image (its source path and size, a share of the
-# block checksums) besides what every pack has and what was skipped: the cap is a base
-# plus MANIFEST_BYTES_PER_IMAGE for each image the labels file holds (a count read
-# before the manifest), never above MAX_MANIFEST_BYTES. Checked on the opened file
-# before a byte is read, so a huge (or sparse) file costs nothing.
-MAX_MANIFEST_BYTES = 2 << 30
-MANIFEST_BASE_BYTES = 64 << 20
-MANIFEST_BYTES_PER_IMAGE = 512
+# block checksums) besides what every pack has and what was skipped. The reader's cap
+# is this constant, never a figure read from the pack (round 4: it followed the labels
+# file's size, which a sparse file inflates): checked on the opened file before a byte
+# is read, and a file that does not start as a JSON object is refused at its first
+# chunk. 1 GiB is some ten million images; a larger pack is a set (--shard-size), and
+# the writer refuses to write a manifest this reader would refuse.
+MAX_MANIFEST_BYTES = 1 << 30
+MANIFEST_BASE_BYTES = 64 << 20  # kept for the format's documented names (unused)
+MANIFEST_BYTES_PER_IMAGE = 512  # likewise
 MAX_META_BYTES = 64 << 10  # tensordict's meta.json files: tens of bytes in a pack
 MAX_COUNT = 1 << 40
 STORAGE_KINDS = ("raw", "jpeg")  # jpeg: variable-size JPEG files with an offset table

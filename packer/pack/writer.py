@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackFormatError
+from ..errors import PackFormatError, UsageError
 from .files import _fail, loads_json, read_bounded, write_json_atomic
 from .schema import (
     DATA_DIR,
     IMAGES_FILE,
     LABELS_FILE,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     MAX_META_BYTES,
     TD_TYPE,
     Checksums,
@@ -119,6 +120,14 @@ def write_pack_metadata(root: Path, manifest: Manifest) -> None:
     )
     write_json_atomic(root / "meta.json", {"_type": TD_TYPE})
     write_json_atomic(root / MANIFEST, manifest.to_json())
+    size = (root / MANIFEST).stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # what every reader refuses is never left as a pack
+        (root / MANIFEST).unlink()
+        raise UsageError(
+            f"{root}: the manifest of {manifest.count:,} images would be {size:,} bytes, "
+            f"more than a reader takes ({MAX_MANIFEST_BYTES:,}); build a pack set instead "
+            "(--shard-size)"
+        )
 
 
 def checksums_of(root: Path, count: int, image_shape: Iterable[int]) -> Checksums:

@@ -302,7 +302,7 @@ def test_a_fetching_store_holds_only_the_shards_in_use(
     most = {("set", "cpu"): 3, ("jset", "cpu"): 5}.get((kind, device), shards)
     assert store.most <= most and store.prefetched
     assert device == "cuda" or most < shards  # on the CPU, a few shards at a time
-    assert store.most <= held - store.prefetch_depth <= shards
+    assert store.most <= held <= shards  # never more than the set (issue 42.9)
     assert need >= sum(sorted((e.bytes for e in local.index.shards), reverse=True)[: store.most])
     assert not list(tmp_path.iterdir())
 

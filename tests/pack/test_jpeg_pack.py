@@ -322,7 +322,7 @@ def test_stored_sizes_are_range_checked_when_opened(
 
     _tamper(jpack, "sizes.memmap", 2 * 5, hw[0])
     _tamper(jpack, "sizes.memmap", 2 * 5 + 1, hw[1])
-    msg = f"image 5: the pack gives its size as {shown}, outside what its build allows"
+    msg = f"image 5: the pack gives its size as {shown}, outside what this reader allows"
     with pytest.raises(PackFormatError, match=msg):
         packer.load(jpack)
     with pytest.raises(PackFormatError, match=msg):

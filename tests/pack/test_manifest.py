@@ -328,14 +328,14 @@ def _sparse(path: Path, size: int, head: bytes = b"") -> None:
     [
         ("meta.json", 12 << 30, "65,536"),  # a sparse 12 GB meta.json
         ("_tensordict/meta.json", 1 << 20, "65,536"),
-        ("imgpack.json", (1 << 30) - 1, "67,115,520"),  # 64 MiB + 512 B per image (13)
+        ("imgpack.json", (1 << 30) + 1, "1,073,741,824"),  # the reader's constant cap
     ],
 )
 def test_metadata_reads_are_bounded_before_reading(
     packed: Path, name: str, size: int, cap: str
 ) -> None:
     """Sizes checked on the opened file first: refused in no time and no memory, however
-    large (the manifest's cap grows with the images the labels file holds)."""
+    large (the caps are the reader's constants)."""
     _sparse(packed / name, size, b'{"format": "imgpack", ')
     for load in (packer.load, lambda p: verify(p, VerifyConfig(throughput=False))):
         try:
@@ -347,14 +347,39 @@ def test_metadata_reads_are_bounded_before_reading(
         assert f"{name} is {size:,} bytes, more than this pack's can be ({cap})" in msg
 
 
-def test_the_manifest_cap_follows_the_image_count(tmp_path: Path) -> None:
+def test_the_manifest_cap_is_the_readers_not_the_packs(packed: Path) -> None:
+    """Issue 42.3: the cap followed the labels file's apparent size, so a sparse 32 MB
+    labels.memmap lifted it to 2 GiB and a sparse 1.9 GB manifest was read whole (4.3 GB
+    of RSS) before it was refused. Now the cap is the reader's constant, and a manifest
+    that does not start as a JSON object is refused at its first chunk."""
+    import resource
+
+    from packer.pack.format import MAX_MANIFEST_BYTES, manifest_limit
+
+    _sparse(packed / "_tensordict" / "labels.memmap", 32 << 20)
+    assert manifest_limit(packed) == MAX_MANIFEST_BYTES == 1 << 30
+    size = (1 << 30) - 1  # under the cap: sparse zeros, refused at the first chunk
+    _sparse(packed / "imgpack.json", size)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for load in (packer.load, lambda p: verify(p, VerifyConfig(throughput=False))):
+        try:
+            r = load(packed)
+        except PackFormatError as e:
+            msg = str(e)
+        else:
+            msg = " ".join(c["detail"] for c in r.checks if not c["ok"])
+        assert "imgpack.json does not start as JSON (it starts with b'\\x00')" in msg
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
+    assert grew < 512 << 10, f"reading the refused manifest took {grew} KiB more"
+
+
+def test_real_manifests_are_well_inside_the_cap(tmp_path: Path) -> None:
     from packer.measure.bench.synth import make_random_pack
-    from packer.pack.format import MANIFEST_BASE_BYTES, MANIFEST_BYTES_PER_IMAGE, manifest_limit
+    from packer.pack.format import MAX_MANIFEST_BYTES
 
     path = make_random_pack(tmp_path / "r", 1000, 4)
-    assert manifest_limit(path) == MANIFEST_BASE_BYTES + 1000 * MANIFEST_BYTES_PER_IMAGE
     size = (path / "imgpack.json").stat().st_size
-    assert size < 200 * 1000  # what a real pack needs, well inside its cap
+    assert size < 200 * 1000 < MAX_MANIFEST_BYTES // 5000  # ten million images fit
     assert len(packer.load(path)) == 1000
 
 
