@@ -149,15 +149,18 @@ _HALF = {"nearest": 1, "nearest-exact": 1, "bilinear": 1, "bicubic": 2, "lanczos
 _PIL_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic", 1: "lanczos"}
 
 
-def interpolation_mode(value: object, op: str, allowed: Sequence[str] = INTERPOLATIONS) -> str:
+def interpolation_mode(
+    value: object, op: str, allowed: Sequence[str] = INTERPOLATIONS, why: str = ""
+) -> str:
     """``value`` (torchvision's ``InterpolationMode``, its string value or Pillow's
-    integer constant) as its string, one of ``allowed``; UsageError naming ``op``."""
+    integer constant) as its string, one of ``allowed``; UsageError naming ``op``
+    (and ``why``, appended)."""
     mode = getattr(value, "value", value)
     if isinstance(mode, int) and not isinstance(mode, bool):
         mode = _PIL_MODES.get(mode, mode)
     if not isinstance(mode, str) or mode not in allowed:
         names = ", ".join(repr(m) for m in allowed)
-        raise UsageError(f"{op}: interpolation must be one of {names}, not {value!r}")
+        raise UsageError(f"{op}: interpolation must be one of {names}, not {value!r}{why}")
     return mode
 
 
