@@ -53,7 +53,6 @@ FILTERS = {
     ("bicubic", False): 6,
 }
 _HALF = {"nearest": 1, "nearest-exact": 1, "bilinear": 1, "bicubic": 2, "lanczos": 3}
-_PI = 3.141592653589793
 
 
 @triton.jit
@@ -72,7 +71,7 @@ def _filter(x, FILT: tl.constexpr):
         w = _cubic(x, -0.5)
     elif FILT == 4:
         ax = tl.abs(x)
-        px = ax * _PI
+        px = ax * 3.141592653589793
         safe = tl.where(ax == 0.0, 1.0, px)
         w = tl.sin(safe) * tl.sin(safe / 3.0) * 3.0 / (safe * safe)
         w = tl.where(ax < 3.0, tl.where(ax == 0.0, 1.0, w), 0.0)
@@ -92,17 +91,6 @@ def _nearest(o, scale, length, FILT: tl.constexpr):
 
 
 @triton.jit
-def _half(FILT: tl.constexpr):
-    if FILT == 3 or FILT == 6:
-        h = 2.0
-    elif FILT == 4:
-        h = 3.0
-    else:
-        h = 1.0
-    return h
-
-
-@triton.jit
 def _stretch(scale, FILT: tl.constexpr):
     """How far the filter is stretched: the scale when antialiased and downscaling."""
     if FILT == 5 or FILT == 6:  # noqa: SIM108 (Triton: a constexpr branch)
@@ -113,9 +101,19 @@ def _stretch(scale, FILT: tl.constexpr):
 
 
 @triton.jit
-def _window(
-    o, n_out, start, length, flip, K: tl.constexpr, k: tl.constexpr, FILT: tl.constexpr = 0
-):
+def _support(stretch, FILT: tl.constexpr):
+    """The window's half width: the filter's at scale 1 (resize.py's _HALF), stretched."""
+    if FILT == 3:
+        sup = stretch * 2.0
+    elif FILT == 4:
+        sup = stretch * 3.0
+    else:
+        sup = stretch * 1.0
+    return sup
+
+
+@triton.jit
+def _window(o, n_out, start, length, flip, K: tl.constexpr, k: tl.constexpr, FILT: tl.constexpr):
     """Input index and unnormalised weight of tap ``k`` for output positions ``o``."""
     o = tl.where(flip != 0, n_out - 1 - o, o)
     scale = length.to(tl.float32) / n_out
@@ -137,7 +135,7 @@ def _window(
         idx = start + tl.minimum(tl.maximum(j.to(tl.int32), 0), length - 1)
     else:
         stretch = _stretch(scale, FILT)
-        support = _half(FILT) * stretch
+        support = _support(stretch, FILT)
         centre = scale * (o.to(tl.float32) + 0.5)
         first = tl.maximum(tl.floor(centre - support + 0.5), 0.0)
         j = first + k
@@ -163,7 +161,7 @@ def _resample_kernel(
     KX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    FILT: tl.constexpr = 0,
+    FILT: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -214,7 +212,7 @@ def _resample_kernel(
 
 @triton.jit
 def _dense_weights(
-    o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.constexpr, FILT: tl.constexpr = 0
+    o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.constexpr, FILT: tl.constexpr
 ):
     """Weights [BLOCK, SPAN] of output positions o0.. over SPAN inputs from ``first``.
 
@@ -253,7 +251,7 @@ def _dense_weights(
             w += tl.where(j[None, :] == at[:, None], wk[:, None], 0.0)
     else:
         stretch = _stretch(scale, FILT)
-        support = _half(FILT) * stretch
+        support = _support(stretch, FILT)
         centre = scale * (o.to(tl.float32) + 0.5)
         first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
         j = first + tl.arange(0, SPAN).to(tl.float32)
@@ -284,7 +282,7 @@ def _dot_tile(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    FILT: tl.constexpr = 0,
+    FILT: tl.constexpr,
 ):
     # The tile's input patch [SY, SX] (one coalesced load per channel) goes
     # through two small matrix products on the tensor cores:
@@ -327,7 +325,7 @@ def _resample_dot_kernel(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    FILT: tl.constexpr = 0,
+    FILT: tl.constexpr,
 ):
     b = tl.program_id(0)
     top = tl.load(box_ptr + b * 5 + 0)
@@ -371,7 +369,7 @@ def _resample_ragged_kernel(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    FILT: tl.constexpr = 0,
+    FILT: tl.constexpr,
 ):
     # Images of different sizes, each in its own allocation: row b of the int64
     # table is (address, top, left, height, width, flip, image height, image width,
