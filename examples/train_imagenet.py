@@ -173,10 +173,13 @@ def train_transform(
     """The reference's ClassificationPresetTrain + its collate's MixUp/CutMix, batched:
     RandomResizedCrop, flip, [auto-augment], [RandomErasing], [RandomChoice(MixUp,
     CutMix)]. Returns the Compose and its crop (whose size progressive resizing sets)."""
-    rrc = RandomResizedCrop(size)
+    rrc = RandomResizedCrop(size, interpolation=args.interpolation)
     ops: list[nn.Module] = [rrc, RandomHorizontalFlip()]
     flag = f"--auto-augment {args.auto_augment}"
-    ip = {"interpolation": "bilinear"}  # the reference's default (--interpolation bilinear)
+    # The reference's policies take --interpolation too; tensor policies (torchvision's
+    # and these) warp nearest or bilinear only, so a bicubic run warps bilinear (said).
+    warp = args.interpolation if args.interpolation in ("nearest", "bilinear") else "bilinear"
+    ip = {"interpolation": warp}
     if args.auto_augment == "ra":
         ops.append(recipe_op("RandAugment", flag, magnitude=args.ra_magnitude, **ip))
     elif args.auto_augment == "augmix":
@@ -378,6 +381,12 @@ def train(argv: Sequence[str] | None = None) -> None:
         "--model-ema-decay", type=_number(float, 0, 1), default=0.99998, help="EMA decay"
     )
     ap.add_argument("--crop", type=POSITIVE, default=224, help="RandomResizedCrop size")
+    ap.add_argument(
+        "--interpolation",
+        choices=["nearest", "nearest-exact", "bilinear", "bicubic", "lanczos"],
+        default="bilinear",
+        help="RandomResizedCrop's (the reference's flag; bicubic for ViT/Swin recipes)",
+    )
     ap.add_argument("--res-schedule", default=None, help="progressive sizes SIZE:EPOCH,...")
     ap.add_argument("--val-crop", type=POSITIVE, default=224, help="CenterCrop of the val pack")
     ap.add_argument("--workers", type=POSITIVE, default=8, help="PackLoader gather threads")
@@ -409,6 +418,8 @@ def train(argv: Sequence[str] | None = None) -> None:
     if classes < 2:
         raise Fail(f"{args.train} has {classes} class; training a classifier needs two or more")
     transform, rrc = train_transform(args, size_at(schedule, 0), classes)
+    if args.auto_augment and args.interpolation not in ("nearest", "bilinear"):
+        say(f"--interpolation {args.interpolation}: the crop's; the policy warps bilinear")
     # as the reference: RASampler only in a distributed run (one process: plain shuffle)
     repeats = args.ra_reps if args.ra_sampler and world > 1 else 1
     if args.ra_sampler and world == 1:

@@ -10,7 +10,10 @@ nothing makes the host wait for the device.
     loader = packer.PackLoader(pack, 256, device=device, transform=train_tf)
 
 Geometry: ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``CenterCrop``, ``Resize``,
-``RandomRotation``, ``RandomAffine`` (and the batched ``resized_crop``). Colour and
+``RandomRotation``, ``RandomAffine`` (and the batched ``resized_crop``). The resizes take
+``interpolation=`` (bilinear, nearest, nearest-exact, bicubic, lanczos) and ``antialias=``
+as torchvision's, with its pixels; the warps and policies nearest or bilinear, as
+torchvision's tensor warps. Colour and
 pixels: ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur``, ``RandomPosterize``,
 ``RandomSolarize``, ``RandomAdjustSharpness``, ``RandomAutocontrast``,
 ``RandomEqualize``, ``RandomInvert``, ``RandomErasing`` (uint8 or normalized float).

@@ -224,7 +224,7 @@ def test_recipe_transform_is_the_references_order(script) -> None:
     aa = recipe_ops()
     args = script.argparse.Namespace(
         auto_augment=aa[1] if aa else None, ra_magnitude=9, augmix_severity=3,
-        random_erase=0.1, mixup_alpha=0.2, cutmix_alpha=1.0,
+        random_erase=0.1, mixup_alpha=0.2, cutmix_alpha=1.0, interpolation="bilinear",
     )  # fmt: skip
     compose, rrc = script.train_transform(args, 176, 10)
     kinds = [type(t).__name__ for t in compose]
@@ -251,3 +251,34 @@ def test_a_missing_recipe_op_is_named(script, packs, capsys, monkeypatch) -> Non
         "Error: --auto-augment ta_wide needs packer.transforms.TrivialAugmentWide, which this "
         "imgpack does not have"
     )
+
+
+def test_interpolation_flag_reaches_the_crop(script, tmp_path: Path, capsys, one_thread) -> None:
+    # The reference's --interpolation: the crop takes it (bicubic as torchvision's
+    # pixels); the policy warps nearest or bilinear (torchvision's tensor policies refuse
+    # bicubic), and the run says so instead of training bilinear silently.
+    from packer.measure.bench.synth import make_random_pack
+
+    args = script.argparse.Namespace(
+        auto_augment="ta_wide", ra_magnitude=9, augmix_severity=3, random_erase=0.0,
+        mixup_alpha=0.0, cutmix_alpha=0.0, interpolation="bicubic",
+    )  # fmt: skip
+    compose, rrc = script.train_transform(args, 32, 10)
+    assert rrc.interpolation == "bicubic" and compose[2].interpolation == "bilinear"
+    args.interpolation = "nearest"
+    compose, rrc = script.train_transform(args, 32, 10)
+    assert rrc.interpolation == "nearest" and compose[2].interpolation == "nearest"
+
+    pack = make_random_pack(tmp_path / "p", 12, 24, classes=3)
+    argv = [
+        "--train", pack, "--arch", "resnet18", "--batch-size", "6", "--max-steps", "1",
+        "--crop", "16", "--device", "cpu", "--workers", "1", "--out", tmp_path / "run",
+        "--log-every", "0", "--epochs", "1", "--auto-augment", "ta_wide",
+        "--interpolation", "bicubic",
+    ]  # fmt: skip
+    assert script.main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    assert (
+        "--interpolation bicubic: the crop's; the policy warps bilinear" in capsys.readouterr().out
+    )
+    code, line = _error(script, capsys, *map(str, argv[:-1]), "box")
+    assert code == 2 and "--interpolation: invalid choice: 'box'" in line, line

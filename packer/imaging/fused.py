@@ -102,7 +102,7 @@ class Plan:
         if self.crop is not None:
             kernels = triton_kernels()
             oh, ow = self.crop.size
-            if kernels is None or not kernels.fits((h / oh, w / ow)):
+            if kernels is None or not kernels.fits((h / oh, w / ow), self.crop.interpolation):
                 return False
             h, w = oh, ow
         if self.policy is not None and (
@@ -182,7 +182,9 @@ class Plan:
         if self.crop is not None:
             box = params[offs[k] : offs[k] + 5 * b].view(b, 5)
             k += 1
-            x = triton_kernels().resample(x, box, oh, ow, taps(scale[0]), taps(scale[1]), scale)
+            mode, aa = self.crop.interpolation, self.crop.antialias
+            ky, kx = taps(scale[0], mode, aa), taps(scale[1], mode, aa)
+            x = triton_kernels().resample(x, box, oh, ow, ky, kx, scale, mode, aa)
         if self.policy is not None:
             s = table.shape[0]
             tab = floats[offs[k] : offs[k] + table.size].view(s, b, table.shape[2])

@@ -72,7 +72,8 @@ class RandomRotation(_Transform):
     """Rotate each image by its own angle, uniform in ``degrees``, counter-clockwise.
 
     ``degrees``: a number ``d`` (the range (-d, d)) or (min, max). ``interpolation``:
-    "nearest" or "bilinear" (or torchvision's InterpolationMode). ``fill``: value
+    "nearest" or "bilinear" (or torchvision's InterpolationMode; bicubic is refused,
+    as torchvision refuses it for tensors). ``fill``: value
     of the pixels that come from outside the image, a number or one per channel
     (torchvision's v1 default 0 weighs it in with a ones channel); None pads
     with zeros without it (v2's ``fill=None``, which differs in bilinear edges).
@@ -89,7 +90,7 @@ class RandomRotation(_Transform):
     ) -> None:
         super().__init__()
         self.degrees = _angles(degrees, "degrees", (2,))
-        self.interpolation = interpolation_mode(interpolation)
+        self.interpolation = interpolation_mode(interpolation, "RandomRotation")
         self.fill = _fill(fill)
         self.center = _center(center)
 
@@ -162,7 +163,7 @@ class RandomAffine(_Transform):
         self.translate = translate
         self.scale = scale
         self.shear = None if shear is None else _angles(shear, "shear", (2, 4))
-        self.interpolation = interpolation_mode(interpolation)
+        self.interpolation = interpolation_mode(interpolation, "RandomAffine")
         self.fill = _fill(fill)
         self.center = _center(center)
 

@@ -85,7 +85,7 @@ class Policy(_Transform):
     def __init__(self, space: dict, interpolation: object, fill: object) -> None:
         super().__init__()
         self._space = space
-        self.interpolation = interpolation_mode(interpolation)
+        self.interpolation = interpolation_mode(interpolation, type(self).__name__)
         self.fill = _check_fill(fill)
         self._plan = OpPlan(tuple(self._space))
         # Per op index (and -1: none) whether its magnitude takes a random sign.
@@ -276,8 +276,8 @@ class TrivialAugmentWide(Policy):
     bin uniform over ``num_magnitude_bins``, a random sign for the signed ops.
 
     As ``torchvision.transforms.v2.TrivialAugmentWide``; ``interpolation``
-    ("nearest" or "bilinear") and ``fill`` (None, a number or one per channel)
-    for the geometric ops. Input and output: uint8 Tensor[B, C, H, W], same device.
+    ("nearest" or "bilinear": torchvision's tensor warps refuse bicubic) and ``fill``
+    (None, a number or one per channel) for the geometric ops. Input and output: uint8 Tensor[B, C, H, W], same device.
     """
 
     def __init__(

@@ -2,10 +2,13 @@
 
 One program computes a BLOCK_H x BLOCK_W tile of one output image, all
 channels: from the image's box it computes, for each of its rows, the window
-of input rows and their antialias weights (the rule of
-``packer.transforms.aa_weights``), likewise for each column (mirrored if the
+of input rows and their weights (the rules of
+``packer.imaging.resize.filter_weights``, mirrored here for each filter: ``FILT``,
+a compile-time code of :data:`FILTERS`), likewise for each column (mirrored if the
 image is flipped), and ``out = sum_ky wy * sum_kx wx * X[iy, ix]`` in float32,
-rounded to uint8. Nothing but the boxes is prepared on the host.
+rounded to uint8 (bicubic and lanczos round and clamp the width pass to bytes
+first, as torch's uint8 kernel and the CPU path do). Nothing but the boxes is
+prepared on the host.
 Reads only the input pixels under each window (from L1/L2), writes each output
 byte once: memory-bound, with no float copy of the batch. Imported only when
 CUDA work asks for it (Triton compiles on first use per tap count).
@@ -36,19 +39,109 @@ RAGGED_CHUNK = 8
 # batch's largest box no longer sets every image's patch.
 RAGGED_GROUP = True
 
+# (interpolation, antialias) -> the kernels' FILT code; the half width of each
+# filter at scale 1 sets the input patch (resize.py's _HALF, mirrored).
+FILTERS = {
+    ("bilinear", True): 0,
+    ("nearest", True): 1,
+    ("nearest", False): 1,
+    ("nearest-exact", True): 2,
+    ("nearest-exact", False): 2,
+    ("bicubic", True): 3,
+    ("lanczos", True): 4,
+    ("bilinear", False): 5,
+    ("bicubic", False): 6,
+}
+_HALF = {"nearest": 1, "nearest-exact": 1, "bilinear": 1, "bicubic": 2, "lanczos": 3}
+
 
 @triton.jit
-def _window(o, n_out, start, length, flip, K: tl.constexpr, k: tl.constexpr):
+def _cubic(x, A: tl.constexpr):
+    """Keys' cubic convolution kernel (a = A), 0 beyond 2."""
+    x = tl.abs(x)
+    near = ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    far = ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A
+    return tl.where(x < 1.0, near, tl.where(x < 2.0, far, 0.0))
+
+
+@triton.jit
+def _filter(x, FILT: tl.constexpr):
+    """The antialias-form filters: triangle (0, 5), cubic a = -0.5 (3), lanczos-3 (4)."""
+    if FILT == 3:
+        w = _cubic(x, -0.5)
+    elif FILT == 4:
+        ax = tl.abs(x)
+        px = ax * 3.141592653589793
+        safe = tl.where(ax == 0.0, 1.0, px)
+        w = tl.sin(safe) * tl.sin(safe / 3.0) * 3.0 / (safe * safe)
+        w = tl.where(ax < 3.0, tl.where(ax == 0.0, 1.0, w), 0.0)
+    else:
+        w = tl.maximum(1.0 - tl.abs(x), 0.0)
+    return w
+
+
+@triton.jit
+def _nearest(o, scale, length, FILT: tl.constexpr):
+    """torch's nearest (1: floor(o * scale)) or nearest-exact (2: floor((o + .5) * scale))
+    source index, inside the crop; float32 as torch's ``floorf``."""
+    of = o.to(tl.float32)
+    if FILT == 2:
+        of = of + 0.5
+    return tl.minimum(tl.floor(of * scale).to(tl.int32), length - 1)
+
+
+@triton.jit
+def _stretch(scale, FILT: tl.constexpr):
+    """How far the filter is stretched: the scale when antialiased and downscaling."""
+    if FILT == 5 or FILT == 6:  # noqa: SIM108 (Triton: a constexpr branch)
+        st = scale * 0.0 + 1.0
+    else:
+        st = tl.maximum(scale, 1.0)
+    return st
+
+
+@triton.jit
+def _support(stretch, FILT: tl.constexpr):
+    """The window's half width: the filter's at scale 1 (resize.py's _HALF), stretched."""
+    if FILT == 3:
+        sup = stretch * 2.0
+    elif FILT == 4:
+        sup = stretch * 3.0
+    else:
+        sup = stretch * 1.0
+    return sup
+
+
+@triton.jit
+def _window(o, n_out, start, length, flip, K: tl.constexpr, k: tl.constexpr, FILT: tl.constexpr):
     """Input index and unnormalised weight of tap ``k`` for output positions ``o``."""
     o = tl.where(flip != 0, n_out - 1 - o, o)
     scale = length.to(tl.float32) / n_out
-    support = tl.maximum(scale, 1.0)
-    centre = scale * (o.to(tl.float32) + 0.5)
-    first = tl.maximum(tl.floor(centre - support + 0.5), 0.0)
-    j = first + k
-    w = tl.maximum(1.0 - tl.abs((j - centre + 0.5) / support), 0.0)
-    w = tl.where(j < length.to(tl.float32), w, 0.0)
-    idx = start + tl.minimum(j.to(tl.int32), length - 1)
+    if FILT == 0:
+        support = tl.maximum(scale, 1.0)
+        centre = scale * (o.to(tl.float32) + 0.5)
+        first = tl.maximum(tl.floor(centre - support + 0.5), 0.0)
+        j = first + k
+        w = tl.maximum(1.0 - tl.abs((j - centre + 0.5) / support), 0.0)
+        w = tl.where(j < length.to(tl.float32), w, 0.0)
+        idx = start + tl.minimum(j.to(tl.int32), length - 1)
+    elif FILT == 1 or FILT == 2:
+        idx = start + _nearest(o, scale, length, FILT)
+        w = tl.where(o >= 0, 1.0, 0.0)
+    elif FILT == 6:  # bicubic unantialiased: 4 taps, border pixels repeated
+        src = scale * (o.to(tl.float32) + 0.5) - 0.5
+        j = tl.floor(src) - 1.0 + k
+        w = _cubic(src - j, -0.75)
+        idx = start + tl.minimum(tl.maximum(j.to(tl.int32), 0), length - 1)
+    else:
+        stretch = _stretch(scale, FILT)
+        support = _support(stretch, FILT)
+        centre = scale * (o.to(tl.float32) + 0.5)
+        first = tl.maximum(tl.floor(centre - support + 0.5), 0.0)
+        j = first + k
+        w = _filter((j - centre + 0.5) / stretch, FILT)
+        w = tl.where(j < length.to(tl.float32), w, 0.0)
+        idx = start + tl.minimum(j.to(tl.int32), length - 1)
     return idx, w
 
 
@@ -68,6 +161,7 @@ def _resample_kernel(
     KX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    FILT: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -86,25 +180,29 @@ def _resample_kernel(
     # Normalisers: the weights of each window sum to 1, as torch's aa kernel.
     sy = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for ky in tl.static_range(KY):
-        _, w = _window(i, oh, top, bh, 0, KY, ky)
+        _, w = _window(i, oh, top, bh, 0, KY, ky, FILT)
         sy += w
     sx = tl.zeros((BLOCK_W,), dtype=tl.float32)
     for kx in tl.static_range(KX):
-        _, w = _window(j, ow, left, bw, flip, KX, kx)
+        _, w = _window(j, ow, left, bw, flip, KX, kx, FILT)
         sx += w
     sy = 1.0 / tl.maximum(sy, 1e-12)
     sx = 1.0 / tl.maximum(sx, 1e-12)
     for c in tl.static_range(C):
         acc = tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.float32)
         for ky in tl.static_range(KY):
-            yy, wy = _window(i, oh, top, bh, 0, KY, ky)
+            yy, wy = _window(i, oh, top, bh, 0, KY, ky, FILT)
             row = tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.float32)
             for kx in tl.static_range(KX):
-                xx, wx = _window(j, ow, left, bw, flip, KX, kx)
+                xx, wx = _window(j, ow, left, bw, flip, KX, kx, FILT)
                 v = tl.load(
                     x_base + c * sxc + yy[:, None] * sxh + xx[None, :] * sxw, mask=mask, other=0
                 )
                 row += v.to(tl.float32) * (wx * sx)[None, :]
+            if (
+                FILT == 3 or FILT == 4 or FILT == 6
+            ):  # the width pass as bytes, as torch's uint8 kernel
+                row = tl.minimum(tl.maximum(tl.floor(row + 0.5), 0.0), 255.0)
             acc += row * (wy * sy)[:, None]
         acc = tl.minimum(tl.maximum(acc + 0.5, 0.0), 255.0)
         tl.store(
@@ -113,24 +211,53 @@ def _resample_kernel(
 
 
 @triton.jit
-def _dense_weights(o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.constexpr):
+def _dense_weights(
+    o0, n_out, length, flip, BLOCK: tl.constexpr, SPAN: tl.constexpr, FILT: tl.constexpr
+):
     """Weights [BLOCK, SPAN] of output positions o0.. over SPAN inputs from ``first``.
 
-    Rows sum to 1; the triangle is zero outside each window, as in ``_window``.
+    Rows sum to 1; the filter is zero outside each window, as in ``_window``.
     ``first`` (int32, relative to the crop) is the start of the lowest window.
     """
     o = o0 + tl.arange(0, BLOCK)
     o = tl.minimum(o, n_out - 1)  # tail of the last tile: computed, never stored
     o = tl.where(flip != 0, n_out - 1 - o, o)
     scale = length.to(tl.float32) / n_out
-    support = tl.maximum(scale, 1.0)
-    centre = scale * (o.to(tl.float32) + 0.5)
     lo = tl.where(flip != 0, tl.maximum(n_out - o0 - BLOCK, 0), o0)
-    first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
-    j = first + tl.arange(0, SPAN).to(tl.float32)
-    w = tl.maximum(1.0 - tl.abs((j[None, :] - centre[:, None] + 0.5) / support), 0.0)
-    w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
-    w = w / tl.maximum(tl.sum(w, axis=1), 1e-12)[:, None]
+    if FILT == 0:  # bilinear, antialiased: the original expressions, byte for byte
+        support = tl.maximum(scale, 1.0)
+        centre = scale * (o.to(tl.float32) + 0.5)
+        first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
+        j = first + tl.arange(0, SPAN).to(tl.float32)
+        w = tl.maximum(1.0 - tl.abs((j[None, :] - centre[:, None] + 0.5) / support), 0.0)
+        w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
+        w = w / tl.maximum(tl.sum(w, axis=1), 1e-12)[:, None]
+    elif FILT == 1 or FILT == 2:  # one input per output
+        src = _nearest(o, scale, length, FILT)
+        first = _nearest(lo, scale, length, FILT).to(tl.float32)
+        j = first + tl.arange(0, SPAN).to(tl.float32)
+        w = tl.where(j[None, :] == src.to(tl.float32)[:, None], 1.0, 0.0)
+    elif FILT == 6:  # bicubic unantialiased: 4 taps, border pixels repeated
+        src = scale * (o.to(tl.float32) + 0.5) - 0.5
+        f = tl.floor(src)
+        first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - 0.5) - 1.0, 0.0)
+        j = first + tl.arange(0, SPAN).to(tl.float32)
+        last = (length - 1).to(tl.float32)
+        w = tl.zeros((BLOCK, SPAN), dtype=tl.float32)
+        for k in tl.static_range(4):
+            jk = f - 1.0 + k
+            at = tl.minimum(tl.maximum(jk, 0.0), last)
+            wk = _cubic(src - jk, -0.75)
+            w += tl.where(j[None, :] == at[:, None], wk[:, None], 0.0)
+    else:
+        stretch = _stretch(scale, FILT)
+        support = _support(stretch, FILT)
+        centre = scale * (o.to(tl.float32) + 0.5)
+        first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
+        j = first + tl.arange(0, SPAN).to(tl.float32)
+        w = _filter((j[None, :] - centre[:, None] + 0.5) / stretch, FILT)
+        w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
+        w = w / tl.maximum(tl.sum(w, axis=1), 1e-12)[:, None]
     return first.to(tl.int32), w
 
 
@@ -155,12 +282,13 @@ def _dot_tile(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    FILT: tl.constexpr,
 ):
     # The tile's input patch [SY, SX] (one coalesced load per channel) goes
     # through two small matrix products on the tensor cores:
     # out[BLOCK_H, BLOCK_W] = Wy[BLOCK_H, SY] @ (X[SY, SX] @ Wx^T[SX, BLOCK_W]).
-    fy, wy = _dense_weights(i0, oh, bh, 0, BLOCK_H, SY)
-    fx, wx = _dense_weights(j0, ow, bw, flip, BLOCK_W, SX)
+    fy, wy = _dense_weights(i0, oh, bh, 0, BLOCK_H, SY, FILT)
+    fx, wx = _dense_weights(j0, ow, bw, flip, BLOCK_W, SX, FILT)
     wy = wy.to(tl.float16)
     wxt = tl.trans(wx).to(tl.float16)
     ry = fy + tl.arange(0, SY)
@@ -174,6 +302,8 @@ def _dot_tile(
     for c in tl.static_range(C):
         x = tl.load(src + c * sxc, mask=m_in, other=0).to(tl.float16)
         h = tl.dot(x, wxt)  # [SY, BLOCK_W], float32 accumulation
+        if FILT == 3 or FILT == 4 or FILT == 6:  # the width pass as bytes, as torch's uint8 kernel
+            h = tl.minimum(tl.maximum(tl.floor(h + 0.5), 0.0), 255.0)
         y = tl.dot(wy, h.to(tl.float16))
         y = tl.minimum(tl.maximum(y + 0.5, 0.0), 255.0)
         tl.store(dst + c * (oh * ow), y.to(tl.uint8), mask=m_out)
@@ -195,6 +325,7 @@ def _resample_dot_kernel(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    FILT: tl.constexpr,
 ):
     b = tl.program_id(0)
     top = tl.load(box_ptr + b * 5 + 0)
@@ -223,6 +354,7 @@ def _resample_dot_kernel(
         SX,
         BLOCK_H,
         BLOCK_W,
+        FILT,
     )
 
 
@@ -237,6 +369,7 @@ def _resample_ragged_kernel(
     SX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    FILT: tl.constexpr,
 ):
     # Images of different sizes, each in its own allocation: row b of the int64
     # table is (address, top, left, height, width, flip, image height, image width,
@@ -272,43 +405,54 @@ def _resample_ragged_kernel(
         SX,
         BLOCK_H,
         BLOCK_W,
+        FILT,
     )
 
 
-@functools.lru_cache(maxsize=1024)  # a few hundred (block, scale) pairs at most
-def _span(block: int, scale: float) -> int:
-    """Input patch length covering the windows of ``block`` outputs (power of 2, >= 16)."""
-    need = math.ceil((block - 1) * scale + 2 * max(scale, 1.0)) + 2
+@functools.lru_cache(maxsize=1024)  # a few hundred (block, scale, half) at most
+def _span(block: int, scale: float, half: int = 1) -> int:
+    """Input patch length covering the windows of ``block`` outputs (power of 2, >= 16)
+    for a filter of half width ``half`` at scale 1."""
+    need = math.ceil((block - 1) * scale + 2 * half * max(scale, 1.0)) + 2
     return max(16, triton.next_power_of_2(need))
 
 
-def _spans(block: int, scale: np.ndarray) -> np.ndarray:
+def _spans(block: int, scale: np.ndarray, half: int = 1) -> np.ndarray:
     """:func:`_span` of every scale at once (int64)."""
-    need = np.ceil((block - 1) * scale + 2 * np.maximum(scale, 1.0)).astype(np.int64) + 2
+    need = np.ceil((block - 1) * scale + 2 * half * np.maximum(scale, 1.0)).astype(np.int64) + 2
     pow2 = np.left_shift(1, np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64))
     return np.maximum(16, pow2)
 
 
 def _dot_launch(
-    b: int, oh: int, ow: int, max_scale: tuple[float, float]
+    b: int, oh: int, ow: int, max_scale: tuple[float, float], half: int = 1
 ) -> tuple[tuple[int, int, int], int, int, int]:
     """Grid, input patch spans and warps of the dot kernels for ``b`` outputs of oh x ow."""
     block_h, block_w, warps = DOT_TILE
-    sy, sx = _span(block_h, max_scale[0]), _span(block_w, max_scale[1])
+    sy, sx = _span(block_h, max_scale[0], half), _span(block_w, max_scale[1], half)
     if max(sy, sx) > 32:  # strong downscaling: a bigger patch wants more warps
         warps = max(warps, 4)
     return (b, triton.cdiv(oh, block_h), triton.cdiv(ow, block_w)), sy, sx, warps
 
 
-def fits(max_scale: tuple[float, float]) -> bool:
-    """Whether the kernels suit crops up to ``max_scale`` (crop / output length) per axis.
+def fits(max_scale: tuple[float, float], mode: str = "bilinear") -> bool:
+    """Whether the kernels suit crops up to ``max_scale`` (crop / output length) per axis
+    with interpolation ``mode``.
 
-    Beyond 256-pixel patches (downscaling more than ~15x) the dense route is the better one.
+    Beyond 256-pixel patches (bilinear: downscaling more than ~15x; bicubic ~10x,
+    lanczos ~7x) the dense route is the better one.
     """
+    half = _HALF[mode]
     return (
         KERNEL != "dot"
-        or max(_span(DOT_TILE[0], max_scale[0]), _span(DOT_TILE[1], max_scale[1])) <= 256
+        or max(_span(DOT_TILE[0], max_scale[0], half), _span(DOT_TILE[1], max_scale[1], half))
+        <= 256
     )
+
+
+def filter_code(mode: str, antialias: bool) -> int:
+    """The kernels' FILT code of ``mode`` (a name of ``resize.INTERPOLATIONS``)."""
+    return FILTERS[(mode, bool(antialias))]
 
 
 def resample(
@@ -319,6 +463,8 @@ def resample(
     ky: int,
     kx: int,
     max_scale: tuple[float, float] | None = None,
+    mode: str = "bilinear",
+    antialias: bool = True,
 ) -> torch.Tensor:
     """uint8 [B, C, H, W] -> uint8 [B, C, oh, ow], each image cropped and resized.
 
@@ -326,14 +472,16 @@ def resample(
     a flip flag (non-zero: mirror the output). ``ky``/``kx``: taps per window
     (an upper bound; see ``aa_weights``). ``max_scale``: the largest box
     height / oh and width / ow in the batch (default: from the image size).
+    ``mode``, ``antialias``: the interpolation (``resize.filter_weights``'s rules).
     The weights are computed in the kernel.
     """
     b, c, h, w = images.shape
     out = torch.empty((b, c, oh, ow), dtype=torch.uint8, device=images.device)
     if b == 0:
         return out
+    filt = filter_code(mode, antialias)
     if KERNEL == "dot":
-        grid, sy, sx, warps = _dot_launch(b, oh, ow, max_scale or (h / oh, w / ow))
+        grid, sy, sx, warps = _dot_launch(b, oh, ow, max_scale or (h / oh, w / ow), _HALF[mode])
         block_h, block_w, _ = DOT_TILE
         _resample_dot_kernel[grid](
             images,
@@ -347,6 +495,7 @@ def resample(
             SX=sx,
             BLOCK_H=block_h,
             BLOCK_W=block_w,
+            FILT=filt,
             num_warps=warps,
         )
         return out
@@ -364,6 +513,7 @@ def resample(
         KX=kx,
         BLOCK_H=block_h,
         BLOCK_W=block_w,
+        FILT=filt,
         num_warps=warps,
     )
     return out
@@ -400,6 +550,8 @@ def resample_ragged(
     max_scale: tuple[float, float],
     device: torch.device,
     launches: list[tuple[int, int, float, float]] | None = None,
+    mode: str = "bilinear",
+    antialias: bool = True,
 ) -> torch.Tensor:
     """Images of different sizes -> uint8 [B, C, oh, ow], each cropped, resized, flipped.
 
@@ -410,7 +562,8 @@ def resample_ragged(
     (:func:`ragged_order`); default: slices of :data:`RAGGED_CHUNK` rows at
     ``max_scale``. A launch fills every SM until its last tile starts, and a model's
     kernel queued meanwhile on another stream waits for all of it: small launches keep
-    that wait short.
+    that wait short. ``mode``, ``antialias``: the interpolation, as :func:`resample`'s
+    (``launches`` from :func:`ragged_order` assume bilinear's patches).
     """
     b = table.shape[0]
     out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
@@ -420,8 +573,9 @@ def resample_ragged(
         step = RAGGED_CHUNK if RAGGED_CHUNK > 0 else b
         launches = [(a, min(a + step, b), *max_scale) for a in range(0, b, step)]
     block_h, block_w, _ = DOT_TILE
+    filt, half = filter_code(mode, antialias), _HALF[mode]
     for a, z, sc_h, sc_w in launches:
-        grid, sy, sx, warps = _dot_launch(z - a, oh, ow, (sc_h, sc_w))
+        grid, sy, sx, warps = _dot_launch(z - a, oh, ow, (sc_h, sc_w), half)
         _resample_ragged_kernel[grid](
             table[a:z],
             out,
@@ -432,6 +586,7 @@ def resample_ragged(
             SX=sx,
             BLOCK_H=block_h,
             BLOCK_W=block_w,
+            FILT=filt,
             num_warps=warps,
         )
     return out

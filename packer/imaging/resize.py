@@ -36,7 +36,8 @@ if __package__:
         is also the ``ValueError`` the ops have always raised. The message names the op
         (or function) and the argument."""
 
-else:  # imported standalone, beside resample_triton.py
+else:  # imported standalone, beside resample_triton.py: plain ValueErrors
+    UsageError = ValueError  # type: ignore[misc,assignment]
     ArgumentError = ValueError  # type: ignore[misc,assignment]
 
 
@@ -167,9 +168,46 @@ def pinned_tables(device: torch.device) -> _PinnedTables:
 # ---------------------------------------------------------------- interpolation weights
 
 
-def taps(scale: float) -> int:
-    """Upper bound on the antialias window length for crop length / output length <= scale."""
-    return math.ceil(2 * max(scale, 1.0)) + 1
+# The resize's interpolations: torchvision's ``InterpolationMode`` values that its
+# ``resize`` takes for uint8 tensors (lanczos only antialiased, as torchvision).
+INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "lanczos")
+# Half the width of each filter at scale 1 (torch's ``interp_size / 2``).
+_HALF = {"nearest": 1, "nearest-exact": 1, "bilinear": 1, "bicubic": 2, "lanczos": 3}
+# Pillow's integer constants, which torchvision also takes.
+_PIL_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic", 1: "lanczos"}
+
+
+def interpolation_mode(
+    value: object, op: str, allowed: Sequence[str] = INTERPOLATIONS, why: str = ""
+) -> str:
+    """``value`` (torchvision's ``InterpolationMode``, its string value or Pillow's
+    integer constant) as its string, one of ``allowed``; UsageError naming ``op``
+    (and ``why``, appended)."""
+    mode = getattr(value, "value", value)
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        mode = _PIL_MODES.get(mode, mode)
+    if not isinstance(mode, str) or mode not in allowed:
+        names = ", ".join(repr(m) for m in allowed)
+        raise UsageError(f"{op}: interpolation must be one of {names}, not {value!r}{why}")
+    return mode
+
+
+def check_antialias(mode: str, antialias: object, op: str) -> bool:
+    """torchvision's rule: ``antialias`` (a bool; None is False) matters for bilinear,
+    bicubic and lanczos, which must be antialiased; nearest modes ignore it."""
+    if antialias is not None and not isinstance(antialias, bool):
+        raise UsageError(f"{op}: antialias must be True or False, not {antialias!r}")
+    if mode == "lanczos" and not antialias:
+        raise UsageError(f"{op}: interpolation 'lanczos' needs antialias=True (as torchvision)")
+    return bool(antialias)
+
+
+def taps(scale: float, mode: str = "bilinear", antialias: bool = True) -> int:
+    """Upper bound on the window length for crop length / output length <= scale."""
+    if mode.startswith("nearest"):
+        return 1
+    half = _HALF[mode]
+    return math.ceil(2 * half * (max(scale, 1.0) if antialias else 1.0)) + 1
 
 
 def aa_weights(
@@ -202,6 +240,87 @@ def aa_weights(
     return index, w
 
 
+def _cubic(x: torch.Tensor, a: float) -> torch.Tensor:
+    """Keys' cubic convolution kernel (torch's ``cubic_convolution1/2``), 0 beyond 2."""
+    x = x.abs()
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    far = ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
+
+
+def _lanczos(x: torch.Tensor) -> torch.Tensor:
+    """Lanczos-3 (torch's and PIL's): sinc(x) sinc(x / 3) inside |x| < 3."""
+    x = x.abs()
+    px = x * math.pi
+    safe = torch.where(x == 0, 1.0, px)
+    w = torch.sin(safe) * torch.sin(safe / 3.0) * 3.0 / (safe * safe)
+    return torch.where(x < 3.0, torch.where(x == 0, 1.0, w), 0.0)
+
+
+def filter_weights(
+    start: torch.Tensor,
+    length: torch.Tensor,
+    out_size: int,
+    taps: int,
+    mode: str = "bilinear",
+    antialias: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`aa_weights` for any of :data:`INTERPOLATIONS`: ``index`` int64 and
+    ``weight`` float32, [B, out_size, taps] (``taps`` from :func:`taps`).
+
+    torch's rules (what torchvision's ``resize`` of a uint8 tensor calls), scale =
+    length / out in float32: "nearest" reads ``min(floor(i * scale), length - 1)``,
+    "nearest-exact" ``floor((i + 0.5) * scale)``; bilinear, bicubic (Keys' a = -0.5,
+    PIL's) and lanczos-3 antialiased as :func:`aa_weights` with their filter (support
+    stretched by the scale when downscaling, window clipped to the crop, weights
+    normalized); bilinear without antialias the same with the support unstretched;
+    bicubic without antialias four taps at ``floor(src) - 1 ..`` with src = scale *
+    (i + 0.5) - 0.5, Keys' a = -0.75, border pixels repeated (indices clamped).
+    """
+    if mode == "bilinear" and antialias:
+        return aa_weights(start, length, out_size, taps)
+    dev = start.device
+    length_f = length.to(torch.float32)[:, None, None]
+    scale = length_f / out_size
+    i = torch.arange(out_size, device=dev, dtype=torch.float32)[None, :, None]
+    last = (length - 1)[:, None, None]
+    k = torch.arange(taps, device=dev, dtype=torch.float32)
+    if mode.startswith("nearest"):
+        pos = (i + 0.5 if mode == "nearest-exact" else i) * scale
+        src = torch.minimum(pos.floor().to(torch.int64), last)
+        return start[:, None, None] + src, torch.ones(src.shape, device=dev)
+    if mode == "bicubic" and not antialias:
+        src = scale * (i + 0.5) - 0.5
+        f = src.floor()
+        j = f - 1.0 + k
+        w = _cubic(src - j, -0.75)
+        index = start[:, None, None] + j.to(torch.int64).clamp(min=0).minimum(last)
+        return index, w
+    stretch = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    support = _HALF[mode] * stretch
+    centre = scale * (i + 0.5)
+    first = (centre - support + 0.5).floor().clamp(min=0)
+    j = first + k
+    x = (j - centre + 0.5) / stretch
+    if mode == "bilinear":
+        w = (1.0 - x.abs()).clamp(min=0.0)
+    elif mode == "bicubic":
+        w = _cubic(x, -0.5)
+    else:
+        w = _lanczos(x)
+    w = torch.where(j < length_f, w, 0.0)
+    w = w / w.sum(-1, keepdim=True).clamp(min=1e-12)
+    index = start[:, None, None] + torch.minimum(j.to(torch.int64), last)
+    return index, w
+
+
+def overshoots(mode: str) -> bool:
+    """Whether ``mode``'s filter has negative lobes (bicubic, lanczos): torch's uint8
+    resize then rounds and clamps the horizontal pass to bytes before the vertical one
+    (the order and the rounding this module's paths follow for those modes)."""
+    return mode in ("bicubic", "lanczos")
+
+
 def check_boxes(boxes: np.ndarray, sizes: np.ndarray) -> None:
     """Raise ValueError naming the first box (int [B, 4] top, left, height, width) that
     is empty or leaves its image; ``sizes``: int [B, 2] (or [1, 2], for all) (h, w)."""
@@ -230,6 +349,8 @@ def resized_crop(
     *,
     flip: torch.Tensor | None = None,
     backend: str = "auto",
+    interpolation: object = "bilinear",
+    antialias: bool | None = True,
 ) -> torch.Tensor:
     """Crop each image to its own box and resize it, antialiased, in one batched call.
 
@@ -246,14 +367,23 @@ def resized_crop(
       backend: "auto" (Triton kernel on CUDA when Triton imports, else batched
         matrix products), "matmul" (always the matrix products) or "triton"
         (always the kernel; on the CPU only under ``TRITON_INTERPRET=1``).
+      interpolation: "bilinear" (default), "nearest", "nearest-exact", "bicubic" or
+        "lanczos" (or torchvision's ``InterpolationMode``): :func:`filter_weights`.
+      antialias: as torchvision's (default True; ignored by the nearest modes,
+        required by lanczos).
 
     Returns:
       Tensor[B, C, h, w], uint8 in [0, 255], on the images' device. Matches
       ``torchvision.transforms.v2.functional.resized_crop(img, top, left,
-      height, width, size, antialias=True)`` image by image within rounding
-      (about 0.2/255 mean absolute difference, at most 1-2/255 per pixel).
+      height, width, size, interpolation, antialias=antialias)`` of a uint8 CPU
+      tensor image by image within rounding (bilinear: about 0.2/255 mean absolute
+      difference, at most 1-2/255 per pixel; nearest: equal; bicubic and lanczos
+      round and clamp the horizontal pass to bytes, as torch's CPU kernel does, and
+      differ by at most 1-2/255 on a few pixels). CUDA computes the same pixels.
     """
     check_images(images, "resized_crop")
+    mode = interpolation_mode(interpolation, "resized_crop")
+    aa = check_antialias(mode, antialias, "resized_crop")
     oh, ow = size_pair(size)
     if backend not in ("auto", "matmul", "triton"):
         raise ValueError(f"backend must be 'auto', 'matmul' or 'triton', not {backend!r}")
@@ -273,10 +403,10 @@ def resized_crop(
         sy, sx = (int(bh.max()) / oh, int(bw.max()) / ow) if b else (1.0, 1.0)
     else:
         sy, sx = h_img / oh, w_img / ow
-    ky, kx = taps(sy), taps(sx)
+    ky, kx = taps(sy, mode, aa), taps(sx, mode, aa)
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
     kernels = triton_kernels() if use_triton else None
-    if backend == "auto" and kernels is not None and not kernels.fits((sy, sx)):
+    if backend == "auto" and kernels is not None and not kernels.fits((sy, sx), mode):
         kernels = None  # a huge downscale: the dense products handle it better
     if backend == "triton" and kernels is None:
         raise ValueError("backend='triton' needs Triton (it ships with CUDA builds of torch)")
@@ -303,19 +433,19 @@ def resized_crop(
                 else torch.zeros(b, dtype=torch.bool, device=dev)
             )
             table = torch.cat([boxes, f[:, None].to(torch.int64)], 1).to(torch.int32)
-        return kernels.resample(images, table, oh, ow, ky, kx, (sy, sx))
+        return kernels.resample(images, table, oh, ow, ky, kx, (sy, sx), mode, aa)
     boxes = to_device(boxes, dev)
     if flip is not None:
         flip = to_device(flip, dev)
     if b == 0:
         return images.new_empty((0, c, oh, ow))
     top, left, bh, bw = boxes.unbind(1)
-    iy, wy = aa_weights(top, bh, oh, ky)
-    ix, wx = aa_weights(left, bw, ow, kx)
+    iy, wy = filter_weights(top, bh, oh, ky, mode, aa)
+    ix, wx = filter_weights(left, bw, ow, kx, mode, aa)
     if flip is not None:
         f = flip[:, None, None]
         ix, wx = torch.where(f, ix.flip(1), ix), torch.where(f, wx.flip(1), wx)
-    return _resample_matmul(images, iy, wy, ix, wx, oh, ow)
+    return _resample_matmul(images, iy, wy, ix, wx, oh, ow, overshoots(mode))
 
 
 def _resample_matmul(
@@ -326,7 +456,10 @@ def _resample_matmul(
     wx: torch.Tensor,
     oh: int,
     ow: int,
+    clamp_rows: bool = False,
 ) -> torch.Tensor:
+    """``Ry @ X @ Rx^T`` per image, the width first; ``clamp_rows``: round and clamp
+    that first pass to bytes (torch's uint8 kernel, for the filters that overshoot)."""
     b, c, h, w = images.shape
     # uint8 values and these weights are exact enough in float16 (error < 0.3/255);
     # float16 products accumulate in float32 on CUDA. The CPU has fast float32 only.
@@ -338,6 +471,8 @@ def _resample_matmul(
     x = torch.empty((b, h, c, w), dtype=dt, device=images.device)
     x.copy_(images.permute(0, 2, 1, 3))
     t = torch.bmm(x.view(b, h * c, w), rxt).view(b, h, c * ow)
+    if clamp_rows:
+        t = t.add_(0.5).floor_().clamp_(0, 255)
     y = torch.bmm(ry, t).view(b, oh, c, ow)
     y = y.float() if dt != torch.float32 else y
     out = torch.empty((b, c, oh, ow), dtype=torch.uint8, device=images.device)

@@ -36,7 +36,9 @@ if __package__:
         MAX_SIDE,
         ArgumentError,
         Size,
+        check_antialias,
         check_images,
+        interpolation_mode,
         pinned_tables,
         resized_crop,
         size_pair,
@@ -57,7 +59,9 @@ else:  # imported standalone, beside resize.py and draws.py
         MAX_SIDE,
         ArgumentError,
         Size,
+        check_antialias,
         check_images,
+        interpolation_mode,
         pinned_tables,
         resized_crop,
         size_pair,
@@ -99,6 +103,24 @@ class _Transform(nn.Module):
         return {}
 
 
+class _Interpolated:
+    """``interpolation`` and ``antialias`` of a resizing op, checked when set as
+    :func:`~packer.imaging.resize.resized_crop` takes them (torchvision's modes)."""
+
+    def __init__(self, op: str, interpolation: object, antialias: object) -> None:
+        self.mode = interpolation_mode(interpolation, op)
+        self.antialias = check_antialias(self.mode, antialias, op)
+
+    def repr_fields(self) -> dict[str, object]:
+        """The non-default values (bilinear, antialiased), for a module's repr."""
+        out: dict[str, object] = {}
+        if self.mode != "bilinear":
+            out["interpolation"] = self.mode
+        if not self.antialias and not self.mode.startswith("nearest"):
+            out["antialias"] = False
+        return out
+
+
 class _SizedTransform(_Transform):
     """A transform with an output ``size`` (h, w), settable between epochs (progressive
     resizing); validated by ``size_pair``."""
@@ -116,8 +138,10 @@ class RandomResizedCrop(_SizedTransform):
     """Per image, a random box of random area and aspect ratio, resized to ``size``.
 
     Boxes follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly
-    (:meth:`sample_boxes`); pixels follow :func:`resized_crop`. ``size`` is an
-    attribute: set it between epochs for progressive resizing.
+    (:meth:`sample_boxes`); pixels follow :func:`resized_crop`, with
+    ``interpolation`` ("bilinear", "nearest", "nearest-exact", "bicubic", "lanczos" or
+    torchvision's ``InterpolationMode``) and ``antialias`` as torchvision's. ``size``
+    is an attribute: set it between epochs for progressive resizing.
 
     Input: Tensor[B, C, H, W] uint8; output: Tensor[B, C, *size] uint8, same device.
     """
@@ -127,9 +151,11 @@ class RandomResizedCrop(_SizedTransform):
         size: Size,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        antialias: bool = True,
+        interpolation: object = "bilinear",
+        antialias: bool | None = True,
     ) -> None:
         super().__init__()
+        self._interp = _Interpolated("RandomResizedCrop", interpolation, antialias)
         self.size = size
         lo, hi = (float(s) for s in scale)
         if not (0 < lo <= 1 and 0 < hi <= 1):
@@ -145,14 +171,20 @@ class RandomResizedCrop(_SizedTransform):
             raise ArgumentError(
                 f"RandomResizedCrop: ratio must lie in [1/{MAX_SIDE}, {MAX_SIDE}], not {ratio!r}"
             )
-        if not antialias:
-            raise ValueError("only antialias=True is implemented (torchvision's default)")
         self.scale = (lo, hi)
         self.ratio = (rlo, rhi)
-        self.antialias = antialias
+
+    @property
+    def interpolation(self) -> str:
+        return self._interp.mode
+
+    @property
+    def antialias(self) -> bool:
+        return self._interp.antialias
 
     def _repr_fields(self) -> dict[str, object]:
-        return {"size": self.size, "scale": self.scale, "ratio": self.ratio}
+        fields = {"size": self.size, "scale": self.scale, "ratio": self.ratio}
+        return {**fields, **self._interp.repr_fields()}
 
     def sample_boxes(
         self,
@@ -242,7 +274,8 @@ class RandomResizedCrop(_SizedTransform):
         check_images(images, self)
         b, _, h, w = images.shape
         boxes = self.sample_boxes(b, h, w, generator)
-        return resized_crop(images, boxes, self.size, flip=flip)
+        mode, aa = self.interpolation, self.antialias
+        return resized_crop(images, boxes, self.size, flip=flip, interpolation=mode, antialias=aa)
 
 
 class RandomHorizontalFlip(_Transform):
@@ -300,16 +333,28 @@ class CenterCrop(_SizedTransform):
 
 
 class Resize(_Transform):
-    """Antialiased resize of every image, as torchvision's ``Resize(size, antialias=True)``.
+    """Resize every image, as torchvision's ``Resize(size, interpolation, antialias=...)``.
 
     ``size``: (height, width), or an int for the shorter side (the longer one
-    becomes ``int(size * long / short)``, torchvision's rule). Input
-    Tensor[B, C, H, W] uint8; output uint8 on the same device.
+    becomes ``int(size * long / short)``, torchvision's rule). ``interpolation``
+    and ``antialias``: as :class:`RandomResizedCrop`'s (default bilinear,
+    antialiased). Input Tensor[B, C, H, W] uint8; output uint8 on the same device.
     """
 
-    def __init__(self, size: Size) -> None:
+    def __init__(
+        self, size: Size, interpolation: object = "bilinear", *, antialias: bool | None = True
+    ) -> None:
         super().__init__()
+        self._interp = _Interpolated("Resize", interpolation, antialias)
         self.size = size
+
+    @property
+    def interpolation(self) -> str:
+        return self._interp.mode
+
+    @property
+    def antialias(self) -> bool:
+        return self._interp.antialias
 
     @property
     def size(self) -> int | tuple[int, int]:
@@ -321,7 +366,7 @@ class Resize(_Transform):
         self._size = value if isinstance(value, int) else pair
 
     def _repr_fields(self) -> dict[str, object]:
-        return {"size": self.size}
+        return {"size": self.size, **self._interp.repr_fields()}
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         if not isinstance(self.size, int):
@@ -344,7 +389,8 @@ class Resize(_Transform):
         check_images(images, self)
         b, _, h, w = images.shape
         boxes = torch.tensor([[0, 0, h, w]], dtype=torch.int64).expand(b, 4)
-        return resized_crop(images, boxes, self.output_size(h, w))
+        mode, aa = self.interpolation, self.antialias
+        return resized_crop(images, boxes, self.output_size(h, w), interpolation=mode, antialias=aa)
 
 
 class _Call(nn.Module):
@@ -422,7 +468,10 @@ class Compose(nn.Sequential):
                         continue
                 boxes = t.sample_boxes(b, h, w, generator)
                 flip = nxt.sample(b, generator)
-                images = resized_crop(images, boxes, t.size, flip=flip)
+                mode, aa = t.interpolation, t.antialias
+                images = resized_crop(
+                    images, boxes, t.size, flip=flip, interpolation=mode, antialias=aa
+                )
                 i += 2
                 continue
             if getattr(t, "mixes_labels", False):
@@ -474,12 +523,14 @@ def _crop_flip_cuda(
         return None
     b, _, h, w = images.shape
     oh, ow = crop.size
+    mode, aa = crop.interpolation, crop.antialias
     # The largest box is the whole image: if the kernel suits that, it suits all.
-    if not kernels.fits((h / oh, w / ow)):
+    if not kernels.fits((h / oh, w / ow), mode):
         return None
     ring = pinned_tables(images.device)
     k, table, arr = ring.take(b)
     crop._draw(b, h, w, generator, arr)
     arr[:, 4] = torch.rand(b, generator=generator).numpy() < flip.p
     sy, sx = int(arr[:, 2].max()) / oh, int(arr[:, 3].max()) / ow
-    return kernels.resample(images, ring.send(k, table), oh, ow, taps(sy), taps(sx), (sy, sx))
+    ky, kx = taps(sy, mode, aa), taps(sx, mode, aa)
+    return kernels.resample(images, ring.send(k, table), oh, ow, ky, kx, (sy, sx), mode, aa)

@@ -18,15 +18,21 @@ import torch.nn.functional as nnf
 
 from .params import Fill, Param, constant, fill_values, param, send_params
 from .resize import check_images
+from .resize import interpolation_mode as _interpolation_mode
 
-_INTERPOLATIONS = ("nearest", "bilinear")
+# What torchvision's warps (affine, rotate, the policies' geometric ops) take for
+# tensors: bicubic, nearest-exact and lanczos are refused there, so here too.
+WARP_INTERPOLATIONS = ("nearest", "bilinear")
+_WHY = (
+    " (torchvision's tensor warps refuse the others too; bicubic and lanczos are for"
+    " the resizes: RandomResizedCrop, Resize)"
+)
 
 
-def interpolation_mode(mode: object) -> str:
-    mode = getattr(mode, "value", mode)  # torchvision's InterpolationMode
-    if mode not in _INTERPOLATIONS:
-        raise ValueError(f"interpolation must be 'nearest' or 'bilinear', not {mode!r}")
-    return mode
+def interpolation_mode(mode: object, op: str = "affine") -> str:
+    """A warp's ``interpolation`` (a string or torchvision's ``InterpolationMode``) as
+    "nearest" or "bilinear"; UsageError naming ``op`` otherwise."""
+    return _interpolation_mode(mode, op, WARP_INTERPOLATIONS, _WHY)
 
 
 def affine_matrix(angle, translate, scale, shear, center):  # -> same kind as the inputs
@@ -77,7 +83,8 @@ def affine(
       translate: (tx, ty) pixels, Tensor[B, 2], a pair, or 0.
       scale: Tensor[B] or a number, > 0.
       shear: (x, y) degrees, Tensor[B, 2], a pair, or Tensor[B] / one number (x only).
-      interpolation: "nearest" or "bilinear" (or torchvision's InterpolationMode).
+      interpolation: "nearest" or "bilinear" (or torchvision's InterpolationMode; the
+        others are refused, as torchvision refuses them for tensors).
       fill: None (zero padding, torchvision's ``fill=None``), a number, C numbers,
         or Tensor[B, C], in [0, 255]: the value of pixels mapped from outside the
         image. Given, the sample of a ones channel weighs it in as torchvision
@@ -92,7 +99,7 @@ def affine(
     """
     check_images(img, "affine")
     b, _, h, w = img.shape
-    mode = interpolation_mode(interpolation)
+    mode = interpolation_mode(interpolation, "affine")
     ang = param(angle, b, "angle")
     tr = param(translate, b, "translate", width=2)
     sc = param(scale, b, "scale")

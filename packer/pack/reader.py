@@ -13,7 +13,7 @@ from tensordict import MemoryMappedTensor, tensorclass
 
 from ..errors import InputError, PackFormatError, UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS
-from .files import check_files, check_tensordict_meta, folder_kind, read_manifest
+from .files import check_files, folder_kind, read_manifest
 from .schema import DATA_DIR, MANIFEST, Manifest
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}

@@ -409,8 +409,6 @@ def test_bad_arguments_raise_value_error() -> None:
         AugMix(severity=0)
     with pytest.raises(ValueError, match="alpha must be a positive number"):
         AugMix(alpha=0)
-    with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
-        TrivialAugmentWide(interpolation="bicubic")
     with pytest.raises(ValueError, match="fill must be None, a number or one number"):
         RandAugment(fill="white")
     with pytest.raises(ValueError, match=r"needs size=\(height, width\)"):
