@@ -76,7 +76,7 @@ def demo() -> None:
     _run(*imgpack, "build", DEMO / "compressed", DEMO / "pack", "--size", "224", "--overwrite")
     _run(*imgpack, "info", DEMO / "pack")
     _run(*imgpack, "verify", DEMO / "pack", "--device", "auto", "--batch-size", "8")
-    _run(py, "examples/demo_stream.py", DEMO / "pack")
+    _run(py, "-m", "packer.examples.demo_stream", DEMO / "pack")
 
 
 def test(extra: list[str]) -> None:
