@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import venv
@@ -33,12 +34,61 @@ def _fingerprint() -> str:
     return h.hexdigest()
 
 
+# after Ctrl-C, how long the command may take to stop (pytest: the test running, then the
+# session's finalizers, which stop its servers) before it is sent SIGTERM, then SIGKILL
+STOP_GRACE_S = 30.0
+
+
 def _run(*args: object) -> None:
+    """Run a command; Ctrl-C (or SIGTERM) stops it and exits 130.
+
+    The command leads a session of its own, so a Ctrl-C at the terminal reaches this
+    process only, which passes one SIGINT on to the command's whole process group and
+    waits for it to end (pytest then stops after the test running, and its finalizers
+    stop the servers it started); SIGTERM and SIGKILL follow after STOP_GRACE_S. (Before,
+    subprocess.call answered Ctrl-C by SIGKILLing the command at once: no finalizer
+    ran, and a test session's Ray cluster was left running.)"""
     cmd = [str(a) for a in args]
     print("+", " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        _stop(proc)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if rc != 0:
         sys.exit(rc)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the command's process group, then SIGTERM and SIGKILL if it lingers
+    (a second Ctrl-C moves on to the next)."""
+    steps = ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
+    for sig, wait in steps:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            print(
+                f"\n{cmd_name(proc)}: still running after {sig.name}", file=sys.stderr, flush=True
+            )
+        except KeyboardInterrupt:
+            continue
+
+
+def cmd_name(proc: subprocess.Popen[bytes]) -> str:
+    return " ".join(map(str, proc.args[:3])) if isinstance(proc.args, list) else str(proc.args)
 
 
 def ensure_venv() -> Path:
@@ -76,7 +126,7 @@ def demo() -> None:
     _run(*imgpack, "build", DEMO / "compressed", DEMO / "pack", "--size", "224", "--overwrite")
     _run(*imgpack, "info", DEMO / "pack")
     _run(*imgpack, "verify", DEMO / "pack", "--device", "auto", "--batch-size", "8")
-    _run(py, "examples/demo_stream.py", DEMO / "pack")
+    _run(py, "-m", "packer.examples.demo_stream", DEMO / "pack")
 
 
 def test(extra: list[str]) -> None:

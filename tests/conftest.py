@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,65 @@ import packer
 from packer.build.run import BuildConfig, build
 
 REPO = Path(__file__).resolve().parent.parent
+
+# ---- Ctrl-C and the session's servers (issue 43)
+#
+# A test that runs a command in this process (CliRunner) sees a Ctrl-C as the command's
+# exit 130 (packer.cli.output.handle_errors turns KeyboardInterrupt into it), so before
+# these hooks an interrupt only failed the test that was running and the suite went on.
+# Now the first SIGINT (or SIGTERM) is noted and raised as KeyboardInterrupt; whoever
+# catches it, the session stops after that test (exit 130), and its finalizers stop the
+# servers and clusters it started. If it has not ended INTERRUPT_GRACE_S later (a
+# finalizer stuck), the recorded processes are stopped and the process exits 130.
+INTERRUPT_GRACE_S = 20.0
+_interrupted = threading.Event()
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    if not _interrupted.is_set():
+        _interrupted.set()
+        threading.Thread(target=_last_resort, daemon=True, name="interrupt-grace").start()
+    raise KeyboardInterrupt
+
+
+def _last_resort() -> None:
+    import processes
+
+    if _ended.wait(INTERRUPT_GRACE_S):
+        return
+    processes.stop_mine()
+    sys.stderr.write("\ninterrupted: the session did not end in time; stopped its servers\n")
+    os._exit(130)
+
+
+_ended = threading.Event()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import processes
+
+    processes.reap_leftovers()  # what a killed session left running
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_interrupt)
+        signal.signal(signal.SIGTERM, _on_interrupt)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    if _interrupted.is_set():
+        pytest.exit("interrupted (Ctrl-C or SIGTERM)", returncode=130)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import processes
+
+    processes.stop_mine()  # after the fixtures' own finalizers: what they left
+    if _interrupted.is_set():
+        session.exitstatus = 130
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _ended.set()
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import processes
+
 # a node found dead in about 2 s, not Ray's default 15 s (killed-node test)
 _SYSTEM = {
     "health_check_initial_delay_ms": 0,
@@ -90,6 +92,7 @@ class Cluster:
         self.head: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
         self.worker_id: str | None = None  # the worker node's id, once started
+        self.records: list[Path] = []  # tests/processes.py's records of the nodes
 
     def _node(self, *args: str) -> subprocess.Popen[bytes]:
         # short: Ray's Unix sockets live under it (a path of at most 107 bytes)
@@ -98,9 +101,13 @@ class Cluster:
         cmd = [self.ray, "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1"]
         cmd += ["--temp-dir", tmp, "--disable-usage-stats", *args, *_ports()]
         log = open(os.path.join(tmp, "start.log"), "wb")  # noqa: SIM115 (the node's lifetime)
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        # recorded: stopped with its group by the session's finalizer, or by the next
+        # session if this one is killed outright (tests/processes.py)
+        self.records.append(processes.track(proc.pid, group=True))
+        return proc
 
     def _wait(self, what: str, ready: Any, proc: subprocess.Popen[bytes]) -> None:
         end = time.monotonic() + _START_S
@@ -256,5 +263,8 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+        for record in self.records:
+            processes.stop(record)  # a killed node's raylet or workers left in its group
+        self.records.clear()
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)

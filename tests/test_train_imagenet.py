@@ -1,4 +1,5 @@
-"""examples/train_imagenet.py runs the standard recipe on the CPU: two tiny epochs, then resumes."""
+"""packer.examples.train_imagenet (``python -m``, or examples/train_imagenet.py in a checkout)
+runs the standard recipe on the CPU: two tiny epochs, then resumes."""
 
 from __future__ import annotations
 
@@ -66,14 +67,9 @@ def test_train_two_epochs_on_cpu_then_resume(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def script():
-    import importlib.util
+    import packer.examples.train_imagenet
 
-    spec = importlib.util.spec_from_file_location(
-        "train_imagenet", ROOT / "examples/train_imagenet.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return packer.examples.train_imagenet
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +140,9 @@ def test_val_with_another_class_map_is_refused(script, packs, capsys) -> None:
             r"^Error: .*foreign.pt: not a checkpoint of train_imagenet.py",
         ),
         (["--train", "train", "--out", "afile"], r"^Error: --out .*afile is a file"),
-        (["--train", "train", "--crop", "0"], r"--crop: .*0 is outside"),
+        (["--train", "train", "--crop", "0"], r"--crop/--train-crop-size: .*0 is outside"),
+        (["--train", "train", "--train-crop-size", "0"], r"--train-crop-size: .*0 is outside"),
+        (["--train", "train", "--val-resize-size", "0"], r"--val-resize-size: .*0 is outside"),
         (["--train", "train", "--lr-step", "0"], r"--lr-step: .*outside"),
         (["--train", "train", "--label-smoothing", "5"], r"--label-smoothing: .*outside"),
         (["--train", "train", "--lr", "nan"], r"--lr: .*outside"),
@@ -282,3 +280,91 @@ def test_interpolation_flag_reaches_the_crop(script, tmp_path: Path, capsys, one
     )
     code, line = _error(script, capsys, *map(str, argv[:-1]), "box")
     assert code == 2 and "--interpolation: invalid choice: 'box'" in line, line
+
+
+# ---- the reference's eval and crop flags (issue 43)
+
+
+def test_the_references_crop_and_resize_flags_train(
+    script, tmp_path: Path, capsys, one_thread
+) -> None:
+    """--train-crop-size, --val-crop-size and --val-resize-size, torchvision's names, are
+    taken; a val pack built at the --val-resize-size makes no note."""
+    from conftest import write_image
+
+    for i in range(12):
+        write_image(tmp_path / "src" / "ab"[i % 2] / f"{i}.png", (30, 24), seed=i)
+    pack = tmp_path / "p"
+    build(tmp_path / "src", pack, BuildConfig(size=(20, 20), resize="crop", workers=1))
+    out = tmp_path / "run"
+    argv = [
+        "--train", pack, "--val", pack, "--arch", "resnet18", "--batch-size", "6",
+        "--max-steps", "1", "--epochs", "1", "--device", "cpu", "--workers", "1",
+        "--out", out, "--log-every", "0",
+        "--train-crop-size", "14", "--val-crop-size", "16", "--val-resize-size", "20",
+    ]  # fmt: skip
+    assert script.main([str(a) for a in argv]) == 0
+    cap = capsys.readouterr()
+    assert re.findall(r"^epoch 0 size 14:", cap.out, re.M), cap.out
+    assert "note:" not in cap.err
+
+
+@pytest.mark.parametrize(
+    ("resize", "built", "says"),
+    [
+        # the issue's case: val built at 256 (as PORTING.md had it), the reference's 232
+        ("crop", (256, 256), "was built --size 256 --resize crop"),
+        ("pad", (232, 232), "was built --size 232 --resize pad"),
+        ("crop", (240, 232), "was built --size 240x232 --resize crop"),
+    ],
+)
+def test_a_val_pack_built_otherwise_says_which_build_is_the_references(
+    script, tmp_path: Path, resize: str, built: tuple[int, int], says: str
+) -> None:
+    """Where a raw val pack's build differs from --val-resize-size, the note names the
+    `imgpack build --size` that gives Resize(232) + CenterCrop(224)."""
+    from conftest import write_image
+
+    write_image(tmp_path / "src" / "a" / "0.png", (300, 260))
+    build(tmp_path / "src", tmp_path / "v", BuildConfig(size=built, resize=resize, workers=1))
+    pack = packer.load(tmp_path / "v")
+    note = script.val_protocol_note(pack, tmp_path / "v", 232, 224)
+    assert note is not None and says in note
+    assert f"imgpack build VAL_FOLDER {tmp_path / 'v'} --size 232 --resize crop" in note
+    assert "Resize(232) + CenterCrop(224)" in note
+    assert script.val_protocol_note(pack, tmp_path / "v", None, 224) is None  # not asked
+
+
+def test_a_val_pack_built_at_the_resize_size_needs_no_note(script, tmp_path: Path) -> None:
+    from conftest import write_image
+
+    write_image(tmp_path / "src" / "a" / "0.png", (300, 260))
+    build(tmp_path / "src", tmp_path / "v", BuildConfig(size=(232, 232), workers=1))
+    assert script.val_protocol_note(packer.load(tmp_path / "v"), tmp_path / "v", 232, 224) is None
+
+
+def test_the_note_is_printed_and_training_goes_on(
+    script, packs, tmp_path: Path, capsys, one_thread
+) -> None:
+    argv = [
+        "--train", packs["train"], "--val", packs["train"], "--arch", "resnet18",
+        "--batch-size", "2", "--max-steps", "1", "--epochs", "1", "--device", "cpu",
+        "--workers", "1", "--out", tmp_path / "o", "--log-every", "0",
+        "--train-crop-size", "6", "--val-crop-size", "6", "--val-resize-size", "7",
+    ]  # fmt: skip
+    assert script.main([str(a) for a in argv]) == 0
+    err = capsys.readouterr().err
+    assert f"note: --val-resize-size 7: {packs['train']} was built --size 8 --resize crop" in err
+    assert "--size 7 --resize crop`" in err
+
+
+def test_a_val_crop_larger_than_the_resize_is_refused(script, packs, capsys) -> None:
+    code, line = _error(
+        script, capsys, "--train", packs["train"], "--device", "cpu",
+        "--val-crop-size", "240", "--val-resize-size", "232",
+    )  # fmt: skip
+    assert code == 2
+    assert (
+        line
+        == "Error: --val-crop-size 240 is larger than --val-resize-size 232: the centre crop is cut from the resized image"
+    )

@@ -87,3 +87,32 @@ def test_installed_cli_builds_and_verifies_outside_the_repo(
     r = _run([imgpack, "verify", out / "pack", "--device", "cpu", "--batch-size", "2",
               "--json"], out, env)  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
+
+
+def test_installed_examples_run_with_python_m(
+    installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 43: the README's `python -m packer.examples.train_imagenet` works for a pip
+    user (no repository): every example is in the wheel and answers --help; the demo
+    streams a pack, from a folder outside the repository."""
+    env_dir, env = installed
+    py = env_dir / "bin" / "python"
+    shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
+    assert {"train_imagenet", "demo_stream", "train_sets_ddp"} <= set(shipped)
+    for name in shipped:
+        r = _run([py, "-m", f"packer.examples.{name}", "--help"], tmp_path, env)
+        assert r.returncode == 0 and "usage:" in r.stdout, (name, r.stderr)
+        site = f"{env_dir}"
+        r = _run(
+            [py, "-c", f"import packer.examples.{name} as m; print(m.__file__)"], tmp_path, env
+        )
+        assert r.stdout.strip().startswith(site), r.stdout + r.stderr
+    r = _run([py, "-m", "packer.examples.train_imagenet", "--help"], tmp_path, env)
+    assert "--val-resize-size" in r.stdout and "--train-crop-size" in r.stdout
+    for i in range(4):
+        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
+    r = _run([env_dir / "bin" / "imgpack", "build", tmp_path / "imgs", tmp_path / "pack",
+              "--size", "16", "--workers", "1", "-q"], tmp_path, env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = _run([py, "-m", "packer.examples.demo_stream", tmp_path / "pack"], tmp_path, env)
+    assert r.returncode == 0 and "epoch 1:" in r.stdout, r.stderr

@@ -87,8 +87,10 @@ class BuildConfig:
                 raise UsageError("--max-side bounds stored JPEGs; use it with --store jpeg")
             if not 1 <= self.max_side <= 65536:
                 raise UsageError(f"--max-side must be 1 to 65536 pixels, not {self.max_side}")
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
-            raise UsageError(f"--device must be cpu, cuda or auto, not {self.device!r}")
+        if self.device not in ("cpu", "cuda", "auto") and not (
+            self.device.startswith("cuda:") and self.device[5:].isdigit()
+        ):
+            raise UsageError(f"--device must be cpu, cuda, cuda:N or auto, not {self.device!r}")
         if self.store == "jpeg" and self.device not in ("cpu", "auto"):
             raise UsageError(
                 "--device cuda decodes and resizes raw packs; --store jpeg stores the "

@@ -79,7 +79,14 @@ def _build_device(config: BuildConfig) -> Any:
             f"--device {config.device}: no CUDA device is available to this process; "
             "use --device cpu (or auto, which falls back to the CPU)"
         )
-    return torch.device("cuda" if config.device == "auto" else config.device)
+    device = torch.device("cuda" if config.device == "auto" else config.device)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise UsageError(
+            f"--device {config.device}: this process sees {n} CUDA device{'s' * (n != 1)} "
+            f"(cuda:0 to cuda:{n - 1})"
+        )
+    return device
 
 
 def build(
@@ -104,6 +111,8 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
+    if config.engine != "ray":  # ray: each task's node needs the GPU, not this one
+        _build_device(config)  # a device this process lacks is refused before any work
     if isinstance(dst, str) and "://" in dst:  # issue 30: a pack set in object storage
         from .upload import build_to_bucket
 

@@ -183,16 +183,18 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
     if tuple(plan.scan.classes) != old.classes:
         added = [c for c in plan.scan.classes if c not in old.classes]
         gone = [c for c in old.classes if c not in plan.scan.classes]
-        what = (
-            f"classes not in the set: {added}"
-            if added
-            else f"set classes missing: {gone}"
-            if gone
-            else "the same classes in another order"
-        )
+        if added:  # a set keeps one class map: no --classes makes room for these
+            raise InputError(
+                f"--append: SRC has classes the set does not: {added}; a set keeps one "
+                f"class map (see `imgpack info {dst}`): move those images out of SRC or "
+                "build a new set"
+            )
+        # SRC lacks some of the set's classes, or orders them otherwise (its own folders
+        # give the indices): the set's class map, given as --classes, labels it as the set
+        what = f"SRC lacks the set's classes {gone}" if gone else "SRC orders the classes otherwise"
         raise InputError(
-            f"--append: the class map of SRC differs from the set's ({what}); a set keeps "
-            f"one class map (see `imgpack info {dst}`): fix SRC or build a new set"
+            f"--append: {what}, so its folders would give other label indices; add "
+            f"--classes {dst} to label SRC with the set's class map"
         )
     if tuple(plan.target_names) != old.targets:
         raise UsageError(

@@ -44,7 +44,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
+        raise UsageError(f"--device {dev}, but torch sees no CUDA device; use --device cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise UsageError(
+            f"--device {dev}, but torch sees {n} CUDA device{'s' * (n != 1)} "
+            f"(cuda:0 to cuda:{n - 1}); use one of those or auto"
+        )
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {str(dev)!r}")
     return dev

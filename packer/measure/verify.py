@@ -73,6 +73,10 @@ class VerifyConfig:
             raise UsageError("--sample must be a positive number or 'all'")
         if isinstance(self.device, str):
             check_device_name(self.device)
+        if self.throughput:
+            # before any work: a device this process cannot use is bad usage (exit 2) at
+            # once, not after the whole integrity pass (issue 43)
+            resolve_device(self.device)
         # a folder the user names that is not there is bad usage (exit 2), as bench
         # --source; only the folder recorded at build time may have moved (a FAIL)
         if self.source is not None and not Path(self.source).is_dir():
@@ -120,6 +124,20 @@ class VerifyReport:
             "speedup": _r(self.speedup),
             "folder_left_out": self.folder_left_out,
         }
+
+
+def images_phrase(count: int, image_shape: Any, storage: str, max_side: int | None = None) -> str:
+    """What a pack's images are, for a report's first line: ``36 images of [3, 224, 224]``
+    (raw rows), or ``36 stored JPEGs (up to 512 wide x 384 high, --max-side 512), decoded
+    when read`` (a JPEG pack has no one shape: each image keeps its own size)."""
+    if storage == "raw":
+        return f"{count} images of {list(image_shape)}"
+    _, h, w = image_shape
+    bound = f", --max-side {max_side}" if max_side else ""
+    return (
+        f"{count} stored {storage.upper()}s (each its own size, up to {w} wide x {h} high"
+        f"{bound}), decoded when read"
+    )
 
 
 def _r(x: float | None) -> float | None:
@@ -400,9 +418,8 @@ def verify(
         read_manifest(root)  # raises PackFormatError saying which
     try:
         m = read_manifest(root)
-        report.add(
-            "manifest", True, f"format {m.version}, {m.count} images of {list(m.image_shape)}"
-        )
+        what = images_phrase(m.count, m.image_shape, m.storage, m.max_side)
+        report.add("manifest", True, f"format {m.version}, {what}")
     except PackerError as e:
         report.add("manifest", False, str(e))
         return report

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import PackerError
 from ..pack.index import read_index, read_shard_manifest, shard_root
-from .verify import VerifyConfig, VerifyReport, verify
+from .verify import VerifyConfig, VerifyReport, images_phrase, verify
 
 
 def verify_set(
@@ -47,8 +47,10 @@ def verify_set(
     report.add(
         "index",
         True,
-        f"set format {index.version}, {index.count} images of {list(index.image_shape)} "
-        f"in {len(index.shards)} shards ({index.storage})",
+        f"set format {index.version}, {len(index.shards)} shards ({index.storage}): "
+        + images_phrase(
+            index.count, index.image_shape, index.storage, index.options.get("max_side")
+        ),
     )
     shard_config = replace(config, throughput=False)
     try:

@@ -125,6 +125,41 @@ def test_device_cuda_without_cuda_exits_2(image_tree: Path, tmp_path: Path) -> N
     assert r.exit_code == 0 and "device" not in packer.load(tmp_path / "q").manifest.build.extra
 
 
+@pytest.mark.parametrize(
+    ("device", "gpus", "says"),
+    [
+        ("cuda", 0, "--device cuda: no CUDA device is available to this process"),
+        ("cuda:2", 1, r"--device cuda:2: this process sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+    ],
+)
+def test_a_device_this_process_lacks_is_refused_before_a_bucket_is_touched(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    device: str,
+    gpus: int,
+    says: str,
+) -> None:
+    """Issue 43: every build checks --device before any work, a build into object
+    storage too (it used to reach the bucket, list and stage first); and cuda:N past
+    the devices there is refused as bad usage, not a CUDA error at the first batch."""
+    import packer.build.upload
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    touched: list[str] = []
+    monkeypatch.setattr(packer.build.upload, "open_store", lambda u: touched.append(str(u)))
+    cfg = BuildConfig(size=(8, 6), workers=1, shard_size=300, device=device)
+    with pytest.raises(packer.UsageError, match=says):
+        build(image_tree, "s3://bucket/set", cfg)
+    assert touched == []
+    with pytest.raises(packer.UsageError, match=says):  # a folder set, and a plain pack
+        build(image_tree, tmp_path / "set", cfg)
+    with pytest.raises(packer.UsageError, match=says):
+        build(image_tree, tmp_path / "p", BuildConfig(size=(8, 6), workers=1, device=device))
+    assert sorted(os.listdir(tmp_path)) == ["imgs"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_build_within_tolerance(photos: Path, tmp_path: Path) -> None:
     cfg = dict(size=(24, 20), workers=2)

@@ -171,8 +171,41 @@ def test_append_with_other_options_is_refused(
 def test_append_with_another_class_map_is_refused(set_src: Path, tmp_path: Path) -> None:
     build(set_src, tmp_path / "set", RAW)
     write_image(set_src / "eel" / "0.png", (20, 16))
-    with pytest.raises(InputError, match=r"class map of SRC differs.*not in the set: \['eel'\]"):
+    with pytest.raises(InputError, match=r"SRC has classes the set does not: \['eel'\]"):
         build(set_src, tmp_path / "set", replace(RAW, append=True))
+    # the set's class map given does not make room for a class it lacks either
+    with_map = replace(RAW, append=True, classes=str(tmp_path / "set"))
+    with pytest.raises(InputError, match=r"class 'eel' not in the class map"):
+        build(set_src, tmp_path / "set", with_map)
+    with pytest.raises(InputError, match=r"SRC has classes the set does not: \['eel'\]"):
+        build(set_src, tmp_path / "set", replace(with_map, allow_new_classes=True))
+
+
+def test_append_of_a_folder_lacking_a_class_says_to_give_the_sets_classes(
+    set_src: Path, tmp_path: Path
+) -> None:
+    """Issue 43: README's --append of a new folder that lacks one of the set's classes
+    (a week of new dog photos) says what to add, and that works, labelled as the set."""
+    from conftest import cli_build, one_error
+
+    dst = tmp_path / "set"
+    build(set_src, dst, RAW)
+    before = tree(dst)
+    new = write_src(tmp_path / "new_week", {"dog": 2})
+    (new / "dog" / "0.png").rename(new / "dog" / "n0.png")
+    (new / "dog" / "1.png").rename(new / "dog" / "n1.png")
+    with pytest.raises(
+        InputError, match=rf"SRC lacks the set's classes \['cat'\].*--classes {dst}"
+    ):
+        build(new, dst, replace(RAW, append=True))
+    assert tree(dst) == before
+    code, _, err = cli_build(new, dst, "--append")
+    assert code == 2 and f"add --classes {dst} to label SRC" in one_error(err)
+    r = build(new, dst, replace(RAW, append=True, classes=str(dst)))
+    assert r.count == 8
+    s = packer.load(dst)
+    assert s.classes == ["cat", "dog"]
+    assert [int(s.labels[s.sources.index(f"dog/n{i}.png")]) for i in range(2)] == [1, 1]
 
 
 def test_destinations_a_set_build_refuses(set_src: Path, tmp_path: Path) -> None:

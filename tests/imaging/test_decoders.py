@@ -341,4 +341,3 @@ def test_nvimgcodec_kept_buffers_come_back_only_when_their_tensors_are_gone(data
     assert len(small._free) == 2
     small.decode(datas, sizes=HW)  # fewer kept than the batch: decoded afresh
     assert small.reused == 0
-

@@ -358,3 +358,64 @@ def test_links_inside_the_source_folder_are_followed(packed: Path, image_tree: P
     real.symlink_to(moved)
     r = verify(packed, NO_SPEED)
     assert r.ok, failed(r)
+
+
+def _flip_last_byte(pack: Path) -> None:
+    data = pack / "_tensordict" / "images.memmap"
+    b = bytearray(data.read_bytes())
+    b[-1] ^= 0xFF
+    data.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "says"),
+    [
+        ("cuda", 0, "--device cuda, but torch sees no CUDA device"),
+        ("cuda:0", 0, "--device cuda:0, but torch sees no CUDA device"),
+        ("cuda:3", 1, r"--device cuda:3, but torch sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+    ],
+)
+def test_a_device_this_process_lacks_is_refused_before_the_integrity_pass(
+    packed: Path, monkeypatch: pytest.MonkeyPatch, device: str, gpus: int, says: str
+) -> None:
+    """Issue 43: the device is checked first (exit 2, one line), not after every block
+    was hashed; a damaged pack shows it (the integrity pass would end in a FAIL, exit 1,
+    and never reach the device)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    _flip_last_byte(packed)
+    started: list[int] = []
+    with pytest.raises(UsageError, match=says):
+        verify(packed, VerifyConfig(device=device), on_start=lambda total, done: started.append(1))
+    assert started == []
+    code, out, err = _cli("verify", packed, "--device", device)
+    assert code == 2 and out == ""
+    assert _one_error(err).startswith(f"Error: --device {device}")
+
+
+def test_no_speed_needs_no_device(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-speed streams nothing, so the device it names is not used nor refused."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert verify(packed, VerifyConfig(device="cuda", throughput=False)).ok
+
+
+def test_a_jpeg_pack_is_described_as_stored_jpegs(image_tree: Path, tmp_path: Path) -> None:
+    """Issue 43: the first line of verify on a JPEG pack says what it holds (stored
+    JPEGs of their own sizes, decoded when read), not a raw pack's fixed shape."""
+    from packer.build.run import BuildConfig, build
+
+    pack = tmp_path / "jp"
+    build(image_tree, pack, BuildConfig(workers=1, store="jpeg", max_side=64))
+    first = verify(pack, NO_SPEED).checks[0]
+    assert first["name"] == "manifest"
+    assert "images of [" not in first["detail"]
+    assert first["detail"] == (
+        "format 1, 13 stored JPEGs (each its own size, up to 64 wide x 64 high, "
+        "--max-side 64), decoded when read"
+    )
+    code, out, _ = _cli("verify", pack, "--no-speed", "-q")
+    assert code == 0 and out.splitlines()[0].endswith("decoded when read")

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import write_image
 from packer.build.run import BuildConfig, build
-from packer.errors import PackFormatError
+from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig
 from packer.measure.verify_set import verify_set
 from packer.pack.index import read_index
@@ -55,3 +55,31 @@ def test_no_index_is_nothing_to_verify(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(PackFormatError, match=r"not a pack set \(imgpack-set\.json is missing\)"):
         verify_set(tmp_path / "empty")
+
+
+def test_a_set_refuses_a_device_this_process_lacks_before_any_shard(
+    pack_set: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    import packer.measure.verify_set as vs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    checked: list[int] = []
+    monkeypatch.setattr(vs, "_check_shard", lambda *a: checked.append(1))
+    with pytest.raises(UsageError, match="--device cuda, but torch sees no CUDA device"):
+        verify_set(pack_set, VerifyConfig(device="cuda"))
+    assert checked == []
+
+
+def test_a_jpeg_set_is_described_as_stored_jpegs(tmp_path: Path) -> None:
+    for i in range(4):
+        write_image(tmp_path / "src" / "c" / f"{i}.jpg", (40 + i, 30), fmt="JPEG")
+    config = BuildConfig(workers=1, store="jpeg", max_side=32, shard_size=2000)
+    build(tmp_path / "src", tmp_path / "set", config)
+    first = verify_set(tmp_path / "set", VerifyConfig(sample=0)).checks[0]
+    assert "images of [" not in first["detail"]
+    assert (
+        "4 stored JPEGs (each its own size, up to 32 wide x 24 high, --max-side 32)"
+        in (first["detail"])
+    )

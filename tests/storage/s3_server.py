@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import processes
 from conftest import write_image
 from packer.build.run import BuildConfig, build
 from packer.storage import client
@@ -22,11 +23,24 @@ JPEG = BuildConfig(size=(8, 6), workers=1, shard_size=2500, store="jpeg")
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("s3") / "data", buckets=(BUCKET,))
+    start, records = server.start, []
+
+    def start_recorded(*args: object, **kwargs: object) -> S3Server:
+        # each start (tests restart a server they killed) recorded: stopped however the
+        # session ends (tests/processes.py)
+        started = start(*args, **kwargs)  # type: ignore[arg-type]
+        assert server.proc is not None
+        records.append(processes.track(server.proc.pid))
+        return started
+
+    server.start = start_recorded  # type: ignore[method-assign]
     server.start()
     try:
         yield server
     finally:
         server.stop()
+        for record in records:
+            processes.stop(record)
 
 
 @pytest.fixture
