@@ -109,8 +109,10 @@ def build(
 
         return build_to_bucket(src, dst, config, progress=progress, on_start=on_start)
     if isinstance(src, str) and "://" in src and config.engine != "ray":
-        raise UsageError(
-            f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
+        from ..storage.url import parse_url
+
+        raise UsageError(  # parsed first: a URL with a credential is refused unquoted
+            f"SRC {parse_url(src)}: a bucket of images is built with --engine ray (each task downloads "
             "its shard's images); to build here, download the images first"
         )
     if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
