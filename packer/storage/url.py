@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 
 SCHEMES = ("s3", "gs", "az")
-_URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<rest>.*)", re.S)
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)", re.S)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}", re.I)
 
 
@@ -59,11 +59,10 @@ def redact(text: str) -> str:
 
 
 def _has_userinfo(rest: str) -> bool:
-    """Whether ``rest`` (the URL after ``scheme://``) may carry ``user[:secret]@``: an
-    ``@`` in the bucket part, or a ``:`` before an ``@`` anywhere (a secret holding
-    ``/`` moves the ``@`` past the first ``/``)."""
-    bucket = rest.partition("/")[0]
-    return "@" in bucket or ("@" in rest and ":" in rest.rpartition("@")[0])
+    """Whether ``rest`` (the URL after ``scheme://``) may carry ``user[:secret]@``: any
+    ``@`` (a secret holding ``/`` moves the ``@`` past the first ``/``, and a key id
+    alone needs no ``:``), so a prefix holding ``@`` is refused too."""
+    return "@" in rest
 
 
 def parse_url(text: str | os.PathLike[str]) -> StorageURL:
@@ -76,7 +75,7 @@ def parse_url(text: str | os.PathLike[str]) -> StorageURL:
     m = _URL.fullmatch(text)
     if m is None:
         raise UsageError(f"{redact(text)!r} is not an object-storage URL (s3://bucket/prefix)")
-    scheme, rest = m.group("scheme"), m.group("rest")
+    scheme, rest = m.group("scheme").lower(), m.group("rest")  # schemes ignore case
     if scheme not in SCHEMES:
         raise UsageError(
             f"{scheme}:// is not a storage imgpack reads; use {', '.join(s + '://' for s in SCHEMES)}"
@@ -84,8 +83,9 @@ def parse_url(text: str | os.PathLike[str]) -> StorageURL:
     if _has_userinfo(rest):
         # never echo the URL: what came before the @ may be a secret
         raise UsageError(
-            f"{scheme}:// URL: credentials in the URL are refused; set them in the "
-            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+            f"{scheme}:// URL: credentials in the URL are refused (an '@' anywhere in it is "
+            "taken for them); set them in the environment (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
         )
     bucket, _, prefix = rest.partition("/")
     if _BUCKET.fullmatch(bucket) is None:
