@@ -127,8 +127,8 @@ def test_two_concurrent_appends_from_two_machines_never_break_the_set(
         if code == 2:
             assert "another imgpack build is writing this set" in err, err
             assert err.strip().count("\n") == 0, err
-    assert list(codes.values()).count(0) <= 1  # never both: they overlapped
     now = _sources(url, tmp_path / "check1")  # the set opens, every shard whole
+    assert list(codes.values()).count(0) <= 1  # never both: they overlapped
     assert set(old) <= set(now)
     for n, code in codes.items():
         if code == 0:
