@@ -473,14 +473,17 @@ class ObjectStore:
         def once() -> bytes:
             out = bytearray()
             body = self._body(key)
-            size = int(next(body).get("size") or 0)
-            if size > max_bytes:
-                raise _Final(TooLarge(where, size, max_bytes))
-            for chunk in body:
-                out += chunk
-                if len(out) > max_bytes:  # a server sending more than it said
-                    raise _Final(TooLarge(where, len(out), max_bytes))
-            return bytes(out)
+            try:
+                size = int(next(body).get("size") or 0)
+                if size > max_bytes:
+                    raise _Final(TooLarge(where, size, max_bytes))
+                for chunk in body:
+                    out += chunk
+                    if len(out) > max_bytes:  # a server sending more than it said
+                        raise _Final(TooLarge(where, len(out), max_bytes))
+                return bytes(out)
+            finally:
+                body.close()  # the request dropped now, not when a traceback goes
 
         return self._call(key, "read it", once)
 
@@ -512,17 +515,23 @@ class ObjectStore:
         where = self._where(key)
 
         def once() -> int:
+            want = etag.strip('"') if etag else None
+            options = {"if_match": f'"{want}"'} if want else None
+            body = self._body(key, options)
+            try:
+                return write(body, want)
+            finally:
+                body.close()  # the request dropped now, not when a traceback goes
+
+        def write(body: Iterator[Any], want: str | None) -> int:
             from obstore import exceptions as ox
 
-            want = etag.strip('"') if etag else None
             changed = _Final(  # final, as a local write error is: not retried
                 InputError(
                     f"{where}: changed since it was listed; run the same command again "
                     "(it lists the objects anew)"
                 )
             )
-            options = {"if_match": f'"{want}"'} if want else None
-            body = self._body(key, options)
             try:
                 meta = next(body)
             except ox.PreconditionError:
