@@ -111,8 +111,9 @@ def build(
     if isinstance(src, str) and "://" in src and config.engine != "ray":
         from ..storage.url import parse_url
 
-        raise UsageError(  # parsed first: a URL with a credential is refused unquoted
-            f"SRC {parse_url(src)}: a bucket of images is built with --engine ray (each task downloads "
+        parse_url(src)  # first: a URL with a credential is refused, unquoted
+        raise UsageError(
+            f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
             "its shard's images); to build here, download the images first"
         )
     if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
