@@ -59,6 +59,13 @@ class StorageError(PackerError):
     exit_code = 1
 
 
+class CredentialsError(StorageError):
+    """Object storage refused the credentials (a wrong key or secret, no permission): bad
+    input, so exit 2; the message names the object, never the credential."""
+
+    exit_code = 2
+
+
 class FFmpegError(PackerError):
     """The ffmpeg binary is missing or cannot run."""
 

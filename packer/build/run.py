@@ -118,6 +118,9 @@ def build(
 
         return build_to_bucket(src, dst, config, progress=progress, on_start=on_start)
     if isinstance(src, str) and "://" in src and config.engine != "ray":
+        from ..storage.url import parse_url
+
+        parse_url(src)  # first: a URL with a credential is refused, unquoted
         raise UsageError(
             f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
             "its shard's images); to build here, download the images first"

@@ -12,8 +12,16 @@ A rerun of a killed build resumes: a shard whose manifest is in the bucket byte 
 byte (uploaded whole, since the manifest goes last) is neither built nor uploaded again;
 shards built but not uploaded are uploaded. ``--append`` reads the bucket's index and
 the manifests of its shards, builds SRC's new images as new shards and swaps the index.
-Once the new index is up, objects of shards it does not name (an older build's) are
-deleted. The staging folder is removed after a build that completed.
+Once the new index is up (and read back as this build's), objects of shards it does not
+name (an older or a dead build's) are deleted. The staging folder is removed after a
+build that completed.
+
+One writer at a time (:class:`~packer.storage.lease.Lease`): the build takes the set's
+lease before any work, which also checks the destination (a missing bucket, refused
+credentials or a server that does not answer end the build there, in one line), and
+holds it until its clean-up is done; a second build of the same set, from any machine,
+stops at once with PackBusyError naming the first and changes nothing. The index is put
+and shards are deleted only after checking that the lease is still this build's.
 
 ``--engine ray``: each task builds its shard in a node-local temporary folder (the same
 :func:`~packer.build.shards.commit_shard`, so the same bytes) and uploads it itself with
@@ -39,18 +47,19 @@ from pathlib import Path
 
 from ..errors import InputError, PackFormatError, UsageError
 from ..pack.files import loads_json, read_manifest, write_json_atomic
-from ..pack.index import INDEX, manifest_digest
+from ..pack.index import INDEX, MAX_INDEX_BYTES, manifest_digest
 from ..pack.reader import read_class_map
-from ..pack.schema import DATA_DIR, MANIFEST, Manifest
+from ..pack.schema import DATA_DIR, MANIFEST, MAX_MANIFEST_BYTES, Manifest
 from ..sources.bucket import bucket_scan
 from ..sources.classes import apply_class_map, resolve_classes
 from ..sources.labels import apply_table
 from ..sources.scan import Scan
 from ..sources.tables import read_table
 from ..storage.cache import default_cache_dir
-from ..storage.client import NotFound, ObjectStore, open_store
-from ..storage.remote import read_remote_index
-from ..storage.url import parse_url
+from ..storage.client import NotFound, ObjectStore, TooLarge, open_store
+from ..storage.lease import Lease
+from ..storage.remote import read_remote_index, remote_manifest_cap
+from ..storage.url import StorageURL, parse_url
 from .config import BuildConfig, BuildResult, _Labels
 from .plan import labels_from_table
 from .set_plan import ShardSink, _complete
@@ -62,8 +71,8 @@ _SHARD_DIR = re.compile(r"\d{5,}-[0-9a-f]{16}")
 
 
 def _reached(step: str) -> None:
-    """Called after each upload ("uploaded <shard>", "index uploaded"); crash tests
-    make it stop there."""
+    """Called after each step ("lease taken", "uploaded <shard>", "index uploaded");
+    crash and concurrency tests stop or wait there."""
 
 
 class BucketSink(ShardSink):
@@ -74,24 +83,27 @@ class BucketSink(ShardSink):
         self.uploaded = 0
         self.skipped = 0
 
-    def _remote_manifest(self, name: str) -> bytes | None:
+    def _remote_manifest(self, name: str, cap: int = MAX_MANIFEST_BYTES) -> bytes | None:
+        """The bucket's manifest of shard ``name``: None if missing or above ``cap``
+        bytes (refused by its size, unread)."""
         try:
-            return self.client.get(name, MANIFEST)
-        except NotFound:
+            return self.client.get(name, MANIFEST, max_bytes=cap)
+        except (NotFound, TooLarge):
             return None
 
     def holds(self, path: Path) -> bool:
         local = path / MANIFEST
         if not local.is_file():
             return False
-        return self._remote_manifest(path.name) == local.read_bytes()
+        data = local.read_bytes()
+        return self._remote_manifest(path.name, len(data)) == data
 
     def put(self, path: Path) -> None:
         name = path.name
         data = (path / MANIFEST).read_bytes()
         m = Manifest.from_json(loads_json(data), where=f"{path}: {MANIFEST}")
         big = path / DATA_DIR / m.fields[0].file
-        if self._remote_manifest(name) == data:
+        if self._remote_manifest(name, len(data)) == data:
             self.skipped += 1
         else:
             files = [f"{DATA_DIR}/{f.file}" for f in m.fields]
@@ -283,8 +295,8 @@ def _fetch_manifests(client: ObjectStore, staging: Path) -> None:
         if local.is_file() and manifest_digest(local.read_bytes()) == entry.sha256:
             continue
         try:
-            body = client.get(entry.name, MANIFEST)
-        except NotFound:
+            body = client.get(entry.name, MANIFEST, max_bytes=remote_manifest_cap(entry.count))
+        except (NotFound, TooLarge):
             body = b""
         if manifest_digest(body) != entry.sha256:
             raise PackFormatError(
@@ -317,11 +329,25 @@ def build_to_bucket(
             f"{u}: object storage holds pack sets; give --shard-size (e.g. --shard-size 256MB)"
         )
     client = open_store(u)
+    lease = Lease(client)
+    lease.acquire()  # the destination checked before any work, and one writer at a time
     try:
-        client.get(INDEX)
-        exists = True
-    except NotFound:
-        exists = False
+        _reached("lease taken")
+        return _build_under_lease(src, u, client, lease, config, progress, on_start)
+    finally:
+        lease.release()
+
+
+def _build_under_lease(
+    src: str | os.PathLike[str],
+    u: StorageURL,
+    client: ObjectStore,
+    lease: Lease,
+    config: BuildConfig,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+) -> BuildResult:
+    exists = client.head(INDEX) is not None
     if exists and not (config.append or config.overwrite):
         raise InputError(
             f"{u}: a pack set already exists; pass --append to add SRC's new images or "
@@ -340,13 +366,10 @@ def build_to_bucket(
     sink = ClusterSink(client) if config.engine == "ray" else BucketSink(client)
     result = build_set(src, staging, local, progress=progress, on_start=on_start, sink=sink)
     index = (staging / INDEX).read_bytes()
+    lease.check()  # still the only writer: commit
     client.put(index, INDEX)  # the commit point, last
     _reached("index uploaded")
-    names = {e["name"] for e in loads_json(index)["shards"]}
-    for key in client.list():
-        first = key.split("/", 1)[0]
-        if _SHARD_DIR.fullmatch(first) and first not in names:
-            client.delete(key)
+    _clean_up(client, lease, index)
     shutil.rmtree(staging.parent, ignore_errors=True)
     result.path = str(u)  # type: ignore[assignment]
     result.extra = {
@@ -355,3 +378,21 @@ def build_to_bucket(
         "shards_already_there": sink.skipped,
     }
     return result
+
+
+def _clean_up(client: ObjectStore, lease: Lease, index: bytes) -> None:
+    """Delete the shard objects that ``index`` (this build's, just put) does not name:
+    only while the index in the bucket is still this one and the lease still this
+    build's, so no other writer's index can name what is deleted."""
+    try:
+        if client.get(INDEX, max_bytes=MAX_INDEX_BYTES) != index:
+            log.warning("%s: the index changed after this build put it; no clean-up", client.url)
+            return
+    except (NotFound, TooLarge):
+        return
+    lease.check()
+    names = {e["name"] for e in loads_json(index)["shards"]}
+    for key in client.list():
+        first = key.split("/", 1)[0]
+        if _SHARD_DIR.fullmatch(first) and first not in names:
+            client.delete(key)

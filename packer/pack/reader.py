@@ -211,8 +211,10 @@ def open_pack(
         return open_remote(path, cache_dir, cache_limit)  # type: ignore[return-value]
     root = Path(path)
     if str(root).startswith(("s3:/", "gs:/", "az:/")) and not root.exists():
+        from ..storage.url import redact  # never quote user info (issue 42.5)
+
         raise UsageError(
-            f"{root}: looks like an object-storage URL folded by pathlib (its '//' became "
+            f"{redact(str(root))}: looks like an object-storage URL folded by pathlib (its '//' became "
             "'/'); pass the URL as a str, e.g. packer.load('s3://bucket/prefix')"
         )
     if manifest is None and (root / ".imgpack-cache" / "url").is_file():

@@ -56,7 +56,7 @@ from ..errors import DiskFullError, PackBusyError, PackFormatError
 from ..pack.index import SetIndex
 from ..pack.packset import ShardStore
 from ..pack.schema import DATA_DIR, Manifest
-from .client import NotFound, ObjectStore
+from .client import NotFound, ObjectStore, TooLarge
 from .verify import big_field, check_big_file
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,14 @@ class RemoteShards(ShardStore):
     def _big(self, k: int) -> Path:
         return self.root / self._name(k) / DATA_DIR / big_field(self.manifests[k]).file
 
-    def _present(self, k: int) -> bool:
+    def _size(self, k: int) -> int:
+        """Bytes of shard ``k``'s big file, as its manifest gives."""
         spec = big_field(self.manifests[k])
-        want = self.manifests[k].count if spec.rows is None else spec.rows
+        return (self.manifests[k].count if spec.rows is None else spec.rows) * spec.row_bytes
+
+    def _present(self, k: int) -> bool:
         try:
-            return self._big(k).stat().st_size == want * spec.row_bytes
+            return self._big(k).stat().st_size == self._size(k)
         except FileNotFoundError:
             return False
 
@@ -256,6 +259,8 @@ class RemoteShards(ShardStore):
             self._use_fds.clear()
             self._pins.clear()
         if pool is not None:
+            if isinstance(self._client, ObjectStore):
+                self._client.cancel()  # prefetches in flight end now (they were hints)
             pool.shutdown(wait=True, cancel_futures=True)
         for fd in fds:
             os.close(fd)
@@ -312,7 +317,14 @@ class RemoteShards(ShardStore):
             tmp = self.meta / "tmp" / f"{name}.{os.getpid()}.{next(_counter)}.part"
             try:
                 try:
-                    n = self.client.download(tmp, *key, progress=self.on_download)
+                    n = self.client.download(
+                        tmp, *key, progress=self.on_download, max_bytes=self._size(k)
+                    )
+                except TooLarge as e:
+                    raise PackFormatError(
+                        f"{e.where}: more bytes than the manifest gives ({self._size(k):,}); "
+                        "refused before they fill the disk, rebuild the set"
+                    ) from None
                 except NotFound:
                     raise PackFormatError(
                         f"{self.client.url.child(*key)} is missing from the bucket; the set "

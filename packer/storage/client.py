@@ -7,12 +7,22 @@ S3 settings come from the standard AWS places, the environment first:
 ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``). Plain http
 is allowed only for a loopback endpoint (127.0.0.1, ::1, localhost). GCS and Azure
 take obstore's own environment (``GOOGLE_APPLICATION_CREDENTIALS``,
-``AZURE_STORAGE_ACCOUNT_NAME``, ...).
+``AZURE_STORAGE_ACCOUNT_NAME``, ...). A malformed endpoint is a one-line UsageError,
+checked here before obstore sees it.
 
-Every call has a timeout (connect 5 s, request :data:`REQUEST_TIMEOUT`) and is retried
-with exponential backoff (:class:`Retry`); then :class:`~packer.errors.StorageError`
-names the object. Refused credentials are one line, never retried. No message holds
-a credential: the known secrets are scrubbed from every error text.
+Every request is bounded (:class:`Retry`): connect 5 s; the answer's first byte
+within ``first_byte_timeout`` (10 s); no ``idle_timeout`` (30 s) without a byte while
+a body streams; an upload within 10 s plus its size at 1 MB/s. Each request runs on a
+daemon thread that the caller waits for in short slices, so Ctrl-C is honoured at once
+(an abandoned request dies with the process). A failed try is retried with
+exponential backoff, and no new try starts once ``deadline`` (60 s) has passed since
+the first; then :class:`~packer.errors.StorageError` names the object. Every read of a
+whole object into memory is capped by its caller (``get(max_bytes=)``): its size is
+checked from the answer's headers before the body is read, and the body is streamed
+and counted, so at most the cap plus two chunks (1 MiB) are ever held. Refused
+credentials are one line, never retried (exit 2), and a missing bucket is one line
+naming it (exit 2). No message holds a credential: the known secrets are scrubbed from
+every error text.
 """
 
 from __future__ import annotations
@@ -20,31 +30,53 @@ from __future__ import annotations
 import configparser
 import errno
 import ipaddress
+import logging
 import os
+import queue
+import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from ..errors import DiskFullError, InputError, StorageError, UsageError
+from ..errors import (
+    CredentialsError,
+    DiskFullError,
+    InputError,
+    StorageError,
+    UsageError,
+)
 from .url import StorageURL
 
+log = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT = "5s"
-REQUEST_TIMEOUT = "300s"  # a whole request, body included: a 256 MB shard at ~1 MB/s
-_CHUNK = 8 << 20
+# obstore's own cap on a whole request, body included (a 256 MB shard at ~1 MB/s); the
+# tighter bounds (first byte, idle, deadline) are Retry's, enforced here
+REQUEST_TIMEOUT = "300s"
+_CHUNK = 1 << 20  # streamed bodies arrive in pieces of about this many bytes
 
 
 @dataclass
 class Retry:
-    """``attempts`` tries of a request, ``backoff * 2**i`` seconds apart (at most
-    ``max_backoff``). ``on_retry(attempt, url)``: called before each new try (tests
-    restart a server there; nothing else uses it)."""
+    """How requests are bounded and retried: ``attempts`` tries, ``backoff * 2**i``
+    seconds apart (at most ``max_backoff``), no new try once ``deadline`` seconds have
+    passed since the first. Each try: the answer's first byte within
+    ``first_byte_timeout`` seconds, then never ``idle_timeout`` seconds without a byte;
+    an upload within ``first_byte_timeout + size / min_rate`` seconds.
+    ``on_retry(attempt, url)``: called before each new try (tests restart a server there;
+    nothing else uses it)."""
 
     attempts: int = 4
     backoff: float = 0.5
     max_backoff: float = 8.0
+    first_byte_timeout: float = 10.0
+    idle_timeout: float = 30.0
+    deadline: float = 60.0
+    min_rate: float = 1e6
     on_retry: Callable[[int, str], None] | None = field(default=None, repr=False)
 
 
@@ -71,6 +103,22 @@ def _check_not_forked(where: str) -> None:
 
 class NotFound(Exception):
     """The object does not exist (callers decide what that means)."""
+
+
+class TooLarge(Exception):
+    """The object is larger than the caller's cap (``size`` as known when refused, at
+    most the cap plus a chunk read); callers name what it should have been."""
+
+    def __init__(self, where: str, size: int, cap: int) -> None:
+        super().__init__(f"{where}: {size:,} bytes or more, above the cap of {cap:,}")
+        self.where, self.size, self.cap = where, size, cap
+
+
+class _Cancelled(Exception):
+    """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
+
+
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist")
 
 
 def _need_obstore() -> Any:
@@ -127,16 +175,55 @@ def _loopback(endpoint: str) -> bool:
         return False
 
 
-def _userinfo(endpoint: str) -> list[str]:
-    password = urlsplit(endpoint).password
-    return [password] if password else []
+_ENDPOINT = re.compile(r"(?P<scheme>https?)://(?P<rest>.*)", re.S | re.I)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
-def _without_userinfo(endpoint: str) -> str:
-    parts = urlsplit(endpoint)
-    if "@" not in parts.netloc:
-        return endpoint
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+def parse_endpoint(text: str) -> tuple[str, list[str]]:
+    """``AWS_ENDPOINT_URL`` (or ``endpoint_url``) checked: ``http(s)://HOST[:PORT][/PATH]``
+    without its user info, and the user info's secrets (to scrub). UsageError for
+    anything else (an unclosed IPv6 bracket, a port outside 1-65535, a query, text that
+    is not a URL), never echoing the value (it may hold a secret)."""
+    what = "AWS_ENDPOINT_URL (or endpoint_url in the AWS config)"
+    usage = "give http(s)://HOST[:PORT], e.g. https://s3.example.com or http://127.0.0.1:9000"
+    m = _ENDPOINT.fullmatch(text.strip())
+    if m is None:
+        raise UsageError(f"{what} is not an http(s) URL; {usage}")
+    scheme, rest = m.group("scheme").lower(), m.group("rest")
+    secrets: list[str] = []
+    if "@" in rest:  # user info, whatever it holds (a '/' or '@' in a password too)
+        info, _, rest = rest.rpartition("@")
+        secrets = [info, *info.split(":", 1)[1:]]
+    if "?" in rest or "#" in rest:
+        raise UsageError(f"{what}: a query or fragment is not part of an endpoint; {usage}")
+    hostport, slash, path = rest.partition("/")
+    if hostport.startswith("["):
+        host, closed, port = hostport[1:].partition("]")
+        try:
+            if not closed:
+                raise ValueError
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise UsageError(
+                f"{what}: the host is not an IPv6 address in brackets; {usage}"
+            ) from None
+        host = f"[{host}]"
+    else:
+        host, colon, port = hostport.partition(":")
+        port = colon + port
+        if _HOST.fullmatch(host) is None:
+            raise UsageError(f"{what}: the host is not a host name or address; {usage}")
+    if port:
+        digits = port[1:]
+        if (
+            not port.startswith(":")
+            or _PORT.fullmatch(digits) is None
+            or not 1 <= int(digits) <= 65535
+        ):
+            raise UsageError(f"{what}: the port must be a number from 1 to 65535; {usage}")
+    return f"{scheme}://{host}{port}{slash}{path}", [s for s in secrets if s]
 
 
 def _first_line(e: BaseException) -> str:
@@ -145,8 +232,9 @@ def _first_line(e: BaseException) -> str:
 
 
 class ObjectStore:
-    """A bucket prefix (``url``) on S3, GCS or Azure: whole-object get, streamed
-    download to a file, put (multipart for files), head, list, delete."""
+    """A bucket prefix (``url``) on S3, GCS or Azure: capped whole-object get, streamed
+    download to a file, put (multipart for files), head, list, delete; every request
+    bounded as the module docstring says."""
 
     def __init__(self, url: StorageURL, retry: Retry | None = None) -> None:
         obs = _need_obstore()
@@ -154,6 +242,7 @@ class ObjectStore:
         self.retry = retry or RETRY
         self.endpoint: str | None = None
         self._secrets: list[str] = []
+        self._cancel = threading.Event()
         options = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
         # obstore's own retries are for one request; ours (Retry) wrap whole transfers
         retry_config = {"max_retries": 2, "retry_timeout": _seconds(30)}
@@ -162,11 +251,11 @@ class ObjectStore:
         if url.scheme == "s3":
             s = _aws_settings()
             self._secrets = [s[k] for k in ("secret_access_key", "session_token") if k in s]
-            self.endpoint = s.get("endpoint")
-            if self.endpoint:
+            if s.get("endpoint"):
                 # user:password@ in an endpoint is a credential: never shown, scrubbed too
-                self._secrets += _userinfo(self.endpoint)
-                self.endpoint = _without_userinfo(self.endpoint)
+                self.endpoint, secrets = parse_endpoint(s["endpoint"])
+                self._secrets += secrets
+                s["endpoint"] = self.endpoint
             if self.endpoint and self.endpoint.startswith("http://"):
                 if not _loopback(self.endpoint):
                     raise UsageError(
@@ -191,51 +280,87 @@ class ObjectStore:
             )
         try:
             self._store = make()
-        except Exception as e:  # a bad setting: obstore names it, we scrub it
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a bad setting (or a Rust panic): named, scrubbed
             raise UsageError(
                 f"{url}: cannot set up the client ({self._scrub(_first_line(e))})"
             ) from None
         self._obs = obs
 
+    def cancel(self) -> None:
+        """Make every request of this client waiting now, or later, end at once (a
+        process stopping, as after Ctrl-C, so no thread keeps it waiting)."""
+        self._cancel.set()
+
     # ------------------------------------------------------------ errors
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
+        for secret in sorted(self._secrets, key=len, reverse=True):
             if secret:
                 text = text.replace(secret, "***")
         return text
 
+    def _where(self, key: str) -> str:
+        return f"{self.url.scheme}://{self.url.bucket}/{key}"
+
     def _call(self, key: str, what: str, fn: Callable[[], Any]) -> Any:
-        """``fn()`` with :attr:`retry`; NotFound for a missing object, StorageError for
-        refused credentials (at once) or a server that keeps failing."""
+        """``fn()`` with :attr:`retry`; NotFound for a missing object, CredentialsError
+        for refused credentials (at once), InputError for a missing bucket, StorageError
+        for a server that keeps failing or does not answer."""
         from obstore import exceptions as ox
 
-        where = f"{self.url.scheme}://{self.url.bucket}/{key}"
+        where = self._where(key)
         _check_not_forked(where)
         last: BaseException | None = None
+        start = time.monotonic()
+        tries = 0
         for attempt in range(max(1, self.retry.attempts)):
             if attempt:
                 delay = min(self.retry.max_backoff, self.retry.backoff * 2 ** (attempt - 1))
-                time.sleep(delay)
+                if time.monotonic() - start + delay > self.retry.deadline:
+                    break
+                log.warning(
+                    "%s: %s; trying again (%d of %d)",
+                    where,
+                    self._scrub(_first_line(last)) if last else "no answer",
+                    attempt + 1,
+                    self.retry.attempts,
+                )
+                self._sleep(delay)
                 if self.retry.on_retry is not None:
                     self.retry.on_retry(attempt, where)
+            tries += 1
             try:
                 return fn()
-            except (FileNotFoundError, ox.NotFoundError):
+            except (FileNotFoundError, ox.NotFoundError) as e:
+                if _names_no_bucket(e):
+                    raise self._no_bucket() from None
                 raise NotFound(where) from None
             except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
-                raise StorageError(
+                raise CredentialsError(
                     f"{where}: the server refused the credentials ({self._reason(e)}); "
                     "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
                 ) from None
-            except _LocalWriteError as e:
+            except _Final as e:
                 raise e.error from None
             except (ox.BaseError, OSError, RuntimeError, ConnectionError, TimeoutError) as e:
+                if _names_no_bucket(e):
+                    raise self._no_bucket() from None
                 last = e
+        seconds = time.monotonic() - start
         raise StorageError(
-            f"{where}: could not {what} after {self.retry.attempts} tries "
-            f"({self._scrub(_first_line(last)) if last else 'no answer'}); check that "
-            f"the server{' at ' + self.endpoint if self.endpoint else ''} is reachable"
+            f"{where}: could not {what} after {tries} tr{'y' if tries == 1 else 'ies'} in "
+            f"{seconds:.0f} s ({self._scrub(_first_line(last)) if last else 'no answer'}); "
+            f"check that the server{' at ' + self.endpoint if self.endpoint else ''} is "
+            "reachable"
+        )
+
+    def _no_bucket(self) -> InputError:
+        return InputError(
+            f"{self.url.scheme}://{self.url.bucket}: the bucket does not exist; create it "
+            f"first, or check its name"
+            + (f" and the endpoint ({self.endpoint})" if self.endpoint else "")
         )
 
     def _reason(self, e: BaseException) -> str:
@@ -245,20 +370,134 @@ class ObjectStore:
                 return code
         return "403 Forbidden" if "403" in text else "401 Unauthorized"
 
+    # ------------------------------------------------------------ bounded waits
+
+    def _sleep(self, seconds: float) -> None:
+        if self._cancel.wait(seconds):
+            raise _Cancelled()
+
+    def _blocking(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """``fn()`` (one request) on a daemon thread, waited for in short slices (Ctrl-C
+        and :meth:`cancel` end the wait at once); TimeoutError after ``timeout`` s."""
+        box: list[tuple[bool, Any]] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as e:
+                box.append((False, e))
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True, name="imgpack-storage").start()
+        end = time.monotonic() + timeout
+        while not done.wait(min(0.25, max(0.0, end - time.monotonic()))):
+            if self._cancel.is_set():
+                raise _Cancelled()
+            if time.monotonic() >= end:
+                raise TimeoutError(f"no answer in {timeout:g} s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _pipe(self, items: Callable[[], Iterator[Any]], first: float, then: float) -> Iterator[Any]:
+        """The items of ``items()`` (one request's body, or pages of requests), produced
+        on a daemon thread: the first within ``first`` seconds, each next within ``then``
+        (TimeoutError), at most one item waiting (the consumer bounds what is held)."""
+        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def hand(item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.25)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def run() -> None:
+            try:
+                for item in items():
+                    if not hand(("item", item)):
+                        return
+                hand(("end", None))
+            except BaseException as e:
+                hand(("error", e))
+
+        threading.Thread(target=run, daemon=True, name="imgpack-storage").start()
+        timeout = first
+        try:
+            while True:
+                end = time.monotonic() + timeout
+                while True:
+                    try:
+                        kind, value = q.get(timeout=min(0.25, max(0.0, end - time.monotonic())))
+                        break
+                    except queue.Empty:
+                        if self._cancel.is_set():
+                            raise _Cancelled() from None
+                        if time.monotonic() >= end:
+                            raise TimeoutError(f"no data in {timeout:g} s") from None
+                if kind == "error":
+                    raise value
+                if kind == "end":
+                    return
+                yield value
+                timeout = then
+        finally:
+            stop.set()
+
+    def _body(self, key: str, options: dict[str, Any] | None = None) -> Iterator[Any]:
+        """The object's metadata (a dict, once the answer's headers are in), then its
+        body in pieces of about :data:`_CHUNK` bytes."""
+
+        def items() -> Iterator[Any]:
+            result = self._obs.get(self._store, key, options=options)
+            yield dict(result.meta)
+            yield from result.stream(min_chunk_size=_CHUNK)
+
+        return self._pipe(items, self.retry.first_byte_timeout, self.retry.idle_timeout)
+
     # ------------------------------------------------------------ operations
 
-    def get(self, *parts: str) -> bytes:
-        """The whole object (small: index, manifest, labels). NotFound if missing."""
+    def get(self, *parts: str, max_bytes: int) -> bytes:
+        """The whole object (small: index, manifest, labels), at most ``max_bytes``
+        (checked from its size before the body is read, then counted): TooLarge above,
+        NotFound if missing."""
         key = self.url.key(*parts)
-        return self._call(key, "read it", lambda: bytes(self._obs.get(self._store, key).bytes()))
+        where = self._where(key)
+
+        def once() -> bytes:
+            out = bytearray()
+            body = self._body(key)
+            try:
+                size = int(next(body).get("size") or 0)
+                if size > max_bytes:
+                    raise _Final(TooLarge(where, size, max_bytes))
+                for chunk in body:
+                    out += chunk
+                    if len(out) > max_bytes:  # a server sending more than it said
+                        raise _Final(TooLarge(where, len(out), max_bytes))
+                return bytes(out)
+            finally:
+                body.close()  # the request dropped now, not when a traceback goes
+
+        return self._call(key, "read it", once)
 
     def head(self, *parts: str) -> int | None:
         """The object's size, or None if it does not exist."""
         key = self.url.key(*parts)
+        t = self.retry.first_byte_timeout
         try:
-            return int(self._call(key, "stat it", lambda: self._obs.head(self._store, key))["size"])
+            meta = self._call(
+                key, "stat it", lambda: self._blocking(lambda: self._obs.head(self._store, key), t)
+            )
         except NotFound:
             return None
+        return int(meta["size"])
 
     def download(
         self,
@@ -266,43 +505,58 @@ class ObjectStore:
         *parts: str,
         progress: Callable[[int], None] | None = None,
         etag: str | None = None,
+        max_bytes: int | None = None,
     ) -> int:
         """Stream the object into the new file ``path`` (created, truncated on each try,
         fsynced); returns its size. DiskFullError for a full disk (never retried).
-        ``etag``: the object must still have this ETag (as listed), else InputError."""
+        ``etag``: the object must still have this ETag (as listed), else InputError.
+        ``max_bytes``: TooLarge for an object larger (by its size, then as counted)."""
         key = self.url.key(*parts)
+        where = self._where(key)
 
         def once() -> int:
+            want = etag.strip('"') if etag else None
+            options = {"if_match": f'"{want}"'} if want else None
+            body = self._body(key, options)
+            try:
+                return write(body, want)
+            finally:
+                body.close()  # the request dropped now, not when a traceback goes
+
+        def write(body: Iterator[Any], want: str | None) -> int:
             from obstore import exceptions as ox
 
-            want = etag.strip('"') if etag else None
-            changed = _LocalWriteError(  # final, as a local write error is: not retried
+            changed = _Final(  # final, as a local write error is: not retried
                 InputError(
-                    f"{self.url.scheme}://{self.url.bucket}/{key}: changed since it was "
-                    "listed; run the same command again (it lists the objects anew)"
+                    f"{where}: changed since it was listed; run the same command again "
+                    "(it lists the objects anew)"
                 )
             )
             try:
-                options = {"if_match": f'"{want}"'} if want else None
-                result = self._obs.get(self._store, key, options=options)
+                meta = next(body)
             except ox.PreconditionError:
                 raise changed from None
-            got = str(result.meta.get("e_tag") or "").strip('"')
+            got = str(meta.get("e_tag") or "").strip('"')
             if want and got and got != want:  # a server that ignores If-Match
                 raise changed
+            size = int(meta.get("size") or 0)
+            if max_bytes is not None and size > max_bytes:
+                raise _Final(TooLarge(where, size, max_bytes))
             n = 0
             try:
                 with open(path, "wb") as f:
-                    for chunk in result.stream(min_chunk_size=_CHUNK):
-                        f.write(chunk)
+                    for chunk in body:
                         n += len(chunk)
+                        if max_bytes is not None and n > max_bytes:
+                            raise _Final(TooLarge(where, n, max_bytes))
+                        f.write(chunk)
                         if progress:
                             progress(len(chunk))
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise _LocalWriteError(
+                    raise _Final(
                         DiskFullError(
                             f"{path.parent}: the disk is full while fetching "
                             f"{self.url.child(key)}; free space, or give a smaller "
@@ -310,60 +564,81 @@ class ObjectStore:
                         )
                     ) from None
                 if e.filename is not None:  # a local file problem, not the network
-                    raise _LocalWriteError(
-                        StorageError(f"{path}: cannot write ({e.strerror})")
-                    ) from None
+                    raise _Final(StorageError(f"{path}: cannot write ({e.strerror})")) from None
                 raise
             return n
 
         return self._call(key, "download it", once)
 
     def put(self, data: bytes | Path, *parts: str) -> None:
-        """Write the object: ``data`` bytes, or a local file streamed (multipart)."""
+        """Write the object: ``data`` bytes, or a local file streamed (multipart), within
+        ``first_byte_timeout + size / min_rate`` seconds a try."""
         key = self.url.key(*parts)
-        self._call(key, "upload it", lambda: self._obs.put(self._store, key, data))
+        size = len(data) if isinstance(data, (bytes, bytearray)) else Path(data).stat().st_size
+        t = self.retry.first_byte_timeout + size / self.retry.min_rate
+        self._call(
+            key,
+            "upload it",
+            lambda: self._blocking(lambda: self._obs.put(self._store, key, data), t),
+        )
+
+    def _listing(self, key: str) -> list[dict[str, Any]]:
+        def pages() -> Iterator[Any]:
+            yield from self._obs.list(self._store, prefix=key + "/" if key else None)
+
+        def once() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            t = self.retry.first_byte_timeout
+            for batch in self._pipe(pages, t, t):
+                out.extend(batch)
+            return out
+
+        return self._call(key, "list it", once)
 
     def list(self, *parts: str) -> list[str]:
         """Keys under ``parts`` (relative to the URL's prefix)."""
-        key = self.url.key(*parts)
-        base = self.url.key()
-
-        def once() -> list[str]:
-            out = []
-            for batch in self._obs.list(self._store, prefix=key + "/" if key else None):
-                out.extend(o["path"] for o in batch)
-            return out
-
-        keys = self._call(key, "list it", once)
-        cut = len(base) + 1 if base else 0
-        return [k[cut:] for k in keys]
+        cut = len(self.url.key()) + 1 if self.url.key() else 0
+        return [o["path"][cut:] for o in self._listing(self.url.key(*parts))]
 
     def list_meta(self, *parts: str) -> list[tuple[str, int, str]]:
         """``(key, size, ETag)`` of each object under ``parts``, keys relative to the
         URL's prefix (an ETag the server gave none of: "")."""
-        key = self.url.key(*parts)
-        base = self.url.key()
+        cut = len(self.url.key()) + 1 if self.url.key() else 0
+        return [
+            (o["path"][cut:], int(o["size"]), str(o.get("e_tag") or ""))
+            for o in self._listing(self.url.key(*parts))
+        ]
 
-        def once() -> list[tuple[str, int, str]]:
-            out = []
-            for batch in self._obs.list(self._store, prefix=key + "/" if key else None):
-                out.extend((o["path"], int(o["size"]), str(o.get("e_tag") or "")) for o in batch)
-            return out
-
-        found = self._call(key, "list it", once)
-        cut = len(base) + 1 if base else 0
-        return [(k[cut:], size, etag) for k, size, etag in found]
+    def list_times(self, *parts: str) -> list[tuple[str, float]]:
+        """``(key, last modified as a POSIX time, by the server's clock)`` of each object
+        under ``parts``, keys relative to the URL's prefix."""
+        cut = len(self.url.key()) + 1 if self.url.key() else 0
+        return [
+            (o["path"][cut:], o["last_modified"].timestamp())
+            for o in self._listing(self.url.key(*parts))
+        ]
 
     def delete(self, *parts: str) -> None:
         key = self.url.key(*parts)
+        t = self.retry.first_byte_timeout
         try:
-            self._call(key, "delete it", lambda: self._obs.delete(self._store, key))
+            self._call(
+                key,
+                "delete it",
+                lambda: self._blocking(lambda: self._obs.delete(self._store, key), t),
+            )
         except NotFound:
             pass
 
 
-class _LocalWriteError(Exception):
-    """A local write failed during a download: raised as ``error``, never retried."""
+def _names_no_bucket(e: BaseException) -> bool:
+    text = str(e)
+    return any(marker in text for marker in _NO_BUCKET)
+
+
+class _Final(Exception):
+    """An error met during a request that is not the network's (a local write, an
+    object changed or too large): raised as ``error``, never retried."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))

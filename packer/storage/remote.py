@@ -11,6 +11,8 @@ whose store is a :class:`~packer.storage.cache.RemoteShards`.
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -27,25 +29,93 @@ from ..pack.index import (
     read_shard_manifest,
 )
 from ..pack.packset import PackSet, describe_set
-from ..pack.schema import DATA_DIR, MANIFEST, MAX_MANIFEST_BYTES, Manifest
+from ..pack.schema import (
+    DATA_DIR,
+    MANIFEST,
+    MANIFEST_BASE_BYTES,
+    MANIFEST_BYTES_PER_IMAGE,
+    MAX_MANIFEST_BYTES,
+    MAX_META_BYTES,
+    Manifest,
+)
 from .cache import META_DIR, RemoteShards, default_cache_dir, flocked
-from .client import NotFound, ObjectStore, Retry, open_store
+from .client import NotFound, ObjectStore, Retry, TooLarge, open_store
 from .url import StorageURL, parse_url
 from .verify import check_jpeg_index, check_small_file, small_files
 
 OPEN_THREADS = 8  # small files fetched in parallel when a set is opened cold
+MAX_CLASS_FILE_BYTES = 64 << 20  # --classes s3://.../classes.txt
+POINTER = "url"  # in a set's cache folder: its URL, signed (see pointer_key)
 _counter = itertools.count()
 
 
+def pointer_key(create: bool = True) -> bytes | None:
+    """This user's secret for signing cache pointers (``<default cache>/pointer.key``,
+    32 random bytes, mode 0600, made once). A set's cache folder names its URL in
+    ``.imgpack-cache/url`` with an HMAC of the URL and the folder's real path under this
+    key: only a pointer this user's imgpack wrote, in the folder it wrote it to, makes a
+    local path contact object storage (:func:`reopen_cached`). ``create=False``: None
+    if there is none yet (checking a pointer writes nothing)."""
+    path = default_cache_dir() / "pointer.key"
+    try:
+        data = path.read_bytes()
+        if len(data) == 32:
+            return data
+    except FileNotFoundError:
+        if not create:
+            return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".pointer.key.{os.getpid()}.{next(_counter)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, os.urandom(32))
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # never replaces a key another process made first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    data = path.read_bytes()
+    if len(data) != 32:
+        raise InputError(f"{path}: not imgpack's pointer key (remove it: a new one is made)")
+    return data
+
+
+def _pointer(url: str, root: Path, key: bytes) -> bytes:
+    sign = hmac.new(key, f"{url}\0{root.resolve()}".encode(), hashlib.sha256)
+    return f"{url}\n{sign.hexdigest()}\n".encode()
+
+
+def read_pointer(root: Path) -> str | None:
+    """The URL the cache folder ``root`` caches, if its pointer is one this user's
+    imgpack signed for this very folder; None otherwise (a planted or copied pointer:
+    the folder is then only a local folder)."""
+    try:
+        from ..pack.files import read_bounded
+
+        data = read_bounded(root, root / META_DIR / POINTER, 4096)
+        url = data.decode("utf-8").split("\n")[0]
+    except (PackFormatError, OSError, UnicodeDecodeError, ValueError):
+        return None
+    key = pointer_key(create=False)
+    if key is None or not hmac.compare_digest(_pointer(url, root, key), data):
+        return None
+    return url
+
+
 def set_cache_root(url: StorageURL, client: ObjectStore, cache_dir: Any = None) -> Path:
-    """The set's folder in the cache (created): ``cache_dir/sets/<hash of URL>``."""
+    """The set's folder in the cache (created): ``cache_dir/sets/<hash of URL>``, with
+    its signed pointer (:func:`pointer_key`)."""
     base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root = base / "sets" / url.cache_key(client.endpoint)
     try:
         (root / META_DIR / "tmp").mkdir(parents=True, exist_ok=True)
-        note = root / META_DIR / "url"
-        if not note.exists():
-            _write(note, f"{url}\n".encode(), root, "url")
+        note = root / META_DIR / POINTER
+        want = _pointer(str(url), root, pointer_key())  # type: ignore[arg-type]
+        if not note.is_file() or note.read_bytes() != want:
+            _write(note, want, root, "url")
     except OSError as e:
         raise InputError(f"{base}: cannot use it as the cache folder ({e.strerror})") from None
     return root
@@ -73,14 +143,17 @@ def read_remote_index(client: ObjectStore) -> tuple[SetIndex, bytes]:
     """The set's index at the client's URL, checked. PackFormatError if there is none."""
     url = client.url
     try:
-        data = client.get(INDEX)
+        data = client.get(INDEX, max_bytes=MAX_INDEX_BYTES)
     except NotFound:
         raise PackFormatError(
             f"{url}: not a pack set ({INDEX} is missing); build one with "
             f"`imgpack build SRC {url} --shard-size SIZE`"
         ) from None
-    if len(data) > MAX_INDEX_BYTES:
-        raise PackFormatError(f"{url}/{INDEX}: larger than an index can be")
+    except TooLarge as e:
+        raise PackFormatError(
+            f"{url}/{INDEX}: {e.size:,} bytes, larger than an index can be "
+            f"({MAX_INDEX_BYTES:,}); refused before reading it"
+        ) from None
     try:
         raw = loads_json(data)
     except JSONNestingError:
@@ -90,16 +163,22 @@ def read_remote_index(client: ObjectStore) -> tuple[SetIndex, bytes]:
     return SetIndex.from_json(raw, where=f"{url}/{INDEX}"), data
 
 
-def _get_checked(client: ObjectStore, name: str, rel: str, check: Any) -> bytes:
-    """An object of shard ``name``; fetched a second time if ``check(data)`` names a
-    problem, then PackFormatError naming the object."""
+def _get_checked(client: ObjectStore, name: str, rel: str, cap: int, check: Any) -> bytes:
+    """An object of shard ``name``, at most ``cap`` bytes (refused by its size before
+    it is read); fetched a second time if ``check(data)`` names a problem, then
+    PackFormatError naming the object."""
     for _ in (1, 2):
         try:
-            data = client.get(name, *rel.split("/"))
+            data = client.get(name, *rel.split("/"), max_bytes=cap)
         except NotFound:
             raise PackFormatError(
                 f"{client.url.child(name, rel)} is missing from the bucket; the set is "
                 "incomplete, rebuild it"
+            ) from None
+        except TooLarge as e:
+            raise PackFormatError(
+                f"{client.url.child(name, rel)}: {e.size:,} bytes, more than it can be "
+                f"({cap:,}); refused before reading it, rebuild the set"
             ) from None
         problem = check(data)
         if problem is None:
@@ -140,13 +219,13 @@ def _fetch_small(client: ObjectStore, root: Path, index: SetIndex, k: int) -> Ma
             old.unlink(missing_ok=True)
 
         def manifest_ok(data: bytes) -> str | None:
-            if len(data) > MAX_MANIFEST_BYTES:
-                return "larger than a manifest can be"
             if manifest_digest(data) != entry.sha256:
                 return "does not match the SHA-256 the index gives"
             return None
 
-        data = _get_checked(client, entry.name, MANIFEST, manifest_ok)
+        data = _get_checked(
+            client, entry.name, MANIFEST, remote_manifest_cap(entry.count), manifest_ok
+        )
         try:
             m = Manifest.from_json(
                 loads_json(data), where=f"{client.url.child(entry.name, MANIFEST)}"
@@ -155,9 +234,17 @@ def _fetch_small(client: ObjectStore, root: Path, index: SetIndex, k: int) -> Ma
             raise PackFormatError(
                 f"{client.url.child(entry.name, MANIFEST)}: not valid JSON ({e})"
             ) from None
+        sizes = {
+            f"{DATA_DIR}/{f.file}": (m.count if f.rows is None else f.rows) * f.row_bytes
+            for f in m.fields
+        }
         for rel in small_files(m)[:-1]:
             body = _get_checked(
-                client, entry.name, rel, lambda b, rel=rel: check_small_file(rel, b, m, shard)
+                client,
+                entry.name,
+                rel,
+                sizes.get(rel, MAX_META_BYTES),
+                lambda b, rel=rel: check_small_file(rel, b, m, shard),
             )
             _write(shard / rel, body, root, entry.name)
         if m.storage == "jpeg":
@@ -197,24 +284,42 @@ def open_remote(
     index_path = root / INDEX
     if not index_path.is_file() or index_path.read_bytes() != data:
         _write(index_path, data, root, "index")
-    with ThreadPoolExecutor(min(OPEN_THREADS, len(index.shards))) as pool:
+    pool = ThreadPoolExecutor(min(OPEN_THREADS, len(index.shards)))
+    try:
         manifests = list(
             pool.map(lambda k: _fetch_small(client, root, index, k), range(len(index.shards)))
         )
+    except BaseException:
+        client.cancel()  # Ctrl-C or an error: the other fetches end now, not after their tries
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     kw = {} if prefetch_depth is None else {"prefetch_depth": prefetch_depth}
     store = RemoteShards(root, index, manifests, client, limit=cache_limit, **kw)
     return PackSet(root, index, manifests, store)
 
 
-def reopen_cached(root: Path) -> PackSet:
+def remote_manifest_cap(count: int) -> int:
+    """The most bytes a shard's manifest in a bucket may have: the reader's allowance
+    for ``count`` images (as a local pack's), never above MAX_MANIFEST_BYTES."""
+    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_IMAGE * count)
+
+
+def reopen_cached(root: Path) -> Any:
     """The set whose cache folder is ``root`` (``cache_dir/sets/<key>``), as the process
     that opened it left it (a DataLoader worker reopening a PackDataset's path): the
     cached index and small files, checked, no request; shards not cached are fetched from
     the URL recorded in the folder, with this process's settings, when wanted. No cache
-    limit (the opener's is not recorded)."""
+    limit (the opener's is not recorded).
+
+    Only a pointer this user's imgpack signed for this folder (:func:`read_pointer`) is
+    followed: any other folder holding ``.imgpack-cache/url`` opens as the local pack or
+    set it is, and nothing is contacted or written outside it."""
     from ..pack.index import read_index
 
-    url = (root / META_DIR / "url").read_text(encoding="utf-8").strip()
+    url = read_pointer(root)
+    if url is None:
+        return _open_local(root)
     index = read_index(root)
     manifests = []
     for entry in index.shards:
@@ -258,11 +363,13 @@ def read_remote_class_map(url: str) -> list[str]:
             )
         return list(index.classes)
     try:
-        data = client.get(MANIFEST)
+        data = client.get(MANIFEST, max_bytes=MANIFEST_BASE_BYTES)
         m = Manifest.from_json(loads_json(data), where=f"{u}/{MANIFEST}")
         return list(m.classes)
     except NotFound:
         pass
+    except TooLarge as e:
+        raise InputError(f"{e} (given as a class map)") from None
     except (PackerError, ValueError) as e:
         raise InputError(f"{u}/{MANIFEST}: {e} (given as a class map)") from None
     if not u.prefix:
@@ -270,12 +377,14 @@ def read_remote_class_map(url: str) -> list[str]:
     parent, _, name = u.prefix.rpartition("/")
     holder = open_store(StorageURL(u.scheme, u.bucket, parent))
     try:
-        text = holder.get(name)
+        text = holder.get(name, max_bytes=MAX_CLASS_FILE_BYTES)
     except NotFound:
         raise InputError(
             f"{u}: no pack set, pack or class-map file there; give a set, a pack or a text "
             "file with one class per line"
         ) from None
+    except TooLarge as e:
+        raise InputError(f"{e}: too large for a class map (given as a class map)") from None
     import tempfile
 
     from ..sources.classes import read_class_file
@@ -287,3 +396,23 @@ def read_remote_class_map(url: str) -> list[str]:
             return read_class_file(path)
         except InputError as e:
             raise InputError(str(e).replace(str(path), str(u))) from None
+
+
+def _open_local(root: Path) -> Any:
+    """``root`` opened as the local pack or set it is (its cache pointer ignored)."""
+    from ..pack.files import check_files, read_manifest
+    from ..pack.index import is_set
+    from ..pack.packset import open_set
+    from ..pack.reader import open_pack
+
+    if is_set(root) and not (root / MANIFEST).exists():
+        try:
+            return open_set(root)
+        except PackFormatError as e:
+            raise PackFormatError(
+                f"{e} ({root}/{META_DIR}/{POINTER} names a set in object storage, but not "
+                "one this user's imgpack cached here: it is ignored; load the set by its URL)"
+            ) from None
+    m = read_manifest(root)
+    check_files(root, m)
+    return open_pack(root, m)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 
 SCHEMES = ("s3", "gs", "az")
-_URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<rest>.*)", re.S)
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)", re.S)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}", re.I)
 
 
@@ -48,31 +48,55 @@ def is_url(path: object) -> bool:
     return isinstance(path, str) and _URL.match(path) is not None
 
 
+def redact(text: str) -> str:
+    """``text`` for a message: whatever might be user info (all before the last ``@``,
+    after any ``scheme://``) replaced by ``***``, whatever characters it holds."""
+    if "@" not in text:
+        return text
+    head, sep, _ = text.partition("://")
+    tail = text.rpartition("@")[2]
+    return f"{head}://***@{tail}" if sep and "@" not in head else f"***@{tail}"
+
+
+def _has_userinfo(rest: str) -> bool:
+    """Whether ``rest`` (the URL after ``scheme://``) may carry ``user[:secret]@``: any
+    ``@`` (a secret holding ``/`` moves the ``@`` past the first ``/``, and a key id
+    alone needs no ``:``), so a prefix holding ``@`` is refused too."""
+    return "@" in rest
+
+
 def parse_url(text: str | os.PathLike[str]) -> StorageURL:
-    """Parse ``s3://bucket/prefix`` (or gs://, az://). UsageError naming the URL for an
-    unknown scheme, a missing or malformed bucket, user info (``user:secret@``), a query,
-    or a ``..`` path part."""
+    """Parse ``s3://bucket/prefix`` (or gs://, az://). UsageError for an unknown scheme,
+    a missing or malformed bucket, user info (``user:secret@``), a query, or a ``..``
+    path part. No message echoes user info, whatever characters it holds (``/``, ``@``,
+    ``:``, ``%2F``): credentials are refused without quoting the URL, and the other
+    messages quote only what was checked or :func:`redact`'s form."""
     text = str(text)
     m = _URL.fullmatch(text)
     if m is None:
-        raise UsageError(f"{text!r} is not an object-storage URL (s3://bucket/prefix)")
-    scheme, rest = m.group("scheme"), m.group("rest")
+        raise UsageError(f"{redact(text)!r} is not an object-storage URL (s3://bucket/prefix)")
+    scheme, rest = m.group("scheme").lower(), m.group("rest")  # schemes ignore case
     if scheme not in SCHEMES:
         raise UsageError(
             f"{scheme}:// is not a storage imgpack reads; use {', '.join(s + '://' for s in SCHEMES)}"
         )
-    bucket, _, prefix = rest.partition("/")
-    if "@" in bucket:
-        # never echo what came before the @: it may be a secret
+    if _has_userinfo(rest):
+        # never echo the URL: what came before the @ may be a secret
         raise UsageError(
-            f"{scheme}:// URL: credentials in the URL are refused; set them in the "
-            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+            f"{scheme}:// URL: credentials in the URL are refused (an '@' anywhere in it is "
+            "taken for them); set them in the environment (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+        )
+    bucket, _, prefix = rest.partition("/")
+    if _BUCKET.fullmatch(bucket) is None:
+        shown = f" {bucket!r}" if re.fullmatch(r"[A-Za-z0-9._-]{1,255}", bucket) else ""
+        raise UsageError(
+            f"{scheme}:// URL: the bucket{shown} is not a bucket name (letters, digits, "
+            "'.', '-' and '_', up to 255)"
         )
     if "?" in rest or "#" in rest:
         raise UsageError(f"{scheme}://{bucket}: a URL with a query or fragment is refused")
-    if _BUCKET.fullmatch(bucket) is None:
-        raise UsageError(f"{text!r}: {bucket!r} is not a bucket name")
     parts = [p for p in prefix.split("/") if p]
     if any(p in (".", "..") for p in parts):
-        raise UsageError(f"{text!r}: '.' and '..' are not allowed in the prefix")
+        raise UsageError(f"{redact(text)!r}: '.' and '..' are not allowed in the prefix")
     return StorageURL(scheme, bucket, "/".join(parts))
