@@ -111,8 +111,11 @@ def build(
     """
     t0 = time.perf_counter()
     config.validate()
-    if config.engine != "ray":  # ray: each task's node needs the GPU, not this one
-        _build_device(config)  # a device this process lacks is refused before any work
+    # a device this process lacks is refused before any work; ray: each task's node needs
+    # the GPU, not this one; auto falls back to the CPU and asks CUDA only where the GPU
+    # could pay for the job (build/auto.py)
+    if config.engine != "ray" and config.device != "auto":
+        _build_device(config)
     if isinstance(dst, str) and "://" in dst:  # issue 30: a pack set in object storage
         from .upload import build_to_bucket
 

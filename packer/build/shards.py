@@ -200,8 +200,10 @@ def build_set(
         device = cluster_device(config)
         import ray
 
-        if not ray.is_initialized():  # (a library caller's own connection is taken as it is)
-            check_address(config.ray_address)  # before DST is made: seconds, not 14 minutes
+        # before DST is made: seconds, not 14 minutes. An address given is always checked;
+        # with none, a library caller's own connection is taken as it is
+        if config.ray_address is not None or not ray.is_initialized():
+            check_address(config.ray_address)
     else:
         device = _build_device(config)
     given = Path(dst)

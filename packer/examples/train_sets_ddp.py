@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import packer
+from packer.pack.files import loads_json
 
 
 def tiny_model(classes: int) -> torch.nn.Module:
@@ -132,7 +133,7 @@ def main() -> None:
     args.state.mkdir(parents=True, exist_ok=True)
     saved = args.state / "loader.json"
     if args.resume:
-        loader.load_state_dict(json.loads(saved.read_text()))
+        loader.load_state_dict(loads_json(saved.read_text()))
     else:
         loader.set_epoch(args.epoch)
     epoch = loader.epoch

@@ -47,8 +47,8 @@ def check_output_file(path: Path, option: str) -> None:
 
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there (a parent that is no folder is the parent check's to say)
     except OSError as e:
         raise UsageError(f"{path}: {option} cannot be checked ({e.strerror})") from None
     if stat.S_ISREG(mode):

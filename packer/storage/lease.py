@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 
 from ..errors import PackBusyError, StorageError
+from ..pack.files import loads_json
 from .client import NotFound, ObjectStore, TooLarge
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class Lease:
     def _read(self, key: str) -> dict[str, Any] | None:
         try:
             data = self.client.get(*key.split("/"), max_bytes=_NOTE_BYTES)
-            note = json.loads(data)
+            note = loads_json(data)
             return note if isinstance(note, dict) else {}
         except NotFound:
             return None
