@@ -13,6 +13,7 @@ import torch
 
 from ..errors import UsageError
 from .producer import _DONE, _Failure, _Pass, release_deferred, track
+from .stats import NoStats
 from .strategies import PassConfig, Resident, choose
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class _EpochIterator:
         self._finalizer: weakref.finalize | None = None
         self._resident: Resident | None = None
         self._gen: torch.Generator | None = None
+        self.stats = cfg.stats if cfg.stats is not None else NoStats()
+        self._handed: float | None = None  # the clock at this pass's latest hand-over
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -106,6 +109,18 @@ class _EpochIterator:
             raise
 
     def __next__(self) -> tuple[torch.Tensor, ...]:
+        clock = self.stats.clock
+        if clock is None:
+            return self._next()
+        t0 = clock()
+        out = self._next()
+        t1 = clock()
+        # the host's wait: on CUDA the stream then waits for the batch on the GPU
+        self.stats.consumed(t0, t1, self._handed, out[0].shape[0])
+        self._handed = t1
+        return out
+
+    def _next(self) -> tuple[torch.Tensor, ...]:
         if self.closed:
             raise StopIteration
         if self.pid != os.getpid() and self.started:
