@@ -106,6 +106,12 @@ class LoaderStats:
                 d[k] = list(d[k])
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoaderStats:
+        """The inverse of :meth:`as_dict`."""
+        tup = {k: None if d[k] is None else tuple(d[k]) for k in ("decode_path", "lane_batches")}
+        return cls(**{**d, **tup})
+
     def summary(self) -> list[str]:
         """A few lines for people: the wait, then each stage's time per batch."""
         ms = 1e3
