@@ -369,6 +369,7 @@ class Resident:
             num_threads=loader.num_threads,
             prefetch=2,
             gather=loader._gather,
+            stats=False,  # a copy loop, not a model: nothing to report or warn about
         ) as seq:
             start = 0
             for batch in seq:
