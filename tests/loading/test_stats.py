@@ -331,3 +331,34 @@ def test_verify_json_carries_the_loader_stats(packed: Path) -> None:
     )
     assert code == 0 and "PackLoader.stats() of the timed batches" in out
     assert "the consumer waited" in out and "slowest: " in out
+
+
+# ---- CUDA: the pinned path and the decoders' lanes (skipped without a GPU)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("way", [{}, {"gather": "device"}, {"resident": True}])
+def test_cuda_raw_pack_stats(pack6: packer.ImagePack, way: dict) -> None:
+    ld = packer.PackLoader(pack6, 2, device="cuda", **way)
+    assert sum(len(x) for x, _ in ld) == 6
+    s = ld.stats()
+    assert (s.batches, s.images, s.produced) == (3, 6, 3)
+    assert 0 < s.wait_s <= s.wall_s and s.stage_s["read"] > 0
+    if not way:  # pinned slots: the host queues each copy (and waits for a slot's)
+        assert s.stage_s["copy"] > 0 and s.stage_workers["read"] == ld.num_threads
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_jpeg_lanes_say_their_path(jpegs: Path) -> None:
+    ld = packer.PackLoader(jpegs, 4, device="cuda", image_size=12)
+    assert sum(len(x) for x, _ in ld) == 21
+    s = ld.stats()
+    lanes = ld._decoding.lanes
+    assert len(s.decode_path) == lanes and sum(s.lane_batches) == 6
+    assert s.lane_batches == tuple(len(range(k, 6, lanes)) for k in range(lanes))
+    assert all("not yet run" not in p for p in s.decode_path[: min(lanes, 6)])
+    assert s.stage_s["decode"] > 0 and s.stage_s["crop"] > 0 and s.stage_workers["decode"] == lanes
