@@ -46,13 +46,18 @@ def run(n):
             if k == n:
                 return
 run(5)
+stats = getattr(ld, "stats", None)  # an older tree may have none
+if stats is not None:
+    stats()
 if dev.type == "cuda":
     torch.cuda.synchronize()
 t0 = time.perf_counter()
 run(batches)
 if dev.type == "cuda":
     torch.cuda.synchronize()
-print(json.dumps({"rate": 256 * batches / (time.perf_counter() - t0), "file": packer.__file__}))
+rate = 256 * batches / (time.perf_counter() - t0)
+st = stats().as_dict() if stats is not None else None
+print(json.dumps({"rate": rate, "file": packer.__file__, "stats": st}))
 """
 
 
@@ -98,6 +103,7 @@ def main() -> None:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     res: dict[str, dict[str, list[float]]] = {}
+    stats: dict[str, dict[str, dict]] = {}
     for _ in range(a.rounds):
         runs = (("raw", raw, a.batches), ("jpeg", jpeg, a.batches // 5))
         trees = [(o.name if len(a.old) > 1 else "old", o.resolve()) for o in a.old] + [
@@ -115,9 +121,12 @@ def main() -> None:
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 assert Path(r["file"]).resolve().is_relative_to(tree), (r["file"], tree)
                 res.setdefault(kind, {}).setdefault(name, []).append(r["rate"])
+                if r.get("stats") is not None:  # the latest round's, per tree
+                    stats.setdefault(kind, {})[name] = r["stats"]
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "loader_ab.json").write_text(json.dumps(res, indent=1))
+    (out_dir / "loader_ab_stats.json").write_text(json.dumps(stats, indent=1))
     print(f"{'stream':26s} {'tree':>12s} {'img/s':>12s} {'new/this':>9s}")
     for kind, d in res.items():
         label = "raw 224², batch 256" if kind == "raw" else "JPEG pack, RRC 224 + flip"
@@ -125,6 +134,15 @@ def main() -> None:
         for name, rates in d.items():
             r = statistics.median(rates)
             print(f"{label:26s} {name:>12s} {r:12,.0f} {n / r:9.3f}")
+    for kind, d in stats.items():
+        for name, st in d.items():
+            slow = st["slowest_stage"]
+            ms = {s: round(t * 1e3, 2) for s, t in st["stage_batch_s"].items() if t}
+            print(
+                f"stats {kind} {name}: wait {st['wait_share']:.1%} of the time "
+                f"(p99 {st['wait_p99_s'] * 1e3:.2f} ms); ms a batch {ms}; slowest {slow}; "
+                f"decode {st['decode_path']}"
+            )
 
 
 if __name__ == "__main__":

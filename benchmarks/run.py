@@ -76,6 +76,8 @@ PARTS: dict[str, tuple[str, list[str]]] = {
                "cold, warm cache, bytes fetched per epoch",
                [PY, str(HERE / "remote.py"), "--images", "65536", "--side", "128",
                 "--shard-images", "2048", "--work", "{work}/remote"]),
+    "stats": ("what PackLoader.stats() costs: the loader with stats on vs off, alternating",
+              [PY, str(HERE / "stats_cost.py"), "--jpeg", "--work", "{work}/stats"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
               [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
 }  # fmt: skip

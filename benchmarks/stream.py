@@ -75,8 +75,9 @@ def stream(
     prefetch: int = 4,
     consume: bool = True,
     max_images: int = 40_000,
-) -> float:
-    """Median img/s; ``consume``: run Normalize on each batch (else only receive it)."""
+) -> tuple[float, packer.LoaderStats]:
+    """Median img/s and the loader's stats of the timed batches; ``consume``: run
+    Normalize on each batch (else only receive it)."""
     loader = packer.PackLoader(
         pack,
         bs,
@@ -94,9 +95,12 @@ def stream(
         norm(batch[0])
         return batch[0]
 
-    rate = time_loader(lambda: iter(loader), use, CUDA, limit, 3, warmup=min(limit, 20))
+    rate = time_loader(
+        lambda: iter(loader), use, CUDA, limit, 3, warmup=min(limit, 20), on_warm=loader.stats
+    )
+    stats = loader.stats()
     loader.close()
-    return rate
+    return rate, stats
 
 
 def main() -> None:
@@ -122,7 +126,7 @@ def main() -> None:
     rows = []
 
     def run(label: str, side: int, bs: int, **kw: object) -> None:
-        rate = stream(opened[side], bs, **kw)
+        rate, stats = stream(opened[side], bs, **kw)
         gbps = rate * 3 * side * side / 1e9
         rows.append(
             {
@@ -132,9 +136,12 @@ def main() -> None:
                 "img_per_s": rate,
                 "GBps": gbps,
                 **{k: v for k, v in kw.items()},
+                "stats": stats.as_dict(),
             }
         )
         print(f"  {label:<40} {rate:>12,.0f} img/s {gbps:>7.1f} GB/s", flush=True)
+        for line in stats.summary():
+            print(f"    {line}", flush=True)
 
     for bs in (64, 256, 1024):
         run(f"224^2 batch {bs}, 8 threads", 224, bs, threads=8)

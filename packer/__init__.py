@@ -40,6 +40,8 @@ _EXPORTS = {
     "PackLoader": "packer.loading.loader:PackLoader",
     "PackSampler": "packer.loading.loader:PackSampler",
     "batch_seed": "packer.loading.order:batch_seed",
+    "StatsConfig": "packer.loading.stats:StatsConfig",
+    "LoaderStats": "packer.loading.stats:LoaderStats",
     "Normalize": "packer.imaging.normalize:Normalize",
     "PackDataset": "packer.loading.dataset:PackDataset",
     "split": "packer.loading.dataset:split",

@@ -368,3 +368,20 @@ def test_a_val_crop_larger_than_the_resize_is_refused(script, packs, capsys) -> 
         line
         == "Error: --val-crop-size 240 is larger than --val-resize-size 232: the centre crop is cut from the resized image"
     )
+
+
+def test_log_lines_say_how_long_the_step_waited_for_the_loader(tmp_path: Path) -> None:
+    """Every --log-every steps: the wait share of PackLoader.stats() since the last line."""
+    pack = tmp_path / "pack32"
+    build(ROOT / "sample_data", pack, BuildConfig(size=(32, 32), workers=1))
+    text = run(
+        "--train", str(pack), "--arch", "resnet18", "--batch-size", "4", "--max-steps", "2",
+        "--crop", "32", "--epochs", "1", "--device", "cpu", "--workers", "1",
+        "--out", str(tmp_path / "run"), "--log-every", "1",
+    )  # fmt: skip
+    got = re.findall(
+        r"step (\d)/2: loss [\d.]+, waited for the loader ([\d.]+)% \(slowest: (\w+)\)", text
+    )
+    assert [g[0] for g in got] == ["1", "2"], text
+    assert all(0 <= float(g[1]) <= 100 for g in got)
+    assert all(g[2] in ("read", "decode", "crop", "augment", "copy") for g in got)

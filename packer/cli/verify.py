@@ -166,5 +166,13 @@ def verify(
                     f"  the folder timed the pack's images only: left out "
                     f"{report.folder_skipped} the build skipped, {missing} missing"
                 )
+            if report.loader_stats is not None:
+                from ..loading.stats import LoaderStats
+
+                click.echo(
+                    "\nPackLoader.stats() of the timed batches (a loop that only normalizes them):"
+                )
+                for line in LoaderStats.from_dict(report.loader_stats).summary():
+                    click.echo(f"  {line}")
         click.echo("\nOK" if report.ok else "\nFAILED", err=not report.ok)
     sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)

@@ -595,7 +595,11 @@ def train(argv: Sequence[str] | None = None) -> None:
             n_img += len(y)
             if args.log_every and (step + 1) % args.log_every == 0:
                 s = sums.tolist()
-                say(f"  epoch {epoch} step {step + 1}/{steps_per_epoch}: loss {s[0] / s[2]:.4f}")
+                st = train_loader.stats()  # since the previous log line: did the loader keep up?
+                say(
+                    f"  epoch {epoch} step {step + 1}/{steps_per_epoch}: loss {s[0] / s[2]:.4f}"
+                    f", waited for the loader {st.wait_share:.1%} (slowest: {st.slowest_stage})"
+                )
         if dist.is_initialized():
             dist.all_reduce(sums)
         loss_sum, top1_sum, n = sums.tolist()

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import UsageError
 from .producer import _DONE, _Failure, _Pass, release_deferred, track
+from .stats import NoStats
 from .strategies import PassConfig, Resident, choose
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class _EpochIterator:
         self._finalizer: weakref.finalize | None = None
         self._resident: Resident | None = None
         self._gen: torch.Generator | None = None
+        self.stats = cfg.stats if cfg.stats is not None else NoStats()
+        self._handed: float | None = None  # the clock at this pass's latest hand-over
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -106,6 +109,9 @@ class _EpochIterator:
             raise
 
     def __next__(self) -> tuple[torch.Tensor, ...]:
+        # one frame (no wrapper): the epoch warning's stacklevel names the caller's line
+        clock = self.stats.clock
+        t0 = clock() if clock is not None else 0.0
         if self.closed:
             raise StopIteration
         if self.pid != os.getpid() and self.started:
@@ -121,6 +127,11 @@ class _EpochIterator:
         out = res.batch(self.next_batch) if res is not None else self._next_streamed()
         self.next_batch += 1
         self.loader._note(self.serial, self.epoch, self.next_batch, False)
+        if clock is not None:
+            # the host's wait: on CUDA the stream then waits for the batch on the GPU
+            t1 = clock()
+            self.stats.consumed(t0, t1, self._handed, out[0].shape[0])
+            self._handed = t1
         return out
 
     def _finish(self) -> Any:

@@ -37,6 +37,7 @@ from ..errors import PackerError, PackFormatError, UsageError
 from .batch_transform import _check_transformed, _mix
 from .order import batch_seed
 from .producer import _Pass
+from .stats import AUGMENT, COPY, CROP, DECODE, READ, timed, timed_call
 
 _DECODE_AHEAD = 2  # batches read and decoded ahead of the one being cropped
 _CPU_TASK = 4  # images a CPU decode task takes at most
@@ -111,13 +112,19 @@ class Decoding:
         return self._last.get(0)
 
     @property
-    def path(self) -> str:
+    def paths(self) -> list[str]:
+        """What each lane's latest batch ran, "<decoder>: <way>" a lane ("cpu: <way>" for
+        the CPU's batched decode)."""
         if not self.decoders:
-            return f"cpu: {self._last.get(0) or 'not yet run'}"
-        return "; ".join(
+            return [f"cpu: {self._last.get(0) or 'not yet run'}"]
+        return [
             f"{_label(d)}: {self._last.get(k) or 'not yet run'}"
             for k, d in enumerate(self.decoders)
-        )
+        ]
+
+    @property
+    def path(self) -> str:
+        return "; ".join(self.paths)
 
     def for_pass(self, pool: ThreadPoolExecutor | None) -> Any:
         """The decoder a pass uses (on the calling thread: it may import); None where
@@ -285,12 +292,17 @@ class JpegDecode(_Pass):
         stream = torch.cuda.Stream(dev) if cuda else None
         stored = pack.sizes.numpy()
         decoding, decoder = self.decoding, self.decoder
+        lanes = 1 if on_cpu or decoding is None else decoding.lanes
+        st = self.stats
+        clock = st.clock  # None: stats off
+        st.set_workers(decode=self.num_threads if on_cpu else lanes)
 
         def jobs() -> Iterator[tuple[Any, Callable[[], list[torch.Tensor]]]]:
             # the reads (offsets and end markers checked) run here, on the producer
             # thread: the decoder thread, the pipeline's slowest stage, only decodes
             # (a damaged offset raises when its batch comes, not while an earlier one waits)
             for b, idx in self.batches():
+                bt = st.batch()
                 try:
                     datas = pack.read(idx, check_ends=True)
                     sizes = torch.from_numpy(_stored_sizes(stored, idx, pack.path))
@@ -301,28 +313,34 @@ class JpegDecode(_Pass):
                     yield (b, idx, None), functools.partial(_raise, e)
                     continue
                 state = None if self.gen is None else self.gen.get_state()
+                bt.lap(READ)
                 if on_cpu:  # decoded on the threads from now on; the decoder thread idles
                     cpu = self._decode_on_cpu(datas, idx, sizes, boxes, flip, crop.size)
-                    yield (b, idx, (sizes, boxes, flip, state, cpu)), list
+                    yield (b, idx, (sizes, boxes, flip, state, cpu, bt)), list
                     continue
                 dec = decoder if decoder is not None else decoding.of_batch(b)  # type: ignore[union-attr]
                 decode = functools.partial(
                     decoding.run,  # type: ignore[union-attr]
                     dec, datas, sizes, boxes, idx.tolist(),
                 )  # fmt: skip
-                yield (b, idx, (sizes, boxes, flip, state, None)), decode
+                if clock is not None:  # on the decode thread: (result, its seconds)
+                    decode = functools.partial(timed_call, clock, decode)
+                yield (b, idx, (sizes, boxes, flip, state, None, bt)), decode
 
-        lanes = 1 if on_cpu or decoding is None else decoding.lanes
         decoded = decode_ahead(
             jobs(), dev, stream, ahead=_DECODE_AHEAD + lanes - 1, lanes=lanes, lane=_batch_of
         )
         try:
             for (b, idx, meta), imgs in decoded:
-                sizes, boxes, flip, state, cpu = meta
+                sizes, boxes, flip, state, cpu, bt = meta
+                bt.mark()  # the wait for the decode is no stage's time
                 if state is not None:
                     self.gen.set_state(state)  # type: ignore[union-attr]
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                     if cpu is None:
+                        if clock is not None:
+                            imgs, took = imgs
+                            bt.add(DECODE, took)
                         cropped, imgs = imgs
                         # an image decoded as its box alone is resized whole; one decoded
                         # whole, from its box
@@ -334,11 +352,14 @@ class JpegDecode(_Pass):
                         images = resize_images(
                             imgs, crop.size, boxes=from_box, flip=flip, sizes=got
                         )
+                        bt.lap(CROP)
                     else:
                         out, futs = cpu
                         for f in futs:
-                            f.result()
+                            bt.add(DECODE, f.result())  # decoded and cropped on a thread
+                        bt.mark()
                         images = out.to(dev, non_blocking=True) if cuda else out
+                        bt.lap(COPY)
                     del imgs
                     self.read_done(b)  # decoded: the batch's bytes are no longer read
                     labels = torch.from_numpy(np.take(self.labels, idx, 0))
@@ -349,6 +370,7 @@ class JpegDecode(_Pass):
                         labels = to_device(labels, dev)
                         if targets is not None:
                             targets = to_device(targets, dev)
+                    bt.lap(COPY)
                     if getattr(crop.rest, "mixes_labels", False):
                         images, labels = _mix(crop.rest, images, labels, self.gen)
                     else:
@@ -360,6 +382,8 @@ class JpegDecode(_Pass):
                     if cuda:
                         ready = torch.cuda.Event()
                         ready.record(stream)
+                    bt.lap(AUGMENT)
+                st.produced(bt, b % lanes)
                 if not self.put((images, labels, targets, ready)):
                     return
         finally:
@@ -389,7 +413,13 @@ class JpegDecode(_Pass):
 
         # a few images a task: one submit per image would cost more GIL than it spares
         step = max(1, min(_CPU_TASK, -(-n // self.num_threads)))
-        futs = [self.pool.submit(run, a, min(a + step, n)) for a in range(0, n, step)]
+        clock = self.stats.clock
+        if clock is None:
+            futs = [self.pool.submit(run, a, min(a + step, n)) for a in range(0, n, step)]
+        else:  # each task's result: the seconds it took
+            futs = [
+                self.pool.submit(timed, clock, run, a, min(a + step, n)) for a in range(0, n, step)
+            ]
         if self.sched is not None:
             self._inflight = [f for f in self._inflight if not f.done()] + futs
         return out, futs

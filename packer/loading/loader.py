@@ -82,6 +82,7 @@ from .producer import (
 )
 from .sampler import PackSampler, _RandomPackSampler, _SequentialPackSampler
 from .state import _Resumable
+from .stats import LoaderStats, StatsConfig, stats_for
 from .strategies import PassConfig, Resident
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,10 @@ class PackLoader(Positions, _Resumable):
         libjpeg by about 1.5/255 on average (chroma upsampling; nvImageCodec decoding
         whole gives libjpeg's pixels); each gives the same pixels from run to run
         (a SplitDecoder's ROI and nvjpeg parts give identical pixels: measured 0.000).
+      stats: True (default): keep :meth:`stats` (the consumer's waits, each stage's time;
+        a few microseconds a batch) and log one warning when the consumer waits more than
+        5% of the time; a :class:`packer.loading.stats.StatsConfig` sets the threshold,
+        the window and the clock; False: keep none (``stats()`` then raises UsageError).
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -287,7 +292,9 @@ class PackLoader(Positions, _Resumable):
         canonical_ranks: int | None = None,
         weights: Sequence[float] | None = None,
         epoch_size: int | None = None,
+        stats: bool | StatsConfig = True,
     ) -> None:
+        self._stats = stats_for(stats)
         pack, units, mix = sources(pack, weights, epoch_size)
         batch_size = _int_arg("batch_size", batch_size, 1)
         prefetch = _capped_arg("prefetch", prefetch, 1, _MAX_PREFETCH)
@@ -374,6 +381,28 @@ class PackLoader(Positions, _Resumable):
             return "cpu threads: decode + crop per image"
         return self._decoding.path
 
+    def stats(self, reset: bool = True) -> LoaderStats:
+        """What the loader did since the previous call (or since it was made): batches
+        and images handed over, the consumer's wait per batch (p50, p99, total, share of
+        the wall time), each stage's time per batch (read, decode, crop, augment, copy),
+        the slowest stage, and for JPEG packs the decode path of each lane
+        (:class:`packer.loading.stats.LoaderStats`). ``reset``: start a new window.
+
+        Host times: on CUDA the consumer's wait is the time ``__next__`` takes on the
+        host (its stream then waits on the GPU for the batch's ready event, unmeasured),
+        and a stage's time is what it takes the host to queue its GPU work (or to wait
+        for it), never the GPU's own time; nothing syncs the device to measure.
+        UsageError when made with ``stats=False``."""
+        if not self._stats.enabled:
+            raise UsageError(
+                "this PackLoader keeps no stats (made with stats=False); make it with "
+                "stats=True (the default) to call stats()"
+            )
+        paths = None
+        if self._crop is not None:
+            paths = (self.decode_path,) if self._decoding is None else tuple(self._decoding.paths)
+        return self._stats.snapshot(reset, decode_path=paths)  # type: ignore[union-attr]
+
     def __repr__(self) -> str:
         where = getattr(self.pack, "path", None)
         head = f"PackLoader({str(where)!r}, " if where is not None else "PackLoader("
@@ -409,6 +438,7 @@ class PackLoader(Positions, _Resumable):
         if self._shared.pid != os.getpid():
             self._finalizer.detach()
             self._new_shared()
+            self._stats = self._stats.fresh()
             self._live = weakref.WeakSet()
             if self._resident is not None and self._resident[0].device.type != "cpu":
                 self._resident = None

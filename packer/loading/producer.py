@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .stats import NoStats, timed
+
 _MADV_POPULATE_READ = 22
 _JOIN_TIMEOUT_S = 10.0
 _TASK_BYTES = 8 << 20  # bytes a gather task copies at least (see _Pass.submit)
@@ -342,6 +344,7 @@ class _Pass:
         self.slots = slots
         self.shared = shared
         self.transform = cfg.transform
+        self.stats = cfg.stats if cfg.stats is not None else NoStats()
         self.gen = gen
         self.seeds = (cfg.seed, epoch, cfg.rank)
         self.pid = os.getpid()
@@ -400,7 +403,8 @@ class _Pass:
     def submit(
         self, idx: np.ndarray, out: np.ndarray, pipelined: bool = False
     ) -> list[Future[Any]]:
-        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads.
+        """Start copying rows ``idx`` of the pack into ``out`` on the gather threads; with
+        stats on, each future's result is the seconds its copy took.
 
         ``pipelined`` (several batches in flight): a task copies at least
         ``_TASK_BYTES``. Each np.take must take the GIL back when its copy ends; with
@@ -418,11 +422,19 @@ class _Pass:
                 idx = self.units.translate(idx)
             else:  # no RowSpace on this platform: shard by shard
                 src, take = self.units, _take_units
-        futs = [
-            self.pool.submit(take, src, idx[a:b], out[a:b])
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
+        clock = self.stats.clock
+        if clock is None:
+            futs = [
+                self.pool.submit(take, src, idx[a:b], out[a:b])
+                for a, b in itertools.pairwise(bounds)
+                if b > a
+            ]
+        else:  # each task's result: the seconds it took (the batch's read stage)
+            futs = [
+                self.pool.submit(timed, clock, take, src, idx[a:b], out[a:b])
+                for a, b in itertools.pairwise(bounds)
+                if b > a
+            ]
         if self.sched is not None:
             self._inflight = [f for f in self._inflight if not f.done()] + futs
         return futs

@@ -31,6 +31,7 @@ from ..errors import UsageError
 from ..pack.kinds import StorageKind
 from .batch_transform import _transform_batch
 from .producer import _Pass, _Shared
+from .stats import AUGMENT, COPY, READ, NoStats
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class PassConfig:
     units: Any = None  # packer.loading.sets.Units for a pack set or mixed packs
     fetch_ahead: int = 0  # shards a remote set prefetches ahead of need
     decoding: Any = None  # kinds that decode, in batches: a jpeg_pass.Decoding
+    stats: Any = None  # the loader's stats.Stats or stats.NoStats; None: NoStats
 
     @classmethod
     def of(cls, loader: Any) -> PassConfig:
@@ -91,6 +93,7 @@ class PassConfig:
             units=loader._units,
             fetch_ahead=loader._fetch_ahead(),
             decoding=loader._decoding,
+            stats=loader._stats,
         )
 
     @property
@@ -122,18 +125,25 @@ class CpuGather(_Pass):
     """The CPU: rows gathered by the threads into a fresh tensor per batch."""
 
     def run(self) -> None:
+        st = self.stats
+        st.set_workers(read=self.num_threads)
         for b, idx in self.batches():
+            bt = st.batch()
             images = torch.empty((len(idx), *self.shape), dtype=torch.uint8)
             for f in self.submit(idx, images.numpy().reshape(len(idx), -1)):
-                f.result()
+                bt.add(READ, f.result())
+            bt.mark()
             self.read_done(b)
             labels = torch.from_numpy(np.take(self.labels, idx, 0))
             targets = None
             if self.targets is not None:
                 targets = torch.from_numpy(np.take(self.targets, idx, 0))
+            bt.lap(READ)
             images, labels = _transform_batch(
                 self.transform, images, labels, self.gen, self.seeds, b
             )
+            bt.lap(AUGMENT)
+            st.produced(bt)
             if not self.put((images, labels, targets, None)):
                 return
 
@@ -172,14 +182,17 @@ class PinnedGather(_Pass):
         if self.targets is not None and pinned_tgt is not None:
             assert self.targets.dtype == np.float32 and pinned_tgt[0].dtype == torch.float32
             assert pinned_tgt[0].shape[1] == self.targets.shape[1]
-        pending: collections.deque[tuple[int, np.ndarray, int, list[Future[Any]]]] = (
+        st = self.stats
+        st.set_workers(read=self.num_threads)
+        pending: collections.deque[tuple[int, np.ndarray, int, list[Future[Any]], Any]] = (
             collections.deque()
         )
 
         def ship() -> bool:
-            b, idx, s, futs = pending.popleft()
+            b, idx, s, futs, bt = pending.popleft()
             for f in futs:
-                f.result()
+                bt.add(READ, f.result())
+            bt.mark()
             self.read_done(b)
             n = len(idx)
             buf, lab = pinned[s][:n], pinned_lab[s][:n]
@@ -188,6 +201,7 @@ class PinnedGather(_Pass):
             if pinned_tgt is not None:
                 tgt = pinned_tgt[s][:n]
                 np.take(self.targets, idx, 0, out=tgt.numpy(), mode="clip")
+            bt.lap(READ)
             with torch.cuda.stream(stream):
                 images = buf.to(dev, non_blocking=True)
                 labels = lab.to(dev, non_blocking=True)
@@ -195,24 +209,29 @@ class PinnedGather(_Pass):
                 copied = torch.cuda.Event()
                 copied.record(stream)
                 ready = copied
+                bt.lap(COPY)
                 if self.transform is not None:
                     images, labels = _transform_batch(
                         self.transform, images, labels, self.gen, self.seeds, b
                     )
                     ready = torch.cuda.Event()
                     ready.record(stream)
+                    bt.lap(AUGMENT)
             freed[s] = copied
+            st.produced(bt)
             return self.put((images, labels, targets, ready))
 
         for j, (b, idx) in enumerate(self.batches()):
             s = j % k
             if len(pending) == k and not ship():
                 return
+            bt = st.batch()
             if freed[s] is not None:
                 freed[s].synchronize()  # the copy out of this slot is done
+                bt.lap(COPY)  # the host waited for the copy engine
             n = len(idx)
             out = pinned[s][:n].numpy().reshape(n, -1)
-            pending.append((b, idx, s, self.submit(idx, out, pipelined=True)))
+            pending.append((b, idx, s, self.submit(idx, out, pipelined=True), bt))
             while pending and all(f.done() for f in pending[0][3]):
                 if not ship():
                     return
@@ -259,9 +278,11 @@ class DeviceGather(_Pass):
     def _gather_on_device(
         self, rows: Any, dev: torch.device, bs: int, stream: torch.cuda.Stream
     ) -> None:
+        st = self.stats
         with torch.cuda.stream(stream):
             order = torch.from_numpy(np.ascontiguousarray(self.order, np.int64)).to(dev)
             for b, idx in self.batches():
+                bt = st.batch()
                 n = len(idx)
                 pos = order[b * bs : b * bs + n]
                 images = torch.empty((n, *self.shape), dtype=torch.uint8, device=dev)
@@ -273,12 +294,15 @@ class DeviceGather(_Pass):
                     k = self.targets.shape[1]
                     targets = torch.empty((n, k), dtype=torch.float32, device=dev)
                     rows.targets.gather(pos, targets)
+                bt.lap(READ)  # the time to queue the copy kernels
                 if self.transform is not None:
                     images, labels = _transform_batch(
                         self.transform, images, labels, self.gen, self.seeds, b
                     )
                 ready = torch.cuda.Event()
                 ready.record(stream)
+                bt.lap(AUGMENT)
+                st.produced(bt)
                 if not self.put((images, labels, targets, ready)):
                     return
 
@@ -304,16 +328,23 @@ class Resident:
         self.pos = pos.to(cfg.device, non_blocking=True)
         self.transform, self.bs, self.gen = cfg.transform, cfg.batch_size, gen
         self.seeds = (cfg.seed, epoch, cfg.rank)
+        self.stats = cfg.stats if cfg.stats is not None else NoStats()
 
     def batch(self, b: int) -> tuple[torch.Tensor, ...]:
+        st = self.stats
+        bt = st.batch()
         bs = self.bs
         idx = self.pos[b * bs : (b + 1) * bs]
         x = self.images.index_select(0, idx)
         labels = self.labels.index_select(0, idx)
+        targets = None if self.targets is None else self.targets.index_select(0, idx)
+        bt.lap(READ)
         x, y = _transform_batch(self.transform, x, labels, self.gen, self.seeds, b)
-        if self.targets is None:
+        bt.lap(AUGMENT)
+        st.produced(bt)
+        if targets is None:
             return x, y
-        return x, y, self.targets.index_select(0, idx)
+        return x, y, targets
 
     @staticmethod
     def load(loader: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -338,6 +369,7 @@ class Resident:
             num_threads=loader.num_threads,
             prefetch=2,
             gather=loader._gather,
+            stats=False,  # a copy loop, not a model: nothing to report or warn about
         ) as seq:
             start = 0
             for batch in seq:

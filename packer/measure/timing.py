@@ -116,11 +116,13 @@ def time_loader(
     batches: int,
     repeats: int,
     warmup: int = 3,
+    on_warm: Callable[[], Any] | None = None,
 ) -> float:
     """Median images/s of ``repeats`` runs of ``batches`` batches, after warm-up.
 
     ``make_iter()`` starts a new pass when one ends, so a run may cross epochs
-    (as training does); ``consume(batch)`` returns the images it used.
+    (as training does); ``consume(batch)`` returns the images it used. ``on_warm()``
+    runs after the warm-up (``loader.stats`` there starts the loader's stats afresh).
     """
     it = make_iter()
 
@@ -134,6 +136,8 @@ def time_loader(
 
     for _ in range(warmup):
         consume(next_batch())
+    if on_warm is not None:
+        on_warm()
 
     def one_run() -> int:
         return sum(len(consume(next_batch())) for _ in range(batches))

@@ -96,6 +96,7 @@ class VerifyReport:
     folder_left_out: int | None = None  # the pack's images the folder baseline could not time
     folder_skipped: int = 0  # inputs the build skipped, which the baseline leaves out too
     image_bytes: int = 0
+    loader_stats: dict[str, Any] | None = None  # PackLoader.stats() of the timed batches
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,7 @@ class VerifyReport:
             "folder_mb_per_s": _r(self.folder_images_per_s and self.folder_images_per_s * mb),
             "speedup": _r(self.speedup),
             "folder_left_out": self.folder_left_out,
+            "stats": self.loader_stats,
         }
 
 
@@ -317,6 +319,7 @@ def measure(
 
     from ..imaging.normalize import Normalize
     from ..loading.loader import PackLoader
+    from ..loading.stats import StatsConfig
     from . import baseline
 
     log.info("timing the pack through PackLoader on %s", device)
@@ -325,10 +328,18 @@ def measure(
     # a decoded (JPEG) pack is timed decoding to 224² centre crops; the folder baseline's
     # resize follows the pack's fixed size, so it is timed for raw packs only
     size = {"image_size": 224, "train": False} if decoded else {}
-    loader = PackLoader(pack, config.batch_size, device=device, seed=0, **size)
+    # a bare loop always waits for its loader: its stats are printed, never warned about
+    quiet = StatsConfig(warn_share=None)
+    loader = PackLoader(pack, config.batch_size, device=device, seed=0, stats=quiet, **size)
     report.pack_images_per_s = time_loader(
-        each_pass(loader), lambda b: norm(b[0]), device, config.batches, config.repeats
+        each_pass(loader),
+        lambda b: norm(b[0]),
+        device,
+        config.batches,
+        config.repeats,
+        on_warm=loader.stats,  # the stats of the timed batches only
     )
+    report.loader_stats = loader.stats().as_dict()
     if trace is not None:
         from torch.profiler import ProfilerActivity, profile
 

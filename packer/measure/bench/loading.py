@@ -172,6 +172,7 @@ def _ways(
     normalize in their workers, as people write them; the pack on arrival."""
     from ...imaging.normalize import Normalize
     from ...loading.loader import PackLoader
+    from ...loading.stats import StatsConfig
     from ...pack.reader import open_pack
     from ..baseline import image_folder, pack_files
 
@@ -186,8 +187,9 @@ def _ways(
     n = len(pack)
     pack_batches = max(8, math.ceil(4 * n / batch))  # four epochs: not lost in clock noise
     cuda = device.type == "cuda"
+    bare = StatsConfig(warn_share=None)  # a timing loop waits for its loader by design
     if section == "loading" or not cuda:
-        pl = PackLoader(pack, batch, device="cpu", drop_last=True)
+        pl = PackLoader(pack, batch, device="cpu", drop_last=True, stats=bare)
         if cuda:  # the pack read the simple way: host batches, then a plain copy
             norm = Normalize().to(device)
             yield Way(
@@ -210,7 +212,7 @@ def _ways(
             )
     if cuda:
         norm = Normalize().to(device)
-        pl = PackLoader(pack, batch, device=device, drop_last=True)
+        pl = PackLoader(pack, batch, device=device, drop_last=True, stats=bare)
         yield Way(
             f"pack to {device} (PackLoader)",
             pl,
