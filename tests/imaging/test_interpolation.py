@@ -258,7 +258,11 @@ def test_cuda_kernel_equals_the_cpu_path(mode: str, aa: bool, backend: str) -> N
         if mode.startswith("nearest"):
             assert torch.equal(gpu, cpu)
         else:
-            assert d.max() <= 2 and d.float().mean() < 0.05, (size, d.max())
+            # the matmul backend's bicubic/lanczos keep the horizontal pass in float where
+            # the CPU path rounds it to bytes: more pixels 1 off (mean 0.088-0.094 on an
+            # H200, 2026-11-29), never more than 2
+            mean = 0.15 if backend == "matmul" and mode in ("bicubic", "lanczos") else 0.05
+            assert d.max() <= 2 and d.float().mean() < mean, (size, d.max(), d.float().mean())
     rrc = T.Compose(
         [T.RandomResizedCrop(40, interpolation=mode, antialias=aa), T.RandomHorizontalFlip()]
     )
