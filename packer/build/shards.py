@@ -200,9 +200,10 @@ def build_set(
         device = cluster_device(config)
         import ray
 
-        # before DST is made: seconds, not 14 minutes. An address given is always checked;
-        # with none, a library caller's own connection is taken as it is
-        if config.ray_address is not None or not ray.is_initialized():
+        # before DST is made: seconds, not 14 minutes. An address given (or RAY_ADDRESS) is
+        # always checked; with none, a library caller's own connection is taken as it is
+        named = config.ray_address is not None or bool(os.environ.get("RAY_ADDRESS"))
+        if named or not ray.is_initialized():
             check_address(config.ray_address)
     else:
         device = _build_device(config)
