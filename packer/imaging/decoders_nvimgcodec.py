@@ -25,14 +25,14 @@ Memory: the outputs are views (DLPack) of nvImageCodec's buffers, allocated stre
 for the CUDA stream current at the call, which the decode is ordered on: use them on that
 stream (or make it wait on an event), as with torch's own tensors.
 
-Kept buffers (``reuse=True``, the JPEG-pack loader's way): an output's buffer goes back to
+Kept buffers (``reuse=True``; ``decoders_split.nvimgcodec_lanes``): an output's buffer goes back to
 the decoder once the tensor it returned is gone (a finalizer on that tensor), and a later
 batch decodes into it (nvImageCodec's ``images=``, grown where an image is larger)
 instead of allocating afresh: the hardware engines' batch went from 16.8-19.1k to
 25.2-26.1k img/s on an H200 (docs/PERFORMANCE.md, "JPEG packs beside DALI"). The caller
 must therefore drop a returned tensor only once the work that reads it has been ordered
-before the decoder's next call (the loader holds each batch until its crop's event has
-completed; views taken of a returned tensor must not outlive it). Buffers are taken only
+before the decoder's next call (a JPEG-pack loader holds each batch until its crop's
+event has completed; views taken of a returned tensor must not outlive it). Buffers are taken only
 where a whole batch's worth is free, and at most ``keep`` are kept.
 """
 

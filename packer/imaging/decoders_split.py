@@ -285,10 +285,10 @@ NVIMGCODEC_BACKENDS = ("hw", "hw+hybrid", "hybrid")
 
 
 def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) -> list:
-    """nvImageCodec decoders for a JPEG-pack loader's ``decode=`` on ``device``: ``lanes`` decoders on
-    the first of :data:`NVIMGCODEC_BACKENDS` that starts here, each decoding whole images
-    into kept buffers (``reuse``) with pitched outputs; the loader crops them. On the
-    CPU one decoder. Raises UsageError (how to install) where nvImageCodec cannot run."""
+    """nvImageCodec decoders for a JPEG-pack loader's ``decode=`` on ``device``: ``lanes``
+    decoders on the first of :data:`NVIMGCODEC_BACKENDS` that starts here, each decoding
+    whole images into kept buffers (``reuse``) with pitched outputs; the loader crops
+    them. On the CPU one decoder. Raises UsageError (how to install) where nvImageCodec cannot run."""
     from .decoders import Unavailable, get_decoder
 
     device = torch.device(device)
@@ -296,19 +296,13 @@ def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) 
         return [get_decoder(device, prefer="nvimgcodec", reuse=True, roi=False)]
     why = ""
     for backends in NVIMGCODEC_BACKENDS:
+        opts = {"backends": backends, "pitched": True, "reuse": True, "roi": False}
         try:
-            first = get_decoder(
-                device, prefer="nvimgcodec", backends=backends, pitched=True, reuse=True, roi=False
-            )
+            first = get_decoder(device, prefer="nvimgcodec", **opts)
         except UsageError as e:
             why = str(e)
             continue
-        more = [
-            get_decoder(
-                device, prefer="nvimgcodec", backends=backends, pitched=True, reuse=True, roi=False
-            )
-            for _ in range(max(1, lanes) - 1)
-        ]
+        more = [get_decoder(device, prefer="nvimgcodec", **opts) for _ in range(lanes - 1)]
         return [first, *more]
     raise UsageError(why or str(Unavailable("nvImageCodec")))
 

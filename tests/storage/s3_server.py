@@ -3,6 +3,8 @@ signatures checked), its client environment, and small sets built into it."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +87,36 @@ def built(tmp_path: Path, config: BuildConfig = RAW, n: int = 3) -> tuple[str, P
 def bucket_path(server: S3Server, url: str) -> Path:
     """Where the server keeps the objects under ``url``."""
     return server.data / url.removeprefix("s3://")
+
+
+class SilentServer:
+    """A real TCP server on 127.0.0.1 that accepts every connection and never sends a
+    byte (a hung endpoint): ``connections`` counts them, :attr:`accepted` is set at the
+    first. Point the AWS environment at it to see whether, and how long, imgpack waits."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import s3_server as fx
 from click.testing import CliRunner
-from s3_server import RAW, write_src
+from s3_server import RAW, SilentServer, write_src
 
 import packer
 from conftest import subprocess_env
@@ -135,35 +134,6 @@ def test_a_sound_endpoint_with_a_path_or_ipv6_is_accepted() -> None:
         "http://127.0.0.1:9",
         ["k:s/e@cret", "s/e@cret"],
     )
-
-
-class SilentServer:
-    """A real TCP server on 127.0.0.1 that accepts every connection and never sends a
-    byte (a hung endpoint); :attr:`accepted` is set at the first connection."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = threading.Event()
-        self.conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            self.accepted.set()
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import s3_server as fx
-from s3_server import RAW, bucket_path, built
+from s3_server import RAW, SilentServer, bucket_path, built
 
 import packer
 from packer.build.run import build
@@ -26,36 +24,15 @@ from packer.storage.local_server import S3Server
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 
 
-class CountingServer:
-    """A real TCP server on 127.0.0.1 that counts the connections it is offered."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-
 @pytest.fixture
-def watched(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingServer]:
+def watched(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentServer]:
     """The AWS environment pointing at a server that only counts connections."""
-    server = CountingServer()
+    server = SilentServer()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.port}")
     try:
         yield server
     finally:
-        server.sock.close()
+        server.close()
 
 
 def _tree(root: Path) -> set[str]:
@@ -74,7 +51,7 @@ def test_a_planted_cache_pointer_beside_a_valid_set_is_ignored(
     local = tmp_path / "downloads" / "local_set"
     build(src, local, RAW)
     _plant(local, url)
-    server = CountingServer()
+    server = SilentServer()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.port}")
     before = _tree(tmp_path)
     s = packer.load(local)
@@ -103,7 +80,7 @@ def test_a_planted_or_copied_pointer_contacts_nothing_and_writes_nothing(
         shutil.copytree(s.path, folder)
         for big in folder.glob("*/_tensordict/images.memmap"):
             big.unlink()  # only the bucket could fill it
-    server = CountingServer()
+    server = SilentServer()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.port}")
     before = _tree(tmp_path)
     try:
