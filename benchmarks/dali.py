@@ -254,7 +254,19 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
                 images = imgs
         return done
 
+    def kept(dec: Any, stream: torch.cuda.Stream) -> int:
+        done = 0
+        hw = sizes.numpy()
+        with torch.cuda.stream(stream):
+            for g in groups:
+                got = dec.decode_kept([tens[k] for k in g], hw[g], g)
+                done += len(got)
+                del got
+        return done
+
     more = {
+        "kept hw": ("kept", 1),
+        "kept hw x4": ("kept", 4),
         "iface hw reuse": ("iface", 1),
         "iface hw reuse x4": ("iface", 4),
         "raw+dlpack hw reuse": ("dlpack", 1),
@@ -262,7 +274,7 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
     }
     ds_of: dict[str, list] = {}
     for label, (how, k) in more.items():
-        if how == "iface":
+        if how in ("iface", "kept"):
             ds_of[label] = [
                 NvImageCodecDecoder("cuda", backends="hw", pitched=True, reuse=True, roi=False)
                 for _ in range(k)
@@ -273,7 +285,7 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         for label, (how, k) in more.items():
             ds = ds_of[label]
             ss = [torch.cuda.Stream() for _ in range(k)]
-            fn = iface if how == "iface" else dlpack
+            fn = {"iface": iface, "kept": kept, "dlpack": dlpack}[how]
             torch.cuda.synchronize()
             t = time.perf_counter()
             th = [threading.Thread(target=fn, args=(ds[j], ss[j])) for j in range(k)]

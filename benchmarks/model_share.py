@@ -52,6 +52,10 @@ _KEEP: list[Any] = []  # green contexts outlive their streams' work
 
 def _loader(pack: Path, device: torch.device, batch: int, decode: Any) -> Any:
     rows = torch.arange(len(packer.load(pack))).repeat(64)
+    if isinstance(decode, str) and decode.startswith("nvimgcodec:"):  # K kept-buffer lanes
+        from packer.imaging.decoders_split import nvimgcodec_lanes
+
+        decode = nvimgcodec_lanes(device, int(decode.split(":")[1]))
     return packer.PackLoader(pack, batch, device=device, image_size=224, decode=decode,
                              indices=rows, drop_last=True)  # fmt: skip
 

@@ -49,6 +49,34 @@ import torch
 from .decoders import DecoderBase, Unavailable, crop_all, undecodable
 
 BACKENDS = ("hw+hybrid", "hw", "hybrid")
+
+
+class KeptBatch:
+    """A batch decoded into a decoder's kept buffers on CUDA, without a tensor per image
+    (:meth:`NvImageCodecDecoder.decode_kept`): ``table`` int64 [n, 3], each image's
+    device address, plane height and row pitch in bytes (its planes are whole rows
+    apart), what the JPEG-pack loader's crop kernel reads in place
+    (:func:`packer.imaging.jpeg_crop.resize_images`); ``sizes`` int64 [n, 2], each
+    image's (h, w), on the CPU. The buffers go back to the decoder once this object is
+    gone: keep it until the work that reads them has been ordered before the decoder's
+    next call (the loader does: each batch is held until its crop's event completes)."""
+
+    __slots__ = ("__weakref__", "_images", "device", "sizes", "table")
+
+    def __init__(
+        self, table: np.ndarray, sizes: torch.Tensor, images: list, device: torch.device
+    ) -> None:
+        self.table, self.sizes, self._images, self.device = table, sizes, images, device
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The images as uint8 [3, h_i, w_i] tensors (views of the kept buffers, valid
+        while this batch is): for the crop's ways that take tensors."""
+        return [torch.as_tensor(img, device=self.device) for img in self._images]
+
+
 ROI_PATHS = ("roi", "roi (no fancy upsampling)", "full+crop")
 
 
@@ -193,6 +221,60 @@ class NvImageCodecDecoder(DecoderBase):
                 weakref.finalize(t, self._give_back, img)
             out.append(t)
         return out
+
+    @property
+    def kept(self) -> bool:
+        """Whether :meth:`decode_kept` is this decoder's way: kept buffers, whole images,
+        on CUDA."""
+        return self.reuse and not self.supports_roi and self.device.type == "cuda"
+
+    def decode_kept(
+        self, datas: Sequence[torch.Tensor], sizes: torch.Tensor | np.ndarray, names: Sequence[int]
+    ) -> KeptBatch:
+        """Each JPEG whole into kept buffers: a :class:`KeptBatch` (addresses, no tensor
+        per image). The per-image Python of :meth:`decode` (a DLPack tensor, a finalizer,
+        the header walks) held the GIL for about 40 us an image, so four decoders ran no
+        faster than one (docs/PERFORMANCE.md, "JPEG packs beside DALI"). Here each file's
+        frame size comes from nvImageCodec's own header parse and must be ``sizes`` (the
+        pack's, range-checked on load) before anything is decoded, so a file cannot ask
+        for more memory than its pack records; the caller has checked the end markers
+        (``JpegPack.read(check_ends=True)``). A file cut short and closed again decodes
+        grey here, as in every CUDA decode without ``check_tail``: ``imgpack verify``'s
+        checksums find it."""
+        names = [int(i) for i in names]
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        if len(hw) != len(datas) or len(names) != len(datas):
+            raise ValueError(f"{len(hw)} sizes and {len(names)} names for {len(datas)} images")
+        streams = self._streams(datas, names)
+        got = np.array([(c.height, c.width) for c in streams], dtype=np.int64).reshape(-1, 2)
+        bad = (got != hw).any(1)
+        if bad.any():
+            from .jpeg import size_mismatch
+
+            j = int(bad.argmax())
+            raise size_mismatch(names[j], got[j].tolist(), hw[j].tolist())
+        into = self._take(len(streams))
+        imgs = self._run(self._full, streams, into)
+        if into is not None:
+            self.reused += len(into)
+        table = np.empty((len(imgs), 3), dtype=np.int64)
+        for k, (img, i) in enumerate(zip(imgs, names)):
+            if img is None:
+                raise undecodable(i, "nvImageCodec returned no image")
+            cai = img.__cuda_array_interface__
+            shape, strides = tuple(cai["shape"]), cai.get("strides")
+            h, w = hw[k].tolist()
+            s0, s1, s2 = strides if strides is not None else (h * w, w, 1)
+            if shape != (3, h, w) or s2 != 1 or s1 < w or s0 % s1 or s0 < s1 * h:
+                raise undecodable(i, f"it decodes to shape {shape} strides {strides}")
+            table[k] = cai["data"][0], s0 // s1, s1
+        batch = KeptBatch(table, torch.from_numpy(hw), imgs, self.device)
+        weakref.finalize(batch, self._give_back_all, imgs)
+        return batch
+
+    def _give_back_all(self, imgs: list) -> None:
+        for img in imgs:
+            self._give_back(img)
 
     def _decode_rois(
         self, datas: list[torch.Tensor], boxes: np.ndarray, names: list[int], hw: np.ndarray

@@ -135,21 +135,25 @@ def resize_images(
     flip: torch.Tensor | None = None,
     sizes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`resize_batch` of a list of images of different sizes, uint8 [3, h_i, w_i].
+    """:func:`resize_batch` of a list of images of different sizes, uint8 [3, h_i, w_i]
+    (or a decoder's kept batch of them: addresses, pitches and sizes, no tensors).
 
     On CUDA with Triton (``mode`` "crop"/"stretch" or ``boxes``) one kernel reads every
     image where it lies, through a table of addresses: no padded batch is made or
     copied. Otherwise (the CPU, "pad") the images are padded first. Same result either
     way (the kernels' rounding: at most 1/255 apart). ``sizes``: their (h, w), if known.
     """
+    # a decoder's kept batch (decoders_nvimgcodec.KeptBatch): its addresses, no tensors
+    rows = getattr(images, "table", None)
     if sizes is None:
-        sizes = sizes_of(images)
+        sizes = images.sizes if rows is not None else sizes_of(images)  # type: ignore[union-attr]
     n = len(images)
-    dev = images[0].device if n else torch.device("cpu")
+    dev = images.device if rows is not None else images[0].device if n else torch.device("cpu")  # type: ignore[union-attr]
     if boxes is None and mode != "pad":
         boxes = fit_boxes(sizes, out_size, mode)
     if boxes is None or not n:
-        return resize_batch(*pad_batch(images), out_size, mode=mode, flip=flip)
+        imgs = images.tensors() if rows is not None else images  # type: ignore[union-attr]
+        return resize_batch(*pad_batch(imgs), out_size, mode=mode, flip=flip)
     s = sizes.numpy()
     bn = boxes.to(torch.int64).numpy()
     check_boxes(bn, s)  # against each image, not the padded batch
@@ -159,8 +163,11 @@ def resize_images(
     kernels = _ragged_kernels(dev)
     if kernels is not None and kernels.fits(scale):
         table = np.empty((n, 9), dtype=np.int64)
-        for i, x in enumerate(images):
-            table[i, 0], table[i, 6], table[i, 7] = _planes(x, i, dev)
+        if rows is not None:
+            table[:, [0, 6, 7]] = rows
+        else:
+            for i, x in enumerate(images):
+                table[i, 0], table[i, 6], table[i, 7] = _planes(x, i, dev)
         table[:, 1:5] = bn
         table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
         table[:, 8] = np.arange(n)
@@ -170,7 +177,8 @@ def resize_images(
             table = table[order]
         t = torch.from_numpy(table).pin_memory().to(dev, non_blocking=True)
         return kernels.resample_ragged(t, 3, oh, ow, scale, dev, launches)
-    return resize_batch(*pad_batch(images), out_size, boxes=boxes, flip=flip)
+    imgs = images.tensors() if rows is not None else images  # type: ignore[union-attr]
+    return resize_batch(*pad_batch(imgs), out_size, boxes=boxes, flip=flip)
 
 
 def _planes(x: torch.Tensor, i: int, dev: torch.device) -> tuple[int, int, int]:

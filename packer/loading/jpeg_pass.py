@@ -159,6 +159,9 @@ class Decoding:
             mixed = getattr(dec, "decode_mixed", None)
             if mixed is not None:
                 out = mixed(datas, boxes, sizes=sizes, indices=indices)
+            elif getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
+                got = dec.decode_kept(datas, sizes, indices)
+                out = [False] * len(got), got
             elif self.roi(dec):
                 got = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
                 out = [True] * len(got), got
@@ -345,7 +348,7 @@ class JpegDecode(_Pass):
                         # an image decoded as its box alone is resized whole; one decoded
                         # whole, from its box
                         cut = torch.tensor(cropped, dtype=torch.bool).reshape(-1, 1)
-                        got = sizes_of(imgs)
+                        got = imgs.sizes if hasattr(imgs, "table") else sizes_of(imgs)
                         _check_sizes(got, torch.where(cut, boxes[:, 2:], sizes), idx)
                         from_box = boxes.clone()
                         from_box[cut.flatten(), :2] = 0

@@ -341,3 +341,24 @@ def test_nvimgcodec_kept_buffers_come_back_only_when_their_tensors_are_gone(data
     assert len(small._free) == 2
     small.decode(datas, sizes=HW)  # fewer kept than the batch: decoded afresh
     assert small.reused == 0
+
+
+def test_a_kept_batch_is_cropped_as_its_tensors_are():
+    """resize_images takes a decoder's kept batch (addresses, sizes, no tensor per image)
+    as it takes the images themselves; off CUDA through the batch's tensors."""
+    from packer.imaging.decoders_nvimgcodec import KeptBatch
+    from packer.imaging.jpeg_crop import resize_images, sizes_of
+
+    gen = torch.Generator().manual_seed(0)
+    imgs = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen) for w, h in SIZES]
+
+    class OnCpu(KeptBatch):  # the CPU has no CUDA addresses: the images themselves
+        def tensors(self) -> list[torch.Tensor]:
+            return imgs
+
+    batch = OnCpu(np.zeros((len(imgs), 3), np.int64), sizes_of(imgs), imgs, torch.device("cpu"))
+    boxes = BOXES.clone()
+    flip = torch.tensor([True, False, True, False])
+    want = resize_images(imgs, (12, 10), boxes=boxes, flip=flip)
+    assert len(batch) == len(imgs)
+    assert torch.equal(resize_images(batch, (12, 10), boxes=boxes, flip=flip), want)
