@@ -76,6 +76,11 @@ PARTS: dict[str, tuple[str, list[str]]] = {
                "cold, warm cache, bytes fetched per epoch",
                [PY, str(HERE / "remote.py"), "--images", "65536", "--side", "128",
                 "--shard-images", "2048", "--work", "{work}/remote"]),
+    "dali": ("the JPEG-pack loader beside DALI's ResNet-50 pipeline on the same files (needs "
+             "nvidia-dali: ../shared/gpu/wheels.sh --with-dali), nvImageCodec bare",
+             [PY, str(HERE / "dali.py"), "--work", "{work}/dali"]),
+    "maxside": ("what build --max-side does to the JPEG loader's rate and the crops' pixels",
+                [PY, str(HERE / "max_side.py"), "--device", "cuda", "--work", "{work}/maxside"]),
     "stats": ("what PackLoader.stats() costs: the loader with stats on vs off, alternating",
               [PY, str(HERE / "stats_cost.py"), "--jpeg", "--work", "{work}/stats"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
