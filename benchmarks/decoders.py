@@ -348,9 +348,7 @@ def roi_vs_pillow(
 
 def loader_ways(device: torch.device, cuda_only: bool = False) -> dict[str, Any]:
     """The ``decode=`` arguments compared, by label: "auto" (the default), each decoder
-    by name, and on CUDA nvImageCodec's engines alone and the split without ROI."""
-    from packer.imaging.decoders_split import SplitDecoder
-
+    by name, and on CUDA the lanes."""
     ways: dict[str, Any] = {"auto": "auto"}
     if device.type != "cuda":
         return {**ways, "device": "device", "cpu": "cpu"}
@@ -360,14 +358,6 @@ def loader_ways(device: torch.device, cuda_only: bool = False) -> dict[str, Any]
         except UsageError:
             continue
         ways[name] = name
-    if "nvimgcodec" in ways and ("torchcodec" in ways or "torchvision" in ways):
-        other = "torchcodec" if "torchcodec" in ways else "torchvision"
-
-        def split(roi: bool) -> Any:
-            hw = get_decoder(device, prefer="nvimgcodec", backends="hw", pitched=True)
-            return SplitDecoder([hw, get_decoder(device, prefer=other)], roi=roi)
-
-        ways["split hw+nvjpeg, no ROI"] = lambda: split(False)
     ways.update(lane_ways(device, ways))
     if not cuda_only:
         ways["cpu"] = "cpu"

@@ -11,8 +11,8 @@ behind a lock; two decode two batches at once:
 :func:`packer.imaging.decoders_split.best_lanes`), else the first that runs here in
 the measured order (torchcodec, torchvision, nvImageCodec; nvjpeg's batched decode fed
 ResNet-50 best), or the one ``decode=`` names (nvImageCodec: its hardware engines with
-its CUDA decoder taking the rest, GIL released, ROI), or a decoder object (a
-:class:`~packer.imaging.decoders_split.SplitDecoder`, say), or a list of those (the
+its CUDA decoder taking the rest, GIL released, ROI), or a decoder object
+(``get_decoder(...)``), or a list of those (the
 lanes: batch b goes whole to decoder b % n, in a thread and CUDA stream of its own;
 batches still come in order). A decoder that can
 decode a region decodes only each image's box (the ROI-fused crop of
@@ -153,13 +153,9 @@ class Decoding:
     ) -> tuple[list[bool], list[torch.Tensor]]:
         """On a decode thread: (cropped, images): per image, its box alone (uint8
         [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
-        [3, h_i, w_i]. A decoder that splits the batch (``decode_mixed``) may do both.
-        ``dec`` is held for the batch: one batch at a time each."""
+        [3, h_i, w_i] (or a kept batch of them: addresses, no tensors). ``dec`` is held for the batch: one batch at a time each."""
         with self._held.get(id(dec)) or contextlib.nullcontext():
-            mixed = getattr(dec, "decode_mixed", None)
-            if mixed is not None:
-                out = mixed(datas, boxes, sizes=sizes, indices=indices)
-            elif getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
+            if getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
                 got = dec.decode_kept(datas, sizes, indices)
                 out = [False] * len(got), got
             elif self.roi(dec):
@@ -168,7 +164,7 @@ class Decoding:
             else:
                 got = dec.decode(datas, sizes=sizes, indices=indices)
                 out = [False] * len(got), got
-            way = dec.roi_path if mixed is not None or self.roi(dec) else "full+crop"
+            way = dec.roi_path if self.roi(dec) else "full+crop"
             with self.lock:  # after a probe batch: the way it found
                 self._last[self._index(dec)] = way
             return out
@@ -206,7 +202,7 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
                 f"decode={list(decode)!r}: a list of decoders decodes on {device} in "
                 "batches; give GPU decoders' names or decoder objects, not a mode"
             )
-        ids = [id(p) for d in decs for p in (d, *getattr(d, "parts", ()))]
+        ids = [id(d) for d in decs]
         if len(set(ids)) != len(ids):
             raise UsageError("decode= lists one decoder object twice; make one per lane")
         return Decoding(decs[0], more=decs[1:])

@@ -205,7 +205,7 @@ class PackLoader(Positions, _Resumable):
         on the CPU torchvision's decode on the threads, then one crop of the padded
         batch. A decoder's name ("nvimgcodec", "torchcodec", "torchvision"): that one
         (UsageError saying how to install it if it does not run here). A decoder object
-        (``packer.imaging.decoders.get_decoder(...)``, a ``SplitDecoder``): that one,
+        (``packer.imaging.decoders.get_decoder(...)``): that one,
         for ``device``'s type. A list of names and decoder objects: those, a batch
         each at once (each on a thread and CUDA stream of its own; batches in order). A decoder that decodes regions (nvImageCodec) decodes only
         each image's crop box, then the crops are resized in one batched call; others,
@@ -217,8 +217,7 @@ class PackLoader(Positions, _Resumable):
         decodes"). Boxes and flips are the seed's whichever decodes; the CPU ways
         differ by resampling rounding (±1-2/255), nvjpeg and nvImageCodec's ROI from
         libjpeg by about 1.5/255 on average (chroma upsampling; nvImageCodec decoding
-        whole gives libjpeg's pixels); each gives the same pixels from run to run
-        (a SplitDecoder's ROI and nvjpeg parts give identical pixels: measured 0.000).
+        whole gives libjpeg's pixels); each gives the same pixels from run to run.
       stats: True (default): keep :meth:`stats` (the consumer's waits, each stage's time;
         a few microseconds a batch) and log one warning when the consumer waits more than
         5% of the time; a :class:`packer.loading.stats.StatsConfig` sets the threshold,

@@ -19,7 +19,7 @@ import packer
 from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
-from packer.imaging.decoders_split import SplitDecoder, best_decoder
+from packer.imaging.decoders_split import best_decoder
 from packer.imaging.jpeg_crop import _planes, resize_images
 from packer.loading.jpeg_pass import decoding_for
 
@@ -263,57 +263,6 @@ class Refusing(RoiCpu):
         return super()._decode_rois(datas, boxes, names, hw)
 
 
-def test_split_decoder_gives_the_full_decode_paths_batches(photos: Path) -> None:
-    ref = _batches(photos, "device")
-    first, second = RoiCpu(), D.CpuDecoder(CPU, threads=0)
-    split = SplitDecoder([first, second])
-    ld = packer.PackLoader(photos, 8, device="cpu", image_size=12, seed=4, decode=split)
-    got = [(x, y) for x, y in ld]
-    assert first.calls["rois"] == len(ref)  # the first part decoded boxes, every batch
-    assert ld.decode_path == "roi-cpu+cpu: roi-cpu roi + cpu full+crop"
-    assert abs(sum(split.shares) - 1) < 1e-9 and min(split.shares) >= 0.09
-    for (a, ya), (b, yb) in zip(ref, got):
-        assert torch.equal(ya, yb)
-        assert (a.int() - b.int()).abs().float().mean() <= 1.0
-
-
-def test_split_decoder_rates_set_the_shares() -> None:
-    split = SplitDecoder([RoiCpu(), D.CpuDecoder(CPU, threads=0)])
-    assert split.shares == [0.5, 0.5] and split._bounds(10) == [0, 5, 10]
-    split._learn([(0, 10), (10, 40)], {0: ([], [], 1.0), 1: ([], [], 1.0)})  # 10/s, 30/s
-    assert split.shares == pytest.approx([0.25, 0.75]) and split._bounds(8) == [0, 2, 8]
-    split._learn([(0, 2), (2, 8)], {0: ([], [], 1.0), 1: ([], [], 1.0)})  # too few: kept
-    assert split.shares == pytest.approx([0.25, 0.75])
-    split._learn([(0, 100), (100, 101)], {0: ([], [], 0.01), 1: ([], [], 1.0)})
-    assert min(split.shares) >= 0.09  # each part keeps a share, so it stays measured
-
-
-def test_split_decoder_refused_images_go_to_the_last_part(photos: Path) -> None:
-    ref = _batches(photos, "device")
-    split = SplitDecoder([Refusing(refuse=3), D.CpuDecoder(CPU, threads=0)])
-    got = _batches(photos, split)
-    assert split.refused > 0
-    for (a, _), (b, _) in zip(ref, got):
-        assert (a.int() - b.int()).abs().float().mean() <= 1.0
-    with pytest.raises(ValueError, match="two decoders or more"):
-        SplitDecoder([RoiCpu()])
-
-
-def test_split_decoder_names_a_damaged_image(photos: Path, tmp_path: Path) -> None:
-    p = packer.load(photos)
-    bad = tmp_path / "bad"
-    shutil.copytree(photos, bad)
-    f = bad / "_tensordict" / "jpeg.memmap"
-    raw = bytearray(f.read_bytes())
-    off, n = int(p.offsets[2]), int(p.lengths[2])
-    raw[off + 2 : off + n - 2] = bytes(n - 4)
-    f.write_bytes(bytes(raw))
-    split = SplitDecoder([RoiCpu(), D.CpuDecoder(CPU, threads=0)])
-    ld = packer.PackLoader(bad, 8, device="cpu", image_size=8, shuffle=False, decode=split)
-    with pytest.raises(PackFormatError, match="image 2: its stored JPEG does not decode"):
-        list(ld)
-
-
 def test_best_decoder_takes_the_measured_order(monkeypatch) -> None:
     assert best_decoder("cpu").name == "cpu"
     made = []
@@ -339,10 +288,6 @@ def test_best_decoder_takes_the_measured_order(monkeypatch) -> None:
     _block(monkeypatch, "torchvision.io")
     dec = best_decoder(CUDA, pitched=True)
     assert dec.name == "roi-cpu" and made == [{"pitched": True}]
-    # a split is never chosen by itself; made by hand it joins decoders of one device
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)  # no GPU here
-    split = SplitDecoder([dec, fake(CUDA)])
-    assert split.name == "roi-cpu+roi-cpu" and split.device == CUDA
 
 
 # ---------------------------------------------------------------- pitched decoder output

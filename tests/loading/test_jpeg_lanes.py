@@ -119,12 +119,6 @@ def test_lanes_argument_errors(photos: Path) -> None:
     for decode, match in cases:
         with pytest.raises(UsageError, match=match):
             packer.PackLoader(photos, 4, device="cpu", image_size=8, decode=decode)
-    from packer.imaging.decoders_split import SplitDecoder
-
-    split = SplitDecoder.__new__(SplitDecoder)  # its parts only: no threads, no GPU
-    split.parts, split.name, split.device = [one, Counting("z")], "a+z", CPU
-    with pytest.raises(UsageError, match=r"lists one decoder object twice"):
-        decoding_for([split, one], CPU)
     with pytest.raises(UsageError, match=r"decode= decodes on cuda, but the loader's device"):
         packer.PackLoader(
             photos, 4, device="cpu", image_size=8, decode=[one, D.get_decoder("cuda")]
