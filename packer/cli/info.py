@@ -45,7 +45,7 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
     """
     from ..pack.describe import describe
     from ..pack.index import is_set
-    from ..pack.packset import describe_set
+    from ..pack.describe import describe_set
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
