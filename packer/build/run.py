@@ -37,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .._fs import default_workers, destination_error
 from ..errors import UsageError
 from ..pack.writer import block_rows_for, image_bytes
 from .chunks import LazyPool, decode_all, start_pool, stop_pool, store_options
@@ -47,9 +48,7 @@ from .finalize import _finalize
 from .plan import check_destination, plan_fingerprint, plan_labels
 from .workdir import (
     ROWS_FILE,
-    default_workers,
     dest_lock,
-    destination_error,
     is_fresh_work_dir,
     prepare_work_dir,
     recover_trash,
