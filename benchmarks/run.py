@@ -58,6 +58,8 @@ PARTS: dict[str, tuple[str, list[str]]] = {
                  "--work", "{work}/kernels"]),
     "jpeg": ("JPEG packs and the GPU build vs the CPU ceiling",
              [PY, str(HERE / "jpeg.py"), "--images", "8192", "--work", "{work}/jpeg"]),
+    "startup": ("imgpack info / verify --no-speed / build of 100 images vs import packer / torch",
+                [PY, str(HERE / "startup.py"), "--work", "{work}/startup"]),
     "compress": ("imgpack compress: size and time per quality",
                  [PY, str(HERE / "compress.py"), "--work", "{work}/compress"]),
     "recipe": ("the modern recipe (RRC, TrivialAugmentWide, erasing, MixUp/CutMix) vs a device "

@@ -44,7 +44,7 @@ from typing import Any
 
 import ffmpeg
 
-from .build.workdir import default_workers, destination_error
+from ._fs import default_workers, destination_error
 from .errors import DecodeError, FFmpegError, InputError, UsageError
 from .imaging.decode import DEFAULT_MAX_PIXELS, open_image, open_regular
 from .pack.files import loads_json

@@ -73,6 +73,7 @@ def test_no_module_imports_upward() -> None:
 _STAGE_RANK = {
     "errors": 0,
     "_version": 0,
+    "_fs": 0.5,  # the ground floor: file and process helpers, on errors alone
     "sources": 1,
     "imaging": 2,
     "transforms": 2,  # the public face of imaging's transforms

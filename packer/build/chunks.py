@@ -274,7 +274,7 @@ def start_pool(
     ctx = mp.get_context(method)
     if ctx.get_start_method() == "forkserver":
         # the fork server imports the decoder once; each worker forks from it ready to go
-        ctx.set_forkserver_preload(["packer.build.run"])
+        ctx.set_forkserver_preload(["packer.build.workers"])
     pool = ProcessPoolExecutor(
         workers,
         mp_context=ctx,

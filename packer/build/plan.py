@@ -19,7 +19,6 @@ from typing import Any
 
 from ..errors import InputError
 from ..pack.describe import is_pack
-from ..pack.reader import read_class_map
 from ..pack.schema import FORMAT_VERSION
 from ..sources.classes import apply_class_map, resolve_classes
 from ..sources.labels import apply_table
@@ -34,7 +33,13 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
     """Find the images and fix their labels: class folders through the ``--classes`` map,
     or the rows of a ``--labels`` table. Raises InputError for a class not in the map,
     a bad table (with its row number) or a table that names no image under ``src``."""
-    fixed = read_class_map(config.classes) if config.classes is not None else None
+    fixed = None
+    if config.classes is not None:
+        # the reader's module maps packs with torch: imported for --classes only, so a
+        # build's parent and its workers start without torch
+        from ..pack.reader import read_class_map
+
+        fixed = read_class_map(config.classes)
     class_map = (
         None
         if config.classes is None

@@ -37,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .._fs import default_workers, destination_error
 from ..errors import UsageError
 from ..pack.writer import block_rows_for, image_bytes
 from .chunks import LazyPool, decode_all, start_pool, stop_pool, store_options
@@ -47,9 +48,7 @@ from .finalize import _finalize
 from .plan import check_destination, plan_fingerprint, plan_labels
 from .workdir import (
     ROWS_FILE,
-    default_workers,
     dest_lock,
-    destination_error,
     is_fresh_work_dir,
     prepare_work_dir,
     recover_trash,
@@ -138,22 +137,46 @@ def build(
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
-    plan = plan_labels(src, config) if plan is None else plan
-    if auto:  # the faster way for this job (packer.build.auto), known once it is listed
-        from .auto import auto_device
-
-        device = auto_device(config, len(plan.scan.entries), config.workers or default_workers())
-    check_destination(src, dst, config.overwrite)
+    # the CPU workers boot while the tree is scanned (a listed plan has no scan to wait on)
+    early = [_early_pool(config, dst)] if plan is None and device is None else [None]
     try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        with dest_lock(dst) as work:
-            recover_trash(dst)
-            check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
-            result = _build_locked(plan, dst, work, config, progress, on_start, t0, device)
-            result.path = given
-            return result
-    except OSError as e:
-        raise destination_error(e, dst) from None
+        plan = plan_labels(src, config) if plan is None else plan
+        if auto:  # the faster way for this job (packer.build.auto), known once it is listed
+            from .auto import auto_device
+
+            n = len(plan.scan.entries)
+            device = auto_device(config, n, config.workers or default_workers())
+        if device is not None and early[0] is not None:  # the GPU's workers start lazily
+            stop_pool(early[0])
+            early[0] = None
+        check_destination(src, dst, config.overwrite)
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with dest_lock(dst) as work:
+                recover_trash(dst)
+                check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
+                result = _build_locked(
+                    plan, dst, work, config, progress, on_start, t0, device, early
+                )
+                result.path = given
+                return result
+        except OSError as e:
+            raise destination_error(e, dst) from None
+    except BaseException:
+        if early[0] is not None:  # not yet handed to _build_locked, which stops its own
+            stop_pool(early[0])
+        raise
+
+
+def _early_pool(config: BuildConfig, dst: Path) -> ProcessPoolExecutor | None:
+    """The CPU build's worker pool, started before the scan so that its processes boot
+    while the tree is listed: ``config.workers`` (or every core), writing into DST's
+    work folder (:func:`work_dir_for`; the workers open the rows file at their first
+    chunk). None for one worker (the build decodes in this process)."""
+    workers = config.workers or default_workers()
+    if workers <= 1:
+        return None
+    return start_pool(workers, work_dir_for(dst) / ROWS_FILE, config.spec, store_options(config))
 
 
 def _build_locked(
@@ -165,7 +188,11 @@ def _build_locked(
     on_start: Callable[[int, int], None] | None,
     t0: float,
     device: Any = None,
+    early: list[ProcessPoolExecutor | None] | None = None,
 ) -> BuildResult:
+    """Build into the locked work folder ``work``. ``early``: a holder of the pool
+    :func:`build` started before the scan (None in it: none started); this function
+    takes it over (empties the holder) and stops or shuts it down."""
     spec = config.spec
     scan = plan.scan
     n_total = len(scan.entries)
@@ -187,8 +214,13 @@ def _build_locked(
     t = time.perf_counter()
     times["plan"] = t - t0
     pool: Any = None
+    started = early[0] if early else None
+    if early:
+        early[0] = None  # this function's to stop from here
     if workers > 1:  # the GPU build's workers start when it first needs them
-        pool = new_pool() if device is None else LazyPool(new_pool)
+        pool = (started or new_pool()) if device is None else LazyPool(new_pool)
+    elif started is not None:  # one chunk: decoded here, as without the early pool
+        stop_pool(started)
     t_pool = time.perf_counter()
     times["pool_start"] = t_pool - t
     try:

@@ -43,6 +43,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from .._fs import destination_error
 from ..errors import InputError, NoUsableImagesError, UsageError
 from ..pack.files import loads_json
 from ..pack.index import (
@@ -60,7 +61,7 @@ from .finalize import _classes_from
 from .plan import check_not_nested, plan_labels
 from .run import _build_device, build
 from .set_plan import SetPlan, ShardSink, _complete, plan_set
-from .workdir import dest_lock, destination_error, refuse_symlink_destination
+from .workdir import dest_lock, refuse_symlink_destination
 
 log = logging.getLogger(__name__)
 

@@ -7,23 +7,41 @@ destination); 130 interrupted (Ctrl-C or SIGTERM), with the work done so far kep
 
 The commands live one per module (``build``, ``compress``, ``verify``, ``info``,
 ``show``, ``bench``); the shared options are :mod:`packer.cli.options`'s and the
-error, progress and result printing :mod:`packer.cli.output`'s.
+error, progress and result printing :mod:`packer.cli.output`'s. A command's module is
+imported when the command runs (or ``--help`` lists it), so a command pays only for
+what it uses: ``imgpack info`` never loads the benchmark's or the build's code.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .._version import __version__
-from .bench import bench
-from .build import build
-from .compress import compress
-from .info import info
-from .show import show
-from .verify import verify
+
+# each command's name is its module's under packer.cli, which defines it by that name
+_COMMANDS = ("build", "info", "compress", "verify", "show", "bench")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _LazyGroup(click.Group):
+    """A group whose commands are imported by name when first asked for (click's
+    "lazily loading subcommands" pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*_COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _COMMANDS and cmd_name not in self.commands:
+            module = importlib.import_module(f"{__name__}.{cmd_name}")
+            self.add_command(getattr(module, cmd_name))
+        return self.commands.get(cmd_name)
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="imgpack")
 def cli() -> None:
     """Pack an image dataset into memory-mapped uint8 tensors and stream it to the GPU.
@@ -38,10 +56,6 @@ def cli() -> None:
     In Python: packer.load("tensors/"), packer.PackLoader(pack, 256, device="cuda").
     Exit codes: 0 ok, 1 the work found a problem, 2 bad usage or input, 130 interrupted.
     """
-
-
-for _command in (build, info, compress, verify, show, bench):
-    cli.add_command(_command)
 
 
 def main() -> None:

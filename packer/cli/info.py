@@ -43,9 +43,8 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
       imgpack info ./tensors --split 0.9,0.1 --seed 1
       imgpack info s3://bucket/train                # a set in object storage
     """
-    from ..pack.describe import describe
+    from ..pack.describe import describe, describe_set
     from ..pack.index import is_set
-    from ..pack.packset import describe_set
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")

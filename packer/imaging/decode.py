@@ -48,9 +48,8 @@ from PIL import Image, ImageOps
 from ..errors import DecodeError
 from ..sources.scan import NotRegularFile, file_kind, open_if_regular
 from .jpeg_header import CORRUPT, jpeg_too_short, plain_jpeg_size
+from .limits import DEFAULT_MAX_PIXELS, RESIZE_MODES
 
-RESIZE_MODES = ("stretch", "crop", "pad")
-DEFAULT_MAX_PIXELS = 100_000_000
 _TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _EXIF_ORIENTATION = 0x0112
 

@@ -1,4 +1,6 @@
-"""``imgpack info``: :func:`describe` a pack from its manifest, and its bytes on disk."""
+"""``imgpack info``: :func:`describe` a pack from its manifest, :func:`describe_set` a
+pack set from its index and shard manifests, and their bytes on disk. Reads JSON and
+file sizes only: no torch, no data mapped."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import folder_kind, read_manifest
+from .index import read_index, read_shard_manifest
 from .schema import MANIFEST
 
 
@@ -55,4 +58,48 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "format_version": m.version,
         # only for other storage than raw, so raw packs' info stays as it was
         **({"storage": m.storage, "jpeg_bytes": m.jpeg_bytes} if m.storage != "raw" else {}),
+    }
+
+
+def describe_set(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What ``imgpack info --json`` prints for a set: the keys of a pack's ``info``
+    (count, image_shape, classes, class_counts, class_to_idx, targets, bytes, build
+    options, skipped, format_version, storage) plus ``shards`` (count, bytes, images
+    per shard, and each shard's name, count, bytes). Reads the index and each shard's
+    manifest (checked against it), not the data."""
+    root = Path(path)
+    index = read_index(root)
+    counts = [0] * len(index.classes)
+    skipped = [{"path": s.path, "reason": s.reason} for s in index.skipped]
+    for entry in index.shards:
+        m = read_shard_manifest(root, entry, index)
+        for i, c in enumerate(m.class_counts):
+            counts[i] += c
+        skipped += [{"path": s.path, "reason": s.reason} for s in m.skipped]
+    per = [s.count for s in index.shards]
+    k = len(index.targets)
+    return {
+        "path": str(path),
+        "count": index.count,
+        "image_shape": list(index.image_shape),
+        "classes": list(index.classes),
+        "class_counts": dict(zip(index.classes, counts)),
+        "class_to_idx": index.class_to_idx,
+        "targets": (
+            {"names": list(index.targets), "dtype": "float32", "shape": [index.count, k]}
+            if k
+            else None
+        ),
+        "bytes": pack_bytes(root),
+        "build": dict(index.options),
+        "skipped": sorted(skipped, key=lambda s: s["path"]),
+        "format_version": index.version,
+        "storage": index.storage,
+        "shards": {
+            "count": len(index.shards),
+            "bytes": index.bytes,
+            "shard_size": index.shard_size,
+            "images": {"min": min(per), "max": max(per), "total": sum(per)},
+            "list": [{"name": s.name, "count": s.count, "bytes": s.bytes} for s in index.shards],
+        },
     }

@@ -11,7 +11,8 @@ A kind answers, for the manifests of its ``storage`` name:
   ``fields``) checked further and wrapped as a pack object;
 * ``verify(root, m, progress, threads)``: its integrity check, ``(ok, detail)``;
   ``same_as_source(pack, m, path, i)``: whether image ``i`` is what its source
-  gives again (verify's sample);
+  gives again (verify's sample), on the pack or on ``checked_view(root, m)``: what
+  the integrity checks read, opened without torch where the kind can (raw rows);
 * ``batch(pack, indices, device, crop)``: one batch uint8 [B, 3, h, w] on a device;
   the loader's pipelined passes (:mod:`packer.loading.strategies`) use the same steps,
   overlapped.
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..errors import DecodeError, PackerError, UsageError
+from ..imaging.limits import DEFAULT_MAX_PIXELS
 from .schema import (
     IMAGES_FILE,
     JPEG_FILE,
@@ -117,6 +119,14 @@ class StorageKind:
 
     def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
         raise NotImplementedError
+
+    def checked_view(self, root: Path, m: Manifest) -> Any:
+        """What the integrity checks of ``verify`` read of a pack whose files
+        :func:`~packer.pack.files.check_files` passed (``same_as_source``,
+        ``check_decodes``): the pack itself, opened with its kind's checks."""
+        from .reader import open_pack
+
+        return open_pack(root, m)
 
     def batch(
         self, pack: Any, indices: Any, device: str | torch.device = "cpu", crop: Any = None
@@ -225,17 +235,26 @@ class RawKind(StorageKind):
             )
         return True, f"{n} images, {len(want)} blocks, SHA-256 match"
 
-    def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
-        """The source re-decoded exactly as the build did gives row ``i``'s pixels."""
-        from ..imaging.decode import ResizeSpec, decode
-        from .reader import read_max_pixels
+    def checked_view(self, root: Path, m: Manifest) -> Any:
+        """The rows as a read-only numpy map (``.images`` [N, 3, H, W]): all that
+        ``same_as_source`` reads, so ``imgpack verify --no-speed`` needs no torch.
+        The files' sizes were checked against the manifest."""
+        rows: np.ndarray = np.empty((0, *m.image_shape), np.uint8)
+        if m.count:
+            shape = (m.count, *m.image_shape)
+            rows = np.memmap(Layout(root).images, np.uint8, "r", shape=shape)
+        return RawRows(rows)
 
-        # the reader's bound on a source's pixels; the pack's own figure only lowers it
-        spec = ResizeSpec(
-            m.width, m.height, m.resize, min(m.build.max_pixels, read_max_pixels(None))
-        )
+    def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
+        """The source re-decoded exactly as the build did gives row ``i``'s pixels
+        (``pack``: an :class:`ImagePack` or a :class:`RawRows`)."""
+        from ..imaging.decode import ResizeSpec, decode
+
+        # the reader's bound on a source's pixels (reader.read_max_pixels(None), the
+        # default); the pack's own figure only lowers it
+        spec = ResizeSpec(m.width, m.height, m.resize, min(m.build.max_pixels, DEFAULT_MAX_PIXELS))
         try:
-            return np.array_equal(decode(path, spec), pack.images[i].numpy())
+            return np.array_equal(decode(path, spec), np.asarray(pack.images[i]))
         except DecodeError:
             return False
 
@@ -257,6 +276,13 @@ class RawKind(StorageKind):
         if len(idx):
             np.take(src.numpy(), idx, 0, out.numpy(), "raise")
         return out if dev.type == "cpu" else out.to(dev, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class RawRows:
+    """A raw pack's rows mapped with numpy (:meth:`RawKind.checked_view`)."""
+
+    images: np.ndarray
 
 
 class JpegKind(StorageKind):
@@ -424,10 +450,10 @@ class JpegKind(StorageKind):
     def same_as_source(self, pack: Any, m: Manifest, path: str, i: int) -> bool:
         """The source made into a stored JPEG again gives image ``i``'s bytes."""
         from ..imaging.decode import jpeg_for_pack
-        from .reader import read_max_pixels
 
         try:
-            most = min(m.build.max_pixels, read_max_pixels(None))  # the reader's bound
+            # the reader's default bound (reader.read_max_pixels(None)), lowered by the pack's
+            most = min(m.build.max_pixels, DEFAULT_MAX_PIXELS)
             data, *_ = jpeg_for_pack(path, m.max_side, m.quality or 3, most)
         except DecodeError:
             return False

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from ..errors import PackFormatError, UsageError
-from .describe import pack_bytes
 from .files import check_files
 from .index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
 from .reader import (
@@ -294,47 +293,3 @@ def open_set(path: str | os.PathLike[str], max_pixels: int | None = None) -> Pac
         manifests.append(m)
         opened.append(open_pack(shard, m, max_pixels=max_pixels))
     return PackSet(root, index, manifests, LocalShards(root, index), opened, max_pixels)
-
-
-def describe_set(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What ``imgpack info --json`` prints for a set: the keys of a pack's ``info``
-    (count, image_shape, classes, class_counts, class_to_idx, targets, bytes, build
-    options, skipped, format_version, storage) plus ``shards`` (count, bytes, images
-    per shard, and each shard's name, count, bytes). Reads the index and each shard's
-    manifest (checked against it), not the data."""
-    root = Path(path)
-    index = read_index(root)
-    counts = [0] * len(index.classes)
-    skipped = [{"path": s.path, "reason": s.reason} for s in index.skipped]
-    for entry in index.shards:
-        m = read_shard_manifest(root, entry, index)
-        for i, c in enumerate(m.class_counts):
-            counts[i] += c
-        skipped += [{"path": s.path, "reason": s.reason} for s in m.skipped]
-    per = [s.count for s in index.shards]
-    k = len(index.targets)
-    return {
-        "path": str(path),
-        "count": index.count,
-        "image_shape": list(index.image_shape),
-        "classes": list(index.classes),
-        "class_counts": dict(zip(index.classes, counts)),
-        "class_to_idx": index.class_to_idx,
-        "targets": (
-            {"names": list(index.targets), "dtype": "float32", "shape": [index.count, k]}
-            if k
-            else None
-        ),
-        "bytes": pack_bytes(root),
-        "build": dict(index.options),
-        "skipped": sorted(skipped, key=lambda s: s["path"]),
-        "format_version": index.version,
-        "storage": index.storage,
-        "shards": {
-            "count": len(index.shards),
-            "bytes": index.bytes,
-            "shard_size": index.shard_size,
-            "images": {"min": min(per), "max": max(per), "total": sum(per)},
-            "list": [{"name": s.name, "count": s.count, "bytes": s.bytes} for s in index.shards],
-        },
-    }

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InputError, PackerError, PackFormatError
-from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES
+from ..imaging.limits import DEFAULT_MAX_PIXELS, RESIZE_MODES
 from .schema import (
     _BUILD_KEYS,
     CHECKSUM,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackFormatError
-from ..imaging.decode import DEFAULT_MAX_PIXELS
+from ..imaging.limits import DEFAULT_MAX_PIXELS
 
 FORMAT_NAME = "imgpack"
 FORMAT_VERSION = 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DiskFullError, InputError, PackerError, PackFormatError, UsageError
+from ..pack.describe import describe_set
 from ..pack.files import JSONNestingError, loads_json
 from ..pack.index import (
     INDEX,
@@ -28,7 +29,7 @@ from ..pack.index import (
     manifest_digest,
     read_shard_manifest,
 )
-from ..pack.packset import PackSet, describe_set
+from ..pack.packset import PackSet
 from ..pack.schema import (
     DATA_DIR,
     MANIFEST,
@@ -332,7 +333,7 @@ def reopen_cached(root: Path) -> Any:
 
 
 def describe_remote(url: str) -> dict[str, Any]:
-    """``imgpack info URL --json``: :func:`~packer.pack.packset.describe_set` of the
+    """``imgpack info URL --json``: :func:`~packer.pack.describe.describe_set` of the
     set (its index and small files fetched), with the URL as its path and the bytes the
     set holds in the bucket."""
     ps = open_remote(url)

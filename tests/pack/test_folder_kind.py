@@ -16,9 +16,8 @@ from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError
 from packer.measure.verify import VerifyConfig, verify
 from packer.measure.verify_set import verify_set
-from packer.pack.describe import describe
+from packer.pack.describe import describe, describe_set
 from packer.pack.index import INDEX, SetIndex, read_index
-from packer.pack.packset import describe_set
 from packer.pack.reader import read_class_map
 from packer.pack.schema import MANIFEST
 

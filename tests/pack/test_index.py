@@ -16,8 +16,9 @@ import packer
 from conftest import write_image
 from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError
+from packer.pack.describe import describe_set
 from packer.pack.index import INDEX, SetIndex, read_index, write_index
-from packer.pack.packset import PackSet, describe_set
+from packer.pack.packset import PackSet
 
 # 8x6 raw rows are 144 bytes: two images per shard
 SET_CONFIG = BuildConfig(size=(8, 6), workers=1, shard_size=300)
