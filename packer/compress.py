@@ -44,7 +44,7 @@ from typing import Any
 
 import ffmpeg
 
-from ._fs import default_workers, destination_error
+from ._fs import default_workers, destination_error, write_atomic
 from .errors import DecodeError, FFmpegError, InputError, UsageError
 from .imaging.decode import DEFAULT_MAX_PIXELS, open_image, open_regular
 from .pack.files import loads_json
@@ -268,19 +268,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
     Raises WriteError for any OSError: a full, read-only or forbidden DST.
     """
-    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError):
-            raise WriteError(e) from e
-        raise
+        write_atomic(path, data, tmp=path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}"))
+    except OSError as e:
+        raise WriteError(e) from e
 
 
 def _remove_dead_temp_files(dst: Path) -> int:

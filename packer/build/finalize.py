@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from .._fs import fsync_dir, write_atomic
 from .._version import __version__
 from ..errors import NoUsableImagesError
 from ..imaging.decode import ResizeSpec
 from ..pack.files import read_manifest
-from ..pack.kinds import Parts, kind_of, write_atomic
+from ..pack.kinds import Parts, kind_of
 from ..pack.schema import DATA_DIR, LABELS_FILE, TARGETS_FILE, BuildInfo, Checksums, Manifest, Skip
 from ..pack.writer import digest, image_bytes, write_pack_metadata
 from ..sources.scan import Scan
@@ -32,7 +33,6 @@ from .workdir import (
     ROWS_FILE,
     WorkState,
     clear_work_dir,
-    fsync_dir,
     mark_assembled,
     trash_dir_for,
 )
@@ -106,7 +106,6 @@ def _finalize(
         block=block,
         row_bytes=row,
         shas=shas,
-        fsync_dir=fsync_dir,
         clock=clock,
     )
     written = kind.assemble(work / DATA_DIR, parts)

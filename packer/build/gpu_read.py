@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .._fs import NotRegularFile, open_fd_if_regular
 from ..imaging.decode import ResizeSpec
 from ..imaging.jpeg_header import plain_jpeg_size
-from ..sources.scan import NotRegularFile, open_fd_if_regular
 
 # the CPU build's decode of some paths, started: its results' getter, per path
 # (row bytes, (w, h)), or (None, reason) for a skip
@@ -37,7 +37,7 @@ class GroupRead(NamedTuple):
 def _read_whole(path: str) -> np.ndarray | None:
     """A regular file's bytes (uint8), or None where it cannot be read whole at once
     (gone, unreadable, not a regular file, changing size): the CPU build's decode then
-    names the reason. A bare descriptor (:func:`packer.sources.scan.open_fd_if_regular`) and
+    names the reason. A bare descriptor (:func:`packer._fs.open_fd_if_regular`) and
     memory nothing zeroes first: the readers' time with the GIL is what paces them,
     and a file object and a zeroed buffer took a third of it (4 threads: 10k files/s
     on the H100 machine)."""

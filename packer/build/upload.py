@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from .._fs import write_atomic
 from ..errors import InputError, PackFormatError, UsageError
 from ..pack.files import loads_json, read_manifest, write_json_atomic
 from ..pack.index import INDEX, MAX_INDEX_BYTES, manifest_digest
@@ -136,9 +137,7 @@ class ClusterSink(BucketSink):
             log.warning("%s; building that shard again", e)
             return False
         path.mkdir(parents=True, exist_ok=True)
-        tmp = path / (MANIFEST + ".part")
-        tmp.write_bytes(body)
-        os.replace(tmp, path / MANIFEST)
+        write_atomic(path / MANIFEST, body, tmp=path / (MANIFEST + ".part"))
         return True
 
     def holds(self, path: Path) -> bool:
@@ -304,12 +303,8 @@ def _fetch_manifests(client: ObjectStore, staging: Path) -> None:
                 "index gives; the set in the bucket is damaged"
             )
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(local.name + ".tmp")
-        tmp.write_bytes(body)
-        os.replace(tmp, local)
-    tmp = staging / (INDEX + ".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, staging / INDEX)
+        write_atomic(local, body)
+    write_atomic(staging / INDEX, data, tmp=staging / (INDEX + ".part"))
 
 
 def build_to_bucket(

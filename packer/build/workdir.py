@@ -266,12 +266,3 @@ def _in_memory(fd: int) -> bool:
         return ctypes.c_long.from_buffer(buf).value in _IN_MEMORY
     except (OSError, AttributeError):
         return False
-
-
-def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -45,8 +45,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from PIL import Image, ImageOps
 
+from .._fs import NotRegularFile, file_kind, open_if_regular
 from ..errors import DecodeError
-from ..sources.scan import NotRegularFile, file_kind, open_if_regular
 from .jpeg_header import CORRUPT, jpeg_too_short, plain_jpeg_size
 from .limits import DEFAULT_MAX_PIXELS, RESIZE_MODES
 
@@ -105,7 +105,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open ``path`` for reading if it is a regular file (:func:`packer.sources.scan.open_if_regular`:
+    """Open ``path`` for reading if it is a regular file (:func:`packer._fs.open_if_regular`:
     no race with a swap, never blocks on a FIFO). Raises DecodeError for anything else,
     naming what it is.
     """

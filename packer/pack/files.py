@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._fs import NotRegularFile, file_kind, open_fd_if_regular, write_atomic
 from ..errors import PackFormatError
-from ..sources.scan import NotRegularFile, file_kind, open_fd_if_regular
 from .schema import (
     DATA_DIR,
     MANIFEST,
@@ -44,18 +44,12 @@ def loads_json(data: bytes | str) -> Any:
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
-    """Write JSON to ``path`` via a temporary file, fsync, rename: ``path`` is always whole."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        if indent is None:
-            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
-        else:
-            json.dump(obj, f, ensure_ascii=False, indent=indent)
-            f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write JSON to ``path`` whole or not at all (:func:`packer._fs.write_atomic`)."""
+    if indent is None:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    else:
+        text = json.dumps(obj, ensure_ascii=False, indent=indent) + "\n"
+    write_atomic(Path(path), text.encode("utf-8"))
 
 
 def _fail(root: Path, what: str) -> PackFormatError:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .._fs import fsync_dir, write_atomic
 from ..errors import DecodeError, PackerError, UsageError
 from ..imaging.limits import DEFAULT_MAX_PIXELS
 from .schema import (
@@ -76,7 +77,6 @@ class Parts:
     block: int
     row_bytes: int
     shas: list[str]
-    fsync_dir: Callable[[Path], None]
     clock: dict[str, float] = field(default_factory=dict)  # seconds per step, by name
 
 
@@ -331,9 +331,9 @@ class JpegKind(StorageKind):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, out)
-            parts.fsync_dir(out.parent)
+            fsync_dir(out.parent)
             parts.rows.unlink()
-            parts.fsync_dir(parts.rows.parent)
+            fsync_dir(parts.rows.parent)
         shutil.rmtree(parts.chunk_dir, ignore_errors=True)
         shas: list[str] = []
         with open(out, "rb") as f:
@@ -509,13 +509,3 @@ def compact_rows(rows: Path, out_path: Path, keep: list[int], row: int, block: i
         os.fsync(out.fileno())
     os.replace(tmp, out_path)
     return shas
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary name, fsynced: ``path`` is always whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

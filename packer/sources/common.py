@@ -7,8 +7,8 @@ import unicodedata
 from pathlib import Path
 from typing import BinaryIO
 
+from .._fs import NotRegularFile, open_if_regular
 from ..errors import InputError
-from .scan import NotRegularFile, open_if_regular
 
 UNLABELED = -1
 
@@ -29,7 +29,7 @@ def match_key(rel: str) -> str:
 
 
 def _open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading if it is a regular file (:func:`packer.sources.scan.open_if_regular`:
+    """``path`` opened for reading if it is a regular file (:func:`packer._fs.open_if_regular`:
     the open never blocks, and the check is made on the open descriptor)."""
     try:
         return open_if_regular(path)

@@ -31,8 +31,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
+from .._fs import file_kind
 from ..errors import InputError
 
 log = logging.getLogger(__name__)
@@ -55,58 +55,6 @@ class Scan:
     entries: list[Entry]
     # what could not be listed: {"path": relative to root, "reason": why}
     skipped: list[dict[str, str]] = field(default_factory=list)
-
-
-class NotRegularFile(Exception):
-    """What :func:`open_if_regular` opened is not a regular file (``mode``: its st_mode)."""
-
-    def __init__(self, mode: int) -> None:
-        super().__init__(mode)
-        self.mode = mode
-
-
-def open_if_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open ``path`` for reading if it is a regular file (symlinks followed).
-
-    The check is made on the opened descriptor (no race with a swap), and the open
-    does not block (``O_NONBLOCK``: opening a FIFO would wait for a writer). Raises
-    the open's OSError, or NotRegularFile; callers word them for their own users.
-    """
-    fd, _ = open_fd_if_regular(path)
-    try:
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def open_fd_if_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    """:func:`open_if_regular` as a bare descriptor (non-blocking, which a regular file
-    ignores), with its stat: no file object, for hot loops of whole-file reads."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(st.st_mode)
-        return fd, st
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words ("a FIFO", "a folder", ...)."""
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 OUTSIDE = "a link leading outside the source folder"

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from .._fs import fsync_dir
 from ..errors import DiskFullError, PackBusyError, PackFormatError
 from ..pack.index import SetIndex
 from ..pack.packset import ShardStore
@@ -336,7 +337,7 @@ class RemoteShards(ShardStore):
                         self.downloads += 1
                         self.downloaded_bytes += n
                     os.replace(tmp, self._big(k))
-                    _fsync_dir(self._big(k).parent)
+                    fsync_dir(self._big(k).parent)
                     return n
             finally:
                 tmp.unlink(missing_ok=True)
@@ -446,11 +447,3 @@ class RemoteShards(ShardStore):
                     self.limit,
                 )
             return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -41,6 +41,7 @@ def check_out_folder(out: Path) -> None:
 def write_results(r: dict[str, Any], out: Path) -> list[Path]:
     """Write the plots, ``results.md`` and ``results.json`` of a result (its
     ``to_json()``) into the folder ``out`` (made if needed), each file whole or absent."""
+    from ..._fs import write_atomic
     from ...pack.files import write_json_atomic
     from .plots import plot_bench
 
@@ -53,9 +54,7 @@ def write_results(r: dict[str, Any], out: Path) -> list[Path]:
     else:
         files = plot_bench(r, out)
     md = out / "results.md"
-    tmp = out / ".results.md.tmp"
-    tmp.write_text(to_markdown(r) + "\n", encoding="utf-8")
-    os.replace(tmp, md)
+    write_atomic(md, (to_markdown(r) + "\n").encode("utf-8"), tmp=out / ".results.md.tmp")
     write_json_atomic(out / "results.json", r, indent=1)
     return [*files, md, out / "results.json"]
 
