@@ -80,6 +80,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _ended.set()
 
 
+# ---- markers (issue 45): `cuda` is the one spelling of "needs a CUDA device"
+# (tests/test_suite_markers.py keeps it so), skipped here where torch sees none, so that
+# `pytest -m cuda` selects every CUDA-only test; the `ray` tests share the session's
+# two-node cluster, so under pytest-xdist (--dist loadgroup) they run on one worker.
+CUDA_SKIP_REASON = "needs a CUDA device (marked cuda)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in cuda:
+                item.add_marker(pytest.mark.skip(reason=CUDA_SKIP_REASON))
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if item.get_closest_marker("ray"):
+                item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment for a child Python, with the repository first on PYTHONPATH
     (what was on it stays: a machine may carry packages there)."""
