@@ -98,8 +98,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=CUDA_SKIP_REASON))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            if item.get_closest_marker("ray"):
-                item.add_marker(pytest.mark.xdist_group("ray"))
+            group = _xdist_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The tests that must run on one worker under ``--dist loadgroup``: the ``ray`` ones
+    (one cluster a session), and those of a module using a module-scoped fixture (a
+    pack built once for the module, not once a worker)."""
+    if item.get_closest_marker("ray"):
+        return "ray"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d and d[-1].scope in ("module", "class", "package") for d in defs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker computes with one thread (and so do the interpreters it
+    starts, unless a test says otherwise): two workers on two cores each running two
+    OpenMP threads spend the machine's time waiting on each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
