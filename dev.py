@@ -129,18 +129,34 @@ def demo() -> None:
     _run(py, "-m", "packer.examples.demo_stream", DEMO / "pack")
 
 
+# the suite's options: one worker per core (pytest-xdist; the tests that share the
+# session's Ray cluster go to one worker together: --dist loadgroup), the 20 slowest
+# tests printed at the end
+PYTEST = ["-n", "auto", "--dist", "loadgroup", "--durations=20"]
+# --quick: the tests marked slow (subprocess installs, the README's commands) and ray (the
+# two-node cluster) left out
+QUICK = ["-m", "not slow and not ray"]
+
+
+def pytest_args(extra: list[str]) -> list[str]:
+    """pytest's arguments for ``python3 dev.py test [--quick] [pytest args]``."""
+    quick = "--quick" in extra
+    rest = [a for a in extra if a != "--quick"]
+    return [*PYTEST, *(QUICK if quick else []), *rest]
+
+
 def test(extra: list[str]) -> None:
-    """Lint and format check, then the whole test suite."""
+    """Lint and format check, then the whole test suite (``--quick``: less slow and ray)."""
     py = ensure_venv()
     _run(py, "-m", "ruff", "check", ".")
     _run(py, "-m", "ruff", "format", "--check", ".")
-    _run(py, "-m", "pytest", *extra)
+    _run(py, "-m", "pytest", *pytest_args(extra))
 
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
         print(__doc__)
-        print("usage: python3 dev.py demo | python3 dev.py test [pytest args]")
+        print("usage: python3 dev.py demo | python3 dev.py test [--quick] [pytest args]")
         sys.exit(2)
     if sys.argv[1] == "demo":
         demo()

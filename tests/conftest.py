@@ -80,6 +80,54 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _ended.set()
 
 
+# ---- markers (issue 45): `cuda` is the one spelling of "needs a CUDA device"
+# (tests/test_suite_markers.py keeps it so), skipped here where torch sees none, so that
+# `pytest -m cuda` selects every CUDA-only test; the `ray` tests share the session's
+# two-node cluster, so under pytest-xdist (--dist loadgroup) they run on one worker.
+CUDA_SKIP_REASON = "needs a CUDA device (marked cuda)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in cuda:
+                item.add_marker(pytest.mark.skip(reason=CUDA_SKIP_REASON))
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = _xdist_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The tests that must run on one worker under ``--dist loadgroup``: the ``ray`` ones
+    (one cluster a session), and those of a module using a module-scoped fixture (a
+    pack built once for the module, not once a worker)."""
+    if item.get_closest_marker("ray"):
+        return "ray"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d and d[-1].scope in ("module", "class", "package") for d in defs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker computes with one thread (and so do the interpreters it
+    starts, unless a test says otherwise): two workers on two cores each running two
+    OpenMP threads spend the machine's time waiting on each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment for a child Python, with the repository first on PYTHONPATH
     (what was on it stays: a machine may carry packages there)."""

@@ -160,7 +160,7 @@ def test_a_device_this_process_lacks_is_refused_before_a_bucket_is_touched(
     assert sorted(os.listdir(tmp_path)) == ["imgs"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_build_within_tolerance(photos: Path, tmp_path: Path) -> None:
     cfg = dict(size=(24, 20), workers=2)
     build(photos, tmp_path / "cpu", BuildConfig(**cfg))

@@ -6,12 +6,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 import torch
 from torch import nn
-
-# A CUDA-only test carries both: the marker names it, the skipif skips it here.
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def photo_like(b: int = 6, h: int = 32, w: int = 40, seed: int = 0, c: int = 3) -> torch.Tensor:

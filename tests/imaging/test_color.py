@@ -21,7 +21,6 @@ from aug_checks import (
     assert_same_distribution,
     assert_same_rate,
     mad,
-    needs_cuda,
     photo_like,
     tv_draws,
 )
@@ -233,7 +232,6 @@ def _modules() -> list[torch.nn.Module]:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_draws_the_cpu_parameters_and_pixels() -> None:
     x = photo_like(16, 24, 28)
     for tf in _modules():
@@ -244,7 +242,6 @@ def test_cuda_draws_the_cpu_parameters_and_pixels() -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_modules_never_make_the_host_wait() -> None:
     x = photo_like(16, 24, 28).cuda()
     torch.cuda.synchronize()

@@ -14,7 +14,7 @@ import torch
 import torchvision.transforms as tv
 from PIL import Image
 
-from aug_checks import assert_same_categories, assert_same_distribution, mad, needs_cuda
+from aug_checks import assert_same_categories, assert_same_distribution, mad
 from conftest import write_bomb_jpeg, write_cut_jpeg
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
@@ -279,7 +279,6 @@ def _gpu_decoders() -> list[D.DecoderBase]:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_gpu_pixels_against_pillow_and_roi_against_full():
     datas = _photos()
     hw = torch.tensor([[375, 500]] * len(datas))
@@ -306,7 +305,6 @@ def test_gpu_pixels_against_pillow_and_roi_against_full():
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_gpu_roi_crop_matches_the_loaders_crop():
     datas = _photos()
     hw = torch.tensor([[375, 500]] * len(datas))

@@ -16,7 +16,6 @@ import packer.transforms as T
 from aug_checks import (
     assert_same_distribution,
     assert_same_rate,
-    needs_cuda,
     photo_like,
 )
 
@@ -186,7 +185,6 @@ def test_bad_images_raise() -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_erases_the_cpu_boxes() -> None:
     x = photo_like(16, 32, 40)
     for value in (0, (1, 2, 3)):
@@ -202,7 +200,6 @@ def test_cuda_erases_the_cpu_boxes() -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_erasing_never_makes_the_host_wait() -> None:
     x = photo_like(16, 32, 40).cuda()
     xf = x.float()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from aug_checks import mad, needs_cuda, per_image, photo_like
+from aug_checks import mad, per_image, photo_like
 from conftest import subprocess_env
 from packer.imaging import functional as F
 from packer.imaging import params as PR
@@ -288,7 +288,6 @@ def _all_ops(x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_matches_cpu(images: torch.Tensor) -> None:
     cpu = _all_ops(images)
     gpu = _all_ops(images.cuda())
@@ -301,7 +300,6 @@ def test_cuda_matches_cpu(images: torch.Tensor) -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_ops_never_make_the_host_wait(images: torch.Tensor) -> None:
     x = images.cuda()
     on_device = FACTORS.cuda()

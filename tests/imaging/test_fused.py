@@ -12,7 +12,7 @@ import torch
 
 import packer
 import packer.transforms as T
-from aug_checks import needs_cuda, photo_like
+from aug_checks import photo_like
 from conftest import REPO, subprocess_env
 from packer.imaging import fused, policy_apply
 
@@ -182,7 +182,6 @@ def test_fused_kernels_under_the_interpreter() -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 @pytest.mark.parametrize("policy", ["ta", "ra", "aa"])
 def test_fused_equals_op_by_op_on_cuda(policy: str) -> None:
     pol = {"ta": T.TrivialAugmentWide(), "ra": T.RandAugment(), "aa": T.AutoAugment()}[policy]

@@ -19,7 +19,6 @@ from aug_checks import (
     assert_same_categories,
     assert_same_distribution,
     mad,
-    needs_cuda,
     photo_like,
     tv_draws,
 )
@@ -170,7 +169,6 @@ def _modules() -> list[torch.nn.Module]:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_draws_the_cpu_parameters_and_pixels() -> None:
     x = photo_like(16, 32, 40)
     for tf in _modules():
@@ -181,7 +179,6 @@ def test_cuda_draws_the_cpu_parameters_and_pixels() -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_modules_never_make_the_host_wait() -> None:
     x = photo_like(16, 32, 40).cuda()
     torch.cuda.synchronize()

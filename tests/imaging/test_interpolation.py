@@ -20,8 +20,6 @@ import packer.transforms as T
 from conftest import REPO, subprocess_env
 from packer.errors import UsageError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 # (mode, antialias) torchvision's resize takes for uint8 tensors.
 MODES = [
     ("nearest", True),
@@ -243,7 +241,7 @@ def test_kernel_modes_under_the_interpreter() -> None:
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("mode, aa", MODES)
 @pytest.mark.parametrize("backend", ["auto", "matmul"])
 def test_cuda_kernel_equals_the_cpu_path(mode: str, aa: bool, backend: str) -> None:

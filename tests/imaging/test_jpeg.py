@@ -124,7 +124,7 @@ def test_truncated_jpeg_is_refused_before_decoding(datas):
         decode_batch(datas, "cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_decode_matches_cpu_within_tolerance(datas):
     # nvjpeg upsamples 4:2:0 chroma otherwise than libjpeg: smooth content agrees
     # closely, noise does not (scripts/check_nvjpeg.py: mean 12.9 on pure noise)
@@ -224,7 +224,7 @@ def test_ragged_kernel_matches_the_padded_route_in_the_interpreter():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_resize_images_reads_images_in_place(datas):
     imgs = decode_batch(datas, "cuda")
     sizes = sizes_of(imgs)

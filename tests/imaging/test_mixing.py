@@ -243,10 +243,8 @@ def test_bad_arguments_raise_value_error() -> None:
 
 # ---------------------------------------------------------------- CUDA
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-
-@cuda
+@pytest.mark.cuda
 def test_cuda_mixers_match_the_cpu() -> None:
     x, labels = batch(b=16, h=20, w=24), torch.arange(16) % 5
     for mixer in [

@@ -23,8 +23,6 @@ from packer.imaging.policies import (
     TrivialAugmentWide,
 )
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 H, W = 30, 44
 POLICIES = {
     "trivial": (TrivialAugmentWide, v2.TrivialAugmentWide, {}),
@@ -422,7 +420,7 @@ def test_bad_arguments_raise_value_error() -> None:
 # ---------------------------------------------------------------- CUDA
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_cuda_matches_the_cpu(name: str) -> None:
     ours_cls, _, kw = POLICIES[name]
@@ -435,7 +433,7 @@ def test_cuda_matches_the_cpu(name: str) -> None:
     assert d.float().mean() < 0.05 and (d > 1).float().mean() < 0.001
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_policies_never_make_the_host_wait() -> None:
     x = photo_like(64).cuda()
     labels = (torch.arange(64) % 5).cuda()

@@ -18,7 +18,6 @@ import packer.transforms as T
 from conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def photo_like(b: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
@@ -329,7 +328,7 @@ def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- CUDA
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("backend", ["auto", "matmul"])
 def test_cuda_matches_cpu_on_the_same_boxes(backend: str) -> None:
     x = photo_like(16, 64, 64)
@@ -343,7 +342,7 @@ def test_cuda_matches_cpu_on_the_same_boxes(backend: str) -> None:
         assert mad(gpu.cpu(), cpu) < 0.05
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_modules_draw_the_cpu_parameters() -> None:
     x = photo_like(16, 48, 48)
     tf = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])
@@ -355,7 +354,7 @@ def test_cuda_modules_draw_the_cpu_parameters() -> None:
     assert torch.equal(flip(x.cuda(), generator=g1).cpu(), flip(x, generator=g2))
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_compose_reuses_its_pinned_tables_safely() -> None:
     # More calls than pinned slots, batch sizes changing, no sync in between: each
     # output must still use its own parameters (a reused slot never overwrites a
@@ -369,7 +368,7 @@ def test_cuda_compose_reuses_its_pinned_tables_safely() -> None:
         assert (gpu.cpu().int() - cpu.int()).abs().max() <= 1
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_transforms_never_make_the_host_wait() -> None:
     x = photo_like(32, 64, 64).cuda()
     torch.cuda.synchronize()

@@ -22,8 +22,6 @@ from packer.errors import UsageError
 from packer.loading import device_gather as dg
 from test_loader import RecordingTransform
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 
 @pytest.fixture
 def tpack(image_tree: Path, tmp_path: Path) -> Path:
@@ -80,7 +78,7 @@ def _same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
             assert u.dtype == v.dtype and torch.equal(u, v)
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize(
     "kw",
     [
@@ -102,7 +100,7 @@ def test_cuda_device_and_cpu_gather_give_the_same_batches(tpack: Path, kw: dict)
     _same(runs["device"], ref)
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_device_gather_with_transform_and_resume(packed: Path) -> None:
     a = packer.PackLoader(
         packed, 3, device="cuda", seed=4, transform=RecordingTransform(), gather="device"
@@ -122,7 +120,7 @@ def test_cuda_device_gather_with_transform_and_resume(packed: Path) -> None:
     )
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_device_says_why_it_cannot(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dg, "ram_bytes", lambda: 1000)
     forced = packer.PackLoader(packed, 4, device="cuda", gather="device")
@@ -133,7 +131,7 @@ def test_cuda_device_says_why_it_cannot(packed: Path, monkeypatch: pytest.Monkey
     assert ld._shared.rows is None
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_passes_and_loaders_share_the_pack_safely(packed: Path) -> None:
     n = len(packer.load(packed))
     a = packer.PackLoader(packed, 2, device="cuda", seed=3, gather="device")
@@ -151,7 +149,7 @@ def test_cuda_passes_and_loaders_share_the_pack_safely(packed: Path) -> None:
     a.close()
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(3, 5, 7), (3, 4, 4), (1, 1, 1)])
 def test_cuda_rows_of_any_length_are_copied_whole(tmp_path: Path, shape: tuple) -> None:
     from tensordict import MemoryMappedTensor

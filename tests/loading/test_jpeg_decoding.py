@@ -314,10 +314,7 @@ def test_planes_reads_padded_rows_in_place() -> None:
 # ---------------------------------------------------------------- CUDA
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_pitched_images_resize_as_contiguous() -> None:
     buf = torch.randint(0, 256, (3 * 40 * 64,), dtype=torch.uint8, device="cuda")
     x = buf.view(3, 40, 64)[:, :, :50]
@@ -338,7 +335,7 @@ def _cuda_decoders() -> list[str]:
     return out
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> None:
     """Every decoder that runs here: the path it took is said, every image comes once an
     epoch, and the pixels are the CPU loader's within 2/255 mean (decoder and resampling
@@ -375,7 +372,7 @@ def test_cuda_loader_each_decoder_against_the_cpu(photos: Path, grey: Path) -> N
 ROI_WAYS = ("roi", "roi (no fancy upsampling)", "full+crop")
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_nvimgcodec_kept_buffers_give_the_batches_of_fresh_ones(photos: Path) -> None:
     """The loader's nvImageCodec lanes decode into kept buffers: the same batches, pixel
     for pixel, as the same decoders allocating afresh, over two epochs (a buffer reused

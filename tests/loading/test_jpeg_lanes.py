@@ -230,10 +230,7 @@ def test_best_lanes_takes_both_nvjpeg_libraries_where_they_run(monkeypatch) -> N
     assert decoding_for("auto", CUDA).lanes == 1
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_lanes_cover_every_image_and_match_the_cpu(photos: Path) -> None:
     """The CUDA default where torchcodec and torchvision both run, and every pair of
     decoders that runs here: every image once an epoch, batches in order, pixels the

@@ -208,7 +208,7 @@ def test_corrupt_image_is_a_clean_error_in_the_loop(grey: Path, tmp_path: Path) 
         next(it)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_batches_match_cpu_and_errors_are_clean(grey: Path, tmp_path: Path) -> None:
     pack = packer.load(grey)
     for train in (False, True):
@@ -357,7 +357,7 @@ def test_decode_usage_errors(photos: Path, packed: Path) -> None:
         packer.PackLoader(packed, 4, device="cpu", decode="cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_decode_modes_agree(photos: Path) -> None:
     kw = dict(device="cuda", image_size=16, seed=2)
     ref = [(x.cpu(), y.cpu()) for x, y in packer.PackLoader(photos, 8, decode="device", **kw)]

@@ -9,8 +9,6 @@ import packer
 from packer.errors import UsageError
 from packer.loading.loader import epoch_indices
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 
 def ids_of(pack: packer.ImagePack, images: torch.Tensor) -> list[int]:
     """Which pack rows a batch holds (rows are distinct in the fixtures)."""
@@ -139,7 +137,7 @@ def test_normalize_keeps_channels_last() -> None:
     assert packer.Normalize()(x).is_contiguous(memory_format=torch.channels_last)
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_nonblocking_equals_synchronized(packed: Path) -> None:
     pack = packer.load(packed)
     fast = packer.PackLoader(pack, 4, device="cuda", seed=3, prefetch=2)
@@ -154,7 +152,7 @@ def test_cuda_nonblocking_equals_synchronized(packed: Path) -> None:
             assert torch.allclose(y.cpu(), packer.Normalize()(xs))
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_resident_mode_same_batches(packed: Path) -> None:
     a = packer.PackLoader(packed, 5, device="cuda", seed=1, resident=True)
     b = packer.PackLoader(packed, 5, device="cpu", seed=1)
@@ -162,7 +160,7 @@ def test_cuda_resident_mode_same_batches(packed: Path) -> None:
         assert torch.equal(xa.cpu(), xb) and torch.equal(ya.cpu(), yb)
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_many_batches_with_reused_buffers(tmp_path: Path) -> None:
     """More batches than pinned buffers, consumer slower than producer: no stale data."""
     from packer.measure.bench.synth import make_random_pack
@@ -333,7 +331,7 @@ def test_normalize_still_importable_from_loader() -> None:
     assert Normalize is packer.Normalize and IMAGENET_MEAN[0] == 0.485
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_concurrent_passes_and_transform_match_cpu(packed: Path) -> None:
     pack = packer.load(packed)
     kw = dict(seed=2, prefetch=2, transform=RecordingTransform())
@@ -347,7 +345,7 @@ def test_cuda_concurrent_passes_and_transform_match_cpu(packed: Path) -> None:
     assert sorted(fast.transform.draws) == sorted(slow.transform.draws)  # two threads each
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
     import gc
     import sys

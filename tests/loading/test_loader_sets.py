@@ -276,12 +276,9 @@ class _Fetching(ShardStore):
         self.prefetched += list(ks)
 
 
-_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
 @pytest.mark.parametrize(
     "kind, device",
-    [("set", "cpu"), ("jset", "cpu"), pytest.param("set", "cuda", marks=_CUDA)],
+    [("set", "cpu"), ("jset", "cpu"), pytest.param("set", "cuda", marks=pytest.mark.cuda)],
 )
 def test_a_fetching_store_holds_only_the_shards_in_use(
     packs: dict[str, Path], tmp_path: Path, kind: str, device: str

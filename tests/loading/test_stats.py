@@ -335,11 +335,8 @@ def test_verify_json_carries_the_loader_stats(packed: Path) -> None:
 
 # ---- CUDA: the pinned path and the decoders' lanes (skipped without a GPU)
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
 
 @pytest.mark.cuda
-@needs_cuda
 @pytest.mark.parametrize("way", [{}, {"gather": "device"}, {"resident": True}])
 def test_cuda_raw_pack_stats(pack6: packer.ImagePack, way: dict) -> None:
     ld = packer.PackLoader(pack6, 2, device="cuda", **way)
@@ -352,7 +349,6 @@ def test_cuda_raw_pack_stats(pack6: packer.ImagePack, way: dict) -> None:
 
 
 @pytest.mark.cuda
-@needs_cuda
 def test_cuda_jpeg_lanes_say_their_path(jpegs: Path) -> None:
     ld = packer.PackLoader(jpegs, 4, device="cuda", image_size=12)
     assert sum(len(x) for x, _ in ld) == 21

@@ -16,8 +16,6 @@ import packer
 from packer.cli import cli
 from packer.errors import UsageError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 
 def image_paths(root: Path) -> list[str]:
     return sorted(
@@ -270,7 +268,7 @@ def test_verify_trace_on_a_pack_with_targets(tpack: Path, tmp_path: Path) -> Non
 # ------------------------------------------------------------------------- CUDA
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("resident", [False, True])
 def test_cuda_nonblocking_triples_equal_synchronized(tpack: Path, resident: bool) -> None:
     pack = packer.load(tpack)
@@ -286,7 +284,7 @@ def test_cuda_nonblocking_triples_equal_synchronized(tpack: Path, resident: bool
             check_batch(pack, (xs, ys, ts))
 
 
-@cuda
+@pytest.mark.cuda
 def test_cuda_reused_slots_give_fresh_targets(tmp_path: Path, image_tree: Path) -> None:
     """More batches than pinned slots: each batch's targets are its own rows'."""
     pack = packer.load(build_with_table(image_tree, tmp_path / "p", ["-1"] * 13))

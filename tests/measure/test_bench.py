@@ -260,7 +260,6 @@ def test_median_rate_calls_the_barrier_around_every_run() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_quick_cuda_measures_pinned_and_training(tmp_path: Path) -> None:
     code, stdout, _ = run("--quick", "--device", "cuda", "--out", str(tmp_path), "--json", "-q")
     assert code == 0, stdout
