@@ -119,6 +119,7 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
     t = time.perf_counter()
     streams = [nv.CodeStream(d) for d in datas]
     out["codestream_us_per_image"] = (time.perf_counter() - t) / n * 1e6
+    datas_cs = list(datas)  # the same arrays, a distinct list: made into CodeStreams per batch
 
     def boxes_for(k: int) -> tuple[int, int, int, int]:
         s = streams[k]
@@ -166,6 +167,8 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         with torch.cuda.stream(stream):
             for g in groups:
                 batch_in = [src[k] for k in g]
+                if src is datas_cs:  # CodeStreams made in the timed loop, as a loader must
+                    batch_in = [nv.CodeStream(x) for x in batch_in]
                 if reuse and images is not None and len(images) == len(batch_in):
                     imgs = dec.decode(
                         batch_in, params=params, images=images, cuda_stream=stream.cuda_stream
@@ -190,6 +193,11 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         ("hw full reuse x4", "hw", "full", 4, True, 0),
         ("hw roi reuse x2", "hw", "roi", 2, True, 0),
         ("hw0.9+hybrid full reuse x2", "hw0.9+hybrid", "full", 2, True, 0),
+        # the bytes as arrays (nvImageCodec parses them in the call) vs CodeStreams made
+        # per batch in the timed loop: what a loader pays
+        ("hw np reuse x4", "hw", "np", 4, True, 0),
+        ("hw cs-in-loop reuse x4", "hw", "cs", 4, True, 0),
+        ("hw np reuse", "hw", "np", 1, True, 0),
     ]
     decs: dict[str, list] = {}
     results: dict[str, list[float]] = {v[0]: [] for v in variants}
@@ -203,7 +211,7 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         for label, _kind, src, k, reuse, _t in variants:
             if label not in decs:
                 continue
-            source = streams if src == "full" else rois
+            source = {"full": streams, "roi": rois, "np": datas, "cs": datas_cs}[src]
             ss = [torch.cuda.Stream() for _ in range(k)]
             counts = [0] * k
             torch.cuda.synchronize()
@@ -271,10 +279,19 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         "iface hw reuse x4": ("iface", 4),
         "raw+dlpack hw reuse": ("dlpack", 1),
         "raw+dlpack hw reuse x4": ("dlpack", 4),
+        "nvbatch hw": ("nvbatch", 1),
+        "nvbatch hw x2": ("nvbatch", 2),
+        "nvbatch hw x4": ("nvbatch", 4),
+        "nvbatch hw+hybrid x2": ("nvbatch-hh", 2),
     }
     ds_of: dict[str, list] = {}
     for label, (how, k) in more.items():
-        if how in ("iface", "kept"):
+        if how.startswith("nvbatch"):
+            from packer.imaging.nvbatch import NvBatchDecoder
+
+            be = "hw+hybrid" if how == "nvbatch-hh" else "hw"
+            ds_of[label] = [NvBatchDecoder("cuda", backends=be) for _ in range(k)]
+        elif how in ("iface", "kept"):
             ds_of[label] = [
                 NvImageCodecDecoder("cuda", backends="hw", pitched=True, reuse=True, roi=False)
                 for _ in range(k)
@@ -285,7 +302,7 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
         for label, (how, k) in more.items():
             ds = ds_of[label]
             ss = [torch.cuda.Stream() for _ in range(k)]
-            fn = {"iface": iface, "kept": kept, "dlpack": dlpack}[how]
+            fn = {"iface": iface, "kept": kept, "dlpack": dlpack}.get(how, kept)
             torch.cuda.synchronize()
             t = time.perf_counter()
             th = [threading.Thread(target=fn, args=(ds[j], ss[j])) for j in range(k)]
@@ -314,7 +331,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument(
-        "--decodes", default="auto,nvimgcodec", help="decode= values; nvimgcodec:K = K lanes"
+        "--decodes",
+        default="auto,nvimgcodec",
+        help="decode= values; nvimgcodec:K = K lanes; WAY@S = at sys.setswitchinterval(S)",
     )
     ap.add_argument("--parts", default="bare,loaders")
     ap.add_argument(
@@ -343,23 +362,38 @@ def main() -> None:
             makers["dali"] = dali_batches(it)
         except Exception as e:
             out["dali_error"] = repr(e)[:400]
-        for d in a.decodes.split(","):
+        switch: dict[str, float] = {}  # "WAY@S": the loader measured at sys.setswitchinterval(S)
+        for d_full in a.decodes.split(","):
+            d, _, si = d_full.partition("@")
             kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
+            if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
+                kw["decode"] = ["torchcodec", "torchvision"]
+            if d.startswith(("nvbatch:", "nvbatch-hh:")):  # batched C decoders, K lanes
+                from packer.imaging.decoders_split import nvimgcodec_batched
+
+                be = "hw+hybrid" if d.startswith("nvbatch-hh") else "hw"
+                kw["decode"] = nvimgcodec_batched("cuda", int(d.split(":")[1]), be)
             if d.startswith("nvimgcodec:"):  # that many lanes
                 from packer.imaging.decoders_split import nvimgcodec_lanes
 
                 kw["decode"] = nvimgcodec_lanes("cuda", int(d.split(":")[1]))
             try:
                 loader = packer.PackLoader(pack, a.batch, device="cuda", image_size=224, **kw)
-                makers[f"imgpack {d}"] = _endless(lambda loader=loader: iter(loader))
-                out.setdefault("paths", {})[d] = None
-                out["paths"][d] = loader
+                makers[f"imgpack {d_full}"] = _endless(lambda loader=loader: iter(loader))
+                if si:
+                    switch[f"imgpack {d_full}"] = float(si)
+                out.setdefault("paths", {})[d_full] = loader
             except Exception as e:
-                out.setdefault("loader_errors", {})[d] = repr(e)[:400]
+                out.setdefault("loader_errors", {})[d_full] = repr(e)[:400]
         res: dict[str, list[float]] = {k: [] for k in makers}
+        default_switch = sys.getswitchinterval()
         for _ in range(a.rounds):
             for k, m in makers.items():
-                res[k].append(rate(m, a.steps, a.warmup, a.batch))
+                sys.setswitchinterval(switch.get(k, default_switch))
+                try:
+                    res[k].append(rate(m, a.steps, a.warmup, a.batch))
+                finally:
+                    sys.setswitchinterval(default_switch)
         for d, loader in list(out.get("paths", {}).items()):
             out["paths"][d] = getattr(loader, "decode_path", None)
         out["loaders"] = {

@@ -52,6 +52,12 @@ _KEEP: list[Any] = []  # green contexts outlive their streams' work
 
 def _loader(pack: Path, device: torch.device, batch: int, decode: Any) -> Any:
     rows = torch.arange(len(packer.load(pack))).repeat(64)
+    if decode == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
+        decode = ["torchcodec", "torchvision"]
+    if isinstance(decode, str) and decode.startswith("nvbatch:"):  # K batched C decoders
+        from packer.imaging.decoders_split import nvimgcodec_batched
+
+        decode = nvimgcodec_batched(device, int(decode.split(":")[1]))
     if isinstance(decode, str) and decode.startswith("nvimgcodec:"):  # K kept-buffer lanes
         from packer.imaging.decoders_split import nvimgcodec_lanes
 

@@ -65,6 +65,26 @@ def test_wheel_holds_every_package(installed: tuple[Path, dict[str, str]]) -> No
     assert ours == want
 
 
+def test_wheel_ships_the_batched_decoders_c_source(
+    installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 44: nvbatch.c travels in the wheel, and where nvImageCodec and a compiler
+    are there, the installed package compiles and loads it."""
+    env_dir, env = installed
+    site = next((env_dir / "lib").glob("python*/site-packages"))
+    src = site / "packer" / "imaging" / "nvbatch.c"
+    assert src.is_file() and src.read_bytes() == (REPO / "packer/imaging/nvbatch.c").read_bytes()
+    env = {**env, "XDG_CACHE_HOME": str(tmp_path)}
+    code = "from packer.imaging import nvbatch; print(nvbatch.available())"
+    r = _run([env_dir / "bin" / "python", "-c", code], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    try:
+        import nvidia.nvimgcodec  # noqa: F401
+    except ImportError:
+        return  # the installed package says why it cannot, and that is all
+    assert r.stdout.strip() == "None", r.stdout
+
+
 def test_installed_cli_builds_and_verifies_outside_the_repo(
     installed: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -74,6 +74,8 @@ class KeptBatch:
     def tensors(self) -> list[torch.Tensor]:
         """The images as uint8 [3, h_i, w_i] tensors (views of the kept buffers, valid
         while this batch is): for the crop's ways that take tensors."""
+        if hasattr(self._images, "tensors"):  # nvbatch: one buffer, views made here
+            return self._images.tensors()
         return [torch.as_tensor(img, device=self.device) for img in self._images]
 
 

@@ -52,14 +52,26 @@ def best_decoder(device: torch.device | str, **opts: object) -> DecoderBase:
 MEASURED_LANES = ("torchcodec", "torchvision")
 
 
+# the batched nvImageCodec decoders (nvbatch: the hardware engines, one C call a batch, no
+# Python per image) fed the loader at 1.06x / 1.24x / 1.31x DALI's file pipeline with 1 /
+# 2 / 4 lanes, where nvjpeg's two lanes gave 0.91x, in one run on an H200
+# (docs/PERFORMANCE.md, "JPEG packs beside DALI"): the default wherever they run
+NVBATCH_LANES = 2
+
+
 def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
-    """The JPEG-pack loader's decoders on ``device``: on CUDA every one of
-    :data:`MEASURED_LANES` that starts here (a batch each at once), else
+    """The JPEG-pack loader's decoders on ``device``: on CUDA :data:`NVBATCH_LANES`
+    batched nvImageCodec decoders where they run (:func:`nvimgcodec_batched`), else every
+    one of :data:`MEASURED_LANES` that starts here (a batch each at once), else
     :func:`best_decoder`'s one; on the CPU the CPU decoder."""
     from .decoders import get_decoder
 
     device = torch.device(device)
     if device.type == "cuda":
+        try:  # one C call a batch: where it runs, it wins (see NVBATCH_LANES)
+            return nvimgcodec_batched(device, NVBATCH_LANES)
+        except UsageError:
+            pass
         lanes = []
         for name in MEASURED_LANES:
             try:
@@ -106,11 +118,30 @@ def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) 
     raise UsageError(why or str(Unavailable("nvImageCodec")))
 
 
+def nvimgcodec_batched(device: torch.device | str, lanes: int = 2, backends: str = "hw") -> list:
+    """Batched nvImageCodec decoders (:class:`~packer.imaging.nvbatch.NvBatchDecoder`: one
+    C call a batch, no Python per image) for a JPEG-pack loader's ``decode=``: ``lanes``
+    of them on CUDA (a batch each at once), one on the CPU. UsageError saying why where
+    they cannot run here (no nvImageCodec, no C compiler)."""
+    from .decoders import Unavailable
+    from .nvbatch import NvBatchDecoder
+
+    device = torch.device(device)
+    try:
+        if device.type != "cuda":
+            return [NvBatchDecoder(device)]
+        return [NvBatchDecoder(device, backends=backends) for _ in range(max(1, lanes))]
+    except Unavailable as e:
+        raise UsageError(f"{e}; install imgpack[gpu] and a C compiler (cc)") from None
+
+
 __all__ = [
     "MEASURED_LANES",
     "MEASURED_ORDER",
+    "NVBATCH_LANES",
     "NVIMGCODEC_LANES",
     "best_decoder",
     "best_lanes",
+    "nvimgcodec_batched",
     "nvimgcodec_lanes",
 ]

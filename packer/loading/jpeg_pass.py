@@ -174,6 +174,8 @@ class Decoding:
 
 
 def _label(dec: Any) -> str:
+    if getattr(dec, "batched", False):  # nvbatch: one C call a batch
+        return f"nvimgcodec-batched({dec.backends})"
     backends = getattr(dec, "backends", None)
     if dec.name == "nvimgcodec" and backends and backends != "hw+hybrid":
         return f"nvimgcodec({backends})"
