@@ -14,7 +14,7 @@ ops the images drew, driven by a per-image float32 table (columns ``COL_*``):
   sampled from the uint8 input, the saturation blend with the luma, or the 3x3
   sharpness blend), uint8 in, uint8 out, each output byte written once.
 
-Each op follows the float32 arithmetic of :mod:`packer.imaging.functional`
+Each op follows the float32 arithmetic of :mod:`packer.augment.functional`
 (torchvision's), so outputs equal the batched ops' but where a sum is taken in
 another order or a multiply-add is fused: a level apart at a few pixels in a
 million (a nearest sample exactly between two pixels may take the other).
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 # the recipe's tail (Normalize + RandomErasing + MixUp/CutMix) has a module of its own;
-# its layout constants and launcher stay reachable here (packer.imaging.fused calls ``tail``)
+# its layout constants and launcher stay reachable here (packer.augment.fused calls ``tail``)
 from .tail_triton import TAIL_CUTMIX as TAIL_CUTMIX
 from .tail_triton import TAIL_HEAD as TAIL_HEAD
 from .tail_triton import TAIL_MIXUP as TAIL_MIXUP

@@ -3,8 +3,8 @@
 ``images``: Tensor[B, C, H, W] uint8 in [0, 255] (C = 3, or 1), on the CPU or CUDA;
 returns uint8 of the same shape on the same device. As
 ``torchvision.transforms.v2.AugMix``, each image its own chains, depths and weights
-(:class:`~packer.imaging.policy_ops.AugMixDraw`); the chains run as the other
-policies' ops do (:mod:`packer.imaging.policy_apply`), all of them from one copy.
+(:class:`~packer.augment.policy_ops.AugMixDraw`); the chains run as the other
+policies' ops do (:mod:`packer.augment.policy_apply`), all of them from one copy.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..imaging.resize import ArgumentError, check_images
 from .params import MAX_ALPHA, MAX_CHAINS, count, send
 from .policies import Policy
 from .policy_apply import fused_backend, program, run_chain
 from .policy_ops import AUGMIX_ALL, AUGMIX_PARTIAL, AugMixDraw, randint, signed_draw
-from .resize import ArgumentError, check_images
 
 
 class AugMix(Policy):

@@ -6,7 +6,7 @@ Each takes ``images``: Tensor[B, C, H, W] uint8 in [0, 255] (C = 3; 1 where
 torchvision allows it) on any device and returns uint8 of the same shape on the
 same device. Per image, parameters are drawn as torchvision's v1 ``get_params``
 draws them (``sample`` returns them, on the CPU, from ``generator``); the pixels
-are :mod:`packer.imaging.functional`'s. An op applied with probability ``p``
+are :mod:`packer.augment.functional`'s. An op applied with probability ``p``
 runs only on its chosen images (their indices are known on the host), and
 returns the input itself when none is chosen, as torchvision does.
 """
@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import torch
 
+from ..imaging.resize import check_images
 from . import functional as F
+from .base import _Transform
 from .params import MAX_FACTOR, MAX_SIGMA, apply_groups, apply_to, number
-from .resize import check_images
-from .transforms import _Transform
 
 
 def _probability(p: float) -> float:
@@ -96,7 +96,7 @@ class ColorJitter(_Transform):
     draws its own factors and its own order of the four adjustments (a uniform
     random permutation). The batch runs in four rounds: in round ``r`` each
     image gets the adjustment its permutation puts at position ``r``, each
-    adjustment once on its group of images (:func:`~packer.imaging.params.apply_groups`),
+    adjustment once on its group of images (:func:`~packer.augment.params.apply_groups`),
     so the result equals torchvision's image by image with the same factors and
     order.
     """
@@ -166,7 +166,7 @@ class GaussianBlur(_Transform):
 
     ``kernel_size``: odd int, or (kx, ky) as torchvision (x first). ``sigma``: a
     number (fixed) or (min, max), 0 < min <= max. Pixels as
-    :func:`~packer.imaging.functional.gaussian_blur` (reflect padding).
+    :func:`~packer.augment.functional.gaussian_blur` (reflect padding).
     """
 
     def __init__(

@@ -321,3 +321,16 @@ def _area(
         inside = np.take_along_axis(integrals(b1, t1, r0), iu, 0)[0]
         inside -= np.take_along_axis(integrals(b0, t0, r1), il, 0)[0]
         return np.where((gap > 0) & (q > p), inside, 0.0).sum(1)
+
+
+def size_column(height: int, width: int) -> np.ndarray:
+    """float64 [2, 1, 1]: (height, width), made once per size."""
+    col = _COLUMNS.get((height, width))
+    if col is None:
+        if len(_COLUMNS) >= 64:  # many image sizes: start over rather than grow
+            _COLUMNS.clear()
+        col = _COLUMNS[(height, width)] = np.array([height, width], dtype=np.float64)[:, None, None]
+    return col
+
+
+_COLUMNS: dict[tuple[int, int], np.ndarray] = {}

@@ -17,11 +17,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..imaging.resize import MAX_SIDE, ArgumentError, zero_size
 from . import functional as F
-from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
+from .base import _Transform
+from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, size_column, try_sides
 from .params import constant, number, send
-from .resize import MAX_SIDE, ArgumentError, zero_size
-from .transforms import _size_column, _Transform
 
 
 class ErasingParams(NamedTuple):
@@ -109,8 +109,8 @@ class RandomErasing(_Transform):
         round(sqrt(area / aspect)) (half to even, as Python's round); the first try
         with h < H and w < W wins and its corner is uniform (``randint(0, H - h + 1)``,
         ``randint(0, W - w + 1)``); an image without one is not erased. From the exact
-        table of that distribution (:func:`~packer.imaging.draws.box_table`): four
-        uniforms per image from :func:`~packer.imaging.draws.host_rng` (one draw from
+        table of that distribution (:func:`~packer.augment.draws.box_table`): four
+        uniforms per image from :func:`~packer.augment.draws.host_rng` (one draw from
         ``generator``); where there is none (a fixed scale or ratio), from the coins
         and then the tries of the images to erase.
         """
@@ -130,7 +130,7 @@ class RandomErasing(_Transform):
             u = rng.random((2 * TRIES + 2, n))  # areas, aspects, the corner
             area = float(height * width)
             wh = try_sides(u[:TRIES], u[TRIES : 2 * TRIES], area, self.scale, self.ratio)
-            size = _size_column(height, width)  # [2, 1, 1]
+            size = size_column(height, width)  # [2, 1, 1]
             fit = wh[::-1] < size
             box = np.empty((4, n))  # top, left, h, w
             np.take(wh[::-1].reshape(2, -1), first_fit(fit[0] & fit[1]), 1, box[2:])

@@ -17,11 +17,11 @@ where it differs more. Pass factors as float64 (as Python floats are) to get
 ``1 - factor`` rounded as torchvision rounds it.
 
 Nothing here makes the host wait for the device: CPU parameters move with
-non-blocking copies (:func:`packer.imaging.params.send`), and no value is read back.
+non-blocking copies (:func:`packer.augment.params.send`), and no value is read back.
 
-The geometric ops (``affine``, ``rotate``) are :mod:`packer.imaging.warps`'s; the
-parameter plumbing (:func:`~packer.imaging.params.apply_to`,
-:func:`~packer.imaging.params.apply_groups`, ...) is :mod:`packer.imaging.params`'s.
+The geometric ops (``affine``, ``rotate``) are :mod:`packer.augment.warps`'s; the
+parameter plumbing (:func:`~packer.augment.params.apply_to`,
+:func:`~packer.augment.params.apply_groups`, ...) is :mod:`packer.augment.params`'s.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
+from ..imaging.resize import check_images
 from .params import Param, check_batch, constant, param, send, send_params
-from .resize import check_images
 
 
 def _ratio(f: np.ndarray | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

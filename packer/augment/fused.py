@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..imaging.normalize import Normalize
+from ..imaging.resize import taps, triton_kernels
 from .augmix import AugMix
 from .erasing import RandomErasing
 from .mixing import CutMix, MixUp, RandomChoice
-from .normalize import Normalize
 from .params import send
 from .policies import Policy
 from .policy_apply import NCOL, fused_backend, fused_fill
-from .resize import taps, triton_kernels
 from .transforms import RandomHorizontalFlip, RandomResizedCrop
 
 ENABLED = True

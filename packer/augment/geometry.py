@@ -3,7 +3,7 @@
 Input ``images``: Tensor[B, C, H, W] uint8 in [0, 255] on any device; output
 uint8 of the same shape and device. Parameters follow torchvision's v1
 ``get_params`` (drawn on the CPU from ``generator``, one draw per batch,
-returned by ``sample``); pixels are :func:`packer.imaging.warps.affine`'s:
+returned by ``sample``); pixels are :func:`packer.augment.warps.affine`'s:
 one batched ``grid_sample`` over per-image inverse matrices built as
 torchvision builds them (same centre, pixel-centre grid, rotation, shear and
 scale order), nearest or bilinear, with ``fill`` for pixels from outside.
@@ -18,9 +18,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..imaging.resize import check_images
+from .base import _Transform
 from .params import MAX_DEGREES, MAX_SCALE, MAX_SHEAR, check_fill, number
-from .resize import check_images
-from .transforms import _Transform
 from .warps import affine, interpolation_mode, rotate
 
 

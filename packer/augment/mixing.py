@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..imaging.resize import ArgumentError, zero_size
 from .draws import uniform
 from .params import MAX_ALPHA, MAX_CLASSES, count, send
-from .resize import ArgumentError, zero_size
 
 _MODES = ("batch", "elem")
 

@@ -6,7 +6,7 @@ moves a call's host values to the device in one non-blocking copy through reused
 pinned buffers (:func:`send`), :func:`constant` makes small device constants once, and
 :func:`fill_values` reads a warp's ``fill``. :func:`apply_to`, :func:`where` and
 :func:`apply_groups` run an op on the chosen images only, or one op per group. Used by
-:mod:`~packer.imaging.functional` (colour and pixels), :mod:`~packer.imaging.warps`
+:mod:`~packer.augment.functional` (colour and pixels), :mod:`~packer.augment.warps`
 (geometry) and the modules built on them; nothing here makes the host wait for the
 device.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .resize import ArgumentError, check_images
+from ..imaging.resize import ArgumentError, check_images
 
 Param = float | int | torch.Tensor
 Fill = float | int | Sequence[float] | torch.Tensor | None

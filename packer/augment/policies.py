@@ -1,5 +1,5 @@
 """Automatic augmentation policies, per image: TrivialAugmentWide, RandAugment and
-AutoAugment (AugMix, built on :class:`Policy`: :mod:`packer.imaging.augmix`).
+AutoAugment (AugMix, built on :class:`Policy`: :mod:`packer.augment.augmix`).
 
 Each takes ``images``: Tensor[B, C, H, W] uint8 in [0, 255] (C = 3, or 1), on the
 CPU or CUDA, and returns uint8 of the same shape on the same device. Every image
@@ -9,15 +9,15 @@ op uniform over the space, the bin uniform (TrivialAugmentWide) or fixed
 (RandAugment), the sign negative with probability 1/2 for the signed ops.
 :meth:`sample` returns the draws (a :class:`PolicyDraw`).
 
-Pixels (:mod:`packer.imaging.policy_apply`; op spaces and draws:
-:mod:`packer.imaging.policy_ops`): a batch's draws come from ``generator`` on the CPU
-(one seed for numpy's generator, :func:`~packer.imaging.draws.host_rng`; AugMix: three
+Pixels (:mod:`packer.augment.policy_apply`; op spaces and draws:
+:mod:`packer.augment.policy_ops`): a batch's draws come from ``generator`` on the CPU
+(one seed for numpy's generator, :func:`~packer.augment.draws.host_rng`; AugMix: three
 torch calls), become per-image parameters in numpy (the geometric ops'
 affine matrices in float64, as torchvision computes them), and the batch's gathers go
 to the device in one copy. Images are grouped by the batched op they need: the five
 geometric ops (shear, translate, rotate) are one affine warp
-(:mod:`packer.imaging.warps`), each colour op one call of
-:mod:`packer.imaging.functional`. Per op stage: one gather puts the images in op
+(:mod:`packer.augment.warps`), each colour op one call of
+:mod:`packer.augment.functional`. Per op stage: one gather puts the images in op
 order, each op runs once on its contiguous slice, one ``cat`` joins them; one gather
 restores the batch order at the end. A batch costs one call per op present, whatever
 its size: at most ten for TrivialAugmentWide. On the CPU, outputs equal torchvision's
@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..imaging.resize import check_images
+from .base import _Transform
 from .draws import host_rng
 from .params import MAX_BINS, MAX_OPS, check_fill, count, send
 from .policy_apply import (
@@ -51,8 +53,6 @@ from .policy_ops import (
     randint,
     signed_draw,
 )
-from .resize import check_images
-from .transforms import _Transform
 from .warps import interpolation_mode
 
 
@@ -138,7 +138,7 @@ class Policy(_Transform):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per image and step: the op (int64 [B, S], -1: none), its bin (int64 [B, S])
         and whether its sign is negative (bool [B, S]), from
-        :func:`~packer.imaging.draws.host_rng` (one draw from ``generator``)."""
+        :func:`~packer.augment.draws.host_rng` (one draw from ``generator``)."""
         raise NotImplementedError
 
     def _row_index(self, batch: int, generator: torch.Generator | None) -> np.ndarray:

@@ -4,11 +4,11 @@ A batch's draws (op indices and signed magnitudes, [B, S]) become per-image
 parameters in numpy (:class:`OpPlan`: the geometric ops' inverse affine matrices in
 float64, as torchvision computes them), and images are grouped by the batched op
 they need (:func:`program`): the five geometric ops (shear, translate, rotate) are one
-warp (:func:`packer.imaging.warps.warp`), each colour op one call of
-:mod:`packer.imaging.functional`. Per stage, one gather puts the images in op order,
+warp (:func:`packer.augment.warps.warp`), each colour op one call of
+:mod:`packer.augment.functional`. Per stage, one gather puts the images in op order,
 each op runs once on its contiguous slice, one ``cat`` joins them; one gather restores
 the batch order at the end (:func:`run_chain`). On CUDA with Triton the same table
-drives :mod:`packer.imaging.aug_triton`'s fused kernels instead (:func:`fused_table`,
+drives :mod:`packer.augment.aug_triton`'s fused kernels instead (:func:`fused_table`,
 :func:`run_chain_fused`), imported only when a CUDA batch first asks
 (:func:`fused_backend`).
 """

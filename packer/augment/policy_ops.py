@@ -4,8 +4,8 @@ torchvision's v2 op spaces (``torchvision.transforms.v2._auto_augment``): per op
 its magnitudes over the bins and whether it takes a random sign
 (:func:`magnitude_table`); AutoAugment's sub-policies; and the draws a policy's
 ``sample`` returns (:class:`PolicyDraw`, :class:`AugMixDraw`, made by
-:func:`signed_draw`). Used by :mod:`packer.imaging.policies` and
-:mod:`packer.imaging.augmix`; :mod:`packer.imaging.policy_apply` runs the draws.
+:func:`signed_draw`). Used by :mod:`packer.augment.policies` and
+:mod:`packer.augment.augmix`; :mod:`packer.augment.policy_apply` runs the draws.
 """
 
 from __future__ import annotations

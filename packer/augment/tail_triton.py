@@ -1,7 +1,7 @@
 """The Triton kernel of the recipe's tail on CUDA: Normalize, RandomErasing and MixUp or
 CutMix (with the mixed one-hot labels) of a uint8 batch in one pass (:func:`tail`).
 
-Called as ``aug_triton.tail`` by :mod:`packer.imaging.fused` (``aug_triton`` re-exports it
+Called as ``aug_triton.tail`` by :mod:`packer.augment.fused` (``aug_triton`` re-exports it
 and the parameter block's layout constants). Its tunables, ``TAIL_TILE`` and ``NORM_FMA``,
 are this module's. Imported only when CUDA work asks for it; under ``TRITON_INTERPRET=1``
 the kernel also runs on CPU tensors (the tests).

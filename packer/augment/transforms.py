@@ -1,4 +1,5 @@
-"""Batched per-sample augmentation on uint8 image batches, on the CPU and on CUDA.
+"""The crop and resize ops on uint8 image batches (RandomResizedCrop, RandomHorizontalFlip,
+CenterCrop, Resize), on the CPU and on CUDA.
 
 Every module takes ``images``: Tensor[B, C, H, W], uint8 in [0, 255], on any
 device, and returns uint8 on the same device; each image gets its own random
@@ -14,45 +15,43 @@ copies: nothing here makes the host wait for the device.
 The crop and resize is one batched call, :func:`packer.imaging.resize.resized_crop`
 (this module's pixels, its weights and its CUDA kernel). Host work per batch on CUDA
 (Compose of crop + flip): a seed from the generator for numpy's uniforms
-(:func:`~packer.imaging.draws.host_rng`), the boxes from the exact table of
-torchvision's rule for the image size (:func:`~packer.imaging.draws.box_table`) in a
+(:func:`~packer.augment.draws.host_rng`), the boxes from the exact table of
+torchvision's rule for the image size (:func:`~packer.augment.draws.box_table`) in a
 few numpy passes written straight into a reused pinned [B, 5] int32 table, one torch
 draw for the flips, one async copy and one launch.
-This module needs only torch and numpy (and ``resize.py`` and ``draws.py`` beside it),
-so it also imports standalone.
+``Compose`` (which runs a crop and a flip as one kernel) is :mod:`packer.augment.compose`.
+This module needs only torch and numpy (and ``resize.py``, ``draws.py`` and ``base.py``
+beside it), so it also imports standalone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
-from torch import nn
 
 if __package__:
-    from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, try_sides
-    from .resize import (
+    from ..imaging.resize import (
         MAX_SIDE,
         ArgumentError,
         Size,
         check_antialias,
         check_images,
         interpolation_mode,
-        pinned_tables,
         resized_crop,
         size_pair,
-        taps,
         to_device,
-        triton_kernels,
     )
-else:  # imported standalone, beside resize.py and draws.py
+    from .base import _Transform
+    from .draws import TRIES, box_table, draw_boxes, first_fit, host_rng, size_column, try_sides
+else:  # imported standalone, beside resize.py, draws.py and base.py
+    from base import _Transform  # type: ignore[no-redef]
     from draws import (  # type: ignore[no-redef]
         TRIES,
         box_table,
         draw_boxes,
         first_fit,
         host_rng,
+        size_column,
         try_sides,
     )
     from resize import (  # type: ignore[no-redef]
@@ -62,26 +61,10 @@ else:  # imported standalone, beside resize.py and draws.py
         check_antialias,
         check_images,
         interpolation_mode,
-        pinned_tables,
         resized_crop,
         size_pair,
-        taps,
         to_device,
-        triton_kernels,
     )
-
-
-def _size_column(height: int, width: int) -> np.ndarray:
-    """float64 [2, 1, 1]: (height, width), made once per size."""
-    col = _COLUMNS.get((height, width))
-    if col is None:
-        if len(_COLUMNS) >= 64:  # many image sizes: start over rather than grow
-            _COLUMNS.clear()
-        col = _COLUMNS[(height, width)] = np.array([height, width], dtype=np.float64)[:, None, None]
-    return col
-
-
-_COLUMNS: dict[tuple[int, int], np.ndarray] = {}
 
 
 def _np_sizes(size: int | torch.Tensor, batch: int) -> np.ndarray:
@@ -91,16 +74,6 @@ def _np_sizes(size: int | torch.Tensor, batch: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- modules
-
-
-class _Transform(nn.Module):
-    accepts_generator = True
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in self._repr_fields().items())
-
-    def _repr_fields(self) -> dict[str, object]:
-        return {}
 
 
 class _Interpolated:
@@ -202,9 +175,9 @@ class RandomResizedCrop(_SizedTransform):
         and 0 < h <= H wins and its corner is uniform; else a centre crop of the
         whole image with its aspect clamped into ``ratio``. For one image size the
         box comes from that rule's exact distribution
-        (:func:`~packer.imaging.draws.box_table`): one uniform per image; else the
+        (:func:`~packer.augment.draws.box_table`): one uniform per image; else the
         tries are drawn. The uniforms come from
-        :func:`~packer.imaging.draws.host_rng` (one draw from ``generator``).
+        :func:`~packer.augment.draws.host_rng` (one draw from ``generator``).
         """
         out = np.empty((batch, 4), dtype=np.int64)
         self._draw(batch, height, width, generator, out)
@@ -227,7 +200,7 @@ class RandomResizedCrop(_SizedTransform):
                 if batch:
                     out[:, :4] = draw_boxes(table, host_rng(generator).random((4, batch)))[1].T
                 return
-            hw = _size_column(height, width)
+            hw = size_column(height, width)
             area = float(height * width)
         else:
             hh = _np_sizes(height, batch)
@@ -391,146 +364,3 @@ class Resize(_Transform):
         boxes = torch.tensor([[0, 0, h, w]], dtype=torch.int64).expand(b, 4)
         mode, aa = self.interpolation, self.antialias
         return resized_crop(images, boxes, self.output_size(h, w), interpolation=mode, antialias=aa)
-
-
-class _Call(nn.Module):
-    """A plain callable inside Compose (nn.Sequential holds modules only)."""
-
-    def __init__(self, fn: object) -> None:
-        super().__init__()
-        self.fn = fn
-        self.accepts_generator = getattr(fn, "accepts_generator", False)
-        self.mixes_labels = getattr(fn, "mixes_labels", False)
-
-    def forward(self, images: torch.Tensor, *args: object, **kw: object) -> torch.Tensor:
-        return self.fn(images, *args, **kw)
-
-    def extra_repr(self) -> str:
-        return repr(self.fn)
-
-
-class Compose(nn.Sequential):
-    """Apply transforms in order, passing ``generator`` to those that accept one.
-
-    A RandomResizedCrop directly followed by a RandomHorizontalFlip runs as one
-    resample (the flip reverses the interpolation matrix), drawing the same
-    random numbers in the same order as the two run one after the other. On
-    CUDA, the modern recipe's ops in a row (crop + flip, a policy, Normalize,
-    RandomErasing, MixUp/CutMix) run as a few fused kernels with the same draws
-    (:mod:`packer.imaging.fused`).
-
-    Labels: ``compose(images, labels, generator=g)`` returns ``(images, labels)``,
-    the labels passed through the batch mixers (MixUp, CutMix: elements with
-    ``mixes_labels``) and left as they are by the other elements. A Compose
-    holding a mixer has ``mixes_labels`` True and must be given labels; one
-    without returns just the images when called without labels, as before.
-    """
-
-    accepts_generator = True
-
-    @property
-    def mixes_labels(self) -> bool:
-        return any(getattr(t, "mixes_labels", False) for t in self)
-
-    def __init__(self, transforms: Sequence[nn.Module]) -> None:
-        for t in transforms:
-            if not callable(t):
-                raise ValueError(f"Compose takes callables, not {t!r}")
-        super().__init__(*(t if isinstance(t, nn.Module) else _Call(t) for t in transforms))
-
-    def forward(
-        self,
-        images: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(labels, torch.Generator):  # the old call compose(images, generator)
-            labels, generator = None, labels
-        mods = list(self)
-        fast = _fused_module(images)
-        i = 0
-        while i < len(mods):
-            plan = None if fast is None else fast.match(mods, i)
-            if plan is not None and plan.applies(images, labels):
-                images, labels = plan.run(images, labels, generator)
-                i = plan.end
-                continue
-            t = mods[i]
-            nxt = mods[i + 1] if i + 1 < len(mods) else None
-            if isinstance(t, RandomResizedCrop) and isinstance(nxt, RandomHorizontalFlip):
-                check_images(images, t)
-                b, _, h, w = images.shape
-                if images.is_cuda and b:
-                    fused = _crop_flip_cuda(t, nxt, images, generator)
-                    if fused is not None:
-                        images = fused
-                        i += 2
-                        continue
-                boxes = t.sample_boxes(b, h, w, generator)
-                flip = nxt.sample(b, generator)
-                mode, aa = t.interpolation, t.antialias
-                images = resized_crop(
-                    images, boxes, t.size, flip=flip, interpolation=mode, antialias=aa
-                )
-                i += 2
-                continue
-            if getattr(t, "mixes_labels", False):
-                if labels is None:
-                    raise ValueError(
-                        f"{type(t).__name__} mixes labels: call the Compose as "
-                        "compose(images, labels, generator=g)"
-                    )
-                if getattr(t, "accepts_generator", False):
-                    images, labels = t(images, labels, generator=generator)
-                else:
-                    images, labels = t(images, labels)
-            elif getattr(t, "accepts_generator", False):
-                images = t(images, generator=generator)
-            else:
-                images = t(images)
-            i += 1
-        return images if labels is None else (images, labels)
-
-
-def _fused_module(images: object):  # -> packer.imaging.fused or None
-    """The fused recipe's module where a batch may take it (a CUDA tensor; the tests
-    also let CPU tensors through, under Triton's interpreter)."""
-    if not __package__ or not isinstance(images, torch.Tensor):
-        return None
-    from . import fused
-
-    if not fused.ENABLED or (fused.DEVICES == "cuda" and not images.is_cuda):
-        return None
-    return fused
-
-
-def _crop_flip_cuda(
-    crop: RandomResizedCrop,
-    flip: RandomHorizontalFlip,
-    images: torch.Tensor,
-    generator: torch.Generator | None,
-) -> torch.Tensor | None:
-    """RandomResizedCrop then flip on CUDA, with the least host work per batch.
-
-    Draws exactly what ``sample_boxes`` then ``RandomHorizontalFlip.sample`` draw,
-    writes them into one pinned int32 [B, 5] table (boxes from the sampler lie
-    inside the image, so there is nothing to check), copies it once and launches
-    the kernel. Returns None where the kernel does not apply (no Triton, or a
-    downscale the dense route handles better); nothing has been drawn then.
-    """
-    kernels = triton_kernels()
-    if kernels is None:
-        return None
-    b, _, h, w = images.shape
-    oh, ow = crop.size
-    mode, aa = crop.interpolation, crop.antialias
-    # The largest box is the whole image: if the kernel suits that, it suits all.
-    if not kernels.fits((h / oh, w / ow), mode):
-        return None
-    ring = pinned_tables(images.device)
-    k, table, arr = ring.take(b)
-    crop._draw(b, h, w, generator, arr)
-    arr[:, 4] = torch.rand(b, generator=generator).numpy() < flip.p
-    sy, sx = int(arr[:, 2].max()) / oh, int(arr[:, 3].max()) / ow
-    ky, kx = taps(sy, mode, aa), taps(sx, mode, aa)
-    return kernels.resample(images, ring.send(k, table), oh, ow, ky, kx, (sy, sx), mode, aa)

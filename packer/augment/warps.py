@@ -5,7 +5,7 @@ and device. torchvision's geometry (``torchvision.transforms.v2.functional.affin
 its inverse matrices (:func:`affine_matrix`), its pixel-centre sampling grid and
 ``grid_sample(align_corners=False)``, its fill rule. :func:`warp` samples a batch at
 given matrices; the policies' geometric ops use it directly. Parameters as
-:mod:`packer.imaging.params` takes them.
+:mod:`packer.augment.params` takes them.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
+from ..imaging.resize import check_images
+from ..imaging.resize import interpolation_mode as _interpolation_mode
 from .params import Fill, Param, constant, fill_values, param, send_params
-from .resize import check_images
-from .resize import interpolation_mode as _interpolation_mode
 
 # What torchvision's warps (affine, rotate, the policies' geometric ops) take for
 # tensors: bicubic, nearest-exact and lanczos are refused there, so here too.

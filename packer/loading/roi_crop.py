@@ -6,7 +6,7 @@
 1. Boxes are drawn on the host from the stored sizes, with torchvision's box distribution
    unchanged (:meth:`packer.transforms.RandomResizedCrop.sample_boxes`), then the flips
    (:meth:`RandomHorizontalFlip.sample`): the same draws, in the same order, as the
-   JPEG-pack loader's crop (:class:`packer.imaging.jpeg.JpegCrop`).
+   JPEG-pack loader's crop (:class:`packer.loading.crop.JpegCrop`).
 2. The decoder decodes only the boxes (:meth:`JpegDecoder.decode_rois`), where it can.
 3. The crops are resized in one batched call (:func:`packer.imaging.jpeg.resize_images`,
    each box the whole crop), the flip folded in.
@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..transforms import RandomHorizontalFlip, RandomResizedCrop
-from .decoders import JpegDecoder
-from .jpeg import resize_images
-from .resize import Size
+from ..augment.transforms import RandomHorizontalFlip, RandomResizedCrop
+from ..imaging.decoders import JpegDecoder
+from ..imaging.jpeg import resize_images
+from ..imaging.resize import Size
 
 
 class RoiResizedCrop:

@@ -1,4 +1,4 @@
-"""packer.imaging.aug_triton: the fused CUDA kernels of the policies and MixUp, run by
+"""packer.augment.aug_triton: the fused CUDA kernels of the policies and MixUp, run by
 Triton's CPU interpreter against the batched torch ops (CI has no GPU)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from conftest import REPO, subprocess_env
 
 _CODE = r"""
 import sys, torch
-sys.path.insert(0, "tests/imaging")
+sys.path.insert(0, "tests/augment")
 from test_policies import photo_like
-import packer.imaging.aug_triton as K
-import packer.imaging.policies as P
-import packer.imaging.policy_apply as PA
-from packer.imaging.augmix import AugMix
-from packer.imaging.mixing import MixUp
-from packer.imaging.policy_ops import PolicyDraw
+import packer.augment.aug_triton as K
+import packer.augment.policies as P
+import packer.augment.policy_apply as PA
+from packer.augment.augmix import AugMix
+from packer.augment.mixing import MixUp
+from packer.augment.policy_ops import PolicyDraw
 
 K.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python
 K.STATS_BLOCK = 128  # several blocks per channel, a ragged last one
@@ -70,7 +70,7 @@ x = torch.randn(5, 3, 7, 9, generator=torch.Generator().manual_seed(0))
 lam = float(MixUp(0.4).sample(5, torch.Generator().manual_seed(2))[0])
 assert torch.equal(K.mixup(x, lam), x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam)))
 # RandomErasing's one-pass kernel: the torch path's pixels, in place or not.
-import packer.imaging.erasing as E
+import packer.augment.erasing as E
 import packer.transforms as T
 E._erase_kernels = lambda images: K
 for value, dtype in ((0, torch.float32), ((1, 2, 3), torch.uint8), (-0.5, torch.float32)):

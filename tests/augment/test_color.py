@@ -1,4 +1,4 @@
-"""packer.imaging.color: torchvision's parameter draws per image, torchvision's pixels.
+"""packer.augment.color: torchvision's parameter draws per image, torchvision's pixels.
 
 Pixels, mean |ours - torchvision| in levels over the module outputs below
 (CPU, torchvision called image by image with the drawn parameters): 0 for

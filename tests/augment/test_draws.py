@@ -1,4 +1,4 @@
-"""packer.imaging.draws: the seed comes from the generator, the box tables are exactly
+"""packer.augment.draws: the seed comes from the generator, the box tables are exactly
 torchvision's rules (checked against a direct simulation of them), and the alias draws
 follow the tables."""
 
@@ -12,7 +12,7 @@ import torch
 
 import packer.transforms as T
 from aug_checks import chi_square_limit
-from packer.imaging import draws
+from packer.augment import draws
 
 
 def test_host_rng_follows_the_generator_only() -> None:

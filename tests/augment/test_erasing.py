@@ -1,4 +1,4 @@
-"""packer.imaging.erasing: RandomErasing draws torchvision's boxes per image (ten tries,
+"""packer.augment.erasing: RandomErasing draws torchvision's boxes per image (ten tries,
 vectorised) and erases uint8 or normalized float images.
 
 Pixels: bit-identical to torchvision's ``erase`` image by image for a constant

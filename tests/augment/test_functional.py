@@ -1,4 +1,4 @@
-"""packer.imaging.functional: per-image batched ops give torchvision's pixels image by image.
+"""packer.augment.functional: per-image batched ops give torchvision's pixels image by image.
 
 Measured here (CPU, 6 images 3x32x40, a different parameter per image), mean
 |ours - torchvision| in levels: 0 for every op (bit-identical) except
@@ -19,9 +19,9 @@ from torchvision.transforms.v2 import functional as TF
 
 from aug_checks import mad, per_image, photo_like
 from conftest import subprocess_env
-from packer.imaging import functional as F
-from packer.imaging import params as PR
-from packer.imaging import warps as W
+from packer.augment import functional as F
+from packer.augment import params as PR
+from packer.augment import warps as W
 
 B = 6
 FACTORS = torch.tensor([0.0, 0.3, 0.9, 1.0, 1.5, 2.0], dtype=torch.float64)
@@ -329,11 +329,11 @@ def test_affine_matrix_is_the_same_from_numpy_and_from_tensors() -> None:
     assert np.allclose(from_numpy, from_torch.numpy(), rtol=0, atol=1e-12)
 
 
-def test_importing_an_imaging_module_first_works() -> None:
+def test_importing_an_augment_module_first_works() -> None:
     # packer.transforms re-exports these modules, which build on its helpers: the
     # package loads it first, so no import order can hit a half-made module.
     code = (
-        "import packer.imaging.geometry as g, packer.transforms as T\n"
-        "assert T.RandomAffine is g.RandomAffine and T.ColorJitter.__module__ == 'packer.imaging.color'\n"
+        "import packer.augment.geometry as g, packer.transforms as T\n"
+        "assert T.RandomAffine is g.RandomAffine and T.ColorJitter.__module__ == 'packer.augment.color'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env(), timeout=120)

@@ -1,4 +1,4 @@
-"""packer.imaging.fused: the recipe's ops in a Compose as a few kernels, with the draws
+"""packer.augment.fused: the recipe's ops in a Compose as a few kernels, with the draws
 and pixels of the ops run one by one (matching here; the kernels under Triton's
 interpreter; on CUDA against the op-by-op path)."""
 
@@ -14,7 +14,7 @@ import packer
 import packer.transforms as T
 from aug_checks import photo_like
 from conftest import REPO, subprocess_env
-from packer.imaging import fused, policy_apply
+from packer.augment import fused, policy_apply
 
 
 def _recipe(size: int = 24, classes: int = 5, policy: object = None, **erase: object) -> T.Compose:
@@ -119,13 +119,13 @@ def test_policy_table_holds_the_policys_own_draw(policy: str) -> None:
 
 _CODE = r"""
 import sys, torch
-sys.path.insert(0, "tests/imaging")
+sys.path.insert(0, "tests")
 from aug_checks import photo_like
 import packer, packer.transforms as T
-import packer.imaging.aug_triton as K
-import packer.imaging.fused as FU
-import packer.imaging.policy_apply as PA
-import packer.imaging.tail_triton as KT
+import packer.augment.aug_triton as K
+import packer.augment.fused as FU
+import packer.augment.policy_apply as PA
+import packer.augment.tail_triton as KT
 
 K.TILE = (8, 32, 4)  # fewer programs: the interpreter runs each in Python
 K.STATS_BLOCK = 128

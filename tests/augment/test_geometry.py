@@ -1,4 +1,4 @@
-"""packer.imaging.geometry: RandomRotation/RandomAffine draw torchvision's parameters per
+"""packer.augment.geometry: RandomRotation/RandomAffine draw torchvision's parameters per
 image and warp as torchvision's affine does.
 
 Pixels, mean |ours - torchvision| in levels over the module outputs below (CPU,

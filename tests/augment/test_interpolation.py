@@ -185,7 +185,7 @@ def test_warps_take_what_torchvisions_tensor_warps_take(make, op: str) -> None:
 _CODE = r"""
 import torch, packer, packer.transforms as T
 import packer.imaging.resample_triton as R
-import packer.imaging.fused as FU
+import packer.augment.fused as FU
 R.TILE = (4, 16, 1)  # fewer programs: the interpreter runs each in Python
 g = torch.Generator().manual_seed(0)
 x = torch.randint(0, 256, (2, 3, 14, 18), generator=g, dtype=torch.uint8)

@@ -1,4 +1,4 @@
-"""packer.imaging.mixing: MixUp/CutMix draw torchvision's lam and boxes, mix its way."""
+"""packer.augment.mixing: MixUp/CutMix draw torchvision's lam and boxes, mix its way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torchvision.transforms import v2
 
 import packer.transforms as T
-from packer.imaging.mixing import CutMix, MixUp, RandomChoice, sample_beta
+from packer.augment.mixing import CutMix, MixUp, RandomChoice, sample_beta
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:

@@ -149,14 +149,14 @@ def test_resize_far_beyond_the_largest_side_is_refused_before_allocating() -> No
 
 
 def test_nan_fill_given_at_call_time_is_refused() -> None:
-    from packer.imaging.warps import rotate
+    from packer.augment.warps import rotate
 
     with pytest.raises(UsageError, match="fill must lie in"):
         rotate(batch(), 30.0, fill=NAN)
 
 
 def test_the_bounds_themselves_are_accepted() -> None:
-    from packer.imaging import params as P
+    from packer.augment import params as P
 
     x = batch(b=2)
     T.TrivialAugmentWide(num_magnitude_bins=P.MAX_BINS)(x, generator=torch.Generator())

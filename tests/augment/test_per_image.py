@@ -14,8 +14,8 @@ from torch import nn
 
 import packer
 import packer.transforms as PT
+from packer.augment.per_image import refuse_batch_wide
 from packer.errors import UsageError
-from packer.imaging.per_image import refuse_batch_wide
 from packer.measure.bench.synth import make_random_pack
 
 # (the op, what the message says it draws, its packer.transforms equivalent or None)
@@ -170,7 +170,7 @@ def test_per_image_bad_use() -> None:
 
 
 def test_every_named_equivalent_exists() -> None:
-    from packer.imaging.per_image import _OPS
+    from packer.augment.per_image import _OPS
 
     twins = [twin for _, twin in _OPS.values() if twin]
     if not hasattr(PT, "TrivialAugmentWide"):

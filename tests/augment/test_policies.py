@@ -1,4 +1,4 @@
-"""packer.imaging.policies: torchvision's op spaces and draws, per image, in a few batched calls."""
+"""packer.augment.policies: torchvision's op spaces and draws, per image, in a few batched calls."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from torch import nn
 from torchvision.transforms import v2
 
 import packer.transforms as T
-from packer.imaging import functional as F
-from packer.imaging import warps
-from packer.imaging.augmix import AugMix
-from packer.imaging.policies import (
+from packer.augment import functional as F
+from packer.augment import warps
+from packer.augment.augmix import AugMix
+from packer.augment.policies import (
     AutoAugment,
     PolicyDraw,
     RandAugment,
@@ -351,7 +351,7 @@ def test_a_batch_costs_one_call_per_op_present(name: str, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_fused_table_rows_looked_up_equal_the_computed_ones(name: str) -> None:
-    from packer.imaging.policy_apply import fused_table
+    from packer.augment.policy_apply import fused_table
 
     ours_cls, _, kw = POLICIES[name]
     policy = ours_cls(**kw, fill=3)

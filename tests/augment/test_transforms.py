@@ -287,14 +287,16 @@ def _load_alone(name: str, path: Path):
 
 
 def test_imports_standalone_with_torch_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The crop core (resize.py) and the draws (draws.py) import without packer, and the
-    modules (transforms.py) with them beside them, as the three files copied into
-    another project would."""
+    """The crop core (resize.py), the draws (draws.py) and the ops' base (base.py) import
+    without packer, and the modules (transforms.py) with them beside them, as the four
+    files copied into another project would."""
     resize = _load_alone("resize", ROOT / "packer/imaging/resize.py")
-    draws = _load_alone("draws", ROOT / "packer/imaging/draws.py")
+    draws = _load_alone("draws", ROOT / "packer/augment/draws.py")
+    base = _load_alone("base", ROOT / "packer/augment/base.py")
     monkeypatch.setitem(sys.modules, "resize", resize)  # what transforms.py imports
     monkeypatch.setitem(sys.modules, "draws", draws)
-    mod = _load_alone("transforms_alone", ROOT / "packer/imaging/transforms.py")
+    monkeypatch.setitem(sys.modules, "base", base)
+    mod = _load_alone("transforms_alone", ROOT / "packer/augment/transforms.py")
     x = photo_like(2, 16, 16)
     assert mod.RandomResizedCrop(8)(x).shape == (2, 3, 8, 8)
     boxes = torch.tensor([[0, 0, 16, 16], [2, 3, 8, 9]])

@@ -1,4 +1,4 @@
-"""packer.imaging.decoders and roi_crop: the decode interface, its fallback chain, ROI
+"""packer.imaging.decoders and packer.loading.roi_crop: the decode interface, its fallback chain, ROI
 crops, errors (CPU); each GPU backend's pixels and ROI (CUDA, skipped without one)."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from aug_checks import assert_same_categories, assert_same_distribution, mad
 from conftest import write_bomb_jpeg, write_cut_jpeg
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
-from packer.imaging.jpeg import crop_for, decode_batch, resize_images
-from packer.imaging.roi_crop import RoiResizedCrop
+from packer.imaging.jpeg import decode_batch, resize_images
+from packer.loading.crop import crop_for
+from packer.loading.roi_crop import RoiResizedCrop
 
 SIZES = [(120, 90), (57, 23), (64, 64), (17, 9)]  # (w, h)
 
