@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ..imaging.resize import check_images, pinned_tables, resized_crop, taps, triton_kernels
-from . import fused
 from .transforms import RandomHorizontalFlip, RandomResizedCrop
 
 
@@ -121,6 +120,11 @@ def _fused_module(images: object):  # -> packer.augment.fused or None
     also let CPU tensors through, under Triton's interpreter)."""
     if not isinstance(images, torch.Tensor):
         return None
+    # Imported on the first call, not for a circle (fused.py never imports this module):
+    # it loads every op of the recipe (0.2 s), and the JPEG loader's crop
+    # (loading/crop.py) imports Compose only to recognise one.
+    from . import fused
+
     if not fused.ENABLED or (fused.DEVICES == "cuda" and not images.is_cuda):
         return None
     return fused
