@@ -63,7 +63,7 @@ from jpeg import cpu_ceiling as rrc_ceiling
 from packer.build.run import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
-from packer.imaging.roi_crop import RoiResizedCrop
+from packer.loading.roi_crop import RoiResizedCrop
 from packer.measure.timing import resolve_device, sync
 
 

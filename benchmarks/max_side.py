@@ -41,7 +41,7 @@ from packer.measure.timing import resolve_device, sync
 def crop_pixels(pack: Any, batches: int, batch: int) -> dict[str, float]:
     """The loader's RRC boxes over the pack's stored sizes: upsampled share, pixels per
     output pixel (median)."""
-    from packer.imaging.transforms import RandomResizedCrop
+    from packer.augment.transforms import RandomResizedCrop
 
     rrc = RandomResizedCrop(224)
     gen = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ CutMix 1.0 (one of them per batch), batch 256, uint8 256² in, written as one Co
 Figures, each with its baseline measured in this run:
 
   pipeline alone        img/s of the whole pipeline on resident uint8 batches, fused
-                        (Compose's CUDA path, packer.imaging.fused) and op by op (that
+                        (Compose's CUDA path, packer.augment.fused) and op by op (that
                         path off: the old code), interleaved, and of each stage alone;
                         baseline: a device copy of the same bytes (the memory-bound
                         limit); per batch, host and device µs
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
 import packer.transforms as T
 from augment import photo_batch  # the same photo-like batches as the crop benchmark
-from packer.imaging import fused
+from packer.augment import fused
 from packer.imaging.normalize import IMAGENET_MEAN, IMAGENET_STD
 from packer.measure.bench.loading import train_step
 from packer.measure.timing import resolve_device, sync
@@ -68,7 +68,7 @@ def pipeline(size: int, classes: int) -> tuple[Any, Any, Any]:
 def recipe_compose(size: int, classes: int) -> T.Compose:
     """The whole pipeline as one loader transform, as a user writes it: uint8 in,
     normalized float and soft labels out (erasing after Normalize, as the reference).
-    On CUDA it runs fused (packer.imaging.fused) unless ``fused.ENABLED`` is off."""
+    On CUDA it runs fused (packer.augment.fused) unless ``fused.ENABLED`` is off."""
     aug, erase, mix = pipeline(size, classes)
     return T.Compose([*aug, packer.Normalize(), erase, mix])
 
@@ -204,7 +204,7 @@ def check(dev: torch.device, b: int, seeds: int = 6, s_in: int = 256, s_out: int
     """The fused pipeline against the op-by-op one on the same batches and seeds:
     pixels (max |difference| of the normalized floats, share of elements that
     differ) and labels (equal or not), for both roundings of the normalization."""
-    from packer.imaging import tail_triton
+    from packer.augment import tail_triton
 
     x = photo_batch(b, s_in, 7, dev)
     labels = torch.randint(0, CLASSES, (b,), device=dev)

@@ -1,6 +1,6 @@
 """The host's random draws of the modern recipe (issue 33), per batch, on the CPU.
 
-The fused CUDA recipe (packer.imaging.fused) is bound by the host: per batch it draws
+The fused CUDA recipe (packer.augment.fused) is bound by the host: per batch it draws
 every op's parameters on the CPU from the generator before one copy and four launches.
 This times those draws alone, as ``Plan.run`` makes them, for the reference recipe
 (RandomResizedCrop 224 + flip, TrivialAugmentWide, RandomErasing 0.1, RandomChoice of
@@ -43,7 +43,7 @@ def draws(batch: int, size: int, side: int) -> dict:
     """Each op's draw for one batch, as a function of nothing (the generator is shared)."""
     from recipe import recipe_compose
 
-    from packer.imaging import fused
+    from packer.augment import fused
 
     plan = fused.Plan(list(recipe_compose(size, 100)), 0)
     g = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ config (``BuildConfig``, ``CompressConfig``, ``VerifyConfig``) and returning its
 result (``BuildResult``, ``CompressResult``, ``VerifyReport``); the errors they
 raise are ``PackerError`` and its subclasses. ``packer.build``,
 ``packer.compress``, ``packer.transforms`` and the stage packages (``packer.pack``,
-``packer.sources``, ``packer.imaging``, ``packer.loading``, ``packer.measure``) are
+``packer.sources``, ``packer.imaging``, ``packer.augment``, ``packer.loading``, ``packer.measure``) are
 always modules, never functions. Everything below the stage packages is private:
 import the names above, not the modules that define them.
 
@@ -74,6 +74,7 @@ _EXPORTS = {
 # ``packer.<name>`` for these is the module, importable without an import statement
 # first (so ``packer.build`` is never an AttributeError one moment and a module the next).
 _SUBMODULES = (
+    "augment",
     "build",  # the writer (its ``build`` is ``packer.build_pack``)
     "cli",
     "compress",

@@ -1,6 +1,6 @@
 """Batched per-image augmentation on uint8 ``[B, C, H, W]`` batches, on the CPU and CUDA.
 
-The public names of :mod:`packer.imaging`'s ops. Every op draws each image's own
+The public names of :mod:`packer.augment`'s ops. Every op draws each image's own
 parameters on the CPU from the ``generator`` it is given (the loader's per-batch
 generator), so a seed reproduces a run and a resume redraws the same augmentations;
 nothing makes the host wait for the device.
@@ -25,8 +25,8 @@ to run image by image (slow, explicit).
 
 from __future__ import annotations
 
-from .imaging.augmix import AugMix
-from .imaging.color import (
+from .augment.augmix import AugMix
+from .augment.color import (
     ColorJitter,
     GaussianBlur,
     RandomAdjustSharpness,
@@ -37,19 +37,19 @@ from .imaging.color import (
     RandomPosterize,
     RandomSolarize,
 )
-from .imaging.erasing import RandomErasing
-from .imaging.geometry import RandomAffine, RandomRotation
-from .imaging.mixing import CutMix, MixUp, RandomChoice
-from .imaging.per_image import PerImage
-from .imaging.policies import AutoAugment, RandAugment, TrivialAugmentWide
-from .imaging.resize import MAX_SIDE, resized_crop
-from .imaging.transforms import (
+from .augment.compose import Compose
+from .augment.erasing import RandomErasing
+from .augment.geometry import RandomAffine, RandomRotation
+from .augment.mixing import CutMix, MixUp, RandomChoice
+from .augment.per_image import PerImage
+from .augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from .augment.transforms import (
     CenterCrop,
-    Compose,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
 )
+from .imaging.resize import MAX_SIDE, resized_crop
 
 __all__ = [
     "MAX_SIDE",

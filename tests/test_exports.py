@@ -75,8 +75,9 @@ _STAGE_RANK = {
     "_version": 0,
     "_fs": 0.5,  # the ground floor: file and process helpers, on errors alone
     "sources": 1,
-    "imaging": 2,
-    "transforms": 2,  # the public face of imaging's transforms
+    "imaging": 2,  # the codec: decoders, the resize core, normalize
+    "augment": 2.5,  # the augmentation ops, classes over kernels, on imaging's resize
+    "transforms": 2.75,  # the public face of augment's ops, on top of it
     "pack": 3,
     "storage": 3,  # object storage: the pack reader opens a URL through it (peers)
     "build": 4,
@@ -89,7 +90,6 @@ _STAGE_RANK = {
     "examples": 10,  # programs shipped in the wheel (python -m packer.examples.NAME), on top
 }
 _PEERS = {
-    frozenset({"imaging", "transforms"}),
     frozenset({"cli", "__main__"}),
     frozenset({"pack", "storage"}),
 }

@@ -1,2 +1,2 @@
-"""Pixels: decoders, transforms and normalization, batched on the CPU or CUDA.
-The augmentation ops live here; their public names are in ``packer.transforms``."""
+"""The codec: JPEG decoders (Pillow, the GPU decoders behind one interface), the resize
+core, normalize; batched on the CPU or CUDA."""

@@ -43,9 +43,6 @@ import torch
 
 from ..errors import PackFormatError
 from .jpeg_crop import (
-    CROP_FRACTION,
-    JpegCrop,
-    crop_for,
     fit_boxes,
     pad_batch,
     resize_batch,
@@ -411,11 +408,8 @@ def decode_ahead(
 
 
 __all__ = [
-    "CROP_FRACTION",
     "DECODE_MODES",
-    "JpegCrop",
     "check_frames",
-    "crop_for",
     "decode_ahead",
     "decode_batch",
     "decode_crop_cpu",

@@ -1,8 +1,7 @@
 """Crop and resize a batch of JPEG-decoded images of different sizes: per-image boxes
-(:func:`fit_boxes`, :class:`JpegCrop`), :func:`resize_images` (one Triton kernel on
-CUDA, a padded batch elsewhere), and :func:`crop_for`, the JPEG-pack loader's crop
-from its ``transform``, ``image_size`` and ``train``. Re-exported by
-:mod:`packer.imaging.jpeg`."""
+(:func:`fit_boxes`), :func:`resize_images` (one Triton kernel on CUDA, a padded batch
+elsewhere). Re-exported by :mod:`packer.imaging.jpeg`. The loader's crop drawn from
+its ``transform`` (``JpegCrop``, ``crop_for``) is :mod:`packer.loading.crop`."""
 
 from __future__ import annotations
 
@@ -12,17 +11,6 @@ import numpy as np
 import torch
 
 from .resize import check_boxes, resized_crop, triton_kernels
-from .transforms import (
-    CenterCrop,
-    Compose,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-)
-
-# eval crop: the centre ``CROP_FRACTION`` of the shorter side, as Resize(S/0.875) +
-# CenterCrop(S) (torchvision's ImageNet recipe: 224 of 256)
-CROP_FRACTION = 0.875
 
 
 def pad_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +41,7 @@ def fit_boxes(
     ``sizes``: int [B, 2] (h, w) per image. ``out_size``: (height, width) the box is
     resized to. ``mode``: "crop" = the centred box with the output's aspect, the
     largest that fits, scaled by ``fraction`` (1.0: build's ``--resize crop``;
-    :data:`CROP_FRACTION`: the eval centre crop); "stretch" = the whole image.
+    :data:`packer.loading.crop.CROP_FRACTION`: the eval centre crop); "stretch" = the whole image.
     """
     s = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     h, w = s[:, 0].astype(np.float64), s[:, 1].astype(np.float64)
@@ -203,115 +191,3 @@ def _planes(x: torch.Tensor, i: int, dev: torch.device) -> tuple[int, int, int]:
 
 def _ragged_kernels(device: torch.device):  # -> module | None
     return triton_kernels() if device.type == "cuda" else None
-
-
-class JpegCrop:
-    """How a JPEG pack's variable-size images become one uint8 [B, 3, h, w] batch: the
-    per-image boxes (in each image's own pixels), an optional flip, and what runs after.
-
-    Built by :func:`crop_for` from the loader's ``transform``, ``image_size``, ``train``.
-    """
-
-    def __init__(
-        self,
-        size: tuple[int, int],
-        rrc: RandomResizedCrop | None = None,
-        flip: RandomHorizontalFlip | None = None,
-        center: tuple[int, int] | None = None,
-        whole: bool = False,
-        rest: object = None,
-    ) -> None:
-        self.size = size
-        self.rrc, self.flip, self.center, self.whole, self.rest = rrc, flip, center, whole, rest
-
-    @property
-    def random(self) -> bool:
-        return self.rrc is not None or self.flip is not None or _accepts(self.rest)
-
-    def boxes(
-        self, sizes: torch.Tensor, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``sizes`` int64 [B, 2] (h, w) -> boxes int64 [B, 4], flip bool [B] or None.
-        Random draws in the order the same transforms would draw them on a batch."""
-        b = len(sizes)
-        if self.rrc is not None:
-            boxes = self.rrc.sample_boxes(b, sizes[:, 0], sizes[:, 1], generator)
-        elif self.whole:
-            boxes = fit_boxes(sizes, self.size, "stretch")
-        elif self.center is not None:
-            ch, cw = self.center
-            small = (sizes[:, 0] < ch) | (sizes[:, 1] < cw)
-            if bool(small.any()):
-                i = int(small.int().argmax())
-                h, w = sizes[i].tolist()
-                raise ValueError(f"CenterCrop{self.center} is larger than a {h}x{w} image")
-            top = torch.round((sizes[:, 0] - ch) / 2.0).to(torch.int64)
-            left = torch.round((sizes[:, 1] - cw) / 2.0).to(torch.int64)
-            boxes = torch.stack([top, left, torch.full_like(top, ch), torch.full_like(top, cw)], 1)
-        else:
-            boxes = fit_boxes(sizes, self.size, "crop", CROP_FRACTION)
-        flip = self.flip.sample(b, generator) if self.flip is not None else None
-        return boxes, flip
-
-    def after(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        if self.rest is None:
-            return images
-        if generator is not None and _accepts(self.rest):
-            return self.rest(images, generator=generator)  # type: ignore[operator]
-        return self.rest(images)  # type: ignore[operator]
-
-
-def _accepts(t: object) -> bool:
-    return bool(getattr(t, "accepts_generator", False))
-
-
-def crop_for(transform: object, image_size: int | tuple[int, int] | None, train: bool) -> JpegCrop:
-    """The :class:`JpegCrop` of a JPEG-pack loader.
-
-    * ``transform`` None: ``train`` -> RandomResizedCrop(image_size) + flip; else the
-      centre crop (:data:`CROP_FRACTION` of the shorter side, resized to image_size).
-    * a :class:`RandomResizedCrop`, :class:`CenterCrop` or :class:`Resize` with a
-      (h, w) size, or a :class:`Compose` starting with one (a RandomResizedCrop may be
-      followed by a RandomHorizontalFlip): its boxes are drawn per image, relative to
-      each image's own size; the rest of the Compose runs on the cropped batch.
-    * any other callable: runs on the batch after the default crop.
-    """
-    first, second, rest = transform, None, None
-    if isinstance(transform, Compose):
-        mods = list(transform)
-        first = mods[0] if mods else None
-        k = 1
-        if (
-            isinstance(first, RandomResizedCrop)
-            and len(mods) > 1
-            and isinstance(mods[1], RandomHorizontalFlip)
-        ):
-            second, k = mods[1], 2
-        tail = mods[k:]
-        rest = Compose(tail) if tail else None
-        if not isinstance(first, (RandomResizedCrop, CenterCrop, Resize)):
-            first, second, rest = None, None, transform
-    elif transform is not None and not isinstance(
-        transform, (RandomResizedCrop, CenterCrop, Resize)
-    ):
-        first, rest = None, transform
-    if isinstance(first, RandomResizedCrop):
-        return JpegCrop(first.size, rrc=first, flip=second, rest=rest)
-    if isinstance(first, CenterCrop):
-        return JpegCrop(first.size, center=first.size, rest=rest)
-    if isinstance(first, Resize):
-        if isinstance(first.size, int):
-            raise ValueError(
-                "Resize(int) keeps each image's aspect, so a JPEG pack's batch would have "
-                "many sizes; give Resize((height, width)) or a crop"
-            )
-        return JpegCrop(first.size, whole=True, rest=rest)
-    if image_size is None:
-        raise ValueError(
-            "a JPEG pack needs an output size: PackLoader(pack, B, image_size=S), or a "
-            "transform starting with RandomResizedCrop/CenterCrop/Resize((h, w))"
-        )
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    if train:
-        return JpegCrop(size, rrc=RandomResizedCrop(size), flip=RandomHorizontalFlip(), rest=rest)
-    return JpegCrop(size, rest=rest)

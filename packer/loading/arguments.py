@@ -39,7 +39,7 @@ def check_transform(transform: Any) -> None:
     if transform is not None and not callable(transform):
         raise UsageError(f"transform must be callable, not {type(transform).__name__}")
     if transform is not None:
-        from ..imaging.per_image import refuse_batch_wide
+        from ..augment.per_image import refuse_batch_wide
 
         refuse_batch_wide(transform)
 
@@ -78,7 +78,7 @@ def crop_args(
     gather: str,
     decode: str,
 ) -> Any:
-    """The :class:`packer.imaging.jpeg.JpegCrop` of a kind that decodes (None for raw
+    """The :class:`packer.loading.crop.JpegCrop` of a kind that decodes (None for raw
     rows), after refusing the arguments that do not apply to ``kind``."""
     if not kind.decoded:
         if decode != "auto":
@@ -89,7 +89,7 @@ def crop_args(
                 "built with (crop or resize them with transform=)"
             )
         return None
-    from ..imaging.jpeg import crop_for
+    from .crop import crop_for
 
     if resident:
         raise UsageError("resident=True is for raw packs; a JPEG pack is decoded")

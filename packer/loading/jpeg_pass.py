@@ -16,7 +16,7 @@ its CUDA decoder taking the rest, GIL released, ROI), or a decoder object
 lanes: batch b goes whole to decoder b % n, in a thread and CUDA stream of its own;
 batches still come in order). A decoder that can
 decode a region decodes only each image's box (the ROI-fused crop of
-:mod:`packer.imaging.roi_crop`); the crops are then resized in one batched call. One
+:mod:`packer.loading.roi_crop`); the crops are then resized in one batched call. One
 that cannot (or whose ROI does not work on this version: its first batch finds out)
 decodes whole and the boxes are cut in that same call. ``Decoding.path`` says which ran.
 """

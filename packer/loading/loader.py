@@ -166,7 +166,7 @@ class PackLoader(Positions, _Resumable):
         ``device``) in place of the int64 labels. A torchvision transform that
         draws random parameters (anything from ``torchvision.transforms`` or
         ``.v2`` not on the short list of deterministic ones in
-        :mod:`packer.imaging.per_image`, also inside a torchvision ``Compose``,
+        :mod:`packer.augment.per_image`, also inside a torchvision ``Compose``,
         an ``nn.Sequential`` or a ``packer.transforms.Compose``) is refused with
         UsageError: here it would draw once for the whole batch. Use the
         ``packer.transforms`` op of the same name, or wrap it in

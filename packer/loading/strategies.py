@@ -41,7 +41,7 @@ class PassConfig:
     ``src``: the kind's mapped images (raw uint8 rows [N, 3, H, W], or JPEG bytes);
     ``labels`` int64 [N]; ``targets`` float32 [N, K] or None; ``rows`` the streamed pack
     rows (``indices=``) or None for all; ``shape`` (3, h, w) of a yielded image;
-    ``crop`` a :class:`packer.imaging.jpeg.JpegCrop` (kinds that decode) or None;
+    ``crop`` a :class:`packer.loading.crop.JpegCrop` (kinds that decode) or None;
     ``decoding`` who decodes their batches (:class:`packer.loading.jpeg_pass.Decoding`)."""
 
     kind: StorageKind

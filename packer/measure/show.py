@@ -215,7 +215,7 @@ def _ops(cfg: ShowConfig, num_classes: int) -> tuple[Any, Any]:
         )
     aug = None
     if per_image:
-        from ..imaging.transforms import Compose
+        from ..augment.compose import Compose
 
         aug = per_image[0] if len(per_image) == 1 else Compose(per_image)
     mix = None

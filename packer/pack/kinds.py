@@ -464,7 +464,7 @@ class JpegKind(StorageKind):
     ) -> torch.Tensor:
         """Images ``indices`` read (offsets and end markers checked), decoded on
         ``device`` and cropped to ``crop.size``: uint8 [B, 3, h, w]. ``crop``: a
-        :class:`packer.imaging.jpeg.JpegCrop` (its random draws unseeded here)."""
+        :class:`packer.loading.crop.JpegCrop` (its random draws unseeded here)."""
         import torch
 
         from ..imaging.jpeg import decode_batch, resize_images, sizes_of

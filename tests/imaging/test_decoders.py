@@ -1,5 +1,6 @@
-"""packer.imaging.decoders and roi_crop: the decode interface, its fallback chain, ROI
-crops, errors (CPU); each GPU backend's pixels and ROI (CUDA, skipped without one)."""
+"""packer.imaging.decoders: the decode interface, its fallback chain, ROI decodes, errors
+(CPU); each GPU backend's pixels and ROI (CUDA, skipped without one). The ROI-fused crop
+over them is tests/loading/test_roi_crop.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torchvision.transforms as tv
 from PIL import Image
 
-from aug_checks import assert_same_categories, assert_same_distribution, mad
+from aug_checks import mad
 from conftest import write_bomb_jpeg, write_cut_jpeg
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
-from packer.imaging.jpeg import crop_for, decode_batch, resize_images
-from packer.imaging.roi_crop import RoiResizedCrop
+from packer.imaging.jpeg import decode_batch
+from packer.transforms import RandomResizedCrop
 
 SIZES = [(120, 90), (57, 23), (64, 64), (17, 9)]  # (w, h)
 
@@ -153,55 +153,6 @@ def test_a_named_backend_that_is_missing_says_how_to_install(monkeypatch):
         D.get_decoder("cuda")
 
 
-# ---------------------------------------------------------------- ROI-fused crop
-
-
-def test_roi_boxes_follow_torchvisions_get_params():
-    """Per-image sizes in one batch: each size's boxes against torchvision's get_params
-    for that size (KS at alpha 0.001, fixed seeds); a small image's heights by chi-square."""
-    crop = RoiResizedCrop(D.get_decoder("cpu"), 224, flip_p=0)
-    n, shapes = 3000, [(375, 500), (23, 57)]
-    sizes = torch.tensor(shapes * n)
-    boxes, flip = crop.boxes(sizes, torch.Generator().manual_seed(3))
-    assert flip is None and boxes.shape == (2 * n, 4)
-    torch.manual_seed(0)
-    for k, (h, w) in enumerate(shapes):
-        ours = boxes[k::2].double()
-        ref = torch.tensor(
-            [
-                tv.RandomResizedCrop.get_params(torch.empty(1, h, w), (0.08, 1.0), (3 / 4, 4 / 3))
-                for _ in range(n)
-            ]
-        ).double()
-        assert_same_distribution(ours[:, 2] * ours[:, 3], ref[:, 2] * ref[:, 3])
-        assert_same_distribution(ours[:, 3] / ours[:, 2], ref[:, 3] / ref[:, 2])
-        assert_same_distribution(ours[:, 0], ref[:, 0])
-        assert_same_distribution(ours[:, 1], ref[:, 1])
-        if h < 50:
-            assert_same_categories(ours[:, 2].numpy(), ref[:, 2].numpy(), range(1, h + 1))
-
-
-def test_roi_crop_equals_the_loaders_crop(datas):
-    """The same draws as the JPEG-pack loader's crop (JpegCrop), the same pixels as its
-    decode + one batched resize."""
-    dec = D.get_decoder("cpu", threads=0)
-    crop = RoiResizedCrop(dec, 32)
-    out = crop(datas, HW, torch.Generator().manual_seed(7))
-    boxes, flip = crop_for(None, 32, True).boxes(HW, torch.Generator().manual_seed(7))
-    ref = resize_images(decode_batch(datas), (32, 32), boxes=boxes, flip=flip)
-    assert out.shape == (4, 3, 32, 32) and torch.equal(out, ref)
-    assert crop.path == "full+crop" and "path='full+crop'" in repr(crop)
-
-
-def test_roi_crop_through_nvimgcodec_roi_equals_full_decode(datas):
-    dec = _nvimgcodec_cpu()
-    gen = lambda: torch.Generator().manual_seed(1)  # noqa: E731
-    roi = RoiResizedCrop(dec, 24)(datas, HW, gen())
-    assert dec.roi_path == "roi"
-    full = RoiResizedCrop(D.get_decoder("cpu"), 24)(datas, HW, gen())
-    assert mad(roi, full) <= 1.0
-
-
 # ---------------------------------------------------------------- errors
 
 
@@ -283,7 +234,8 @@ def test_gpu_pixels_against_pillow_and_roi_against_full():
     datas = _photos()
     hw = torch.tensor([[375, 500]] * len(datas))
     ref = [_pillow(d) for d in datas]
-    boxes = RoiResizedCrop(D.get_decoder("cpu"), 224).boxes(hw, torch.Generator().manual_seed(0))[0]
+    gen = torch.Generator().manual_seed(0)
+    boxes = RandomResizedCrop(224).sample_boxes(len(hw), hw[:, 0], hw[:, 1], gen)
     for dec in _gpu_decoders():
         full = dec.decode(datas, sizes=hw)
         diff = float(np.mean([mad(x.cpu(), y) for x, y in zip(full, ref)]))
@@ -302,17 +254,6 @@ def test_gpu_pixels_against_pillow_and_roi_against_full():
         roi_diff = float(np.mean([mad(a, b) for a, b in zip(rois, crops)]))
         print(f"{dec.name}: ROI ({dec.roi_path}) vs full decode then crop {roi_diff:.3f}/255")
         assert roi_diff <= limit, dec.roi_path
-
-
-@pytest.mark.cuda
-def test_gpu_roi_crop_matches_the_loaders_crop():
-    datas = _photos()
-    hw = torch.tensor([[375, 500]] * len(datas))
-    boxes, flip = crop_for(None, 224, True).boxes(hw, torch.Generator().manual_seed(2))
-    ref = resize_images(decode_batch(datas, "cuda"), (224, 224), boxes=boxes, flip=flip)
-    for dec in _gpu_decoders():
-        out = RoiResizedCrop(dec, 224).apply(datas, hw, boxes, flip)
-        assert mad(out, ref) <= 1.0, (dec.name, dec.roi_path)
 
 
 def test_nvimgcodec_kept_buffers_come_back_only_when_their_tensors_are_gone(datas):

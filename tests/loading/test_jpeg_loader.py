@@ -13,7 +13,8 @@ from torchvision.transforms.v2 import functional as F
 import packer
 from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
-from packer.imaging.jpeg import CROP_FRACTION, fit_boxes
+from packer.imaging.jpeg import fit_boxes
+from packer.loading.crop import CROP_FRACTION
 from packer.loading.loader import batch_seed
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 

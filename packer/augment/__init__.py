@@ -1,0 +1,2 @@
+"""Per-image random augmentation of uint8 batches, on the CPU or CUDA: the ops as classes
+over batched kernels; their public names are in ``packer.transforms``."""
