@@ -473,6 +473,12 @@ def fixed_size_crop(
     h, w = s.size
     height, width = size_pair((height, width), "fixed_size_crop size")
     nh, nw = min(h, height), min(w, width)
+    for name, v, room in (("top", top, h - nh), ("left", left, w - nw)):
+        if not 0 <= int(v) <= room:
+            raise ArgumentError(
+                f"fixed_size_crop: {name} {v} leaves the {h}x{w} image (0 to {room} for a "
+                f"{nh}x{nw} crop)"
+            )
     out = s
     if (nh, nw) != (h, w):
         out = crop(s, top, left, nh, nw)
@@ -691,6 +697,9 @@ def sanitize_mask(s: Sample, min_size: float = 1.0, min_area: float = 1.0) -> to
     b = s.boxes
     if b is None:
         raise ArgumentError("sanitize: the sample has no boxes")
+    for name, v in (("min_size", min_size), ("min_area", min_area)):
+        if not v >= 1:  # torchvision's bound (NaN fails it too)
+            raise ArgumentError(f"sanitize: {name} must be >= 1, not {v}")
     h, w = s.size
     ws, hs = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
     valid = (ws >= min_size) & (hs >= min_size) & (b >= 0).all(dim=-1) & (ws * hs >= min_area)
