@@ -64,7 +64,7 @@ def test_torchvision_detection_models_train_on_them(model_name: str) -> None:
         kw["keypoint_roi_pool"] = MultiScaleRoIAlign(["0"], 14, 2)
         kw["keypoint_head"] = detection.keypoint_rcnn.KeypointRCNNHeads(8, [16])
         kw["keypoint_predictor"] = detection.keypoint_rcnn.KeypointRCNNPredictor(16, 4)
-        model = detection.KeypointRCNN(_tiny_backbone(), num_classes=4, num_keypoints=4, **kw)
+        model = detection.KeypointRCNN(_tiny_backbone(), num_classes=4, **kw)
     model.train()
     images, targets = detection_targets(_batch()[:2])
     losses = model([i.float() / 255 for i in images], targets)
