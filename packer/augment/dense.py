@@ -27,15 +27,13 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
-from torch import nn
 
-from ..errors import UsageError
 from ..imaging.resize import ArgumentError, check_antialias, interpolation_mode, size_pair
 from ..imaging.warps import interpolation_mode as warp_interpolation
 from . import dense_kernels as K
+from .dense_compose import ColorOnly, Compose, DenseOp, Params, as_dense_op
 from .dense_kernels import Sample
 
 __all__ = [
@@ -58,8 +56,6 @@ __all__ = [
     "ScaleJitter",
     "as_dense_op",
 ]
-
-Params = dict[str, Any] | None
 
 
 def _uniform(lo: float, hi: float, g: torch.Generator | None) -> float:
@@ -98,29 +94,6 @@ def _angles(value: object, name: str, op: str, sizes: tuple[int, ...]) -> tuple[
     if not isinstance(value, Sequence) or len(value) not in sizes:
         raise ArgumentError(f"{op}: {name} must be a number or {sizes} numbers, not {value!r}")
     return tuple(float(v) for v in value)
-
-
-class DenseOp:
-    """Base of the ops: ``op(sample, generator)`` = ``apply(sample, sample_params(...))``."""
-
-    def sample_params(self, s: Sample, generator: torch.Generator | None = None) -> Params:
-        return {}
-
-    def apply(self, s: Sample, params: Params) -> Sample:
-        raise NotImplementedError
-
-    def __call__(self, s: Sample, generator: torch.Generator | None = None) -> Sample:
-        if not isinstance(s, Sample):
-            raise ArgumentError(
-                f"{type(self).__name__}: takes a packer.augment.dense.Sample, not "
-                f"{type(s).__name__}"
-            )
-        params = self.sample_params(s, generator)
-        return s if params is None else self.apply(s, params)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({fields})"
 
 
 class RandomHorizontalFlip(DenseOp):
@@ -186,18 +159,6 @@ class RandomResizedCrop(DenseOp):
     def apply(self, s: Sample, params: Params) -> Sample:
         return K.resized_crop(s, **params, size=self.size, interpolation=self.interpolation,
                               antialias=self.antialias)  # fmt: skip
-
-
-def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torchvision.ops.box_iou (XYXY), its operations in its order: [N, M]."""
-    area1 = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area2 = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    lt = torch.max(a[:, None, :2], b[:, :2])
-    rb = torch.min(a[:, None, 2:], b[:, 2:])
-    wh = (rb - lt).clamp(min=0)
-    inter = wh[:, :, 0] * wh[:, :, 1]
-    union = area1[:, None] + area2 - inter
-    return inter / union
 
 
 class RandomIoUCrop(DenseOp):
@@ -266,7 +227,7 @@ class RandomIoUCrop(DenseOp):
                 if not within.any():
                     continue
                 crop = torch.tensor([[left, top, right, bottom]], dtype=boxes.dtype)
-                if box_iou(boxes[within], crop).max() < min_iou:
+                if K.box_iou(boxes[within], crop).max() < min_iou:
                     continue
                 return dict(top=top, left=left, height=new_h, width=new_w, within=within)
         return None
@@ -531,117 +492,3 @@ class SanitizeBoundingBoxes(DenseOp):
 
     def apply(self, s: Sample, params: Params) -> Sample:
         return K.sanitize(s, self.min_size, self.min_area)
-
-
-# ---------------------------------------------------------------- colour, composition
-
-# packer.transforms ops that move pixels (or mix images): they would leave the targets behind.
-_MOVES_PIXELS = frozenset(
-    {
-        "RandomResizedCrop", "RandomHorizontalFlip", "CenterCrop", "Resize", "RandomRotation",
-        "RandomAffine", "TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "MixUp",
-        "CutMix", "RandomChoice", "PerImage",
-    }
-)  # fmt: skip
-
-
-def _torchvision_name(obj: object) -> str | None:
-    for cls in type(obj).__mro__:
-        if cls.__module__.split(".")[0] == "torchvision":
-            return f"{cls.__module__.replace('._', '.').rsplit('.', 1)[0]}.{type(obj).__name__}"
-    return None
-
-
-def _refuse_torchvision(obj: object, where: str) -> None:
-    name = _torchvision_name(obj)
-    if name is None:
-        return
-    op = type(obj).__name__
-    twin = f"packer.augment.dense.{op}" if op in __all__ else "the packer.augment.dense op"
-    raise UsageError(
-        f"{where}: {name} is a torchvision transform, not a packer dense op: it draws from "
-        f"torch's global generator once per call and does not take a Sample; use {twin} "
-        "(colour ops: ColorOnly(packer.transforms.<op>))"
-    )
-
-
-class ColorOnly(DenseOp):
-    """Apply an image-only transform (a ``packer.transforms`` colour op such as
-    ColorJitter, RandomGrayscale, GaussianBlur, RandomErasing, or a callable on a uint8
-    batch [1, C, H, W]) to the image; the targets are kept as they are. Ops that move
-    pixels (crops, flips, warps, the policies) or mix images are refused."""
-
-    def __init__(self, transform: Any) -> None:
-        _refuse_torchvision(transform, "ColorOnly")
-        todo = [transform]
-        while todo:
-            t = todo.pop()
-            _refuse_torchvision(t, "ColorOnly")
-            name = type(t).__name__
-            if name in _MOVES_PIXELS and type(t).__module__.startswith("packer."):
-                raise UsageError(
-                    f"ColorOnly: packer.transforms.{name} moves pixels (or mixes images) and "
-                    f"would leave the boxes and masks behind; use packer.augment.dense's ops"
-                )
-            if isinstance(t, nn.Sequential):
-                todo.extend(getattr(m, "fn", m) for m in t)
-        if not callable(transform):
-            raise UsageError(f"ColorOnly: takes a callable, not {type(transform).__name__}")
-        self.transform = transform
-        self._takes_generator = getattr(transform, "accepts_generator", False) or isinstance(
-            transform, nn.Sequential
-        )
-
-    def apply(self, s: Sample, params: Params) -> Sample:
-        raise UsageError("ColorOnly: draws while it runs; call it as op(sample, generator)")
-
-    def __call__(self, s: Sample, generator: torch.Generator | None = None) -> Sample:
-        batch = s.image[None]
-        out = (
-            self.transform(batch, generator=generator)
-            if self._takes_generator
-            else self.transform(batch)
-        )
-        if (
-            not isinstance(out, torch.Tensor)
-            or out.shape != batch.shape
-            or out.dtype != torch.uint8
-        ):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise UsageError(
-                f"ColorOnly({type(self.transform).__name__}): must return a uint8 batch of "
-                f"{tuple(batch.shape)}, not {got}"
-            )
-        return replace(s, image=out[0])
-
-
-def as_dense_op(obj: object, where: str = "transform") -> DenseOp:
-    """``obj`` when it is a dense op; UsageError naming it otherwise (a torchvision
-    transform, a batched ``packer.transforms`` op, any other object)."""
-    if isinstance(obj, DenseOp):
-        return obj
-    _refuse_torchvision(obj, where)
-    name = type(obj).__name__
-    if type(obj).__module__.startswith("packer."):
-        raise UsageError(
-            f"{where}: packer.transforms.{name} works on image batches only; geometry: use "
-            f"packer.augment.dense's ops, colour: ColorOnly(packer.transforms.{name}(...))"
-        )
-    raise UsageError(f"{where}: expected a packer.augment.dense op, not {name}")
-
-
-class Compose(DenseOp):
-    """Run ``ops`` in order, each drawing from the same generator."""
-
-    def __init__(self, ops: Sequence[object]) -> None:
-        if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
-            raise UsageError(f"Compose: takes a list of dense ops, not {type(ops).__name__}")
-        self.ops = [as_dense_op(op, f"Compose (item {i})") for i, op in enumerate(ops)]
-
-    def apply(self, s: Sample, params: Params) -> Sample:
-        raise UsageError("Compose: draws while it runs; call it as op(sample, generator)")
-
-    def __call__(self, s: Sample, generator: torch.Generator | None = None) -> Sample:
-        for op in self.ops:
-            s = op(s, generator)
-        return s

@@ -255,3 +255,10 @@ def test_cuda_gives_the_cpu_fields() -> None:
         torch.testing.assert_close(b.keypoints.cpu(), a.keypoints, atol=1e-4, rtol=0)
         assert (b.masks.cpu() != a.masks).float().mean() < 0.01
         assert (b.image.cpu().int() - a.image.int()).abs().float().mean() < 1.0
+
+
+def test_every_op_a_refusal_names_exists() -> None:
+    from packer.augment.dense_compose import DENSE_OPS
+
+    assert set(D.__all__) >= DENSE_OPS
+    assert all(isinstance(getattr(D, name), type) for name in DENSE_OPS)
