@@ -77,6 +77,7 @@ _STAGE_RANK = {
     "sources": 1,
     "imaging": 2,
     "transforms": 2,  # the public face of imaging's transforms
+    "augment": 2.5,  # per-image ops over imaging's kernels; dense geometry (issue 46.4)
     "pack": 3,
     "storage": 3,  # object storage: the pack reader opens a URL through it (peers)
     "build": 4,
