@@ -262,3 +262,11 @@ def test_every_op_a_refusal_names_exists() -> None:
 
     assert set(D.__all__) >= DENSE_OPS
     assert all(isinstance(getattr(D, name), type) for name in DENSE_OPS)
+
+
+def test_color_only_runs_a_packer_compose_with_the_generator() -> None:
+    s = make_sample(6)
+    op = D.ColorOnly(T.Compose([T.ColorJitter(0.3), T.RandomGrayscale(1.0)]))
+    out = op(s, torch.Generator().manual_seed(1))
+    assert torch.equal(out.image[0], out.image[1]) and torch.equal(out.image[1], out.image[2])
+    assert out.boxes is s.boxes and out.masks is s.masks
