@@ -39,7 +39,7 @@ from decoders import _linked_set
 
 from _out import dump, machine
 from build import ceiling, disk_probe, make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.measure.timing import resolve_device, sync
 
 SIDE = 224

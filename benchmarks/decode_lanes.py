@@ -40,7 +40,7 @@ from decoders import lane_ways, loader_rates, loader_ways, train_rates
 import packer
 from _out import dump, machine
 from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import DecoderBase, get_decoder
 from packer.measure.timing import resolve_device, sync

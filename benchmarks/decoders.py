@@ -60,7 +60,7 @@ from _out import dump, machine
 from build import ceiling as resize_ceiling
 from build import lib_build, make_set
 from jpeg import cpu_ceiling as rrc_ceiling
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
 from packer.imaging.roi_crop import RoiResizedCrop

@@ -38,7 +38,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
 from _out import dump, machine
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
 from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import median_rate, resolve_device, sync

@@ -41,7 +41,7 @@ from decoders import pillow, timed_steps
 import packer
 from _out import ROOT, dump, machine
 from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import get_decoder
 from packer.measure.timing import resolve_device

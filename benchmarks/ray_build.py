@@ -61,7 +61,7 @@ def local_build(src: Path, dst: Path, side: int, shard_size: int | None, workers
 
 
 def ray_build(src: Path, dst: Path, side: int, shard_size: int) -> tuple[float, list[dict]]:
-    from packer.build.run import BuildConfig, build
+    from packer.build.api import BuildConfig, build
 
     clean(dst)
     r = build(src, dst, BuildConfig(size=(side, side), shard_size=shard_size, engine="ray"))

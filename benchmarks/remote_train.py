@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from sets import set_configs
 
 import packer
-from packer.build.run import build
+from packer.build.api import build
 from packer.measure.bench.synth import make_jpeg_tree
 
 B = 256

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import packer
 from _out import dump, machine
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.measure.bench.synth import make_jpeg_tree
 
 
