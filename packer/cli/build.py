@@ -103,9 +103,9 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     type=click.IntRange(1),
     default=None,
     help="--store jpeg: longest stored side in pixels; larger images are scaled down "
-    "and re-encoded. For RandomResizedCrop 224 from ~2 MP photos: 1024 streams 2.1x "
-    "faster in 0.45x the bytes with 0.1% of crops upsampled; 512 is 1/8 the bytes but "
-    "31% of crops are upsampled (docs/PERFORMANCE.md, '--max-side').",
+    "and re-encoded. For RandomResizedCrop 224 from ~2 MP photos, 1024 streams faster "
+    "in fewer bytes with almost no crop upsampled; 512 upsamples many crops "
+    "(docs/PERFORMANCE.md, section '--max-side').",
 )
 @click.option(
     "--shard-size",
