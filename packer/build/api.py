@@ -90,12 +90,12 @@ def build(
     the result. Interrupted builds resume when rerun. Which build it is: :func:`route`.
     """
     config.validate()
+    r = route(src, dst, config)
     # a device this process lacks is refused before any work; ray: each task's node needs
     # the GPU, not this one; auto falls back to the CPU and asks CUDA only where the GPU
     # could pay for the job (build/auto.py)
-    if config.engine != "ray" and config.device != "auto":
+    if r.engine != "ray" and config.device != "auto":
         run._build_device(config)
-    r = route(src, dst, config)
     if r.bucket_src:
         parse_url(str(src))  # first: a URL with a credential is refused, unquoted
         if r.engine != "ray":
