@@ -13,8 +13,8 @@ Each: warm-up, synchronize before reading a clock, median of --repeats timings o
 table and writes JSON (--json). Also prints how far each route is from torchvision's
 resized_crop(antialias=True) on a few images.
 
-    python benchmarks/augment.py --json augment.json          # CUDA, batch 256, 256² -> 224²
-    python benchmarks/augment.py --quick --device cpu          # seconds, on the CPU
+    python -m benchmarks.augment --json augment.json          # CUDA, batch 256, 256² -> 224²
+    python -m benchmarks.augment --quick --device cpu          # seconds, on the CPU
 """
 
 from __future__ import annotations

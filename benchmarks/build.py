@@ -20,7 +20,7 @@ writeback: ``IMGPACK_BUILD_WRITEBACK=off``), ``forkserver`` / ``fork`` (how work
 start: ``IMGPACK_BUILD_START``; the default forks when that is safe), ``old`` (the
 packer at ``--old-tree``, same run).
 
-    python benchmarks/build.py [--images 16000] [--work /tmp/imgpack-bench]
+    python -m benchmarks.build [--images 16000] [--work /tmp/imgpack-bench]
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _out import dump
+from ._common import dump
 
 SETS = {
     "a": {"size": (640, 480), "out": 224},

@@ -12,7 +12,7 @@ of 64k 640x480 images >= 4x the CPU ceiling"), every part on the same files, one
   checks, the decode, the crop + copy to the host, the writes + hashes, the journal),
   as the share of the build's wall time its threads spent there.
 
-    python benchmarks/build_bound.py --device cuda [--images 65536] [--unique 2048]
+    python -m benchmarks.build_bound --device cuda [--images 65536] [--unique 2048]
         [--parts ceiling,bare,write,build,stages]
 
 Prints a table, each rate over the ceiling; writes ``$OUT/bench_build_bound.json``.
@@ -33,14 +33,13 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_lanes import bare
-from decoders import _linked_set
-
-from _out import dump, machine
-from build import ceiling, disk_probe, make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.measure.timing import resolve_device, sync
+
+from ._common import dump, machine
+from .build import ceiling, disk_probe, make_set
+from .decode_lanes import bare
+from .decoders import _linked_set
 
 SIDE = 224
 
@@ -381,7 +380,7 @@ def main() -> None:
                          f"{st['decoder_share_of_window']} of it, GIL lag {st['gil_lag_ms']}, "
                          f"busy {busy}", st["img_s"]))  # fmt: skip
     if "profile" in parts:  # a 4,096-image warm build under torch.profiler
-        from _trace import profile_call
+        from ._common import profile_call
 
         out = Path(os.environ.get("OUT", "out"))
         out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
 Inputs: synthetic 3000x2000 JPEG photos (quality 95, made from the sample
 photos). imgpack runs with 1, 4 and all workers.
 
-    python benchmarks/compress.py [--images 96] [--work /tmp/imgpack-bench]
+    python -m benchmarks.compress [--images 96] [--work /tmp/imgpack-bench]
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
 from packer.compress import CompressConfig, ffmpeg_exe
 from packer.measure.bench.synth import make_jpeg_tree
+
+from ._common import dump, machine
 
 
 def main() -> None:

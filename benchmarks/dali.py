@@ -20,7 +20,7 @@ Rounds alternate (every variant once per round); medians and minima of img/s, an
 variant as a ratio to DALI's median in the same run. Tables printed last; JSON under
 ``$OUT/bench_dali.json``.
 
-    python3 benchmarks/dali.py --work /tmp/dali-bench [--images 20000] [--rounds 3]
+    python3 -m benchmarks.dali --work /tmp/dali-bench [--images 20000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -38,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
-from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
+
+from ._common import dump, machine
+from .build import make_set
 
 
 def dali_loader(root: Path, batch: int, threads: int, seed: int, hw_load: float | None) -> Any:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DDP fed by pack sets on every GPU of the machine (issue 34), one call, a table last.
 
-    python3 benchmarks/ddp_sets.py --images 16384 --work /tmp/imgpack-gpu/ddp
+    python3 -m benchmarks.ddp_sets --images 16384 --work /tmp/imgpack-gpu/ddp
 
 Builds a raw set and a JPEG set (16 shards each) of synthetic 256² photos, then for
 1 GPU and for every GPU of the machine (1, 2, 4, 8 where there are that many), runs
@@ -27,10 +27,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from ._common import dump
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from _out import dump  # noqa: E402
 
 
 def torchrun(n: int, *args: str) -> dict:
@@ -73,9 +73,10 @@ def fill_cache(cache: Path) -> None:
 
 def main() -> None:
     import torch
-    from sets import build_ways, set_configs
 
     from packer.measure.bench.synth import make_jpeg_tree
+
+    from .sets import build_ways, set_configs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=16384)
@@ -97,9 +98,9 @@ def main() -> None:
     common = ["--batch-size", "256", "--steps", str(args.steps), "--warmup", str(args.warmup)]
     server = None
     if not args.no_remote:
-        from remote import upload
-
         from packer.storage.local_server import S3Server
+
+        from .remote import upload
 
         server = S3Server(w / "s3", buckets=("bench",)).start()
         os.environ.update(server.env())  # torchrun's ranks inherit it

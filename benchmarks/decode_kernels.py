@@ -7,7 +7,7 @@ name, the copies, and the batch's wall time. Ways: torchcodec and torchvision (p
 out of nvjpeg), nvImageCodec's engines with planar (``P_RGB``, imgpack's) or interleaved
 (``I_RGB``) output, and its CUDA decoder likewise.
 
-    python benchmarks/decode_kernels.py --device cuda [--images 512] [--batch 256]
+    python -m benchmarks.decode_kernels --device cuda [--images 512] [--batch 256]
 
 Prints a table; writes ``$OUT/bench_decode_kernels.json``.
 """
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _out import dump, machine
-from build import make_set
 from packer.measure.timing import resolve_device
+
+from ._common import dump, machine
+from .build import make_set
 
 
 def _ways(device: torch.device) -> dict[str, Any]:

@@ -14,7 +14,7 @@ batch 256. Parts (``--parts``):
 * ``blocking``: whether a decoder waits for the default stream's queued work.
 * ``interfere``: what costs ResNet-50 time beside the loader (:func:`interference`).
 
-    python benchmarks/decode_lanes.py --device cuda [--images 4096] [--repeats 3]
+    python -m benchmarks.decode_lanes --device cuda [--images 4096] [--repeats 3]
 
 Prints tables, a summary last; writes ``$OUT/bench_decode_lanes.json``.
 """
@@ -34,16 +34,15 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decoders import lane_ways, loader_rates, loader_ways, train_rates
-
 import packer
-from _out import dump, machine
-from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import DecoderBase, get_decoder
 from packer.measure.timing import resolve_device, sync
+
+from ._common import dump, machine
+from .build import make_set
+from .decoders import lane_ways, loader_rates, loader_ways, train_rates
 
 SINGLE = {
     "torchcodec": ("torchcodec", {}),

@@ -33,8 +33,8 @@ Then issue 32's figures, each against a baseline of the same run (``--parts``):
 
 Prints the tables, the summary last; writes ``$OUT/bench_decoders.json`` after each part.
 
-    python benchmarks/decoders.py [--images 4096] [--batch 256] [--repeats 4] [--device cuda]
-    python benchmarks/decoders.py --quick --device cpu     # a smoke test on the CPU
+    python -m benchmarks.decoders [--images 4096] [--batch 256] [--repeats 4] [--device cuda]
+    python -m benchmarks.decoders --quick --device cpu     # a smoke test on the CPU
 """
 
 from __future__ import annotations
@@ -54,17 +54,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
-from build import ceiling as resize_ceiling
-from build import lib_build, make_set
-from jpeg import cpu_ceiling as rrc_ceiling
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
 from packer.loading.roi_crop import RoiResizedCrop
 from packer.measure.timing import resolve_device, sync
+
+from ._common import dump, machine
+from .build import ceiling as resize_ceiling
+from .build import lib_build, make_set
+from .jpeg import cpu_ceiling as rrc_ceiling
 
 
 def decoders(device: torch.device) -> dict[str, DecoderBase]:
@@ -508,7 +508,8 @@ def build_rates(
     """640x480 -> 224²: the ceiling, a warm GPU build, fresh-process builds (each figure
     saved in ``res["build"]`` as it comes)."""
     import packer.build.gpu as gpu_build
-    from build import pixel_diff
+
+    from .build import pixel_diff
 
     work = args.work / "b640"
     shutil.rmtree(work, ignore_errors=True)

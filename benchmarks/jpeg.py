@@ -14,7 +14,7 @@ All in one run, on ImageNet-like JPEGs (about 500x375, quality 90, photo-like, f
 
 Prints a table; writes ``$OUT/bench_jpeg.json``.
 
-    python benchmarks/jpeg.py [--images 4096] [--quick] [--work /tmp/imgpack-jpeg]
+    python -m benchmarks.jpeg [--images 4096] [--quick] [--work /tmp/imgpack-jpeg]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,15 +34,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
 from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import median_rate, resolve_device, sync
-from packer.pack.format import pack_bytes
+from packer.pack.describe import pack_bytes
 from packer.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+from ._common import dump, machine
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ copies of ``packer``: the one at ``--old`` (e.g. ``git archive REV packer | tar 
 and new ``--rounds`` times, so a slow lease shows in both; the table gives medians
 and new/old.
 
-    python benchmarks/loader_ab.py --old .old --work /tmp/ab
+    python -m benchmarks.loader_ab --old .old --work /tmp/ab
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from packer.measure.bench.synth import make_jpeg_tree, make_random_pack
 
     a.work.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,8 @@ quality 90, made by ``benchmarks/build.py``'s ``make_set``), packed as JPEG pack
   (upsampled: detail the stored image no longer has), and the median source pixels
   per output pixel (box area / 224²).
 
-    python3 benchmarks/max_side.py --device cuda --work /tmp/max-side
-    python3 benchmarks/max_side.py --device cpu --images 64 --size 640x480 --sides 0,256 --rounds 1
+    python3 -m benchmarks.max_side --device cuda --work /tmp/max-side
+    python3 -m benchmarks.max_side --device cpu --images 64 --size 640x480 --sides 0,256 --rounds 1
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
-from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.measure.timing import resolve_device, sync
+
+from ._common import dump, machine
+from .build import make_set
 
 
 def crop_pixels(pack: Any, batches: int, batch: int) -> dict[str, float]:

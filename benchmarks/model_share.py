@@ -14,7 +14,7 @@ channels_last (``train_step``). Parts (``--parts``):
   plain side stream vs on a green context of a few SMs (``torch.cuda.green_contexts``).
 * ``pixels``: each GPU decoder vs Pillow on ``sample_data/``'s photographs.
 
-    python benchmarks/model_share.py --device cuda [--parts profile,priority,green,pixels]
+    python -m benchmarks.model_share --device cuda [--parts profile,priority,green,pixels]
 
 Prints tables, a summary last; writes ``$OUT/bench_model_share.json``.
 """
@@ -34,17 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trace import profiled
-from decoders import pillow, timed_steps
-
 import packer
-from _out import ROOT, dump, machine
-from build import make_set
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import get_decoder
 from packer.measure.timing import resolve_device
+
+from ._common import ROOT, dump, machine, profiled
+from .build import make_set
+from .decoders import pillow, timed_steps
 
 JSON = "bench_model_share.json"
 _KEEP: list[Any] = []  # green contexts outlive their streams' work

@@ -15,7 +15,7 @@
   cost of a shard beyond its images (task, lock, work folder, fsyncs, manifest,
   rename), in core-seconds.
 
-    python benchmarks/ray_build.py [--images 3000] [--shard-images 150] [--rounds 3]
+    python -m benchmarks.ray_build [--images 3000] [--shard-images 150] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _out import dump, machine
-from build import SETS, clean, make_set
+from ._common import dump, machine
+from .build import SETS, clean, make_set
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = 3 * 224 * 224
@@ -48,7 +47,7 @@ def local_build(src: Path, dst: Path, side: int, shard_size: int | None, workers
     None: one pack (no shards), the machine's best."""
     clean(dst)
     code = (
-        "import json;from packer.build.run import BuildConfig,build;"
+        "import json;from packer import BuildConfig,build_pack as build;"
         f"r=build({str(src)!r},{str(dst)!r},BuildConfig(size=({side},{side}),"
         f"workers={workers},shard_size={shard_size}));"
         "print('RESULT '+json.dumps({'count':r.count,'seconds':r.seconds,'shards':r.shards}))"
@@ -61,7 +60,7 @@ def local_build(src: Path, dst: Path, side: int, shard_size: int | None, workers
 
 
 def ray_build(src: Path, dst: Path, side: int, shard_size: int) -> tuple[float, list[dict]]:
-    from packer.build.run import BuildConfig, build
+    from packer.build.api import BuildConfig, build
 
     clean(dst)
     r = build(src, dst, BuildConfig(size=(side, side), shard_size=shard_size, engine="ray"))
@@ -78,12 +77,10 @@ def cli_wall(src: Path, dst: Path, side: int, shard_size: int, engine: str) -> f
 
 
 def tiny_set(root: Path, n: int) -> Path:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import write_image
+    from packer.measure.bench.synth import make_jpeg_tree
 
     if not (root / ".done").exists():
-        for i in range(n):
-            write_image(root / f"c{i % 2}" / f"{i:04d}.png", (64, 48), seed=i)
+        make_jpeg_tree(root, n, (64, 48), classes=2)
         (root / ".done").write_text("ok")
     return root
 

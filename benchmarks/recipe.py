@@ -16,10 +16,10 @@ Figures, each with its baseline measured in this run:
   reference data path   ImageFolder + torchvision v2 transforms + DataLoader workers
                         (MixUp/CutMix in the collate), same images, same step
 
-    python benchmarks/recipe.py                 # CUDA, writes $OUT/recipe.json
-    python benchmarks/recipe.py --quick         # a smoke run, CPU or GPU
-    python benchmarks/recipe.py --parts pipeline --profile   # + $OUT/profile.txt
-    python benchmarks/recipe.py --parts pipeline --check     # fused vs op by op, pixels
+    python -m benchmarks.recipe                 # CUDA, writes $OUT/recipe.json
+    python -m benchmarks.recipe --quick         # a smoke run, CPU or GPU
+    python -m benchmarks.recipe --parts pipeline --profile   # + $OUT/profile.txt
+    python -m benchmarks.recipe --parts pipeline --check     # fused vs op by op, pixels
 
 ``--profile`` adds, per pipeline stage, torch.profiler's tables (by device time
 and by host time, 10 calls) and whether the stage makes the host wait (CUDA's
@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -43,14 +42,14 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
 import packer.transforms as T
-from augment import photo_batch  # the same photo-like batches as the crop benchmark
 from packer.augment import fused
 from packer.imaging.normalize import IMAGENET_MEAN, IMAGENET_STD
 from packer.measure.bench.loading import train_step
 from packer.measure.timing import resolve_device, sync
+
+from .augment import photo_batch  # the same photo-like batches as the crop benchmark
 
 CLASSES = 100
 

@@ -16,8 +16,8 @@ Each figure is µs per batch, the median of ``--rounds`` rounds of ``--calls`` c
 ``--against DIR`` also runs this script on the ``packer`` of another checkout (say,
 main's) in a subprocess, and prints its figures beside these: the baseline, same run.
 
-    python benchmarks/recipe_host.py                        # writes $OUT/recipe_host.json
-    python benchmarks/recipe_host.py --against /path/to/main/checkout
+    python -m benchmarks.recipe_host                        # writes $OUT/recipe_host.json
+    python -m benchmarks.recipe_host --against /path/to/main/checkout
 """
 
 from __future__ import annotations
@@ -35,15 +35,14 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 OPS = ("crop", "policy", "erase", "mix")
 
 
 def draws(batch: int, size: int, side: int) -> dict:
     """Each op's draw for one batch, as a function of nothing (the generator is shared)."""
-    from recipe import recipe_compose
-
     from packer.augment import fused
+
+    from .recipe import recipe_compose
 
     plan = fused.Plan(list(recipe_compose(size, 100)), 0)
     g = torch.Generator().manual_seed(0)
@@ -126,10 +125,14 @@ def main() -> None:
     if a.against is not None:
         # The baseline in its own process (its own packer), one round after each of
         # ours: a drift of the machine touches both alike.
-        env = dict(os.environ, PYTHONPATH=str(a.against.resolve()))
+        # its packer first, this tree's benchmarks after it; cwd "/": `-m` puts the cwd
+        # first on sys.path, which would hide the other packer
+        path = os.pathsep.join((str(a.against.resolve()), str(HERE.parent)))
+        env = dict(os.environ, PYTHONPATH=path)
         args = [f"--{k}={getattr(a, k)}" for k in ("batch", "size", "side", "calls")]
         base = subprocess.Popen(
-            [sys.executable, __file__, *args, "--serve"],
+            [sys.executable, "-m", "benchmarks.recipe_host", *args, "--serve"],
+            cwd="/",
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -150,7 +153,8 @@ def main() -> None:
     ours = summary(ours_rounds)
     base = summary(base_rounds) if base_rounds else None
     import packer
-    from _out import dump, machine
+
+    from ._common import dump, machine
 
     print(f"host draws per batch of {a.batch} ({a.side}² in, {a.size}² out), µs")
     print(f"  packer: {Path(packer.__file__).parent}")

@@ -21,7 +21,7 @@ An epoch is ``PackLoader(set, batch, order="shards", device=cpu)`` consumed whol
 and small files); each figure is the median of ``--repeats`` (all of them in the JSON),
 and ratios compare epoch times to the local set's in the same page-cache state, same run.
 
-    python benchmarks/remote.py [--images 4096] [--side 64] [--shard-images 256]
+    python -m benchmarks.remote [--images 4096] [--side 64] [--shard-images 256]
                                 [--batch 256] [--repeats 3] [--work /tmp/imgpack-remote]
 
 On the GPU machine (no network): ``../shared/gpu/wheels.sh --with-cloud``, carry
@@ -39,14 +39,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import packer
-from _out import dump, machine
 from packer.measure.bench.synth import make_random_pack
 from packer.pack.index import SetIndex, manifest_digest, write_index
 from packer.pack.schema import MANIFEST
 from packer.storage.local_server import S3Server
+
+from ._common import dump, machine
 
 BUCKET = "bench"
 
@@ -227,7 +226,7 @@ def main() -> int:
             s.store.close()
         result = report(args, rows, opens, fetched, held, limit, set_bytes, upload_s)
         if args.train_images:  # after the streaming table: a failure here keeps it
-            from remote_train import print_train, train_part
+            from .remote_train import print_train, train_part
 
             result["train"] = train_part(
                 work, server, args.train_images, args.train_steps, args.repeats, upload

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,12 +29,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from sets import set_configs
-
 import packer
-from packer.build.run import build
+from packer.build.api import build
 from packer.measure.bench.synth import make_jpeg_tree
+
+from ._common import example
+from .sets import set_configs
 
 B = 256
 WAYS = ("resident", "local", "remote cold", "remote warm")
@@ -43,7 +42,7 @@ WAYS = ("resident", "local", "remote cold", "remote warm")
 
 def _batches(dataset: Any) -> Iterator:
     """Training batches from ``dataset``, epoch after epoch."""
-    from train_example import forever
+    forever = example("train_example").forever
 
     return forever(packer.PackLoader(dataset, B, image_size=224, drop_last=True, order="shards"))
 
@@ -53,8 +52,8 @@ def train_part(
 ) -> dict:
     """The four ways' ResNet-50 rates (img/s, every repeat), and what the cold cache
     downloaded per run vs the set's data bytes."""
-    from train_example import make_model, make_optimizer
-    from train_example import timed as train_rate
+    ex = example("train_example")
+    make_model, make_optimizer, train_rate = ex.make_model, ex.make_optimizer, ex.timed
 
     src, local = work / "jsrc", work / "jset"
     make_jpeg_tree(src, images, (256, 256), classes=100, quality=90)

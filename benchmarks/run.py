@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The maintained benchmarks, one entry point: list them, run some, print their tables.
 
-    python3 benchmarks/run.py list                     # what there is
-    python3 benchmarks/run.py augment train            # on a GPU machine, in one call
-    OUT=/tmp/out python3 benchmarks/run.py tests cuda  # logs and JSON under $OUT (./out)
+    python3 -m benchmarks.run list                     # what there is (from the repo root)
+    python3 -m benchmarks.run augment train            # on a GPU machine, in one call
+    OUT=/tmp/out python3 -m benchmarks.run tests cuda  # logs and JSON under $OUT (./out)
 
 Each benchmark measures its baseline in the same run and prints a table last; logs
 and JSON go under ``$OUT``. The tables are printed again at the end, in order, so
@@ -30,61 +30,61 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "cuda": ("the test files that hold CUDA tests",
              [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-m", "cuda", "tests"]),
     "augment": ("batched per-image augmentation on the GPU vs a device copy of the same bytes",
-                [PY, str(HERE / "augment.py"), "--device", "cuda", "--json", "{out}/augment.json"]),
+                [PY, "-m", "benchmarks.augment", "--device", "cuda", "--json", "{out}/augment.json"]),
     "train": ("ResNet-18/50 fed by PackLoader + augmentation vs resident batches vs ImageFolder",
-              [PY, str(HERE / "train_aug.py"), "--jpeg", "--work", "{work}", "--out", "{out}"]),
+              [PY, "-m", "benchmarks.train_aug", "--jpeg", "--work", "{work}", "--out", "{out}"]),
     "rn50": ("ResNet-50 fed by a JPEG pack vs resident batches",
-             [PY, str(HERE / "train_aug.py"), "--jpeg", "--archs", "resnet50", "--no-folder",
+             [PY, "-m", "benchmarks.train_aug", "--jpeg", "--archs", "resnet50", "--no-folder",
               "--work", "{work}", "--out", "{out}"]),
     "stream": ("PackLoader on 50,000-image packs vs the machine's copy limits",
-               [PY, str(HERE / "stream.py"), "--work", "{work}"]),
+               [PY, "-m", "benchmarks.stream", "--work", "{work}"]),
     "build": ("build speed vs the machine's 16-process decode ceiling",
-              [PY, str(HERE / "build.py"), "--images", "16000", "--work", "{work}"]),
+              [PY, "-m", "benchmarks.build", "--images", "16000", "--work", "{work}"]),
     "gpubuild": ("build --device cuda vs the CPU build vs the ceiling",
-                 [PY, str(HERE / "build.py"), "--sets", "b", "--variants", "new,gpu", "--no-disk",
+                 [PY, "-m", "benchmarks.build", "--sets", "b", "--variants", "new,gpu", "--no-disk",
                   "--repeats", "3", "--images", "16000", "--work", "{work}/build"]),
     "lanes": ("JPEG decoders at once, the loader's lanes, what costs ResNet-50 time",
-              [PY, str(HERE / "decode_lanes.py"), "--device", "cuda", "--parts",
+              [PY, "-m", "benchmarks.decode_lanes", "--device", "cuda", "--parts",
                "bare,loader,train,blocking,interfere", "--work", "{work}/lanes"]),
     "share": ("what a JPEG loader takes from ResNet-50: a profile, the crop whole vs in "
               "slices, pixels on sample_data (set CUDA_DEVICE_MAX_CONNECTIONS=8 to see 8 queues)",
-              [PY, str(HERE / "model_share.py"), "--device", "cuda", "--parts",
+              [PY, "-m", "benchmarks.model_share", "--device", "cuda", "--parts",
                "profile,ab,pixels", "--chunks", "0,8", "--work", "{work}/share"]),
     "bound": ("what bounds build --device cuda: the ceiling, bare decoders, the disk, the build",
-              [PY, str(HERE / "build_bound.py"), "--device", "cuda", "--parts",
+              [PY, "-m", "benchmarks.build_bound", "--device", "cuda", "--parts",
                "ceiling,bare,write,build,stages", "--work", "{work}/bound"]),
     "kernels": ("what a batched GPU JPEG decode and the loader's crop run on the SMs",
-                [PY, str(HERE / "decode_kernels.py"), "--device", "cuda",
+                [PY, "-m", "benchmarks.decode_kernels", "--device", "cuda",
                  "--work", "{work}/kernels"]),
     "jpeg": ("JPEG packs and the GPU build vs the CPU ceiling",
-             [PY, str(HERE / "jpeg.py"), "--images", "8192", "--work", "{work}/jpeg"]),
+             [PY, "-m", "benchmarks.jpeg", "--images", "8192", "--work", "{work}/jpeg"]),
     "startup": ("imgpack info / verify --no-speed / build of 100 images vs import packer / torch",
-                [PY, str(HERE / "startup.py"), "--work", "{work}/startup"]),
+                [PY, "-m", "benchmarks.startup", "--work", "{work}/startup"]),
     "compress": ("imgpack compress: size and time per quality",
-                 [PY, str(HERE / "compress.py"), "--work", "{work}/compress"]),
+                 [PY, "-m", "benchmarks.compress", "--work", "{work}/compress"]),
     "recipe": ("the modern recipe (RRC, TrivialAugmentWide, erasing, MixUp/CutMix) vs a device "
                "copy; ResNet-50 fed by it vs resident vs torchvision's reference data path",
-               [PY, str(HERE / "recipe.py"), "--work", "{work}/recipe"]),
+               [PY, "-m", "benchmarks.recipe", "--work", "{work}/recipe"]),
     "recipe_host": ("the recipe's random draws on the host, µs per batch of 256 (CPU), this "
                     "tree vs the packer/ under $OLD_TREE when it is set",
-                    [PY, str(HERE / "recipe_host.py"),
+                    [PY, "-m", "benchmarks.recipe_host",
                      *(["--against", os.environ["OLD_TREE"]] if os.environ.get("OLD_TREE") else [])]),
     "sets": ("PackLoader over a 16-shard set vs one pack, shard vs global order, ResNet-50 on sets",
-             [PY, str(HERE / "sets.py"), "--work", "{work}/sets"]),
+             [PY, "-m", "benchmarks.sets", "--work", "{work}/sets"]),
     "ab": ("PackLoader raw and JPEG streaming, this tree vs the packer/ under $OLD_TREE, alternating",
-           [PY, str(HERE / "loader_ab.py"), "--old", os.environ.get("OLD_TREE", ".old"),
+           [PY, "-m", "benchmarks.loader_ab", "--old", os.environ.get("OLD_TREE", ".old"),
             "--work", "{work}/ab"]),
     "remote": ("a pack set streamed from an S3 server on this machine (rclone) vs local disk: "
                "cold, warm cache, bytes fetched per epoch",
-               [PY, str(HERE / "remote.py"), "--images", "65536", "--side", "128",
+               [PY, "-m", "benchmarks.remote", "--images", "65536", "--side", "128",
                 "--shard-images", "2048", "--work", "{work}/remote"]),
     "dali": ("the JPEG-pack loader beside DALI's ResNet-50 pipeline on the same files (needs "
              "nvidia-dali: ../shared/gpu/wheels.sh --with-dali), nvImageCodec bare",
-             [PY, str(HERE / "dali.py"), "--work", "{work}/dali"]),
+             [PY, "-m", "benchmarks.dali", "--work", "{work}/dali"]),
     "maxside": ("what build --max-side does to the JPEG loader's rate and the crops' pixels",
-                [PY, str(HERE / "max_side.py"), "--device", "cuda", "--work", "{work}/maxside"]),
+                [PY, "-m", "benchmarks.max_side", "--device", "cuda", "--work", "{work}/maxside"]),
     "stats": ("what PackLoader.stats() costs: the loader with stats on vs off, alternating",
-              [PY, str(HERE / "stats_cost.py"), "--jpeg", "--work", "{work}/stats"]),
+              [PY, "-m", "benchmarks.stats_cost", "--jpeg", "--work", "{work}/stats"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
               [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
 }  # fmt: skip

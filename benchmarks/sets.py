@@ -3,7 +3,7 @@
 the shard-aware order vs the global order (raw and JPEG), and ResNet-50 fed by a set
 vs the same step on resident batches. Every ratio is against a baseline of the same run.
 
-    python3 benchmarks/sets.py --images 16384 --work /tmp/imgpack-gpu/sets
+    python3 -m benchmarks.sets --images 16384 --work /tmp/imgpack-gpu/sets
 
 The same source tree (synthetic photo-like JPEGs, 256x256) is built four times: one raw
 pack (224²), a raw set of 16 shards, one JPEG pack and a JPEG set of 16 shards. Each
@@ -17,19 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import packer
-from _out import dump, machine
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.measure.bench.synth import make_jpeg_tree
+
+from ._common import dump, example, machine
 
 
 def set_configs(src: Path, images: int, shards: int, workers: int) -> dict[str, BuildConfig]:
@@ -110,7 +108,8 @@ def main() -> None:
             rates[k].append(stream_rate(make, args.batches))
     med = {k: statistics.median(v) for k, v in rates.items()}
 
-    from train_example import make_model, make_optimizer, train_step
+    ex = example("train_example")
+    make_model, make_optimizer, train_step = ex.make_model, ex.make_optimizer, ex.train_step
 
     torch.backends.cudnn.benchmark = True
     model = make_model("resnet50", 100)

@@ -11,7 +11,7 @@ and the ratios of medians. Inputs: 100 synthetic 640x480 JPEGs in 4 classes, bui
 commands also run on the ``packer/`` under TREE (a ``git worktree`` of an older commit),
 alternating with this tree's.
 
-    python benchmarks/startup.py [--rounds 5] [--work /tmp/imgpack-startup] [--old TREE]
+    python -m benchmarks.startup [--rounds 5] [--work /tmp/imgpack-startup] [--old TREE]
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-startup"))
     ap.add_argument("--old", type=Path, default=None, help="an older tree, run alternately")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from packer.measure.bench.synth import make_jpeg_tree
 
     src, pack, dst = args.work / "src", args.work / "pack", args.work / "dst"

@@ -12,22 +12,21 @@ Two measures:
            rounds' on/off ratios (the target: >= 0.99), and the process's CPU time a
            batch (every thread), on over off.
 
-    python benchmarks/stats_cost.py [--device auto] [--rounds 9] [--jpeg]
+    python -m benchmarks.stats_cost [--device auto] [--rounds 9] [--jpeg]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
 from packer.loading.stats import AUGMENT, COPY, CROP, DECODE, READ, Stats, StatsConfig
 from packer.measure.timing import each_pass, resolve_device, time_loader
+
+from ._common import dump, machine
 
 
 def record_cost(n: int = 200_000) -> tuple[float, float]:
@@ -112,7 +111,7 @@ def main() -> None:
     if a.jpeg:
         jpeg = a.work / "jpeg"
         if not jpeg.exists():
-            from packer.build.run import BuildConfig, build
+            from packer.build.api import BuildConfig, build
 
             make_jpeg_tree(a.work / "tree", a.images // 4, (500, 375), classes=10)
             build(a.work / "tree", jpeg, BuildConfig(store="jpeg"))

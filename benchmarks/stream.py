@@ -18,24 +18,23 @@ of PackLoader at ImageNet scale: 50,000-image packs, the machine's own limits
 knobs (gather threads, prefetch, populate, GPU-resident mode) swept one by one.
 Its packs take GBs and minutes to make, which ``imgpack bench`` must not.
 
-    python benchmarks/stream.py [--images 50000] [--work /tmp/imgpack-bench]
+    python -m benchmarks.stream [--images 50000] [--work /tmp/imgpack-bench]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import packer
-from _out import dump, machine
 from packer.measure.bench.synth import make_random_pack
 from packer.measure.timing import time_call, time_loader
+
+from ._common import dump, machine
 
 CUDA = torch.device("cuda")
 

@@ -22,7 +22,7 @@ like), built into a 256² pack. Timing: warm-up, device synchronized before
 every clock read, the median of --repeats repeats (packer.measure.timing). Prints a
 table last and writes JSON to --out.
 
-    python3 benchmarks/train_aug.py [--images 4096] [--work /tmp/imgpack-aug]
+    python3 -m benchmarks.train_aug [--images 4096] [--work /tmp/imgpack-aug]
 """
 
 from __future__ import annotations

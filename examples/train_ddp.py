@@ -35,9 +35,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # _out
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
 import packer
-from _out import dump, machine
+from benchmarks._common import dump, machine
 from packer.measure.bench.synth import make_random_pack
 from packer.measure.timing import median_rate
 from train_example import make_model, make_optimizer, train_step

@@ -125,8 +125,8 @@ def folder_batches(folder: Path, bs: int, workers: int) -> Iterator:
 
 
 def bench(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from _out import dump, machine
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
+    from benchmarks._common import dump, machine
     from packer.measure.bench.synth import make_jpeg_tree, make_random_pack
 
     work = args.work

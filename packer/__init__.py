@@ -46,9 +46,9 @@ _EXPORTS = {
     "PackDataset": "packer.loading.dataset:PackDataset",
     "split": "packer.loading.dataset:split",
     "class_histogram": "packer.loading.dataset:class_histogram",
-    "build_pack": "packer.build.run:build",
-    "BuildConfig": "packer.build.run:BuildConfig",
-    "BuildResult": "packer.build.run:BuildResult",
+    "build_pack": "packer.build.api:build",
+    "BuildConfig": "packer.build.config:BuildConfig",
+    "BuildResult": "packer.build.config:BuildResult",
     "compress_tree": "packer.compress:compress",
     "CompressConfig": "packer.compress:CompressConfig",
     "CompressResult": "packer.compress:CompressResult",
@@ -91,8 +91,8 @@ _SUBMODULES = (
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .build.run import BuildConfig, BuildResult
-    from .build.run import build as build_pack
+    from .build.api import build as build_pack
+    from .build.config import BuildConfig, BuildResult
     from .compress import CompressConfig, CompressResult
     from .compress import compress as compress_tree
     from .errors import (

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import packer
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
         "import packer, types\n"
         "for name in packer.__all__:\n"
         "    assert getattr(packer, name) is not None, name\n"
-        "assert isinstance(packer.build.run, types.ModuleType)\n"
-        "assert callable(packer.build_pack) and packer.build_pack is packer.build.run.build\n"
+        "assert isinstance(packer.build.api, types.ModuleType)\n"
+        "assert callable(packer.build_pack) and packer.build_pack is packer.build.api.build\n"
         "assert issubclass(packer.InputError, packer.PackerError)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

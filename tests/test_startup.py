@@ -17,7 +17,7 @@ import pytest
 
 import packer.build.run
 from conftest import subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import InputError, NoUsableImagesError
 
 # runs ``imgpack ARGS`` in a fresh interpreter (click's main, as the ``imgpack`` script),
@@ -137,7 +137,7 @@ _FAKE_TORCH = textwrap.dedent(
 _BUILD = textwrap.dedent(
     """
     import json, sys
-    from packer.build.run import BuildConfig, build
+    from packer.build.api import BuildConfig, build
     r = build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 6), workers=2))
     print(json.dumps({"count": r.count, "processes": r.extra.get("processes_used")}))
     """

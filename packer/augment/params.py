@@ -37,8 +37,9 @@ class _Staging:
     buffers exist as copies are in flight, no call allocates pinned memory.
     Both ``Tensor.pin_memory()`` (which asks the driver whether the tensor is
     pinned) and torch's caching pinned allocator (which queries every pending
-    block's event) cost tens to hundreds of microseconds a call on an H100 host
-    whose queue runs far ahead of the device.
+    block's event) cost much a call on a host whose queue runs far ahead of the
+    device (see docs/PERFORMANCE.md, section "Figures behind the code", row "pinned
+    buffers").
     """
 
     _MAX = 64  # buffers kept; beyond, the oldest is dropped (torch frees it once its copy ran)

@@ -205,10 +205,9 @@ class PerImage(nn.Module):
 
     Cost: B calls of ``t`` and one ``torch.stack`` per batch, where a
     ``packer.transforms`` op is one batched call. On CUDA that is B times the op's
-    kernel launches, each waiting on Python. Measured on the CPU (2 cores shared with
-    other jobs, 2026-11-25), a batch of 256 images of 224x224: 1.4 s through
-    ``PerImage(v2.RandomResizedCrop(224))``, 3.8 s ``v2.TrivialAugmentWide()``, 6.2 s
-    ``v2.RandomErasing(p=1)``; 5-60x one torchvision call on the whole batch.
+    kernel launches, each waiting on Python: many times one torchvision call on the
+    whole batch (docs/PERFORMANCE.md, section "Figures behind the code", row
+    "PerImage").
 
     Input: Tensor[B, C, H, W] (what the loader gives: uint8 in [0, 255], or what an
     earlier transform made), any device. Output: the per-image results stacked,

@@ -21,7 +21,7 @@ TAIL_HEAD = 8
 TAIL_TILE = (8, 128, 4)
 TAIL_LABELS_BLOCK = 1024
 # torch's addcmul (Normalize) rounds once, a fused multiply-add, on the CPU and on CUDA
-# (bit for bit on an H100, 2026-11-25: benchmarks/recipe.py --check); so does the tail.
+# (bit for bit on CUDA: python -m benchmarks.recipe --check); so does the tail.
 NORM_FMA = True
 
 

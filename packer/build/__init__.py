@@ -1,14 +1,15 @@
 """The writer: ``imgpack build``: config, worker processes, the GPU path, finalize
 and the crash-safe work folder beside the destination.
 
-``packer.build.build`` is :func:`packer.build_pack`.
+``packer.build.build`` is :func:`packer.build_pack`: :mod:`packer.build.api` decides
+once whether a job is one pack, a pack set, a set in a bucket, or a Ray cluster's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"build": "run", "BuildConfig": "config", "BuildResult": "config"}
+_LAZY = {"build": "api", "BuildConfig": "config", "BuildResult": "config"}
 
 
 def __getattr__(name: str) -> Any:

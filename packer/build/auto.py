@@ -10,20 +10,18 @@ The GPU is taken when its estimate is shorter by ``MARGIN`` (so a near tie, wher
 estimates' error decides, stays on the CPU), the pack stores raw rows (``--store jpeg``
 decodes nothing), a CUDA device is there, and a batched JPEG decoder starts on it
 (nvImageCodec, torchcodec or torchvision: the last comes with torch's CUDA wheels). Every
-other case builds on the CPU. The constants are measured, on the H100 machine (16 cores,
-640x480 JPEGs -> 224², docs/PERFORMANCE.md "The GPU build"):
+other case builds on the CPU. The constants are measured (their figures, machine and
+date: docs/PERFORMANCE.md, section "Figures behind the code", row "device auto
+constants"; the thresholds they give: section "``--device auto``"):
 
-* ``CPU_IMG_S_PER_WORKER``: the CPU build's rate over its worker count (3,559 img/s on
-  16 workers, 2026-11-25);
+* ``CPU_IMG_S_PER_WORKER``: the CPU build's rate over its worker count;
 * ``GPU_START_S``: what a fresh process spends before the GPU decodes its first batch
   (importing torch and torchvision, the CUDA context, the decoder's handles, the crop
-  kernel): 8-12 s;
-* ``GPU_IMG_S``: the warm GPU build's rate once started, pack on local disk (2.35x a
-  ceiling of ~4k img/s).
+  kernel);
+* ``GPU_IMG_S``: the warm GPU build's rate once started, pack on local disk.
 
-So the GPU is taken from about 90k images on 16 workers, 32k on 8, 14k on 4, 6.5k on 2. Inputs
-larger than 640x480 cost the CPU more per image than the GPU, so the rule errs toward the
-CPU for them, never toward a slower build than the CPU's.
+They were taken on 640x480 inputs; larger inputs cost the CPU more per image than the
+GPU, so the rule errs toward the CPU for them, never toward a slower build than the CPU's.
 """
 
 from __future__ import annotations

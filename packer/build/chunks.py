@@ -289,8 +289,9 @@ def start_pool(
 class LazyPool:
     """A process pool that starts at its first task: the GPU build's CPU workers decode
     only what the GPU does not take, often nothing, and 16 booting workers took the
-    cores the GPU pipeline's threads needed (H100 machine, 2026-11-26: the decoder's
-    calls ran 2-3x slower until the pool had booted; docs/PERFORMANCE.md). ``start()``
+    cores the GPU pipeline's threads needed (the decoder's calls ran slower until the
+    pool had booted: docs/PERFORMANCE.md, section "Figures behind the code", row "GPU
+    build's lazy pool"). ``start()``
     makes the pool; :func:`stop_pool` and ``shutdown`` work on one never started."""
 
     def __init__(self, start: Callable[[], ProcessPoolExecutor]) -> None:

@@ -236,8 +236,9 @@ def _read_ahead(
 class _Decoder:
     """The build's GPU decoder: :func:`_serve` on a thread of this process. It takes
     groups from ``send``; its messages arrive on one queue, ``self.box``: ("done", g,
-    results), ("error", exc), ("end",). (Decoder processes beside it were measured no
-    faster once started, and took ~11 s each to start: docs/BENCHMARKS.md.)"""
+    results), ("error", exc), ("end",). (Decoder processes beside it were no faster
+    once started, and slow to start: docs/PERFORMANCE.md, section "Figures behind the
+    code", row "GPU build's decoder processes".)"""
 
     def __init__(
         self,

@@ -39,8 +39,8 @@ def _read_whole(path: str) -> np.ndarray | None:
     (gone, unreadable, not a regular file, changing size): the CPU build's decode then
     names the reason. A bare descriptor (:func:`packer._fs.open_fd_if_regular`) and
     memory nothing zeroes first: the readers' time with the GIL is what paces them,
-    and a file object and a zeroed buffer took a third of it (4 threads: 10k files/s
-    on the H100 machine)."""
+    and a file object and a zeroed buffer took a third of it (docs/PERFORMANCE.md,
+    section "Figures behind the code", row "GPU build's reader")."""
     try:
         fd, st = open_fd_if_regular(path)
     except (OSError, NotRegularFile):

@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackerError, ShardFailedError, UsageError, WorkerDiedError
-from . import shards
-from .config import BuildConfig
+from . import shards, upload
+from .config import BuildConfig, _Labels
+from .plan import plan_labels
 from .set_plan import SetPlan, ShardSink
-from .shards import ShardOutcome, commit_shard
+from .shards import SetEngine, ShardOutcome, commit_shard
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +94,10 @@ def _shard_task(
     uploaded = False
     bucket_src = is_url(src)  # (an absolute path never is one)
     if url is not None:
-        from .upload import build_and_upload
-
         where: Path | str = src if bucket_src else Path(src)
-        outcome, uploaded = build_and_upload(where, url, name, part, config)
+        outcome, uploaded = upload.build_and_upload(where, url, name, part, config)
     elif bucket_src:
-        from .upload import build_from_bucket
-
-        outcome = build_from_bucket(src, Path(dst), name, part, config)
+        outcome = upload.build_from_bucket(src, Path(dst), name, part, config)
     else:
         outcome = commit_shard(Path(src), Path(dst), name, part, config)
     return {
@@ -110,6 +107,37 @@ def _shard_task(
         "pid": os.getpid(),
         "seconds": round(time.perf_counter() - t, 3),
     }
+
+
+class RayEngine(SetEngine):
+    """One Ray task per shard (:func:`run_ray`); SRC a shared folder or a bucket prefix
+    of images; into a bucket, each task uploads its own shard."""
+
+    tasks_upload = True
+
+    def prepare(self, config: BuildConfig) -> Any:
+        ray = import_ray()  # before the scan: a missing extra is a one-line error at once
+        device = cluster_device(config)
+        # before DST is made: seconds, not 14 minutes. An address given (or RAY_ADDRESS) is
+        # always checked; with none, a library caller's own connection is taken as it is
+        named = config.ray_address is not None or bool(os.environ.get("RAY_ADDRESS"))
+        if named or not ray.is_initialized():
+            check_address(config.ray_address)
+        return device
+
+    def plan(self, src: Path | str, config: BuildConfig) -> _Labels:
+        if isinstance(src, str):  # a bucket prefix (packer.build.api routed it here)
+            return upload.plan_bucket(src, config)
+        return plan_labels(src, config)
+
+    def run(
+        self,
+        sp: SetPlan,
+        progress: Callable[[int], None] | None,
+        on_shard: Callable[[int, int], None] | None,
+        sink: ShardSink | None,
+    ) -> tuple[list[ShardOutcome], dict[str, Any]]:
+        return run_ray(sp, progress, on_shard, sink)
 
 
 PROBE_TIMEOUT_S = 3.0  # the TCP probe of --ray-address before any work

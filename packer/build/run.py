@@ -95,42 +95,24 @@ def build(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
     plan: _Labels | None = None,
-    on_shard: Callable[[int, int], None] | None = None,
 ) -> BuildResult:
-    """Build a pack at ``dst`` from the images under ``src``.
+    """Build one pack at ``dst`` from the images under folder ``src`` (a set, a bucket or
+    a cluster build: :func:`packer.build.api.build`, which decides and calls this).
 
     ``progress(n)`` is called in this process after each chunk with the number
     of images it finished (by the GPU path from its journal thread); ``on_start(total, already_done)`` once before work.
     Raises PackerError subclasses for unusable input; broken images are skipped
     and listed in the result. Interrupted builds resume when rerun.
     ``plan``: the labelled images to pack, already listed (a shard of a set).
-    ``on_shard(done, total)``: a pack set's shards in place, after each.
-    ``config.shard_size``, ``config.append`` or ``config.engine="ray"``: a pack set
-    (packer.build.shards).
     """
     t0 = time.perf_counter()
     config.validate()
-    # a device this process lacks is refused before any work; ray: each task's node needs
-    # the GPU, not this one; auto falls back to the CPU and asks CUDA only where the GPU
-    # could pay for the job (build/auto.py)
-    if config.engine != "ray" and config.device != "auto":
-        _build_device(config)
-    if isinstance(dst, str) and "://" in dst:  # issue 30: a pack set in object storage
-        from .upload import build_to_bucket
-
-        return build_to_bucket(src, dst, config, progress=progress, on_start=on_start)
-    if isinstance(src, str) and "://" in src and config.engine != "ray":
-        from ..storage.url import parse_url
-
-        parse_url(src)  # first: a URL with a credential is refused, unquoted
+    if config.shard_size is not None or config.append or config.engine != "local":
+        # which build a job is, is packer.build.api's decision: a set never reaches here
         raise UsageError(
-            f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
-            "its shard's images); to build here, download the images first"
+            "this builds one pack: a pack set (shard size, append, --engine ray) is built "
+            "by packer.build_pack"
         )
-    if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
-        from .shards import build_set
-
-        return build_set(src, dst, config, progress=progress, on_start=on_start, on_shard=on_shard)
     auto = config.device == "auto"
     device = None if auto else _build_device(config)
     given = Path(dst)

@@ -56,6 +56,7 @@ from ..pack.index import (
     write_index,
 )
 from ..pack.schema import MANIFEST, Manifest, Skip
+from ..storage.url import parse_url
 from .config import BuildConfig, BuildResult, _Labels
 from .finalize import _classes_from
 from .plan import check_not_nested, plan_labels
@@ -177,8 +178,11 @@ def build_set(
     on_start: Callable[[int, int], None] | None = None,
     on_shard: Callable[[int, int], None] | None = None,
     sink: ShardSink | None = None,
+    *,
+    engine: SetEngine,
 ) -> BuildResult:
-    """Build (or with ``config.append``, extend) the pack set at ``dst`` from ``src``.
+    """Build (or with ``config.append``, extend) the pack set at ``dst`` from ``src``: a
+    folder (a Path), or a bucket prefix of images (a ``str`` URL: the Ray engine's).
 
     ``sink``: where each shard goes once it is in place (object storage: see
     :mod:`packer.build.upload`); a shard the sink already holds is not built again.
@@ -186,42 +190,26 @@ def build_set(
     ``config.shard_size``: bytes per shard (None: :data:`DEFAULT_SHARD_SIZE`).
     ``progress(n)``: n more images decoded; ``on_start(total, already_done)`` once,
     ``already_done`` counting the images of shards kept from an interrupted run;
-    ``on_shard(done, total)`` after each shard. ``config.engine``: who builds the
-    shards (``"ray"``: :mod:`packer.build.ray_engine`); the bytes are the same.
+    ``on_shard(done, total)`` after each shard. ``engine``: who builds the shards
+    (:class:`LocalEngine`, or :class:`packer.build.ray_engine.RayEngine`, as
+    :mod:`packer.build.api` chose); the bytes are the same.
     Returns the result of the whole set (``shards`` set). Raises PackerError
     subclasses as a single build does, and for ``--append`` with other options.
     """
     t0 = time.perf_counter()
     config.validate()
     shard_size = config.shard_size or DEFAULT_SHARD_SIZE
-    if config.engine == "ray":
-        from .ray_engine import check_address, cluster_device, import_ray
-
-        import_ray()  # before the scan: a missing extra is a one-line error at once
-        device = cluster_device(config)
-        import ray
-
-        # before DST is made: seconds, not 14 minutes. An address given (or RAY_ADDRESS) is
-        # always checked; with none, a library caller's own connection is taken as it is
-        named = config.ray_address is not None or bool(os.environ.get("RAY_ADDRESS"))
-        if named or not ray.is_initialized():
-            check_address(config.ray_address)
-    else:
-        device = _build_device(config)
+    device = engine.prepare(config)  # before DST is made and before the scan
     given = Path(dst)
     dst = Path(os.path.abspath(dst))
     refuse_symlink_destination(dst)
-    if isinstance(src, str) and "://" in src:  # a bucket of images (packer.build.upload)
-        from ..storage.url import parse_url
-        from .upload import plan_bucket
-
+    if isinstance(src, str):  # a bucket of images (so routed by packer.build.api)
         src = str(parse_url(src))  # stays the URL (SetPlan.src), written one way
-        plan = plan_bucket(src, config)
         check = functools.partial(_check_set_destination, dst, config)
     else:
         src = Path(src)
-        plan = plan_labels(src, config)
         check = functools.partial(_check_destination, src, dst, config)
+    plan = engine.plan(src, config)
     check()
     made = not (dst.exists() or dst.is_symlink())
     try:
@@ -232,7 +220,7 @@ def build_set(
             try:
                 result = _build_set_locked(
                     src, dst, plan, config, shard_size, device, progress, on_start, on_shard, t0,
-                    sink,
+                    sink, engine,
                 )  # fmt: skip
             except BaseException:
                 if made:  # a failed build leaves no empty DST folder it made behind
@@ -307,6 +295,53 @@ def _run_local(
     return out
 
 
+class SetEngine:
+    """Who builds a set's shards (never what they hold: the bytes are the same whoever
+    builds them). :mod:`packer.build.api` picks one; :func:`build_set` calls it."""
+
+    #: each shard's builder uploads it itself (a bucket DST: the driver only checks)
+    tasks_upload = False
+
+    def prepare(self, config: BuildConfig) -> Any:
+        """Checks before any work; the device every shard is decoded on (None: CPU)."""
+        raise NotImplementedError
+
+    def plan(self, src: Path | str, config: BuildConfig) -> _Labels:
+        """The labelled images of ``src`` (a folder; an engine may take a bucket URL)."""
+        raise NotImplementedError
+
+    def run(
+        self,
+        sp: SetPlan,
+        progress: Callable[[int], None] | None,
+        on_shard: Callable[[int, int], None] | None,
+        sink: ShardSink | None,
+    ) -> tuple[list[ShardOutcome], dict[str, Any]]:
+        """Build the shards of ``sp`` not in place: each outcome, and extra result keys."""
+        raise NotImplementedError
+
+
+class LocalEngine(SetEngine):
+    """This machine's workers, one shard after another (:func:`_run_local`)."""
+
+    def prepare(self, config: BuildConfig) -> Any:
+        return _build_device(config)
+
+    def plan(self, src: Path | str, config: BuildConfig) -> _Labels:
+        if isinstance(src, str):  # packer.build.api refuses it first, with the way out
+            raise UsageError(f"SRC {src}: a bucket of images is built with --engine ray")
+        return plan_labels(src, config)
+
+    def run(
+        self,
+        sp: SetPlan,
+        progress: Callable[[int], None] | None,
+        on_shard: Callable[[int, int], None] | None,
+        sink: ShardSink | None,
+    ) -> tuple[list[ShardOutcome], dict[str, Any]]:
+        return _run_local(sp, progress, on_shard, sink), {}
+
+
 def _build_set_locked(
     src: Path,
     dst: Path,
@@ -318,17 +353,13 @@ def _build_set_locked(
     on_start: Callable[[int, int], None] | None,
     on_shard: Callable[[int, int], None] | None,
     t0: float,
-    sink: ShardSink | None = None,
+    sink: ShardSink | None,
+    engine: SetEngine,
 ) -> BuildResult:
     sp = plan_set(src, dst, plan, config, shard_size, device, sink)
     if on_start:
         on_start(len(sp.plan.scan.entries), sp.kept)
-    if config.engine == "ray":
-        from .ray_engine import run_ray
-
-        outcomes, extra = run_ray(sp, progress, on_shard, sink)
-    else:
-        outcomes, extra = _run_local(sp, progress, on_shard, sink), {}
+    outcomes, extra = engine.run(sp, progress, on_shard, sink)
     return finish_set(sp, outcomes, t0, extra)
 
 

@@ -64,7 +64,7 @@ from ..storage.url import StorageURL, parse_url
 from .config import BuildConfig, BuildResult, _Labels
 from .plan import labels_from_table
 from .set_plan import ShardSink, _complete
-from .shards import ShardOutcome, build_set, commit_shard
+from .shards import SetEngine, ShardOutcome, build_set, commit_shard
 
 log = logging.getLogger(__name__)
 
@@ -166,13 +166,9 @@ def plan_bucket(src: str, config: BuildConfig) -> _Labels:
     """The labelled images of a bucket SRC (``s3://bucket/images/``), listed once (keys,
     sizes, ETags): class folders through the ``--classes`` map, or the rows of a
     ``--labels`` table, as :func:`packer.build.plan.plan_labels` does for a folder.
-    UsageError unless ``config.engine`` is ``"ray"``."""
+    The Ray engine's (:class:`packer.build.ray_engine.RayEngine`): each task downloads
+    its shard's images."""
     u = parse_url(src)
-    if config.engine != "ray":
-        raise UsageError(
-            f"SRC {u}: a bucket of images is built with --engine ray (each task downloads "
-            "its shard's images); add --engine ray, or copy the images to a folder"
-        )
     listing = open_store(u).list_meta()
     fixed = read_class_map(config.classes) if config.classes is not None else None
     class_map = (
@@ -313,9 +309,11 @@ def build_to_bucket(
     config: BuildConfig,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    *,
+    engine: SetEngine,
 ) -> BuildResult:
-    """Build the pack set at ``url`` (s3://, gs://, az://) from ``src``: see the module
-    docstring. ``config.shard_size`` is required (a URL holds sets only). Returns the
+    """Build the pack set at ``url`` (s3://, gs://, az://) from ``src`` with ``engine``
+    (:mod:`packer.build.api` chose it): see the module docstring. ``config.shard_size`` is required (a URL holds sets only). Returns the
     result of the whole set; ``extra`` counts ``shards_uploaded`` and
     ``shards_already_there``."""
     u = parse_url(url)
@@ -328,7 +326,7 @@ def build_to_bucket(
     lease.acquire()  # the destination checked before any work, and one writer at a time
     try:
         _reached("lease taken")
-        return _build_under_lease(src, u, client, lease, config, progress, on_start)
+        return _build_under_lease(src, u, client, lease, config, progress, on_start, engine)
     finally:
         lease.release()
 
@@ -341,6 +339,7 @@ def _build_under_lease(
     config: BuildConfig,
     progress: Callable[[int], None] | None,
     on_start: Callable[[int, int], None] | None,
+    engine: SetEngine,
 ) -> BuildResult:
     exists = client.head(INDEX) is not None
     if exists and not (config.append or config.overwrite):
@@ -358,8 +357,10 @@ def _build_under_lease(
     else:
         # the staging folder is this build's own: a leftover of a killed run is resumed
         local = replace(config, overwrite=True)
-    sink = ClusterSink(client) if config.engine == "ray" else BucketSink(client)
-    result = build_set(src, staging, local, progress=progress, on_start=on_start, sink=sink)
+    sink = ClusterSink(client) if engine.tasks_upload else BucketSink(client)
+    result = build_set(
+        src, staging, local, progress=progress, on_start=on_start, sink=sink, engine=engine
+    )
     index = (staging / INDEX).read_bytes()
     lease.check()  # still the only writer: commit
     client.put(index, INDEX)  # the commit point, last

@@ -221,7 +221,8 @@ def _preallocate(path: Path, total_bytes: int) -> None:
     """The rows file at its full size, its blocks reserved now: a full disk is found
     before any decode, and the rows lie in one piece. In memory (tmpfs, ramfs) there is
     nothing to lay out, and reserving would zero every page the rows then overwrite
-    (0.7 s for 3 GB on the H100 machine, a fifth of a GPU build): there the free room is
+    (docs/PERFORMANCE.md, section "Figures behind the code", row "rows file in
+    memory"): there the free room is
     checked, and the writes take the pages."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -5,8 +5,9 @@ own per decoder. CUDA maps every stream of a process onto ``CUDA_DEVICE_MAX_CONN
 hardware queues (8 unless set), so some of those streams share a queue with the
 model's: a copy or kernel of the decoder then waits behind everything the training loop
 has queued (up to a whole step), the loader falls behind, and the model waits for its
-batches. With 32 queues that stall is gone: ResNet-50 fed by a JPEG pack went from
-0.945-0.963 to 0.975-0.977 of its resident rate in the same lease (docs/PERFORMANCE.md).
+batches. With 32 queues that stall is gone: ResNet-50 fed by a JPEG pack trains closer
+to its resident rate (docs/PERFORMANCE.md, section "Figures behind the code", row "32
+hardware queues").
 
 CUDA reads the variable once, when the process's CUDA context starts. ``import packer``
 sets it to 32 (:func:`claim`) unless it is set already or CUDA has started; a JPEG

@@ -14,7 +14,8 @@ same before anything is decoded, so a 2 KB file cannot ask a decoder for gigabyt
 :func:`get_decoder`'s chain puts nvImageCodec first (Pillow's exact pixels, ROI); the
 JPEG-pack loader and the GPU build instead take
 :func:`packer.imaging.decoders_split.best_decoder`'s measured order (torchcodec,
-torchvision, nvImageCodec: nvjpeg's batched decode fed a model best on an H100).
+torchvision, nvImageCodec: nvjpeg's batched decode fed a model best; see
+docs/PERFORMANCE.md, section "Figures behind the code", row "decoder order").
 
 The backends (``name``):
 

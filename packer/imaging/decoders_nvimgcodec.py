@@ -28,8 +28,9 @@ stream (or make it wait on an event), as with torch's own tensors.
 Kept buffers (``reuse=True``; ``decoders_split.nvimgcodec_lanes``): an output's buffer goes back to
 the decoder once the tensor it returned is gone (a finalizer on that tensor), and a later
 batch decodes into it (nvImageCodec's ``images=``, grown where an image is larger)
-instead of allocating afresh: the hardware engines' batch went from 16.8-19.1k to
-25.2-26.1k img/s on an H200 (docs/PERFORMANCE.md, "JPEG packs beside DALI"). The caller
+instead of allocating afresh, which speeds the hardware engines' batch (see
+docs/PERFORMANCE.md, section "Figures behind the code", row "nvImageCodec kept
+buffers"). The caller
 must therefore drop a returned tensor only once the work that reads it has been ordered
 before the decoder's next call (a JPEG-pack loader holds each batch until its crop's
 event has completed; views taken of a returned tensor must not outlive it). Buffers are taken only

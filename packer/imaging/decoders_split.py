@@ -3,9 +3,9 @@ measurement: :func:`best_decoder`, :func:`best_lanes` (several at once, a batch 
 :func:`nvimgcodec_lanes` (nvImageCodec's engines into kept buffers, opt-in).
 
 A decoder that split one batch between nvImageCodec's engines and nvjpeg's CUDA decoder
-(``SplitDecoder``) measured +4% over torchcodec alone in one lease and -1% in another
-(H100, 2026-11-25, docs/BENCHMARKS.md) and was removed (issue 45): lanes, a whole batch
-to each decoder, replaced it.
+(``SplitDecoder``) won in one lease and lost in another (see docs/PERFORMANCE.md,
+section "Figures behind the code", row "SplitDecoder") and was removed (issue 45):
+lanes, a whole batch to each decoder, replaced it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import torch
 from ..errors import UsageError
 from .decoders import DecoderBase
 
-# the order the loader and the GPU build try decoders in on CUDA, by measurement (H100,
-# 2026-11-25, benchmarks/decoders.py, docs/PERFORMANCE.md "GPU JPEG decoders"): nvjpeg's
-# batched decode (torchcodec, torchvision) fed ResNet-50 at 0.98 of its resident rate and
-# streamed 8.5-8.9k img/s; nvImageCodec (engines + CUDA decoder, ROI) at 0.89-0.90 and
-# 5.2-7.0k, this split included; nvImageCodec comes last (by name it is always there)
+# the order the loader and the GPU build try decoders in on CUDA, by measurement: nvjpeg's
+# batched decode (torchcodec, torchvision) fed ResNet-50 best and streamed fastest;
+# nvImageCodec comes last (by name it is always there). See docs/PERFORMANCE.md, section
+# "Figures behind the code", row "decoder order"
 MEASURED_ORDER = ("torchcodec", "torchvision", "nvimgcodec")
 
 
@@ -46,9 +45,9 @@ def best_decoder(device: torch.device | str, **opts: object) -> DecoderBase:
 
 
 # decoders with an nvjpeg instance each (each library keeps one decoder behind a lock):
-# two of them decode two batches at once, 1.6x one alone and 1.5-1.8x the loader's rate
-# with one (H100, 2026-11-25, benchmarks/decode_lanes.py); nvImageCodec beside nvjpeg
-# gained little and fed ResNet-50 worse
+# two of them decode two batches at once, faster than one alone; nvImageCodec beside
+# nvjpeg gained little and fed ResNet-50 worse (see docs/PERFORMANCE.md, section "Figures
+# behind the code", row "decoder lanes")
 MEASURED_LANES = ("torchcodec", "torchvision")
 
 
@@ -84,11 +83,11 @@ def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
 
 
 # nvImageCodec lanes: the hardware engines decode whole images into kept buffers (reuse),
-# several decoders at once (a batch each). Bare, one such decoder gave 17.5-26.1k img/s
-# and four 28.1-31.8k on an H200; through the decoder interface (header checks, a DLPack
-# tensor and a finalizer per image, under the GIL) one gave 10.0k and four 9.8k, and
-# the loader fed by four 6.7k, below its default (benchmarks/dali.py, docs/PERFORMANCE.md
-# "JPEG packs beside DALI"). So the loader does not use them by itself: pass
+# several decoders at once (a batch each). Fast bare, they lose most of it through the
+# decoder interface (header checks, a DLPack tensor and a finalizer per image, under the
+# GIL), and the loader fed by them fell below its default (see docs/PERFORMANCE.md,
+# section "Figures behind the code", row "nvImageCodec lanes"). So the loader does not
+# use them by itself: pass
 # ``decode=nvimgcodec_lanes(device)`` to try them. Where the engines are missing, the
 # CUDA decoder alone.
 NVIMGCODEC_LANES = 4

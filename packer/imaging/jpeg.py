@@ -295,7 +295,9 @@ def decodes_on_cpu(decode: str, device: torch.device) -> bool:
     its CPU threads (:func:`decode_crop_cpu`), rather than in batches on the device?
 
     ``decode`` is one of :data:`DECODE_MODES` (the loader checks it). "auto": on the
-    CPU yes (only each box resampled: 2.5x the padded batch's crop), on CUDA no
+    CPU yes (only each box resampled: faster than the padded batch's crop, see
+    docs/PERFORMANCE.md, section "Figures behind the code", row "CPU decode of a JPEG
+    pack"), on CUDA no
     (nvjpeg). Splitting a CUDA batch between both was measured and dropped
     (docs/BENCHMARKS.md, "Who decodes"): the CPU threads' Python starves a training
     loop of the GIL.

@@ -25,15 +25,16 @@ import triton
 import triton.language as tl
 
 # Tile of one program (output rows, columns, warps) for each kernel, and which kernel.
-TILE = (2, 128, 4)  # the gather kernel's best of 5 on an H100 (822k img/s vs 1.0M for dot)
-DOT_TILE = (16, 16, 1)  # best of 12 on an H100 (benchmarks/augment.py)
+# (docs/PERFORMANCE.md, section "Figures behind the code", row "crop kernel tiles")
+TILE = (2, 128, 4)  # the gather kernel's best of 5 (slower than dot)
+DOT_TILE = (16, 16, 1)  # the dot kernel's best of 12
 KERNEL = "dot"
 # Images per launch of the ragged kernel (0: the whole batch in one). A launch fills
 # every SM until its last tile starts, and a model's kernel queued meanwhile on another
-# stream waits for all of it (about 0.7 ms for 256 crops to 224 on an H100); in slices
-# of 8 it waits for one slice at most. ResNet-50 fed by a JPEG pack: 0.975-0.977 of
-# resident whole, 0.981-0.984 in slices of 8 (benchmarks/model_share.py --parts ab);
-# grouped (RAGGED_GROUP) 0.978-0.980 vs 0.970-0.977 ungrouped in one run.
+# stream waits for all of it; in slices of 8 it waits for one slice at most, and
+# ResNet-50 fed by a JPEG pack trains closer to its resident rate, grouped
+# (RAGGED_GROUP) closer still (docs/PERFORMANCE.md, section "Figures behind the code",
+# row "crop in slices").
 RAGGED_CHUNK = 8
 # Group the ragged kernel's rows by the input patch their tiles need (ragged_order), so a
 # batch's largest box no longer sets every image's patch.

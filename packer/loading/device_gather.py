@@ -6,10 +6,9 @@ back. Here each of the pack's files (images, labels, targets) is mapped read-onl
 second time and registered with CUDA (``cudaHostRegister``: mapped, read-only,
 portable). Its page-cache pages are then locked in RAM and visible to the GPU, and a
 Triton kernel copies the rows of each batch over the bus into device memory: no CPU
-copy, no staging buffer, nothing per row on the host. On an H100 the loader streamed
-1.1-2.5x the CPU way's rate this way, but a ResNet-18 beside it trained 0.3-2.4 points
-slower than with the CPU way, so it is an option (``PackLoader(gather="device")``), not
-the default (scripts/probe_zero_copy.py, probe_gather_train.py, docs/BENCHMARKS.md).
+copy, no staging buffer, nothing per row on the host. The loader streams faster this
+way, but a model beside it trains slower than with the CPU way, so it is an option
+(``PackLoader(gather="device")``), not the default (see docs/PERFORMANCE.md, section "Figures behind the code", row "device gather").
 
 Locking a file in RAM is only for packs that fit: :func:`unavailable` says why a pack
 cannot be read this way (too large, not a whole file, a register call refused).

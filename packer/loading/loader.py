@@ -176,8 +176,9 @@ class PackLoader(Positions, _Resumable):
         engine moves them. "device": the GPU reads them itself from the page cache
         (the pack's files are mapped read-only and registered with CUDA, which locks
         them in RAM; a Triton kernel copies the rows; no CPU copy, no pinned buffers):
-        1.1-2.5x the streaming rate on an H100, but its copy kernels cost a model
-        beside them up to 2.4% (ResNet-18), so it is for loading-bound work (small
+        a faster stream, but its copy kernels slow a model beside them (see
+        docs/PERFORMANCE.md, section "Figures behind the code", row "device
+        gather"), so it is for loading-bound work (small
         models, inference or embedding passes over a pack). Needs whole pack files
         taking at most half the machine's RAM; otherwise the first batch raises
         UsageError saying why. Same batches either way, bit for bit
@@ -199,9 +200,10 @@ class PackLoader(Positions, _Resumable):
       decode: JPEG packs: who decodes. "device": in batches on ``device`` through the
         decode interface (:mod:`packer.imaging.decoders`): on CUDA torchcodec and
         torchvision, a batch each at once, where both run (each keeps its own nvjpeg
-        decoder: 1.5x one), else the first of torchcodec, torchvision, nvImageCodec that
-        runs here (the measured order: nvjpeg's batched decode fed ResNet-50 best,
-        docs/PERFORMANCE.md), then one batched crop;
+        decoder: faster than one), else the first of torchcodec, torchvision, nvImageCodec
+        that runs here (the measured order: nvjpeg's batched decode fed ResNet-50 best;
+        docs/PERFORMANCE.md, section "Figures behind the code", rows "decoder lanes" and
+        "decoder order"), then one batched crop;
         on the CPU torchvision's decode on the threads, then one crop of the padded
         batch. A decoder's name ("nvimgcodec", "torchcodec", "torchvision"): that one
         (UsageError saying how to install it if it does not run here). A decoder object

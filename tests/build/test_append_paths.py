@@ -13,7 +13,7 @@ import pytest
 
 import packer
 from conftest import cli_run, write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 
 RAW = BuildConfig(size=(8, 6), workers=1, shard_size=300)  # 2 rows a shard
 

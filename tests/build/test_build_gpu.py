@@ -22,7 +22,8 @@ import packer.build.run
 import packer.build.workers
 import packer.imaging.jpeg
 from conftest import write_image
-from packer.build.run import GPU_TOLERANCE, BuildConfig, build
+from packer.build.api import BuildConfig, build
+from packer.build.run import GPU_TOLERANCE
 from packer.build.workdir import work_dir_for
 from packer.cli import cli
 from packer.errors import DecodeError, PackFormatError

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import cli_build, one_error, subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import PackerError, ShardFailedError, UsageError
 from packer.pack.index import INDEX, read_index, read_shard_manifest
 
@@ -53,9 +53,9 @@ def src(tmp_path: Path) -> Path:
 def test_a_local_build_never_imports_ray(src: Path, tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys
-        import packer.build.run as run
+        import packer.build.api as api
         assert "ray" not in sys.modules
-        run.build({str(src)!r}, {str(tmp_path / "set")!r}, run.BuildConfig(size=(8, 6),
+        api.build({str(src)!r}, {str(tmp_path / "set")!r}, api.BuildConfig(size=(8, 6),
                   workers=1, shard_size=300))
         print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
     """)

@@ -16,7 +16,7 @@ import pytest
 
 import packer
 from conftest import beside, subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.build.set_plan import cut
 from packer.build.shards import DEFAULT_SHARD_SIZE, parse_bytes
 from packer.errors import InputError, UsageError
@@ -303,7 +303,7 @@ def test_killed_append_resumes_byte_identical(set_src: Path, tmp_path: Path, poi
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from packer.build.run import BuildConfig, build
+    from packer.build.api import BuildConfig, build
     seen = 0
     def progress(n):
         global seen

@@ -15,7 +15,7 @@ import torch
 
 import packer
 from conftest import write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.loading.order import shard_sequence
 from packer.pack.packset import PackSet, ShardStore, open_set

@@ -13,7 +13,7 @@ import pytest
 
 import processes
 from conftest import write_image
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.storage import client
 from packer.storage.local_server import S3Server
 

@@ -20,7 +20,7 @@ from s3_server import RAW, SilentServer, write_src
 
 import packer
 from conftest import subprocess_env
-from packer.build.run import build
+from packer.build.api import build
 from packer.cli import cli
 from packer.errors import PackerError, StorageError, UsageError
 from packer.storage import client

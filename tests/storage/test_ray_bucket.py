@@ -19,7 +19,7 @@ from s3_server import RAW, bucket_path, new_url, write_src
 
 from conftest import write_image
 from packer.build import upload
-from packer.build.run import build
+from packer.build.api import build
 from packer.errors import InputError, StorageError, UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST

@@ -20,7 +20,7 @@ from s3_server import JPEG, RAW, bucket_path, built, new_url, write_src
 
 import packer
 from conftest import subprocess_env
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.cli import cli
 from packer.errors import DiskFullError, InputError, PackFormatError, StorageError, UsageError
 from packer.storage import client
@@ -78,7 +78,7 @@ def test_killed_upload_resumes_and_skips_uploaded_shards(s3: S3Server, tmp_path:
             """
             import os, signal, sys
             import packer.build.upload as up
-            from packer.build.run import BuildConfig, build
+            from packer.build.api import BuildConfig, build
             seen = []
             def die(step):
                 seen.append(step) if step.startswith("uploaded") else None

@@ -15,7 +15,7 @@ import torch
 from s3_server import RAW, new_url, write_src
 
 import packer
-from packer.build.run import build
+from packer.build.api import build
 from packer.errors import UsageError
 from packer.storage.local_server import S3Server
 

@@ -16,7 +16,7 @@ import s3_server as fx
 from s3_server import RAW, SilentServer, bucket_path, built
 
 import packer
-from packer.build.run import build
+from packer.build.api import build
 from packer.errors import PackFormatError
 from packer.storage.cache import META_DIR
 from packer.storage.local_server import S3Server

@@ -85,7 +85,8 @@ def run_bench(
             if "training" in cfg.sections and cuda:
                 run_training(cfg, paths, device, workers, result, tick)
     # last: its multi-GB buffers stay in torch's caching allocators, and PackLoader measured
-    # after them ran 2-3x slower on an H100 (79k vs 219k img/s at batch 256)
+    # after them ran slower (docs/PERFORMANCE.md, section "Figures behind the code", row
+    # "imgpack bench order")
     if "transfer" in cfg.sections and cuda:
         run_transfer(cfg, device, result, tick)
     result.seconds = time.perf_counter() - t0

@@ -1,20 +1,61 @@
-"""Where a model's CUDA stream waited, from a ``torch.profiler`` chrome trace: its busy
-time and gaps per step, the gaps by cause (the host launched late, another stream's
-kernel held the SMs), the other streams' kernels, copies and syncing runtime calls.
-Used by ``benchmarks/model_share.py --parts profile``."""
+"""What the benchmarks share: where they write their JSON results and the machine they
+ran on; the examples they train with; where a model's CUDA stream waited, from a
+``torch.profiler`` trace (``model_share --parts profile``, ``build_bound``).
+
+Synthetic data comes from :mod:`packer.measure.bench.synth`, timing from
+:mod:`packer.measure.timing`. Imports torch only inside the functions that need it.
+"""
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
+import os
 import shutil
+import sys
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import torch
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
-from packer.measure.timing import sync
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU, Python, torch, date and (when present) the GPU: ``imgpack bench``'s record."""
+    from packer.measure.bench import machine_info
+    from packer.measure.timing import resolve_device
+
+    return machine_info(resolve_device("auto"))
+
+
+def dump(obj: object, name: str) -> None:
+    """Write ``obj`` as ``$OUT/name`` (default ``./out/name``), whole or not at all."""
+    from packer.pack.files import write_json_atomic
+
+    out = Path(os.environ.get("OUT", ROOT / "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / name, obj, indent=1)
+
+
+def example(name: str) -> ModuleType:
+    """The training example ``examples/NAME.py`` (a program, not a package) as a module,
+    loaded once from its file."""
+    key = f"_imgpack_example_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "examples" / f"{name}.py")
+        assert spec is not None and spec.loader is not None, name
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+# Where a model's CUDA stream waited, from a ``torch.profiler`` chrome trace: its busy
+# time and gaps per step, the gaps by cause (the host launched late, another stream's
+# kernel held the SMs), the other streams' kernels, copies and syncing runtime calls.
 
 SYNCING = ("cudaFree", "cudaFreeHost", "cudaMalloc", "cudaHostAlloc", "cudaMallocHost",
            "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -131,7 +172,12 @@ def trace_summary(path: Path, steps: int) -> dict[str, Any]:
 
 
 def profiled(name: str, step: Any, norm: Any, feed: Any, steps: int, out: Path) -> dict[str, Any]:
+    """``steps`` training steps (``feed(i)`` -> ``step(norm(x), y)``) under
+    ``torch.profiler``: :func:`trace_summary` of them, the trace gzipped into ``out``."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from packer.measure.timing import sync
 
     for i in range(3):  # warm: the loader's queue is full again, the allocator settled
         x, y = feed(i)
@@ -182,6 +228,7 @@ def threads_summary(path: Path) -> dict[str, Any]:
 def profile_call(name: str, fn: Any, out: Path) -> dict[str, Any]:
     """``fn()`` under ``torch.profiler`` (CPU + CUDA): its :func:`threads_summary`, the
     trace gzipped into ``out``."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
