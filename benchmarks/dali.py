@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path

@@ -31,10 +31,10 @@ from dataclasses import replace
 import torch
 
 from ..imaging.resize import ArgumentError, check_antialias, interpolation_mode, size_pair
-from .warps import interpolation_mode as warp_interpolation
 from . import dense_kernels as K
 from .dense_compose import ColorOnly, Compose, DenseOp, Params, as_dense_op
 from .dense_kernels import Sample
+from .warps import interpolation_mode as warp_interpolation
 
 __all__ = [
     "ColorOnly",

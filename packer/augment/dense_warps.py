@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as nnf
 
 from ..imaging.resize import ArgumentError
+from .dense_sample import FillArg, Sample, clamp_boxes, hide_outside, masks_apply, vec
 from .warps import affine as affine_images
 from .warps import interpolation_mode as warp_interpolation
-from .dense_sample import FillArg, Sample, clamp_boxes, hide_outside, masks_apply, vec
 
 
 def affine_matrix(

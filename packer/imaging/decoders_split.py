@@ -52,9 +52,9 @@ MEASURED_LANES = ("torchcodec", "torchvision")
 
 
 # the batched nvImageCodec decoders (nvbatch: the hardware engines, one C call a batch, no
-# Python per image) fed the loader at 1.06x / 1.24x / 1.31x DALI's file pipeline with 1 /
-# 2 / 4 lanes, where nvjpeg's two lanes gave 0.91x, in one run on an H200
-# (docs/PERFORMANCE.md, "JPEG packs beside DALI"): the default wherever they run
+# Python per image) outran DALI's file pipeline and nvjpeg's two lanes, two lanes best
+# with a model beside them (docs/PERFORMANCE.md, "The batched decoder: one C call a
+# batch"): the default wherever they run
 NVBATCH_LANES = 2
 
 

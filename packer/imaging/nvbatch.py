@@ -1,9 +1,9 @@
 """nvImageCodec's batched decode with no Python per image: :class:`NvBatchDecoder`.
 
 Why: through nvImageCodec's Python binding a loader pays, per image and under the GIL,
-a ``CodeStream`` (about 5 us), the output's ``__cuda_array_interface__`` (2 us) and the
-bookkeeping around them; with four decode threads at once these contend rather than
-overlap, and four hardware-engine lanes fed a loader no faster than one
+a ``CodeStream``, the output's ``__cuda_array_interface__`` and the bookkeeping around
+them; with four decode threads at once these contend rather than overlap, and four
+hardware-engine lanes fed a loader no faster than one
 (docs/PERFORMANCE.md, "JPEG packs beside DALI"). Here one call into a small C helper
 (``nvbatch.c``, nvImageCodec's C API) parses every header, checks each frame size
 against the pack's, and decodes the whole batch into one buffer torch allocated; ctypes
