@@ -99,7 +99,8 @@ def main() -> None:
     if not args.no_remote:
         from remote import upload
 
-        from packer.storage.local_server import S3Server
+        sys.path.insert(0, str(ROOT))  # the test S3 server lives with the tests
+        from tests.helpers.local_server import S3Server
 
         server = S3Server(w / "s3", buckets=("bench",)).start()
         os.environ.update(server.env())  # torchrun's ranks inherit it
