@@ -78,7 +78,7 @@ _STAGE_RANK = {
     "imaging": 2,
     "transforms": 2,  # the public face of imaging's transforms
     "pack": 3,
-    "storage": 3,  # object storage: the pack reader opens a URL through it (peers)
+    "storage": 3.5,  # where the data is: sets, URLs, the cache; on the format (issue 45.4)
     "build": 4,
     "loading": 4,
     "compress": 5,
@@ -91,7 +91,6 @@ _STAGE_RANK = {
 _PEERS = {
     frozenset({"imaging", "transforms"}),
     frozenset({"cli", "__main__"}),
-    frozenset({"pack", "storage"}),
 }
 
 

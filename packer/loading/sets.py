@@ -31,7 +31,7 @@ from . import rowspace
 class Units:
     """The units (single packs, shards of sets) of what a loader streams, in order.
 
-    ``sources``: the packs and :class:`packer.pack.packset.PackSet` s given, each a
+    ``sources``: the packs and :class:`packer.storage.packset.PackSet` s given, each a
     contiguous range of global indices (``starts[j]`` is source ``j``'s first)."""
 
     def __init__(self, sources: Sequence[Any]) -> None:
@@ -190,7 +190,7 @@ def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _is_set(obj: Any) -> bool:
-    from ..pack.packset import PackSet
+    from ..storage.packset import PackSet
 
     return isinstance(obj, PackSet)
 

@@ -40,7 +40,7 @@ def local_tree(root: Path) -> dict[str, bytes]:
     return out
 
 
-def every_image(s: packer.pack.packset.PackSet) -> torch.Tensor:
+def every_image(s: packer.storage.packset.PackSet) -> torch.Tensor:
     """Every shard's data, in order (raw rows, or a JPEG set's bytes)."""
     out = []
     for k in range(len(s.index.shards)):
