@@ -38,7 +38,7 @@ _EXPORTS = {
     "ImagePack": "packer.pack.reader:ImagePack",
     "PackSet": "packer.storage.packset:PackSet",
     "PackLoader": "packer.loading.loader:PackLoader",
-    "PackSampler": "packer.loading.loader:PackSampler",
+    "PackSampler": "packer.loading.sampler:PackSampler",
     "batch_seed": "packer.loading.order:batch_seed",
     "StatsConfig": "packer.loading.stats:StatsConfig",
     "LoaderStats": "packer.loading.stats:LoaderStats",
@@ -108,7 +108,8 @@ if TYPE_CHECKING:
     )
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
-    from .loading.loader import PackLoader, PackSampler
+    from .loading.loader import PackLoader
+    from .loading.sampler import PackSampler
     from .loading.order import batch_seed
     from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport

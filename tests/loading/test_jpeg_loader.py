@@ -14,7 +14,7 @@ import packer
 from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging.jpeg import CROP_FRACTION, fit_boxes
-from packer.loading.loader import batch_seed
+from packer.loading.order import batch_seed
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 
 N = 37
