@@ -413,7 +413,6 @@ class Epochs:
             self._progress = (epoch, yielded, exhausted)
 
 
-
 def _check_state_fields(state: dict[str, Any]) -> None:
     """The fields of a loader state besides version, epoch and batches, each of the type
     and range ``state_dict()`` gives, when present (older states lack some): UsageError

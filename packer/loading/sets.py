@@ -320,9 +320,7 @@ def fetch_ahead(units: Units | None) -> int:
     """Shards a remote set fetches ahead of need (its store's prefetch depth); 0 for a pack."""
     if units is None:
         return 0
-    return max(
-        (getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in units.sources
-    )
+    return max((getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in units.sources)
 
 
 def check_working_set(

@@ -35,5 +35,7 @@ def verify_pack(
     """
     w = where(path)
     if w.kind == "pack":
-        return verify(w.path, config or VerifyConfig(), trace=trace, progress=progress, on_start=on_start)
+        return verify(
+            w.path, config or VerifyConfig(), trace=trace, progress=progress, on_start=on_start
+        )
     return verify_set(w.path, config, progress=progress)
