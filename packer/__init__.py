@@ -109,8 +109,8 @@ if TYPE_CHECKING:
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
     from .loading.loader import PackLoader
-    from .loading.sampler import PackSampler
     from .loading.order import batch_seed
+    from .loading.sampler import PackSampler
     from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport
     from .measure.verify_pack import verify_pack
