@@ -98,7 +98,7 @@ def main() -> None:
     common = ["--batch-size", "256", "--steps", str(args.steps), "--warmup", str(args.warmup)]
     server = None
     if not args.no_remote:
-        from packer.storage.local_server import S3Server
+        from tests.helpers.local_server import S3Server
 
         from .remote import upload
 

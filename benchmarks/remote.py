@@ -43,7 +43,7 @@ import packer
 from packer.measure.bench.synth import make_random_pack
 from packer.pack.index import SetIndex, manifest_digest, write_index
 from packer.pack.schema import MANIFEST
-from packer.storage.local_server import S3Server
+from tests.helpers.local_server import S3Server
 
 from ._common import dump, machine
 

@@ -34,11 +34,11 @@ _claim_cuda_queues()  # CUDA_DEVICE_MAX_CONNECTIONS=32 unless set: see packer.im
 _install_tensordict_guard()
 
 _EXPORTS = {
-    "load": "packer.pack.reader:open_pack",
+    "load": "packer.storage.open:load",
     "ImagePack": "packer.pack.reader:ImagePack",
-    "PackSet": "packer.pack.packset:PackSet",
+    "PackSet": "packer.storage.packset:PackSet",
     "PackLoader": "packer.loading.loader:PackLoader",
-    "PackSampler": "packer.loading.loader:PackSampler",
+    "PackSampler": "packer.loading.sampler:PackSampler",
     "batch_seed": "packer.loading.order:batch_seed",
     "StatsConfig": "packer.loading.stats:StatsConfig",
     "LoaderStats": "packer.loading.stats:LoaderStats",
@@ -52,7 +52,7 @@ _EXPORTS = {
     "compress_tree": "packer.compress:compress",
     "CompressConfig": "packer.compress:CompressConfig",
     "CompressResult": "packer.compress:CompressResult",
-    "verify_pack": "packer.measure.verify:verify",
+    "verify_pack": "packer.measure.verify_pack:verify_pack",
     "VerifyConfig": "packer.measure.verify:VerifyConfig",
     "VerifyReport": "packer.measure.verify:VerifyReport",
     "show_pack": "packer.measure.show:show_pack",
@@ -109,15 +109,16 @@ if TYPE_CHECKING:
     )
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
-    from .loading.loader import PackLoader, PackSampler
+    from .loading.loader import PackLoader
     from .loading.order import batch_seed
+    from .loading.sampler import PackSampler
     from .measure.show import ShowConfig, ShowResult, show_pack
     from .measure.verify import VerifyConfig, VerifyReport
-    from .measure.verify import verify as verify_pack
-    from .pack.packset import PackSet
+    from .measure.verify_pack import verify_pack
     from .pack.reader import ImagePack
-    from .pack.reader import open_pack as load
     from .pack.schema import Manifest
+    from .storage.open import load
+    from .storage.packset import PackSet
 
 
 def __getattr__(name: str) -> Any:

@@ -79,7 +79,7 @@ _STAGE_RANK = {
     "augment": 2.5,  # the augmentation ops, classes over kernels, on imaging's resize
     "transforms": 2.75,  # the public face of augment's ops, on top of it
     "pack": 3,
-    "storage": 3,  # object storage: the pack reader opens a URL through it (peers)
+    "storage": 3.5,  # where the data is: sets, URLs, the cache; on the format (issue 45.4)
     "build": 4,
     "loading": 4,
     "compress": 5,
@@ -91,7 +91,6 @@ _STAGE_RANK = {
 }
 _PEERS = {
     frozenset({"cli", "__main__"}),
-    frozenset({"pack", "storage"}),
 }
 
 
@@ -128,3 +127,19 @@ def test_stages_import_only_downward() -> None:
             if _STAGE_RANK[theirs] >= _STAGE_RANK[mine]:
                 bad.append(f"{module} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_test_s3_server_is_not_in_the_product() -> None:
+    """Issue 45.9: the S3 server of the tests lives in tests/helpers, not in packer/ (so
+    not in the wheel); nothing in packer/ names it."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(packer.__file__).parent
+    assert not list(root.rglob("local_server*"))
+    assert importlib.util.find_spec("packer.storage.local_server") is None
+    named = [p for p in root.rglob("*.py") if "local_server" in p.read_text(encoding="utf-8")]
+    assert named == []
+    from helpers.local_server import S3Server  # where the tests and benchmarks find it
+
+    assert S3Server.__module__ == "helpers.local_server"

@@ -48,7 +48,7 @@ def shrunk(code: str) -> str:
 
 
 def free_port() -> int:
-    from packer.storage.local_server import free_port
+    from helpers.local_server import free_port
 
     return free_port()
 
@@ -119,7 +119,7 @@ def test_readme_object_storage_commands_run_against_a_local_server(tmp_path: Pat
     given (on a free port in place of the README's), the four variables exported; then
     the README's S3 build, info, verify and the Python block, as written."""
     pytest.importorskip("obstore")
-    from packer.storage.local_server import rclone_binary
+    from helpers.local_server import rclone_binary
 
     try:
         rclone = rclone_binary()

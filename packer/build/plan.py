@@ -37,7 +37,7 @@ def plan_labels(src: Path, config: BuildConfig) -> _Labels:
     if config.classes is not None:
         # the reader's module maps packs with torch: imported for --classes only, so a
         # build's parent and its workers start without torch
-        from ..pack.reader import read_class_map
+        from ..storage.open import read_class_map
 
         fixed = read_class_map(config.classes)
     class_map = (

@@ -49,7 +49,6 @@ from .._fs import write_atomic
 from ..errors import InputError, PackFormatError, UsageError
 from ..pack.files import loads_json, read_manifest, write_json_atomic
 from ..pack.index import INDEX, MAX_INDEX_BYTES, manifest_digest
-from ..pack.reader import read_class_map
 from ..pack.schema import DATA_DIR, MANIFEST, MAX_MANIFEST_BYTES, Manifest
 from ..sources.bucket import bucket_scan
 from ..sources.classes import apply_class_map, resolve_classes
@@ -59,6 +58,7 @@ from ..sources.tables import read_table
 from ..storage.cache import default_cache_dir
 from ..storage.client import NotFound, ObjectStore, TooLarge, open_store
 from ..storage.lease import Lease
+from ..storage.open import read_class_map
 from ..storage.remote import read_remote_index, remote_manifest_cap
 from ..storage.url import StorageURL, parse_url
 from .config import BuildConfig, BuildResult, _Labels

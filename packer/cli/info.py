@@ -43,27 +43,18 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
       imgpack info ./tensors --split 0.9,0.1 --seed 1
       imgpack info s3://bucket/train                # a set in object storage
     """
-    from ..pack.describe import describe, describe_set
-    from ..pack.index import is_set
+    from ..storage.open import describe, load
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
     fractions = _parse_fractions(split_text) if split_text is not None else None
-    from ..storage.url import is_url
-
-    if is_url(pack):
-        from ..storage.remote import describe_remote
-
-        out = describe_remote(pack)
-    else:
-        out = describe_set(pack) if is_set(pack) else describe(pack)
+    out = describe(pack)
     splits = None
     if fractions is not None:
         from ..loading.dataset import class_histogram, split
-        from ..pack.reader import open_pack
 
         try:
-            opened = open_pack(pack)  # once: the split and every histogram read it
+            opened = load(pack)  # once: the split and every histogram read it
             parts = split(opened, fractions, seed=seed or 0, stratify=True)
         except UsageError as e:
             raise UsageError(f"--split {split_text}: {e}") from None

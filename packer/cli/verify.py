@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -105,9 +104,7 @@ def verify(
       imgpack verify s3://bucket/train              # downloads and checks every shard
     """
     from ..measure.verify import VerifyConfig
-    from ..measure.verify import verify as verify_pack
-    from ..measure.verify_set import verify_set
-    from ..pack.index import is_set
+    from ..measure.verify_pack import verify_pack
 
     if plot is not None:
         check_output(plot, "--plot")
@@ -127,15 +124,7 @@ def verify(
         throughput=not no_speed,
     )
     config.validate()
-    from ..storage.url import is_url
-
-    if is_url(pack) or is_set(pack):  # a pack set: the index and every shard (no timing yet)
-
-        def run(progress: Any, on_start: Any) -> Any:
-            return verify_set(pack, config, progress=progress)
-
-    else:
-        run = functools.partial(verify_pack, pack, config, trace=trace)
+    run = functools.partial(verify_pack, pack, config, trace=trace)
     report = run_with_bar("verify", quiet, as_json, run)
     if plot is not None and report.pack_images_per_s:
         from ..measure.plots import plot_verify

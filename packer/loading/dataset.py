@@ -21,7 +21,8 @@ import torch
 import torch.utils.data
 
 from ..errors import UsageError
-from ..pack.reader import ImagePack, open_pack
+from ..pack.reader import ImagePack
+from ..storage.open import load
 from .order import _check_indices, _int_arg
 
 
@@ -73,7 +74,7 @@ class PackDataset(torch.utils.data.Dataset):
 
     def _open(self) -> ImagePack:
         if self._pack is None or self._pid != os.getpid():
-            self._pack = open_pack(self.path)
+            self._pack = load(self.path)
             self._pid = os.getpid()
         return self._pack
 
@@ -120,7 +121,7 @@ class PackDataset(torch.utils.data.Dataset):
 def _images(pack: Any, idx: np.ndarray) -> np.ndarray:
     """Images ``idx`` (non-negative) of a pack or a pack set, copied into own memory
     (the maps are read-only and shared), uint8 [n, 3, H, W]."""
-    from ..pack.packset import PackSet
+    from ..storage.packset import PackSet
 
     if not isinstance(pack, PackSet):
         return np.take(pack.images.numpy(), idx, axis=0)
@@ -179,7 +180,7 @@ def split(
     ``PackLoader(indices=)`` or ``torch.utils.data.Subset(PackDataset(pack), part)``.
     """
     if isinstance(pack, (str, os.PathLike)):
-        pack = open_pack(Path(pack))
+        pack = load(pack)
     if not isinstance(fractions, (Sequence, np.ndarray, torch.Tensor)) or isinstance(
         fractions, str
     ):
@@ -246,7 +247,7 @@ def class_histogram(
     images (label -1) under ``"(unlabeled)"``, last, only when present.
     """
     if isinstance(pack, (str, os.PathLike)):
-        pack = open_pack(Path(pack))
+        pack = load(pack)
     labels = torch.as_tensor(np.asarray(pack.labels.numpy()), dtype=torch.int64)
     if indices is not None:
         labels = labels[_check_indices(indices, len(labels))]

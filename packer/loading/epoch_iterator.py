@@ -6,32 +6,45 @@ from __future__ import annotations
 import os
 import queue
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ..errors import UsageError
-from .producer import _DONE, _Failure, _Pass, release_deferred, track
+from .epochs import Epochs
+from .producer import _DONE, _Failure, _Pass, _Shared, release_deferred, track
+from .sets import check_working_set
 from .stats import NoStats
 from .strategies import PassConfig, Resident, choose
 
-if TYPE_CHECKING:
-    from .loader import PackLoader
+
+class PassHost(NamedTuple):
+    """What a pass asks of the loader that made it, as calls: ``shared()`` this
+    process's threads and buffers, ``resident()`` the streamed rows on the device (made
+    by the first resident pass), ``populate()`` the pack's pages mapped once, and
+    ``live()`` the loader's passes (side by side passes take consecutive epochs)."""
+
+    shared: Callable[[], _Shared]
+    resident: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    populate: Callable[[], None]
+    live: Callable[[], Iterable[Any]]
 
 
 class _EpochIterator:
-    """One pass. It takes its epoch at the first ``__next__``; a background
-    :class:`_Pass` (its strategy: :func:`packer.loading.strategies.choose`) fills a
-    bounded queue, or, resident, batches are gathered on the device here. It reads
-    its :class:`PassConfig`; of the loader it asks only the epoch (``_start_pass``,
-    ``_positions``), its threads (``_shared_here``) and resident rows, and reports
-    progress (``_note``)."""
+    """One pass. It takes its epoch from :class:`Epochs` at the first ``__next__``; a
+    background :class:`_Pass` (its strategy: :func:`packer.loading.strategies.choose`)
+    fills a bounded queue, or, resident, batches are gathered on the device here. It
+    reads its :class:`PassConfig`, asks ``epochs`` for its epoch and order
+    (``start_pass``, ``positions``, ``rows_at``) and reports progress (``note``); of the
+    loader it holds only the :class:`PassHost` calls."""
 
-    def __init__(self, loader: PackLoader, cfg: PassConfig) -> None:
-        self.loader = loader
+    def __init__(self, epochs: Epochs, cfg: PassConfig, host: PassHost) -> None:
+        self.epochs = epochs
         self.cfg = cfg
-        self.nbatches = len(loader)
+        self.host = host
+        self.nbatches = len(epochs)
         self.pid = os.getpid()
         self.closed = False
         self.started = False
@@ -52,22 +65,23 @@ class _EpochIterator:
         return self.nbatches
 
     def _start(self) -> None:
-        ld, cfg = self.loader, self.cfg
+        ep, cfg, host = self.epochs, self.cfg, self.host
         self.started = True
-        self.epoch, self.next_batch, self.serial = ld._start_pass(self)
-        pos = ld._positions(self.epoch)
+        self.epoch, self.next_batch, self.serial = ep.start_pass(self, host.live())
+        pos = ep.positions(self.epoch)
         if cfg.seeded:
             self._gen = torch.Generator()
         strategy = choose(cfg)
         if strategy is Resident:
-            self._resident = Resident(cfg, ld._resident_data(), pos, self._gen, self.epoch)
+            self._resident = Resident(cfg, host.resident(), pos, self._gen, self.epoch)
             return
-        ld._populate_once()
+        host.populate()
         if self.next_batch >= self.nbatches:
             return  # nothing left (an empty epoch, or resumed at its end): no thread
-        rows = ld._rows_at(self.epoch, pos)
-        ld._check_working_set(rows[self.next_batch * cfg.batch_size :], strategy.read_window(cfg))
-        shared = ld._shared_here()
+        rows = ep.rows_at(self.epoch, pos)
+        ahead = rows[self.next_batch * cfg.batch_size :]
+        check_working_set(cfg.units, ahead, cfg.batch_size, strategy.read_window(cfg), ep.order)
+        shared = host.shared()
         try:
             prepared = strategy.prepare(cfg, shared)
         except UsageError:
@@ -126,7 +140,7 @@ class _EpochIterator:
         res = self._resident
         out = res.batch(self.next_batch) if res is not None else self._next_streamed()
         self.next_batch += 1
-        self.loader._note(self.serial, self.epoch, self.next_batch, False)
+        self.epochs.note(self.serial, self.epoch, self.next_batch, False)
         if clock is not None:
             # the host's wait: on CUDA the stream then waits for the batch on the GPU
             t1 = clock()
@@ -135,7 +149,7 @@ class _EpochIterator:
         return out
 
     def _finish(self) -> Any:
-        self.loader._note(self.serial, self.epoch, self.next_batch, True)
+        self.epochs.note(self.serial, self.epoch, self.next_batch, True)
         self.close()
         raise StopIteration
 

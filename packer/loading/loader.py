@@ -39,27 +39,24 @@ and buffers (the parent's threads do not exist there).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.utils.data
 
 from ..errors import UsageError
-from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
-from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
-from ..imaging.normalize import Normalize as Normalize
 from ..pack.kinds import kind_of
 from ..pack.reader import ImagePack
 from .arguments import check_modes, check_transform, crop_args, refuse_combinations
-from .epoch_iterator import _EpochIterator
+from .epoch_iterator import PassHost, _EpochIterator
+from .epochs import Epochs, streamed
 from .mixture import sources
 from .order import (
     _DEFAULT_WINDOW,
     _EVEN_SPLITS,
-    _MAX_EPOCH,
     _MAX_PREFETCH,
     _MAX_RANKS,
     _MAX_REPEATS,
@@ -73,22 +70,19 @@ from .order import (
     _dist_defaults,
     _int_arg,
 )
-from .order import batch_seed as batch_seed  # re-exported: old import path
-from .order import epoch_indices as epoch_indices
-from .positions import Positions
 from .producer import (
     _Shared,
     populate,
 )
 from .sampler import PackSampler, _RandomPackSampler, _SequentialPackSampler
-from .state import _Resumable
+from .sets import fetch_ahead, working_set
 from .stats import LoaderStats, StatsConfig, stats_for
-from .strategies import PassConfig, Resident
+from .strategies import PassConfig, Resident, choose
 
 log = logging.getLogger(__name__)
 
 
-class PackLoader(Positions, _Resumable):
+class PackLoader:
     """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
 
@@ -319,39 +313,46 @@ class PackLoader(Positions, _Resumable):
             units.storage if units is not None else getattr(pack, "storage", "raw")
         )
         self._units = units
-        self._mix = mix
-        self.order = order
-        self.shard_window = shard_window
         refuse_combinations(units, mix, gather, resident, indices, order)
         self._crop = crop_args(self._kind, transform, image_size, train, resident, gather, decode)
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
         self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.even_split = even_split
-        self.repeats = repeats
         self.device = _check_device(device)
         if gather == "device" and self.device.type != "cuda":
             raise UsageError(
                 f"gather='device' has a CUDA GPU read the pack; device is {self.device}"
             )
         self._gather = gather
-        self.rank, self.world_size = _dist_defaults(rank, world_size)
-        self.canonical_ranks = (
-            self.world_size
-            if canonical_ranks is None
-            else _capped_arg("canonical_ranks", canonical_ranks, 1, _MAX_RANKS)
-        )
+        rank, world_size = _dist_defaults(rank, world_size)
+        if canonical_ranks is not None:
+            canonical_ranks = _capped_arg("canonical_ranks", canonical_ranks, 1, _MAX_RANKS)
         self.transform = transform
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        self._stream_rows(pack, units, mix, indices)
-        self._start_counting()
+        rows = streamed(self._kind, self._crop, order, pack, units, mix, indices)
+        self._images, self._labels, self._targets = rows.images, rows.labels, rows.targets
+        self._rows, self._n, self._shape = rows.rows, rows.n, rows.shape
+        # the order and the epoch counter, one object (issue 45.6): the passes and the
+        # sampler ask it, and state_dict/load_state_dict are its
+        self.epochs = Epochs(
+            rows,
+            mix,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            even_split=even_split,
+            rank=rank,
+            world_size=world_size,
+            repeats=repeats,
+            order=order,
+            shard_window=shard_window,
+            canonical_ranks=world_size if canonical_ranks is None else canonical_ranks,
+        )
         self._live: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         self._resident: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         # JPEG packs: who decodes (decode=): a decoder in batches, else image by image on
@@ -445,23 +446,42 @@ class PackLoader(Positions, _Resumable):
                 self._resident = None
         return self._shared
 
-    # ---- size and order
+    # ---- size and order: the Epochs object's
     def __len__(self) -> int:
-        m = self._per_rank()
-        return m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
+        return len(self.epochs)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order for the next pass (keeps a resume point of that epoch)."""
-        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume = None
-        self._epoch = epoch
-        self._epoch_named = True
+        self.epochs.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
         """The epoch the next pass will use."""
-        return self._resume[0] if self._resume is not None else self._epoch
+        return self.epochs.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next batch it will yield (:meth:`Epochs.state_dict`).
+        Small and plain (ints, strs); any rank's state restores every rank."""
+        return self.epochs.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (:meth:`Epochs.load_state_dict`: exact mid-epoch, and
+        refused when the order differs; the rank count may change when the global batch
+        stays)."""
+        self.epochs.load_state_dict(state)
+
+    # the order's arguments, read from the Epochs object (load_state_dict may take a
+    # state's canonical_ranks and shard_window)
+    seed = property(lambda self: self.epochs.seed, doc="The order's seed.")
+    shuffle = property(lambda self: self.epochs.shuffle, doc="Whether epochs shuffle.")
+    drop_last = property(lambda self: self.epochs.drop_last, doc="Drop a short last batch.")
+    even_split = property(lambda self: self.epochs.even_split, doc="'pad' or 'trim'.")
+    repeats = property(lambda self: self.epochs.repeats, doc="Repeated augmentation.")
+    rank = property(lambda self: self.epochs.rank, doc="This process's part.")
+    world_size = property(lambda self: self.epochs.world_size, doc="The parts an epoch has.")
+    order = property(lambda self: self.epochs.order, doc="'global' or 'shards'.")
+    shard_window = property(lambda self: self.epochs.shard_window, doc="order='shards'.")
+    canonical_ranks = property(lambda self: self.epochs.canonical_ranks, doc="order='shards'.")
 
     @property
     def dataset(self) -> ImagePack:
@@ -472,7 +492,8 @@ class PackLoader(Positions, _Resumable):
     def sampler(self) -> PackSampler:
         """An object with ``set_epoch(e)`` and ``len()`` driving this loader's order: a
         ``RandomSampler`` to ``isinstance`` when shuffling, else a ``SequentialSampler``."""
-        return _RandomPackSampler(self) if self.shuffle else _SequentialPackSampler(self)
+        kind = _RandomPackSampler if self.shuffle else _SequentialPackSampler
+        return kind(self.epochs, self.dataset)
 
     @property
     def batch_sampler(self) -> torch.utils.data.BatchSampler:
@@ -484,15 +505,59 @@ class PackLoader(Positions, _Resumable):
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's pack rows for ``epoch``, in yield order (int64 [M]); for a pack
         set or mixed packs, global indices (shards, then packs, end to end)."""
-        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
-        return self._rows_at(epoch, self._positions(epoch))
+        return self.epochs.indices(epoch)
+
+    def working_set(self, epoch: int | None = None) -> tuple[int, int]:
+        """``(bytes, shards)`` of a set's shard data that one pass of ``epoch`` (default:
+        the current one) holds at once, as this loader reads (its order, batch size,
+        device and read-ahead, and its store's prefetch depth): the least ``cache_limit``
+        a set in object storage streams with, per rank of a node. ``(0, 0)`` for a pack.
+        """
+        if self._units is None:
+            return 0, 0
+        e = self.epochs.epoch if epoch is None else int(epoch)
+        rows = self.epochs.rows_at(e, self.epochs.positions(e))
+        cfg = self._pass_config()
+        window = choose(cfg).read_window(cfg)
+        return working_set(self._units, rows.numpy(), self.batch_size, cfg.fetch_ahead, window)
 
     # ---- iteration
     def __iter__(self) -> _EpochIterator:
         self._shared_here()
-        it = _EpochIterator(self, PassConfig.of(self))
+        host = PassHost(self._shared_here, self._resident_data, self._populate_once, self._passes)
+        it = _EpochIterator(self.epochs, self._pass_config(), host)
         self._live.add(it)
         return it
+
+    def _passes(self) -> weakref.WeakSet[_EpochIterator]:
+        return self._live
+
+    def _pass_config(self) -> PassConfig:
+        """What a pass takes from this loader, frozen when the pass is made (``iter``)."""
+        return PassConfig(
+            kind=self._kind,
+            pack=self.pack,
+            src=self._images,
+            labels=self._labels,
+            targets=self._targets,
+            rows=self._rows,
+            shape=self._shape,
+            batch_size=self.batch_size,
+            prefetch=self.prefetch,
+            device=self.device,
+            num_threads=self.num_threads,
+            transform=self.transform,
+            seed=self.seed,
+            rank=self.rank,
+            gather=self._gather,
+            resident=self.resident,
+            crop=self._crop,
+            on_cpu=self._on_cpu,
+            units=self._units,
+            fetch_ahead=fetch_ahead(self._units),
+            decoding=self._decoding,
+            stats=self._stats,
+        )
 
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The streamed rows on the device, loaded by the first resident pass."""

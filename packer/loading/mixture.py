@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..pack.reader import open_pack
+from ..storage.open import load
 from .dataset import _apportion
 from .order import _MAX_EPOCH_SIZE, _capped_arg, _rng
 
@@ -51,7 +50,7 @@ class Mix:
 
 def _open_source(p: Any) -> Any:
     if isinstance(p, (str, os.PathLike)):
-        return open_pack(Path(p))
+        return load(p)
     return p
 
 
@@ -72,7 +71,7 @@ def sources(pack: Any, weights: Any, epoch_size: Any) -> tuple[Any, Any, Mix | N
     pack set gives its shards as units; a list of packs and sets gives them end to end,
     checked alike (storage, image shape, class map, target columns), and with
     ``weights`` a :class:`Mix` drawing each epoch's images in those proportions."""
-    from ..pack.packset import PackSet
+    from ..storage.packset import PackSet
     from .sets import Units
 
     many = isinstance(pack, (list, tuple))

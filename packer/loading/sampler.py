@@ -4,36 +4,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.utils.data
 
-if TYPE_CHECKING:
-    from .loader import PackLoader
+from .epochs import Epochs
 
 
 class PackSampler(torch.utils.data.Sampler[int]):
-    """A :class:`PackLoader`'s order as a sampler: ``set_epoch(e)`` sets the loader's
-    epoch, ``len()`` is this rank's samples per epoch, iterating yields its pack
-    rows for the loader's next epoch (usable with a DataLoader over PackDataset)."""
+    """A :class:`PackLoader`'s order as a sampler, over its :class:`Epochs`:
+    ``set_epoch(e)`` sets the loader's epoch, ``len()`` is this rank's samples per
+    epoch, iterating yields its pack rows for the loader's next epoch (usable with a
+    DataLoader over PackDataset). ``data_source``: the pack the rows index."""
 
-    def __init__(self, loader: PackLoader) -> None:
-        self.loader = loader
-        self.data_source = loader.dataset  # the name torch's samplers give what they index
+    def __init__(self, epochs: Epochs, data_source: Any) -> None:
+        self.epochs = epochs
+        self.data_source = data_source  # the name torch's samplers give what they index
 
     def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
+        self.epochs.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return self.loader._per_rank()
+        return self.epochs.per_rank()
 
     def __iter__(self) -> Iterator[int]:
-        ld = self.loader
+        ep = self.epochs
         # the loader's own order, before drop_last (a BatchSampler applies it): the
         # shard-aware sequence, and the mixed epoch's rows
-        pos = ld._positions(ld.epoch, trim=False)
-        return iter(ld._rows_at(ld.epoch, pos).tolist())
+        epoch = ep.epoch
+        return iter(ep.rows_at(epoch, ep.positions(epoch, trim=False)).tolist())
 
 
 class _RandomPackSampler(PackSampler, torch.utils.data.RandomSampler):

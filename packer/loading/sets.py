@@ -16,6 +16,7 @@ first batch.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from . import rowspace
 class Units:
     """The units (single packs, shards of sets) of what a loader streams, in order.
 
-    ``sources``: the packs and :class:`packer.pack.packset.PackSet` s given, each a
+    ``sources``: the packs and :class:`packer.storage.packset.PackSet` s given, each a
     contiguous range of global indices (``starts[j]`` is source ``j``'s first)."""
 
     def __init__(self, sources: Sequence[Any]) -> None:
@@ -190,7 +191,7 @@ def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _is_set(obj: Any) -> bool:
-    from ..pack.packset import PackSet
+    from ..storage.packset import PackSet
 
     return isinstance(obj, PackSet)
 
@@ -313,3 +314,32 @@ def working_set(
         min(most + extra, int(units.bytes[u].sum())),
         min(shards + min(depth, len(units.bytes)), len(u)),
     )
+
+
+def fetch_ahead(units: Units | None) -> int:
+    """Shards a remote set fetches ahead of need (its store's prefetch depth); 0 for a pack."""
+    if units is None:
+        return 0
+    return max((getattr(s, "store", None) and s.store.prefetch_depth) or 0 for s in units.sources)
+
+
+def check_working_set(
+    units: Units | None, rows: torch.Tensor, batch_size: int, window: int, order: str
+) -> None:
+    """Refuse a pass whose shards cannot fit the cache of a set fetched from object
+    storage, before its first batch: both numbers in the message. The ranks of one
+    node share its cache (``LOCAL_WORLD_SIZE`` of them, torchrun's variable)."""
+    if units is None or not units.remote:
+        return
+    limits = [s.store.limit for s in units.sources if getattr(s, "store", None) and s.store.limit]
+    if not limits:
+        return
+    need, shards = working_set(units, rows.numpy(), batch_size, fetch_ahead(units), window)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if need * local > min(limits):
+        raise UsageError(
+            f"the cache limit of {min(limits):,} bytes is below this pass's working set of "
+            f"{need * local:,} bytes ({shards} shards held at once by each of {local} "
+            f"rank(s) of this node, order={order!r}); raise cache_limit, or use "
+            "order='shards' with a smaller shard_window"
+        )

@@ -67,35 +67,6 @@ class PassConfig:
     decoding: Any = None  # kinds that decode, in batches: a jpeg_pass.Decoding
     stats: Any = None  # the loader's stats.Stats or stats.NoStats; None: NoStats
 
-    @classmethod
-    def of(cls, loader: Any) -> PassConfig:
-        """What a pass takes from ``loader`` (a :class:`PackLoader`), frozen when the pass is
-        made (``iter(loader)``)."""
-        return cls(
-            kind=loader._kind,
-            pack=loader.pack,
-            src=loader._images,
-            labels=loader._labels,
-            targets=loader._targets,
-            rows=loader._rows,
-            shape=loader._shape,
-            batch_size=loader.batch_size,
-            prefetch=loader.prefetch,
-            device=loader.device,
-            num_threads=loader.num_threads,
-            transform=loader.transform,
-            seed=loader.seed,
-            rank=loader.rank,
-            gather=loader._gather,
-            resident=loader.resident,
-            crop=loader._crop,
-            on_cpu=loader._on_cpu,
-            units=loader._units,
-            fetch_ahead=loader._fetch_ahead(),
-            decoding=loader._decoding,
-            stats=loader._stats,
-        )
-
     @property
     def seeded(self) -> bool:
         """Whether batches draw random parameters from a generator seeded per batch."""

@@ -246,13 +246,13 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     """Draw ``cfg.pack``'s contact sheet into ``cfg.out`` (PNG, written under a temporary
     name, then renamed). Raises UsageError without matplotlib, or for an op this
     imgpack lacks; PackFormatError for a missing or damaged pack."""
-    from ..pack.reader import open_pack
+    from ..storage.open import load
     from .plots import check_output_file
 
     cfg.validate()
     check_output_file(Path(cfg.out), "--out")
     plt = _pyplot()
-    pack = open_pack(Path(cfg.pack))
+    pack = load(cfg.pack)
     classes = list(pack.classes)
     labels = pack.labels.numpy()
     groups = _groups(labels, classes, cfg)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import PackerError
 from ..pack.index import read_index, read_shard_manifest, shard_root
+from ..storage.open import where
 from .verify import VerifyConfig, VerifyReport, images_phrase, verify
 
 
@@ -35,7 +36,7 @@ def verify_set(
     config = config or VerifyConfig(throughput=False)
     config.validate()
     remote = None
-    if isinstance(path, str) and "://" in path:  # object storage: every shard downloaded
+    if where(path).kind == "url":  # object storage: every shard downloaded
         from ..storage.remote import open_remote
 
         remote = open_remote(path, prefetch_depth=0)

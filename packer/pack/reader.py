@@ -168,16 +168,12 @@ def open_pack(
     path: str | os.PathLike[str],
     manifest: Manifest | None = None,
     *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | None = None,
     max_pixels: int | None = None,
 ) -> ImagePack:
-    """Open the pack at ``path`` read-only, without running anything from it.
+    """Open the single pack at ``path`` read-only, without running anything from it.
 
-    ``path`` may be an object-storage URL (``s3://bucket/prefix``, gs://, az://) of a
-    pack set: it opens through a local cache (:func:`packer.storage.remote.open_remote`;
-    ``cache_dir``, default the user's cache folder, and ``cache_limit`` in bytes, apply
-    to URLs only).
+    A pack's folder only: ``packer.load`` (:func:`packer.storage.open.load`) decides
+    whether a path is a pack, a set or a URL, and calls this for a pack.
 
     Returns an :class:`ImagePack` (``len(pack)`` is N) whose ``images``
     (uint8 [N, 3, H, W], 0-255, RGB), ``labels`` (int64 [N]) and ``targets``
@@ -196,37 +192,7 @@ def open_pack(
     reader's bound: a pack's own record can lower it, never raise it. Give a pack built
     with a larger ``--max-pixels`` the same figure here.
     """
-    if (
-        read_max_pixels(max_pixels) != DEFAULT_MAX_PIXELS
-        and isinstance(path, str)
-        and "://" in path
-    ):
-        raise UsageError(
-            "max_pixels= applies to packs and sets on this machine; a set in object "
-            "storage is read with the default bound"
-        )
-    if isinstance(path, str) and "://" in path:
-        from ..storage.remote import open_remote  # a peer stage: object storage (issue 30)
-
-        return open_remote(path, cache_dir, cache_limit)  # type: ignore[return-value]
     root = Path(path)
-    if str(root).startswith(("s3:/", "gs:/", "az:/")) and not root.exists():
-        from ..storage.url import redact  # never quote user info (issue 42.5)
-
-        raise UsageError(
-            f"{redact(str(root))}: looks like an object-storage URL folded by pathlib (its '//' became "
-            "'/'); pass the URL as a str, e.g. packer.load('s3://bucket/prefix')"
-        )
-    if manifest is None and (root / ".imgpack-cache" / "url").is_file():
-        # a set's folder in the object-storage cache (a DataLoader worker reopening a
-        # PackDataset's path): open it as the set it caches, shards fetched on demand
-        from ..storage.remote import reopen_cached
-
-        return reopen_cached(root)  # type: ignore[return-value]
-    if manifest is None and folder_kind(root) == "set":  # both files: refused there
-        from .packset import open_set  # a pack set (issue 29): a PackSet of its shards
-
-        return open_set(root, max_pixels=max_pixels)  # type: ignore[return-value]
     if manifest is None:
         manifest = read_manifest(root)
         check_files(root, manifest)
@@ -404,9 +370,10 @@ class JpegPack:
         )
 
 
-def read_class_map(source: str | os.PathLike[str]) -> list[str]:
+def read_local_class_map(source: str | os.PathLike[str]) -> list[str]:
     """The class names, in index order, of a class-map file, an existing pack or a pack
-    set (``--classes FILE|PACK|SET``).
+    set on this machine (``--classes FILE|PACK|SET``; a URL is
+    :func:`packer.storage.open.read_class_map`'s).
 
     ``source`` is a text file with one class name per line
     (:func:`packer.sources.classes.read_class_file`), or a pack directory (or its
@@ -414,10 +381,6 @@ def read_class_map(source: str | os.PathLike[str]) -> list[str]:
     is read: nothing of the pack is unpickled or imported. Raises :class:`InputError`
     naming the file and the problem.
     """
-    if isinstance(source, str) and "://" in source:
-        from ..storage.remote import read_remote_class_map  # --classes s3://...
-
-        return read_remote_class_map(source)
     path = Path(source)
     if path.is_dir() and folder_kind(path) == "set":  # both files: refused there
         return _set_classes(path)

@@ -1,7 +1,9 @@
-"""Object storage: pack sets at ``s3://``, ``gs://`` and ``az://`` URLs (obstore, the
-``imgpack[cloud]`` extra), and the bounded, node-shared local cache readers stream them through.
+"""Where the bytes are: a path, a pack set or an object-storage URL, decided once
+(:mod:`packer.storage.open`); pack sets (:mod:`packer.storage.packset`), and sets at
+``s3://``, ``gs://`` and ``az://`` URLs (obstore, the ``imgpack[cloud]`` extra) through the
+bounded, node-shared local cache readers stream them through.
 
-``open_remote`` is ``packer.load(URL)``; the cache's rules are in :mod:`packer.storage.cache`.
+``load`` is ``packer.load``; the cache's rules are in :mod:`packer.storage.cache`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
+    "load": "open",
+    "where": "open",
+    "PackSet": "packset",
     "open_remote": "remote",
     "RemoteShards": "cache",
     "default_cache_dir": "cache",

@@ -1,6 +1,6 @@
 """The bounded local cache of a remote pack set, shared by every process of a node.
 
-Layout (``cache_dir/sets/<key>/`` is the :class:`~packer.pack.packset.PackSet`'s root,
+Layout (``cache_dir/sets/<key>/`` is the :class:`~packer.storage.packset.PackSet`'s root,
 ``<key>`` a hash of the URL and endpoint, never a credential)::
 
     sets/<key>/imgpack-set.json          the index, downloaded once per load
@@ -55,9 +55,9 @@ from pathlib import Path
 from .._fs import fsync_dir
 from ..errors import DiskFullError, PackBusyError, PackFormatError
 from ..pack.index import SetIndex
-from ..pack.packset import ShardStore
 from ..pack.schema import DATA_DIR, Manifest
 from .client import NotFound, ObjectStore, TooLarge
+from .packset import ShardStore
 from .verify import big_field, check_big_file
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ The index is downloaded once per open (a warm cache makes no other request until
 shard's big file is wanted); each shard's small files are fetched if the cache lacks
 them or they differ (manifest against the index's SHA-256, labels, targets and the JPEG
 index files against the manifest), in parallel. The result is a
-:class:`~packer.pack.packset.PackSet` whose root is the set's folder in the cache and
+:class:`~packer.storage.packset.PackSet` whose root is the set's folder in the cache and
 whose store is a :class:`~packer.storage.cache.RemoteShards`.
 """
 
@@ -29,7 +29,6 @@ from ..pack.index import (
     manifest_digest,
     read_shard_manifest,
 )
-from ..pack.packset import PackSet
 from ..pack.schema import (
     DATA_DIR,
     MANIFEST,
@@ -41,6 +40,7 @@ from ..pack.schema import (
 )
 from .cache import META_DIR, RemoteShards, default_cache_dir, flocked
 from .client import NotFound, ObjectStore, Retry, TooLarge, open_store
+from .packset import PackSet
 from .url import StorageURL, parse_url
 from .verify import check_jpeg_index, check_small_file, small_files
 
@@ -403,8 +403,8 @@ def _open_local(root: Path) -> Any:
     """``root`` opened as the local pack or set it is (its cache pointer ignored)."""
     from ..pack.files import check_files, read_manifest
     from ..pack.index import is_set
-    from ..pack.packset import open_set
     from ..pack.reader import open_pack
+    from .packset import open_set
 
     if is_set(root) and not (root / MANIFEST).exists():
         try:

@@ -15,7 +15,7 @@ from packer.build.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging.jpeg import fit_boxes
 from packer.loading.crop import CROP_FRACTION
-from packer.loading.loader import batch_seed
+from packer.loading.order import batch_seed
 from packer.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 
 N = 37

@@ -7,7 +7,7 @@ import torch
 
 import packer
 from packer.errors import UsageError
-from packer.loading.loader import epoch_indices
+from packer.loading.order import epoch_indices
 
 
 def ids_of(pack: packer.ImagePack, images: torch.Tensor) -> list[int]:
@@ -326,7 +326,7 @@ def test_a_jpeg_packs_transform_is_checked_after_its_crop(tmp_path: Path) -> Non
 
 
 def test_normalize_still_importable_from_loader() -> None:
-    from packer.loading.loader import IMAGENET_MEAN, Normalize
+    from packer.imaging.normalize import IMAGENET_MEAN, Normalize
 
     assert Normalize is packer.Normalize and IMAGENET_MEAN[0] == 0.485
 

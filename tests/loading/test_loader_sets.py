@@ -18,7 +18,7 @@ from conftest import write_image
 from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.loading.order import shard_sequence
-from packer.pack.packset import PackSet, ShardStore, open_set
+from packer.storage.packset import PackSet, ShardStore, open_set
 
 N = 30
 RAW = BuildConfig(size=(8, 6), workers=1)

@@ -13,7 +13,7 @@ import packer
 from conftest import write_image
 from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
-from packer.pack.packset import PackSet, ShardStore, open_set
+from packer.storage.packset import PackSet, ShardStore, open_set
 
 N = 24
 RAW = BuildConfig(size=(8, 6), workers=1)  # a row is 144 bytes

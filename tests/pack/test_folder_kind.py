@@ -18,8 +18,8 @@ from packer.measure.verify import VerifyConfig, verify
 from packer.measure.verify_set import verify_set
 from packer.pack.describe import describe, describe_set
 from packer.pack.index import INDEX, SetIndex, read_index
-from packer.pack.reader import read_class_map
 from packer.pack.schema import MANIFEST
+from packer.storage.open import read_class_map
 
 SET_CONFIG = BuildConfig(size=(8, 6), workers=1, shard_size=300)
 BOTH = r"holds both a pack set's index \(imgpack-set.json\) and a single pack's manifest"

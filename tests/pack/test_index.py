@@ -18,7 +18,7 @@ from packer.build.api import BuildConfig, build
 from packer.errors import PackFormatError
 from packer.pack.describe import describe_set
 from packer.pack.index import INDEX, SetIndex, read_index, write_index
-from packer.pack.packset import PackSet
+from packer.storage.packset import PackSet
 
 # 8x6 raw rows are 144 bytes: two images per shard
 SET_CONFIG = BuildConfig(size=(8, 6), workers=1, shard_size=300)
@@ -200,7 +200,7 @@ def test_bad_index_json_is_refused(pack_set: Path) -> None:
 
 
 def test_classes_from_a_set_fix_another_builds_class_map(pack_set: Path, tmp_path: Path) -> None:
-    from packer.pack.reader import read_class_map
+    from packer.storage.open import read_class_map
 
     assert read_class_map(pack_set) == ["cat", "dog"]
     write_image(tmp_path / "val" / "dog" / "0.png", (20, 16))

@@ -17,11 +17,11 @@ import torch
 from conftest import write_image
 from packer.errors import InputError, PackFormatError, UsageError
 from packer.pack.format import check_label_arrays, check_label_fields, label_fields
-from packer.pack.reader import read_class_map
 from packer.sources.classes import apply_class_map, resolve_classes
 from packer.sources.labels import apply_table, list_source_images
 from packer.sources.scan import scan_tree
 from packer.sources.tables import LabelTable, read_table
+from packer.storage.open import read_class_map
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:

@@ -13,9 +13,9 @@ import pytest
 
 import processes
 from conftest import write_image
+from helpers.local_server import S3Server
 from packer.build.api import BuildConfig, build
 from packer.storage import client
-from packer.storage.local_server import S3Server
 
 BUCKET = "imgpack"
 RAW = BuildConfig(size=(8, 6), workers=1, shard_size=300)  # 144-byte rows: 2 per shard

@@ -20,11 +20,11 @@ from s3_server import RAW, SilentServer, write_src
 
 import packer
 from conftest import subprocess_env
+from helpers.local_server import S3Server
 from packer.build.api import build
 from packer.cli import cli
 from packer.errors import PackerError, StorageError, UsageError
 from packer.storage import client
-from packer.storage.local_server import S3Server
 from packer.storage.url import parse_url
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures

@@ -18,13 +18,13 @@ import s3_server as fx
 from s3_server import RAW, bucket_path, new_url, write_src
 
 from conftest import write_image
+from helpers.local_server import S3Server
 from packer.build import upload
 from packer.build.api import build
 from packer.errors import InputError, StorageError, UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST
 from packer.storage.client import open_store
-from packer.storage.local_server import S3Server
 from packer.storage.url import parse_url
 
 pytestmark = pytest.mark.ray

@@ -20,12 +20,12 @@ from s3_server import JPEG, RAW, bucket_path, built, new_url, write_src
 
 import packer
 from conftest import subprocess_env
+from helpers.local_server import S3Server
 from packer.build.api import BuildConfig, build
 from packer.cli import cli
 from packer.errors import DiskFullError, InputError, PackFormatError, StorageError, UsageError
 from packer.storage import client
 from packer.storage.cache import META_DIR
-from packer.storage.local_server import S3Server
 from packer.storage.url import parse_url
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
@@ -40,7 +40,7 @@ def local_tree(root: Path) -> dict[str, bytes]:
     return out
 
 
-def every_image(s: packer.pack.packset.PackSet) -> torch.Tensor:
+def every_image(s: packer.storage.packset.PackSet) -> torch.Tensor:
     """Every shard's data, in order (raw rows, or a JPEG set's bytes)."""
     out = []
     for k in range(len(s.index.shards)):
@@ -336,7 +336,7 @@ def test_wrong_secret_is_one_clear_line(
 def test_unreachable_server_retries_then_names_the_object(
     s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packer.storage.local_server import free_port
+    from helpers.local_server import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens
     with pytest.raises(
@@ -354,7 +354,7 @@ def test_a_password_in_the_endpoint_is_never_shown(
 ) -> None:
     """AWS_ENDPOINT_URL=http://user:password@host: the password is a credential (a URL's
     own user info is refused for the same reason); errors name the endpoint without it."""
-    from packer.storage.local_server import free_port
+    from helpers.local_server import free_port
 
     word = "endpoint-password-" + "y" * 12
     for endpoint, error, what in (

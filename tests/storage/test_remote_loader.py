@@ -15,9 +15,9 @@ import torch
 from s3_server import RAW, new_url, write_src
 
 import packer
+from helpers.local_server import S3Server
 from packer.build.api import build
 from packer.errors import UsageError
-from packer.storage.local_server import S3Server
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 

@@ -16,10 +16,10 @@ import s3_server as fx
 from s3_server import RAW, SilentServer, bucket_path, built
 
 import packer
+from helpers.local_server import S3Server
 from packer.build.api import build
 from packer.errors import PackFormatError
 from packer.storage.cache import META_DIR
-from packer.storage.local_server import S3Server
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 

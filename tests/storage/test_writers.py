@@ -19,8 +19,8 @@ from s3_server import RAW, bucket_path, built, write_src
 
 import packer
 from conftest import subprocess_env, write_image
+from helpers.local_server import S3Server
 from packer.cli import cli
-from packer.storage.local_server import S3Server
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 OPTIONS = ["--append", "--size", "8x6", "--shard-size", "300", "--workers", "1"]  # RAW's

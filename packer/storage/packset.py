@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..errors import PackFormatError, UsageError
-from .files import check_files
-from .index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
-from .reader import (
+from ..pack.files import check_files
+from ..pack.index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
+from ..pack.reader import (
     ImagePack,
     JpegPack,
     check_stored_sizes,
@@ -39,7 +39,7 @@ from .reader import (
     pack_dir,
     read_max_pixels,
 )
-from .schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
+from ..pack.schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
 
 
 class ShardStore:
@@ -172,7 +172,7 @@ class PackSet:
                 hw = _small_field(data / SIZES_FILE, "int64", m.count, (2,), where)
                 check_stored_sizes(hw, m, root / entry.name, self.max_pixels)
                 sizes.append(hw)
-        from .parse import check_label_arrays
+        from ..pack.parse import check_label_arrays
 
         self.labels = torch.from_numpy(np.concatenate(labels) if labels else np.empty(0, np.int64))
         self.targets = torch.from_numpy(np.concatenate(targets)) if k_targets and targets else None

@@ -18,7 +18,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from packer.errors import UsageError
 
 
 def rclone_binary() -> str:

@@ -1,18 +1,31 @@
-"""A :class:`packer.loading.loader.PackLoader`'s resumable state: ``state_dict`` and
-``load_state_dict`` (exact mid-epoch, refused when the order differs)."""
+"""The order of a :class:`packer.loading.loader.PackLoader`'s passes and where they are:
+one :class:`Epochs` object the loader holds (issue 45.6), composed, not inherited.
+
+:func:`streamed` fixes what a loader streams (the arrays, the rows ``indices=`` picks, a
+yielded image's shape, the digests a state carries). :class:`Epochs` holds the order's
+arguments and the epoch counter: this rank's positions into the streamed rows for an
+epoch (:meth:`Epochs.positions`, ``order="shards"``'s sequence), the pack rows at them
+(:meth:`Epochs.rows_at`), ``set_epoch``, what a pass asks when it starts
+(:meth:`Epochs.start_pass`) and as it yields (:meth:`Epochs.note`), and the resumable
+state (:meth:`Epochs.state_dict`, :meth:`Epochs.load_state_dict`: exact mid-epoch,
+refused when the order differs). The loader's pass (:mod:`.epoch_iterator`) and sampler
+(:mod:`.sampler`) take this object, never the loader.
+"""
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import UsageError
-
-if TYPE_CHECKING:
-    from .epoch_iterator import _EpochIterator
-
+from .arguments import check_distinct
+from .mixture import image_shape
 from .order import (
     _EVEN_SPLITS,
     _MAX_EPOCH,
@@ -21,18 +34,98 @@ from .order import (
     _MAX_WINDOW,
     _STATE_VERSION,
     _bool_arg,
+    _check_dtypes,
+    _check_indices,
+    _cut_digest,
     _int_arg,
+    _rows_digest,
+    epoch_indices,
+    shard_sequence,
 )
 
 
-class _Resumable:
-    """The epoch bookkeeping of :class:`PackLoader` (a base class of it): ``state_dict``,
-    ``load_state_dict``, and what a pass asks when it starts (``_start_pass``) and as it
-    yields (``_note``); they read and set ``_epoch``, ``_resume``, ``_progress``,
-    ``_serial`` and the ``_epoch_*`` flags that ``_start_counting`` sets."""
+@dataclass(frozen=True)
+class Streamed:
+    """What a loader streams: ``images`` (the kind's mapped source; None for a set or
+    mixed packs, read unit by unit), ``labels`` int64 [N], ``targets`` float32 [N, K] or
+    None, ``rows`` (``indices`` checked, or None for all), ``n`` rows an epoch streams
+    (or the mixture's ``size``), a yielded image's ``shape``, the ``digest`` and ``cut``
+    a state carries, and the ``counts`` of rows per unit (one for a pack)."""
 
-    def _start_counting(self) -> None:
-        """Epoch 0 next, no resume point, no pass yet (``PackLoader.__init__`` calls it)."""
+    images: torch.Tensor | None
+    labels: torch.Tensor
+    targets: torch.Tensor | None
+    rows: torch.Tensor | None
+    n: int
+    shape: tuple[int, ...] | None
+    digest: str
+    cut: str
+    counts: list[int]
+
+
+def streamed(
+    kind: Any, crop: Any, order: str, pack: Any, units: Any, mix: Any, indices: Any
+) -> Streamed:
+    """The :class:`Streamed` of ``pack`` or ``units`` (``mix``: mixed packs), checked:
+    dtypes, ``indices`` (distinct with ``order="shards"``)."""
+    if units is None:
+        images = kind.source_tensor(pack)
+        labels = pack.labels
+        targets: torch.Tensor | None = getattr(pack, "targets", None)
+        total = len(pack)
+        raw_shape = None if kind.decoded else tuple(pack.images.shape[1:])
+    else:
+        images = None
+        labels, targets = units.labels, units.targets
+        total = len(units)
+        raw_shape = None if kind.decoded else image_shape(units.sources[0])
+    _check_dtypes(None if kind.decoded else images, labels, targets, total)
+    rows = None if indices is None else _check_indices(indices, total)
+    check_distinct(rows, order)
+    n = (mix.size if mix is not None else total) if rows is None else len(rows)
+    shape = (3, *crop.size) if kind.decoded else raw_shape
+    digest = _rows_digest(rows, total, shape, "" if mix is None else mix.key)
+    # where the shards end: what order="shards" orders by (a state carries it)
+    counts = [total] if units is None else [int(c) for c in units.counts]
+    return Streamed(images, labels, targets, rows, n, shape, digest, _cut_digest(counts), counts)
+
+
+class Epochs:
+    """A loader's order and its epoch counter (see the module's docstring). The order
+    is a pure function of the arguments, the streamed rows and the epoch; the counter
+    says which epoch the next pass takes and where a resumed one starts."""
+
+    def __init__(
+        self,
+        rows: Streamed,
+        mix: Any,
+        *,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        even_split: str,
+        rank: int,
+        world_size: int,
+        repeats: int,
+        order: str,
+        shard_window: int,
+        canonical_ranks: int,
+    ) -> None:
+        self.streamed = rows
+        self.mix = mix
+        self.n = rows.n
+        self.digest, self.cut = rows.digest, rows.cut
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.even_split = even_split
+        self.rank, self.world_size = rank, world_size
+        self.repeats = repeats
+        self.order = order
+        self.shard_window = shard_window
+        self.canonical_ranks = canonical_ranks
         self._epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already yielded)
         self._serial = 0  # passes started; the latest one is what state_dict() describes
@@ -42,6 +135,84 @@ class _Resumable:
         self._epoch_named = False
         self._epoch_in_state = False
         self._warned_counted = False
+
+    # ---- size and order
+    def per_rank(self) -> int:
+        """This rank's rows per epoch, before ``drop_last`` (the split of ``epoch_indices``)."""
+        if self.world_size == 1:
+            return self.n
+        if self.even_split == "trim":
+            return self.n // self.world_size
+        return math.ceil(self.n / self.world_size)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        m = self.per_rank()
+        return m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
+
+    def positions(self, epoch: int, trim: bool = True) -> torch.Tensor:
+        """Positions into the streamed rows for ``epoch``, in yield order, int64 [M];
+        ``trim`` False: before ``drop_last`` (a BatchSampler applies it)."""
+        order = epoch_indices(
+            self.n,
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle and self.order == "global",
+            rank=self.rank,
+            world_size=self.world_size,
+            even_split=self.even_split,
+            repeats=self.repeats,
+        )
+        if self.order == "shards" and len(order):
+            order = self._shard_positions(epoch)[order]
+        if trim and self.drop_last:
+            order = order[: len(self) * self.batch_size]
+        return order
+
+    def _shard_positions(self, epoch: int) -> torch.Tensor:
+        """``order="shards"``: the epoch's sequence (:func:`shard_sequence`) as positions
+        into the streamed rows (a subset given by ``indices`` keeps its images' places)."""
+        seq = shard_sequence(
+            self.streamed.counts,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            parts=self.canonical_ranks,
+            window=self.shard_window,
+        )
+        rows = self.streamed.rows
+        if rows is None:
+            return seq
+        place = torch.full((len(self.streamed.labels),), -1, dtype=torch.int64)
+        place[rows] = torch.arange(len(rows))
+        pos = place[seq]
+        return pos[pos >= 0]
+
+    def rows_at(self, epoch: int, pos: torch.Tensor) -> torch.Tensor:
+        """The pack (or set) rows at positions ``pos`` of ``epoch``'s streamed rows."""
+        if self.mix is not None:
+            return self.mix.rows(epoch, self.seed)[pos]
+        rows = self.streamed.rows
+        return pos if rows is None else rows[pos]
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's pack rows for ``epoch``, in yield order (int64 [M])."""
+        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
+        return self.rows_at(epoch, self.positions(epoch))
+
+    # ---- the counter
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order for the next pass (keeps a resume point of that epoch)."""
+        epoch = _int_arg("epoch", epoch, 0, _MAX_EPOCH)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self._epoch = epoch
+        self._epoch_named = True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass will use."""
+        return self._resume[0] if self._resume is not None else self._epoch
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: the next batch it will yield. Small and plain (ints, strs).
@@ -68,11 +239,11 @@ class _Resumable:
             "drop_last": bool(self.drop_last),
             "even_split": self.even_split,
             "repeats": self.repeats,
-            "samples": self._n,
+            "samples": self.n,
             "rank": self.rank,
             "world_size": self.world_size,
-            "rows": self._digest,
-            "cut": self._cut,
+            "rows": self.digest,
+            "cut": self.cut,
             "order": self.order,
             "canonical_ranks": self.canonical_ranks,
             "shard_window": self.shard_window,
@@ -198,10 +369,12 @@ class _Resumable:
         self._progress = None
         self._epoch_in_state = True
 
-    def _start_pass(self, it: _EpochIterator) -> tuple[int, int, int]:
-        """Give the next pass its epoch and first batch; move the counter on."""
+    def start_pass(self, it: Any, live: Iterable[Any]) -> tuple[int, int, int]:
+        """Give the next pass ``it`` its epoch, first batch and serial; move the counter
+        on. ``live``: the passes of the loader (side by side passes take consecutive
+        epochs by design: no warning then)."""
         if self._serial and self.shuffle and not self._warned_counted:
-            self._warn_counted(it)
+            self._warn_counted(it, live)
         self._epoch_named = False
         if self._resume is not None:
             epoch, start = self._resume
@@ -213,13 +386,13 @@ class _Resumable:
         self._progress = (epoch, start, False)
         return epoch, start, self._serial
 
-    def _warn_counted(self, it: _EpochIterator) -> None:
+    def _warn_counted(self, it: Any, live: Iterable[Any]) -> None:
         """Warn (once) that this pass's epoch comes from the pass counter alone, which a
         resumed process starts at 0 again. Passes running side by side (zip(loader,
         loader)) take consecutive epochs by design: no warning then."""
         if self._epoch_named or self._epoch_in_state:
             return
-        if any(o is not it and o.started and not o.closed for o in self._live):
+        if any(o is not it and o.started and not o.closed for o in live):
             return
         self._warned_counted = True
         epoch = self.epoch
@@ -230,10 +403,12 @@ class _Resumable:
             f"{epoch}. Call loader.set_epoch(epoch) at the start of every epoch (also on one "
             "GPU, not only when distributed), or save and restore loader.state_dict().",
             UserWarning,
-            stacklevel=5,  # the caller's loop: above __next__ <- _start <- _start_pass <- here
+            stacklevel=5,  # the caller's loop: above __next__ <- _start <- start_pass <- here
         )
 
-    def _note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
+    def note(self, serial: int, epoch: int, yielded: int, exhausted: bool) -> None:
+        """Pass ``serial`` of ``epoch`` has yielded ``yielded`` batches (``exhausted``: all
+        of them); only the latest pass is what :meth:`state_dict` describes."""
         if serial == self._serial:
             self._progress = (epoch, yielded, exhausted)
 
