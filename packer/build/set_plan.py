@@ -186,7 +186,7 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
         # give the indices): the set's class map, given as --classes, labels it as the set
         what = f"SRC lacks the set's classes {gone}" if gone else "SRC orders the classes otherwise"
         raise InputError(
-            f"{_F}append: {what}, so its folders would give other label indices; give "
+            f"{_F}append: {what}, so its folders would give other label indices; add "
             f"{_F}classes {dst} to label SRC with the set's class map",
             field=f"{_F}classes",
         )

@@ -78,8 +78,8 @@ def test_refuses_destination_inside_source(image_tree: Path) -> None:
     "config, message",
     [
         (BuildConfig(size=(0, 5)), "out of range"),
-        (BuildConfig(resize="zoom"), "--resize must be"),
-        (BuildConfig(workers=0), "--workers must be"),
+        (BuildConfig(resize="zoom"), "BuildConfig.resize must be"),
+        (BuildConfig(workers=0), "BuildConfig.workers must be"),
     ],
 )
 def test_bad_options(image_tree: Path, tmp_path: Path, config: BuildConfig, message: str) -> None:

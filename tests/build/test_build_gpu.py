@@ -128,8 +128,12 @@ def test_device_cuda_without_cuda_exits_2(image_tree: Path, tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("device", "gpus", "says"),
     [
-        ("cuda", 0, "--device cuda: no CUDA device is available to this process"),
-        ("cuda:2", 1, r"--device cuda:2: this process sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+        ("cuda", 0, "BuildConfig.device cuda: no CUDA device is available to this process"),
+        (
+            "cuda:2",
+            1,
+            r"BuildConfig.device cuda:2: this process sees 1 CUDA device \(cuda:0 to cuda:0\)",
+        ),
     ],
 )
 def test_a_device_this_process_lacks_is_refused_before_a_bucket_is_touched(

@@ -170,7 +170,7 @@ def test_append_keeps_old_shards_and_adds_the_new_images(set_src: Path, tmp_path
             UsageError,
             r"BuildConfig.append: BuildConfig.resize pad differs from the set's crop",
         ),
-        ({"max_pixels": 10**6}, UsageError, r"--max-pixels 1000000 differs"),
+        ({"max_pixels": 10**6}, UsageError, r"BuildConfig.max_pixels 1000000 differs"),
     ],
 )
 def test_append_with_other_options_is_refused(

@@ -370,9 +370,13 @@ def _flip_last_byte(pack: Path) -> None:
 @pytest.mark.parametrize(
     ("device", "gpus", "says"),
     [
-        ("cuda", 0, "--device cuda, but torch sees no CUDA device"),
-        ("cuda:0", 0, "--device cuda:0, but torch sees no CUDA device"),
-        ("cuda:3", 1, r"--device cuda:3, but torch sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+        ("cuda", 0, "VerifyConfig.device cuda, but torch sees no CUDA device"),
+        ("cuda:0", 0, "VerifyConfig.device cuda:0, but torch sees no CUDA device"),
+        (
+            "cuda:3",
+            1,
+            r"VerifyConfig.device cuda:3, but torch sees 1 CUDA device \(cuda:0 to cuda:0\)",
+        ),
     ],
 )
 def test_a_device_this_process_lacks_is_refused_before_the_integrity_pass(
