@@ -112,8 +112,9 @@ def decode_all(
 
             try:
                 decode_chunks_batched(
-                    pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan
-                )
+                    pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan,
+                    config._gpu,
+                )  # fmt: skip
             except BrokenProcessPool:
                 raise WorkerDiedError(
                     "a CPU worker or GPU decoder process of the build died (killed, or out "

@@ -21,6 +21,20 @@ _F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer
 
 
 @dataclass(frozen=True)
+class GpuTuning:
+    """The batched GPU build's knobs (:mod:`packer.build.gpu`), at their measured
+    defaults. Private: a build takes them from ``BuildConfig._gpu``, which tests set
+    (smaller groups, to cut a few images into many) instead of patching the module."""
+
+    group_images: int = 256  # about this many images (whole chunks) decoded as one GPU batch
+    writers: int = 4  # threads writing and hashing groups (pwrite, SHA-256 free the GIL)
+    readers: int = 4  # threads reading and classifying the files (read frees the GIL)
+    read_ahead: int = 6  # groups read (and their CPU decodes started) ahead of the decoder
+    in_flight: int = 8  # groups sent to the decoder and not yet written
+    decode_ahead: int = 3  # groups decoded ahead of the crop
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     """Options of a build. ``size`` is (width, height) in pixels.
 
@@ -51,6 +65,8 @@ class BuildConfig:
     # packer.build.ray_engine; always a set), on the cluster at ``ray_address``
     engine: str = "local"
     ray_address: str | None = None  # None: the cluster ray.init finds (RAY_ADDRESS), or a new one
+    # private: the GPU build's knobs (tests pass small groups); not an option of the pack
+    _gpu: GpuTuning = field(default=GpuTuning(), repr=False)
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options

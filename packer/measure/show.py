@@ -12,7 +12,7 @@ extra.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class ShowConfig:
     draws: int = 4  # augmented versions per image
     seed: int | None = None  # None: the first images of each class; else a seeded choice
     size: int = 224  # JPEG packs: the centre square the draws are made from, resized to this
+    # private: the bound on images per sheet (tests pass a small one instead of patching)
+    _max_cells: int = field(default=MAX_CELLS, repr=False)
 
     @property
     def augmented(self) -> bool:
@@ -137,7 +139,7 @@ def _pyplot() -> Any:
     return pyplot()
 
 
-def _op(name: str, args: tuple[Any, ...], field: str, **kw: Any) -> Any:
+def _op(name: str, args: tuple[Any, ...], what: str, **kw: Any) -> Any:
     """``packer.transforms.<name>(*args, **kw)``, looked up now: a missing op is a clear
     error, not an ImportError when this module loads."""
     from .. import transforms  # the public names, looked up by the user's op name
@@ -145,9 +147,9 @@ def _op(name: str, args: tuple[Any, ...], field: str, **kw: Any) -> Any:
     cls = getattr(transforms, name, None)
     if cls is None:
         raise UsageError(
-            f"{field} needs packer.transforms.{name}, which this imgpack does not have; "
+            f"{what} needs packer.transforms.{name}, which this imgpack does not have; "
             "install a newer imgpack",
-            field=field.split(" ")[0],
+            field=what.split(" ")[0],
         )
     return cls(*args, **kw)
 
@@ -270,9 +272,9 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
         raise UsageError(f"{cfg.pack}: the pack holds no images; nothing to show")
     rows = [r for _, rs in groups for r in rs]
     cells = len(rows) * (1 + cfg.draws) if cfg.augmented else len(rows)
-    if cells > MAX_CELLS:
+    if cells > cfg._max_cells:
         raise UsageError(
-            f"the sheet would hold {cells:,} images, more than {MAX_CELLS:,}: lower "
+            f"the sheet would hold {cells:,} images, more than {cfg._max_cells:,}: lower "
             f"{_F}draws, {_F}per_class or {_F}max_classes"
         )
     stored = _load(pack, rows)

@@ -55,7 +55,7 @@ def test_broken_images_are_skipped_and_recorded(image_tree: Path, tmp_path: Path
 
 
 def test_refuses_existing_pack_without_overwrite(packed: Path, image_tree: Path) -> None:
-    with pytest.raises(InputError, match="a pack already exists; pass BuildConfig.overwrite"):
+    with pytest.raises(InputError, match=r"a pack already exists; pass BuildConfig\.overwrite"):
         build(image_tree, packed, BuildConfig(size=(8, 8), workers=1))
     build(image_tree, packed, BuildConfig(size=(8, 8), workers=1, overwrite=True))
     assert packer.load(packed).images.shape[1:] == (3, 8, 8)

@@ -67,10 +67,10 @@ def test_cut_is_a_fixed_count_for_raw_and_by_source_bytes_for_jpeg() -> None:
     assert cut([1] * 3, "raw", 144, 10) == [(0, 1), (1, 2), (2, 3)]  # at least one
     assert cut([], "raw", 144, 300) == []
     assert cut([100, 100, 100, 500, 10], "jpeg", 0, 250) == [(0, 2), (2, 3), (3, 4), (4, 5)]
-    with pytest.raises(UsageError, match="BuildConfig.shard_size must be 1 byte to 1 PB, not 0"):
+    with pytest.raises(UsageError, match=r"BuildConfig\.shard_size must be 1 byte to 1 PB, not 0"):
         replace(RAW, shard_size=0).validate()
     with pytest.raises(
-        UsageError, match="BuildConfig.append adds to the set at DST and BuildConfig.overwrite"
+        UsageError, match=r"BuildConfig\.append adds to the set at DST and BuildConfig\.overwrite"
     ):
         replace(RAW, append=True, overwrite=True).validate()
 
@@ -230,11 +230,11 @@ def test_destinations_a_set_build_refuses(set_src: Path, tmp_path: Path) -> None
     ):
         build(set_src, tmp_path / "none", replace(RAW, append=True))
     build(set_src, tmp_path / "set", RAW)
-    with pytest.raises(InputError, match="a pack set already exists; pass BuildConfig.append"):
+    with pytest.raises(InputError, match=r"a pack set already exists; pass BuildConfig\.append"):
         build(set_src, tmp_path / "set", RAW)
     build(set_src, tmp_path / "one", BuildConfig(size=(8, 6), workers=1))
     with pytest.raises(
-        InputError, match="holds a single pack; BuildConfig.shard_size writes a pack set"
+        InputError, match=r"holds a single pack; BuildConfig\.shard_size writes a pack set"
     ):
         build(set_src, tmp_path / "one", RAW)
     (tmp_path / "mine").mkdir()

@@ -86,13 +86,13 @@ def test_the_draws_bound_itself_is_taken(packed: Path, tmp_path: Path) -> None:
 
 
 def test_a_sheet_past_its_cell_bound_is_refused_before_drawing(
-    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    packed: Path, tmp_path: Path
 ) -> None:
-    import packer.measure.show as show
-
-    monkeypatch.setattr(show, "MAX_CELLS", 20)
+    cfg = ShowConfig(
+        packed, tmp_path / "a.png", per_class=1, draws=12, random_erase=0.5, _max_cells=20
+    )
     with pytest.raises(UsageError, match=r"the sheet would hold 39 images, more than 20"):
-        show_pack(ShowConfig(packed, tmp_path / "a.png", per_class=1, draws=12, random_erase=0.5))
+        show_pack(cfg)
     assert not (tmp_path / "a.png").exists()
 
 

@@ -84,7 +84,7 @@ def test_label_out_of_range(packed: Path) -> None:
 def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
     shutil.rmtree(image_tree)
     # a folder the caller names that is not there is bad usage, before any work
-    with pytest.raises(UsageError, match="VerifyConfig.source must be a folder"):
+    with pytest.raises(UsageError, match=r"VerifyConfig\.source must be a folder"):
         verify(packed, VerifyConfig(throughput=False, source=image_tree))
 
 

@@ -67,7 +67,9 @@ def test_a_set_refuses_a_device_this_process_lacks_before_any_shard(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     checked: list[int] = []
     monkeypatch.setattr(vs, "_check_shard", lambda *a: checked.append(1))
-    with pytest.raises(UsageError, match="VerifyConfig.device cuda, but torch sees no CUDA device"):
+    with pytest.raises(
+        UsageError, match=r"VerifyConfig\.device cuda, but torch sees no CUDA device"
+    ):
         verify_set(pack_set, VerifyConfig(device="cuda"))
     assert checked == []
 

@@ -564,7 +564,11 @@ def test_check_label_arrays_accepts_numpy_and_torch() -> None:
     ("labels", "targets", "match"),
     [
         (np.zeros(4, np.int32), None, r"labels are int32, expected int64"),
-        (np.zeros(4, np.float64), None, r"labels are float64, expected int64.*--targets"),
+        (
+            np.zeros(4, np.float64),
+            None,
+            r"labels are float64, expected int64.*float values belong in targets",
+        ),
         (torch.zeros(4, dtype=torch.int32), None, r"labels are int32, expected int64"),
         (np.zeros((4, 1), np.int64), None, r"labels have shape \[4, 1\], expected \[N\]"),
         (np.zeros(4, np.int64), np.zeros((4, 2), np.float64), r"targets are float64"),

@@ -106,7 +106,7 @@ def test_killed_upload_resumes_and_skips_uploaded_shards(s3: S3Server, tmp_path:
     ref = tmp_path / "ref"
     build(src, ref, RAW)
     assert local_tree(bucket) == local_tree(ref)
-    with pytest.raises(InputError, match="a pack set already exists; pass BuildConfig.append"):
+    with pytest.raises(InputError, match=r"a pack set already exists; pass BuildConfig\.append"):
         build(src, url, RAW)
 
 
