@@ -37,6 +37,8 @@ import packer
 from packer.build.run import build
 from packer.measure.bench.synth import make_jpeg_tree
 
+packer.configure_cuda_queues()  # 32 hardware queues, before any CUDA call (as measured)
+
 B = 256
 WAYS = ("resident", "local", "remote cold", "remote warm")
 
