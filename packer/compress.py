@@ -331,7 +331,7 @@ def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfi
     if size[0] * size[1] > config.max_pixels:
         raise ValueError(
             f"image is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above the limit of "
-            f"{config.max_pixels:,} (possible decompression bomb; see CompressConfig.max_pixels)"
+            f"{config.max_pixels:,} (possible decompression bomb)"
         )
     if fmt in _DIRECT:
         pipe_fmt = _DIRECT[fmt]
