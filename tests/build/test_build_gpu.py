@@ -450,7 +450,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
     def held(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
         with lock:  # 8 groups past the held one: as far as the main thread goes
-            if first and group[0][0] >= first[0] + 2 * packer.build.gpu._WRITERS:
+            if first and group[0][0] >= first[0] + 2 * one.writers:
                 go.set()
         if host is None:
             return real(fd, row, group, at, sizes, host, copied, cpu, writeback, release)
@@ -476,7 +476,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
     monkeypatch.setattr(packer.build.gpu, "write_group", held)
     build(photos, tmp_path / "out", cfg)
-    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build.gpu._WRITERS + 2
+    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * one.writers + 2
     assert _same(tmp_path / "out", tmp_path / "ref")
 
 
