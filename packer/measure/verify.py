@@ -75,7 +75,8 @@ class VerifyConfig:
             )
         if self.sample is not None and self.sample < 0:
             raise UsageError(
-                f"{f}sample must be a positive number or None (all)", field=f"{f}sample"
+                f"{f}sample must be a positive number, or all the images, not {self.sample}",
+                field=f"{f}sample",
             )
         if isinstance(self.device, str):
             check_device_name(self.device, f"{f}device")
