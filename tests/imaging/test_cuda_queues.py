@@ -84,3 +84,34 @@ def test_unknown_before_claim_and_unparsable_values_say_nothing(seen, monkeypatc
     monkeypatch.setenv(cq.VAR, "many")
     cq.claim()
     assert cq.queues() is None and cq.advice() is None
+
+
+@pytest.mark.cuda
+def test_a_jpeg_loader_on_cuda_asks_for_the_queues_or_says_it_is_too_late(tmp_path):
+    """The loader makes packer.configure_cuda_queues()'s call itself: in time when it is
+    created before any CUDA call (32 queues), too late after one (nothing set, one
+    warning naming the call to make)."""
+    from PIL import Image
+
+    from packer.build.run import BuildConfig, build
+
+    for i in range(4):
+        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (24, 20), (9 * i,) * 3).save(tmp_path / "src" / "a" / f"{i}.jpg")
+    build(tmp_path / "src", tmp_path / "pack", BuildConfig(store="jpeg", workers=1))
+    make = f"packer.PackLoader({str(tmp_path / 'pack')!r}, 4, device='cuda', image_size=16)"
+    first = f"import os, packer; ld = {make}; print(os.environ.get('{cq.VAR}'))"
+    assert _child(first) == ["32"]
+    late = (
+        "import logging, os, torch, packer; logging.basicConfig(level=logging.WARNING); "
+        f"torch.zeros(1, device='cuda'); ld = {make}; print(os.environ.get('{cq.VAR}'), "
+        "str(ld.decode_path).startswith('cpu'))"
+    )
+    e = subprocess_env()
+    e.pop(cq.VAR, None)
+    r = subprocess.run([sys.executable, "-c", late], env=e, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.split()[0] == "None", r.stderr[-2000:]
+    on_threads = r.stdout.split()[1] == "True"  # no GPU decoder here: no queues to share
+    warned = "packer.configure_cuda_queues() before the first CUDA call" in r.stderr
+    assert warned != on_threads, r.stderr[-2000:]
