@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from packer.build.api import BuildConfig, build
+from packer.build.config import GpuTuning
 from packer.measure.timing import resolve_device, sync
 
 from ._common import dump, machine
@@ -50,18 +51,20 @@ def gpu_build(src: Path, dst: Path, device: torch.device) -> float:
     os.sync()
     sync(device)
     t0 = time.perf_counter()
-    r = build(src, dst, BuildConfig(size=(SIDE, SIDE), device="cuda"))
+    r = build(src, dst, BuildConfig(size=(SIDE, SIDE), device="cuda", _gpu=TUNING[0]))
     rate = r.count / (time.perf_counter() - t0)
     shutil.rmtree(dst, ignore_errors=True)
     return rate
 
 
+TUNING = [GpuTuning()]  # the knobs of the probe running now (variant sets them)
+
 VARIANTS = {
     "default": {},
     "switch 0.5 ms": {"switch": 0.0005},
-    "2 readers 2 writers": {"_READERS": 2, "_WRITERS": 2},
-    "groups of 1024": {"GROUP_IMAGES": 1024},
-    "16 in flight 6 ahead": {"_IN_FLIGHT": 16, "_DECODE_AHEAD": 6},
+    "2 readers 2 writers": {"readers": 2, "writers": 2},  # GpuTuning's fields
+    "groups of 1024": {"group_images": 1024},
+    "16 in flight 6 ahead": {"in_flight": 16, "decode_ahead": 6},
     "eager pool": {"eager": True},  # the CPU workers started with the build, as before
     # ablations: a stage taken out of the build, to see which one holds its decoder back
     "cached reads": {"ablate": ("reads",)},
@@ -162,7 +165,7 @@ def _ablate(g: Any, what: tuple[str, ...], src: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def variant(name: str, src: Path) -> Iterator[None]:
-    """The GPU build's knobs (``packer.build.gpu``'s constants, the GIL switch interval,
+    """The GPU build's knobs (``BuildConfig._gpu``'s fields, the GIL switch interval,
     stages taken out: :func:`_ablate`, for a build of ``src``) set as ``VARIANTS[name]``
     says, for a probe; restored after."""
     import packer.build.gpu as g
@@ -172,14 +175,13 @@ def variant(name: str, src: Path) -> Iterator[None]:
     switch = knobs.pop("switch", None)
     ablate = knobs.pop("ablate", ())
     eager = knobs.pop("eager", False)
-    old = {k: getattr(g, k) for k in knobs}
+    old: dict[str, Any] = {}
     old_switch = sys.getswitchinterval()
     lazy = run.LazyPool
     try:
         if eager:
             run.LazyPool = lambda start: start()
-        for k, v in knobs.items():
-            setattr(g, k, v)
+        TUNING[0] = GpuTuning(**knobs)  # gpu_build's builds take it
         if switch is not None:
             sys.setswitchinterval(switch)
         if ablate:
@@ -190,6 +192,7 @@ def variant(name: str, src: Path) -> Iterator[None]:
             setattr(g, k, v)
         sys.setswitchinterval(old_switch)
         run.LazyPool = lazy
+        TUNING[0] = GpuTuning()
 
 
 def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
@@ -279,7 +282,7 @@ def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
         shutil.rmtree(dst, ignore_errors=True)
         sync(device)
         t0 = time.perf_counter()
-        r = build(src, dst, BuildConfig(size=(SIDE, SIDE), device="cuda"))
+        r = build(src, dst, BuildConfig(size=(SIDE, SIDE), device="cuda", _gpu=TUNING[0]))
         wall = time.perf_counter() - t0
     finally:
         for k, f in orig.items():

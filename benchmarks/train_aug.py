@@ -42,6 +42,8 @@ from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import time_loader
 from packer.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
+packer.configure_cuda_queues()  # 32 hardware queues, before any CUDA call (as measured)
+
 
 def photo_set(work: Path, images: int) -> tuple[Path, Path]:
     """The training benches' data under ``work``, made once: ``images`` 500x375 q90 JPEGs

@@ -11,7 +11,9 @@ The library behind the commands has one public name per function:
 compress``), ``packer.verify_pack`` (``imgpack verify``), each taking its frozen
 config (``BuildConfig``, ``CompressConfig``, ``VerifyConfig``) and returning its
 result (``BuildResult``, ``CompressResult``, ``VerifyReport``); the errors they
-raise are ``PackerError`` and its subclasses. ``packer.build``,
+raise are ``PackerError`` and its subclasses. ``packer.configure_cuda_queues()``, called
+before the first CUDA call, gives a JPEG loader's GPU decodes CUDA's 32 hardware queues
+(``import packer`` itself changes nothing in the process). ``packer.build``,
 ``packer.compress``, ``packer.transforms`` and the stage packages (``packer.pack``,
 ``packer.sources``, ``packer.imaging``, ``packer.augment``, ``packer.loading``, ``packer.measure``) are
 always modules, never functions. Everything below the stage packages is private:
@@ -25,10 +27,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .imaging.cuda_queues import claim as _claim_cuda_queues
 from .pack.guard import install as _install_tensordict_guard
 
-_claim_cuda_queues()  # CUDA_DEVICE_MAX_CONNECTIONS=32 unless set: see packer.imaging.cuda_queues
+# ``import packer`` leaves os.environ as it is: CUDA's hardware queues for the JPEG
+# decoders are asked for by ``packer.configure_cuda_queues()`` (or a JPEG loader on CUDA)
 # tensordict's loaders refuse an untrusted pack from here on, whatever imports tensordict
 # and whenever (standard library only: no torch import): see packer.pack.guard
 _install_tensordict_guard()
@@ -69,6 +71,7 @@ _EXPORTS = {
     "NoUsableImagesError": "packer.errors:NoUsableImagesError",
     "FFmpegError": "packer.errors:FFmpegError",
     "StorageError": "packer.errors:StorageError",
+    "configure_cuda_queues": "packer.imaging.cuda_queues:configure",
 }
 
 # ``packer.<name>`` for these is the module, importable without an import statement
@@ -107,6 +110,7 @@ if TYPE_CHECKING:
         UsageError,
         WorkerDiedError,
     )
+    from .imaging.cuda_queues import configure as configure_cuda_queues
     from .imaging.normalize import Normalize
     from .loading.dataset import PackDataset, class_histogram, split
     from .loading.loader import PackLoader

@@ -82,14 +82,22 @@ class CompressConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
 
     def validate(self) -> None:
+        f = "CompressConfig."  # how messages name a field (the CLI: its flag, packer.cli.flags)
         if not 2 <= self.quality <= 31:
-            raise UsageError(f"--quality must be 2 (best) to 31 (worst), not {self.quality}")
+            raise UsageError(
+                f"{f}quality must be 2 (best) to 31 (worst), not {self.quality}",
+                field=f"{f}quality",
+            )
         if self.max_side is not None and not 1 <= self.max_side <= 65535:
-            raise UsageError(f"--max-side must be 1 to 65535 pixels, not {self.max_side}")
+            raise UsageError(
+                f"{f}max_side must be 1 to 65535 pixels, not {self.max_side}", field=f"{f}max_side"
+            )
         if self.workers is not None and not 1 <= self.workers <= 1024:
-            raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
+            raise UsageError(
+                f"{f}workers must be 1 to 1024, not {self.workers}", field=f"{f}workers"
+            )
         if self.max_pixels < 1:
-            raise UsageError("--max-pixels must be positive")
+            raise UsageError(f"{f}max_pixels must be positive", field=f"{f}max_pixels")
 
 
 @dataclass
@@ -323,7 +331,7 @@ def compress_one(exe: str, src_path: Path, dst_path: Path, config: CompressConfi
     if size[0] * size[1] > config.max_pixels:
         raise ValueError(
             f"image is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above the limit of "
-            f"{config.max_pixels:,} (possible decompression bomb; see --max-pixels)"
+            f"{config.max_pixels:,} (possible decompression bomb)"
         )
     if fmt in _DIRECT:
         pipe_fmt = _DIRECT[fmt]

@@ -3,15 +3,39 @@
 The CLI prints ``Error: <message>`` for any :class:`PackerError` and exits with
 its ``exit_code``; anything else is a bug and keeps its traceback. Messages
 name the path and say what to do.
+
+Messages name a config's field as Python spells it (``BuildConfig.size 0x0 is out of
+range``), never a CLI flag: an error about an option carries that field in ``field``,
+and every field its message names in ``fields``, so the CLI shows each as its flag
+(``--size 0x0 is out of range``) from one table (:mod:`packer.cli.flags`) without
+reading the text.
 """
 
 from __future__ import annotations
 
+import re
+
+# a field as messages spell it: ``BuildConfig.size``, ``VerifyConfig.batch_size``
+FIELD_RE = re.compile(r"\b[A-Z][A-Za-z]*Config\.[a-z_][a-z0-9_]*\b")
+
 
 class PackerError(Exception):
-    """Base class for every error imgpack raises on purpose."""
+    """Base class for every error imgpack raises on purpose.
+
+    ``field``: the option the error is about (``"BuildConfig.size"``), or None.
+    ``fields``: every field the message names, ``field`` first (the others are found in
+    the message as ``XConfig.name``), for the CLI's field -> flag table.
+    """
 
     exit_code = 2
+
+    def __init__(self, *args: object, field: str | None = None) -> None:
+        super().__init__(*args)
+        self.field = field
+        found = FIELD_RE.findall(" ".join(str(a) for a in args))
+        self.fields: tuple[str, ...] = tuple(
+            dict.fromkeys([field, *found] if field is not None else found)
+        )
 
 
 class UsageError(PackerError):

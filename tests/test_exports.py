@@ -18,6 +18,7 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
         "assert isinstance(packer.build.api, types.ModuleType)\n"
         "assert callable(packer.build_pack) and packer.build_pack is packer.build.api.build\n"
         "assert issubclass(packer.InputError, packer.PackerError)\n"
+        "assert 'configure_cuda_queues' in packer.__all__ and callable(packer.configure_cuda_queues)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -100,8 +100,9 @@ def build(
         parse_url(str(src))  # first: a URL with a credential is refused, unquoted
         if r.engine != "ray":
             raise UsageError(
-                f"SRC {src}: a bucket of images is built with --engine ray (each task "
-                "downloads its shard's images); to build here, download the images first"
+                f"SRC {src}: a bucket of images is built with BuildConfig.engine ray (each "
+                "task downloads its shard's images); to build here, download the images first",
+                field="BuildConfig.engine",
             )
     if plan is not None and r.sharded:
         raise UsageError("a listed plan builds one pack: not with a shard size, append or ray")

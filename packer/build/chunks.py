@@ -112,8 +112,9 @@ def decode_all(
 
             try:
                 decode_chunks_batched(
-                    pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan
-                )
+                    pending, config.spec, str(work / ROWS_FILE), device, pool, record, write_plan,
+                    config._gpu,
+                )  # fmt: skip
             except BrokenProcessPool:
                 raise WorkerDiedError(
                     "a CPU worker or GPU decoder process of the build died (killed, or out "
@@ -210,7 +211,7 @@ def _decode_on_pool(
             "a decode worker died twice (killed, or out of memory: a very large "
             f"image can need GBs to decode); {len(done)} of {n_chunks} chunks are "
             "kept in the work folder: run the same command again to resume, with "
-            "fewer --workers or a lower --max-pixels if memory is short"
+            "fewer BuildConfig.workers or a lower BuildConfig.max_pixels if memory is short"
         )
 
 

@@ -1,6 +1,6 @@
 """What a build takes and returns: :class:`BuildConfig`, :class:`BuildResult`, and the
 labelled image list (:class:`_Labels`) fixed before any decoding. :func:`parse_size` reads
-``--size``'s text; :meth:`BuildConfig.validate` checks its range. Imported by
+``imgpack build --size``'s text; :meth:`BuildConfig.validate` checks its range. Imported by
 :mod:`packer.build.run` and :mod:`packer.build.finalize` (no build work here).
 """
 
@@ -16,6 +16,22 @@ from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
+
+_F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
+
+
+@dataclass(frozen=True)
+class GpuTuning:
+    """The batched GPU build's knobs (:mod:`packer.build.gpu`), at their measured
+    defaults. Private: a build takes them from ``BuildConfig._gpu``, which tests set
+    (smaller groups, to cut a few images into many) instead of patching the module."""
+
+    group_images: int = 256  # about this many images (whole chunks) decoded as one GPU batch
+    writers: int = 4  # threads writing and hashing groups (pwrite, SHA-256 free the GIL)
+    readers: int = 4  # threads reading and classifying the files (read frees the GIL)
+    read_ahead: int = 6  # groups read (and their CPU decodes started) ahead of the decoder
+    in_flight: int = 8  # groups sent to the decoder and not yet written
+    decode_ahead: int = 3  # groups decoded ahead of the crop
 
 
 @dataclass(frozen=True)
@@ -39,8 +55,8 @@ class BuildConfig:
     labels: Path | None = None
     targets: tuple[str, ...] = ()
     store: str = "raw"  # "raw": uint8 rows of ``size``; "jpeg": each image's JPEG file
-    quality: int = 3  # --store jpeg: re-encode quality, ffmpeg's -q:v scale (2 best..31)
-    max_side: int | None = None  # --store jpeg: longest stored side; larger are re-encoded
+    quality: int = 3  # store "jpeg": re-encode quality, ffmpeg's -q:v scale (2 best..31)
+    max_side: int | None = None  # store "jpeg": longest stored side; larger are re-encoded
     device: str = "cpu"  # "cpu" (worker processes), "cuda" (batched nvjpeg), "auto"
     # a pack set (packer.build.shards): shards of about this many bytes; None: one pack
     shard_size: int | None = None
@@ -49,6 +65,8 @@ class BuildConfig:
     # packer.build.ray_engine; always a set), on the cluster at ``ray_address``
     engine: str = "local"
     ray_address: str | None = None  # None: the cluster ray.init finds (RAY_ADDRESS), or a new one
+    # private: the GPU build's knobs (tests pass small groups); not an option of the pack
+    _gpu: GpuTuning = field(default=GpuTuning(), repr=False)
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -64,51 +82,85 @@ class BuildConfig:
     def validate(self) -> None:
         w, h = self.size
         if not (1 <= w <= 8192 and 1 <= h <= 8192):
-            raise UsageError(f"--size {w}x{h} is out of range: each side must be 1 to 8192 pixels")
+            raise UsageError(
+                f"{_F}size {w}x{h} is out of range: each side must be 1 to 8192 pixels",
+                field=f"{_F}size",
+            )
         if self.resize not in RESIZE_MODES:
             raise UsageError(
-                f"--resize must be one of {', '.join(RESIZE_MODES)}, not {self.resize!r}"
+                f"{_F}resize must be one of {', '.join(RESIZE_MODES)}, not {self.resize!r}",
+                field=f"{_F}resize",
             )
         if self.workers is not None and not 1 <= self.workers <= 1024:
-            raise UsageError(f"--workers must be 1 to 1024, not {self.workers}")
+            raise UsageError(
+                f"{_F}workers must be 1 to 1024, not {self.workers}", field=f"{_F}workers"
+            )
         if self.max_pixels < 1:
-            raise UsageError("--max-pixels must be positive")
+            raise UsageError(f"{_F}max_pixels must be positive", field=f"{_F}max_pixels")
         if self.targets and self.labels is None:
             raise UsageError(
-                "--targets names columns of a label table; give the table with --labels TABLE"
+                f"{_F}targets names columns of a label table; give the table with {_F}labels",
+                field=f"{_F}targets",
             )
         check_target_names(list(self.targets))
         if self.store not in STORES:
-            raise UsageError(f"--store must be one of {', '.join(STORES)}, not {self.store!r}")
+            raise UsageError(
+                f"{_F}store must be one of {', '.join(STORES)}, not {self.store!r}",
+                field=f"{_F}store",
+            )
         if not 2 <= self.quality <= 31:
-            raise UsageError(f"--quality must be 2 (best) to 31 (worst), not {self.quality}")
+            raise UsageError(
+                f"{_F}quality must be 2 (best) to 31 (worst), not {self.quality}",
+                field=f"{_F}quality",
+            )
         if self.max_side is not None:
             if self.store != "jpeg":
-                raise UsageError("--max-side bounds stored JPEGs; use it with --store jpeg")
+                raise UsageError(
+                    f"{_F}max_side bounds stored JPEGs; use it with {_F}store jpeg",
+                    field=f"{_F}max_side",
+                )
             if not 1 <= self.max_side <= 65536:
-                raise UsageError(f"--max-side must be 1 to 65536 pixels, not {self.max_side}")
+                raise UsageError(
+                    f"{_F}max_side must be 1 to 65536 pixels, not {self.max_side}",
+                    field=f"{_F}max_side",
+                )
         if self.device not in ("cpu", "cuda", "auto") and not (
             self.device.startswith("cuda:") and self.device[5:].isdigit()
         ):
-            raise UsageError(f"--device must be cpu, cuda, cuda:N or auto, not {self.device!r}")
+            raise UsageError(
+                f"{_F}device must be cpu, cuda, cuda:N or auto, not {self.device!r}",
+                field=f"{_F}device",
+            )
         if self.store == "jpeg" and self.device not in ("cpu", "auto"):
             raise UsageError(
-                "--device cuda decodes and resizes raw packs; --store jpeg stores the "
-                "files as they are (they are decoded on the GPU when read)"
+                f"{_F}device {self.device} decodes and resizes raw packs; {_F}store jpeg "
+                "stores the files as they are (they are decoded on the GPU when read)",
+                field=f"{_F}device",
             )
         if self.shard_size is not None and not 1 <= self.shard_size <= 1 << 50:
-            raise UsageError(f"--shard-size must be 1 byte to 1 PB, not {self.shard_size}")
+            raise UsageError(
+                f"{_F}shard_size must be 1 byte to 1 PB, not {self.shard_size}",
+                field=f"{_F}shard_size",
+            )
         if self.engine not in ENGINES:
-            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+            raise UsageError(
+                f"{_F}engine must be one of {', '.join(ENGINES)}, not {self.engine!r}",
+                field=f"{_F}engine",
+            )
         if self.ray_address is not None and self.engine != "ray":
-            raise UsageError("--ray-address names the cluster of --engine ray; add --engine ray")
+            raise UsageError(
+                f"{_F}ray_address names the cluster of {_F}engine ray; add {_F}engine ray",
+                field=f"{_F}ray_address",
+            )
         if self.append and self.overwrite:
             raise UsageError(
-                "--append adds to the set at DST and --overwrite replaces it; give one"
+                f"{_F}append adds to the set at DST and {_F}overwrite replaces it; give one",
+                field=f"{_F}append",
             )
         if self.allow_new_classes and self.classes is None:
             raise UsageError(
-                "--allow-new-classes extends a fixed class map; give the map with --classes"
+                f"{_F}allow_new_classes extends a fixed class map; give the map with {_F}classes",
+                field=f"{_F}allow_new_classes",
             )
 
     @property

@@ -40,18 +40,14 @@ import torch
 from ..errors import PackerError
 from ..imaging.decode import ResizeSpec
 from ..pack.writer import image_bytes
+from .config import GpuTuning
 from .gpu_read import CpuDecode, GroupRead, group_paths, read_group, submit_cpu
 from .gpu_write import HostRows, resize_to_host, write_group
 from .workers import _writeback_fn
 
 log = logging.getLogger(__name__)
 
-GROUP_IMAGES = 256  # about this many images (whole chunks) decoded as one GPU batch
-_WRITERS = 4  # per decoder: threads writing and hashing groups (pwrite, SHA-256 free the GIL)
-_READERS = 4  # per decoder: threads reading and classifying the files (read frees the GIL)
-_READ_AHEAD = 6  # per decoder: groups read (and their CPU decodes started) ahead of it
-_IN_FLIGHT = 8  # groups sent to one decoder and not yet written
-_DECODE_AHEAD = 3  # groups decoded ahead of the crop
+_TUNED = GpuTuning()  # the knobs' measured defaults; a build passes BuildConfig._gpu
 
 
 def make_decoder(device: torch.device) -> Any:
@@ -112,6 +108,7 @@ def _serve(
     cpu_decode: CpuDecode,
     stop: threading.Event | None = None,
     decoder: Any = None,
+    tuning: GpuTuning = _TUNED,
 ) -> None:
     """One GPU decoder's pipeline, in a decoder process (CUDA) or on a thread of the
     build's process (the CPU stand-in of the tests).
@@ -124,12 +121,12 @@ def _serve(
     ``cpu_decode(paths)`` starts the CPU build's decode of what the GPU does not take
     and returns its getter. ``stop`` set: end early (the build failed).
 
-    Stages, each on threads of its own: ``_READERS`` threads read and classify a
+    Stages, each on threads of its own (the counts are ``tuning``'s): ``readers`` threads read and classify a
     group's files (:func:`~packer.build.gpu_read.read_group`); a decoder thread decodes a group's JPEGs in
     one nvjpeg batch (:func:`packer.imaging.jpeg.decode_ahead`, the JPEG-pack reader's own), 3
     groups ahead; this thread crops/resizes a group in one kernel
     (:func:`packer.imaging.jpeg.resize_images`) and starts its copy into a pinned buffer
-    (``2 * _WRITERS + 2``, reused); ``_WRITERS`` threads wait for the copy and the CPU
+    (``2 * writers + 2``, reused); ``writers`` threads wait for the copy and the CPU
     decodes, then pwrite and hash each chunk. ``decoder``: the batched JPEG decoder
     (:func:`make_decoder`; default: the CPU decoder, on ``device``).
     """
@@ -160,15 +157,16 @@ def _serve(
         else:
             put(("done", g, written.result()))
 
-    host_rows = HostRows(row, pinned=cuda, most=2 * _WRITERS + 2, least=GROUP_IMAGES)
-    readers = ThreadPoolExecutor(_READERS, thread_name_prefix="imgpack-read")
-    writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="imgpack-write")
+    t = tuning
+    host_rows = HostRows(row, pinned=cuda, most=2 * t.writers + 2, least=t.group_images)
+    readers = ThreadPoolExecutor(t.readers, thread_name_prefix="imgpack-read")
+    writers = ThreadPoolExecutor(t.writers, thread_name_prefix="imgpack-write")
 
     def ended() -> bool:
         return failed.is_set() or (stop is not None and stop.is_set())
 
-    items = _read_ahead(take_item, readers, spec, decoder, cpu_decode, ended)
-    decoded = decode_ahead(items, device, stream, ahead=_DECODE_AHEAD)
+    items = _read_ahead(take_item, readers, spec, decoder, cpu_decode, ended, t.read_ahead)
+    decoded = decode_ahead(items, device, stream, ahead=t.decode_ahead)
     try:
         for (g, group), (read, imgs) in decoded:
             ok = [i for i, x in zip(read.gpu, imgs) if x is not None]
@@ -209,14 +207,15 @@ def _read_ahead(
     decoder: Any,
     cpu_decode: CpuDecode,
     ended: Callable[[], bool],
+    ahead: int,
 ) -> Iterator[tuple[Any, Callable[[], Any]]]:
-    """The groups as the decoder takes them, each read ``_READ_AHEAD`` groups
+    """The groups as the decoder takes them, each read ``ahead`` groups
     ahead (as many as have arrived): the reads and the CPU decodes they start run
     beside the GPU's work."""
     reads: collections.deque[tuple[Any, Future[GroupRead]]] = collections.deque()
     more = True
     while not ended():
-        while more and len(reads) < _READ_AHEAD:
+        while more and len(reads) < ahead:
             try:
                 item = take_item(not reads)  # wait only when nothing is read
             except queue.Empty:
@@ -246,6 +245,7 @@ class _Decoder:
         spec: ResizeSpec,
         device: torch.device,
         pool: ProcessPoolExecutor | None,
+        tuning: GpuTuning,
     ) -> None:
         self.box: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.stop = threading.Event()
@@ -264,7 +264,7 @@ class _Decoder:
                     return
             _serve(
                 self._inbox.get, self.box.put, rows_path, spec, device, cpu_decode, self.stop,
-                decoder,
+                decoder, tuning,
             )  # fmt: skip
             self.box.put(("end",))
 
@@ -290,6 +290,7 @@ def decode_chunks_batched(
     pool: ProcessPoolExecutor | None,
     record: Callable[..., None],
     after_submit: Callable[[], None] = lambda: None,
+    tuning: GpuTuning = _TUNED,
 ) -> None:
     """Decode ``chunks`` (chunk, first row, paths) into ``rows_path`` on ``device``,
     calling ``record((chunk, skips, sizes, sha, None), sync=...)`` per chunk in order,
@@ -304,16 +305,16 @@ def decode_chunks_batched(
 
     * the groups go to the GPU decoder (:class:`_Decoder`, a thread running
       :func:`_serve`: read and classify, nvjpeg decode, one crop kernel, pinned copy,
-      the CPU workers' decode of the rest, pwrite + SHA-256), at most ``_IN_FLIGHT``
+      the CPU workers' decode of the rest, pwrite + SHA-256), at most ``tuning.in_flight``
       groups ahead;
     * a journal thread records the finished groups' chunks in chunk order (one fsync
       per group), so this thread never waits on the disk.
     """
-    per = max(1, GROUP_IMAGES // max(1, len(chunks[0][2]))) if chunks else 1
+    per = max(1, tuning.group_images // max(1, len(chunks[0][2]))) if chunks else 1
     groups = [chunks[i : i + per] for i in range(0, len(chunks), per)]
     if not groups:
         return
-    decoder = _Decoder(rows_path, spec, device, pool)
+    decoder = _Decoder(rows_path, spec, device, pool, tuning)
     journaler = ThreadPoolExecutor(1, thread_name_prefix="imgpack-journal")
     journaled: collections.deque[Future[None]] = collections.deque()
     done: dict[int, list[tuple[Any, ...]]] = {}
@@ -334,7 +335,7 @@ def decode_chunks_batched(
 
     def check(block: bool) -> None:
         """Raise the journal's error here; bound the groups waiting for it."""
-        while journaled and (block or journaled[0].done() or len(journaled) > 2 * _WRITERS):
+        while journaled and (block or journaled[0].done() or len(journaled) > 2 * tuning.writers):
             journaled.popleft().result()
 
     def take(msg: tuple[Any, ...]) -> None:
@@ -356,7 +357,7 @@ def decode_chunks_batched(
 
     try:
         for g, group in enumerate(groups):
-            while pending() >= _IN_FLIGHT:
+            while pending() >= tuning.in_flight:
                 handle(decoder.box.get())
             decoder.send((g, group))
             state["sent"] += 1

@@ -132,7 +132,10 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     if dst.exists() or dst.is_symlink():
         if dst.is_dir() and is_pack(dst):
             if not overwrite:
-                raise InputError(f"{dst}: a pack already exists; pass --overwrite to replace it")
+                raise InputError(
+                    f"{dst}: a pack already exists; pass BuildConfig.overwrite to replace it",
+                    field="BuildConfig.overwrite",
+                )
         elif dst.is_dir() and not any(dst.iterdir()):
             pass  # an empty folder is fine
         else:

@@ -60,7 +60,8 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise UsageError(
-            "--engine ray needs Ray, which is not installed: pip install 'imgpack[ray]'"
+            "BuildConfig.engine ray needs Ray, which is not installed: pip install 'imgpack[ray]'",
+            field="BuildConfig.engine",
         ) from None
     return ray
 
@@ -72,8 +73,10 @@ def cluster_device(config: BuildConfig) -> Any:
         return None
     if config.device == "auto":
         raise UsageError(
-            "--device auto with --engine ray: give --device cpu or --device cuda (the "
-            "shards of one set are decoded on one kind of device, whichever node runs them)"
+            "BuildConfig.device auto with BuildConfig.engine ray: give BuildConfig.device "
+            "cpu or BuildConfig.device cuda (the shards of one set are decoded on one kind "
+            "of device, whichever node runs them)",
+            field="BuildConfig.device",
         )
     import torch
 
@@ -140,20 +143,21 @@ class RayEngine(SetEngine):
         return run_ray(sp, progress, on_shard, sink)
 
 
-PROBE_TIMEOUT_S = 3.0  # the TCP probe of --ray-address before any work
+_ADDRESS = "BuildConfig.ray_address"  # the field messages name (the CLI: its flag)
+PROBE_TIMEOUT_S = 3.0  # the TCP probe of BuildConfig.ray_address before any work
 
 
 def check_address(address: str | None) -> None:
-    """Refuse, before any work, a ``--ray-address`` (or ``RAY_ADDRESS`` when none is
+    """Refuse, before any work, a ``BuildConfig.ray_address`` (or ``RAY_ADDRESS`` when none is
     given) that is malformed or where nothing accepts a connection within
     :data:`PROBE_TIMEOUT_S`: a UsageError naming the address (Ray itself would raise a
     raw ValueError, or retry for about 14 minutes). Takes ``HOST:PORT`` (a bracketed
     IPv6 host too), ``ray://HOST:PORT`` (Ray Client), ``auto`` and ``local``; None with
     no ``RAY_ADDRESS`` starts a one-machine cluster and is not probed."""
-    flag = "--ray-address"
+    flag: str | None = _ADDRESS
     if address is None:
         address = os.environ.get("RAY_ADDRESS") or None
-        flag = "RAY_ADDRESS"
+        flag = None  # the variable's, named as such
     if address is None or address in ("auto", "local"):
         return
     host, port = _host_port(address, flag)
@@ -163,16 +167,20 @@ def check_address(address: str | None) -> None:
     except OSError as e:
         why = "no answer" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
         raise UsageError(
-            f"{flag} {address}: cannot reach a Ray cluster there ({why} within "
-            f"{PROBE_TIMEOUT_S:g} s); start one with `ray start --head` or check the address"
+            f"{flag or 'RAY_ADDRESS'} {address}: cannot reach a Ray cluster there ({why} "
+            f"within {PROBE_TIMEOUT_S:g} s); start one with `ray start --head` or check "
+            "the address",
+            field=flag,
         ) from None
 
 
-def _host_port(address: str, flag: str) -> tuple[str, int]:
-    """(host, port) of ``[ray://]HOST:PORT``; UsageError naming ``flag`` otherwise."""
+def _host_port(address: str, flag: str | None) -> tuple[str, int]:
+    """(host, port) of ``[ray://]HOST:PORT``; UsageError naming ``flag`` (the field, or
+    None: the RAY_ADDRESS variable) otherwise."""
     bad = UsageError(
-        f"{flag} {address!r}: give the head node as HOST:PORT (e.g. 10.0.0.5:6379, "
-        "[fe80::1]:6379, ray://head:10001), 'auto' or 'local'"
+        f"{flag or 'RAY_ADDRESS'} {address!r}: give the head node as HOST:PORT (e.g. "
+        "10.0.0.5:6379, [fe80::1]:6379, ray://head:10001), 'auto' or 'local'",
+        field=flag,
     )
     rest = address[len("ray://") :] if address.startswith("ray://") else address
     if not rest or any(c.isspace() or ord(c) < 32 for c in rest) or "/" in rest:
@@ -206,8 +214,9 @@ def _connect(ray: Any, address: str | None) -> bool:
         )
     except (ConnectionError, ValueError) as e:
         raise UsageError(
-            f"--ray-address {address}: cannot reach a Ray cluster there ({e}); "
-            "start one with `ray start --head` or check the address"
+            f"{_ADDRESS} {address}: cannot reach a Ray cluster there ({e}); "
+            "start one with `ray start --head` or check the address",
+            field=_ADDRESS,
         ) from None
     return True
 
@@ -220,11 +229,13 @@ def _check_fits(ray: Any, cpus: int, gpus: int) -> None:
         return
     need = f"{cpus} CPU" + (f" and {gpus} GPU" if gpus else "")
     most = max((r.get("CPU", 0) for r in have), default=0)
-    what = "--device cuda" if gpus and not any(r.get("GPU", 0) for r in have) else "--workers"
+    field = "BuildConfig.device" if gpus and not any(r.get("GPU", 0) for r in have) else None
+    what = f"{field} cuda" if field else "BuildConfig.workers"
     raise UsageError(
         f"{what}: each shard's task needs {need}, and no node of the Ray cluster has that "
         f"(the largest has {most:g} CPU, {max((r.get('GPU', 0) for r in have), default=0):g} "
-        "GPU); lower --workers, use --device cpu, or add such a node"
+        "GPU); lower BuildConfig.workers, use BuildConfig.device cpu, or add such a node",
+        field=field or "BuildConfig.workers",
     )
 
 

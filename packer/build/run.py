@@ -66,7 +66,7 @@ __all__ = ["BuildConfig", "BuildResult", "build", "default_workers", "dest_lock"
 
 def _build_device(config: BuildConfig) -> Any:
     """None for the CPU path, else the torch.device of the batched GPU path.
-    ``--device cuda`` without CUDA is a usage error (exit 2)."""
+    ``device="cuda"`` without CUDA is a usage error (exit 2)."""
     if config.device == "cpu" or config.store == "jpeg":
         return None
     import torch
@@ -75,15 +75,17 @@ def _build_device(config: BuildConfig) -> Any:
         if config.device == "auto":
             return None
         raise UsageError(
-            f"--device {config.device}: no CUDA device is available to this process; "
-            "use --device cpu (or auto, which falls back to the CPU)"
+            f"BuildConfig.device {config.device}: no CUDA device is available to this "
+            "process; use BuildConfig.device cpu (or auto, which falls back to the CPU)",
+            field="BuildConfig.device",
         )
     device = torch.device("cuda" if config.device == "auto" else config.device)
     if device.index is not None and device.index >= torch.cuda.device_count():
         n = torch.cuda.device_count()
         raise UsageError(
-            f"--device {config.device}: this process sees {n} CUDA device{'s' * (n != 1)} "
-            f"(cuda:0 to cuda:{n - 1})"
+            f"BuildConfig.device {config.device}: this process sees {n} CUDA "
+            f"device{'s' * (n != 1)} (cuda:0 to cuda:{n - 1})",
+            field="BuildConfig.device",
         )
     return device
 

@@ -43,16 +43,7 @@ from ..sources.scan import Scan
 from .config import BuildConfig, _Labels
 
 _SHARD_DIR = re.compile(r"(\d{5,})-[0-9a-f]{16}")  # a shard's folder in the set
-# the flag of each option --append must repeat, for its message
-_FLAGS = {
-    "size": "--size",
-    "resize": "--resize",
-    "max_pixels": "--max-pixels",
-    "store": "--store",
-    "quality": "--quality",
-    "max_side": "--max-side",
-    "device": "--device",
-}
+_F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
 
 
 class ShardSink:
@@ -177,29 +168,33 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
             if key == "size":
                 have, want = "x".join(map(str, have)), "x".join(map(str, want))
             raise UsageError(
-                f"--append: {_FLAGS[key]} {want} differs from the set's {have} ({dst}); "
-                "give the options the set was built with"
+                f"{_F}append: {_F}{key} {want} differs from the set's {have} ({dst}); "
+                "give the options the set was built with",
+                field=f"{_F}{key}",
             )
     if tuple(plan.scan.classes) != old.classes:
         added = [c for c in plan.scan.classes if c not in old.classes]
         gone = [c for c in old.classes if c not in plan.scan.classes]
         if added:  # a set keeps one class map: no --classes makes room for these
             raise InputError(
-                f"--append: SRC has classes the set does not: {added}; a set keeps one "
+                f"{_F}append: SRC has classes the set does not: {added}; a set keeps one "
                 f"class map (see `imgpack info {dst}`): move those images out of SRC or "
-                "build a new set"
+                "build a new set",
+                field=f"{_F}append",
             )
         # SRC lacks some of the set's classes, or orders them otherwise (its own folders
         # give the indices): the set's class map, given as --classes, labels it as the set
         what = f"SRC lacks the set's classes {gone}" if gone else "SRC orders the classes otherwise"
         raise InputError(
-            f"--append: {what}, so its folders would give other label indices; add "
-            f"--classes {dst} to label SRC with the set's class map"
+            f"{_F}append: {what}, so its folders would give other label indices; add "
+            f"{_F}classes {dst} to label SRC with the set's class map",
+            field=f"{_F}classes",
         )
     if tuple(plan.target_names) != old.targets:
         raise UsageError(
-            f"--append: --targets {','.join(plan.target_names) or '(none)'} differs from the "
-            f"set's {','.join(old.targets) or '(none)'}"
+            f"{_F}append: {_F}targets {','.join(plan.target_names) or '(none)'} differs from "
+            f"the set's {','.join(old.targets) or '(none)'}",
+            field=f"{_F}targets",
         )
 
 
@@ -265,11 +260,11 @@ def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> s
         if pack is not None:
             path = os.path.join(str(plan.scan.root), rel)
             if kind_of(shard.m).same_as_source(pack, shard.m, path, row):
-                return f"--append: the same image as {rel} in {where}, already in the set"
+                return f"already in the set: the same image as {rel} in {where}"
         elif _same_root(shard.m.build.source_root, plan):
             return (
-                f"--append: {rel} from the same source folder is in {where} (the set's data "
-                "is not on this machine or was built on a GPU, so not compared)"
+                f"already in the set: {rel} from the same source folder is in {where} (the "
+                "set's data is not on this machine or was built on a GPU, so not compared)"
             )
     return None
 
@@ -308,7 +303,7 @@ def _only_new(plan: _Labels, dst: Path, old: SetIndex) -> _Labels:
     for i, e in enumerate(entries):
         why = same.get(i)
         if why is None and e.rel not in held and e.rel in failed:
-            why = f"--append: an earlier build of the set could not use {e.rel} ({failed[e.rel]})"
+            why = f"an earlier build of the set could not use {e.rel} ({failed[e.rel]})"
         if why is None:
             keep_rows.append(i)
         else:

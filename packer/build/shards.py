@@ -79,29 +79,33 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-MAX_BYTES = 1 << 50  # the largest size parse_bytes takes (BuildConfig's --shard-size bound)
+MAX_BYTES = 1 << 50  # the largest size parse_bytes takes (BuildConfig.shard_size's bound)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 # what a set build writes into the set folder besides the index (shard folders: set_plan)
 _OWN = re.compile(r"\.?(\d{5,})-[0-9a-f]{16}(\.imgpack-partial|\.imgpack-old)?")
 
 
-def parse_bytes(text: str, option: str = "--shard-size") -> int:
+def parse_bytes(text: str, option: str = "BuildConfig.shard_size") -> int:
     """``"256MB"`` -> 256000000. Units (any case): B, KB, MB, GB, TB (powers of 1000),
     KiB, MiB, GiB, TiB (powers of 1024); a bare number is bytes. UsageError naming
-    ``option`` for anything else or a size below one byte."""
+    ``option`` (a config field, its ``field``) for anything else or a size below one
+    byte."""
     m = _SIZE.fullmatch(str(text).lower())
     if m is None or m.group(2) not in _UNITS:
         raise UsageError(
             f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB "
-            "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+            field=option,
         )
     if len(m.group(1)) > 64:  # no size needs more digits (and a float of them overflows)
-        raise UsageError(f"{option} {text[:40]!r}...: too many digits for a size")
+        raise UsageError(f"{option} {text[:40]!r}...: too many digits for a size", field=option)
     value = int(Fraction(m.group(1)) * _UNITS[m.group(2)])  # exact, never a float overflow
     if value < 1:
-        raise UsageError(f"{option} {text!r}: must be at least one byte")
+        raise UsageError(f"{option} {text!r}: must be at least one byte", field=option)
     if value > MAX_BYTES:
-        raise UsageError(f"{option} {text!r}: must be at most 1 PB ({MAX_BYTES:,} bytes)")
+        raise UsageError(
+            f"{option} {text!r}: must be at most 1 PB ({MAX_BYTES:,} bytes)", field=option
+        )
     return value
 
 
@@ -121,25 +125,33 @@ def _check_set_destination(dst: Path, config: BuildConfig) -> None:
     if not (dst.exists() or dst.is_symlink()):
         if config.append:
             raise UsageError(
-                f"--append: {dst} holds no pack set; build one first (without --append)"
+                f"BuildConfig.append: {dst} holds no pack set; build one first (without "
+                "BuildConfig.append)",
+                field="BuildConfig.append",
             )
         return
     if not dst.is_dir():
         raise InputError(f"{dst}: exists and is not a folder; choose another destination")
     if (dst / MANIFEST).exists():
         raise InputError(
-            f"{dst}: holds a single pack; --shard-size writes a pack set, choose another "
-            "destination (or remove the pack yourself)"
+            f"{dst}: holds a single pack; BuildConfig.shard_size writes a pack set, choose "
+            "another destination (or remove the pack yourself)",
+            field="BuildConfig.shard_size",
         )
     if is_set(dst):
         if not (config.append or config.overwrite):
             raise InputError(
-                f"{dst}: a pack set already exists; pass --append to add SRC's new images "
-                "or --overwrite to rebuild it"
+                f"{dst}: a pack set already exists; pass BuildConfig.append to add SRC's "
+                "new images or BuildConfig.overwrite to rebuild it",
+                field="BuildConfig.append",
             )
         return
     if config.append:
-        raise UsageError(f"--append: {dst} holds no pack set; build one first (without --append)")
+        raise UsageError(
+            f"BuildConfig.append: {dst} holds no pack set; build one first (without "
+            "BuildConfig.append)",
+            field="BuildConfig.append",
+        )
     other = sorted(n for n in os.listdir(dst) if not _OWN.fullmatch(n) and n != INDEX + ".tmp")
     if other:
         raise InputError(

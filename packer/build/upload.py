@@ -319,7 +319,8 @@ def build_to_bucket(
     u = parse_url(url)
     if config.shard_size is None and not config.append:
         raise UsageError(
-            f"{u}: object storage holds pack sets; give --shard-size (e.g. --shard-size 256MB)"
+            f"{u}: object storage holds pack sets; give BuildConfig.shard_size (e.g. 256MB)",
+            field="BuildConfig.shard_size",
         )
     client = open_store(u)
     lease = Lease(client)
@@ -344,11 +345,16 @@ def _build_under_lease(
     exists = client.head(INDEX) is not None
     if exists and not (config.append or config.overwrite):
         raise InputError(
-            f"{u}: a pack set already exists; pass --append to add SRC's new images or "
-            "--overwrite to rebuild it"
+            f"{u}: a pack set already exists; pass BuildConfig.append to add SRC's new "
+            "images or BuildConfig.overwrite to rebuild it",
+            field="BuildConfig.append",
         )
     if config.append and not exists:
-        raise UsageError(f"--append: {u} holds no pack set; build one first (without --append)")
+        raise UsageError(
+            f"BuildConfig.append: {u} holds no pack set; build one first (without "
+            "BuildConfig.append)",
+            field="BuildConfig.append",
+        )
     staging = _staging(client)
     staging.parent.mkdir(parents=True, exist_ok=True)
     if config.append:

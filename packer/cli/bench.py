@@ -101,9 +101,9 @@ def bench(
     check_output(out, "--out", folder=True)
     from ..measure.bench.report import check_out_folder
 
-    check_out_folder(out)
+    check_out_folder(out, "--out")
     # the one place the name becomes a torch.device; the library takes it as it is
-    config = dataclasses.replace(config, device=resolve_device(device))
+    config = dataclasses.replace(config, device=resolve_device(device, "BenchConfig.device"))
     if not quiet:
         cuda = config.device.type == "cuda"
         est = estimate_seconds(config, os.cpu_count() or 1, cuda)

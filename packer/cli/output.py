@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from ..errors import PackerError
+from .flags import cli_message
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -38,6 +39,7 @@ INTERRUPTED = {
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors into ``Error: ...`` with their exit code; keep bugs' tracebacks.
+    The fields a library message names are shown as their flags (:mod:`packer.cli.flags`).
 
     An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) exits 130
     with what it left for this command (:data:`INTERRUPTED`).
@@ -49,7 +51,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except PackerError as e:
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {cli_message(e)}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo(f"\nInterrupted. {left}", err=True)

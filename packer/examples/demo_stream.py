@@ -16,6 +16,7 @@ import packer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    packer.configure_cuda_queues()  # before any CUDA call: 32 queues for a JPEG pack's decodes
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

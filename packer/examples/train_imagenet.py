@@ -359,6 +359,7 @@ def val_protocol_note(pack: Any, path: Path, resize_size: int | None, crop: int)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the script; returns the exit code (2 with ``Error: ...`` for bad input)."""
+    packer.configure_cuda_queues()  # before any CUDA call: 32 queues for a JPEG pack's decodes
     try:
         train(argv)
     except (Fail, PackerError) as e:

@@ -9,9 +9,12 @@ batches. With 32 queues that stall is gone: ResNet-50 fed by a JPEG pack trains 
 to its resident rate (docs/PERFORMANCE.md, section "Figures behind the code", row "32
 hardware queues").
 
-CUDA reads the variable once, when the process's CUDA context starts. ``import packer``
-sets it to 32 (:func:`claim`) unless it is set already or CUDA has started; a JPEG
-loader on CUDA logs once where the context has fewer (:func:`advice`).
+CUDA reads the variable once, when the process's CUDA context starts, so it is set by an
+explicit call, never by ``import packer``: :func:`configure`
+(``packer.configure_cuda_queues()``), made before the first CUDA call, sets it to 32
+unless it is set already (the user's choice stands) or CUDA has started (too late). A JPEG
+loader on CUDA makes the same call when it is constructed (in time where CUDA has not
+started yet) and logs once where the context has fewer queues (:func:`advice`).
 """
 
 from __future__ import annotations
@@ -49,11 +52,25 @@ def claim() -> None:
     _seen.update(started=started, user=user)
 
 
+def configure() -> int | None:
+    """``packer.configure_cuda_queues()``: give this process's CUDA context
+    :data:`WANT` (32) hardware queues, so that a JPEG loader's GPU decodes do not wait
+    behind the model's work. Call it before the first CUDA call (creating a tensor or a
+    model on the GPU); it sets ``CUDA_DEVICE_MAX_CONNECTIONS=32`` in ``os.environ``
+    unless the variable is set already (your value stands) or CUDA has started (then
+    it changes nothing: export the variable before the process starts instead).
+    Returns the queues the context has or will have, None where that cannot be known
+    (an unparsable value). A JPEG :class:`~packer.PackLoader` on CUDA calls it too, and
+    logs once where the context has fewer than it needs."""
+    claim()
+    return queues()
+
+
 def queues() -> int | None:
     """The hardware queues this process's CUDA context has or will have, where known:
-    the variable's value at ``import packer`` when CUDA had not started by then (or its
-    value now if packer set none), CUDA's default where it had started with none set,
-    None where it cannot be known."""
+    the variable's value at the latest :func:`claim` when CUDA had not started by then
+    (or its value now if packer set none), CUDA's default where it had started with none
+    set, None where it cannot be known (or before any :func:`claim`)."""
     if not _seen:
         return None
     if _seen["started"]:
@@ -76,15 +93,15 @@ def advice() -> str | None:
     if n is None or n >= ENOUGH:
         return None
     why = (
-        "CUDA started before `import packer`"
+        "CUDA started before packer.configure_cuda_queues()"
         if _seen.get("started") and _seen.get("user") is None
         else f"{VAR}={n}"
     )
     return (
         f"JPEG pack on CUDA with {n} hardware queues ({why}): nvjpeg's streams share them "
         f"with the model's and the decode stalls behind its steps (ResNet-50 ran at "
-        f"0.95 of resident instead of 0.98); export {VAR}={WANT}, or import packer "
-        "before the first CUDA call"
+        f"0.95 of resident instead of 0.98); export {VAR}={WANT}, or call "
+        "packer.configure_cuda_queues() before the first CUDA call"
     )
 
 

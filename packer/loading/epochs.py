@@ -314,7 +314,7 @@ class Epochs:
                     "cannot resume mid-epoch with order='shards': the state was saved over "
                     f"another shard cut (cut digest {state['cut']!r}, this loader's "
                     f"{mine['cut']!r}: the same images in other shards, such as another "
-                    "--shard-size), and the shards' sizes define the epoch's order; use the "
+                    "shard size), and the shards' sizes define the epoch's order; use the "
                     "set the state was saved over, or resume from an epoch boundary"
                 )
             global_batch = (state.get("batch_size"), state.get("world_size"))

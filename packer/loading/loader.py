@@ -361,6 +361,10 @@ class PackLoader:
         if self._crop is not None:
             from .jpeg_pass import decoding_for
 
+            if self.device.type == "cuda":  # before the decoder: in time if CUDA waits
+                from ..imaging.cuda_queues import claim
+
+                claim()  # packer.configure_cuda_queues(): 32 queues unless too late or set
             self._decoding = decoding_for(decode, self.device)
             if self._decoding is not None and self.device.type == "cuda":
                 from ..imaging.cuda_queues import warn_once

@@ -31,12 +31,13 @@ def plot_verify(report: Any, path: Path) -> None:
     ax.set_ylabel("throughput (images/s)")
     speed = f", {report.speedup:.1f}x faster" if report.speedup else ""
     ax.set_title(f"imgpack verify on {report.device}{speed}\n{time.strftime('%Y-%m-%d')}")
-    save_png(plt, fig, Path(path), option="--plot")
+    save_png(plt, fig, Path(path), option="the plot")
 
 
 def check_output_file(path: Path, option: str) -> None:
-    """The one check of every output file imgpack renames into place (``show --out``,
-    ``verify --plot``, ``verify --trace``): nothing there, or a regular file (replaced).
+    """The one check of every output file imgpack renames into place (``ShowConfig.out``,
+    verify's plot and trace): nothing there, or a regular file (replaced). ``option``
+    names the file in a message: a config field (the error's ``field``) or a few words.
     A FIFO, a device, a socket, a folder or a symbolic link (even to a regular file) is
     refused with a UsageError, never renamed over. Run before any work, and again just
     before the rename."""
@@ -50,7 +51,9 @@ def check_output_file(path: Path, option: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return  # nothing there (a parent that is no folder is the parent check's to say)
     except OSError as e:
-        raise UsageError(f"{path}: {option} cannot be checked ({e.strerror})") from None
+        raise UsageError(
+            f"{path}: {option} cannot be checked ({e.strerror})", field=_field(option)
+        ) from None
     if stat.S_ISREG(mode):
         return
     kind = (
@@ -68,8 +71,16 @@ def check_output_file(path: Path, option: str) -> None:
     )
     raise UsageError(
         f"{path}: {option} exists and is {kind}, not a regular file; imgpack replaces only "
-        "regular files: choose another path"
+        "regular files: choose another path",
+        field=_field(option),
     )
+
+
+def _field(option: str) -> str | None:
+    """``option`` when it names a config field (``ShowConfig.out``), else None."""
+    from ..errors import FIELD_RE
+
+    return option if FIELD_RE.fullmatch(option) else None
 
 
 def save_png(plt: Any, fig: Any, path: Path, layout: bool = True, option: str = "PNG") -> Path:

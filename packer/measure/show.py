@@ -12,7 +12,7 @@ extra.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,9 @@ MAX_DRAWS = 32  # augmented versions per image
 MAX_PER_CLASS = 100  # images of each class
 MAX_CLASSES = 1000  # classes (rows) on the sheet
 MAX_CELLS = 4096  # images on the sheet in all (stored and drawn): at most ~580 MP
-MAX_SEED = (1 << 63) - 1  # --seed: 0 to this
-MAX_ALPHA = 1000.0  # --mixup-alpha, --cutmix-alpha (the mixers' own bound)
+MAX_SEED = (1 << 63) - 1  # ShowConfig.seed: 0 to this
+MAX_ALPHA = 1000.0  # ShowConfig.mixup_alpha, .cutmix_alpha (the mixers' own bound)
+_F = "ShowConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
 
 
 @dataclass(frozen=True)
@@ -54,39 +55,49 @@ class ShowConfig:
     draws: int = 4  # augmented versions per image
     seed: int | None = None  # None: the first images of each class; else a seeded choice
     size: int = 224  # JPEG packs: the centre square the draws are made from, resized to this
+    # private: the bound on images per sheet (tests pass a small one instead of patching)
+    _max_cells: int = field(default=MAX_CELLS, repr=False)
 
     @property
     def augmented(self) -> bool:
         return bool(self.augment or self.random_erase or self.mixup_alpha or self.cutmix_alpha)
 
     def validate(self) -> None:
-        for name, flag, lo, hi in (
-            ("per_class", "--per-class", 1, MAX_PER_CLASS),
-            ("max_classes", "--max-classes", 1, MAX_CLASSES),
-            ("draws", "--draws", 1, MAX_DRAWS),
-            ("size", "--size", 8, 1024),
+        f = _F
+        for name, lo, hi in (
+            ("per_class", 1, MAX_PER_CLASS),
+            ("max_classes", 1, MAX_CLASSES),
+            ("draws", 1, MAX_DRAWS),
+            ("size", 8, 1024),
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise UsageError(f"{name} ({flag}) must be an integer in [{lo}, {hi}], not {v!r}")
+                raise UsageError(
+                    f"{f}{name} must be an integer in [{lo}, {hi}], not {v!r}", field=f"{f}{name}"
+                )
         seed = self.seed
         if seed is not None and (
             isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
         ):
-            raise UsageError(f"seed (--seed) must be an integer in [0, 2**63 - 1], not {seed!r}")
+            raise UsageError(
+                f"{f}seed must be an integer in [0, 2**63 - 1], not {seed!r}", field=f"{f}seed"
+            )
         if self.augment is not None and self.augment not in AUGMENTS:
             raise UsageError(
-                f"augment (--augment) must be one of {', '.join(AUGMENTS)}, not {self.augment!r}"
+                f"{f}augment must be one of {', '.join(AUGMENTS)}, not {self.augment!r}",
+                field=f"{f}augment",
             )
         if not 0.0 <= self.random_erase <= 1.0:
             raise UsageError(
-                f"random_erase (--random-erase) must lie in [0, 1], not {self.random_erase}"
+                f"{f}random_erase must lie in [0, 1], not {self.random_erase}",
+                field=f"{f}random_erase",
             )
-        for name, flag in (("mixup_alpha", "--mixup-alpha"), ("cutmix_alpha", "--cutmix-alpha")):
+        for name in ("mixup_alpha", "cutmix_alpha"):
             v = getattr(self, name)
             if not (v >= 0.0 and v <= MAX_ALPHA):  # NaN and infinities too
                 raise UsageError(
-                    f"{name} ({flag}) must be 0 (off) or positive, at most {MAX_ALPHA:g}, not {v}"
+                    f"{f}{name} must be 0 (off) or positive, at most {MAX_ALPHA:g}, not {v}",
+                    field=f"{f}{name}",
                 )
 
 
@@ -128,7 +139,7 @@ def _pyplot() -> Any:
     return pyplot()
 
 
-def _op(name: str, args: tuple[Any, ...], flag: str, **kw: Any) -> Any:
+def _op(name: str, args: tuple[Any, ...], what: str, **kw: Any) -> Any:
     """``packer.transforms.<name>(*args, **kw)``, looked up now: a missing op is a clear
     error, not an ImportError when this module loads."""
     from .. import transforms  # the public names, looked up by the user's op name
@@ -136,8 +147,9 @@ def _op(name: str, args: tuple[Any, ...], flag: str, **kw: Any) -> Any:
     cls = getattr(transforms, name, None)
     if cls is None:
         raise UsageError(
-            f"{flag} needs packer.transforms.{name}, which this imgpack does not have; "
-            "install a newer imgpack"
+            f"{what} needs packer.transforms.{name}, which this imgpack does not have; "
+            "install a newer imgpack",
+            field=what.split(" ")[0],
         )
     return cls(*args, **kw)
 
@@ -201,17 +213,17 @@ def _ops(cfg: ShowConfig, num_classes: int) -> tuple[Any, Any]:
     per_image = []
     if cfg.augment:
         name, args = AUGMENTS[cfg.augment]
-        per_image.append(_op(name, args, f"--augment {cfg.augment}"))
+        per_image.append(_op(name, args, f"{_F}augment {cfg.augment}"))
     if cfg.random_erase:
-        per_image.append(_op("RandomErasing", (), "--random-erase", p=cfg.random_erase))
+        per_image.append(_op("RandomErasing", (), f"{_F}random_erase", p=cfg.random_erase))
     mixers = []
     if cfg.mixup_alpha:
         mixers.append(
-            _op("MixUp", (), "--mixup-alpha", alpha=cfg.mixup_alpha, num_classes=num_classes)
+            _op("MixUp", (), f"{_F}mixup_alpha", alpha=cfg.mixup_alpha, num_classes=num_classes)
         )
     if cfg.cutmix_alpha:
         mixers.append(
-            _op("CutMix", (), "--cutmix-alpha", alpha=cfg.cutmix_alpha, num_classes=num_classes)
+            _op("CutMix", (), f"{_F}cutmix_alpha", alpha=cfg.cutmix_alpha, num_classes=num_classes)
         )
     aug = None
     if per_image:
@@ -222,7 +234,7 @@ def _ops(cfg: ShowConfig, num_classes: int) -> tuple[Any, Any]:
     if len(mixers) == 1:
         mix = mixers[0]
     elif mixers:
-        mix = _op("RandomChoice", (mixers,), "--mixup-alpha with --cutmix-alpha")
+        mix = _op("RandomChoice", (mixers,), f"{_F}mixup_alpha with {_F}cutmix_alpha")
     return aug, mix
 
 
@@ -250,7 +262,7 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     from .plots import check_output_file
 
     cfg.validate()
-    check_output_file(Path(cfg.out), "--out")
+    check_output_file(Path(cfg.out), f"{_F}out")
     plt = _pyplot()
     pack = load(cfg.pack)
     classes = list(pack.classes)
@@ -260,10 +272,10 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
         raise UsageError(f"{cfg.pack}: the pack holds no images; nothing to show")
     rows = [r for _, rs in groups for r in rs]
     cells = len(rows) * (1 + cfg.draws) if cfg.augmented else len(rows)
-    if cells > MAX_CELLS:
+    if cells > cfg._max_cells:
         raise UsageError(
-            f"the sheet would hold {cells:,} images, more than {MAX_CELLS:,}: lower --draws, "
-            "--per-class or --max-classes"
+            f"the sheet would hold {cells:,} images, more than {cfg._max_cells:,}: lower "
+            f"{_F}draws, {_F}per_class or {_F}max_classes"
         )
     stored = _load(pack, rows)
     names = classes or [str(v) for v in range(int(labels.max()) + 1)]
@@ -274,8 +286,8 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
         y = torch.as_tensor(labels[rows], dtype=torch.int64)
         if (cfg.mixup_alpha or cfg.cutmix_alpha) and bool((y < 0).any()):
             raise UsageError(
-                f"{cfg.pack}: --mixup-alpha/--cutmix-alpha mix labels, and {int((y < 0).sum())} "
-                "of the images shown have none (-1)"
+                f"{cfg.pack}: {_F}mixup_alpha and {_F}cutmix_alpha mix labels, and "
+                f"{int((y < 0).sum())} of the images shown have none (-1)"
             )
         aug, mix = _ops(cfg, len(names))
         ops = tuple(_describe(o) for o in (aug, mix) if o is not None)
@@ -363,7 +375,7 @@ def _draw(
             if r == 0 and heads:
                 ax.set_title(heads[c], fontsize=8)
         axes[r][0].set_ylabel(row_names[r], fontsize=8, rotation=0, ha="right", va="center")
-    save_png(plt, fig, Path(cfg.out), option="--out")
+    save_png(plt, fig, Path(cfg.out), option=f"{_F}out")
     from PIL import Image
 
     with Image.open(cfg.out) as im:

@@ -21,38 +21,45 @@ if TYPE_CHECKING:
     import torch
 
 
-def check_device_name(device: str) -> None:
-    """Refuse a device name other than auto, cpu, cuda, cuda:N (no torch import)."""
+def check_device_name(device: str, field: str = "device") -> None:
+    """Refuse a device name other than auto, cpu, cuda, cuda:N (no torch import).
+    ``field``: how the message names the option (``VerifyConfig.device``; the error's
+    ``field``, which the CLI shows as its flag)."""
     if device not in ("auto", "cpu", "cuda") and not (
         device.startswith("cuda:") and device[5:].isdigit()
     ):
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+        raise UsageError(f"{field} must be auto, cpu, cuda or cuda:N, not {device!r}", field=field)
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
+def resolve_device(device: str | torch.device, field: str = "device") -> torch.device:
     """The one place a device name becomes a ``torch.device``: ``auto`` -> ``cuda``
     when torch sees a GPU, else ``cpu``; CUDA without a GPU is refused. A
     ``torch.device`` passes through (checked the same way), so a caller that
-    resolved already can hand its result on."""
+    resolved already can hand its result on. ``field``: as :func:`check_device_name`'s."""
     import torch
 
     if isinstance(device, torch.device):
         dev = device
     else:
-        check_device_name(device)
+        check_device_name(device, field)
         if device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {dev}, but torch sees no CUDA device; use --device cpu or auto")
+        raise UsageError(
+            f"{field} {dev}, but torch sees no CUDA device; use {field} cpu or auto", field=field
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         n = torch.cuda.device_count()
         raise UsageError(
-            f"--device {dev}, but torch sees {n} CUDA device{'s' * (n != 1)} "
-            f"(cuda:0 to cuda:{n - 1}); use one of those or auto"
+            f"{field} {dev}, but torch sees {n} CUDA device{'s' * (n != 1)} "
+            f"(cuda:0 to cuda:{n - 1}); use one of those or auto",
+            field=field,
         )
     if dev.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, not {str(dev)!r}")
+        raise UsageError(
+            f"{field} must be auto, cpu, cuda or cuda:N, not {str(dev)!r}", field=field
+        )
     return dev
 
 

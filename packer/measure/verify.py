@@ -65,24 +65,32 @@ class VerifyConfig:
     throughput: bool = True
 
     def validate(self) -> None:
+        f = "VerifyConfig."  # how messages name a field (the CLI: its flag, packer.cli.flags)
         if self.batch_size < 1:
-            raise UsageError("--batch-size must be at least 1")
+            raise UsageError(f"{f}batch_size must be at least 1", field=f"{f}batch_size")
         if self.batch_size > MAX_BATCH:  # the timed batches are allocated whole
-            raise UsageError(f"--batch-size must be at most {MAX_BATCH:,}, not {self.batch_size:,}")
+            raise UsageError(
+                f"{f}batch_size must be at most {MAX_BATCH:,}, not {self.batch_size:,}",
+                field=f"{f}batch_size",
+            )
         if self.sample is not None and self.sample < 0:
-            raise UsageError("--sample must be a positive number or 'all'")
+            raise UsageError(
+                f"{f}sample must be a positive number, or all the images, not {self.sample}",
+                field=f"{f}sample",
+            )
         if isinstance(self.device, str):
-            check_device_name(self.device)
+            check_device_name(self.device, f"{f}device")
         if self.throughput:
             # before any work: a device this process cannot use is bad usage (exit 2) at
             # once, not after the whole integrity pass (issue 43)
-            resolve_device(self.device)
+            resolve_device(self.device, f"{f}device")
         # a folder the user names that is not there is bad usage (exit 2), as bench
         # --source; only the folder recorded at build time may have moved (a FAIL)
         if self.source is not None and not Path(self.source).is_dir():
             what = "this is a file" if Path(self.source).exists() else "no such folder"
             raise UsageError(
-                f"{self.source}: --source must be a folder of the pack's images ({what})"
+                f"{self.source}: {f}source must be a folder of the pack's images ({what})",
+                field=f"{f}source",
             )
 
 
@@ -130,12 +138,12 @@ class VerifyReport:
 
 def images_phrase(count: int, image_shape: Any, storage: str, max_side: int | None = None) -> str:
     """What a pack's images are, for a report's first line: ``36 images of [3, 224, 224]``
-    (raw rows), or ``36 stored JPEGs (up to 512 wide x 384 high, --max-side 512), decoded
+    (raw rows), or ``36 stored JPEGs (up to 512 wide x 384 high, max side 512), decoded
     when read`` (a JPEG pack has no one shape: each image keeps its own size)."""
     if storage == "raw":
         return f"{count} images of {list(image_shape)}"
     _, h, w = image_shape
-    bound = f", --max-side {max_side}" if max_side else ""
+    bound = f", max side {max_side}" if max_side else ""
     return (
         f"{count} stored {storage.upper()}s (each its own size, up to {w} wide x {h} high"
         f"{bound}), decoded when read"
@@ -300,7 +308,7 @@ def _export_trace(prof: Any, trace: Path) -> None:
     tmp = trace.with_name(f".imgpack-tmp-{os.getpid()}-{trace.name}")
     try:
         prof.export_chrome_trace(str(tmp))
-        check_output_file(trace, "--trace")
+        check_output_file(trace, "the trace")
         os.replace(tmp, trace)
     finally:
         tmp.unlink(missing_ok=True)
@@ -464,7 +472,9 @@ def verify(
     elif source is not None and m.count:
         check_sources(pack, m, source, idx, report, progress)
     if config.throughput and m.count and report.ok:
-        device = resolve_device(config.device)  # once; everything below takes this torch.device
+        device = resolve_device(
+            config.device, "VerifyConfig.device"
+        )  # once; everything below takes this torch.device
         report.device = str(device)
         measure(pack, m, source, config, report, device, trace)
     return report

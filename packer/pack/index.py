@@ -373,7 +373,7 @@ def read_shard_manifest(root: Path, entry: ShardEntry, index: SetIndex) -> Manif
     )
     _want_shard(m.classes == index.classes, where, "has another class map than the set")
     _want_shard(m.targets == index.targets, where, "has other target columns than the set")
-    _want_shard(m.resize == index.options["resize"], where, "was built with another --resize")
+    _want_shard(m.resize == index.options["resize"], where, "was built with another resize")
     if index.storage == "raw":
         ok = m.image_shape == index.image_shape
     else:

@@ -255,7 +255,7 @@ def check_label_arrays(
     if _dtype_name(labels) != LABEL_DTYPE:
         raise error(
             f"{where}: labels are {_dtype_name(labels)}, expected {LABEL_DTYPE}; "
-            "imgpack does not cast labels (float labels belong in --targets)"
+            "imgpack does not cast labels (float values belong in targets)"
         )
     shape = tuple(getattr(labels, "shape", ()))
     if len(shape) != 1:

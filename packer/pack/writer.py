@@ -126,7 +126,7 @@ def write_pack_metadata(root: Path, manifest: Manifest) -> None:
         raise UsageError(
             f"{root}: the manifest of {manifest.count:,} images would be {size:,} bytes, "
             f"more than a reader takes ({MAX_MANIFEST_BYTES:,}); build a pack set instead "
-            "(--shard-size)"
+            "(BuildConfig.shard_size)"
         )
 
 

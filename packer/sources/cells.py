@@ -167,7 +167,7 @@ def labels_from_text(
             # indices nor plausible class names, so say where they belong.
             raise InputError(
                 f"{where(i)}: label {t!r} is a number but not an integer; labels are class "
-                "names or class indices, numeric values go in a --targets column"
+                "names or class indices, numeric values go in a BuildConfig.targets column"
             )
     is_int = [bool(_INT_RE.fullmatch(t)) for t in texts]
     if all(is_int):
@@ -215,7 +215,9 @@ def labels_from_text(
             raise InputError(
                 f"{where(i)}: label {texts[i]!r} is not a class of the class map"
                 + (f" (nor are {more} other name(s))" if more else "")
-                + "; pass --allow-new-classes to append it, or fix the map or the table"
+                + "; pass BuildConfig.allow_new_classes to append it, or fix the map or the "
+                "table",
+                field="BuildConfig.allow_new_classes",
             )
     final, new = resolve_classes(names, classes, allow_new)
     index = {c: i for i, c in enumerate(final)}

@@ -122,7 +122,8 @@ def resolve_classes(
         where = f" {map_source}" if map_source is not None else ""
         raise InputError(
             f"class{'es' if len(new) > 1 else ''} {names} not in the class map{where}; "
-            "pass --allow-new-classes to append them at the end, or fix the map"
+            "pass BuildConfig.allow_new_classes to append them at the end, or fix the map",
+            field="BuildConfig.allow_new_classes",
         )
     return [*fixed, *new], new
 

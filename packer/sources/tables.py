@@ -75,7 +75,7 @@ class LabelTable:
             if a is not None and a.dtype != want:
                 raise InputError(
                     f"{self.source}: {what} are {a.dtype}, expected {np.dtype(want)}; "
-                    "imgpack does not cast labels (float labels belong in --targets)"
+                    "imgpack does not cast labels (float labels belong in BuildConfig.targets)"
                 )
         if self.labels.ndim != 1 or (self.targets is not None and self.targets.ndim != 2):
             raise ValueError("LabelTable: labels must be [N] and targets [N, K]")
@@ -294,11 +294,14 @@ def _row_paths(cells: list[Any], numbers: list[int], path: Path, note: str) -> l
 
 
 def check_target_names(names: list[str]) -> None:
+    """UsageError naming ``BuildConfig.targets`` for an empty, padded, reserved or
+    repeated column name."""
+    f = "BuildConfig.targets"
     for c in names:
         if not c or c != c.strip():
-            raise UsageError(f"--targets: empty or padded column name {c!r}")
+            raise UsageError(f"{f}: empty or padded column name {c!r}", field=f)
         if c in (PATH_COLUMN, LABEL_COLUMN):
-            raise UsageError(f"--targets: {c!r} is not a target column; name numeric columns")
+            raise UsageError(f"{f}: {c!r} is not a target column; name numeric columns", field=f)
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
-        raise UsageError(f"--targets: column(s) {', '.join(map(repr, dup))} named twice")
+        raise UsageError(f"{f}: column(s) {', '.join(map(repr, dup))} named twice", field=f)

@@ -240,6 +240,7 @@ class ObjectStore:
         obs = _need_obstore()
         self.url = url
         self.retry = retry or RETRY
+        self.chunk = _CHUNK  # streamed bodies' pieces (tests set a small one on the store)
         self.endpoint: str | None = None
         self._secrets: list[str] = []
         self._cancel = threading.Event()
@@ -452,12 +453,12 @@ class ObjectStore:
 
     def _body(self, key: str, options: dict[str, Any] | None = None) -> Iterator[Any]:
         """The object's metadata (a dict, once the answer's headers are in), then its
-        body in pieces of about :data:`_CHUNK` bytes."""
+        body in pieces of about ``self.chunk`` bytes (:data:`_CHUNK`)."""
 
         def items() -> Iterator[Any]:
             result = self._obs.get(self._store, key, options=options)
             yield dict(result.meta)
-            yield from result.stream(min_chunk_size=_CHUNK)
+            yield from result.stream(min_chunk_size=self.chunk)
 
         return self._pipe(items, self.retry.first_byte_timeout, self.retry.idle_timeout)
 

@@ -55,7 +55,7 @@ def test_broken_images_are_skipped_and_recorded(image_tree: Path, tmp_path: Path
 
 
 def test_refuses_existing_pack_without_overwrite(packed: Path, image_tree: Path) -> None:
-    with pytest.raises(InputError, match="a pack already exists; pass --overwrite"):
+    with pytest.raises(InputError, match=r"a pack already exists; pass BuildConfig\.overwrite"):
         build(image_tree, packed, BuildConfig(size=(8, 8), workers=1))
     build(image_tree, packed, BuildConfig(size=(8, 8), workers=1, overwrite=True))
     assert packer.load(packed).images.shape[1:] == (3, 8, 8)
@@ -78,8 +78,8 @@ def test_refuses_destination_inside_source(image_tree: Path) -> None:
     "config, message",
     [
         (BuildConfig(size=(0, 5)), "out of range"),
-        (BuildConfig(resize="zoom"), "--resize must be"),
-        (BuildConfig(workers=0), "--workers must be"),
+        (BuildConfig(resize="zoom"), "BuildConfig.resize must be"),
+        (BuildConfig(workers=0), "BuildConfig.workers must be"),
     ],
 )
 def test_bad_options(image_tree: Path, tmp_path: Path, config: BuildConfig, message: str) -> None:

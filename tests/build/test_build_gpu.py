@@ -6,6 +6,7 @@ import io
 import json
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import packer.build.workers
 import packer.imaging.jpeg
 from conftest import write_image
 from packer.build.api import BuildConfig, build
+from packer.build.config import GpuTuning
 from packer.build.run import GPU_TOLERANCE
 from packer.build.workdir import work_dir_for
 from packer.cli import cli
@@ -129,8 +131,12 @@ def test_device_cuda_without_cuda_exits_2(image_tree: Path, tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("device", "gpus", "says"),
     [
-        ("cuda", 0, "--device cuda: no CUDA device is available to this process"),
-        ("cuda:2", 1, r"--device cuda:2: this process sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+        ("cuda", 0, "BuildConfig.device cuda: no CUDA device is available to this process"),
+        (
+            "cuda:2",
+            1,
+            r"BuildConfig.device cuda:2: this process sees 1 CUDA device \(cuda:0 to cuda:0\)",
+        ),
     ],
 )
 def test_a_device_this_process_lacks_is_refused_before_a_bucket_is_touched(
@@ -216,7 +222,7 @@ def test_a_failed_group_write_stops_the_build_and_a_rerun_resumes(
 
     cfg = BuildConfig(size=(16, 16), workers=2, device="cuda")
     build(photos, tmp_path / "ref", cfg)
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
+    cfg = replace(cfg, _gpu=GpuTuning(group_images=4))
     real = packer.build.gpu.write_group
     calls: list[int] = []
 
@@ -357,12 +363,12 @@ def test_an_error_in_any_stage_ends_the_build_and_the_rerun_is_identical(
 
     def setting() -> None:  # the same for the clean build, the faulty one and the rerun
         monkeypatch.setattr(packer.build.run, "_build_device", lambda c: torch.device("cpu"))
-        monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)  # 9 groups
         if stage == "retry":  # no JPEG decodes: the writers run the CPU decode (pool None)
             monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
 
     setting()
-    cfg = BuildConfig(size=(16, 12), workers=workers, device="cuda")
+    four = GpuTuning(group_images=4)  # 9 groups
+    cfg = BuildConfig(size=(16, 12), workers=workers, device="cuda", _gpu=four)
     build(photos, tmp_path / "ref", cfg)
     progress = None
     if stage == "journal":  # record() runs progress() on the journal thread
@@ -385,7 +391,6 @@ def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
     """Every chunk is recorded once, in chunk order, from one thread; ``sync`` only on a
     group's last chunk; and when a chunk is recorded its rows are already in the rows
     file (its SHA-256 matches). Groups mix GPU rows, workers' rows, skips and retries."""
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 3)
     real_decode = packer.imaging.jpeg.decode_batch
 
     def some_fail(datas, device="cpu", **kw):  # every image of an odd length: retried
@@ -398,7 +403,7 @@ def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
     seen: list[tuple[int, bool, str]] = []
     given: list[int] = []
 
-    def wrapped(chunks, spec, rows_path, device, pool, record, after_submit=lambda: None):
+    def wrapped(chunks, spec, rows_path, device, pool, record, after_submit, tuning):
         given.extend(c for c, _, _ in chunks)
         row = image_bytes(spec.shape)
         where = {c: (start, len(ps)) for c, start, ps in chunks}
@@ -411,12 +416,14 @@ def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
             seen.append((res[0], sync, threading.current_thread().name))
             record(res, sync=sync)
 
-        return real(chunks, spec, rows_path, device, pool, rec, after_submit)
+        return real(chunks, spec, rows_path, device, pool, rec, after_submit, tuning)
 
     monkeypatch.setattr(packer.build.gpu, "decode_chunks_batched", wrapped)
     cfg = dict(size=(16, 12), workers=2)
     build(photos, tmp_path / "cpu", BuildConfig(**cfg))
-    build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    build(
+        photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda", _gpu=GpuTuning(group_images=3))
+    )
     n = len(seen)
     assert [c for c, _, _ in seen] == given == list(range(n)) and n > 30  # a chunk per image
     assert [s for _, s, _ in seen] == [(c % 3 == 2) or c == n - 1 for c in range(n)]
@@ -432,8 +439,8 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
     far ahead as the main thread goes) has started, the buffers going round meanwhile:
     no buffer is handed to two writers at once, a held buffer's rows do not change
     under its writer, buffers are reused, and the pack is the unheld build's."""
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 1)  # a group per image
-    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    one = GpuTuning(group_images=1)  # a group per image
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", _gpu=one)
     build(photos, tmp_path / "ref", cfg)
     real = packer.build.gpu.write_group
     lock, go = threading.Lock(), threading.Event()
@@ -444,7 +451,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
     def held(fd, row, group, at, sizes, host, copied, cpu, writeback, release):
         with lock:  # 8 groups past the held one: as far as the main thread goes
-            if first and group[0][0] >= first[0] + 2 * packer.build.gpu._WRITERS:
+            if first and group[0][0] >= first[0] + 2 * one.writers:
                 go.set()
         if host is None:
             return real(fd, row, group, at, sizes, host, copied, cpu, writeback, release)
@@ -470,7 +477,7 @@ def test_a_pinned_buffer_is_never_reused_while_a_writer_holds_it(
 
     monkeypatch.setattr(packer.build.gpu, "write_group", held)
     build(photos, tmp_path / "out", cfg)
-    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * packer.build.gpu._WRITERS + 2
+    assert go.is_set() and len(ptrs) < groups[0] and len(ptrs) <= 2 * one.writers + 2
     assert _same(tmp_path / "out", tmp_path / "ref")
 
 
@@ -479,8 +486,7 @@ def test_a_write_failing_mid_group_journals_no_chunk_of_that_group(
 ) -> None:
     """pwrite fails on the 2nd chunk of a group: its 1st chunk (written) is not
     journaled either, the error ends the build, and the rerun is a clean build."""
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
-    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", _gpu=GpuTuning(group_images=4))
     build(photos, tmp_path / "ref", cfg)
     row = image_bytes(cfg.spec.shape)
     real_pwrite = os.pwrite
@@ -598,7 +604,6 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
     """No image decodes on the "GPU" (the batch and every image alone fail, or the
     reader passes none): every group is written from the CPU workers' rows alone (no pinned
     buffer), and the pack is the CPU build's, byte for byte."""
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", group)
     cfg = dict(size=(16, 12), workers=workers)
     cpu = build(photos, tmp_path / "cpu", BuildConfig(**cfg))
     if where == "decode":
@@ -609,7 +614,8 @@ def test_every_gpu_image_falling_back_gives_the_cpu_build_byte_for_byte(
         monkeypatch.setattr(packer.imaging.jpeg, "decode_batch", refuse)
     else:
         monkeypatch.setattr(packer.build.gpu_read, "plain_jpeg_size", lambda data, max_pixels: None)
-    gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda"))
+    tuned = GpuTuning(group_images=group)
+    gpu = build(photos, tmp_path / "gpu", BuildConfig(**cfg, device="cuda", _gpu=tuned))
     assert gpu.count == cpu.count and gpu.skipped == cpu.skipped
     assert _same(tmp_path / "cpu", tmp_path / "gpu")
     a, b = packer.load(tmp_path / "cpu"), packer.load(tmp_path / "gpu")
@@ -647,8 +653,7 @@ def test_interrupted_anywhere_then_rerun_is_byte_identical(
     """KeyboardInterrupt at the n-th journaled chunk (groups of 4, 2 workers), then a
     rerun: the clean build's bytes. (How far the first run's journal got varies: the
     journal thread goes on with groups already written until the main thread stops it.)"""
-    monkeypatch.setattr(packer.build.gpu, "GROUP_IMAGES", 4)
-    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda")
+    cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", _gpu=GpuTuning(group_images=4))
     build(photos, tmp_path / "ref", cfg)
     stop = _nth(stop_at, lambda n: None, KeyboardInterrupt)
     with pytest.raises(KeyboardInterrupt):

@@ -124,11 +124,18 @@ def test_ray_build_runs_on_both_nodes_and_a_rerun_skips_it_all(
 def test_tasks_no_node_can_run_are_refused_not_left_pending(
     ray_cluster: Any, src: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(UsageError, match=r"--workers: each shard's task needs 2 CPU, and no node"):
+    with pytest.raises(
+        UsageError, match=r"BuildConfig.workers: each shard's task needs 2 CPU, and no node"
+    ):
         build(src, tmp_path / "a", replace(RAW, engine="ray", workers=2))
-    with pytest.raises(UsageError, match=r"--device cuda: each shard's task needs 1 CPU and 1 GPU"):
+    with pytest.raises(
+        UsageError, match=r"BuildConfig.device cuda: each shard's task needs 1 CPU and 1 GPU"
+    ):
         build(src, tmp_path / "b", replace(RAW, engine="ray", device="cuda"))
-    with pytest.raises(UsageError, match=r"--device auto with --engine ray: give --device cpu"):
+    with pytest.raises(
+        UsageError,
+        match=r"BuildConfig.device auto with BuildConfig.engine ray: give BuildConfig.device cpu",
+    ):
         build(src, tmp_path / "c", replace(RAW, engine="ray", device="auto"))
     assert not any((tmp_path / d / INDEX).exists() for d in "abc")
 

@@ -52,9 +52,11 @@ def test_parse_bytes() -> None:
     assert parse_bytes("256MB") == 256_000_000 == DEFAULT_SHARD_SIZE
     assert parse_bytes("1gb") == 10**9 and parse_bytes("2 KiB") == 2048
     assert parse_bytes("1.5MiB") == 1572864 and parse_bytes("300") == 300
-    with pytest.raises(UsageError, match=r"--shard-size '12XB': give a size such as 256MB"):
+    with pytest.raises(
+        UsageError, match=r"BuildConfig.shard_size '12XB': give a size such as 256MB"
+    ):
         parse_bytes("12XB")
-    with pytest.raises(UsageError, match=r"--shard-size '-1'"):
+    with pytest.raises(UsageError, match=r"BuildConfig.shard_size '-1'"):
         parse_bytes("-1")
     with pytest.raises(UsageError, match="must be at least one byte"):
         parse_bytes("0.1B")
@@ -65,9 +67,11 @@ def test_cut_is_a_fixed_count_for_raw_and_by_source_bytes_for_jpeg() -> None:
     assert cut([1] * 3, "raw", 144, 10) == [(0, 1), (1, 2), (2, 3)]  # at least one
     assert cut([], "raw", 144, 300) == []
     assert cut([100, 100, 100, 500, 10], "jpeg", 0, 250) == [(0, 2), (2, 3), (3, 4), (4, 5)]
-    with pytest.raises(UsageError, match="--shard-size must be 1 byte to 1 PB, not 0"):
+    with pytest.raises(UsageError, match=r"BuildConfig\.shard_size must be 1 byte to 1 PB, not 0"):
         replace(RAW, shard_size=0).validate()
-    with pytest.raises(UsageError, match="--append adds to the set at DST and --overwrite"):
+    with pytest.raises(
+        UsageError, match=r"BuildConfig\.append adds to the set at DST and BuildConfig\.overwrite"
+    ):
         replace(RAW, append=True, overwrite=True).validate()
 
 
@@ -151,10 +155,22 @@ def test_append_keeps_old_shards_and_adds_the_new_images(set_src: Path, tmp_path
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        ({"size": (8, 8)}, UsageError, r"--append: --size 8x8 differs from the set's 8x6"),
-        ({"store": "jpeg"}, UsageError, r"--append: --store jpeg differs from the set's raw"),
-        ({"resize": "pad"}, UsageError, r"--append: --resize pad differs from the set's crop"),
-        ({"max_pixels": 10**6}, UsageError, r"--max-pixels 1000000 differs"),
+        (
+            {"size": (8, 8)},
+            UsageError,
+            r"BuildConfig.append: BuildConfig.size 8x8 differs from the set's 8x6",
+        ),
+        (
+            {"store": "jpeg"},
+            UsageError,
+            r"BuildConfig.append: BuildConfig.store jpeg differs from the set's raw",
+        ),
+        (
+            {"resize": "pad"},
+            UsageError,
+            r"BuildConfig.append: BuildConfig.resize pad differs from the set's crop",
+        ),
+        ({"max_pixels": 10**6}, UsageError, r"BuildConfig.max_pixels 1000000 differs"),
     ],
 )
 def test_append_with_other_options_is_refused(
@@ -195,7 +211,7 @@ def test_append_of_a_folder_lacking_a_class_says_to_give_the_sets_classes(
     (new / "dog" / "0.png").rename(new / "dog" / "n0.png")
     (new / "dog" / "1.png").rename(new / "dog" / "n1.png")
     with pytest.raises(
-        InputError, match=rf"SRC lacks the set's classes \['cat'\].*--classes {dst}"
+        InputError, match=rf"SRC lacks the set's classes \['cat'\].*BuildConfig.classes {dst}"
     ):
         build(new, dst, replace(RAW, append=True))
     assert tree(dst) == before
@@ -209,13 +225,17 @@ def test_append_of_a_folder_lacking_a_class_says_to_give_the_sets_classes(
 
 
 def test_destinations_a_set_build_refuses(set_src: Path, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"--append: .* holds no pack set; build one first"):
+    with pytest.raises(
+        UsageError, match=r"BuildConfig.append: .* holds no pack set; build one first"
+    ):
         build(set_src, tmp_path / "none", replace(RAW, append=True))
     build(set_src, tmp_path / "set", RAW)
-    with pytest.raises(InputError, match="a pack set already exists; pass --append"):
+    with pytest.raises(InputError, match=r"a pack set already exists; pass BuildConfig\.append"):
         build(set_src, tmp_path / "set", RAW)
     build(set_src, tmp_path / "one", BuildConfig(size=(8, 6), workers=1))
-    with pytest.raises(InputError, match="holds a single pack; --shard-size writes a pack set"):
+    with pytest.raises(
+        InputError, match=r"holds a single pack; BuildConfig\.shard_size writes a pack set"
+    ):
         build(set_src, tmp_path / "one", RAW)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

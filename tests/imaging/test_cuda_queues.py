@@ -1,5 +1,6 @@
-"""packer.imaging.cuda_queues: ``import packer`` asks CUDA for 32 hardware queues unless
-the user chose or CUDA had started, and a JPEG loader on CUDA says where it has fewer."""
+"""packer.imaging.cuda_queues: ``import packer`` leaves the process environment alone;
+``packer.configure_cuda_queues()`` asks CUDA for 32 hardware queues unless the user chose
+or CUDA had started, and a JPEG loader on CUDA says where it has fewer."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from packer.imaging import cuda_queues as cq
 
 SHOW = (
     "import os, packer; from packer.imaging import cuda_queues as q; "
-    "print(os.environ.get(q.VAR), q.queues(), q.advice() is None)"
+    "n = packer.configure_cuda_queues(); "
+    "print(os.environ.get(q.VAR), q.queues(), q.advice() is None, n)"
 )
 
 
@@ -28,18 +30,33 @@ def _child(code: str, **env: str) -> list[str]:
     return r.stdout.split()
 
 
-def test_import_sets_32_where_unset():
-    assert _child(SHOW) == ["32", "32", "True"]
+def test_import_packer_leaves_the_environment_alone():
+    """Issue 45.8: ``import packer`` sets nothing in os.environ (it used to set the
+    variable as a side effect); the public names resolve without setting it either."""
+    code = (
+        "import os, packer; from packer.imaging import cuda_queues as q; "
+        "before = q.VAR in os.environ; [getattr(packer, n) for n in packer.__all__]; "
+        "print(before, q.VAR in os.environ, q.queues())"
+    )
+    assert _child(code) == ["False", "False", "None"]
+
+
+def test_configure_sets_32_where_unset():
+    assert _child(SHOW) == ["32", "32", "True", "32"]
 
 
 def test_the_users_value_stands_and_a_low_one_is_named():
-    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="4") == ["4", "4", "False"]
-    code = "import packer; from packer.imaging import cuda_queues as q; print(q.advice())"
+    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="4") == ["4", "4", "False", "4"]
+    code = (
+        "import packer; from packer.imaging import cuda_queues as q; "
+        "packer.configure_cuda_queues(); print(q.advice())"
+    )
     line = " ".join(_child(code, CUDA_DEVICE_MAX_CONNECTIONS="4"))
     assert (
         "CUDA_DEVICE_MAX_CONNECTIONS=4" in line and "export CUDA_DEVICE_MAX_CONNECTIONS=32" in line
     )
-    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="24") == ["24", "24", "True"]
+    assert "packer.configure_cuda_queues() before the first CUDA call" in line
+    assert _child(SHOW, CUDA_DEVICE_MAX_CONNECTIONS="24") == ["24", "24", "True", "24"]
 
 
 @pytest.fixture
@@ -54,7 +71,7 @@ def test_cuda_started_before_import_means_the_default_8(seen, monkeypatch, caplo
     cq.claim()
     assert cq.VAR not in __import__("os").environ  # too late to matter: not set
     assert cq.queues() == 8
-    assert "CUDA started before `import packer`" in (cq.advice() or "")
+    assert "CUDA started before packer.configure_cuda_queues()" in (cq.advice() or "")
     with caplog.at_level(logging.WARNING, logger="packer"):
         cq.warn_once()
         cq.warn_once()
@@ -67,3 +84,34 @@ def test_unknown_before_claim_and_unparsable_values_say_nothing(seen, monkeypatc
     monkeypatch.setenv(cq.VAR, "many")
     cq.claim()
     assert cq.queues() is None and cq.advice() is None
+
+
+@pytest.mark.cuda
+def test_a_jpeg_loader_on_cuda_asks_for_the_queues_or_says_it_is_too_late(tmp_path):
+    """The loader makes packer.configure_cuda_queues()'s call itself: in time when it is
+    created before any CUDA call (32 queues), too late after one (nothing set, one
+    warning naming the call to make)."""
+    from PIL import Image
+
+    from packer.build.run import BuildConfig, build
+
+    for i in range(4):
+        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (24, 20), (9 * i,) * 3).save(tmp_path / "src" / "a" / f"{i}.jpg")
+    build(tmp_path / "src", tmp_path / "pack", BuildConfig(store="jpeg", workers=1))
+    make = f"packer.PackLoader({str(tmp_path / 'pack')!r}, 4, device='cuda', image_size=16)"
+    first = f"import os, packer; ld = {make}; print(os.environ.get('{cq.VAR}'))"
+    assert _child(first) == ["32"]
+    late = (
+        "import logging, os, torch, packer; logging.basicConfig(level=logging.WARNING); "
+        f"torch.zeros(1, device='cuda'); ld = {make}; print(os.environ.get('{cq.VAR}'), "
+        "str(ld.decode_path).startswith('cpu'))"
+    )
+    e = subprocess_env()
+    e.pop(cq.VAR, None)
+    r = subprocess.run([sys.executable, "-c", late], env=e, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.split()[0] == "None", r.stderr[-2000:]
+    on_threads = r.stdout.split()[1] == "True"  # no GPU decoder here: no queues to share
+    warned = "packer.configure_cuda_queues() before the first CUDA call" in r.stderr
+    assert warned != on_threads, r.stderr[-2000:]

@@ -135,7 +135,7 @@ def test_transfer_tables_from_a_cuda_result(tmp_path: Path) -> None:
     [
         (
             ["--only", "transfer,gpu"],
-            "Error: sections must be some of transfer, loading, training; got gpu",
+            "Error: --only must be some of transfer, loading, training; got gpu",
         ),
         (["--device", "tpu"], "Error: --device must be auto, cpu, cuda or cuda:N, not 'tpu'"),
         (["--source", "/no/such/dir"], "Error: /no/such/dir: --source must be a folder of images"),

@@ -84,7 +84,7 @@ def test_label_out_of_range(packed: Path) -> None:
 def test_missing_source_folder(packed: Path, image_tree: Path) -> None:
     shutil.rmtree(image_tree)
     # a folder the caller names that is not there is bad usage, before any work
-    with pytest.raises(UsageError, match="--source must be a folder"):
+    with pytest.raises(UsageError, match=r"VerifyConfig\.source must be a folder"):
         verify(packed, VerifyConfig(throughput=False, source=image_tree))
 
 
@@ -370,9 +370,13 @@ def _flip_last_byte(pack: Path) -> None:
 @pytest.mark.parametrize(
     ("device", "gpus", "says"),
     [
-        ("cuda", 0, "--device cuda, but torch sees no CUDA device"),
-        ("cuda:0", 0, "--device cuda:0, but torch sees no CUDA device"),
-        ("cuda:3", 1, r"--device cuda:3, but torch sees 1 CUDA device \(cuda:0 to cuda:0\)"),
+        ("cuda", 0, "VerifyConfig.device cuda, but torch sees no CUDA device"),
+        ("cuda:0", 0, "VerifyConfig.device cuda:0, but torch sees no CUDA device"),
+        (
+            "cuda:3",
+            1,
+            r"VerifyConfig.device cuda:3, but torch sees 1 CUDA device \(cuda:0 to cuda:0\)",
+        ),
     ],
 )
 def test_a_device_this_process_lacks_is_refused_before_the_integrity_pass(
@@ -415,7 +419,7 @@ def test_a_jpeg_pack_is_described_as_stored_jpegs(image_tree: Path, tmp_path: Pa
     assert "images of [" not in first["detail"]
     assert first["detail"] == (
         "format 1, 13 stored JPEGs (each its own size, up to 64 wide x 64 high, "
-        "--max-side 64), decoded when read"
+        "max side 64), decoded when read"
     )
     code, out, _ = _cli("verify", pack, "--no-speed", "-q")
     assert code == 0 and out.splitlines()[0].endswith("decoded when read")

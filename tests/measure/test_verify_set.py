@@ -67,7 +67,9 @@ def test_a_set_refuses_a_device_this_process_lacks_before_any_shard(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     checked: list[int] = []
     monkeypatch.setattr(vs, "_check_shard", lambda *a: checked.append(1))
-    with pytest.raises(UsageError, match="--device cuda, but torch sees no CUDA device"):
+    with pytest.raises(
+        UsageError, match=r"VerifyConfig\.device cuda, but torch sees no CUDA device"
+    ):
         verify_set(pack_set, VerifyConfig(device="cuda"))
     assert checked == []
 
@@ -80,6 +82,6 @@ def test_a_jpeg_set_is_described_as_stored_jpegs(tmp_path: Path) -> None:
     first = verify_set(tmp_path / "set", VerifyConfig(sample=0)).checks[0]
     assert "images of [" not in first["detail"]
     assert (
-        "4 stored JPEGs (each its own size, up to 32 wide x 24 high, --max-side 32)"
+        "4 stored JPEGs (each its own size, up to 32 wide x 24 high, max side 32)"
         in (first["detail"])
     )

@@ -140,11 +140,11 @@ def test_reencodes_cmyk_16bit_exif_and_oversize(tmp_path: Path) -> None:
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(UsageError, match="--max-side bounds stored JPEGs"):
+    with pytest.raises(UsageError, match=r"BuildConfig\.max_side bounds stored JPEGs"):
         BuildConfig(max_side=64).validate()
-    with pytest.raises(UsageError, match="--quality must be 2"):
+    with pytest.raises(UsageError, match=r"BuildConfig\.quality must be 2"):
         BuildConfig(store="jpeg", quality=1).validate()
-    with pytest.raises(UsageError, match="--store must be one of raw, jpeg"):
+    with pytest.raises(UsageError, match=r"BuildConfig\.store must be one of raw, jpeg"):
         BuildConfig(store="png").validate()
 
 

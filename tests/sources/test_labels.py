@@ -151,7 +151,7 @@ def test_resolve_keeps_map_order_and_empty_classes() -> None:
 def test_resolve_new_class_is_an_error_naming_it() -> None:
     with pytest.raises(
         InputError,
-        match=r"classes 'emu', 'yak' not in the class map train_pack; pass --allow-new-classes",
+        match=r"classes 'emu', 'yak' not in the class map train_pack; pass BuildConfig.allow_new_classes",
     ):
         resolve_classes(["yak", "cat", "emu"], ["cat", "dog"], map_source="train_pack")
 
@@ -221,7 +221,7 @@ def test_csv_label_not_in_map_then_allow_new(tmp_path: Path) -> None:
     with pytest.raises(
         InputError,
         match=r"l.csv row 3 \(header = row 1\): label 'emu' is not a class of the class map "
-        r"\(nor are 1 other name\(s\)\); pass --allow-new-classes",
+        r"\(nor are 1 other name\(s\)\); pass BuildConfig.allow_new_classes",
     ):
         read_table(f, classes=["dog", "cat"])
     t = read_table(f, classes=["dog", "cat"], allow_new_classes=True)
@@ -564,7 +564,11 @@ def test_check_label_arrays_accepts_numpy_and_torch() -> None:
     ("labels", "targets", "match"),
     [
         (np.zeros(4, np.int32), None, r"labels are int32, expected int64"),
-        (np.zeros(4, np.float64), None, r"labels are float64, expected int64.*--targets"),
+        (
+            np.zeros(4, np.float64),
+            None,
+            r"labels are float64, expected int64.*float values belong in targets",
+        ),
         (torch.zeros(4, dtype=torch.int32), None, r"labels are int32, expected int64"),
         (np.zeros((4, 1), np.int64), None, r"labels have shape \[4, 1\], expected \[N\]"),
         (np.zeros(4, np.int64), np.zeros((4, 2), np.float64), r"targets are float64"),

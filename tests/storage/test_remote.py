@@ -106,7 +106,7 @@ def test_killed_upload_resumes_and_skips_uploaded_shards(s3: S3Server, tmp_path:
     ref = tmp_path / "ref"
     build(src, ref, RAW)
     assert local_tree(bucket) == local_tree(ref)
-    with pytest.raises(InputError, match="a pack set already exists; pass --append"):
+    with pytest.raises(InputError, match=r"a pack set already exists; pass BuildConfig\.append"):
         build(src, url, RAW)
 
 
@@ -492,12 +492,12 @@ def test_credentials_and_endpoint_from_the_aws_files(
 
 
 def test_server_killed_mid_download_is_retried_after_its_restart(
-    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3: S3Server, tmp_path: Path
 ) -> None:
     big = replace(RAW, size=(512, 512), shard_size=40 * 3 * 512 * 512)  # one shard, 25 MB
     url, _ = built(tmp_path, big, n=16)
-    monkeypatch.setattr(client, "_CHUNK", 256 << 10)
     s = packer.load(url)
+    s.store.client.chunk = 256 << 10  # pieces of 256 KiB: the kill lands mid-download
     killed: list[int] = []
     restarted: list[str] = []
 

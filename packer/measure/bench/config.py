@@ -88,18 +88,22 @@ class BenchConfig:
         return self.workers or (min(2, cores) if self.quick else min(16, cores))
 
     def validate(self) -> None:
+        f = "BenchConfig."  # how messages name a field (the CLI: its flag, packer.cli.flags)
         if isinstance(self.device, str):
-            check_device_name(self.device)
+            check_device_name(self.device, f"{f}device")
         unknown = set(self.sections) - set(SECTIONS)
         if unknown or not self.sections:
             raise UsageError(
-                f"sections must be some of {', '.join(SECTIONS)}; "
-                f"got {', '.join(sorted(unknown)) or 'none'}"
+                f"{f}sections must be some of {', '.join(SECTIONS)}; "
+                f"got {', '.join(sorted(unknown)) or 'none'}",
+                field=f"{f}sections",
             )
         if self.workers is not None and self.workers < 1:
-            raise UsageError("--workers must be at least 1")
+            raise UsageError(f"{f}workers must be at least 1", field=f"{f}workers")
         if self.source is not None and not self.source.is_dir():
-            raise UsageError(f"{self.source}: --source must be a folder of images")
+            raise UsageError(
+                f"{self.source}: {f}source must be a folder of images", field=f"{f}source"
+            )
 
 
 @dataclass

@@ -19,9 +19,10 @@ OUTPUTS = frozenset(
 )
 
 
-def check_out_folder(out: Path) -> None:
-    """Refuse, before any work, an ``--out`` folder holding anything but a previous
-    bench's results: those are replaced, a user's own ``results.md`` never is."""
+def check_out_folder(out: Path, option: str = "the results folder") -> None:
+    """Refuse, before any work, an ``out`` folder holding anything but a previous
+    bench's results: those are replaced, a user's own ``results.md`` never is.
+    ``option`` names the folder in a message (the CLI passes its flag)."""
     from ...errors import UsageError
 
     if not out.is_dir():
@@ -29,11 +30,11 @@ def check_out_folder(out: Path) -> None:
     try:
         foreign = sorted(e.name for e in os.scandir(out) if e.name not in OUTPUTS)
     except OSError as e:
-        raise UsageError(f"{out}: --out cannot be read ({e.strerror})") from None
+        raise UsageError(f"{out}: {option} cannot be read ({e.strerror})") from None
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise UsageError(
-            f"{out}: --out holds files that are not a previous bench's results ({shown}); "
+            f"{out}: {option} holds files that are not a previous bench's results ({shown}); "
             "choose a new or empty folder"
         )
 

@@ -56,7 +56,7 @@ def run_bench(
     t0 = time.perf_counter()
     cfg = cfg or BenchConfig()
     cfg.validate()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "BenchConfig.device")
     cuda = device.type == "cuda"
     cores = os.cpu_count() or 1
     workers = cfg.resolved_workers(cores)
