@@ -112,8 +112,8 @@ def build(
     if config.shard_size is not None or config.append or config.engine != "local":
         # which build a job is, is packer.build.api's decision: a set never reaches here
         raise UsageError(
-            "this builds one pack: a pack set (shard size, append, --engine ray) is built "
-            "by packer.build_pack"
+            "this builds one pack: a pack set (BuildConfig.shard_size, append, engine ray) "
+            "is built by packer.build_pack"
         )
     auto = config.device == "auto"
     device = None if auto else _build_device(config)

@@ -341,7 +341,10 @@ class LocalEngine(SetEngine):
 
     def plan(self, src: Path | str, config: BuildConfig) -> _Labels:
         if isinstance(src, str):  # packer.build.api refuses it first, with the way out
-            raise UsageError(f"SRC {src}: a bucket of images is built with --engine ray")
+            raise UsageError(
+                f"SRC {src}: a bucket of images is built with BuildConfig.engine ray",
+                field="BuildConfig.engine",
+            )
         return plan_labels(src, config)
 
     def run(
