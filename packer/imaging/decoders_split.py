@@ -117,19 +117,22 @@ def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) 
     raise UsageError(why or str(Unavailable("nvImageCodec")))
 
 
-def nvimgcodec_batched(device: torch.device | str, lanes: int = 2, backends: str = "hw") -> list:
+def nvimgcodec_batched(
+    device: torch.device | str, lanes: int = 2, backends: str = "hw", roi: bool = False
+) -> list:
     """Batched nvImageCodec decoders (:class:`~packer.imaging.nvbatch.NvBatchDecoder`: one
     C call a batch, no Python per image) for a JPEG-pack loader's ``decode=``: ``lanes``
     of them on CUDA (a batch each at once), one on the CPU. UsageError saying why where
-    they cannot run here (no nvImageCodec, no C compiler)."""
+    they cannot run here (no nvImageCodec, no C compiler). ``roi``: each decodes only the
+    crop boxes the loader draws."""
     from .decoders import Unavailable
     from .nvbatch import NvBatchDecoder
 
     device = torch.device(device)
     try:
         if device.type != "cuda":
-            return [NvBatchDecoder(device)]
-        return [NvBatchDecoder(device, backends=backends) for _ in range(max(1, lanes))]
+            return [NvBatchDecoder(device, roi=roi)]
+        return [NvBatchDecoder(device, backends=backends, roi=roi) for _ in range(max(1, lanes))]
     except Unavailable as e:
         raise UsageError(f"{e}; install imgpack[gpu] and a C compiler (cc)") from None
 

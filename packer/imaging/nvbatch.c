@@ -4,8 +4,10 @@
  * nvb_open   makes an instance and a decoder (the hardware engines, the CUDA decoder,
  *            both, or the CPU), with room for `cap` images.
  * nvb_decode takes n byte spans (pointers + lengths), each image's expected height and
- *            width, and the output layout (a buffer, each image's byte offset into it and
- *            its row pitch: planar RGB, plane k at offset + k * h * pitch). Every header is
+ *            width, optionally a box per image (top, left, height, width: only the box is
+ *            decoded, and the output is the box's size), and the output layout (a buffer,
+ *            each image's byte offset into it and its row pitch: planar RGB, plane k at
+ *            offset + k * out_h * pitch). Every header is
  *            parsed first and checked against the expected size; only when all agree is
  *            anything decoded, so a file cannot make the decoder write past its slot.
  *            status[i]: 1 decoded; 0 not decoded; -1 header unreadable; -2 size differs
@@ -27,6 +29,7 @@ typedef struct {
     nvimgcodecInstance_t instance;
     nvimgcodecDecoder_t decoder;
     nvimgcodecCodeStream_t* streams;
+    nvimgcodecCodeStream_t* subs; /* the boxes' views of streams */
     nvimgcodecImage_t* images;
     int cap;
     int host; /* 1: outputs in host memory (the CPU backend) */
@@ -34,7 +37,8 @@ typedef struct {
 
 void nvb_close(void* handle);
 
-void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int threads, int* err) {
+void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int threads,
+               const char* options, int* err) {
     nvb_t* h = (nvb_t*)calloc(1, sizeof(nvb_t));
     if (!h || cap < 1) {
         free(h);
@@ -81,15 +85,16 @@ void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int thre
     ep.device_id = h->host ? NVIMGCODEC_DEVICE_CPU_ONLY : device_id;
     ep.num_backends = nb;
     ep.backends = backends;
-    s = nvimgcodecDecoderCreate(h->instance, &h->decoder, &ep, NULL);
+    s = nvimgcodecDecoderCreate(h->instance, &h->decoder, &ep, options);
     if (s != NVIMGCODEC_STATUS_SUCCESS || !h->decoder) {
         nvb_close(h);
         *err = -100 - (int)s;
         return NULL;
     }
     h->streams = (nvimgcodecCodeStream_t*)calloc((size_t)cap, sizeof(nvimgcodecCodeStream_t));
+    h->subs = (nvimgcodecCodeStream_t*)calloc((size_t)cap, sizeof(nvimgcodecCodeStream_t));
     h->images = (nvimgcodecImage_t*)calloc((size_t)cap, sizeof(nvimgcodecImage_t));
-    if (!h->streams || !h->images) {
+    if (!h->streams || !h->subs || !h->images) {
         nvb_close(h);
         *err = -1;
         return NULL;
@@ -100,7 +105,8 @@ void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int thre
 }
 
 int nvb_decode(void* handle, int n, const uint64_t* ptrs, const int64_t* lengths,
-               const int64_t* expect_hw, uint64_t buffer, const int64_t* offsets,
+               const int64_t* expect_hw, const int64_t* boxes, uint64_t buffer,
+               const int64_t* offsets,
                const int64_t* pitches, void* cuda_stream, int32_t* status, int64_t* got_hw) {
     nvb_t* h = (nvb_t*)handle;
     if (!h || n < 0 || n > h->cap) return -1;
@@ -135,8 +141,31 @@ int nvb_decode(void* handle, int n, const uint64_t* ptrs, const int64_t* lengths
         }
     }
     if (bad) return 0; /* nothing decoded: the caller names the first bad image */
+    if (boxes) {
+        for (int i = 0; i < n; i++) {
+            const int64_t* b = boxes + 4 * i; /* top, left, height, width */
+            if (b[0] < 0 || b[1] < 0 || b[2] < 1 || b[3] < 1 || b[0] + b[2] > expect_hw[2 * i] ||
+                b[1] + b[3] > expect_hw[2 * i + 1])
+                return -2;
+            nvimgcodecCodeStreamView_t view;
+            memset(&view, 0, sizeof(view));
+            view.struct_type = NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW;
+            view.struct_size = sizeof(view);
+            view.region.struct_type = NVIMGCODEC_STRUCTURE_TYPE_REGION;
+            view.region.struct_size = sizeof(nvimgcodecRegion_t);
+            view.region.ndim = 2;
+            view.region.start[0] = (int)b[0];
+            view.region.start[1] = (int)b[1];
+            view.region.end[0] = (int)(b[0] + b[2]);
+            view.region.end[1] = (int)(b[1] + b[3]);
+            nvimgcodecStatus_t s =
+                nvimgcodecCodeStreamGetSubCodeStream(h->streams[i], &h->subs[i], &view);
+            if (s != NVIMGCODEC_STATUS_SUCCESS) return -100 - (int)s;
+        }
+    }
     for (int i = 0; i < n; i++) {
-        uint32_t hh = (uint32_t)expect_hw[2 * i], ww = (uint32_t)expect_hw[2 * i + 1];
+        uint32_t hh = (uint32_t)(boxes ? boxes[4 * i + 2] : expect_hw[2 * i]);
+        uint32_t ww = (uint32_t)(boxes ? boxes[4 * i + 3] : expect_hw[2 * i + 1]);
         size_t pitch = (size_t)pitches[i];
         nvimgcodecImageInfo_t out;
         memset(&out, 0, sizeof(out));
@@ -171,7 +200,8 @@ int nvb_decode(void* handle, int n, const uint64_t* ptrs, const int64_t* lengths
     dp.struct_size = sizeof(dp);
     dp.apply_exif_orientation = 0;
     nvimgcodecFuture_t future = NULL;
-    nvimgcodecStatus_t s = nvimgcodecDecoderDecode(h->decoder, h->streams, h->images, n, &dp, &future);
+    nvimgcodecStatus_t s = nvimgcodecDecoderDecode(h->decoder, boxes ? h->subs : h->streams,
+                                                   h->images, n, &dp, &future);
     if (s != NVIMGCODEC_STATUS_SUCCESS) {
         if (future) nvimgcodecFutureDestroy(future);
         return -100 - (int)s;
@@ -200,9 +230,11 @@ void nvb_close(void* handle) {
     if (!h) return;
     for (int i = 0; i < h->cap; i++) {
         if (h->images && h->images[i]) nvimgcodecImageDestroy(h->images[i]);
+        if (h->subs && h->subs[i]) nvimgcodecCodeStreamDestroy(h->subs[i]);
         if (h->streams && h->streams[i]) nvimgcodecCodeStreamDestroy(h->streams[i]);
     }
     free(h->images);
+    free(h->subs);
     free(h->streams);
     if (h->decoder) nvimgcodecDecoderDestroy(h->decoder);
     if (h->instance) nvimgcodecInstanceDestroy(h->instance);

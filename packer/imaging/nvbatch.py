@@ -107,12 +107,12 @@ def library() -> ctypes.CDLL:
         i64p = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
         lib.nvb_open.restype = ctypes.c_void_p
         lib.nvb_open.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
-                                 ctypes.c_int, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+                                 ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
         lib.nvb_decode.restype = ctypes.c_int
         lib.nvb_decode.argtypes = [
             ctypes.c_void_p, ctypes.c_int,
             np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS"), i64p, i64p,
-            ctypes.c_uint64, i64p, i64p, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_uint64, i64p, i64p, ctypes.c_void_p,
             np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS"), i64p,
         ]  # fmt: skip
         lib.nvb_close.restype = None
@@ -134,10 +134,13 @@ class NvBatchDecoder(DecoderBase):
     """nvImageCodec's engines through one C call a batch (see the module). ``backends``:
     "hw" (the hardware engines; the default, the way that measured fastest), "hybrid",
     "hw+hybrid" on CUDA; the CPU backend (libjpeg-turbo) on the CPU, what the CPU tests
-    run. ``capacity``: the most images one call takes (a larger batch is split)."""
+    run. ``roi``: the loader hands it each image's crop box and only the box is decoded
+    (``decode_kept(..., boxes=)``), with smooth chroma upsampling off where the decoder
+    needs it for regions (``options``). ``capacity``: the most images one call takes (a
+    larger batch is split)."""
 
     name = "nvimgcodec"
-    supports_roi = False
+    supports_roi = False  # its regions go through decode_kept (the loader's kept way)
     kept = True  # decode_kept is its way: Decoding.run hands the crop the addresses
     batched = True
 
@@ -146,6 +149,8 @@ class NvBatchDecoder(DecoderBase):
         device: torch.device | str,
         *,
         backends: str = "hw",
+        roi: bool = False,
+        options: str | None = None,
         capacity: int = 1024,
         threads: int = 0,
         check_tail: bool | None = None,
@@ -155,11 +160,19 @@ class NvBatchDecoder(DecoderBase):
         if cuda and backends not in ("hw", "hybrid", "hw+hybrid"):
             raise ValueError(f"backends must be 'hw', 'hybrid' or 'hw+hybrid', not {backends!r}")
         self.backends = backends if cuda else "cpu"
+        self.roi_kept = bool(roi)
+        if options is None:  # nvImageCodec decodes no region on the GPU with it on
+            options = ":fancy_upsampling=0" if roi and cuda else ""
+        self.options = options
         self._lib = library()
-        dev_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if cuda else -1  # fmt: skip
+        index = self.device.index
+        dev_id = (torch.cuda.current_device() if index is None else index) if cuda else -1
         err = ctypes.c_int(0)
         self._cap = int(capacity)
-        h = self._lib.nvb_open(dev_id, _MASKS[self.backends], 1.0, self._cap, int(threads), ctypes.byref(err))  # fmt: skip
+        h = self._lib.nvb_open(
+            dev_id, _MASKS[self.backends], 1.0, self._cap, int(threads), options.encode(),
+            ctypes.byref(err),
+        )  # fmt: skip
         if not h:
             raise Unavailable(f"nvImageCodec cannot decode JPEG here (status {err.value})")
         self._h = h
@@ -170,28 +183,46 @@ class NvBatchDecoder(DecoderBase):
         if h and _lib is not None:
             _lib.nvb_close(h)
 
+    @property
+    def roi_path(self) -> str:
+        return "roi" if self.roi_kept else "full+crop"
+
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", backends={self.backends!r}, batched=True)"
 
     def decode_kept(
-        self, datas: Sequence[torch.Tensor], sizes: torch.Tensor | np.ndarray, names: Sequence[int]
+        self,
+        datas: Sequence[torch.Tensor],
+        sizes: torch.Tensor | np.ndarray,
+        names: Sequence[int],
+        boxes: torch.Tensor | np.ndarray | None = None,
     ):  # -> KeptBatch
-        """Each JPEG whole into one new buffer: a KeptBatch (addresses, plane heights,
-        pitches; sizes). Every header is read and checked against ``sizes`` (the pack's,
+        """Each JPEG (or only each box of ``boxes``, int [n, 4] top, left, height, width)
+        into one new buffer: a KeptBatch (addresses, plane heights, pitches; the output
+        sizes). Every header is read and checked against ``sizes`` (the pack's,
         range-checked on load) before anything is decoded: a file cannot ask for more
         memory than its pack records. The caller has checked the end markers."""
         from .decoders_nvimgcodec import KeptBatch
         from .jpeg import size_mismatch
+        from .resize import check_boxes
 
         names = [int(i) for i in names]
         hw = np.ascontiguousarray(np.asarray(sizes, dtype=np.int64).reshape(-1, 2))
         n = len(datas)
         if len(hw) != n or len(names) != n:
             raise ValueError(f"{len(hw)} sizes and {len(names)} names for {n} images")
+        bx = None
+        out_hw = hw
+        if boxes is not None:
+            bx = np.ascontiguousarray(np.asarray(boxes, dtype=np.int64).reshape(-1, 4))
+            if len(bx) != n:
+                raise ValueError(f"{len(bx)} boxes for {n} images")
+            check_boxes(bx, hw)
+            out_hw = np.ascontiguousarray(bx[:, 2:])
         ptrs = np.fromiter((d.data_ptr() for d in datas), np.uint64, n)
         lens = np.fromiter((d.numel() for d in datas), np.int64, n)
-        pitch = -(-hw[:, 1] // _ALIGN) * _ALIGN
-        span = -(-(3 * hw[:, 0] * pitch) // _ALIGN) * _ALIGN
+        pitch = -(-out_hw[:, 1] // _ALIGN) * _ALIGN
+        span = -(-(3 * out_hw[:, 0] * pitch) // _ALIGN) * _ALIGN
         offs = np.zeros(n, np.int64)
         np.cumsum(span[:-1], out=offs[1:])
         total = int(span.sum()) if n else 0
@@ -204,10 +235,11 @@ class NvBatchDecoder(DecoderBase):
             for a in range(0, n, self._cap):
                 z = min(n, a + self._cap)
                 rc = self._lib.nvb_decode(
-                    self._h, z - a, ptrs[a:z], lens[a:z], hw[a:z], buf.data_ptr(),
+                    self._h, z - a, ptrs[a:z], lens[a:z], hw[a:z],
+                    None if bx is None else bx[a:z].ctypes.data, buf.data_ptr(),
                     offs[a:z], pitch[a:z], stream, status[a:z], got[a:z],
                 )  # fmt: skip
-                if rc != 0:
+                if rc != 0 and not (status[a:z] < 0).any():
                     raise RuntimeError(f"nvImageCodec's batched decode failed (status {rc})")
                 if (status[a:z] != 1).any():
                     break
@@ -222,9 +254,9 @@ class NvBatchDecoder(DecoderBase):
                 else "nvImageCodec could not decode it"
             )
             raise undecodable(names[j], why)
-        table = np.stack([buf.data_ptr() + offs, hw[:, 0], pitch], 1).astype(np.int64)
-        views = _Views(buf, offs, hw, pitch)
-        return KeptBatch(table, torch.from_numpy(hw), views, self.device)
+        table = np.stack([buf.data_ptr() + offs, out_hw[:, 0], pitch], 1).astype(np.int64)
+        views = _Views(buf, offs, out_hw, pitch)
+        return KeptBatch(table, torch.from_numpy(out_hw.copy()), views, self.device)
 
     def decode(
         self,

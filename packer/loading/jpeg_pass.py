@@ -155,7 +155,10 @@ class Decoding:
         [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
         [3, h_i, w_i] (or a kept batch of them: addresses, no tensors). ``dec`` is held for the batch: one batch at a time each."""
         with self._held.get(id(dec)) or contextlib.nullcontext():
-            if getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
+            if getattr(dec, "roi_kept", False):  # only the boxes, addresses, no tensors
+                got = dec.decode_kept(datas, sizes, indices, boxes=boxes)
+                out = [True] * len(got), got
+            elif getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
                 got = dec.decode_kept(datas, sizes, indices)
                 out = [False] * len(got), got
             elif self.roi(dec):
@@ -164,7 +167,7 @@ class Decoding:
             else:
                 got = dec.decode(datas, sizes=sizes, indices=indices)
                 out = [False] * len(got), got
-            way = dec.roi_path if self.roi(dec) else "full+crop"
+            way = dec.roi_path if self.roi(dec) or getattr(dec, "roi_kept", False) else "full+crop"
             with self.lock:  # after a probe batch: the way it found
                 self._last[self._index(dec)] = way
             return out

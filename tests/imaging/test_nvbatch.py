@@ -151,3 +151,42 @@ def test_a_jpeg_pack_loader_fed_by_it(tmp_path):
         seen.append(len(yb))
     assert sum(seen) == 20
     assert "nvimgcodec-batched(cpu)" in ours.decode_path
+
+
+def test_only_the_box_is_decoded_and_equals_the_whole_images_crop(files):
+    datas, refs = files
+    dec = nvbatch.NvBatchDecoder("cpu", roi=True)
+    boxes = torch.tensor([[3, 5, 20, 30], [0, 0, 64, 64], [50, 10, 51, 60], [2, 3, 6, 6]])
+    kept = dec.decode_kept(datas, torch.tensor(SIZES), [0, 1, 2, 3], boxes=boxes)
+    assert kept.sizes.tolist() == boxes[:, 2:].tolist()
+    for img, ref, (t, l, h, w) in zip(kept.tensors(), refs, boxes.tolist()):  # noqa: E741
+        want = ref[t : t + h, l : l + w].astype(int)
+        got = img.permute(1, 2, 0).numpy().astype(int)
+        assert got.shape == want.shape
+        assert np.abs(got - want).mean() <= 1.0  # the region's blocks alone: ≤ 1/255 mean
+    with pytest.raises(ValueError, match="box"):
+        dec.decode_kept(datas, torch.tensor(SIZES), [0, 1, 2, 3], boxes=boxes + 40)
+
+
+def test_a_loader_decoding_only_the_boxes(tmp_path):
+    import packer
+    from packer.imaging.decoders_split import nvimgcodec_batched
+
+    src = tmp_path / "src"
+    rng = np.random.default_rng(2)
+    for c in ("a", "b"):
+        (src / c).mkdir(parents=True)
+        for i in range(6):
+            a = (rng.random((60 + i, 70 + 3 * i, 3)) * 255).astype(np.uint8)
+            Image.fromarray(a).save(src / c / f"{i}.jpg", quality=90)
+    from packer.build.run import BuildConfig, build
+
+    build(src, tmp_path / "pack", BuildConfig(store="jpeg", workers=1))
+    p = packer.load(tmp_path / "pack")
+    kw = dict(device="cpu", image_size=24, shuffle=True, seed=5)
+    whole = packer.PackLoader(p, 4, decode=nvimgcodec_batched("cpu"), **kw)
+    boxes = packer.PackLoader(p, 4, decode=nvimgcodec_batched("cpu", roi=True), **kw)
+    for (xa, ya), (xb, yb) in zip(whole, boxes, strict=True):
+        assert torch.equal(ya, yb)
+        assert (xa.float() - xb.float()).abs().mean() <= 1.0
+    assert "nvimgcodec-batched(cpu): roi" in boxes.decode_path
