@@ -22,7 +22,7 @@ def machine() -> dict[str, Any]:
 
 def dump(obj: object, name: str) -> None:
     """Write ``obj`` as ``$OUT/name`` (default ``./out/name``), whole or not at all."""
-    from packer.pack.format import write_json_atomic
+    from packer.pack.files import write_json_atomic
 
     out = Path(os.environ.get("OUT", ROOT / "out"))
     out.mkdir(parents=True, exist_ok=True)

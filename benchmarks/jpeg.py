@@ -42,7 +42,7 @@ from packer.build.run import BuildConfig, build
 from packer.imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
 from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import median_rate, resolve_device, sync
-from packer.pack.format import pack_bytes
+from packer.pack.describe import pack_bytes
 from packer.transforms import RandomHorizontalFlip, RandomResizedCrop
 
 CPU = torch.device("cpu")

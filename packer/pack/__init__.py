@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# tensordict's meta.json names the class as ``packer.pack.ImagePack`` (format.TD_TYPE):
+# tensordict's meta.json names the class as ``packer.pack.ImagePack`` (schema.TD_TYPE):
 # tensordict.load_memmap resolves it here, so these names stay importable from this
-# package, lazily (``import packer.pack.format`` must not import torch).
-_LAZY = {"ImagePack": "reader", "JpegPack": "reader", "open_pack": "reader"}
+# package, lazily (``import packer.pack.schema`` must not import torch).
+_LAZY = {"ImagePack": "raw", "JpegPack": "jpeg", "open_pack": "reader"}
 
 
 def __getattr__(name: str) -> Any:
