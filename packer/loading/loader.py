@@ -51,7 +51,7 @@ from ..errors import UsageError
 from ..imaging.normalize import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported: old import path
 from ..imaging.normalize import IMAGENET_STD as IMAGENET_STD
 from ..imaging.normalize import Normalize as Normalize
-from ..pack.kinds import kind_of
+from ..pack.kinds import kind_of_pack
 from ..pack.reader import ImagePack
 from .arguments import check_modes, check_transform, crop_args, refuse_combinations
 from .epoch_iterator import _EpochIterator
@@ -311,11 +311,9 @@ class PackLoader(Positions, _Resumable):
         if not isinstance(order, str) or order not in ORDERS:
             raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
         shard_window = _capped_arg("shard_window", shard_window, 1, _MAX_WINDOW)
-        # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
-        # mixed packs: ``pack`` is their list, and the storage they share is the units'
-        self._kind = kind_of(
-            units.storage if units is not None else getattr(pack, "storage", "raw")
-        )
+        # a pack object names its kind (pack.kind); a hand-made tensordict is raw
+        # mixed packs: ``pack`` is their list, and the kind they share is the units'
+        self._kind = units.kind if units is not None else kind_of_pack(pack)
         self._units = units
         self._mix = mix
         self.order = order

@@ -376,7 +376,9 @@ def read_shard_manifest(root: Path, entry: ShardEntry, index: SetIndex) -> Manif
     _want_shard(m.targets == index.targets, where, "has other target columns than the set")
     _want_shard(m.resize == index.options["resize"], where, "was built with another --resize")
     _want_shard(
-        kind_of(index.storage).shape_fits(m.image_shape, index.image_shape), where, f"has images of {list(m.image_shape)}, the set {list(index.image_shape)}"
+        kind_of(index.storage).shape_fits(m.image_shape, index.image_shape),
+        where,
+        f"has images of {list(m.image_shape)}, the set {list(index.image_shape)}",
     )
     return m
 

@@ -29,6 +29,7 @@ __all__ = [
     "UnknownKindError",
     "compact_rows",
     "kind_of",
+    "kind_of_pack",
 ]
 
 KINDS: dict[str, StorageKind] = {k.name: k for k in (RAW, JPEG)}
@@ -55,3 +56,10 @@ def kind_of(m: Manifest | str) -> StorageKind:
         raise UnknownKindError(
             f"storage kind {name!r} is not one this imgpack knows ({', '.join(KINDS)})"
         ) from None
+
+
+def kind_of_pack(pack: object) -> StorageKind:
+    """The kind of a pack object (:class:`Pack`): its ``kind``; an object without one (a
+    tensordict of ``images`` made by hand) holds raw rows."""
+    kind = getattr(pack, "kind", RAW)
+    return kind if isinstance(kind, StorageKind) else RAW
