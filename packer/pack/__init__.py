@@ -1,7 +1,9 @@
 """The pack on disk: the on-disk contract and its one reader.
 
-Layout constants, the manifest schema and its version (``format``), and opening a
-pack read-only (``reader``). Everything a pack holds is checked here before use.
+The layout, the manifest schema and its version (``schema``), the storage kinds (the
+interface ``kind``, one file each with its pack class: ``raw``, ``jpeg``; the registry
+``kinds``), and opening a pack read-only (``reader``). Everything a pack holds is
+checked here before use.
 """
 
 from __future__ import annotations
