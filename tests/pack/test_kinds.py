@@ -67,3 +67,47 @@ def test_image_pack_resolves_to_one_class_everywhere() -> None:
     assert packer.ImagePack.__qualname__ == "ImagePack"
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         raw.Nope  # noqa: B018
+
+
+def test_each_kind_answers_the_builds_questions() -> None:
+    """The members that replaced the build's branches on ``store``."""
+    from packer.build.config import BuildConfig
+
+    raw, jpeg = KINDS["raw"], KINDS["jpeg"]
+    assert (raw.decoded, raw.gpu_build, raw.chunk_files) == (False, True, False)
+    assert (jpeg.decoded, jpeg.gpu_build, jpeg.chunk_files) == (True, False, True)
+    assert raw.row_bytes((3, 4, 5)) == 60 and jpeg.row_bytes((3, 4, 5)) == 0
+    cfg = BuildConfig(store="jpeg", quality=5, max_side=64)
+    assert cfg.kind is jpeg and jpeg.fingerprint(cfg) == ["jpeg", 5, 64]
+    assert raw.fingerprint(BuildConfig()) is None  # raw builds keep their fingerprint
+    assert raw.cut([1] * 5, 144, 300) == [(0, 2), (2, 4), (4, 5)]
+    assert jpeg.cut([100, 100, 100, 500, 10], 0, 250) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert raw.shape_fits((3, 4, 5), (3, 4, 5)) and not raw.shape_fits((3, 4, 4), (3, 4, 5))
+    assert jpeg.shape_fits((3, 4, 4), (3, 4, 5)) and not jpeg.shape_fits((3, 5, 4), (3, 4, 5))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_side": 64}, "--max-side bounds stored JPEGs; use it with --store jpeg"),
+        ({"store": "jpeg", "device": "cuda"}, "--device cuda decodes and resizes raw packs"),
+        ({"store": "jpeg", "device": "cuda:1"}, "--device cuda decodes and resizes raw packs"),
+        ({"store": "jpeg", "max_side": 0}, "--max-side must be 1 to 65536"),
+        ({"store": "jpeg", "device": "gpu"}, "--device must be cpu, cuda, cuda:N or auto"),
+    ],
+)
+def test_a_kind_refuses_the_build_options_it_cannot_honour(
+    options: dict[str, object], message: str
+) -> None:
+    from packer.build.config import BuildConfig
+
+    with pytest.raises(UsageError, match=message):
+        BuildConfig(**options).validate()  # type: ignore[arg-type]
+    BuildConfig(store="jpeg", device="auto", max_side=64).validate()  # both honoured
+
+
+def test_a_raw_manifest_writes_no_storage_fields() -> None:
+    m = Manifest(1, (3, 2, 2), "crop", (), ("a.png",), ((2, 2),), Checksums(1, ("x",), "y"))
+    out = m.to_json()
+    assert "storage" not in out and "index" not in out["checksums"]
+    assert KINDS["raw"].manifest_json(m) == {} and KINDS["raw"].describe(m) == {}
