@@ -50,7 +50,7 @@ def gpu_pays(n: int, workers: int) -> bool:
 def auto_device(config: Any, n: int, workers: int) -> Any:
     """``--device auto``: the torch.device to build on, or None for the CPU workers.
     CUDA and a decoder are looked for only when the job is large enough to pay."""
-    if config.store != "raw" or not gpu_pays(n, workers):
+    if not config.kind.gpu_build or not gpu_pays(n, workers):
         return None
     import torch
 

@@ -139,7 +139,7 @@ def _drop_unwritten(
     row: int,
 ) -> None:
     """Forget the journaled chunks whose bytes on disk do not hash to the journal's."""
-    if config.store == "jpeg" and (work / ROWS_FILE).exists():
+    if config.kind.chunk_files and (work / ROWS_FILE).exists():
         (work / CHUNKS_DIR).mkdir(exist_ok=True)
         for k in [k for k in done if k < len(chunks)]:
             try:
@@ -220,7 +220,7 @@ def store_options(config: BuildConfig) -> tuple[str, int, int | None]:
 
 
 def _chunk_fn(config: BuildConfig) -> _ChunkFn:
-    return _encode_chunk if config.store == "jpeg" else _decode_chunk
+    return _encode_chunk if config.kind.chunk_files else _decode_chunk
 
 
 def _run_chunks(

@@ -14,6 +14,8 @@ import numpy as np
 
 from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
+from ..pack.kinds import StorageKind, kind_of
+from ..pack.schema import STORAGE_KINDS
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 
@@ -113,12 +115,9 @@ class BuildConfig:
                 f"{_F}quality must be 2 (best) to 31 (worst), not {self.quality}",
                 field=f"{_F}quality",
             )
+        kind = kind_of(self.store)
         if self.max_side is not None:
-            if self.store != "jpeg":
-                raise UsageError(
-                    f"{_F}max_side bounds stored JPEGs; use it with {_F}store jpeg",
-                    field=f"{_F}max_side",
-                )
+            kind.check_options(self)  # a raw build refuses max_side here, as before
             if not 1 <= self.max_side <= 65536:
                 raise UsageError(
                     f"{_F}max_side must be 1 to 65536 pixels, not {self.max_side}",
@@ -131,12 +130,7 @@ class BuildConfig:
                 f"{_F}device must be cpu, cuda, cuda:N or auto, not {self.device!r}",
                 field=f"{_F}device",
             )
-        if self.store == "jpeg" and self.device not in ("cpu", "auto"):
-            raise UsageError(
-                f"{_F}device {self.device} decodes and resizes raw packs; {_F}store jpeg "
-                "stores the files as they are (they are decoded on the GPU when read)",
-                field=f"{_F}device",
-            )
+        kind.check_options(self)  # what the kind cannot honour (a JPEG build on CUDA)
         if self.shard_size is not None and not 1 <= self.shard_size <= 1 << 50:
             raise UsageError(
                 f"{_F}shard_size must be 1 byte to 1 PB, not {self.shard_size}",
@@ -167,6 +161,11 @@ class BuildConfig:
     def spec(self) -> ResizeSpec:
         return ResizeSpec(self.size[0], self.size[1], self.resize, self.max_pixels)
 
+    @property
+    def kind(self) -> StorageKind:
+        """The storage kind of ``store`` (:mod:`packer.pack.kinds`)."""
+        return kind_of(self.store)
+
 
 def parse_size(text: str) -> tuple[int, int]:
     """``"224"`` -> (224, 224); ``"320x240"`` -> (320, 240) as (width, height).
@@ -188,7 +187,7 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
-STORES = ("raw", "jpeg")
+STORES = STORAGE_KINDS
 ENGINES = ("local", "ray")
 # --device cuda vs the CPU path, pixels of the same inputs (tests/test_build_gpu.py, the
 # batched code run on the CPU, 500x375 q90 photos-like JPEGs: mean 0.15-1.2, p99 1-12;

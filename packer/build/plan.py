@@ -157,8 +157,9 @@ def plan_fingerprint(plan: _Labels, config: BuildConfig, device: Any = None) -> 
     )
     if device is not None:  # other pixels than the CPU path: never mixed with its chunks
         h.update(json.dumps(["device", device.type]).encode())
-    if config.store != "raw":  # only then, so raw builds keep their fingerprint
-        h.update(json.dumps([config.store, config.quality, config.max_side]).encode())
+    own = config.kind.fingerprint(config)  # None for raw, so raw builds keep theirs
+    if own is not None:
+        h.update(json.dumps(own).encode())
     if plan.table_sha256 is not None or plan.class_map is not None:
         # only with --classes/--labels, so plain builds keep their fingerprint
         targets = b"" if plan.targets is None else plan.targets.astype("<f4").tobytes()

@@ -69,7 +69,7 @@ def import_ray() -> Any:
 def cluster_device(config: BuildConfig) -> Any:
     """The device the shards are decoded on, fixed by the driver (it is part of every
     shard's name), whatever GPUs the driver itself has: None for the CPU path."""
-    if config.device == "cpu" or config.store == "jpeg":
+    if config.device == "cpu" or not config.kind.gpu_build:
         return None
     if config.device == "auto":
         raise UsageError(

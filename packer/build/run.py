@@ -39,7 +39,7 @@ from typing import Any
 
 from .._fs import default_workers, destination_error
 from ..errors import UsageError
-from ..pack.writer import block_rows_for, image_bytes
+from ..pack.writer import block_rows_for
 from .chunks import LazyPool, decode_all, start_pool, stop_pool, store_options
 from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
 from .config import STORES as STORES
@@ -67,7 +67,7 @@ __all__ = ["BuildConfig", "BuildResult", "build", "default_workers", "dest_lock"
 def _build_device(config: BuildConfig) -> Any:
     """None for the CPU path, else the torch.device of the batched GPU path.
     ``device="cuda"`` without CUDA is a usage error (exit 2)."""
-    if config.device == "cpu" or config.store == "jpeg":
+    if config.device == "cpu" or not config.kind.gpu_build:
         return None
     import torch
 
@@ -180,7 +180,7 @@ def _build_locked(
     spec = config.spec
     scan = plan.scan
     n_total = len(scan.entries)
-    row = image_bytes(spec.shape) if config.store == "raw" else 0
+    row = config.kind.row_bytes(spec.shape)
     block = block_rows_for(n_total)
     root = str(scan.root)
     paths = [os.path.join(root, e.rel) for e in scan.entries]

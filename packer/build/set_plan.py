@@ -37,6 +37,7 @@ from ..pack.index import (
     read_index,
     read_shard_manifest,
 )
+from ..pack.kinds import kind_of
 from ..pack.schema import FORMAT_VERSION
 from ..pack.writer import image_bytes
 from ..sources.scan import Scan
@@ -102,20 +103,9 @@ def _stats(scan: Scan) -> list[tuple[int, str]]:
 
 def cut(sizes: list[int], store: str, row_bytes: int, shard_size: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each shard over a list of inputs (see the module docstring):
-    raw, ``shard_size // row_bytes`` images each; jpeg, by cumulative source bytes."""
-    n = len(sizes)
-    if store == "raw":
-        per = max(1, shard_size // max(row_bytes, 1))
-        return [(a, min(a + per, n)) for a in range(0, n, per)]
-    out, start, total = [], 0, 0
-    for i, s in enumerate(sizes):
-        if i > start and total + s > shard_size:
-            out.append((start, i))
-            start, total = i, 0
-        total += s
-    if start < n:
-        out.append((start, n))
-    return out
+    the kind's cut (raw, ``shard_size // row_bytes`` images each; jpeg, by cumulative
+    source bytes)."""
+    return kind_of(store).cut(sizes, row_bytes, shard_size)
 
 
 def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[str, Any]) -> str:
@@ -251,7 +241,6 @@ def _same_image(plan: _Labels, rel: str, held: list[tuple[_OldShard, int]]) -> s
     it is added). Where the set's data cannot be compared (not on this machine, or built
     on a GPU, whose pixels differ from the CPU's within a tolerance), an image of the
     same path from the same source folder is taken as the one the set holds."""
-    from ..pack.kinds import kind_of
 
     local = getattr(plan.scan, "url", None) is None
     for shard, row in held:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..pack.schema import STORAGE_KINDS
 from .options import QualityHint, device_option, json_option, quiet_option, workers_option
 from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
 
@@ -82,7 +83,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 )
 @click.option(
     "--store",
-    type=click.Choice(["raw", "jpeg"]),
+    type=click.Choice(list(STORAGE_KINDS)),
     default="raw",
     show_default=True,
     help="raw: decoded uint8 rows of --size (a crop keeps only the centre). jpeg: each "
@@ -224,7 +225,9 @@ def build(
     )
     run = functools.partial(api.build, src, dst, config)
     result = run_with_bar("build", quiet, as_json, run, shards=api.route(src, dst, config).sharded)
-    if result.storage == "jpeg":  # each image keeps its own size: say the largest
+    from ..pack.kinds import kind_of
+
+    if kind_of(result.storage).decoded:  # each image keeps its own size: say the largest
         h, w = result.image_shape[1:]
         what = f"JPEG images (their own sizes, up to {w} wide x {h} high; decoded when read)"
     else:

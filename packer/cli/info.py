@@ -70,7 +70,9 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
     c, h, w = out["image_shape"]
     b = out["build"]
     click.echo(f"pack      {pack}")
-    if out.get("storage") == "jpeg":
+    from ..pack.kinds import kind_of
+
+    if kind_of(out.get("storage", "raw")).decoded:  # info names only other kinds than raw
         click.echo(f"images    {out['count']} JPEG files, up to {h}x{w} (decoded when read)")
     else:
         click.echo(f"images    {out['count']} x {c}x{h}x{w} uint8 ({b['resize']})")

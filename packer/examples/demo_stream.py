@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # a JPEG pack (imgpack build --store jpeg) is decoded to the size the reader asks for
-    size = {"image_size": 224} if getattr(pack, "storage", "raw") == "jpeg" else {}
+    size = {"image_size": 224} if pack.kind.decoded else {}
     loader = packer.PackLoader(pack, batch_size=8, device=device, seed=0, **size)
     norm = packer.Normalize().to(device)
     print(f"{len(pack)} images, classes {pack.classes}, streaming to {device}")

@@ -339,7 +339,7 @@ def val_protocol_note(pack: Any, path: Path, resize_size: int | None, crop: int)
     naming the build that does: torchvision's ``Resize(R) + CenterCrop(C)`` is a pack
     built ``--size R --resize crop`` (each image's shorter side resized to R, the
     centre R x R kept) then ``CenterCrop(C)``. ``resize_size`` None: not asked."""
-    if resize_size is None or getattr(pack, "storage", "raw") != "raw":
+    if resize_size is None or pack.kind.decoded:  # a JPEG pack is decoded to any size
         return None
     m = getattr(pack, "manifest", None)
     if m is not None:

@@ -120,7 +120,7 @@ def main() -> None:
         if args.cache_dir
         else packer.load(args.pack)
     )
-    kw = {"image_size": args.image_size} if s.storage == "jpeg" else {}
+    kw = {"image_size": args.image_size} if s.kind.decoded else {}
     loader = packer.PackLoader(
         s,
         args.batch_size,

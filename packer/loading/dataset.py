@@ -125,7 +125,7 @@ def _images(pack: Any, idx: np.ndarray) -> np.ndarray:
 
     if not isinstance(pack, PackSet):
         return np.take(pack.images.numpy(), idx, axis=0)
-    if pack.storage != "raw":
+    if pack.kind.decoded:
         raise UsageError(
             f"{pack.path}: PackDataset reads raw images; stream a JPEG set with "
             "PackLoader(set, batch_size, image_size=S)"

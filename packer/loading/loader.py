@@ -48,7 +48,7 @@ import torch
 import torch.utils.data
 
 from ..errors import UsageError
-from ..pack.kinds import kind_of
+from ..pack.kinds import kind_of_pack
 from ..pack.reader import ImagePack
 from .arguments import check_modes, check_transform, crop_args, refuse_combinations
 from .epoch_iterator import PassHost, _EpochIterator
@@ -307,11 +307,9 @@ class PackLoader:
         if not isinstance(order, str) or order not in ORDERS:
             raise UsageError(f"order must be 'global' or 'shards', not {order!r}")
         shard_window = _capped_arg("shard_window", shard_window, 1, _MAX_WINDOW)
-        # a pack object names its kind (JpegPack.storage); ImagePack, also hand-made, is raw
-        # mixed packs: ``pack`` is their list, and the storage they share is the units'
-        self._kind = kind_of(
-            units.storage if units is not None else getattr(pack, "storage", "raw")
-        )
+        # a pack object names its kind (pack.kind); a hand-made tensordict is raw
+        # mixed packs: ``pack`` is their list, and the kind they share is the units'
+        self._kind = units.kind if units is not None else kind_of_pack(pack)
         self._units = units
         refuse_combinations(units, mix, gather, resident, indices, order)
         self._crop = crop_args(self._kind, transform, image_size, train, resident, gather, decode)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..pack.kinds import kind_of_pack
 from ..storage.open import load
 from .dataset import _apportion
 from .order import _MAX_EPOCH_SIZE, _capped_arg, _rng
@@ -89,10 +90,10 @@ def sources(pack: Any, weights: Any, epoch_size: Any) -> tuple[Any, Any, Mix | N
     first = sources[0]
     for src in sources[1:]:
         for what, get in (
-            ("storage", lambda s: getattr(s, "storage", "raw")),
+            ("storage", lambda s: kind_of_pack(s).name),
             (
                 "image shape",
-                lambda s: list(image_shape(s)) if getattr(s, "storage", "raw") == "raw" else None,
+                lambda s: None if kind_of_pack(s).decoded else list(image_shape(s)),
             ),
             ("classes", lambda s: list(s.classes)),
             ("target columns", lambda s: list(getattr(s, "target_names", []))),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..pack.kinds import kind_of_pack
 from ..pack.schema import Layout
 from . import rowspace
 
@@ -55,12 +56,13 @@ class Units:
         sizes = [len(s) for s in self.sources]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         first = self.sources[0]
-        self.storage = getattr(first, "storage", "raw")
+        self.kind = kind_of_pack(first)  # the mixture checked that every source's is one
+        self.storage = self.kind.name
         self.labels = _cat([s.labels for s in self.sources], torch.int64)
         t = [getattr(s, "targets", None) for s in self.sources]
         self.targets = None if t[0] is None else torch.cat(t)
         self.sizes = (
-            _cat([s.sizes for s in self.sources], torch.int64) if self.storage == "jpeg" else None
+            _cat([s.sizes for s in self.sources], torch.int64) if self.kind.decoded else None
         )
         self.remote = any(_is_set(s) and s.store.remote for s in self.sources)
         self._held: dict[int, Any] = {}  # unit -> its opened pack, while held
@@ -72,7 +74,7 @@ class Units:
         self._unit_locks = [threading.Lock() for _ in self.units]
         self.space: rowspace.RowSpace | None = None
         self.row = 0
-        if self.storage == "raw":
+        if not self.kind.decoded:  # rows of one size: one address space over every shard
             shape = tuple(first.image_shape) if _is_set(first) else tuple(first.images.shape[1:])
             self.row = int(np.prod(shape))
             if rowspace.supported():

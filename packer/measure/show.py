@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UsageError
 from ..loading.order import batch_seed
+from ..pack.kinds import kind_of_pack
 
 # --augment NAME -> (packer.transforms class, its arguments)
 AUGMENTS: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -190,9 +191,7 @@ def _load(pack: Any, rows: list[int]) -> list[torch.Tensor]:
             finally:
                 pack.release(k)
         return out
-    if getattr(pack, "storage", "raw") == "jpeg":
-        return pack.decode(rows, "cpu")
-    return list(pack.images[torch.as_tensor(rows, dtype=torch.int64)].clone())
+    return kind_of_pack(pack).stored_images(pack, rows)
 
 
 def _square(images: list[torch.Tensor], size: int) -> torch.Tensor:
@@ -291,10 +290,8 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
             )
         aug, mix = _ops(cfg, len(names))
         ops = tuple(_describe(o) for o in (aug, mix) if o is not None)
-        if getattr(pack, "storage", "raw") == "jpeg":
-            base = _square(stored, cfg.size)
-        else:
-            base = torch.stack(stored)
+        # a decoded kind's images each have their own size: squares of one size
+        base = _square(stored, cfg.size) if kind_of_pack(pack).decoded else torch.stack(stored)
         for d in range(cfg.draws):
             # each draw one batch of every image shown: each image draws its own parameters
             g = torch.Generator().manual_seed(batch_seed(cfg.seed or 0, 0, 0, d))

@@ -140,14 +140,7 @@ def images_phrase(count: int, image_shape: Any, storage: str, max_side: int | No
     """What a pack's images are, for a report's first line: ``36 images of [3, 224, 224]``
     (raw rows), or ``36 stored JPEGs (up to 512 wide x 384 high, max side 512), decoded
     when read`` (a JPEG pack has no one shape: each image keeps its own size)."""
-    if storage == "raw":
-        return f"{count} images of {list(image_shape)}"
-    _, h, w = image_shape
-    bound = f", max side {max_side}" if max_side else ""
-    return (
-        f"{count} stored {storage.upper()}s (each its own size, up to {w} wide x {h} high"
-        f"{bound}), decoded when read"
-    )
+    return kind_of(storage).summary(count, image_shape, max_side)
 
 
 def _r(x: float | None) -> float | None:

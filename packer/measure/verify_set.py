@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import PackerError
 from ..pack.index import read_index, read_shard_manifest, shard_root
+from ..pack.kinds import kind_of
 from ..storage.open import where
 from .verify import VerifyConfig, VerifyReport, images_phrase, verify
 
@@ -94,18 +95,8 @@ def _check_shard(
     report.add(name, not failed, detail)
 
 
-# the file of a shard each of verify's checks reads, named in a failed check's detail
-_FILES = {
-    "raw": {"images": "_tensordict/images.memmap", "labels": "_tensordict/labels.memmap"},
-    "jpeg": {
-        "images": "_tensordict/jpeg.memmap",
-        "decode": "_tensordict/jpeg.memmap",
-        "labels": "_tensordict/labels.memmap",
-    },
-}
-
-
 def _failure(check: dict[str, Any], storage: str) -> str:
-    file = _FILES[storage].get(check["name"])
+    # the file of a shard the check reads, named in a failed check's detail
+    file = kind_of(storage).verify_reads.get(check["name"])
     where = f" ({file})" if file else ""
     return f"{check['name']}{where}: {check['detail']}"

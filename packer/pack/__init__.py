@@ -1,17 +1,19 @@
 """The pack on disk: the on-disk contract and its one reader.
 
-Layout constants, the manifest schema and its version (``format``), and opening a
-pack read-only (``reader``). Everything a pack holds is checked here before use.
+The layout, the manifest schema and its version (``schema``), the storage kinds (the
+interface ``kind``, one file each with its pack class: ``raw``, ``jpeg``; the registry
+``kinds``), and opening a pack read-only (``reader``). Everything a pack holds is
+checked here before use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# tensordict's meta.json names the class as ``packer.pack.ImagePack`` (format.TD_TYPE):
+# tensordict's meta.json names the class as ``packer.pack.ImagePack`` (schema.TD_TYPE):
 # tensordict.load_memmap resolves it here, so these names stay importable from this
-# package, lazily (``import packer.pack.format`` must not import torch).
-_LAZY = {"ImagePack": "reader", "JpegPack": "reader", "open_pack": "reader"}
+# package, lazily (``import packer.pack.schema`` must not import torch).
+_LAZY = {"ImagePack": "raw", "JpegPack": "jpeg", "open_pack": "reader"}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .files import folder_kind, read_manifest
 from .index import read_index, read_shard_manifest
+from .kinds import kind_of
 from .schema import MANIFEST
 
 
@@ -56,8 +57,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "build": j["build"],
         "skipped": j["skipped"],
         "format_version": m.version,
-        # only for other storage than raw, so raw packs' info stays as it was
-        **({"storage": m.storage, "jpeg_bytes": m.jpeg_bytes} if m.storage != "raw" else {}),
+        # what its kind adds (nothing for raw, so raw packs' info stays as it was)
+        **kind_of(m).describe(m),
     }
 
 

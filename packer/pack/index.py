@@ -1,7 +1,7 @@
 """The pack set on disk: its index schema and version, in one place.
 
 A pack set is a directory of immutable shards, each a complete pack (see
-:mod:`packer.pack.format`), plus an index written last, atomically: the commit point.
+:mod:`packer.pack.schema`), plus an index written last, atomically: the commit point.
 A reader that finds the index finds every shard it names complete::
 
     SET/
@@ -40,6 +40,7 @@ from .files import (
     read_bounded,
     write_json_atomic,
 )
+from .kinds import kind_of
 from .schema import (
     MANIFEST,
     MAX_COUNT,
@@ -374,12 +375,10 @@ def read_shard_manifest(root: Path, entry: ShardEntry, index: SetIndex) -> Manif
     _want_shard(m.classes == index.classes, where, "has another class map than the set")
     _want_shard(m.targets == index.targets, where, "has other target columns than the set")
     _want_shard(m.resize == index.options["resize"], where, "was built with another resize")
-    if index.storage == "raw":
-        ok = m.image_shape == index.image_shape
-    else:
-        ok = all(a <= b for a, b in zip(m.image_shape, index.image_shape))
     _want_shard(
-        ok, where, f"has images of {list(m.image_shape)}, the set {list(index.image_shape)}"
+        kind_of(index.storage).shape_fits(m.image_shape, index.image_shape),
+        where,
+        f"has images of {list(m.image_shape)}, the set {list(index.image_shape)}",
     )
     return m
 

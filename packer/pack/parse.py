@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import InputError, PackerError, PackFormatError
 from ..imaging.limits import DEFAULT_MAX_PIXELS, RESIZE_MODES
+from .kinds import kind_of
 from .schema import (
     _BUILD_KEYS,
     CHECKSUM,
@@ -298,8 +299,9 @@ def check_label_fields(fields: dict[str, Any], count: int, where: str) -> list[s
 
 
 def _storage_fields(m: Mapping[str, Any], storage: str) -> tuple[int, int, int | None, int | None]:
-    """``(jpeg_bytes, storage_version, max_side, quality)`` of a manifest of ``storage``."""
-    if storage != "jpeg":
+    """``(jpeg_bytes, storage_version, max_side, quality)`` of a manifest of ``storage``:
+    recorded by the kinds whose images are decoded when read (:mod:`packer.pack.kind`)."""
+    if not kind_of(storage).decoded:
         return 0, 0, None, None
     storage_version = _int(m, "storage_version", "", lo=1, hi=1 << 31)
     _want(
@@ -340,7 +342,7 @@ def _checksums(ck: dict[str, Any], targets: tuple[str, ...], storage: str) -> Ch
         labels=_str(ck, "labels", "checksums."),
         algorithm=_str(ck, "algorithm", "checksums.") if "algorithm" in ck else CHECKSUM,
         targets=_str(ck, "targets", "checksums.") if targets or "targets" in ck else "",
-        index=_str(ck, "index", "checksums.") if storage == "jpeg" else "",
+        index=_str(ck, "index", "checksums.") if kind_of(storage).decoded else "",
     )
     _want(checksums.algorithm == CHECKSUM, f"checksum algorithm {checksums.algorithm!r} unknown")
     _want(

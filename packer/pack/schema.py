@@ -1,10 +1,38 @@
-"""The manifest's schema and the format's version, in one place: :class:`Manifest`
-and the records it holds, the file names of a pack, the dtypes of its fields.
+"""The pack on disk: its layout, the manifest's schema and the format's version, in one
+place: :class:`Manifest` and the records it holds, the file names of a pack, the dtypes
+of its fields. A pack is a directory::
+
+    PACK/
+      meta.json                  tensordict: {"_type": "<class 'packer.pack.ImagePack'>"}
+      _tensordict/meta.json      tensordict: shapes and dtypes of the fields
+      _tensordict/images.memmap  uint8 [N, 3, H, W], raw C-order bytes
+      _tensordict/labels.memmap  int64 [N], raw little-endian bytes
+      _tensordict/targets.memmap float32 [N, K], only with ``--targets`` (C-order, little-endian)
+      imgpack.json               imgpack's manifest: :class:`Manifest`
+
+A JPEG pack (``storage: "jpeg"``, ``--store jpeg``) holds, instead of ``images.memmap``::
+
+      _tensordict/jpeg.memmap    uint8 [total_bytes]: every image's JPEG file, back to back
+      _tensordict/offsets.memmap int64 [N]: where image i's bytes start in jpeg.memmap
+      _tensordict/lengths.memmap int64 [N]: how many bytes it has
+      _tensordict/sizes.memmap   int64 [N, 2]: its (height, width) in pixels, upright
+
+The two ``meta.json`` files follow tensordict's ``memmap_()`` layout, so tensordict can
+read the directory too. imgpack itself never trusts them:
+:func:`packer.pack.reader.open_pack` reads only the manifest (plain JSON, every field
+type-checked by :meth:`Manifest.from_json`), and maps the data files at fixed names
+with shapes from the manifest. Nothing is unpickled and nothing named in the pack's
+files is imported.
 
 Parsed only by :meth:`Manifest.from_json` (the checks are in
-:mod:`packer.pack.parse`), written only by :meth:`Manifest.to_json`; a new field is
-added here, with its default, and nowhere else. What a storage kind lays out
-(``Manifest.fields``) is its kind's answer (:mod:`packer.pack.kinds`). No torch.
+:mod:`packer.pack.parse`), written only by :meth:`Manifest.to_json` (by
+:func:`packer.pack.writer.write_pack_metadata`); a new field is added here, with its
+default, and nowhere else. What a storage kind lays out (``Manifest.fields``) and the
+manifest fields it owns are its kind's answers (:mod:`packer.pack.kinds`). The rest of
+the format: :mod:`~packer.pack.parse` (the manifest's checks, label dtypes),
+:mod:`~packer.pack.files` (JSON and bounded reads, ``read_manifest``, ``check_files``),
+:mod:`~packer.pack.writer` (checksums, meta files, ``write_pack``),
+:mod:`~packer.pack.describe` (``imgpack info``). No torch, no Pillow, no numpy.
 """
 
 from __future__ import annotations
@@ -238,13 +266,11 @@ class Manifest:
         }
         if self.checksums.targets:
             out["checksums"]["targets"] = self.checksums.targets
-        if self.storage != "raw":
-            out["storage"] = self.storage
-            out["storage_version"] = self.storage_version
-            out["jpeg_bytes"] = self.jpeg_bytes
-            out["max_side"] = self.max_side
-            out["quality"] = self.quality
-            out["checksums"]["index"] = self.checksums.index
+        from .kinds import kind_of
+
+        own = kind_of(self).manifest_json(self)  # the fields its kind owns (none for raw)
+        out["checksums"].update(own.pop("checksums", {}))
+        out.update(own)
         if self.class_map is not None:
             out["class_map"] = self.class_map
         return out

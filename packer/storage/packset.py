@@ -31,14 +31,10 @@ import torch
 from ..errors import PackFormatError, UsageError
 from ..pack.files import check_files
 from ..pack.index import SetIndex, ShardEntry, read_index, read_shard_manifest, shard_root
-from ..pack.reader import (
-    ImagePack,
-    JpegPack,
-    check_stored_sizes,
-    open_pack,
-    pack_dir,
-    read_max_pixels,
-)
+from ..pack.jpeg import check_stored_sizes, read_max_pixels
+from ..pack.kind import pack_dir
+from ..pack.kinds import kind_of
+from ..pack.reader import ImagePack, JpegPack, open_pack
 from ..pack.schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
 
 
@@ -131,7 +127,7 @@ class PackSet:
       store: the :class:`ShardStore` holding the shards' data.
       classes, class_to_idx, target_names, sources (relative source path of each image,
       in order), image_shape ((3, H, W); for JPEG storage the largest stored image),
-      storage ("raw" or "jpeg"), index (:class:`SetIndex`), path.
+      storage ("raw" or "jpeg"), kind (its :class:`StorageKind`), index (:class:`SetIndex`), path.
       shards: the shard packs (:class:`ImagePack` or :class:`JpegPack`), opened on
         first use; for a store that fetches (object storage) this fetches every shard.
     """
@@ -148,6 +144,7 @@ class PackSet:
         self.path = root
         self.max_pixels = read_max_pixels(max_pixels)  # the reader's bound (open_pack's)
         self.index = index
+        self.kind = kind_of(index.storage)  # checked by the index's parser
         self.manifests = list(manifests)
         self.store = store if store is not None else LocalShards(root, index)
         self._open: dict[int, ImagePack | JpegPack] = dict(enumerate(opened or ()))
@@ -168,7 +165,7 @@ class PackSet:
                 targets.append(
                     _small_field(data / TARGETS_FILE, "float32", m.count, (k_targets,), where)
                 )
-            if index.storage == "jpeg":
+            if self.kind.decoded:  # each image its own size: the sizes, bounded
                 hw = _small_field(data / SIZES_FILE, "int64", m.count, (2,), where)
                 check_stored_sizes(hw, m, root / entry.name, self.max_pixels)
                 sizes.append(hw)
@@ -181,7 +178,7 @@ class PackSet:
         check_label_arrays(self.labels, self.targets, where=str(root))
         self.sizes = (
             torch.from_numpy(np.concatenate(sizes) if sizes else np.empty((0, 2), np.int64))
-            if index.storage == "jpeg"
+            if self.kind.decoded
             else None
         )
         self.sources = [src for m in self.manifests for src in m.sources]

@@ -29,6 +29,7 @@ from ..pack.index import (
     manifest_digest,
     read_shard_manifest,
 )
+from ..pack.kinds import kind_of
 from ..pack.schema import (
     DATA_DIR,
     MANIFEST,
@@ -42,7 +43,7 @@ from .cache import META_DIR, RemoteShards, default_cache_dir, flocked
 from .client import NotFound, ObjectStore, Retry, TooLarge, open_store
 from .packset import PackSet
 from .url import StorageURL, parse_url
-from .verify import check_jpeg_index, check_small_file, small_files
+from .verify import check_small_file, small_files
 
 OPEN_THREADS = 8  # small files fetched in parallel when a set is opened cold
 MAX_CLASS_FILE_BYTES = 64 << 20  # --classes s3://.../classes.txt
@@ -201,7 +202,7 @@ def _small_ok(root: Path, entry: Any, index: SetIndex) -> Manifest | None:
                 return None
             if check_small_file(rel, path.read_bytes(), m, shard) is not None:
                 return None
-        if m.storage == "jpeg" and check_jpeg_index(shard, m) is not None:
+        if kind_of(m).check_index(shard, m) is not None:  # its index files, if any
             return None
         return m
     except (PackFormatError, OSError):
@@ -248,10 +249,9 @@ def _fetch_small(client: ObjectStore, root: Path, index: SetIndex, k: int) -> Ma
                 lambda b, rel=rel: check_small_file(rel, b, m, shard),
             )
             _write(shard / rel, body, root, entry.name)
-        if m.storage == "jpeg":
-            problem = check_jpeg_index(shard, m)
-            if problem is not None:
-                raise PackFormatError(f"{client.url.child(entry.name)}: {problem}; rebuild the set")
+        problem = kind_of(m).check_index(shard, m)
+        if problem is not None:
+            raise PackFormatError(f"{client.url.child(entry.name)}: {problem}; rebuild the set")
         _write(
             shard / MANIFEST, data, root, entry.name
         )  # last: a shard with its manifest is complete

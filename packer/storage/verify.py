@@ -6,21 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..pack.kinds import kind_of
 from ..pack.schema import (
     DATA_DIR,
     LABELS_FILE,
-    LENGTHS_FILE,
     MANIFEST,
-    OFFSETS_FILE,
-    SIZES_FILE,
     TARGETS_FILE,
     FieldSpec,
     Manifest,
 )
-from ..pack.writer import digest, hash_blocks
+from ..pack.writer import digest
 
 
 def big_field(m: Manifest) -> FieldSpec:
@@ -48,14 +43,6 @@ def check_small_file(rel: str, data: bytes, m: Manifest, shard: Path) -> str | N
     return None
 
 
-def check_jpeg_index(shard: Path, m: Manifest) -> str | None:
-    """The three JPEG index files in ``shard`` against the manifest's SHA-256."""
-    parts = [(shard / DATA_DIR / f).read_bytes() for f in (OFFSETS_FILE, LENGTHS_FILE, SIZES_FILE)]
-    if digest(b"".join(parts)) != m.checksums.index:
-        return "offsets/lengths/sizes do not match the manifest's SHA-256"
-    return None
-
-
 def check_big_file(path: Path, m: Manifest, shard: Path) -> str | None:
     """What is wrong with ``path`` as the shard's big data file, or None: its size, then
     the SHA-256 of every block of ``block_rows`` images (the JPEG block ranges come from
@@ -65,19 +52,8 @@ def check_big_file(path: Path, m: Manifest, shard: Path) -> str | None:
     size = path.stat().st_size
     if size != want_size:
         return f"{size:,} bytes where the manifest says {want_size:,} (truncated)"
-    ck = m.checksums
-    block, want = ck.block_rows, list(ck.images)
-    if m.storage == "raw":
-        got = hash_blocks(path, m.image_bytes * block, len(want))
-    else:
-        lengths = np.fromfile(shard / DATA_DIR / LENGTHS_FILE, dtype="<i8")
-        ends = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        got = []
-        with open(path, "rb") as f:
-            for b in range(len(want)):
-                lo, hi = b * block, min(m.count, (b + 1) * block)
-                f.seek(int(ends[lo]))
-                got.append(digest(f.read(int(ends[hi] - ends[lo]))))
+    want = list(m.checksums.images)
+    got = kind_of(m).block_hashes(path, m, shard)
     bad = [b for b, (x, y) in enumerate(zip(got, want)) if x != y]
     if len(got) != len(want) or bad:
         return f"checksum mismatch in {len(bad)} of {len(want)} blocks"

@@ -30,7 +30,7 @@ from packer.build.workdir import work_dir_for
 from packer.cli import cli
 from packer.errors import DecodeError, PackFormatError
 from packer.imaging.decode import decode_into
-from packer.pack.format import digest, image_bytes
+from packer.pack.writer import digest, image_bytes
 
 
 @pytest.mark.parametrize("mode", ["crop", "stretch", "pad"])

@@ -21,8 +21,10 @@ from conftest import subprocess_env, write_image
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
-from packer.pack.format import Manifest, describe, read_manifest
+from packer.pack.describe import describe
+from packer.pack.files import read_manifest
 from packer.pack.reader import ImagePack
+from packer.pack.schema import Manifest
 
 
 def edit(pack: Path, change) -> None:
@@ -354,7 +356,8 @@ def test_the_manifest_cap_is_the_readers_not_the_packs(packed: Path) -> None:
     that does not start as a JSON object is refused at its first chunk."""
     import resource
 
-    from packer.pack.format import MAX_MANIFEST_BYTES, manifest_limit
+    from packer.pack.files import manifest_limit
+    from packer.pack.schema import MAX_MANIFEST_BYTES
 
     _sparse(packed / "_tensordict" / "labels.memmap", 32 << 20)
     assert manifest_limit(packed) == MAX_MANIFEST_BYTES == 1 << 30
@@ -375,7 +378,7 @@ def test_the_manifest_cap_is_the_readers_not_the_packs(packed: Path) -> None:
 
 def test_real_manifests_are_well_inside_the_cap(tmp_path: Path) -> None:
     from packer.measure.bench.synth import make_random_pack
-    from packer.pack.format import MAX_MANIFEST_BYTES
+    from packer.pack.schema import MAX_MANIFEST_BYTES
 
     path = make_random_pack(tmp_path / "r", 1000, 4)
     size = (path / "imgpack.json").stat().st_size

@@ -77,3 +77,39 @@ def test_tensordict_behaviour_is_kept(packs: dict[str, object]) -> None:
     assert part.images.shape == (2, 3, 6, 8) and part.image_shape == (3, 6, 8)
     assert p.to("cpu").images.equal(p.images) and p.batch_size == torch.Size([6])
     assert hasattr(p, "memmap_") and hasattr(p, "apply")  # unlisted, still there
+
+
+@pytest.mark.parametrize("name", ["raw", "jpeg", "set", "jset"])
+def test_every_pack_class_implements_the_pack_protocol(packs: dict[str, object], name: str) -> None:
+    """ImagePack, JpegPack and PackSet (raw and JPEG shards) are each a ``Pack``: by
+    isinstance on the runtime-checkable protocol, and by each attribute's value."""
+    from packer.pack.jpeg import JpegPack
+    from packer.pack.kind import Pack, StorageKind
+    from packer.pack.kinds import KINDS
+    from packer.pack.packset import PackSet
+    from packer.pack.raw import ImagePack
+
+    p = packs[name]
+    cls = {"raw": ImagePack, "jpeg": JpegPack, "set": PackSet, "jset": PackSet}[name]
+    assert type(p) is cls and isinstance(p, Pack)
+    storage = "jpeg" if name.startswith("j") else "raw"
+    assert isinstance(p.kind, StorageKind) and p.kind is KINDS[storage]
+    assert p.kind.name == p.storage == storage
+    assert p.labels.dtype == torch.int64 and p.labels.shape == (6,) and p.targets is None
+    assert p.classes == ["c0", "c1"] and isinstance(p.path, Path) and len(p) == 6
+
+
+def test_an_object_missing_a_pack_attribute_is_not_a_pack(packs: dict[str, object]) -> None:
+    from packer.pack.kind import Pack
+
+    class NoKind:
+        labels = targets = classes = path = None
+
+        def __len__(self) -> int:
+            return 0
+
+    class WithKind(NoKind):
+        kind = None
+
+    assert not isinstance(NoKind(), Pack) and isinstance(WithKind(), Pack)
+    assert not isinstance(packs["raw"][1:3], Pack)  # a slice has no path or classes

@@ -16,7 +16,7 @@ import torch
 
 from conftest import write_image
 from packer.errors import InputError, PackFormatError, UsageError
-from packer.pack.format import check_label_arrays, check_label_fields, label_fields
+from packer.pack.parse import check_label_arrays, check_label_fields, label_fields
 from packer.sources.classes import apply_class_map, resolve_classes
 from packer.sources.labels import apply_table, list_source_images
 from packer.sources.scan import scan_tree
@@ -33,7 +33,7 @@ def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
 def fake_pack(root: Path, classes: object, fmt: str = "imgpack") -> Path:
     """A folder whose imgpack.json is a valid empty pack's manifest, with ``classes``
     and ``format`` put in as given (read_class_map reads the manifest alone)."""
-    from packer.pack.format import Checksums, Manifest
+    from packer.pack.schema import Checksums, Manifest
 
     root.mkdir(parents=True)
     m = Manifest(

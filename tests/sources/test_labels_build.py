@@ -22,7 +22,7 @@ from conftest import subprocess_env, write_image
 from packer.build.run import BuildConfig, build
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
-from packer.pack.format import describe
+from packer.pack.describe import describe
 from packer.sources.labels import MAX_MISSING_LISTED
 
 FILES = ("images.memmap", "labels.memmap", "targets.memmap", "meta.json")
