@@ -74,10 +74,10 @@ class JpegKind(StorageKind):
         return {"storage": m.storage, "jpeg_bytes": m.jpeg_bytes}
 
     def summary(self, count: int, image_shape: Sequence[int], max_side: int | None) -> str:
-        """``36 stored JPEGs (each its own size, up to 512 wide x 384 high, --max-side
+        """``36 stored JPEGs (each its own size, up to 512 wide x 384 high, max side
         512), decoded when read``: a JPEG pack has no one shape."""
         _, h, w = image_shape
-        bound = f", --max-side {max_side}" if max_side else ""
+        bound = f", max side {max_side}" if max_side else ""
         return (
             f"{count} stored {self.name.upper()}s (each its own size, up to {w} wide x {h} "
             f"high{bound}), decoded when read"

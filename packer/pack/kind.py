@@ -70,7 +70,7 @@ def pack_dir(obj: Any, own: tuple[str, ...]) -> list[str]:
 @runtime_checkable
 class Pack(Protocol):
     """What every pack object answers (:class:`~packer.pack.raw.ImagePack`,
-    :class:`~packer.pack.jpeg.JpegPack`, :class:`~packer.pack.packset.PackSet`): its
+    :class:`~packer.pack.jpeg.JpegPack`, :class:`~packer.storage.packset.PackSet`): its
     storage ``kind``, ``labels`` (int64 [N]), ``targets`` (float32 [N, K] or None),
     ``classes``, ``path`` and ``len()``. The rest of :data:`PACK_ATTRIBUTES` too."""
 

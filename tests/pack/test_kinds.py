@@ -89,11 +89,23 @@ def test_each_kind_answers_the_builds_questions() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_side": 64}, "--max-side bounds stored JPEGs; use it with --store jpeg"),
-        ({"store": "jpeg", "device": "cuda"}, "--device cuda decodes and resizes raw packs"),
-        ({"store": "jpeg", "device": "cuda:1"}, "--device cuda decodes and resizes raw packs"),
-        ({"store": "jpeg", "max_side": 0}, "--max-side must be 1 to 65536"),
-        ({"store": "jpeg", "device": "gpu"}, "--device must be cpu, cuda, cuda:N or auto"),
+        (
+            {"max_side": 64},
+            "BuildConfig.max_side bounds stored JPEGs; use it with BuildConfig.store jpeg",
+        ),
+        (
+            {"store": "jpeg", "device": "cuda"},
+            "BuildConfig.device cuda decodes and resizes raw packs",
+        ),
+        (
+            {"store": "jpeg", "device": "cuda:1"},
+            "BuildConfig.device cuda:1 decodes and resizes raw packs",
+        ),
+        ({"store": "jpeg", "max_side": 0}, "BuildConfig.max_side must be 1 to 65536"),
+        (
+            {"store": "jpeg", "device": "gpu"},
+            "BuildConfig.device must be cpu, cuda, cuda:N or auto",
+        ),
     ],
 )
 def test_a_kind_refuses_the_build_options_it_cannot_honour(

@@ -86,8 +86,8 @@ def test_every_pack_class_implements_the_pack_protocol(packs: dict[str, object],
     from packer.pack.jpeg import JpegPack
     from packer.pack.kind import Pack, StorageKind
     from packer.pack.kinds import KINDS
-    from packer.pack.packset import PackSet
     from packer.pack.raw import ImagePack
+    from packer.storage.packset import PackSet
 
     p = packs[name]
     cls = {"raw": ImagePack, "jpeg": JpegPack, "set": PackSet, "jset": PackSet}[name]
