@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
+from ..sources.base import SourceOptions
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 
@@ -49,6 +50,8 @@ class BuildConfig:
     # packer.build.ray_engine; always a set), on the cluster at ``ray_address``
     engine: str = "local"
     ray_address: str | None = None  # None: the cluster ray.init finds (RAY_ADDRESS), or a new one
+    # parquet/Arrow/tar/zip/bucket sources: columns, label field, per-image byte cap
+    sources: SourceOptions = SourceOptions()
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options

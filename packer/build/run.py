@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,12 @@ def build(
     # could pay for the job (build/auto.py)
     if config.engine != "ray" and config.device != "auto":
         _build_device(config)
+    if plan is None:  # parquet, Arrow, tar, zip or a bucket read here (packer.sources)
+        from ..sources.base import source_plan
+
+        if (sourced := source_plan(src, dst, config)) is not None:
+            plan, src = sourced, sourced.scan.root
+            config = replace(config, device="cpu")  # their bytes reach the CPU workers
     if isinstance(dst, str) and "://" in dst:  # issue 30: a pack set in object storage
         from .upload import build_to_bucket
 
@@ -199,7 +206,8 @@ def _build_locked(
     row = image_bytes(spec.shape) if config.store == "raw" else 0
     block = block_rows_for(n_total)
     root = str(scan.root)
-    paths = [os.path.join(root, e.rel) for e in scan.entries]
+    items = getattr(scan, "chunk_items", None)  # a source's refs (packer.sources.base)
+    paths = items() if items else [os.path.join(root, e.rel) for e in scan.entries]
     chunks = [
         (k, k * block, paths[k * block : (k + 1) * block])
         for k in range((n_total + block - 1) // block)

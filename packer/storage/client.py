@@ -487,6 +487,27 @@ class ObjectStore:
 
         return self._call(key, "read it", once)
 
+    def get_range(self, *parts: str, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of the object (``length`` >= 1; the range
+        must start inside it), at most ``length`` of them whatever the server sends."""
+        key = self.url.key(*parts)
+        where = self._where(key)
+
+        def once() -> bytes:
+            out = bytearray()
+            body = self._body(key, {"range": (start, start + length)})
+            try:
+                next(body)
+                for chunk in body:
+                    out += chunk
+                    if len(out) > length:  # a server ignoring the range
+                        raise _Final(TooLarge(where, len(out), length))
+                return bytes(out)
+            finally:
+                body.close()
+
+        return self._call(key, "read it", once)
+
     def head(self, *parts: str) -> int | None:
         """The object's size, or None if it does not exist."""
         key = self.url.key(*parts)
