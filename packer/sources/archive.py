@@ -75,6 +75,7 @@ def plan_named(
     scan = bucket_scan(where, listing, tree=False)
     fixed = read_class_map(config.classes) if config.classes is not None else None
     table_path = Path(config.labels)
+    given = table_path
     kw = {"targets": config.targets, "classes": fixed, "allow_new_classes": config.allow_new_classes}
     if table_path.is_file() or read_member is None:
         table = read_table(table_path, **kw)
@@ -93,6 +94,7 @@ def plan_named(
             local = Path(tmp) / os.path.basename(member)
             local.write_bytes(read_member(member, _MAX_TABLE_BYTES))
             table = read_table(local, **kw)
+        given = Path(where) / member  # the manifest names the member, not the temporary copy
     rels = [e.rel for e in scan.entries]
     match = apply_table(table, rels)
     refs = {r: make_ref(r) for r in rels}
@@ -107,7 +109,7 @@ def plan_named(
         if isinstance(config.classes, str)
         else str(config.classes.resolve())
     )
-    return labels_from_table(found, match, table, table_path, class_map, where)
+    return labels_from_table(found, match, table, given, class_map, where)
 
 
 def _open_zip(where: str) -> zipfile.ZipFile:

@@ -152,6 +152,15 @@ def _index_shard(
             )
             break
         if m is None:
+            # tarfile ends quietly at a header cut short: what follows must be zeros
+            rest = shard.size - tf.offset
+            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
+            if tail.strip(b"\0"):
+                after = f" after member {last}" if last else ""
+                skipped.append(
+                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
+                     f"{rest:,} bytes left); the rest of the shard is skipped"}
+                )  # fmt: skip
             break
         tf.members = []  # headers only, one at a time: a shard of a million members is fine
         last = m.name
