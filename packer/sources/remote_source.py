@@ -13,13 +13,18 @@ to disk. Each object's size and ETag, as listed, are the resume fingerprint's st
 from __future__ import annotations
 
 import io
+import logging
+import os
 import posixpath
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UsageError
 from .base import KINDS, SUFFIX_KIND, Container, SourceOptions, SourceSpec, expand_braces
 from .fetch import Fetched, cached
+
+log = logging.getLogger(__name__)
 
 _BLOCK = 4 << 20  # read-ahead of a RangeFile
 
@@ -159,6 +164,7 @@ class RangeFile(io.RawIOBase):
         self.pos = 0
         self._buf = b""
         self._buf_at = 0
+        self._spool: Any = None  # a server without ranged reads: the object, fetched once
 
     def readable(self) -> bool:
         return True
@@ -179,7 +185,38 @@ class RangeFile(io.RawIOBase):
         n = min(n, self.size - offset)
         if n <= 0:
             return b""
-        return self.store.get_range(self.name, start=offset, length=n)
+        if self._spool is None:
+            from ..storage.client import NoRanges
+
+            try:
+                return self.store.get_range(self.name, start=offset, length=n)
+            except NoRanges:
+                self._spool = self._fetch_whole()
+        return os.pread(self._spool.fileno(), n, offset)
+
+    def _fetch_whole(self) -> Any:
+        """The object in an unlinked temporary file of this process (gone with it), for
+        a server that answers ranged reads with the whole object's status."""
+        log.warning(
+            "%s: the server does not answer ranged reads; reading the whole object once", self.url
+        )
+        fd, path = tempfile.mkstemp(prefix=".imgpack-source-")
+        os.close(fd)
+        try:
+            self.store.download(Path(path), self.name)
+            f = open(path, "rb")  # noqa: SIM115 (closed by close())
+        finally:
+            os.unlink(path)
+        if os.fstat(f.fileno()).st_size != self.size:
+            f.close()
+            raise InputError(f"{self.url}: changed while it was read; run the same command again")
+        return f
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+        super().close()
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:

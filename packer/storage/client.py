@@ -114,6 +114,11 @@ class TooLarge(Exception):
         self.where, self.size, self.cap = where, size, cap
 
 
+class NoRanges(Exception):
+    """The server answered a ranged read with the whole-object status (200, not 206):
+    some S3-compatible servers (rclone serve s3 1.75) do; obstore refuses the answer."""
+
+
 class _Cancelled(Exception):
     """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
 
@@ -497,7 +502,12 @@ class ObjectStore:
             out = bytearray()
             body = self._body(key, {"range": (start, start + length)})
             try:
-                next(body)
+                try:
+                    next(body)
+                except Exception as e:
+                    if "non-partial" in str(e).lower():
+                        raise _Final(NoRanges(where)) from None
+                    raise
                 for chunk in body:
                     out += chunk
                     if len(out) > length:  # a server ignoring the range
