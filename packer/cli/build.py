@@ -21,7 +21,8 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 
 
 @click.command(cls=QualityHint)
-@click.argument("srcs", metavar="SRC...", nargs=-1, required=True)  # strs: a bucket SRC (s3://) keeps its "//"
+# strs: a bucket SRC (s3://) keeps its "//"; several: parquet files, tar shards
+@click.argument("srcs", metavar="SRC...", nargs=-1, required=True)
 @click.argument("dst", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--size",
@@ -238,9 +239,8 @@ def build(
     from ..build.run import build as build_pack
     from ..build.shards import parse_bytes
     from ..build.workdir import refuse_symlink_destination
-    from ..storage.url import is_url
-
     from ..sources.base import SourceOptions
+    from ..storage.url import is_url
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
     if not is_url(dst):

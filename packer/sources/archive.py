@@ -76,7 +76,11 @@ def plan_named(
     fixed = read_class_map(config.classes) if config.classes is not None else None
     table_path = Path(config.labels)
     given = table_path
-    kw = {"targets": config.targets, "classes": fixed, "allow_new_classes": config.allow_new_classes}
+    kw = {
+        "targets": config.targets,
+        "classes": fixed,
+        "allow_new_classes": config.allow_new_classes,
+    }
     if table_path.is_file() or read_member is None:
         table = read_table(table_path, **kw)
     else:
@@ -85,9 +89,7 @@ def plan_named(
         from .tables import _MAX_TABLE_BYTES
 
         if member not in sizes:
-            raise InputError(
-                f"--labels {config.labels}: no such file, nor a member of {where}"
-            )
+            raise InputError(f"--labels {config.labels}: no such file, nor a member of {where}")
         if sizes[member] > _MAX_TABLE_BYTES:
             raise InputError(f"{where} member {member}: too large for a label table")
         with tempfile.TemporaryDirectory(prefix=".imgpack-table-") as tmp:
@@ -204,7 +206,12 @@ def read_zip_members(c: Container, names: list[str]) -> list[Fetched]:
             if len(data) > c.cap:
                 out.append(Fetched(None, f"inflates past the per-image limit of {c.cap:,} bytes"))
             elif len(data) != info.file_size:
-                out.append(Fetched(None, f"inflates to {len(data):,} bytes, not the {info.file_size:,} it declares"))
+                out.append(
+                    Fetched(
+                        None,
+                        f"inflates to {len(data):,} bytes, not the {info.file_size:,} it declares",
+                    )
+                )
             else:
                 out.append(Fetched(data))
         except _ZIP_ERRORS as e:

@@ -147,7 +147,9 @@ def _kind_of_name(name: str) -> str | None:
 def is_saved_dataset(path: Path) -> bool:
     """A ``datasets`` ``save_to_disk`` folder: Arrow files with ``state.json`` and
     ``dataset_info.json``."""
-    return path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    return (
+        path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
 
 
 @dataclass(frozen=True)
@@ -220,9 +222,8 @@ def source_plan(src: Any, dst: Any, config: Any) -> Any:
     """The build's hook: the labelled images (a ``_Labels`` of a :class:`SourceScan`)
     when ``src`` is a parquet/Arrow/tar/zip source or a bucket prefix read by this
     machine, else None. Refuses, with a usage error, what such a source does not take."""
-    if isinstance(src, (str, os.PathLike)) and not isinstance(src, str):
-        if Path(src).is_dir() and not is_saved_dataset(Path(src)):
-            return None
+    if isinstance(src, os.PathLike) and Path(src).is_dir() and not is_saved_dataset(Path(src)):
+        return None  # a folder of images: the scan's
     a_set = config.engine == "ray" or config.shard_size is not None or config.append
     if a_set and isinstance(src, str) and "://" in src:
         return None  # a bucket of images for a pack set: the set's own path

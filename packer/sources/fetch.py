@@ -131,7 +131,7 @@ def load_resized_item(item: Any, spec: Any) -> Any:
         try:
             return load_resized(path, spec)
         except DecodeError as e:
-            raise DecodeError(str(e).replace(repr(path), "the image").replace(path, "the image"))
+            raise DecodeError(str(e).replace(path, "the image")) from None
 
 
 def jpeg_for_pack_item(item: Any, *args: Any) -> Any:
@@ -142,14 +142,13 @@ def jpeg_for_pack_item(item: Any, *args: Any) -> Any:
         try:
             return jpeg_for_pack(path, *args)
         except DecodeError as e:
-            raise DecodeError(str(e).replace(repr(path), "the image").replace(path, "the image"))
+            raise DecodeError(str(e).replace(path, "the image")) from None
 
 
 def capped(data_len: int, cap: int) -> str | None:
     """The skip reason of an image of ``data_len`` bytes over the cap, or None."""
     if data_len > cap:
         return (
-            f"{data_len:,} bytes, over the per-image limit of {cap:,} "
-            "(--max-image-bytes); not read"
+            f"{data_len:,} bytes, over the per-image limit of {cap:,} (--max-image-bytes); not read"
         )
     return None

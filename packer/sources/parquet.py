@@ -33,7 +33,7 @@ _BATCH = 8  # rows per batch a worker reads: pages stream, a few images at a tim
 def need_pyarrow() -> Any:
     try:
         import pyarrow
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.parquet
     except ImportError:
         from ..errors import UsageError
 
@@ -240,7 +240,11 @@ def index_parquet(paths: list[Any], opts: SourceOptions, config: Any) -> Any:
     assert chosen is not None
     first = items[0]
     root = Path(first) if "://" in first else Path(first).resolve()
-    where = first if len(items) == 1 else f"{os.path.dirname(first) or '.'} ({len(items)} parquet files)"
+    where = (
+        first
+        if len(items) == 1
+        else f"{os.path.dirname(first) or '.'} ({len(items)} parquet files)"
+    )
     return finish_labels(
         found, chosen[2], where, config, root=root, kind="parquet",
         containers=containers, skipped=skipped,
@@ -271,7 +275,10 @@ def _index_file(
                 why = f"row group {rg}: its labels cannot be read ({one_line(e)})"
         if why is not None:
             skipped.append(
-                {"path": row_location(c.name, row), "reason": f"{why}; rows {row:,} to {row + n - 1:,} skipped"}
+                {
+                    "path": row_location(c.name, row),
+                    "reason": f"{why}; rows {row:,} to {row + n - 1:,} skipped",
+                }
             )
         else:
             for i, v in enumerate(values):
@@ -402,9 +409,10 @@ def row_group_guard(c: Container, md: Any, rg: int, raw: Any) -> str | None:
     (a page larger than it, or unparseable page headers), or None. ``raw``: a binary
     file object of the parquet file (page headers are read through it)."""
     chunks = _leaf_chunks(md, rg, c.column)
-    if sum(x.total_uncompressed_size for x in chunks) <= c.cap and sum(
-        x.total_compressed_size for x in chunks
-    ) <= c.cap:
+    if (
+        sum(x.total_uncompressed_size for x in chunks) <= c.cap
+        and sum(x.total_compressed_size for x in chunks) <= c.cap
+    ):
         return None  # no page can be larger than the whole chunk
     read_at = _read_at_fn(raw)
     for x in chunks:
@@ -522,7 +530,9 @@ def _arrow_files(folder: Path) -> list[Path]:
     out = []
     for name in files:
         if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise InputError(f"{folder / 'state.json'}: names a data file {name!r} outside the folder")
+            raise InputError(
+                f"{folder / 'state.json'}: names a data file {name!r} outside the folder"
+            )
         p = folder / name
         if not p.is_file() or p.is_symlink():
             raise InputError(f"{p}: listed in state.json but not a regular file here")
@@ -536,7 +546,9 @@ def _open_stream(pa: Any, path: str) -> Any:
     try:
         return pa.ipc.open_stream(pa.memory_map(path, "r"))
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise InputError(f"{path}: not an Arrow stream file pyarrow can read ({one_line(e)})") from None
+        raise InputError(
+            f"{path}: not an Arrow stream file pyarrow can read ({one_line(e)})"
+        ) from None
 
 
 def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
@@ -566,15 +578,16 @@ def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any
         try:
             for batch in reader:
                 batch.validate(full=True)  # offsets in bounds before a worker slices
-                values = (
-                    batch.column(label).to_pylist() if label else [None] * batch.num_rows
-                )
+                values = batch.column(label).to_pylist() if label else [None] * batch.num_rows
                 for i, v in enumerate(values):
                     found.append((row_location(path.name, row + i), (c, row + i), v))
                 row += batch.num_rows
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
-                {"path": row_location(path.name, row), "reason": f"unreadable from here on ({one_line(e)})"}
+                {
+                    "path": row_location(path.name, row),
+                    "reason": f"unreadable from here on ({one_line(e)})",
+                }
             )
     assert chosen is not None
     return finish_labels(

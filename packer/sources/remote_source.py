@@ -85,11 +85,11 @@ def bucket_spec(url: str) -> SourceSpec:
     found = sorted(k for k, _, _ in listing if SUFFIX_KIND.get(posixpath.splitext(k)[1].lower()))
     fkinds = {SUFFIX_KIND[posixpath.splitext(k)[1].lower()] for k in found}
     if not found:
-        raise InputError(
-            f"{u}: no images, parquet, tar or zip objects under this prefix"
-        )
+        raise InputError(f"{u}: no images, parquet, tar or zip objects under this prefix")
     if len(fkinds) > 1:
-        raise UsageError(f"{u}: holds objects of several kinds ({', '.join(sorted(fkinds))}); name one with a pattern")
+        raise UsageError(
+            f"{u}: holds objects of several kinds ({', '.join(sorted(fkinds))}); name one with a pattern"
+        )
     return SourceSpec(fkinds.pop(), tuple(u.child(k) for k in found), bucket=True)
 
 
@@ -113,7 +113,9 @@ def index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
         tag = ",".join(f"{k}:{s}:{e}" for k, s, e in sorted(listing))
         import hashlib
 
-        c = Container("object", url, url, opts.max_image_bytes, "", hashlib.sha256(tag.encode()).hexdigest())
+        c = Container(
+            "object", url, url, opts.max_image_bytes, "", hashlib.sha256(tag.encode()).hexdigest()
+        )
         sizes = {k: s for k, s, _ in listing}
 
         def read_member(key: str, limit: int) -> bytes:
@@ -132,7 +134,9 @@ def index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
             else:
                 keep.append((k, s, e))
         del sizes
-        return plan_named(keep, url, Path(url), "object", lambda rel: (c, rel), [c], skipped, config, read_member)
+        return plan_named(
+            keep, url, Path(url), "object", lambda rel: (c, rel), [c], skipped, config, read_member
+        )
     if spec.kind == "parquet":
         from .parquet import index_parquet
 
@@ -257,7 +261,12 @@ def read_objects(c: Container, keys: list[str]) -> list[Fetched]:
         try:
             out.append(Fetched(store.get(k, max_bytes=c.cap)))
         except TooLarge:
-            out.append(Fetched(None, f"over the per-image limit of {c.cap:,} bytes (--max-image-bytes); not read"))
+            out.append(
+                Fetched(
+                    None,
+                    f"over the per-image limit of {c.cap:,} bytes (--max-image-bytes); not read",
+                )
+            )
         except NotFound:
             out.append(Fetched(None, "no longer in the bucket"))
     return out

@@ -76,7 +76,9 @@ class _Shard:
         self.f.close()
 
 
-def _label_of(shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOptions) -> tuple[Any, str | None]:
+def _label_of(
+    shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOptions
+) -> tuple[Any, str | None]:
     """(label text or None, why the sample must be skipped or None)."""
     ext = "json" if opts.label_field else "cls"
     m = members.get(ext)
@@ -106,10 +108,14 @@ def _label_of(shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOp
 
 
 def _index_shard(
-    c: Container, shard: _Shard, opts: SourceOptions, found: list[Any], skipped: list[dict[str, str]]
+    c: Container,
+    shard: _Shard,
+    opts: SourceOptions,
+    found: list[Any],
+    skipped: list[dict[str, str]],
 ) -> None:
     try:
-        tf = tarfile.open(fileobj=shard.f, mode="r:")
+        tf = tarfile.open(fileobj=shard.f, mode="r:")  # noqa: SIM115 (the shard's, closed with it)
     except _TAR_ERRORS as e:
         skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
         return
@@ -124,7 +130,10 @@ def _index_shard(
         where = member_location(c.name, img.name if img else key)
         if img is None:
             skipped.append(
-                {"path": where, "reason": "no image member (.jpg, .jpeg, .png or .webp) in this sample"}
+                {
+                    "path": where,
+                    "reason": "no image member (.jpg, .jpeg, .png or .webp) in this sample",
+                }
             )
             return
         why = None
@@ -148,7 +157,10 @@ def _index_shard(
         except _TAR_ERRORS as e:
             after = f" after member {last}" if last else ""
             skipped.append(
-                {"path": c.name, "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped"}
+                {
+                    "path": c.name,
+                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
+                }
             )
             break
         if m is None:
@@ -211,7 +223,9 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
         finally:
             shard.close()
     root = Path(items[0]) if "://" in items[0] else Path(items[0]).resolve()
-    where = items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
+    where = (
+        items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
+    )
     if not found and not skipped:
         raise InputError(f"{where}: no samples with an image (.jpg, .jpeg, .png, .webp) found")
     return finish_labels(

@@ -34,9 +34,7 @@ def in_order(root: Path) -> list[tuple[str, bytes, int, str]]:
 def image_features(names: list[str]) -> object:
     import datasets
 
-    return datasets.Features(
-        {"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}
-    )
+    return datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)})
 
 
 def hf_dataset(root: Path) -> object:

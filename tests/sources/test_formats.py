@@ -17,12 +17,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 from conftest import cli_build, cli_run, one_error, subprocess_env
 from packer.build.run import BuildConfig, build, work_dir_for
 from packer.errors import InputError, UsageError
 from packer.sources.base import SourceOptions, expand_braces
-from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 pytest.importorskip("pyarrow")
 datasets = pytest.importorskip("datasets")
@@ -70,12 +70,16 @@ def test_parquet_shards_by_glob_and_list_equal_folder(folder: Path, tmp_path: Pa
     ds = hf_dataset(folder)
     (tmp_path / "data").mkdir()
     for k in range(3):  # rows in order across the files
-        ds.shard(3, k, contiguous=True).to_parquet(str(tmp_path / "data" / f"train-{k:05d}.parquet"))
+        ds.shard(3, k, contiguous=True).to_parquet(
+            str(tmp_path / "data" / f"train-{k:05d}.parquet")
+        )
     want = digests(folder_pack(folder, tmp_path), MANIFEST_NAMES)
     build(str(tmp_path / "data" / "train-*.parquet"), tmp_path / "glob", RAW)
     assert digests(tmp_path / "glob", MANIFEST_NAMES) == want
     files = sorted(str(p) for p in (tmp_path / "data").iterdir())
-    code, _, err = cli_run("build", *files, tmp_path / "cli", "--size", "16x12", "--workers", "1", "-q")
+    code, _, err = cli_run(
+        "build", *files, tmp_path / "cli", "--size", "16x12", "--workers", "1", "-q"
+    )
     assert code == 0, err
     assert digests(tmp_path / "cli", MANIFEST_NAMES) == want
 
@@ -104,7 +108,10 @@ def test_webdataset_shards_equal_folder(folder: Path, tmp_path: Path) -> None:
 def test_webdataset_label_from_json_field(folder: Path, tmp_path: Path) -> None:
     write_shards(folder, tmp_path / "shards", maxcount=8, label="species")
     code, _, err = cli_build(
-        tmp_path / "shards" / "train-{000000..000001}.tar", tmp_path / "p", "--label-field", "species"
+        tmp_path / "shards" / "train-{000000..000001}.tar",
+        tmp_path / "p",
+        "--label-field",
+        "species",
     )
     assert code == 0, err
     m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
@@ -251,7 +258,9 @@ KILL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("kind", ["parquet", "tar", "zip"])
-def test_killed_source_build_resumes_byte_identical(folder: Path, tmp_path: Path, kind: str) -> None:
+def test_killed_source_build_resumes_byte_identical(
+    folder: Path, tmp_path: Path, kind: str
+) -> None:
     if kind == "parquet":
         hf_dataset(folder).to_parquet(str(tmp_path / "t.parquet"), batch_size=3)
         src = str(tmp_path / "t.parquet")
@@ -356,7 +365,6 @@ def test_parquet_row_group_past_the_end_is_skipped(tmp_path: Path) -> None:
     gone are skipped by their footer offsets, never read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from PIL import Image
 
     def noisy(i: int) -> bytes:  # 8 kB of PNG: a row group is far larger than the footer
@@ -389,7 +397,9 @@ def _tar_with(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]
     return path
 
 
-def _member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, target: str = "") -> tuple[tarfile.TarInfo, bytes | None]:
+def _member(
+    name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, target: str = ""
+) -> tuple[tarfile.TarInfo, bytes | None]:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.linkname = target
@@ -412,12 +422,18 @@ def test_tar_traversal_and_link_members_are_skipped(tmp_path: Path) -> None:
     )
     code, _, err = build_cli(shard, tmp_path / "p")
     assert code == 0, err
-    assert "skipped shard-000000.tar member ../x.jpg: a member name leading outside the shard (path traversal '..'); not read" in err
+    assert (
+        "skipped shard-000000.tar member ../x.jpg: a member name leading outside the shard (path traversal '..'); not read"
+        in err
+    )
     assert "member /etc/y.jpg: a member name leading outside the shard (absolute path)" in err
     assert "member 000002.jpg: a link member, not an image; not read" in err
     assert "member 000003.jpg: a link member" in err
     m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
-    assert m["sources"] == ["shard-000000.tar member 000000.png", "shard-000000.tar member 000004.png"]
+    assert m["sources"] == [
+        "shard-000000.tar member 000000.png",
+        "shard-000000.tar member 000004.png",
+    ]
     assert not (tmp_path / "x.jpg").exists() and not (tmp_path.parent / "x.jpg").exists()
 
 
@@ -433,7 +449,9 @@ def test_truncated_shard_keeps_what_came_before(tmp_path: Path, where: str) -> N
     code, _, err = build_cli(shard, tmp_path / "p")
     assert code == 0, err
     if where == "data":
-        assert "skipped shard-000000.tar member 000003.png: cut short: the shard ends at byte" in err
+        assert (
+            "skipped shard-000000.tar member 000003.png: cut short: the shard ends at byte" in err
+        )
     else:
         assert "skipped shard-000000.tar: unreadable after member 000002.png" in err
     assert json.loads((tmp_path / "p" / "imgpack.json").read_text())["count"] == 3
@@ -481,11 +499,14 @@ def test_zip_symlink_and_traversal_members_are_skipped(tmp_path: Path) -> None:
         z.writestr("ok.png", _png())
         z.writestr("../evil.png", _png())
         link = zipfile.ZipInfo("link.png")
-        link.external_attr = (0o120777 << 16)
+        link.external_attr = 0o120777 << 16
         z.writestr(link, "/etc/passwd")
     code, _, err = build_cli(path, tmp_path / "p")
     assert code == 0, err
-    assert "skipped ../evil.png: a member name leading outside the archive (path traversal '..'); not read" in err
+    assert (
+        "skipped ../evil.png: a member name leading outside the archive (path traversal '..'); not read"
+        in err
+    )
     assert "skipped link.png: a symbolic link member; not read" in err
     assert json.loads((tmp_path / "p" / "imgpack.json").read_text())["sources"] == ["ok.png"]
 

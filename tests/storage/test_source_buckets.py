@@ -5,7 +5,6 @@ from the same files on disk."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ from packer.errors import UsageError
 from packer.storage.local_server import S3Server
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))
-from source_data import digests, hf_dataset, tree, write_shards, write_zip  # noqa: E402
+from source_data import digests, hf_dataset, tree, write_shards, write_zip
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("datasets")
