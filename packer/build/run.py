@@ -132,7 +132,7 @@ def build(
         parse_url(src)  # first: a URL with a credential is refused, unquoted
         raise UsageError(
             f"SRC {src}: a bucket of images is built with --engine ray (each task downloads "
-            "its shard's images); to build here, download the images first"
+            "its shard's images) into a pack set; one pack is built here without --shard-size"
         )
     if config.shard_size is not None or config.append or config.engine == "ray":  # a pack set
         from .shards import build_set
