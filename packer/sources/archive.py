@@ -192,7 +192,7 @@ def index_zips(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
 
 def read_zip_members(c: Container, names: list[str]) -> list[Fetched]:
     """The bytes of members ``names`` of zip ``c``, each inflated to at most the cap."""
-    zf: zipfile.ZipFile = cached(("zip", c.where), lambda: _open_zip(c.where))
+    zf: zipfile.ZipFile = cached(("zip", c.where, c.stamp), lambda: _open_zip(c.where))
     out = []
     for name in names:
         try:

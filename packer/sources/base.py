@@ -335,7 +335,18 @@ def finish_labels(
     if not found:
         first = f" (first skipped: {skipped[0]['path']}: {skipped[0]['reason']})" if skipped else ""
         raise InputError(f"{where}: no images found{first}")
-    if names is not None:
+    if names is not None:  # a ClassLabel: an index outside its names is a broken row
+        keep = []
+        for rel, ref, lab in found:
+            if lab is not None and (not isinstance(lab, int) or not -1 <= lab < len(names)):
+                skipped.append(
+                    {"path": rel, "reason": f"label {lab} is not a class of the {len(names)} named"}
+                )
+            else:
+                keep.append((rel, ref, lab))
+        found = keep
+        if not found:
+            raise InputError(f"{where}: no row has a usable label")
         used = sorted({lab for _, _, lab in found if lab is not None and lab >= 0})
         if fixed is None:
             classes = list(names)

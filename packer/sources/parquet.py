@@ -478,7 +478,7 @@ def read_parquet_rows(c: Container, rows: list[int]) -> list[Fetched]:
     import bisect
 
     pa = need_pyarrow()
-    h: _ParquetHandle = cached(("parquet", c.where), lambda: _ParquetHandle(c.where))
+    h: _ParquetHandle = cached(("parquet", c.where, c.stamp), lambda: _ParquetHandle(c.where))
     out: dict[int, Fetched] = {}
     by_group: dict[int, list[int]] = {}
     for r in rows:
@@ -600,7 +600,6 @@ class _ArrowHandle:
     def __init__(self, where: str) -> None:
         pa = need_pyarrow()
         self.table = _open_stream(pa, where).read_all()  # zero-copy over the memory map
-        self.starts = [0]
 
     def close(self) -> None:
         self.table = None
@@ -609,7 +608,7 @@ class _ArrowHandle:
 def read_arrow_rows(c: Container, rows: list[int]) -> list[Fetched]:
     """The images of ``rows`` of Arrow stream file ``c`` (memory-mapped: only the
     pages of these rows are touched)."""
-    h: _ArrowHandle = cached(("arrow", c.where), lambda: _ArrowHandle(c.where))
+    h: _ArrowHandle = cached(("arrow", c.where, c.stamp), lambda: _ArrowHandle(c.where))
     col = h.table.column(c.column)
     out = []
     for r in rows:

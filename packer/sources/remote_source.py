@@ -96,15 +96,23 @@ def bucket_spec(url: str) -> SourceSpec:
 def object_stamp(url: str) -> str:
     """``size:ETag`` of the object at ``url``, as its prefix lists it."""
     prefix, name = _split(url)
-    stamps = cached(("listing", prefix), lambda: {k: (s, e) for k, s, e in _listing(prefix)})
+    if prefix not in _LISTINGS:
+        _LISTINGS[prefix] = {k: (s, e) for k, s, e in _listing(prefix)}
+    stamps = _LISTINGS[prefix]
     if name not in stamps:
         raise InputError(f"{url}: no such object")
     size, etag = stamps[name]
     return f"{size}:{etag}"
 
 
+# the listings of one index (a prefix listed once for all its shards), never reused by
+# a later build: an object changed since must change the fingerprint
+_LISTINGS: dict[str, dict[str, tuple[int, str]]] = {}
+
+
 def index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
     assert spec.kind in KINDS
+    _LISTINGS.clear()
     if spec.kind == "object":
         from .archive import plan_named
 

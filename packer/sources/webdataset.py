@@ -236,7 +236,7 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
 
 def read_tar_members(c: Container, positions: list[tuple[int, int]]) -> list[Fetched]:
     """The bytes of the members at ``positions`` ((offset, size)) of shard ``c``."""
-    shard: _Shard = cached(("tar", c.where), lambda: _Shard(c.where))
+    shard: _Shard = cached(("tar", c.where, c.stamp), lambda: _Shard(c.where))
     out = []
     for offset, size in positions:
         why = capped(size, c.cap)

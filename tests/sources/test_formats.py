@@ -240,6 +240,41 @@ def test_broken_tar_member_named_by_shard_and_member(folder: Path, tmp_path: Pat
     assert "skipped train-000000.tar member 000123.jpg: " in err
 
 
+def test_a_classlabel_index_outside_its_names_is_skipped(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from source_data import image_features
+
+    schema = image_features(["cat", "dog"]).arrow_schema
+    rows = {"image": [{"bytes": _png(), "path": None}] * 3, "label": [0, 7, 1]}
+    pq.write_table(pa.table(rows, schema=schema), tmp_path / "t.parquet")
+    code, _, err = build_cli(tmp_path / "t.parquet", tmp_path / "p")
+    assert code == 0, err
+    assert "skipped t.parquet row 1: label 7 is not a class of the 2 named" in err
+    m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
+    assert m["classes"] == ["cat", "dog"] and m["class_counts"] == [1, 1]
+
+
+def test_a_source_rewritten_between_builds_of_one_process_is_read_anew(
+    folder: Path, tmp_path: Path
+) -> None:
+    """A worker keeps its open files between chunks; a file changed since (another
+    size or mtime) is opened again, never read through the old handle."""
+    import datasets as hf
+
+    src = str(tmp_path / "t.parquet")
+    ds = hf_dataset(folder)
+    ds.to_parquet(src)
+    build(src, tmp_path / "a", RAW)
+    hf.concatenate_datasets([ds.select(range(12, 16)), ds.select(range(4))]).to_parquet(src)
+    build(src, tmp_path / "b", RAW)
+    rows_a = (tmp_path / "a" / "_tensordict" / "images.memmap").read_bytes()
+    rows_b = (tmp_path / "b" / "_tensordict" / "images.memmap").read_bytes()
+    quarter = len(rows_a) // 4
+    assert rows_b == rows_a[3 * quarter :] + rows_a[:quarter]
+
+
 # ---------------------------------------------------------------- resume
 
 KILL_SCRIPT = textwrap.dedent("""
