@@ -107,8 +107,10 @@ def row_location(name: str, row: int) -> str:
 
 
 def member_location(name: str, member: str) -> str:
-    """``train-000017.tar member 000123.jpg``."""
-    return f"{name} member {member}"
+    """``train-000017.tar member 000123.jpg`` (bytes that are not UTF-8 as ``\\xNN``)."""
+    from .scan import printable
+
+    return f"{printable(name)} member {printable(member)}"
 
 
 def one_line(e: BaseException) -> str:
@@ -229,6 +231,8 @@ def source_plan(src: Any, dst: Any, config: Any) -> Any:
         return None  # a bucket of images for a pack set: the set's own path
     spec = source_spec(src)
     if spec is None:
+        if isinstance(src, (list, tuple)):
+            raise UsageError("SRC: a folder of images is given alone, not in a list")
         return None
     opts: SourceOptions = config.sources
     opts.validate()

@@ -43,6 +43,10 @@ _TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, UnicodeError, OSError, Ov
 
 def unsafe_name(name: str) -> str | None:
     """Why a member name must not be used, or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
+        return "a member name that is not valid UTF-8; not read"
     if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
         return "a member name leading outside the shard (absolute path); not read"
     parts = name.split("/")

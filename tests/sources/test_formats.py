@@ -243,7 +243,6 @@ def test_broken_tar_member_named_by_shard_and_member(folder: Path, tmp_path: Pat
 def test_a_classlabel_index_outside_its_names_is_skipped(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from source_data import image_features
 
     schema = image_features(["cat", "dog"]).arrow_schema
@@ -575,3 +574,40 @@ def test_sources_refuse_what_they_do_not_take(folder: Path, tmp_path: Path) -> N
         build(src, tmp_path / "q", BuildConfig(sources=SourceOptions(max_image_bytes=0)))
     with pytest.raises(InputError, match="no file matches"):
         build(str(tmp_path / "nothing-*.parquet"), tmp_path / "q", RAW)
+
+
+def test_tar_member_name_not_utf8_is_skipped_and_printable(tmp_path: Path) -> None:
+    png = _png()
+    shard = tmp_path / "shard-000000.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ("000000.png", "00\udcff01.png"):  # a raw 0xff byte in the name
+            info = tarfile.TarInfo(name)
+            info.size = len(png)
+            tf.addfile(info, io.BytesIO(png))
+    code, out, err = build_cli(shard, tmp_path / "p", "--json")
+    assert code == 0, err
+    skipped = json.loads(out)["skipped"]
+    assert skipped == [
+        {
+            "path": "shard-000000.tar member 00\\xff01.png",
+            "reason": "a member name that is not valid UTF-8; not read",
+        }
+    ]
+
+
+def test_truncated_arrow_file_keeps_the_rows_before(folder: Path, tmp_path: Path) -> None:
+    from source_data import image_features
+
+    rows = in_order(folder)
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": r} for r, b, _, _ in rows], "label": [x[2] for x in rows]},
+        features=image_features(["cat", "dog"]),
+    )
+    ds.save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    second = tmp_path / "saved" / "data-00001-of-00002.arrow"
+    data = second.read_bytes()
+    second.write_bytes(data[: int(len(data) * 0.75)])
+    code, _, err = build_cli(tmp_path / "saved", tmp_path / "p")
+    assert code == 0, err
+    assert "skipped data-00001-of-00002.arrow row 0: unreadable from here on (" in err
+    assert json.loads((tmp_path / "p" / "imgpack.json").read_text())["count"] == 8
