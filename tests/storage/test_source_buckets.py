@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,21 @@ def test_bucket_source_refuses_a_bucket_destination(s3: S3Server, tmp_path: Path
     url = _upload(s3, tree(tmp_path / "src", n=1), f"sources/{uuid.uuid4().hex[:10]}")
     with pytest.raises(UsageError, match="build it to a local folder"):
         build(url, f"s3://{BUCKET}/out/{uuid.uuid4().hex[:8]}", BuildConfig(size=(8, 6)))
+
+
+def test_bucket_images_labelled_by_a_table_in_the_bucket(s3: S3Server, tmp_path: Path) -> None:
+    folder = tree(tmp_path / "src", n=2)
+    table = "path,label\ncat/0.png,cat\ndog/j1.jpg,dog\ncat/j0.jpg,dog\n"
+    (folder / "labels.csv").write_text(table)
+    url = _upload(s3, folder, f"sources/{uuid.uuid4().hex[:10]}")
+    config = BuildConfig(size=(8, 6), workers=1, labels=Path("labels.csv"))
+    r = build(url, tmp_path / "p", config)
+    (tmp_path / "labels.csv").write_text(table)
+    want = build(folder, tmp_path / "want", replace(config, labels=tmp_path / "labels.csv"))
+    assert r.count == want.count == 3 and r.classes == want.classes == ["cat", "dog"]
+    assert (tmp_path / "p" / "_tensordict" / "images.memmap").read_bytes() == (
+        tmp_path / "want" / "_tensordict" / "images.memmap"
+    ).read_bytes()
+    assert (tmp_path / "p" / "_tensordict" / "labels.memmap").read_bytes() == (
+        tmp_path / "want" / "_tensordict" / "labels.memmap"
+    ).read_bytes()
