@@ -590,8 +590,10 @@ def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any
                 }
             )
     assert chosen is not None
+    # the root is a file, as for parquet: `imgpack verify` re-reads sources only from a
+    # folder of image files, and these are rows
     return finish_labels(
-        found, chosen[2], str(folder), config, root=folder.resolve(), kind="arrow",
+        found, chosen[2], str(folder), config, root=files[0].resolve(), kind="arrow",
         containers=containers, skipped=skipped,
     )  # fmt: skip
 

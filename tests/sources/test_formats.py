@@ -156,6 +156,24 @@ def test_zip_equals_folder(folder: Path, tmp_path: Path, layout: str) -> None:
     assert a == b
 
 
+@pytest.mark.parametrize("kind", ["saved", "parquet", "zip", "tar"])
+def test_verify_passes_on_a_pack_from_a_source(folder: Path, tmp_path: Path, kind: str) -> None:
+    if kind == "saved":
+        hf_dataset(folder).save_to_disk(str(tmp_path / "src"))
+        src: object = tmp_path / "src"
+    elif kind == "parquet":
+        hf_dataset(folder).to_parquet(str(tmp_path / "t.parquet"))
+        src = tmp_path / "t.parquet"
+    elif kind == "zip":
+        src = write_zip(folder, tmp_path / "imgs.zip")
+    else:
+        src = write_shards(folder, tmp_path / "shards", maxcount=100)[0]
+    code, _, err = build_cli(src, tmp_path / "p", "-q")
+    assert code == 0, err
+    code, out, err = cli_run("verify", tmp_path / "p", "--no-speed")
+    assert code == 0, out + err
+
+
 # ---------------------------------------------------------------- columns
 
 
