@@ -162,7 +162,8 @@ class BuildResult:
     targets: list[str] = field(default_factory=list)  # names of the targets columns
     # Where the class -> index map came from: "folders" (inferred from SRC's class
     # folders, sorted), "classes" (the --classes map), "labels" (the --labels table's
-    # names), or None (no classes: a flat folder, or integer labels).
+    # names), or None (no classes: a flat folder, or integer labels); from a parquet, Arrow
+    # or tar source (packer.sources): "dataset" (a ClassLabel's names), "source" (names found).
     classes_from: str | None = None
     storage: str = "raw"  # "jpeg": image_shape is the largest stored image, not every one's
     shards: int = 0  # a pack set: its shards (0: a single pack)

@@ -288,7 +288,11 @@ def build(
     )
     if result.new_classes:
         summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
-    inferred = {"folders": f"the folders of {src}", "labels": f"the label names in {labels_table}"}
+    inferred = {
+        "folders": f"the folders of {src}",
+        "labels": f"the label names in {labels_table}",
+        "source": f"the label names in {src}",  # a parquet/tar source's names (packer.sources)
+    }
     if result.classes_from in inferred and not quiet:
         # labels are indices into a map sorted from what this SRC holds: a split missing
         # a class shifts the rest, so say where the map came from and how to pin it

@@ -64,7 +64,7 @@ def plan_named(
         names = scan.classes if scan.classes else None
         return finish_labels(
             found, names, where, config, root=root, kind=kind, containers=containers,
-            skipped=skipped,
+            skipped=skipped, folders="folders",
         )  # fmt: skip
     from ..build.plan import labels_from_table
     from ..pack.reader import read_class_map

@@ -90,6 +90,10 @@ class SourceScan(Scan):
     refs: dict[str, Ref] = field(default_factory=dict)
     containers: tuple[Container, ...] = ()
     kind: str = ""
+    # BuildResult.classes_from: "dataset" (a ClassLabel's names, fixed by the data),
+    # "source" (the sorted label names found in it), "folders" (a zip's or bucket's
+    # class folders), or "" (no classes)
+    classes_from: str = ""
 
     def chunk_items(self) -> list[Ref]:
         """The build's "paths" of the entries, in order: refs a worker reads."""
@@ -314,6 +318,7 @@ def finish_labels(
     kind: str,
     containers: Sequence[Container],
     skipped: list[dict[str, str]],
+    folders: str | None = None,
 ) -> Any:
     """The ``_Labels`` of a listed source. ``found``: (location, ref, label) in the
     source's order, where label is an index into ``names`` (a ClassLabel's), or a text
@@ -336,6 +341,7 @@ def finish_labels(
         else str(config.classes.resolve())
     )
     new: list[str] = []
+    classes_from = ""
     if not found:
         first = f" (first skipped: {skipped[0]['path']}: {skipped[0]['reason']})" if skipped else ""
         raise InputError(f"{where}: no images found{first}")
@@ -360,12 +366,14 @@ def finish_labels(
             )
         index = {c: i for i, c in enumerate(classes)}
         labels = [-1 if lab is None or lab < 0 else index[names[lab]] for _, _, lab in found]
+        classes_from = "dataset" if folders is None else folders
     elif any(lab is not None for _, _, lab in found):
         texts = ["-1" if lab is None else str(lab).strip() for _, _, lab in found]
         numbers = list(range(len(found)))
         labels, classes, new, _ = labels_from_text(
             texts, numbers, Path(where), "(counted from 0)", fixed, config.allow_new_classes
         )
+        classes_from = "source"
     else:
         labels, classes = [-1] * len(found), list(fixed or [])
     entries = [Entry(rel, int(lab)) for (rel, _, _), lab in zip(found, labels)]
@@ -380,5 +388,6 @@ def finish_labels(
         refs=refs,
         containers=tuple(containers),
         kind=kind,
+        classes_from=classes_from,
     )
     return _Labels(scan=scan, new_classes=new, class_map=class_map)

@@ -60,6 +60,7 @@ def test_parquet_equals_folder(folder: Path, tmp_path: Path, config: BuildConfig
     ds.to_parquet(str(tmp_path / "train.parquet"), batch_size=5)  # several row groups
     r = build(str(tmp_path / "train.parquet"), tmp_path / "p", config)
     assert r.classes == ["cat", "dog"] and not r.skipped and r.count == 16
+    assert r.classes_from == "dataset"  # the ClassLabel's names: fixed by the data
     want = digests(folder_pack(folder, tmp_path, config), MANIFEST_NAMES)
     assert digests(tmp_path / "p", MANIFEST_NAMES) == want
     sources = json.loads((tmp_path / "p" / "imgpack.json").read_text())["sources"]
@@ -202,10 +203,12 @@ def test_ambiguous_columns_are_listed_and_named(tmp_path: Path) -> None:
     assert "--image-column" in line
     code, _, err = cli_build(tmp_path / "t.parquet", tmp_path / "p", "--image-column", "img_a")
     assert code == 2 and "which column holds the labels" in one_error(err)
-    code, _, err = cli_build(
-        tmp_path / "t.parquet", tmp_path / "p", "--image-column", "img_a", "--label-column", "label"
-    )
+    code, out, err = cli_run(
+        "build", tmp_path / "t.parquet", tmp_path / "p", "--size", "8x6", "--workers", "1",
+        "--image-column", "img_a", "--label-column", "label",
+    )  # fmt: skip
     assert code == 0, err
+    assert f"classes: 2 inferred from the label names in {tmp_path / 't.parquet'}" in out + err
     m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
     assert m["classes"] == ["x", "y"] and m["class_counts"] == [2, 1]
 
