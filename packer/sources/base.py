@@ -182,6 +182,12 @@ def source_spec(src: Any) -> SourceSpec | None:
         return bucket_spec(texts[0])
     if len(texts) == 1 and is_saved_dataset(Path(texts[0])):
         return SourceSpec("arrow", (texts[0],))
+    if len(texts) == 1 and (Path(texts[0]) / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in Path(texts[0]).iterdir() if is_saved_dataset(p))
+        raise UsageError(
+            f"{texts[0]}: a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); "
+            f"give one split's folder, e.g. {Path(texts[0]) / (splits[0] if splits else 'train')}"
+        )
     names: list[str] = []
     for t in texts:
         if os.path.lexists(t):  # a path that exists is taken as it is, brackets and all

@@ -436,7 +436,7 @@ class _ParquetHandle:
         self.starts = [0]
         for rg in range(md.num_row_groups):
             self.starts.append(self.starts[-1] + md.row_group(rg).num_rows)
-        self.guards: dict[int, str | None] = {}
+        self.guards: dict[tuple[int, str, int], str | None] = {}
         self.where = where
         self._raw: Any = None
 
@@ -485,11 +485,12 @@ def read_parquet_rows(c: Container, rows: list[int]) -> list[Fetched]:
         by_group.setdefault(bisect.bisect_right(h.starts, r) - 1, []).append(r)
     md = h.pf.metadata
     for rg, want in by_group.items():
-        if rg not in h.guards:
-            h.guards[rg] = row_group_guard(c, md, rg, h.raw())
-        if h.guards[rg] is not None:
+        key = (rg, c.column, c.cap)  # the handle outlives a build: another cap, another answer
+        if key not in h.guards:
+            h.guards[key] = row_group_guard(c, md, rg, h.raw())
+        if (why := h.guards[key]) is not None:
             for r in want:
-                out[r] = Fetched(None, h.guards[rg])
+                out[r] = Fetched(None, why)
             continue
         first, last, base = min(want), max(want), h.starts[rg]
         wanted = set(want)

@@ -385,7 +385,8 @@ def test_huge_parquet_cell_is_never_read(tmp_path: Path) -> None:
     assert m["count"] == 3 and m["sources"][0] == "t.parquet row 3"
     # the bound is the reader's option, not the file's say: 4 MiB lets it through
     code, _, err = build_cli(tmp_path / "t.parquet", tmp_path / "q", "--max-image-bytes", "4MiB")
-    assert code == 0 and "row 2: " in err  # read, then refused as not an image
+    assert code == 0 and "skipped" not in err, err
+    assert json.loads((tmp_path / "q" / "imgpack.json").read_text())["count"] == 6
 
 
 def test_parquet_page_walk_matches_pyarrow(tmp_path: Path) -> None:
@@ -632,3 +633,15 @@ def test_truncated_arrow_file_keeps_the_rows_before(folder: Path, tmp_path: Path
     assert code == 0, err
     assert "skipped data-00001-of-00002.arrow row 0: unreadable from here on (" in err
     assert json.loads((tmp_path / "p" / "imgpack.json").read_text())["count"] == 8
+
+
+def test_a_dataset_dict_names_its_splits(folder: Path, tmp_path: Path) -> None:
+    ds = hf_dataset(folder)
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(4))}).save_to_disk(
+        str(tmp_path / "dd")
+    )
+    code, _, err = cli_build(tmp_path / "dd", tmp_path / "p")
+    assert code == 2
+    assert "a datasets DatasetDict (splits: test, train); give one split's folder" in one_error(err)
+    code, _, err = cli_build(tmp_path / "dd" / "test", tmp_path / "p")
+    assert code == 0, err
