@@ -138,9 +138,14 @@ def _start_method() -> str:
     forced = os.environ.get("IMGPACK_BUILD_START")
     if forced in ("fork", "forkserver"):
         return forced
+    # workers that read a bucket (packer.sources): a child forked from this process cannot
+    # use its object-store client, and a fork server started earlier has an older
+    # environment than the client's settings now: fresh interpreters
     client = sys.modules.get("packer.storage.client")
-    if client is not None and getattr(client, "_RUNTIME_PID", None) == os.getpid():
-        return "forkserver"  # a forked child cannot use this process's object-store client
+    if "packer.sources.remote_source" in sys.modules and (
+        getattr(client, "_RUNTIME_PID", None) == os.getpid()
+    ):
+        return "spawn"
     torch = sys.modules.get("torch")
     cuda = False
     if torch is not None:

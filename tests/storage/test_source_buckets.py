@@ -5,6 +5,7 @@ from the same files on disk."""
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from dataclasses import replace
@@ -110,3 +111,26 @@ def test_bucket_images_labelled_by_a_table_in_the_bucket(s3: S3Server, tmp_path:
     assert (tmp_path / "p" / "_tensordict" / "labels.memmap").read_bytes() == (
         tmp_path / "want" / "_tensordict" / "labels.memmap"
     ).read_bytes()
+
+
+def _nothing() -> None:
+    """A forkserver child's task."""
+
+
+def test_workers_see_the_environment_of_now_not_of_an_older_fork_server(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork server started before the credentials were set (an earlier build of this
+    process, say) would start workers without them: bucket readers are spawned."""
+    import multiprocessing as mp
+
+    url = _upload(s3, tree(tmp_path / "src", n=2), f"sources/{uuid.uuid4().hex[:10]}")
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    with monkeypatch.context() as m:
+        for k in saved:
+            m.delenv(k)
+        p = mp.get_context("forkserver").Process(target=_nothing)  # the server starts now
+        p.start()
+        p.join()
+    r = build(url, tmp_path / "p", BuildConfig(size=(8, 6), workers=2))
+    assert r.count == 8 and not r.skipped
