@@ -24,8 +24,10 @@ from typing import Any
 
 from ..errors import InputError
 from .base import Container, SourceOptions, file_stamp, finish_labels, one_line, row_location
+from .common import read_regular
 from .fetch import Fetched, cached, capped
 
+_MAX_JSON = 16 << 20  # a save_to_disk folder's state.json and dataset_info.json, at most
 LABEL_NAMES = ("label", "labels", "cls", "class", "target")
 _BATCH = 8  # rows per batch a worker reads: pages stream, a few images at a time
 
@@ -522,9 +524,9 @@ def read_parquet_rows(c: Container, rows: list[int]) -> list[Fetched]:
 
 def _arrow_files(folder: Path) -> list[Path]:
     try:
-        state = json.loads((folder / "state.json").read_bytes()[: 16 << 20])
+        state = json.loads(read_regular(folder / "state.json", _MAX_JSON, "a state.json"))
         files = [f["filename"] for f in state["_data_files"]]
-    except (ValueError, KeyError, TypeError, OSError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise InputError(
             f"{folder / 'state.json'}: not a datasets save_to_disk state ({one_line(e)})"
         ) from None
@@ -559,9 +561,11 @@ def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any
     files = _arrow_files(folder)
     features: dict[str, Any] = {}
     try:
-        info = json.loads((folder / "dataset_info.json").read_bytes()[: 16 << 20])
+        info = json.loads(
+            read_regular(folder / "dataset_info.json", _MAX_JSON, "a dataset_info.json")
+        )
         features = info.get("features") or {}
-    except (ValueError, OSError, AttributeError):
+    except (ValueError, AttributeError):
         pass
     found: list[tuple[str, Any, Any]] = []
     skipped: list[dict[str, str]] = []

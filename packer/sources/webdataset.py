@@ -111,6 +111,33 @@ def _label_of(
     return str(v), None
 
 
+# the largest single read tarfile may make while listing: a header block is 512 bytes; a
+# PAX extended header or a GNU long name is read whole, and a hostile one can claim GBs
+MAX_HEADER_BYTES = 1 << 20
+
+
+class _HeadersOnly:
+    """The shard as tarfile reads it while listing: seeks pass through; a read larger
+    than :data:`MAX_HEADER_BYTES` (an extended header claiming more) is refused."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > MAX_HEADER_BYTES:
+            raise ValueError(
+                f"a member header of {'unknown' if n is None or n < 0 else format(n, ',')} "
+                f"bytes, over {MAX_HEADER_BYTES:,}"
+            )
+        return self._f.read(n)
+
+    def seek(self, *args: Any) -> int:
+        return self._f.seek(*args)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
 def _index_shard(
     c: Container,
     shard: _Shard,
@@ -119,7 +146,7 @@ def _index_shard(
     skipped: list[dict[str, str]],
 ) -> None:
     try:
-        tf = tarfile.open(fileobj=shard.f, mode="r:")  # noqa: SIM115 (the shard's, closed with it)
+        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
     except _TAR_ERRORS as e:
         skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
         return

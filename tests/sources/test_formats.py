@@ -645,3 +645,21 @@ def test_a_dataset_dict_names_its_splits(folder: Path, tmp_path: Path) -> None:
     assert "a datasets DatasetDict (splits: test, train); give one split's folder" in one_error(err)
     code, _, err = cli_build(tmp_path / "dd" / "test", tmp_path / "p")
     assert code == 0, err
+
+
+def test_a_huge_pax_header_is_refused_unread(tmp_path: Path) -> None:
+    """tarfile reads an extended header whole; one claiming 5 MB (it could claim GBs)
+    ends the shard's listing before it is read."""
+    png = _png()
+    shard = tmp_path / "shard-000000.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for i, pax in enumerate(({}, {"comment": "x" * (5 << 20)})):
+            info = tarfile.TarInfo(f"{i:06d}.png")
+            info.size = len(png)
+            info.pax_headers = pax
+            tf.addfile(info, io.BytesIO(png))
+    code, _, err = build_cli(shard, tmp_path / "p")
+    assert code == 0, err
+    assert "skipped shard-000000.tar: unreadable after member 000000.png (a member header of" in err
+    assert "over 1,048,576); the rest of the shard is skipped" in err
+    assert json.loads((tmp_path / "p" / "imgpack.json").read_text())["count"] == 1
