@@ -153,6 +153,7 @@ def _index_shard(
     key: str | None = None
     members: dict[str, tarfile.TarInfo] = {}
     last = ""
+    used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
 
     def finish() -> None:
         if key is None:
@@ -175,6 +176,9 @@ def _index_shard(
             )
         else:
             why = capped(img.size, c.cap)
+        if why is None and where in used:
+            why = "a second member of the same name in this shard; only the first is read"
+        used.add(where)
         label, bad = (None, None) if why else _label_of(shard, members, opts)
         why = why or bad
         if why:

@@ -474,6 +474,7 @@ def test_tar_traversal_and_link_members_are_skipped(tmp_path: Path) -> None:
             _member("000002.jpg", kind=tarfile.SYMTYPE, target="/etc/passwd"),
             _member("000003.jpg", kind=tarfile.LNKTYPE, target="000000.png"),
             _member("000004.png", png),
+            _member("000000.png", _png((30, 20))),  # its name again, another sample
         ],
     )
     code, _, err = build_cli(shard, tmp_path / "p")
@@ -485,6 +486,7 @@ def test_tar_traversal_and_link_members_are_skipped(tmp_path: Path) -> None:
     assert "member /etc/y.jpg: a member name leading outside the shard (absolute path)" in err
     assert "member 000002.jpg: a link member, not an image; not read" in err
     assert "member 000003.jpg: a link member" in err
+    assert "member 000000.png: a second member of the same name in this shard" in err
     m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
     assert m["sources"] == [
         "shard-000000.tar member 000000.png",
