@@ -269,22 +269,42 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     )  # fmt: skip
 
 
+_SPAN_GAP = 64 << 10  # members this close are read in one request (headers, padding)
+_SPAN_MAX = 64 << 20  # the most one request reads
+
+
 def read_tar_members(c: Container, positions: list[tuple[int, int]]) -> list[Fetched]:
-    """The bytes of the members at ``positions`` ((offset, size)) of shard ``c``."""
+    """The bytes of the members at ``positions`` ((offset, size)) of shard ``c``: a run of
+    nearby members in one read (one request from a bucket), each capped."""
     shard: _Shard = cached(("tar", c.where, c.stamp), lambda: _Shard(c.where))
-    out = []
-    for offset, size in positions:
+    out: list[Fetched | None] = [None] * len(positions)
+    spans: list[list[int]] = []  # indices into positions, read together
+    for i, (offset, size) in enumerate(positions):
         why = capped(size, c.cap)
         if why:
-            out.append(Fetched(None, why))
+            out[i] = Fetched(None, why)
             continue
+        if spans:
+            first, last = positions[spans[-1][0]], positions[spans[-1][-1]]
+            end = last[0] + last[1]
+            if 0 <= offset - end <= _SPAN_GAP and offset + size - first[0] <= _SPAN_MAX:
+                spans[-1].append(i)
+                continue
+        spans.append([i])
+    for span in spans:
+        base = positions[span[0]][0]
+        end = max(positions[i][0] + positions[i][1] for i in span)
         try:
-            data = shard.read_at(offset, size)
+            data = shard.read_at(base, end - base)
         except OSError as e:
-            out.append(Fetched(None, f"cannot read the shard ({e.strerror or one_line(e)})"))
+            for i in span:
+                out[i] = Fetched(None, f"cannot read the shard ({e.strerror or one_line(e)})")
             continue
-        if len(data) != size:
-            out.append(Fetched(None, f"cut short: {len(data):,} of {size:,} bytes in the shard"))
-        else:
-            out.append(Fetched(data))
-    return out
+        for i in span:
+            offset, size = positions[i]
+            piece = data[offset - base : offset - base + size]
+            if len(piece) != size:
+                out[i] = Fetched(None, f"cut short: {len(piece):,} of {size:,} bytes in the shard")
+            else:
+                out[i] = Fetched(piece)
+    return [f if f is not None else Fetched(None, "not read") for f in out]
