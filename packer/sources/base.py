@@ -211,8 +211,8 @@ def source_spec(src: Any) -> SourceSpec | None:
         )
     if len(kinds) > 1:
         raise UsageError(
-            "SRC: files of one kind at a time (.parquet, .arrow, .tar or .zip), not "
-            + ", ".join(sorted(k or "other" for k in kinds))
+            "SRC: files of one kind at a time (.parquet, .arrow, .tar or .zip), not a mix of "
+            + " and ".join(sorted(k or "other paths" for k in kinds))
         )
     kind = kinds.pop()
     assert kind is not None
