@@ -555,10 +555,12 @@ def _open_stream(pa: Any, path: str) -> Any:
 
 
 def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
-    """The images of a ``save_to_disk`` folder, in its files' and rows' order."""
+    """The images of a ``save_to_disk`` folder (or of Arrow stream files named one by
+    one), in its files' and rows' order."""
     pa = need_pyarrow()
     folder = Path(items[0])
-    files = _arrow_files(folder)
+    files = _arrow_files(folder) if folder.is_dir() else [Path(i) for i in items]
+    folder = folder if folder.is_dir() else folder.parent
     features: dict[str, Any] = {}
     try:
         info = json.loads(

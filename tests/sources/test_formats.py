@@ -94,6 +94,16 @@ def test_saved_dataset_equals_folder(folder: Path, tmp_path: Path) -> None:
     )
 
 
+def test_arrow_files_named_alone_equal_folder(folder: Path, tmp_path: Path) -> None:
+    hf_dataset(folder).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    files = sorted(str(p) for p in (tmp_path / "saved").glob("*.arrow"))
+    code, _, err = cli_run("build", *files, tmp_path / "p", "--size", "16x12", "--workers", "1")
+    assert code == 0, err
+    assert digests(tmp_path / "p", MANIFEST_NAMES) == digests(
+        folder_pack(folder, tmp_path), MANIFEST_NAMES
+    )
+
+
 def test_webdataset_shards_equal_folder(folder: Path, tmp_path: Path) -> None:
     write_shards(folder, tmp_path / "shards", maxcount=3)  # 6 shards
     (tmp_path / "classes.txt").write_text("cat\ndog\n")
