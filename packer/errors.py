@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 # a field as messages spell it: ``BuildConfig.size``, ``VerifyConfig.batch_size``
-FIELD_RE = re.compile(r"\b[A-Z][A-Za-z]*Config\.[a-z_][a-z0-9_]*\b")
+FIELD_RE = re.compile(r"\b[A-Z][A-Za-z]*(?:Config|Options)\.[a-z_][a-z0-9_]*\b")
 
 
 class PackerError(Exception):

@@ -352,10 +352,13 @@ def test_sigterm_handler_is_restored(image_tree: Path, tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) == before
 
 
-def test_a_bucket_src_keeps_its_url_and_needs_the_ray_engine(
+def test_a_bucket_src_keeps_its_url_and_a_set_needs_the_ray_engine(
     runner: CliRunner, tmp_path: Path
 ) -> None:
-    r = runner.invoke(cli, ["build", "s3://bucket/images/", str(tmp_path / "out")])
+    # one pack from a bucket is built here (issue 47: tests/storage/test_source_buckets.py)
+    r = runner.invoke(
+        cli, ["build", "s3://bucket/images/", str(tmp_path / "out"), "--shard-size", "1MB"]
+    )
     assert r.exit_code == 2, r.output
     assert "SRC s3://bucket/images/: a bucket of images is built with --engine ray" in r.output
 

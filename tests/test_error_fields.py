@@ -26,6 +26,7 @@ from packer.errors import FIELD_RE, InputError, PackerError, UsageError
 from packer.measure.bench.config import BenchConfig
 from packer.measure.show import ShowConfig
 from packer.measure.verify import VerifyConfig
+from packer.sources.base import SourceOptions
 
 PACKER = Path(__file__).resolve().parents[1] / "packer"
 
@@ -148,6 +149,7 @@ def test_every_flag_in_the_table_is_a_field_and_a_cli_option() -> None:
         "VerifyConfig": VerifyConfig,
         "ShowConfig": ShowConfig,
         "BenchConfig": BenchConfig,
+        "SourceOptions": SourceOptions,  # BuildConfig.sources: parquet/tar/zip options
     }
     flags = _cli_flags()
     for name, flag in FLAGS.items():

@@ -8,7 +8,8 @@ A job makes one of three things and one of two engines builds a set's shards::
                 "bucket"  a pack set at an s3:// gs:// az:// DST  packer.build.upload
         engine  "local"   this machine's cores, one shard after another (shards.LocalEngine)
                 "ray"     one Ray task per shard on a cluster (ray_engine.RayEngine)
-        bucket_src        SRC is a bucket prefix of images (listed once; --engine ray only)
+        bucket_src        SRC is a bucket prefix (one pack: read here, packer.sources;
+                          a set: engine ray)
 
 :func:`build` (``packer.build_pack``, and the CLI's ``imgpack build``) validates the
 config, takes the route and hands the job to that module with that engine object. The
@@ -98,12 +99,17 @@ def build(
         run._build_device(config)
     if r.bucket_src:
         parse_url(str(src))  # first: a URL with a credential is refused, unquoted
-        if r.engine != "ray":
+        if r.engine != "ray" and r.sharded:
             raise UsageError(
-                f"SRC {src}: a bucket of images is built with BuildConfig.engine ray (each "
-                "task downloads its shard's images); to build here, download the images first",
+                f"SRC {src}: a pack set from a bucket of images is built with "
+                "BuildConfig.engine ray (each task downloads its shard's images); one pack "
+                "is built here without BuildConfig.shard_size",
                 field="BuildConfig.engine",
             )
+    if r.sharded and not r.bucket_src:  # parquet, tar, zip: one pack, refused here first
+        from ..sources.base import source_plan
+
+        source_plan(src, dst, config)
     if plan is not None and r.sharded:
         raise UsageError("a listed plan builds one pack: not with a shard size, append or ray")
     where: str | Path = str(src) if r.bucket_src else Path(src)

@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..pack.kinds import StorageKind, kind_of
 from ..pack.schema import STORAGE_KINDS
+from ..sources.base import SourceOptions
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 
@@ -69,6 +70,8 @@ class BuildConfig:
     ray_address: str | None = None  # None: the cluster ray.init finds (RAY_ADDRESS), or a new one
     # private: the GPU build's knobs (tests pass small groups); not an option of the pack
     _gpu: GpuTuning = field(default=GpuTuning(), repr=False)
+    # parquet/Arrow/tar/zip/bucket sources: columns, label field, per-image byte cap
+    sources: SourceOptions = SourceOptions()
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -210,7 +213,8 @@ class BuildResult:
     targets: list[str] = field(default_factory=list)  # names of the targets columns
     # Where the class -> index map came from: "folders" (inferred from SRC's class
     # folders, sorted), "classes" (the --classes map), "labels" (the --labels table's
-    # names), or None (no classes: a flat folder, or integer labels).
+    # names), or None (no classes: a flat folder, or integer labels); from a parquet, Arrow
+    # or tar source (packer.sources): "dataset" (a ClassLabel's names), "source" (names found).
     classes_from: str | None = None
     storage: str = "raw"  # "jpeg": image_shape is the largest stored image, not every one's
     shards: int = 0  # a pack set: its shards (0: a single pack)

@@ -170,6 +170,10 @@ def plan_fingerprint(plan: _Labels, config: BuildConfig, device: Any = None) -> 
         )
         h.update(hashlib.sha256(targets).digest())
     root = str(scan.root)
+    if (stamps := getattr(scan, "stamps", None)) is not None:  # a source (packer.sources)
+        h.update(stamps())
+        h.update("\n".join(f"{e.rel}\0{e.label}" for e in scan.entries).encode())
+        return h.hexdigest()
     for e in scan.entries:
         try:
             st = os.stat(os.path.join(root, e.rel))

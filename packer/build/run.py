@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,12 @@ def build(
             "this builds one pack: a pack set (BuildConfig.shard_size, append, engine ray) "
             "is built by packer.build_pack"
         )
+    if plan is None:  # parquet, Arrow, tar, zip or a bucket read here (packer.sources)
+        from ..sources.base import source_plan
+
+        if (sourced := source_plan(src, dst, config)) is not None:
+            plan, src = sourced, sourced.scan.root
+            config = replace(config, device="cpu")  # their bytes reach the CPU workers
     auto = config.device == "auto"
     device = None if auto else _build_device(config)
     given = Path(dst)
@@ -183,7 +190,8 @@ def _build_locked(
     row = config.kind.row_bytes(spec.shape)
     block = block_rows_for(n_total)
     root = str(scan.root)
-    paths = [os.path.join(root, e.rel) for e in scan.entries]
+    items = getattr(scan, "chunk_items", None)  # a source's refs (packer.sources.base)
+    paths = items() if items else [os.path.join(root, e.rel) for e in scan.entries]
     chunks = [
         (k, k * block, paths[k * block : (k + 1) * block])
         for k in range((n_total + block - 1) // block)

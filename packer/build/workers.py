@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError
-from ..imaging.decode import ResizeSpec, decode_into, jpeg_for_pack, load_resized, store_into
+from ..imaging.decode import ResizeSpec, decode_into, store_into
 from ..pack.writer import digest, image_bytes
+from ..sources.fetch import fetch_chunk, jpeg_for_pack_item, load_resized_item
 
 CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
 
@@ -137,6 +138,14 @@ def _start_method() -> str:
     forced = os.environ.get("IMGPACK_BUILD_START")
     if forced in ("fork", "forkserver"):
         return forced
+    # workers that read a bucket (packer.sources): a child forked from this process cannot
+    # use its object-store client, and a fork server started earlier has an older
+    # environment than the client's settings now: fresh interpreters
+    client = sys.modules.get("packer.storage.client")
+    if "packer.sources.remote_source" in sys.modules and (
+        getattr(client, "_RUNTIME_PID", None) == os.getpid()
+    ):
+        return "spawn"
     torch = sys.modules.get("torch")
     cuda = False
     if torch is not None:
@@ -202,6 +211,7 @@ def _decode_chunk(
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
     _maybe_die(state, chunk)
+    paths = fetch_chunk(paths)  # a parquet/tar/zip/bucket source's bytes (packer.sources)
     spec = state.spec
     n = len(paths)
     if state.buf is None or len(state.buf) < n:
@@ -213,7 +223,7 @@ def _decode_chunk(
     for i, path in enumerate(paths):
         t = time.perf_counter()
         try:
-            im, (w, h) = load_resized(path, spec)
+            im, (w, h) = load_resized_item(path, spec)
             t2 = time.perf_counter()
             store_into(im, buf[i])
             t_copy += time.perf_counter() - t2
@@ -256,6 +266,7 @@ def _encode_chunk(
     state = _worker
     assert state is not None, "_worker_init was not run in this process"
     _maybe_die(state, chunk)
+    paths = fetch_chunk(paths)  # a parquet/tar/zip/bucket source's bytes (packer.sources)
     _, quality, max_side = state.store
     parts: list[bytes] = []
     skips: list[list[Any]] = []
@@ -265,7 +276,9 @@ def _encode_chunk(
     reencoded = 0
     for i, path in enumerate(paths):
         try:
-            data, hw, upright, again = jpeg_for_pack(path, max_side, quality, state.spec.max_pixels)
+            data, hw, upright, again = jpeg_for_pack_item(
+                path, max_side, quality, state.spec.max_pixels
+            )
         except DecodeError as e:
             skips.append([start + i, str(e)])
             sizes.append([0, 0])

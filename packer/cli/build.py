@@ -22,7 +22,8 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 
 
 @click.command(cls=QualityHint)
-@click.argument("src", type=click.Path())  # a str: a bucket SRC (s3://) keeps its "//"
+# strs: a bucket SRC (s3://) keeps its "//"; several: parquet files, tar shards
+@click.argument("srcs", metavar="SRC...", nargs=-1, required=True)
 @click.argument("dst", type=click.Path())  # a str: an s3:// URL keeps its "//"
 @click.option(
     "--size",
@@ -140,6 +141,32 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     help="--engine ray: the cluster to join (host:port of `ray start --head`) [default: "
     "RAY_ADDRESS, else a one-machine cluster started for this build].",
 )
+@click.option(
+    "--image-column",
+    default=None,
+    help="Parquet/Arrow SRC: the column holding the images (an Image feature or binary), "
+    "where the schema does not say.",
+)
+@click.option(
+    "--label-column",
+    default=None,
+    help="Parquet/Arrow SRC: the column holding the labels (a ClassLabel, integers or "
+    "strings), where the schema does not say.",
+)
+@click.option(
+    "--label-field",
+    default=None,
+    help="WebDataset SRC: take each sample's label from this field of its json member "
+    "[default: its cls member].",
+)
+@click.option(
+    "--max-image-bytes",
+    metavar="SIZE",
+    default="256MiB",
+    show_default=True,
+    help="Parquet/tar/zip/bucket SRC: skip an image (a cell, member or object) larger "
+    "than this, unread.",
+)
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
     "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
@@ -150,7 +177,7 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @handle_errors
 @sigterm_as_interrupt
 def build(
-    src: str,
+    srcs: tuple[str, ...],
     dst: str,
     size: tuple[int, int],
     resize: str,
@@ -172,12 +199,18 @@ def build(
     engine: str,
     ray_address: str | None,
     device: str,
+    image_column: str | None,
+    label_column: str | None,
+    label_field: str | None,
+    max_image_bytes: str,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
     SRC is an ImageFolder tree (one subfolder per class; labels are the sorted
     folder indices, as torchvision's ImageFolder assigns them) or a flat folder
-    of images (labels -1). --classes fixes the indices instead, so a val split
+    of images (labels -1); or parquet files, a datasets save_to_disk folder,
+    WebDataset tar shards (brace ranges: 'train-{000000..000127}.tar') or a zip,
+    local or in a bucket (s3://), read in place. --classes fixes the indices instead, so a val split
     missing a class keeps train's: build every split after the first with
     --classes FIRST_PACK. --labels takes the labels from a table; its
     rows whose file is missing are skipped, images it does not list are ignored.
@@ -195,6 +228,9 @@ def build(
       imgpack build ./imgs ./tensors --labels labels.csv --targets age,score
       imgpack build ./small ./jpeg_pack --store jpeg --max-side 512
       imgpack build ./small ./tensors --device cuda
+      imgpack build data/train-*.parquet ./train_pack         # Hugging Face parquet
+      imgpack build 'shards/train-{000000..000127}.tar' ./pack  # WebDataset shards
+      imgpack build photos.zip ./pack
       imgpack build ./train ./train_set --shard-size 256MB   # a pack set of shards
       imgpack build ./new_week ./train_set --append          # new images, new shards
       imgpack build /shared/train /shared/train_set --engine ray --ray-address head:6379
@@ -203,7 +239,14 @@ def build(
     from ..build import api
     from ..build.config import BuildConfig
     from ..build.shards import parse_bytes
+    from ..build.workdir import refuse_symlink_destination
+    from ..sources.base import SourceOptions
+    from ..storage.url import is_url
 
+    src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
+    if not is_url(dst):
+        dst = Path(dst)  # type: ignore[assignment]
+        refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
     config = BuildConfig(
         size=size,
         resize=resize,
@@ -222,6 +265,12 @@ def build(
         engine=engine,
         ray_address=ray_address,
         device=device,
+        sources=SourceOptions(
+            image_column=image_column,
+            label_column=label_column,
+            label_field=label_field,
+            max_image_bytes=parse_bytes(max_image_bytes, "--max-image-bytes"),
+        ),
     )
     run = functools.partial(api.build, src, dst, config)
     result = run_with_bar("build", quiet, as_json, run, shards=api.route(src, dst, config).sharded)
@@ -241,7 +290,11 @@ def build(
     )
     if result.new_classes:
         summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
-    inferred = {"folders": f"the folders of {src}", "labels": f"the label names in {labels_table}"}
+    inferred = {
+        "folders": f"the folders of {src}",
+        "labels": f"the label names in {labels_table}",
+        "source": f"the label names in {src}",  # a parquet/tar source's names (packer.sources)
+    }
     if result.classes_from in inferred and not quiet:
         # labels are indices into a map sorted from what this SRC holds: a split missing
         # a class shifts the rest, so say where the map came from and how to pin it

@@ -34,6 +34,10 @@ FLAGS: dict[str, str] = {
     "BuildConfig.append": "--append",
     "BuildConfig.engine": "--engine",
     "BuildConfig.ray_address": "--ray-address",
+    "SourceOptions.image_column": "--image-column",
+    "SourceOptions.label_column": "--label-column",
+    "SourceOptions.label_field": "--label-field",
+    "SourceOptions.max_image_bytes": "--max-image-bytes",
     # imgpack compress
     "CompressConfig.quality": "--quality",
     "CompressConfig.max_side": "--max-side",

@@ -114,6 +114,11 @@ class TooLarge(Exception):
         self.where, self.size, self.cap = where, size, cap
 
 
+class NoRanges(Exception):
+    """The server answered a ranged read with the whole-object status (200, not 206):
+    some S3-compatible servers (rclone serve s3 1.75) do; obstore refuses the answer."""
+
+
 class _Cancelled(Exception):
     """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
 
@@ -485,6 +490,32 @@ class ObjectStore:
                 return bytes(out)
             finally:
                 body.close()  # the request dropped now, not when a traceback goes
+
+        return self._call(key, "read it", once)
+
+    def get_range(self, *parts: str, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of the object (``length`` >= 1; the range
+        must start inside it), at most ``length`` of them whatever the server sends."""
+        key = self.url.key(*parts)
+        where = self._where(key)
+
+        def once() -> bytes:
+            out = bytearray()
+            body = self._body(key, {"range": (start, start + length)})
+            try:
+                try:
+                    next(body)
+                except Exception as e:
+                    if "non-partial" in str(e).lower():
+                        raise _Final(NoRanges(where)) from None
+                    raise
+                for chunk in body:
+                    out += chunk
+                    if len(out) > length:  # a server ignoring the range
+                        raise _Final(TooLarge(where, len(out), length))
+                return bytes(out)
+            finally:
+                body.close()
 
         return self._call(key, "read it", once)
 

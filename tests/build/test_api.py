@@ -51,11 +51,13 @@ def test_the_public_entry_points_are_the_dispatcher() -> None:
 
 
 @pytest.mark.parametrize("dst", ["out", "s3://bucket/set"])
-def test_a_bucket_src_without_ray_is_refused_before_any_work(tmp_path: Path, dst: str) -> None:
+def test_a_set_from_a_bucket_src_without_ray_is_refused_before_any_work(
+    tmp_path: Path, dst: str
+) -> None:
     # a bucket DST too: refused before the bucket is opened (no server runs here)
     out = dst if "://" in dst else str(tmp_path / dst)
     cfg = replace(CFG, shard_size=1000)
-    with pytest.raises(UsageError, match=r"^SRC s3://bucket/images: a bucket of images is built"):
+    with pytest.raises(UsageError, match=r"^SRC s3://bucket/images: a pack set from a bucket"):
         api.build("s3://bucket/images", out, cfg)
     assert not (tmp_path / "out").exists()
 

@@ -1,0 +1,310 @@
+"""WebDataset tar shards as build sources: ``shards/train-{000000..000127}.tar``, local
+or in a bucket.
+
+A sample is a run of consecutive members sharing a key (the member name up to the
+first dot of its base name, as WebDataset groups them); its image is the member with
+extension ``jpg``, ``jpeg``, ``png`` or ``webp`` (that preference), its label the
+``cls`` member, or with ``--label-field NAME`` that field of the ``json`` member.
+
+The shard is never unpacked: listing reads the member headers (tarfile over the open
+file or the object, seeking over the data) and the small label members; a worker reads
+its images' bytes at their offsets. Never read, each skipped with its location and
+reason: a member whose name leads outside the shard (``../x.jpg``, ``/etc/x.jpg``), a
+link or device member, an image over the per-image cap, a member cut short by the end
+of the shard; a header that cannot be parsed ends that shard's listing (what came
+before is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .base import (
+    MAX_LABEL_BYTES,
+    Container,
+    SourceOptions,
+    file_stamp,
+    finish_labels,
+    member_location,
+    one_line,
+)
+from .fetch import Fetched, cached, capped
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+_TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, UnicodeError, OSError, OverflowError)
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why a member name must not be used, or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
+        return "a member name that is not valid UTF-8; not read"
+    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+        return "a member name leading outside the shard (absolute path); not read"
+    parts = name.split("/")
+    if ".." in parts:
+        return "a member name leading outside the shard (path traversal '..'); not read"
+    if any(ord(ch) < 32 for ch in name):
+        return "a member name with control characters; not read"
+    return None
+
+
+class _Shard:
+    """One open shard: ``read_at(offset, n)`` and its size."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        if "://" in where:
+            from .remote_source import open_range
+
+            self.f: Any = open_range(where)
+            self.size = self.f.size
+        else:
+            self.f = open(where, "rb")  # noqa: SIM115 (closed by close())
+            self.size = os.fstat(self.f.fileno()).st_size
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if "://" in self.where:
+            return self.f.read_range(offset, n)
+        return os.pread(self.f.fileno(), n, offset)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _label_of(
+    shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOptions
+) -> tuple[Any, str | None]:
+    """(label text or None, why the sample must be skipped or None)."""
+    ext = "json" if opts.label_field else "cls"
+    m = members.get(ext)
+    if m is None:
+        return None, None
+    if m.size > MAX_LABEL_BYTES:
+        return None, f"its {ext} member is {m.size:,} bytes, over {MAX_LABEL_BYTES:,}; not read"
+    if m.offset_data + m.size > shard.size:
+        return None, f"its {ext} member is cut short by the end of the shard"
+    raw = shard.read_at(m.offset_data, m.size)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, f"its {ext} member is not UTF-8 text"
+    if not opts.label_field:
+        return text.strip(), None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        return None, f"its json member is not JSON ({one_line(e)})"
+    if not isinstance(doc, dict) or opts.label_field not in doc:
+        return None, None
+    v = doc[opts.label_field]
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        return None, f"json field {opts.label_field!r} is {v!r}, not a class name or an integer"
+    return str(v), None
+
+
+# the largest single read tarfile may make while listing: a header block is 512 bytes; a
+# PAX extended header or a GNU long name is read whole, and a hostile one can claim GBs
+MAX_HEADER_BYTES = 1 << 20
+
+
+class _HeadersOnly:
+    """The shard as tarfile reads it while listing: seeks pass through; a read larger
+    than :data:`MAX_HEADER_BYTES` (an extended header claiming more) is refused."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > MAX_HEADER_BYTES:
+            raise ValueError(
+                f"a member header of {'unknown' if n is None or n < 0 else format(n, ',')} "
+                f"bytes, over {MAX_HEADER_BYTES:,}"
+            )
+        return self._f.read(n)
+
+    def seek(self, *args: Any) -> int:
+        return self._f.seek(*args)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
+def _index_shard(
+    c: Container,
+    shard: _Shard,
+    opts: SourceOptions,
+    found: list[Any],
+    skipped: list[dict[str, str]],
+) -> None:
+    try:
+        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
+    except _TAR_ERRORS as e:
+        skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
+        return
+    key: str | None = None
+    members: dict[str, tarfile.TarInfo] = {}
+    last = ""
+    used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
+
+    def finish() -> None:
+        if key is None:
+            return
+        img = next((members[e] for e in IMAGE_EXTS if e in members), None)
+        where = member_location(c.name, img.name if img else key)
+        if img is None:
+            skipped.append(
+                {
+                    "path": where,
+                    "reason": "no image member (.jpg, .jpeg, .png or .webp) in this sample",
+                }
+            )
+            return
+        why = None
+        if img.offset_data + img.size > shard.size:
+            why = (
+                f"cut short: the shard ends at byte {shard.size:,}, the member needs "
+                f"{img.offset_data + img.size:,}"
+            )
+        else:
+            why = capped(img.size, c.cap)
+        if why is None and where in used:
+            why = "a second member of the same name in this shard; only the first is read"
+        used.add(where)
+        label, bad = (None, None) if why else _label_of(shard, members, opts)
+        why = why or bad
+        if why:
+            skipped.append({"path": where, "reason": why})
+        else:
+            found.append((where, (c, (img.offset_data, img.size)), label))
+
+    while True:
+        try:
+            m = tf.next()
+        except _TAR_ERRORS as e:
+            after = f" after member {last}" if last else ""
+            skipped.append(
+                {
+                    "path": c.name,
+                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
+                }
+            )
+            break
+        if m is None:
+            # tarfile ends quietly at a header cut short: what follows must be zeros
+            rest = shard.size - tf.offset
+            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
+            if tail.strip(b"\0"):
+                after = f" after member {last}" if last else ""
+                skipped.append(
+                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
+                     f"{rest:,} bytes left); the rest of the shard is skipped"}
+                )  # fmt: skip
+            break
+        tf.members = []  # headers only, one at a time: a shard of a million members is fine
+        last = m.name
+        if m.isdir():
+            continue
+        why = unsafe_name(m.name)
+        if why is None and (m.issym() or m.islnk()):
+            why = "a link member, not an image; not read"
+        elif why is None and not m.isfile():
+            why = "not a regular member (device or fifo); not read"
+        mk = _KEY.match(m.name)
+        if why is not None:
+            finish()
+            key, members = None, {}
+            skipped.append({"path": member_location(c.name, m.name), "reason": why})
+            continue
+        if mk is None:
+            continue  # no extension: not part of a sample
+        k, ext = mk.group(1), mk.group(2).lower()
+        if k != key:
+            finish()
+            key, members = k, {}
+        members.setdefault(ext, m)
+    finish()
+
+
+def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
+    """The samples of WebDataset shards (local paths or URLs), shard by shard, in
+    member order."""
+    found: list[Any] = []
+    skipped: list[dict[str, str]] = []
+    containers: list[Container] = []
+    bases = [os.path.basename(i) for i in items]
+    unique = len(set(bases)) == len(bases)
+    for item, base in zip(items, bases):
+        name = base if unique else item
+        if "://" in item:
+            from .remote_source import object_stamp
+
+            stamp = object_stamp(item)
+        else:
+            stamp = file_stamp(item)
+        c = Container("tar", item, name, opts.max_image_bytes, "", stamp)
+        containers.append(c)
+        shard = _Shard(item)
+        try:
+            _index_shard(c, shard, opts, found, skipped)
+        finally:
+            shard.close()
+    root = Path(items[0]) if "://" in items[0] else Path(items[0]).resolve()
+    where = (
+        items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
+    )
+    if not found and not skipped:
+        raise InputError(f"{where}: no samples with an image (.jpg, .jpeg, .png, .webp) found")
+    return finish_labels(
+        found, None, where, config, root=root, kind="tar", containers=containers,
+        skipped=skipped,
+    )  # fmt: skip
+
+
+_SPAN_GAP = 64 << 10  # members this close are read in one request (headers, padding)
+_SPAN_MAX = 64 << 20  # the most one request reads
+
+
+def read_tar_members(c: Container, positions: list[tuple[int, int]]) -> list[Fetched]:
+    """The bytes of the members at ``positions`` ((offset, size)) of shard ``c``: a run of
+    nearby members in one read (one request from a bucket), each capped."""
+    shard: _Shard = cached(("tar", c.where, c.stamp), lambda: _Shard(c.where))
+    out: list[Fetched | None] = [None] * len(positions)
+    spans: list[list[int]] = []  # indices into positions, read together
+    for i, (offset, size) in enumerate(positions):
+        why = capped(size, c.cap)
+        if why:
+            out[i] = Fetched(None, why)
+            continue
+        if spans:
+            first, last = positions[spans[-1][0]], positions[spans[-1][-1]]
+            end = last[0] + last[1]
+            if 0 <= offset - end <= _SPAN_GAP and offset + size - first[0] <= _SPAN_MAX:
+                spans[-1].append(i)
+                continue
+        spans.append([i])
+    for span in spans:
+        base = positions[span[0]][0]
+        end = max(positions[i][0] + positions[i][1] for i in span)
+        try:
+            data = shard.read_at(base, end - base)
+        except OSError as e:
+            for i in span:
+                out[i] = Fetched(None, f"cannot read the shard ({e.strerror or one_line(e)})")
+            continue
+        for i in span:
+            offset, size = positions[i]
+            piece = data[offset - base : offset - base + size]
+            if len(piece) != size:
+                out[i] = Fetched(None, f"cut short: {len(piece):,} of {size:,} bytes in the shard")
+            else:
+                out[i] = Fetched(piece)
+    return [f if f is not None else Fetched(None, "not read") for f in out]
