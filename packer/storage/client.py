@@ -6,9 +6,10 @@ S3 settings come from the standard AWS places, the environment first:
 (an S3-compatible server), ``AWS_PROFILE``; then ``~/.aws/credentials`` and
 ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``). Plain http
 is allowed only for a loopback endpoint (127.0.0.1, ::1, localhost). GCS and Azure
-take obstore's own environment (``GOOGLE_APPLICATION_CREDENTIALS``,
-``AZURE_STORAGE_ACCOUNT_NAME``, ...). A malformed endpoint is a one-line UsageError,
-checked here before obstore sees it.
+settings are read by :mod:`.cloud_env` (``GOOGLE_APPLICATION_CREDENTIALS``,
+``GOOGLE_BASE_URL``, ``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_CONNECTION_STRING``,
+...), under the same rules. A malformed endpoint is a one-line UsageError, checked
+here before obstore sees it.
 
 Every request is bounded (:class:`Retry`): connect 5 s; the answer's first byte
 within ``first_byte_timeout`` (10 s); no ``idle_timeout`` (30 s) without a byte while
@@ -49,6 +50,7 @@ from ..errors import (
     StorageError,
     UsageError,
 )
+from .cloud_env import CREDENTIALS_HINT, azure_settings, gcs_settings
 from .url import StorageURL
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,12 @@ class _Cancelled(Exception):
     """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
 
 
-_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist")
+_NO_BUCKET = (
+    "NoSuchBucket",
+    "ContainerNotFound",
+    "The specified bucket does not exist",
+    "The specified container does not exist",
+)
 
 
 def _need_obstore() -> Any:
@@ -181,12 +188,15 @@ _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
-def parse_endpoint(text: str) -> tuple[str, list[str]]:
-    """``AWS_ENDPOINT_URL`` (or ``endpoint_url``) checked: ``http(s)://HOST[:PORT][/PATH]``
-    without its user info, and the user info's secrets (to scrub). UsageError for
-    anything else (an unclosed IPv6 bracket, a port outside 1-65535, a query, text that
-    is not a URL), never echoing the value (it may hold a secret)."""
-    what = "AWS_ENDPOINT_URL (or endpoint_url in the AWS config)"
+_AWS_ENDPOINT = "AWS_ENDPOINT_URL (or endpoint_url in the AWS config)"
+
+
+def parse_endpoint(text: str, what: str = _AWS_ENDPOINT) -> tuple[str, list[str]]:
+    """``AWS_ENDPOINT_URL`` (or ``endpoint_url``; ``what`` names another variable)
+    checked: ``http(s)://HOST[:PORT][/PATH]`` without its user info, and the user info's
+    secrets (to scrub). UsageError for anything else (an unclosed IPv6 bracket, a port
+    outside 1-65535, a query, text that is not a URL), never echoing the value (it may
+    hold a secret)."""
     usage = "give http(s)://HOST[:PORT], e.g. https://s3.example.com or http://127.0.0.1:9000"
     m = _ENDPOINT.fullmatch(text.strip())
     if m is None:
@@ -270,13 +280,27 @@ class ObjectStore:
             make = lambda: stores.S3Store(  # noqa: E731
                 url.bucket, client_options=options, retry_config=retry_config, **kw
             )
-        elif url.scheme == "gs":
-            make = lambda: stores.GCSStore(  # noqa: E731
-                url.bucket, client_options=options, retry_config=retry_config
-            )
         else:
-            make = lambda: stores.AzureStore(  # noqa: E731
-                url.bucket, client_options=options, retry_config=retry_config
+            c = gcs_settings() if url.scheme == "gs" else azure_settings(url.bucket)
+            self._secrets = list(c.secrets)
+            gkw = dict(c.kwargs)
+            if c.endpoint_from:  # an override, checked as AWS_ENDPOINT_URL is
+                self.endpoint, secrets = parse_endpoint(c.endpoint or "", c.endpoint_from)
+                self._secrets += secrets
+                if self.endpoint.startswith("http://"):
+                    if not _loopback(self.endpoint):
+                        raise UsageError(
+                            f"{c.endpoint_from} {self.endpoint}: plain http is allowed only "
+                            "for a server on this machine (127.0.0.1); use https"
+                        )
+                    options["allow_http"] = True  # type: ignore[assignment]
+                if not gkw.get("use_emulator"):
+                    gkw["base_url" if url.scheme == "gs" else "endpoint"] = self.endpoint
+            else:
+                self.endpoint = c.endpoint  # Azure: the account's, naming the set's cache
+            cls = stores.GCSStore if url.scheme == "gs" else stores.AzureStore
+            make = lambda: cls(  # noqa: E731
+                url.bucket, client_options=options, retry_config=retry_config, **gkw
             )
         try:
             self._store = make()
@@ -340,7 +364,7 @@ class ObjectStore:
             except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
                 raise CredentialsError(
                     f"{where}: the server refused the credentials ({self._reason(e)}); "
-                    "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+                    f"{CREDENTIALS_HINT[self.url.scheme]}"
                 ) from None
             except _Final as e:
                 raise e.error from None
@@ -357,15 +381,18 @@ class ObjectStore:
         )
 
     def _no_bucket(self) -> InputError:
+        what = "container" if self.url.scheme == "az" else "bucket"
         return InputError(
-            f"{self.url.scheme}://{self.url.bucket}: the bucket does not exist; create it "
+            f"{self.url.scheme}://{self.url.bucket}: the {what} does not exist; create it "
             f"first, or check its name"
             + (f" and the endpoint ({self.endpoint})" if self.endpoint else "")
         )
 
     def _reason(self, e: BaseException) -> str:
         text = str(e)
-        for code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied"):
+        codes = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
+        codes += ("AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch")
+        for code in codes:
             if code in text:
                 return code
         return "403 Forbidden" if "403" in text else "401 Unauthorized"

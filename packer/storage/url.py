@@ -82,10 +82,11 @@ def parse_url(text: str | os.PathLike[str]) -> StorageURL:
         )
     if _has_userinfo(rest):
         # never echo the URL: what came before the @ may be a secret
+        from .cloud_env import CREDENTIALS_PLACE
+
         raise UsageError(
             f"{scheme}:// URL: credentials in the URL are refused (an '@' anywhere in it is "
-            "taken for them); set them in the environment (AWS_ACCESS_KEY_ID, "
-            "AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+            f"taken for them); set them in the environment ({CREDENTIALS_PLACE[scheme]}"
         )
     bucket, _, prefix = rest.partition("/")
     if _BUCKET.fullmatch(bucket) is None:

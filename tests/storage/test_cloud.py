@@ -1,0 +1,383 @@
+"""gs:// and az:// pack sets (issue 47.5) against real servers: Azurite for Azure, a
+server of GCS's XML API for Google Cloud (cloud_servers.py). Each of the two: build to
+the bucket, load (and stream) the set, info and verify over the URL, the shared cache,
+one writer at a time, a missing bucket and refused credentials as one line, exit 2,
+before any work. Then the settings (packer/storage/cloud_env.py) without a server."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import cloud_servers as fx
+import pytest
+import torch
+from click.testing import CliRunner
+from cloud_servers import GROUP, Cloud
+from s3_server import RAW, write_src
+
+import packer
+from packer.build.run import BuildConfig, build
+from packer.cli import cli
+from packer.errors import CredentialsError, InputError, UsageError
+from packer.storage.client import open_store
+from packer.storage.cloud_env import azure_settings, parse_connection_string
+from packer.storage.lease import Lease
+from packer.storage.url import parse_url
+
+az, gs, cloud = fx.az, fx.gs, fx.cloud  # the fixtures
+azurite_server, gcs_server = fx.azurite_server, fx.gcs_server
+pytestmark = GROUP
+JPEG = BuildConfig(size=(8, 6), workers=1, shard_size=2500, store="jpeg")
+OPTIONS = ["--size", "8x6", "--shard-size", "300", "--workers", "1"]  # RAW's
+
+
+def local_tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def bucket_tree(url: str) -> dict[str, bytes]:
+    """Every object under ``url``, read back through the client."""
+    store = open_store(parse_url(url))
+    return {key: store.get(key, max_bytes=1 << 24) for key in sorted(store.list())}
+
+
+def every_image(s: packer.pack.packset.PackSet) -> torch.Tensor:
+    out = []
+    for k in range(len(s.index.shards)):
+        pack = s.shard(k)
+        out.append((pack.images if s.storage == "raw" else pack.jpeg).clone())
+        s.release(k)
+    return torch.cat(out)
+
+
+def no_secret_anywhere(cloud: Cloud, texts: list[str], roots: list[Path]) -> None:
+    for text in texts:
+        assert cloud.secret not in text
+    for root in roots:
+        for path, data in local_tree(root).items():
+            assert cloud.secret.encode() not in data, path
+
+
+# ---------------------------------------------------------------- with a server
+
+
+@pytest.mark.parametrize("config", [RAW, JPEG], ids=["raw", "jpeg"])
+def test_build_to_the_bucket_then_load_gives_the_local_sets_images(
+    cloud: Cloud, tmp_path: Path, config: BuildConfig
+) -> None:
+    fmt = "JPEG" if config.store == "jpeg" else "PNG"
+    src = write_src(tmp_path / "src", {"cat": 3, "dog": 3}, fmt)
+    url = cloud.new_url()
+    result = build(src, url, config)
+    assert result.count == 6 and result.extra["shards_uploaded"] == len(
+        packer.load(url).index.shards
+    )
+    ref = tmp_path / "ref"
+    build(src, ref, config)
+    assert bucket_tree(url) == local_tree(ref)  # the local set, byte for byte
+    s, local = packer.load(url), packer.load(ref)
+    assert len(s) == len(local) == 6 and s.storage == config.store
+    assert torch.equal(s.labels, local.labels) and s.sources == local.sources
+    assert torch.equal(every_image(s), every_image(local))
+    s.store.close()
+
+
+def test_a_set_streams_through_the_loader_and_the_cache_is_shared(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    src = write_src(tmp_path / "src", {"a": 6, "b": 6})
+    url = cloud.new_url()
+    build(src, url, RAW)  # 6 shards of 2 rows (304 bytes each in the cache)
+    build(src, tmp_path / "ref", RAW)
+    kw = {"device": "cpu", "order": "shards", "seed": 3}
+    s = packer.load(url, cache_limit=1300)  # the working set (4 shards), not all 6
+    remote = packer.PackLoader(s, 2, **kw)
+    ref = packer.PackLoader(packer.load(tmp_path / "ref"), 2, **kw)
+    n = 0
+    for (xa, ya), (xb, yb) in zip(remote, ref, strict=True):
+        assert xa.equal(xb) and ya.equal(yb)
+        n += len(ya)
+    assert n == 12 and s.store.cached_bytes() <= s.store.limit
+    assert len(s.store.cached()) < len(s.index.shards)  # some were evicted
+    s.store.close()
+    # a second reader of the same cache (no limit) downloads only what was evicted
+    first = packer.load(url)
+    every_image(first)
+    first.store.close()
+    again = packer.load(url)
+    assert torch.equal(every_image(again), every_image(packer.load(tmp_path / "ref")))
+    assert again.store.downloads == 0  # every shard from the shared cache
+    again.store.close()
+
+
+def test_info_verify_and_classes_over_the_url_never_show_the_secret(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    src = write_src(tmp_path / "src", {"cat": 3, "dog": 3})
+    url = cloud.new_url()
+    runner = CliRunner()
+    up = runner.invoke(cli, ["build", str(src), url, *OPTIONS, "--json"])
+    assert up.exit_code == 0, up.output
+    assert json.loads(up.stdout)["path"] == url
+    info = runner.invoke(cli, ["info", url, "--json"])
+    assert info.exit_code == 0, info.output
+    out = json.loads(info.stdout)
+    assert out["count"] == 6 and out["path"] == url and out["shards"]["count"] == 3
+    verify = runner.invoke(cli, ["verify", url, "--no-source", "--json"])
+    assert verify.exit_code == 0, verify.output
+    assert json.loads(verify.stdout)["ok"]
+    val = write_src(tmp_path / "val", {"dog": 1})
+    b = runner.invoke(
+        cli, ["build", str(val), str(tmp_path / "val_pack"), "--size", "8x6", "--classes", url]
+    )
+    assert b.exit_code == 0, b.output
+    assert packer.load(tmp_path / "val_pack").labels.tolist() == [1]
+    bad = runner.invoke(cli, ["info", url + "-nothing-here"])
+    assert bad.exit_code == 2 and "imgpack-set.json is missing" in bad.output
+    texts = [up.output, info.output, verify.output, b.output, bad.output]
+    no_secret_anywhere(cloud, texts, [tmp_path / "cache", tmp_path / "val_pack"])
+    assert not any(cloud.secret.encode() in v for v in bucket_tree(url).values())
+
+
+def test_a_second_writer_is_turned_away_while_a_lease_is_held(cloud: Cloud, tmp_path: Path) -> None:
+    src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
+    url = cloud.new_url()
+    holder = Lease(open_store(parse_url(url)))
+    holder.acquire()  # another writer, as listed by the server's clock
+    try:
+        r = CliRunner().invoke(cli, ["build", str(src), url, *OPTIONS])
+        assert r.exit_code == 2, r.output
+        assert "another imgpack build is writing this set (host " in r.output
+        assert not (tmp_path / "cache" / "builds").exists()  # nothing built
+        holder.check()  # the holder's lease is still the only live one
+    finally:
+        holder.release()
+    r = CliRunner().invoke(cli, ["build", str(src), url, *OPTIONS])
+    assert r.exit_code == 0, r.output
+    assert not [k for k in bucket_tree(url) if k.startswith(".imgpack-lease")]
+
+
+def test_a_missing_bucket_is_one_line_exit_2_before_any_work(cloud: Cloud, tmp_path: Path) -> None:
+    src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
+    what = "container" if cloud.scheme == "az" else "bucket"
+    t0 = time.monotonic()
+    url = f"{cloud.scheme}://no-such-{what}/x"
+    r = CliRunner().invoke(cli, ["build", str(src), url, *OPTIONS])
+    assert r.exit_code == 2, r.output
+    endpoint = cloud.server.blob_endpoint if cloud.scheme == "az" else cloud.server.endpoint
+    assert r.output == (
+        f"Error: {cloud.scheme}://no-such-{what}: the {what} does not exist; create it "
+        f"first, or check its name and the endpoint ({endpoint})\n"
+    )
+    assert not (tmp_path / "cache" / "builds").exists()  # nothing built or staged
+    for command in (["info", url], ["verify", url, "--no-source"]):
+        r = CliRunner().invoke(cli, command)
+        assert r.exit_code == 2 and f"the {what} does not exist" in r.output, r.output
+        assert r.output.count("\n") == 1
+    with pytest.raises(InputError, match=f"the {what} does not exist"):
+        packer.load(url)
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_wrong_azure_key_is_one_line_exit_2_before_any_work(
+    az: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
+    url = az.new_url()
+    build(src, url, RAW)
+    wrong = "d3Jvbmcva2V5K3RoYXQ+aXM/YmFzZTY0" + "A" * 12  # base64, not the key
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", wrong)
+    r = CliRunner().invoke(cli, ["build", str(src), az.new_url(), *OPTIONS])
+    assert r.exit_code == 2, r.output
+    assert "refused the credentials (AuthorizationFailure); check AZURE_STORAGE_ACC" in r.output
+    assert r.output.count("\n") == 1 and wrong not in r.output, r.output
+    assert not list((tmp_path / "cache" / "builds").glob("*"))  # nothing staged
+    r = CliRunner().invoke(cli, ["info", url])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and wrong not in r.output, r.output
+    with pytest.raises(CredentialsError, match="refused the credentials"):
+        packer.load(url)
+
+
+class RefusingServer:
+    """An HTTP server on 127.0.0.1 that refuses every request as GCS refuses a bad token
+    (401, AuthenticationRequired), noting the Authorization headers it was sent. No GCS
+    emulator checks credentials (docs/RELIABILITY.md), so this stands in for that answer."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _refuse(self) -> None:
+                seen.append(self.headers.get("Authorization", ""))
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                body = (
+                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
+                    b"AuthenticationRequired</Code><Message>Invalid Credentials</Message></Error>"
+                )
+                self.send_response(401)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _refuse
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_refused_google_token_is_one_line_exit_2_before_any_work(
+    gs: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
+    token = "ya29.not-a-valid-token-" + "q" * 16
+    refusing = RefusingServer()
+    try:
+        monkeypatch.setenv("GOOGLE_BASE_URL", refusing.endpoint)
+        monkeypatch.setenv("GOOGLE_BEARER_TOKEN", token)
+        t0 = time.monotonic()
+        r = CliRunner().invoke(cli, ["build", str(src), gs.new_url(), *OPTIONS])
+        assert r.exit_code == 2, r.output
+        assert "refused the credentials (401 Unauthorized); check GOOGLE_APPLICATION_CRED" in (
+            r.output
+        )
+        assert r.output.count("\n") == 1 and token not in r.output, r.output
+        assert not (tmp_path / "cache" / "builds").exists()
+        assert refusing.seen == [f"Bearer {token}"]  # sent once, never retried
+        assert time.monotonic() - t0 < 10
+    finally:
+        refusing.close()
+
+
+def test_a_google_credentials_file_that_is_not_one_is_one_line(
+    gs: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "creds.json"
+    bad.write_text('{"type": "service_account", "private_key": "-----SECRET-----"')
+    monkeypatch.delenv("GOOGLE_BEARER_TOKEN")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(bad))
+    r = CliRunner().invoke(cli, ["info", gs.new_url()])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("Error: gs://imgpack/sets/") and r.output.count("\n") == 1
+    assert "SECRET" not in r.output
+
+
+# ---------------------------------------------------------------- settings, no server
+
+
+def test_azure_settings_from_a_connection_string_and_the_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in (
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_ENDPOINT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    key = "c2VjcmV0LWtleT09PT0="  # holds '=': values are split at the first '=' only
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={key};"
+        "BlobEndpoint=http://127.0.0.1:10000/acct;",
+    )
+    s = azure_settings("c")
+    assert s.kwargs == {"account_name": "acct", "account_key": key}
+    assert s.endpoint == "http://127.0.0.1:10000/acct" and key in s.secrets
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "other")  # the variable wins
+    assert azure_settings("c").kwargs["account_name"] == "other"
+    assert parse_connection_string("A=b=c;;D=") == {"A": "b=c", "D": ""}
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=a;{key[:-1]}")
+    with pytest.raises(UsageError, match="is not a connection string") as e:
+        azure_settings("c")
+    assert key[:-1] not in str(e.value)
+
+
+def test_azure_emulator_settings_and_a_missing_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_ENDPOINT", raising=False)
+    monkeypatch.delenv("AZURE_ENDPOINT", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_USE_EMULATOR", raising=False)
+    with pytest.raises(UsageError, match=r"az://c: no Azure storage account is set; set AZURE_"):
+        open_store(parse_url("az://c/p"))
+    monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:10999")
+    store = open_store(parse_url("az://c/p"))
+    assert store.endpoint == "http://127.0.0.1:10999/devstoreaccount1"
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "mine")
+    monkeypatch.delenv("AZURE_STORAGE_USE_EMULATOR")
+    # the same container of two accounts is two sets in the cache
+    a = open_store(parse_url("az://c/p"))
+    assert a.endpoint == "https://mine.blob.core.windows.net"
+    assert parse_url("az://c/p").cache_key(a.endpoint) != parse_url("az://c/p").cache_key(
+        store.endpoint
+    )
+
+
+@pytest.mark.parametrize(
+    ("scheme", "name", "value"),
+    [
+        ("gs", "GOOGLE_BASE_URL", "http://storage.example.com"),
+        ("az", "AZURE_STORAGE_ENDPOINT", "http://blob.example.com/acct"),
+        ("az", "AZURITE_BLOB_STORAGE_URL", "http://azurite.example.com:10000"),
+    ],
+)
+def test_plain_http_only_to_this_machine(
+    monkeypatch: pytest.MonkeyPatch, scheme: str, name: str, value: str
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_ENDPOINT", raising=False)
+    monkeypatch.delenv("AZURE_ENDPOINT", raising=False)
+    if name == "AZURITE_BLOB_STORAGE_URL":
+        monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "1")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match="plain http is allowed only for a server on this"):
+        open_store(parse_url(f"{scheme}://b/p"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GOOGLE_BASE_URL", "http://user:pa/ss@127.0.0.1:99999"),
+        ("AZURE_STORAGE_ENDPOINT", "https://user:pa/ss@blob.example.com?sig=x"),
+    ],
+)
+def test_a_malformed_endpoint_is_one_line_and_never_echoed(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.setenv(name, value)
+    scheme = "gs" if name.startswith("GOOGLE") else "az"
+    r = CliRunner().invoke(cli, ["info", f"{scheme}://b/p"])
+    assert r.exit_code == 2 and r.output.startswith(f"Error: {name}"), r.output
+    assert "pa/ss" not in r.output and r.output.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [("gs://tok@b/p", "GOOGLE_APPLICATION_CREDENTIALS"), ("az://k:s@c/p", "AZURE_STORAGE")],
+)
+def test_a_credential_in_a_gs_or_az_url_names_the_right_variables(url: str, hint: str) -> None:
+    r = CliRunner().invoke(cli, ["info", url])
+    assert r.exit_code == 2 and "credentials in the URL are refused" in r.output, r.output
+    assert hint in r.output and "AWS" not in r.output and "tok" not in r.output
