@@ -161,6 +161,31 @@ def test_a_second_writer_is_turned_away_while_a_lease_is_held(cloud: Cloud, tmp_
     assert not [k for k in bucket_tree(url) if k.startswith(".imgpack-lease")]
 
 
+def test_an_object_changed_since_it_was_listed_is_refused_and_caps_hold(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """download(etag=): Azurite answers If-Match with 412; the GCS XML API server ignores
+    it, and the ETag of the answer is compared instead. Either way, InputError."""
+    from packer.storage.client import TooLarge
+
+    store = open_store(parse_url(cloud.new_url()))
+    store.put(b"first", "obj")
+    [(key, size, etag)] = store.list_meta()
+    assert (key, size) == ("obj", 5) and etag
+    assert store.download(tmp_path / "a", "obj", etag=etag) == 5
+    store.put(b"second!", "obj")
+    with pytest.raises(InputError, match="obj: changed since it was listed"):
+        store.download(tmp_path / "b", "obj", etag=etag)
+    with pytest.raises(TooLarge, match="above the cap of 6"):
+        store.get("obj", max_bytes=6)
+    with pytest.raises(TooLarge):
+        store.download(tmp_path / "c", "obj", max_bytes=6)
+    assert store.head("missing") is None
+    store.delete("obj")
+    store.delete("obj")  # gone already: no error
+    assert store.head("obj") is None and store.list() == []
+
+
 def test_a_missing_bucket_is_one_line_exit_2_before_any_work(cloud: Cloud, tmp_path: Path) -> None:
     src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
     what = "container" if cloud.scheme == "az" else "bucket"
@@ -381,3 +406,17 @@ def test_a_credential_in_a_gs_or_az_url_names_the_right_variables(url: str, hint
     r = CliRunner().invoke(cli, ["info", url])
     assert r.exit_code == 2 and "credentials in the URL are refused" in r.output, r.output
     assert hint in r.output and "AWS" not in r.output and "tok" not in r.output
+
+
+def test_dev_py_installs_the_azurite_the_tests_expect() -> None:
+    import importlib.util
+
+    from packer.storage import emulators
+
+    spec = importlib.util.spec_from_file_location("dev", emulators.REPO / "dev.py")
+    assert spec is not None and spec.loader is not None
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    assert dev.AZURITE_VERSION == emulators.AZURITE_VERSION
+    assert dev.AZURITE == emulators.AZURITE_DIR
+    assert "/.test-servers/" in (emulators.REPO / ".gitignore").read_text().split()
