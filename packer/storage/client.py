@@ -371,6 +371,13 @@ class ObjectStore:
             except (ox.BaseError, OSError, RuntimeError, ConnectionError, TimeoutError) as e:
                 if _names_no_bucket(e):
                     raise self._no_bucket() from None
+                if self.url.scheme != "s3" and "token request" in str(e):
+                    # GCS and Azure fetch a token first (metadata server, OAuth): its
+                    # refusal is a credentials problem, which obstore already retried
+                    raise CredentialsError(
+                        f"{where}: no token for the credentials ({self._token_reason(e)}); "
+                        f"{CREDENTIALS_HINT[self.url.scheme]}"
+                    ) from None
                 last = e
         seconds = time.monotonic() - start
         raise StorageError(
@@ -387,6 +394,14 @@ class ObjectStore:
             f"first, or check its name"
             + (f" and the endpoint ({self.endpoint})" if self.endpoint else "")
         )
+
+    def _token_reason(self, e: BaseException) -> str:
+        """Why a token request failed, in a few words: the HTTP status it names, else
+        its first line, scrubbed and cut short (the token server's answer is not quoted)."""
+        m = re.search(r"status code: ([0-9]{3}[A-Za-z ]*)", str(e))
+        if m:
+            return f"the token server answered {m.group(1).strip()}"
+        return self._scrub(_first_line(e))[:160]
 
     def _reason(self, e: BaseException) -> str:
         text = str(e)

@@ -420,3 +420,29 @@ def test_dev_py_installs_the_azurite_the_tests_expect() -> None:
     assert dev.AZURITE_VERSION == emulators.AZURITE_VERSION
     assert dev.AZURITE == emulators.AZURITE_DIR
     assert "/.test-servers/" in (emulators.REPO / ".gitignore").read_text().split()
+
+
+def test_a_refused_azure_token_request_is_one_line_exit_2(
+    az: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service principal (client id and secret): obstore asks the OAuth authority for a
+    token first; here a server on 127.0.0.1 that refuses it (401). One line naming that,
+    exit 2, before any work, the secret never shown."""
+    secret = "client-secret-" + "s" * 20
+    refusing = RefusingServer()
+    try:
+        monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_KEY")
+        monkeypatch.setenv("AZURE_STORAGE_CLIENT_ID", "00000000-0000-0000-0000-000000000001")
+        monkeypatch.setenv("AZURE_STORAGE_CLIENT_SECRET", secret)
+        monkeypatch.setenv("AZURE_STORAGE_TENANT_ID", "00000000-0000-0000-0000-000000000002")
+        monkeypatch.setenv("AZURE_STORAGE_AUTHORITY_HOST", refusing.endpoint)
+        src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
+        r = CliRunner().invoke(cli, ["build", str(src), az.new_url(), *OPTIONS])
+        assert r.exit_code == 2, r.output
+        assert "no token for the credentials (the token server answered 401" in r.output
+        assert "check AZURE_STORAGE_ACCOUNT_NAME" in r.output
+        assert r.output.count("\n") == 1 and secret not in r.output, r.output
+        assert not (tmp_path / "cache" / "builds").exists()
+        assert refusing.seen  # the token was asked for, of this server
+    finally:
+        refusing.close()
