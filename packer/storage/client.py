@@ -323,7 +323,8 @@ class ObjectStore:
         for secret in sorted(self._secrets, key=len, reverse=True):
             if secret:
                 text = text.replace(secret, "***")
-        return text
+        # a signature in a request's query (an Azure SAS, a signed URL), however encoded
+        return _SIGNED.sub(r"\1***", text)
 
     def _where(self, key: str) -> str:
         return f"{self.url.scheme}://{self.url.bucket}/{key}"
@@ -671,6 +672,12 @@ class ObjectStore:
             )
         except NotFound:
             pass
+
+
+_SIGNED = re.compile(
+    r"(?i)([?&](?:sig|signature|x-goog-signature|x-amz-signature|x-amz-security-token"
+    r"|x-amz-credential|x-goog-credential)=)[^&\s\"'<>)]*"
+)
 
 
 def _names_no_bucket(e: BaseException) -> bool:

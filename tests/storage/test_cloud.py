@@ -21,7 +21,8 @@ import packer
 from packer.build.run import BuildConfig, build
 from packer.cli import cli
 from packer.errors import CredentialsError, InputError, UsageError
-from packer.storage.client import open_store
+from packer.storage import client as storage_client
+from packer.storage.client import ObjectStore, open_store
 from packer.storage.cloud_env import azure_settings, parse_connection_string
 from packer.storage.lease import Lease
 from packer.storage.url import parse_url
@@ -446,3 +447,75 @@ def test_a_refused_azure_token_request_is_one_line_exit_2(
         assert refusing.seen  # the token was asked for, of this server
     finally:
         refusing.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "name", "value", "secret"),
+    [
+        ("az://c/p", "AZURE_STORAGE_ACCOUNT_KEY", "not*base64!SECRETKEY", "SECRETKEY"),
+        (
+            "gs://b/p",
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            '{"private_key": "SECRETPK", "client_email": 5}',
+            "SECRETPK",
+        ),
+        ("gs://b/p", "GOOGLE_SERVICE_ACCOUNT_KEY", '{"private_key": "SECRETPK", ', "SECRETPK"),
+    ],
+)
+def test_a_malformed_key_is_one_line_exit_2_never_quoted(
+    monkeypatch: pytest.MonkeyPatch, url: str, name: str, value: str, secret: str
+) -> None:
+    for other in fx.CLEARED:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv(name, value)
+    r = CliRunner().invoke(cli, ["info", url])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"Error: {url}: cannot set up the client (")
+    assert r.output.count("\n") == 1 and secret not in r.output, r.output
+
+
+def test_a_sas_token_never_reaches_a_message(
+    az: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SAS rides in every request's query; a server failing (503) makes obstore's error,
+    which names the request, reach the retry warnings and the final message."""
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def _fail(self) -> None:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = do_HEAD = _fail
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sig = "TOPSECRET%2Bab%2Fcd%3D"
+    try:
+        monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_KEY")
+        monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", f"?sv=2021-08-06&sp=rl&sig={sig}")
+        monkeypatch.setenv(
+            "AZURE_STORAGE_ENDPOINT", f"http://127.0.0.1:{httpd.server_address[1]}/acct"
+        )
+        monkeypatch.setattr(storage_client.RETRY, "backoff", 0.01)
+        r = CliRunner().invoke(cli, ["info", az.new_url()])
+        assert r.exit_code == 1 and "could not read it after 3 tries" in r.output, r.output
+        for text in (r.output, caplog.text):
+            assert "TOPSECRET" not in text and "ab/cd" not in text
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_signature_in_any_message_is_scrubbed() -> None:
+    store = ObjectStore.__new__(ObjectStore)  # no settings needed: the scrub alone
+    store._secrets = []
+    text = "GET http://h/c/k?sv=1&sig=abc%2Bdef&sp=r and https://x/o?X-Goog-Signature=f00d"
+    out = store._scrub(text)
+    assert "abc" not in out and "f00d" not in out and "sv=1" in out and "sp=r" in out
