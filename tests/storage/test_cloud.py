@@ -324,15 +324,15 @@ def test_azure_settings_from_a_connection_string_and_the_variables(
         f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={key};"
         "BlobEndpoint=http://127.0.0.1:10000/acct;",
     )
-    s = azure_settings("c")
+    s = azure_settings("cnt")
     assert s.kwargs == {"account_name": "acct", "account_key": key}
     assert s.endpoint == "http://127.0.0.1:10000/acct" and key in s.secrets
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "other")  # the variable wins
-    assert azure_settings("c").kwargs["account_name"] == "other"
+    assert azure_settings("cnt").kwargs["account_name"] == "other"
     assert parse_connection_string("A=b=c;;D=") == {"A": "b=c", "D": ""}
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=a;{key[:-1]}")
     with pytest.raises(UsageError, match="is not a connection string") as e:
-        azure_settings("c")
+        azure_settings("cnt")
     assert key[:-1] not in str(e.value)
 
 
@@ -342,18 +342,18 @@ def test_azure_emulator_settings_and_a_missing_account(monkeypatch: pytest.Monke
     monkeypatch.delenv("AZURE_STORAGE_ENDPOINT", raising=False)
     monkeypatch.delenv("AZURE_ENDPOINT", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_USE_EMULATOR", raising=False)
-    with pytest.raises(UsageError, match=r"az://c: no Azure storage account is set; set AZURE_"):
-        open_store(parse_url("az://c/p"))
+    with pytest.raises(UsageError, match=r"az://cnt: no Azure storage account is set; set AZURE_"):
+        open_store(parse_url("az://cnt/p"))
     monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
     monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:10999")
-    store = open_store(parse_url("az://c/p"))
+    store = open_store(parse_url("az://cnt/p"))
     assert store.endpoint == "http://127.0.0.1:10999/devstoreaccount1"
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "mine")
     monkeypatch.delenv("AZURE_STORAGE_USE_EMULATOR")
     # the same container of two accounts is two sets in the cache
-    a = open_store(parse_url("az://c/p"))
+    a = open_store(parse_url("az://cnt/p"))
     assert a.endpoint == "https://mine.blob.core.windows.net"
-    assert parse_url("az://c/p").cache_key(a.endpoint) != parse_url("az://c/p").cache_key(
+    assert parse_url("az://cnt/p").cache_key(a.endpoint) != parse_url("az://cnt/p").cache_key(
         store.endpoint
     )
 
@@ -377,7 +377,7 @@ def test_plain_http_only_to_this_machine(
         monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "1")
     monkeypatch.setenv(name, value)
     with pytest.raises(UsageError, match="plain http is allowed only for a server on this"):
-        open_store(parse_url(f"{scheme}://b/p"))
+        open_store(parse_url(f"{scheme}://bkt/p"))
 
 
 @pytest.mark.parametrize(
@@ -394,14 +394,14 @@ def test_a_malformed_endpoint_is_one_line_and_never_echoed(
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.setenv(name, value)
     scheme = "gs" if name.startswith("GOOGLE") else "az"
-    r = CliRunner().invoke(cli, ["info", f"{scheme}://b/p"])
+    r = CliRunner().invoke(cli, ["info", f"{scheme}://bkt/p"])
     assert r.exit_code == 2 and r.output.startswith(f"Error: {name}"), r.output
     assert "pa/ss" not in r.output and r.output.count("\n") == 1
 
 
 @pytest.mark.parametrize(
     ("url", "hint"),
-    [("gs://tok@b/p", "GOOGLE_APPLICATION_CREDENTIALS"), ("az://k:s@c/p", "AZURE_STORAGE")],
+    [("gs://tok@b/p", "GOOGLE_APPLICATION_CREDENTIALS"), ("az://k:s@cnt/p", "AZURE_STORAGE")],
 )
 def test_a_credential_in_a_gs_or_az_url_names_the_right_variables(url: str, hint: str) -> None:
     r = CliRunner().invoke(cli, ["info", url])
@@ -452,7 +452,7 @@ def test_a_refused_azure_token_request_is_one_line_exit_2(
 @pytest.mark.parametrize(
     ("url", "name", "value", "secret"),
     [
-        ("az://c/p", "AZURE_STORAGE_ACCOUNT_KEY", "not*base64!SECRETKEY", "SECRETKEY"),
+        ("az://cnt/p", "AZURE_STORAGE_ACCOUNT_KEY", "not*base64!SECRETKEY", "SECRETKEY"),
         (
             "gs://b/p",
             "GOOGLE_SERVICE_ACCOUNT_KEY",
@@ -519,3 +519,17 @@ def test_a_signature_in_any_message_is_scrubbed() -> None:
     text = "GET http://h/c/k?sv=1&sig=abc%2Bdef&sp=r and https://x/o?X-Goog-Signature=f00d"
     out = store._scrub(text)
     assert "abc" not in out and "f00d" not in out and "sv=1" in out and "sp=r" in out
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["az://My-Container/p", "az://a--b/p", "az://ab/p", "az://abc-/p", "az://a_b_c/p",
+     "az://" + "a" * 64 + "/p", "gs://Bucket/p", "gs://aB/p", "gs://abc-/p", "gs://abc./p"],
+)  # fmt: skip
+def test_a_name_outside_the_clouds_rules_is_one_line_before_any_request(url: str) -> None:
+    r = CliRunner().invoke(cli, ["info", url])
+    assert r.exit_code == 2, r.output
+    what = "an Azure container name" if url.startswith("az") else "a Google Cloud Storage bucket"
+    assert f"is not {what}" in r.output and r.output.count("\n") == 1, r.output
+    for good in ("az://imgpack-1/p", "az://abc/p", "gs://my_bucket.example.com/p", "gs://abc/p"):
+        assert str(parse_url(good)) == good
