@@ -533,3 +533,42 @@ def test_a_name_outside_the_clouds_rules_is_one_line_before_any_request(url: str
     assert f"is not {what}" in r.output and r.output.count("\n") == 1, r.output
     for good in ("az://imgpack-1/p", "az://abc/p", "gs://my_bucket.example.com/p", "gs://abc/p"):
         assert str(parse_url(good)) == good
+
+
+@pytest.mark.slow  # a child interpreter building (about 10 s)
+def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import subprocess_env
+
+    src = write_src(tmp_path / "src", {"cat": 3, "dog": 3})
+    url = cloud.new_url()
+    script = tmp_path / "kill.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, sys
+            import packer.build.upload as up
+            from packer.build.run import BuildConfig, build
+            seen = []
+            def die(step):
+                seen.append(step) if step.startswith("uploaded") else None
+                if len(seen) == 2:  # two shards uploaded, the third and the index not
+                    os.kill(os.getpid(), signal.SIGKILL)
+            up._reached = die
+            build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 6), workers=1, shard_size=300))
+            """
+        )
+    )
+    r = subprocess.run([sys.executable, str(script), str(src), url], env=subprocess_env())
+    assert r.returncode == -9
+    assert "imgpack-set.json" not in bucket_tree(url)  # no index: no reader sees the set
+    result = build(src, url, RAW)
+    assert result.extra["shards_already_there"] == 2 and result.extra["shards_uploaded"] == 1
+    build(src, tmp_path / "ref", RAW)
+    tree = {k: v for k, v in bucket_tree(url).items() if not k.startswith(".imgpack-lease")}
+    assert tree == local_tree(tmp_path / "ref")
