@@ -24,6 +24,7 @@ from packer.errors import CredentialsError, InputError, UsageError
 from packer.storage import client as storage_client
 from packer.storage.client import ObjectStore, open_store
 from packer.storage.cloud_env import azure_settings, parse_connection_string
+from packer.storage.emulators import AzuriteServer
 from packer.storage.lease import Lease
 from packer.storage.url import parse_url
 
@@ -572,3 +573,30 @@ def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
     build(src, tmp_path / "ref", RAW)
     tree = {k: v for k, v in bucket_tree(url).items() if not k.startswith(".imgpack-lease")}
     assert tree == local_tree(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("how", ["connection string", "emulator"])
+def test_azurite_through_a_connection_string_or_the_emulator_switch(
+    az: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    server = az.server
+    assert isinstance(server, AzuriteServer)
+    url = az.new_url()
+    build(write_src(tmp_path / "src", {"cat": 2, "dog": 2}), url, RAW)
+    for name in server.env():
+        monkeypatch.delenv(name)
+    if how == "connection string":
+        monkeypatch.setenv(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            f"DefaultEndpointsProtocol=http;AccountName={server.account};"
+            f"AccountKey={server.key};BlobEndpoint={server.blob_endpoint};",
+        )
+    else:  # obstore's emulator mode, the account and key of this server
+        monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+        monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", server.endpoint)
+        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", server.account)
+        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", server.key)
+    r = CliRunner().invoke(cli, ["info", url, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["count"] == 4 and server.key not in r.output
+    assert open_store(parse_url(url)).endpoint == server.blob_endpoint
