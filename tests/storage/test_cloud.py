@@ -600,3 +600,27 @@ def test_azurite_through_a_connection_string_or_the_emulator_switch(
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["count"] == 4 and server.key not in r.output
     assert open_store(parse_url(url)).endpoint == server.blob_endpoint
+
+
+def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(cloud: Cloud, tmp_path: Path) -> None:
+    """A gs:// or az:// prefix of images as SRC (issue 47.4's URL part): one listing gives
+    the classes and the images in a folder's order, with each object's size and ETag
+    (what --engine ray's tasks download against)."""
+    from dataclasses import replace
+
+    from packer.build.upload import plan_bucket
+
+    src = write_src(tmp_path / "src", {"cat": 2, "dog": 3})
+    url = cloud.new_url()
+    store = open_store(parse_url(url))
+    for path in sorted(src.rglob("*.png")):
+        store.put(path.read_bytes(), *path.relative_to(src).parts)
+    plan = plan_bucket(url, replace(RAW, engine="ray"))
+    assert plan.scan.classes == ["cat", "dog"]
+    assert [(e.rel, e.label) for e in plan.scan.entries] == [
+        ("cat/0.png", 0), ("cat/1.png", 0), ("dog/0.png", 1), ("dog/1.png", 1), ("dog/2.png", 1)
+    ]  # fmt: skip
+    for rel, (size, etag) in plan.scan.objects.items():
+        assert size == (src / rel).stat().st_size and etag
+    with pytest.raises(UsageError, match=r"a bucket of images is built with --engine ray"):
+        plan_bucket(url, RAW)
