@@ -153,11 +153,13 @@ def azure_settings(container: str) -> Settings:
     if sas and not key:
         out.kwargs["sas_key"] = sas.lstrip("?")
     endpoint = _first(env, ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"))
-    if endpoint:
-        out.endpoint, out.endpoint_from = endpoint, "AZURE_STORAGE_ENDPOINT"
-    elif cs.get("BlobEndpoint"):
-        out.endpoint = cs["BlobEndpoint"]
-        out.endpoint_from = "BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"
+    if endpoint or cs.get("BlobEndpoint"):
+        if endpoint:
+            out.endpoint, out.endpoint_from = endpoint, "AZURE_STORAGE_ENDPOINT"
+        else:
+            out.endpoint = cs["BlobEndpoint"]
+            out.endpoint_from = "BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"
+        out.kwargs["use_emulator"] = False  # the endpoint named wins (obstore: the emulator)
     elif emulator:
         base = env.get("AZURITE_BLOB_STORAGE_URL") or AZURITE_URL
         out.endpoint = f"{base.rstrip('/')}/{account}"

@@ -326,7 +326,7 @@ def test_azure_settings_from_a_connection_string_and_the_variables(
         "BlobEndpoint=http://127.0.0.1:10000/acct;",
     )
     s = azure_settings("cnt")
-    assert s.kwargs == {"account_name": "acct", "account_key": key}
+    assert s.kwargs == {"account_name": "acct", "account_key": key, "use_emulator": False}
     assert s.endpoint == "http://127.0.0.1:10000/acct" and key in s.secrets
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "other")  # the variable wins
     assert azure_settings("cnt").kwargs["account_name"] == "other"
@@ -575,7 +575,7 @@ def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
     assert tree == local_tree(tmp_path / "ref")
 
 
-@pytest.mark.parametrize("how", ["connection string", "emulator"])
+@pytest.mark.parametrize("how", ["connection string", "emulator", "endpoint over emulator"])
 def test_azurite_through_a_connection_string_or_the_emulator_switch(
     az: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
@@ -591,11 +591,16 @@ def test_azurite_through_a_connection_string_or_the_emulator_switch(
             f"DefaultEndpointsProtocol=http;AccountName={server.account};"
             f"AccountKey={server.key};BlobEndpoint={server.blob_endpoint};",
         )
-    else:  # obstore's emulator mode, the account and key of this server
+    elif how == "emulator":  # obstore's emulator mode, the account and key of this server
         monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
         monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", server.endpoint)
         monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", server.account)
         monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", server.key)
+    else:  # the emulator switch on, pointing nowhere: the endpoint named is used
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+        monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:9")
     r = CliRunner().invoke(cli, ["info", url, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["count"] == 4 and server.key not in r.output
