@@ -405,13 +405,18 @@ class ObjectStore:
         return self._scrub(_first_line(e))[:160]
 
     def _reason(self, e: BaseException) -> str:
+        """The server's error code (``<Code>...</Code>``: S3, GCS's XML API, Azure), else
+        the HTTP status obstore names; never a match inside the object's key or URL."""
         text = str(e)
-        codes = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
-        codes += ("AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch")
-        for code in codes:
-            if code in text:
-                return code
-        return "403 Forbidden" if "403" in text else "401 Unauthorized"
+        code = re.search(r"<Code>([A-Za-z]{1,64})</Code>", text)
+        if code:
+            return code.group(1)
+        status = re.search(r"status code: (40[13])\b", text)
+        if status:
+            return "403 Forbidden" if status.group(1) == "403" else "401 Unauthorized"
+        from obstore import exceptions as ox
+
+        return "403 Forbidden" if isinstance(e, ox.PermissionDeniedError) else "401 Unauthorized"
 
     # ------------------------------------------------------------ bounded waits
 
