@@ -120,11 +120,12 @@ class _Cancelled(Exception):
     """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
 
 
-_NO_BUCKET = (
-    "NoSuchBucket",
-    "ContainerNotFound",
-    "The specified bucket does not exist",
-    "The specified container does not exist",
+# a missing bucket as the server says it: its error code, or its message after a code
+# tag, a ': ' or a quote (obstore's bulk-delete reasons), never a match inside the key
+# (obstore's "Object at location KEY not found" quotes the key as it is)
+_NO_BUCKET = re.compile(
+    r"<Code>(?:NoSuchBucket|ContainerNotFound)</Code>"
+    r"|(?:<Message>|: |\")The specified (?:bucket|container) does not exist"
 )
 
 
@@ -686,8 +687,7 @@ _SIGNED = re.compile(
 
 
 def _names_no_bucket(e: BaseException) -> bool:
-    text = str(e)
-    return any(marker in text for marker in _NO_BUCKET)
+    return _NO_BUCKET.search(str(e)) is not None
 
 
 class _Final(Exception):

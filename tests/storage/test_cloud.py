@@ -634,3 +634,19 @@ def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(cloud: Cloud, tmp_p
         assert size == (src / rel).stat().st_size and etag
     with pytest.raises(UsageError, match=r"a bucket of images is built with --engine ray"):
         plan_bucket(url, RAW)
+
+
+def test_a_missing_object_named_like_a_missing_bucket_is_only_missing(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """The bucket is there; only the object is not, whatever its key says."""
+    from packer.storage.client import NotFound
+
+    store = open_store(parse_url(cloud.new_url() + "/NoSuchBucket"))
+    key = "ContainerNotFound/The specified container does not exist/x.png"
+    assert store.head(key) is None
+    with pytest.raises(NotFound):
+        store.get(key, max_bytes=10)
+    store.delete(key)  # missing: quiet
+    with pytest.raises(NotFound):
+        store.download(tmp_path / "x", key)
