@@ -373,7 +373,7 @@ class ObjectStore:
             except (ox.BaseError, OSError, RuntimeError, ConnectionError, TimeoutError) as e:
                 if _names_no_bucket(e):
                     raise self._no_bucket() from None
-                if self.url.scheme != "s3" and "token request" in str(e):
+                if self.url.scheme != "s3" and "Error performing token request" in str(e):
                     # GCS and Azure fetch a token first (metadata server, OAuth): its
                     # refusal is a credentials problem, which obstore already retried
                     raise CredentialsError(
