@@ -2,8 +2,8 @@
 session on 127.0.0.1 (free ports) and stopped by their PIDs: Azurite (Azure's emulator,
 installed into .test-servers/azurite by dev.py or here; skipped, saying why, without
 node and npm) and a server of GCS's XML API (packer/storage/emulators.py says why not
-gcp-storage-emulator). The tests using them run on one xdist worker
-(``xdist_group("cloud")``): one start of each server a session."""
+gcp-storage-emulator). The tests using them run on one xdist worker (tests/conftest.py
+groups them as ``cloud``): one start of each server a session."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from packer.storage import client
 from packer.storage.emulators import AzuriteServer, GCSXMLServer, install_azurite
 
 BUCKET = "imgpack"
-GROUP = pytest.mark.xdist_group("cloud")
 # every variable of the three clouds' settings that a developer's shell may hold: cleared
 # for each test, so only the server's environment is seen
 CLEARED = (
@@ -120,6 +119,6 @@ def gs(gcs_server: GCSXMLServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 @pytest.fixture(params=["gs", "az"])
-def cloud(request: pytest.FixtureRequest) -> Cloud:
+def gs_or_az(request: pytest.FixtureRequest) -> Cloud:
     """Each of the two clouds in turn."""
     return request.getfixturevalue(request.param)

@@ -14,7 +14,7 @@ import cloud_servers as fx
 import pytest
 import torch
 from click.testing import CliRunner
-from cloud_servers import GROUP, Cloud
+from cloud_servers import Cloud
 from s3_server import RAW, write_src
 
 import packer
@@ -28,9 +28,8 @@ from packer.storage.emulators import AzuriteServer
 from packer.storage.lease import Lease
 from packer.storage.url import parse_url
 
-az, gs, cloud = fx.az, fx.gs, fx.cloud  # the fixtures
+az, gs, gs_or_az = fx.az, fx.gs, fx.gs_or_az  # the fixtures
 azurite_server, gcs_server = fx.azurite_server, fx.gcs_server
-pytestmark = GROUP
 JPEG = BuildConfig(size=(8, 6), workers=1, shard_size=2500, store="jpeg")
 OPTIONS = ["--size", "8x6", "--shard-size", "300", "--workers", "1"]  # RAW's
 
@@ -56,12 +55,12 @@ def every_image(s: packer.pack.packset.PackSet) -> torch.Tensor:
     return torch.cat(out)
 
 
-def no_secret_anywhere(cloud: Cloud, texts: list[str], roots: list[Path]) -> None:
+def no_secret_anywhere(gs_or_az: Cloud, texts: list[str], roots: list[Path]) -> None:
     for text in texts:
-        assert cloud.secret not in text
+        assert gs_or_az.secret not in text
     for root in roots:
         for path, data in local_tree(root).items():
-            assert cloud.secret.encode() not in data, path
+            assert gs_or_az.secret.encode() not in data, path
 
 
 # ---------------------------------------------------------------- with a server
@@ -69,11 +68,11 @@ def no_secret_anywhere(cloud: Cloud, texts: list[str], roots: list[Path]) -> Non
 
 @pytest.mark.parametrize("config", [RAW, JPEG], ids=["raw", "jpeg"])
 def test_build_to_the_bucket_then_load_gives_the_local_sets_images(
-    cloud: Cloud, tmp_path: Path, config: BuildConfig
+    gs_or_az: Cloud, tmp_path: Path, config: BuildConfig
 ) -> None:
     fmt = "JPEG" if config.store == "jpeg" else "PNG"
     src = write_src(tmp_path / "src", {"cat": 3, "dog": 3}, fmt)
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     result = build(src, url, config)
     assert result.count == 6 and result.extra["shards_uploaded"] == len(
         packer.load(url).index.shards
@@ -89,10 +88,10 @@ def test_build_to_the_bucket_then_load_gives_the_local_sets_images(
 
 
 def test_a_set_streams_through_the_loader_and_the_cache_is_shared(
-    cloud: Cloud, tmp_path: Path
+    gs_or_az: Cloud, tmp_path: Path
 ) -> None:
     src = write_src(tmp_path / "src", {"a": 6, "b": 6})
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     build(src, url, RAW)  # 6 shards of 2 rows (304 bytes each in the cache)
     build(src, tmp_path / "ref", RAW)
     kw = {"device": "cpu", "order": "shards", "seed": 3}
@@ -117,10 +116,10 @@ def test_a_set_streams_through_the_loader_and_the_cache_is_shared(
 
 
 def test_info_verify_and_classes_over_the_url_never_show_the_secret(
-    cloud: Cloud, tmp_path: Path
+    gs_or_az: Cloud, tmp_path: Path
 ) -> None:
     src = write_src(tmp_path / "src", {"cat": 3, "dog": 3})
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     runner = CliRunner()
     up = runner.invoke(cli, ["build", str(src), url, *OPTIONS, "--json"])
     assert up.exit_code == 0, up.output
@@ -141,13 +140,15 @@ def test_info_verify_and_classes_over_the_url_never_show_the_secret(
     bad = runner.invoke(cli, ["info", url + "-nothing-here"])
     assert bad.exit_code == 2 and "imgpack-set.json is missing" in bad.output
     texts = [up.output, info.output, verify.output, b.output, bad.output]
-    no_secret_anywhere(cloud, texts, [tmp_path / "cache", tmp_path / "val_pack"])
-    assert not any(cloud.secret.encode() in v for v in bucket_tree(url).values())
+    no_secret_anywhere(gs_or_az, texts, [tmp_path / "cache", tmp_path / "val_pack"])
+    assert not any(gs_or_az.secret.encode() in v for v in bucket_tree(url).values())
 
 
-def test_a_second_writer_is_turned_away_while_a_lease_is_held(cloud: Cloud, tmp_path: Path) -> None:
+def test_a_second_writer_is_turned_away_while_a_lease_is_held(
+    gs_or_az: Cloud, tmp_path: Path
+) -> None:
     src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     holder = Lease(open_store(parse_url(url)))
     holder.acquire()  # another writer, as listed by the server's clock
     try:
@@ -164,13 +165,13 @@ def test_a_second_writer_is_turned_away_while_a_lease_is_held(cloud: Cloud, tmp_
 
 
 def test_an_object_changed_since_it_was_listed_is_refused_and_caps_hold(
-    cloud: Cloud, tmp_path: Path
+    gs_or_az: Cloud, tmp_path: Path
 ) -> None:
     """download(etag=): Azurite answers If-Match with 412; the GCS XML API server ignores
     it, and the ETag of the answer is compared instead. Either way, InputError."""
     from packer.storage.client import TooLarge
 
-    store = open_store(parse_url(cloud.new_url()))
+    store = open_store(parse_url(gs_or_az.new_url()))
     store.put(b"first", "obj")
     [(key, size, etag)] = store.list_meta()
     assert (key, size) == ("obj", 5) and etag
@@ -188,16 +189,20 @@ def test_an_object_changed_since_it_was_listed_is_refused_and_caps_hold(
     assert store.head("obj") is None and store.list() == []
 
 
-def test_a_missing_bucket_is_one_line_exit_2_before_any_work(cloud: Cloud, tmp_path: Path) -> None:
+def test_a_missing_bucket_is_one_line_exit_2_before_any_work(
+    gs_or_az: Cloud, tmp_path: Path
+) -> None:
     src = write_src(tmp_path / "src", {"cat": 2, "dog": 2})
-    what = "container" if cloud.scheme == "az" else "bucket"
+    what = "container" if gs_or_az.scheme == "az" else "bucket"
     t0 = time.monotonic()
-    url = f"{cloud.scheme}://no-such-{what}/x"
+    url = f"{gs_or_az.scheme}://no-such-{what}/x"
     r = CliRunner().invoke(cli, ["build", str(src), url, *OPTIONS])
     assert r.exit_code == 2, r.output
-    endpoint = cloud.server.blob_endpoint if cloud.scheme == "az" else cloud.server.endpoint
+    endpoint = (
+        gs_or_az.server.blob_endpoint if gs_or_az.scheme == "az" else gs_or_az.server.endpoint
+    )
     assert r.output == (
-        f"Error: {cloud.scheme}://no-such-{what}: the {what} does not exist; create it "
+        f"Error: {gs_or_az.scheme}://no-such-{what}: the {what} does not exist; create it "
         f"first, or check its name and the endpoint ({endpoint})\n"
     )
     assert not (tmp_path / "cache" / "builds").exists()  # nothing built or staged
@@ -543,7 +548,7 @@ def test_a_name_outside_the_clouds_rules_is_one_line_before_any_request(url: str
 
 @pytest.mark.slow  # a child interpreter building (about 10 s)
 def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
-    cloud: Cloud, tmp_path: Path
+    gs_or_az: Cloud, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
@@ -552,7 +557,7 @@ def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
     from conftest import subprocess_env
 
     src = write_src(tmp_path / "src", {"cat": 3, "dog": 3})
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     script = tmp_path / "kill.py"
     script.write_text(
         textwrap.dedent(
@@ -612,7 +617,9 @@ def test_azurite_through_a_connection_string_or_the_emulator_switch(
     assert open_store(parse_url(url)).endpoint == server.blob_endpoint
 
 
-def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(cloud: Cloud, tmp_path: Path) -> None:
+def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(
+    gs_or_az: Cloud, tmp_path: Path
+) -> None:
     """A gs:// or az:// prefix of images as SRC (issue 47.4's URL part): one listing gives
     the classes and the images in a folder's order, with each object's size and ETag
     (what --engine ray's tasks download against)."""
@@ -621,7 +628,7 @@ def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(cloud: Cloud, tmp_p
     from packer.build.upload import plan_bucket
 
     src = write_src(tmp_path / "src", {"cat": 2, "dog": 3})
-    url = cloud.new_url()
+    url = gs_or_az.new_url()
     store = open_store(parse_url(url))
     for path in sorted(src.rglob("*.png")):
         store.put(path.read_bytes(), *path.relative_to(src).parts)
@@ -637,12 +644,12 @@ def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(cloud: Cloud, tmp_p
 
 
 def test_a_missing_object_named_like_a_missing_bucket_is_only_missing(
-    cloud: Cloud, tmp_path: Path
+    gs_or_az: Cloud, tmp_path: Path
 ) -> None:
     """The bucket is there; only the object is not, whatever its key says."""
     from packer.storage.client import NotFound
 
-    store = open_store(parse_url(cloud.new_url() + "/NoSuchBucket"))
+    store = open_store(parse_url(gs_or_az.new_url() + "/NoSuchBucket"))
     key = "ContainerNotFound/The specified container does not exist/x.png"
     assert store.head(key) is None
     with pytest.raises(NotFound):
@@ -650,3 +657,15 @@ def test_a_missing_object_named_like_a_missing_bucket_is_only_missing(
     store.delete(key)  # missing: quiet
     with pytest.raises(NotFound):
         store.download(tmp_path / "x", key)
+
+
+def test_the_server_tests_share_one_xdist_worker(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` every test using the GCS or Azure server is in group
+    ``cloud`` (one start of each server a session), the settings tests in none."""
+    from conftest import _xdist_group
+
+    mine = [i for i in request.session.items if i.fspath == request.node.fspath]
+    uses = {"azurite_server", "gcs_server", "gs_or_az"}  # gs_or_az: one of them, by param
+    servers = [i for i in mine if uses & set(i.fixturenames)]
+    for item in mine:  # the items collected with this one (all of them in a full run)
+        assert (_xdist_group(item) == "cloud") == (item in servers), item.nodeid
