@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,9 +146,33 @@ def pytest_args(extra: list[str]) -> list[str]:
     return [*PYTEST, *(QUICK if quick else []), *rest]
 
 
+# the Azure tests' server: Azurite (an npm package), pinned, installed into an ignored
+# folder of the repository; tests/helpers/emulators.py starts it
+AZURITE = ROOT / ".test-servers" / "azurite"
+AZURITE_VERSION = "3.35.0"  # as tests/helpers/emulators.AZURITE_VERSION
+
+
+def ensure_azurite() -> None:
+    """Install azurite into .test-servers/azurite with npm, once per version. Without node
+    and npm, say so: the Azure tests then skip, naming why."""
+    exe = AZURITE / "node_modules" / ".bin" / "azurite-blob"
+    stamp = AZURITE / "node_modules" / "azurite" / "package.json"
+    if exe.is_file() and stamp.is_file() and f'"{AZURITE_VERSION}"' in stamp.read_text():
+        return
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        print("node and npm are not on PATH: the Azure tests (Azurite) will skip", flush=True)
+        return
+    print(f"Installing azurite {AZURITE_VERSION} into {AZURITE} (npm) ...", flush=True)
+    AZURITE.mkdir(parents=True, exist_ok=True)
+    _run(npm, "install", "--prefix", AZURITE, "--no-audit", "--no-fund", "--save-exact",
+         f"azurite@{AZURITE_VERSION}")  # fmt: skip
+
+
 def test(extra: list[str]) -> None:
     """Lint and format check, then the whole test suite (``--quick``: less slow and ray)."""
     py = ensure_venv()
+    ensure_azurite()
     _run(py, "-m", "ruff", "check", ".")
     _run(py, "-m", "ruff", "format", "--check", ".")
     _run(py, "-m", "pytest", *pytest_args(extra))

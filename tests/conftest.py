@@ -105,10 +105,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _xdist_group(item: pytest.Item) -> str | None:
     """The tests that must run on one worker under ``--dist loadgroup``: the ``ray`` ones
-    (one cluster a session), and those of a module using a module-scoped fixture (a
-    pack built once for the module, not once a worker)."""
+    (one cluster a session), those of the GCS and Azure servers (``cloud``), and those
+    of a module using a module-scoped fixture (a pack built once for the module, not
+    once a worker)."""
     if item.get_closest_marker("ray"):
         return "ray"
+    if {"azurite_server", "gcs_server", "gs_or_az"} & set(getattr(item, "fixturenames", ())):
+        return "cloud"  # tests/storage/cloud_servers.py: one start of each a session
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d and d[-1].scope in ("module", "class", "package") for d in defs):

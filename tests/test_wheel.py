@@ -64,7 +64,8 @@ def test_wheel_holds_every_package(installed: tuple[Path, dict[str, str]]) -> No
     want = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "packer").rglob("__init__.py")}
     assert ours == want
     # the test S3 server is a test rig (tests/helpers), not part of the product (issue 45.9)
-    assert not list((site / "packer").rglob("local_server*")), "a test rig ships in the wheel"
+    for rig in ("local_server*", "emulators*"):
+        assert not list((site / "packer").rglob(rig)), f"a test rig ships in the wheel: {rig}"
 
 
 def test_wheel_ships_the_batched_decoders_c_source(

@@ -6,9 +6,10 @@ S3 settings come from the standard AWS places, the environment first:
 (an S3-compatible server), ``AWS_PROFILE``; then ``~/.aws/credentials`` and
 ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``). Plain http
 is allowed only for a loopback endpoint (127.0.0.1, ::1, localhost). GCS and Azure
-take obstore's own environment (``GOOGLE_APPLICATION_CREDENTIALS``,
-``AZURE_STORAGE_ACCOUNT_NAME``, ...). A malformed endpoint is a one-line UsageError,
-checked here before obstore sees it.
+settings are read by :mod:`.cloud_env` (``GOOGLE_APPLICATION_CREDENTIALS``,
+``GOOGLE_BASE_URL``, ``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_CONNECTION_STRING``,
+...), under the same rules. A malformed endpoint is a one-line UsageError, checked
+here before obstore sees it.
 
 Every request is bounded (:class:`Retry`): connect 5 s; the answer's first byte
 within ``first_byte_timeout`` (10 s); no ``idle_timeout`` (30 s) without a byte while
@@ -49,6 +50,7 @@ from ..errors import (
     StorageError,
     UsageError,
 )
+from .cloud_env import CREDENTIALS_HINT, azure_settings, gcs_settings
 from .url import StorageURL
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,13 @@ class _Cancelled(Exception):
     """The client was cancelled (:meth:`ObjectStore.cancel`) while a request waited."""
 
 
-_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist")
+# a missing bucket as the server says it: its error code, or its message after a code
+# tag, a ': ' or a quote (obstore's bulk-delete reasons), never a match inside the key
+# (obstore's "Object at location KEY not found" quotes the key as it is)
+_NO_BUCKET = re.compile(
+    r"<Code>(?:NoSuchBucket|ContainerNotFound)</Code>"
+    r"|(?:<Message>|: |\")The specified (?:bucket|container) does not exist"
+)
 
 
 def _need_obstore() -> Any:
@@ -186,12 +194,15 @@ _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
-def parse_endpoint(text: str) -> tuple[str, list[str]]:
-    """``AWS_ENDPOINT_URL`` (or ``endpoint_url``) checked: ``http(s)://HOST[:PORT][/PATH]``
-    without its user info, and the user info's secrets (to scrub). UsageError for
-    anything else (an unclosed IPv6 bracket, a port outside 1-65535, a query, text that
-    is not a URL), never echoing the value (it may hold a secret)."""
-    what = "AWS_ENDPOINT_URL (or endpoint_url in the AWS config)"
+_AWS_ENDPOINT = "AWS_ENDPOINT_URL (or endpoint_url in the AWS config)"
+
+
+def parse_endpoint(text: str, what: str = _AWS_ENDPOINT) -> tuple[str, list[str]]:
+    """``AWS_ENDPOINT_URL`` (or ``endpoint_url``; ``what`` names another variable)
+    checked: ``http(s)://HOST[:PORT][/PATH]`` without its user info, and the user info's
+    secrets (to scrub). UsageError for anything else (an unclosed IPv6 bracket, a port
+    outside 1-65535, a query, text that is not a URL), never echoing the value (it may
+    hold a secret)."""
     usage = "give http(s)://HOST[:PORT], e.g. https://s3.example.com or http://127.0.0.1:9000"
     m = _ENDPOINT.fullmatch(text.strip())
     if m is None:
@@ -276,13 +287,27 @@ class ObjectStore:
             make = lambda: stores.S3Store(  # noqa: E731
                 url.bucket, client_options=options, retry_config=retry_config, **kw
             )
-        elif url.scheme == "gs":
-            make = lambda: stores.GCSStore(  # noqa: E731
-                url.bucket, client_options=options, retry_config=retry_config
-            )
         else:
-            make = lambda: stores.AzureStore(  # noqa: E731
-                url.bucket, client_options=options, retry_config=retry_config
+            c = gcs_settings() if url.scheme == "gs" else azure_settings(url.bucket)
+            self._secrets = list(c.secrets)
+            gkw = dict(c.kwargs)
+            if c.endpoint_from:  # an override, checked as AWS_ENDPOINT_URL is
+                self.endpoint, secrets = parse_endpoint(c.endpoint or "", c.endpoint_from)
+                self._secrets += secrets
+                if self.endpoint.startswith("http://"):
+                    if not _loopback(self.endpoint):
+                        raise UsageError(
+                            f"{c.endpoint_from} {self.endpoint}: plain http is allowed only "
+                            "for a server on this machine (127.0.0.1); use https"
+                        )
+                    options["allow_http"] = True  # type: ignore[assignment]
+                if not gkw.get("use_emulator"):
+                    gkw["base_url" if url.scheme == "gs" else "endpoint"] = self.endpoint
+            else:
+                self.endpoint = c.endpoint  # Azure: the account's, naming the set's cache
+            cls = stores.GCSStore if url.scheme == "gs" else stores.AzureStore
+            make = lambda: cls(  # noqa: E731
+                url.bucket, client_options=options, retry_config=retry_config, **gkw
             )
         try:
             self._store = make()
@@ -305,7 +330,8 @@ class ObjectStore:
         for secret in sorted(self._secrets, key=len, reverse=True):
             if secret:
                 text = text.replace(secret, "***")
-        return text
+        # a signature in a request's query (an Azure SAS, a signed URL), however encoded
+        return _SIGNED.sub(r"\1***", text)
 
     def _where(self, key: str) -> str:
         return f"{self.url.scheme}://{self.url.bucket}/{key}"
@@ -346,13 +372,20 @@ class ObjectStore:
             except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
                 raise CredentialsError(
                     f"{where}: the server refused the credentials ({self._reason(e)}); "
-                    "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+                    f"{CREDENTIALS_HINT[self.url.scheme]}"
                 ) from None
             except _Final as e:
                 raise e.error from None
             except (ox.BaseError, OSError, RuntimeError, ConnectionError, TimeoutError) as e:
                 if _names_no_bucket(e):
                     raise self._no_bucket() from None
+                if self.url.scheme != "s3" and "Error performing token request" in str(e):
+                    # GCS and Azure fetch a token first (metadata server, OAuth): its
+                    # refusal is a credentials problem, which obstore already retried
+                    raise CredentialsError(
+                        f"{where}: no token for the credentials ({self._token_reason(e)}); "
+                        f"{CREDENTIALS_HINT[self.url.scheme]}"
+                    ) from None
                 last = e
         seconds = time.monotonic() - start
         raise StorageError(
@@ -363,18 +396,34 @@ class ObjectStore:
         )
 
     def _no_bucket(self) -> InputError:
+        what = "container" if self.url.scheme == "az" else "bucket"
         return InputError(
-            f"{self.url.scheme}://{self.url.bucket}: the bucket does not exist; create it "
+            f"{self.url.scheme}://{self.url.bucket}: the {what} does not exist; create it "
             f"first, or check its name"
             + (f" and the endpoint ({self.endpoint})" if self.endpoint else "")
         )
 
+    def _token_reason(self, e: BaseException) -> str:
+        """Why a token request failed, in a few words: the HTTP status it names, else
+        its first line, scrubbed and cut short (the token server's answer is not quoted)."""
+        m = re.search(r"status code: ([0-9]{3}[A-Za-z ]*)", str(e))
+        if m:
+            return f"the token server answered {m.group(1).strip()}"
+        return self._scrub(_first_line(e))[:160]
+
     def _reason(self, e: BaseException) -> str:
+        """The server's error code (``<Code>...</Code>``: S3, GCS's XML API, Azure), else
+        the HTTP status obstore names; never a match inside the object's key or URL."""
         text = str(e)
-        for code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied"):
-            if code in text:
-                return code
-        return "403 Forbidden" if "403" in text else "401 Unauthorized"
+        code = re.search(r"<Code>([A-Za-z]{1,64})</Code>", text)
+        if code:
+            return code.group(1)
+        status = re.search(r"status code: (40[13])\b", text)
+        if status:
+            return "403 Forbidden" if status.group(1) == "403" else "401 Unauthorized"
+        from obstore import exceptions as ox
+
+        return "403 Forbidden" if isinstance(e, ox.PermissionDeniedError) else "401 Unauthorized"
 
     # ------------------------------------------------------------ bounded waits
 
@@ -663,9 +712,14 @@ class ObjectStore:
             pass
 
 
+_SIGNED = re.compile(
+    r"(?i)([?&](?:sig|signature|x-goog-signature|x-amz-signature|x-amz-security-token"
+    r"|x-amz-credential|x-goog-credential)=)[^&\s\"'<>)]*"
+)
+
+
 def _names_no_bucket(e: BaseException) -> bool:
-    text = str(e)
-    return any(marker in text for marker in _NO_BUCKET)
+    return _NO_BUCKET.search(str(e)) is not None
 
 
 class _Final(Exception):

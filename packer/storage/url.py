@@ -65,6 +65,27 @@ def _has_userinfo(rest: str) -> bool:
     return "@" in rest
 
 
+# the clouds' own rules (a name outside them is refused here, in one line, rather than
+# by the server after retries): Azure containers 3-63 lowercase letters, digits and
+# single hyphens; GCS buckets lowercase letters, digits, '-', '_', '.' (their length,
+# 3 to 63 per dot-separated part, is left to the server)
+_AZ_CONTAINER = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_GS_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
+
+
+def _check_cloud_name(scheme: str, bucket: str) -> None:
+    if scheme == "az" and _AZ_CONTAINER.fullmatch(bucket) is None:
+        raise UsageError(
+            f"az:// URL: {bucket!r} is not an Azure container name (3 to 63 lowercase "
+            "letters, digits and single hyphens, starting and ending with a letter or digit)"
+        )
+    if scheme == "gs" and _GS_BUCKET.fullmatch(bucket) is None:
+        raise UsageError(
+            f"gs:// URL: {bucket!r} is not a Google Cloud Storage bucket name (lowercase "
+            "letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+        )
+
+
 def parse_url(text: str | os.PathLike[str]) -> StorageURL:
     """Parse ``s3://bucket/prefix`` (or gs://, az://). UsageError for an unknown scheme,
     a missing or malformed bucket, user info (``user:secret@``), a query, or a ``..``
@@ -82,10 +103,11 @@ def parse_url(text: str | os.PathLike[str]) -> StorageURL:
         )
     if _has_userinfo(rest):
         # never echo the URL: what came before the @ may be a secret
+        from .cloud_env import CREDENTIALS_PLACE
+
         raise UsageError(
             f"{scheme}:// URL: credentials in the URL are refused (an '@' anywhere in it is "
-            "taken for them); set them in the environment (AWS_ACCESS_KEY_ID, "
-            "AWS_SECRET_ACCESS_KEY) or ~/.aws/credentials"
+            f"taken for them); set them in the environment ({CREDENTIALS_PLACE[scheme]}"
         )
     bucket, _, prefix = rest.partition("/")
     if _BUCKET.fullmatch(bucket) is None:
@@ -94,6 +116,7 @@ def parse_url(text: str | os.PathLike[str]) -> StorageURL:
             f"{scheme}:// URL: the bucket{shown} is not a bucket name (letters, digits, "
             "'.', '-' and '_', up to 255)"
         )
+    _check_cloud_name(scheme, bucket)
     if "?" in rest or "#" in rest:
         raise UsageError(f"{scheme}://{bucket}: a URL with a query or fragment is refused")
     parts = [p for p in prefix.split("/") if p]

@@ -15,9 +15,9 @@ import pytest
 import s3_server as fx
 from s3_server import BUCKET
 
+from helpers.local_server import S3Server
 from packer.build.run import BuildConfig, build
 from packer.errors import UsageError
-from packer.storage.local_server import S3Server
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))
 from source_data import digests, hf_dataset, tree, write_shards, write_zip
