@@ -53,8 +53,8 @@ MEASURED_LANES = ("torchcodec", "torchvision")
 
 # the batched nvImageCodec decoders (nvbatch: the hardware engines, one C call a batch, no
 # Python per image) outran DALI's file pipeline and nvjpeg's two lanes, two lanes best
-# with a model beside them (docs/PERFORMANCE.md, "The batched decoder: one C call a
-# batch"): the default wherever they run
+# with a model beside them (docs/PERFORMANCE.md, "JPEG packs beside DALI", the batched
+# decoder, one C call a batch): the default wherever they run
 NVBATCH_LANES = 2
 
 
