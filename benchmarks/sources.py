@@ -17,7 +17,7 @@ s3`` on 127.0.0.1) against the same tars on disk. That server answers ranged rea
 status 200, which the client refuses, so each process fetches a shard whole once
 (docs/RELIABILITY.md); the figure is then a lower bound of a real bucket's.
 
-    python benchmarks/sources.py [--images 16000] [--work /tmp/imgpack-bench] [--s3]
+    python -m benchmarks.sources [--images 16000] [--work /tmp/imgpack-bench] [--s3]
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 SIZE = 256
 
 _CHILD = r"""
 import json, resource, sys
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 if __name__ == "__main__":
     src = json.loads(sys.argv[1])
     r = build(src, sys.argv[2], BuildConfig(size=(SIZE, SIZE), workers=int(sys.argv[3])))
@@ -114,7 +112,7 @@ def run_build(
     src: Any, dst: Path, workers: int, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """One build in a fresh interpreter, off a quiet disk; its result and peak RSS."""
-    from build import clean
+    from .build import clean
 
     clean(dst)
     script = dst.parent / "_sources_child.py"
@@ -139,8 +137,8 @@ def main() -> None:
     ap.add_argument("--s3", action="store_true", help="also tars from the S3 test server")
     args = ap.parse_args()
 
-    from _out import dump, machine
-    from build import set_b
+    from ._common import dump, machine
+    from .build import set_b
 
     cores, _, folder, _ = set_b(args.work, args.images)
     parquet = write_parquet(
