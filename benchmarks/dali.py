@@ -333,7 +333,9 @@ def main() -> None:
     ap.add_argument(
         "--decodes",
         default="auto,nvimgcodec",
-        help="decode= values; nvimgcodec:K = K lanes; WAY@S = at sys.setswitchinterval(S)",
+        help="decode= values; nvimgcodec:K = K lanes; nvbatch:K, nvbatch-roi:K (only the "
+        "boxes), nvbatch-hh:K (engines + CUDA decoder) = K batched lanes; nvjpeg2 = nvjpeg's "
+        "two lanes; WAY@S = at sys.setswitchinterval(S)",
     )
     ap.add_argument("--parts", default="bare,loaders")
     ap.add_argument(
@@ -368,11 +370,12 @@ def main() -> None:
             kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
             if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
                 kw["decode"] = ["torchcodec", "torchvision"]
-            if d.startswith(("nvbatch:", "nvbatch-hh:")):  # batched C decoders, K lanes
+            if d.startswith(("nvbatch:", "nvbatch-hh:", "nvbatch-roi:")):  # K batched lanes
                 from packer.imaging.decoders_split import nvimgcodec_batched
 
                 be = "hw+hybrid" if d.startswith("nvbatch-hh") else "hw"
-                kw["decode"] = nvimgcodec_batched("cuda", int(d.split(":")[1]), be)
+                roi = d.startswith("nvbatch-roi")
+                kw["decode"] = nvimgcodec_batched("cuda", int(d.split(":")[1]), be, roi=roi)
             if d.startswith("nvimgcodec:"):  # that many lanes
                 from packer.imaging.decoders_split import nvimgcodec_lanes
 
