@@ -112,6 +112,8 @@ def build(
         source_plan(src, dst, config)
     if plan is not None and r.sharded:
         raise UsageError("a listed plan builds one pack: not with a shard size, append or ray")
+    if r.target == "pack":  # SRC may be a list of files (parquet, tar shards): one pack
+        return run.build(src, dst, config, progress=progress, on_start=on_start, plan=plan)
     where: str | Path = str(src) if r.bucket_src else Path(src)
     if r.target == "bucket":
         from .upload import build_to_bucket
@@ -126,4 +128,4 @@ def build(
             where, dst, config, progress=progress, on_start=on_start, on_shard=on_shard,
             engine=r.set_engine(),
         )  # fmt: skip
-    return run.build(src, dst, config, progress=progress, on_start=on_start, plan=plan)
+    raise AssertionError(f"no builder for target {r.target!r}")  # route() names three

@@ -30,7 +30,7 @@ import time
 from email.utils import formatdate
 from pathlib import Path
 
-from ..errors import UsageError
+from packer.errors import UsageError
 from .local_server import free_port, rclone_binary
 
 REPO = Path(__file__).resolve().parents[2]
