@@ -98,7 +98,9 @@ def default_images_dir(json_path: Path) -> Path:
     """Where COCO keeps the images of ``annotations/instances_<split>.json``:
     ``<root>/<split>`` (``train2017``), else ``<root>/images/<split>``, else
     ``<root>/images``, else the JSON's folder."""
-    split = json_path.stem.split("_", 1)[1] if "_" in json_path.stem else None
+    stem = json_path.stem
+    pre = next((p for p in ("instances_", "person_keypoints_") if stem.startswith(p)), None)
+    split = stem[len(pre) :] if pre else stem.rsplit("_", 1)[1] if "_" in stem else None
     root = json_path.parent.parent if json_path.parent.name == "annotations" else json_path.parent
     for cand in ([root / split, root / "images" / split] if split else []) + [root / "images"]:
         if cand.is_dir():
@@ -260,6 +262,7 @@ def read_coco(
     # images: id -> (file, (h, w)); bad or missing ones skipped
     by_id: dict[int | str, tuple[str, tuple[int, int]]] = {}
     skipped_ids: set[int | str] = set()
+    missing = 0
     for i, im in enumerate(doc["images"]):
         iid = _key(im.get("id")) if isinstance(im, dict) else None
         if iid is None:
@@ -282,11 +285,18 @@ def read_coco(
             report.skip(rel, f"image id {iid} is listed twice in the JSON (also {by_id[iid][0]!r})")
             continue
         if not (root / rel).is_file():
+            missing += 1
             skipped_ids.add(iid)
             report.skip(rel, f"image id {iid}: the file is not found under {root}")
             continue
         by_id[iid] = (rel, (h, w))
 
+    if not by_id and missing:
+        raise InputError(
+            f"{src}: none of its {missing} image files is under {root}; give the folder the "
+            "file names are relative to as AnnotationConfig.images",
+            field="AnnotationConfig.images",
+        )
     grouped: dict[Any, list[dict[str, Any]]] = {iid: [] for iid in by_id}
     for i, a in enumerate(anns):
         aid = a.get("id", f"annotations[{i}]") if isinstance(a, dict) else f"annotations[{i}]"

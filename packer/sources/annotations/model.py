@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,7 +387,9 @@ class ImageTargets:
         if not self.masks:
             return np.zeros((0, h, w), dtype=np.uint8)
         rles = [{"size": [h, w], "counts": c} for c in self.masks]
-        out = coco_mask().decode(rles)  # [h, w, M], Fortran order
+        with warnings.catch_warnings():  # pycocotools 2.0.11 on numpy 2: a copy= warning
+            warnings.simplefilter("ignore", DeprecationWarning)
+            out = coco_mask().decode(rles)  # [h, w, M], Fortran order
         return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=np.uint8)
 
 
