@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from helpers.dense_data import make_truth, write_masks
-from packer.errors import DecodeError
+from packer.errors import DecodeError, InputError
 from packer.sources.annotations import AnnotationConfig, CategoryMap, read_annotations
 from packer.sources.annotations.masks import read_masks, read_semantic_mask
 
@@ -72,3 +72,11 @@ def test_mask_values_outside_the_categories_are_refused(tmp_path):
         read_semantic_mask(tmp_path / "m.png", (4, 6))
     # another ignore value makes 9 allowed
     assert read_semantic_mask(tmp_path / "m.png", (4, 5), SEMANTIC, ignore_index=9)[0, 0] == 9
+
+
+def test_strict_refuses_a_mask_of_another_size(tmp_path):
+    write_masks(tmp_path, make_truth(1, ext=".jpg"))
+    Image.new("L", (10, 10)).save(tmp_path / "masks" / "img_000.png")
+    with pytest.raises(InputError, match=r"img_000.jpg: its mask img_000.png is 10x10") as e:
+        read_masks(tmp_path / "images", tmp_path / "masks", AnnotationConfig(strict=True))
+    assert e.value.field == "AnnotationConfig.strict"
