@@ -91,7 +91,7 @@ def _read_xml(path: Path, config: AnnotationConfig) -> ET.Element:
         raise InputError(f"{path.name}: {e}") from None
 
 
-def voc_ids(root: Path, split: str | None) -> list[str]:
+def voc_ids(root: Path, split: str | None, max_bytes: int) -> list[str]:
     """The annotation ids of ``split`` (``ImageSets/Main/<split>.txt``) or every XML."""
     ann = root / "Annotations"
     if split is None:
@@ -103,7 +103,7 @@ def voc_ids(root: Path, split: str | None) -> list[str]:
             "(AnnotationConfig.split)",
             field="AnnotationConfig.split",
         )
-    text = read_regular(listing, 1 << 30, "a VOC split listing").decode("utf-8", "replace")
+    text = read_regular(listing, max_bytes, "a VOC split listing").decode("utf-8", "replace")
     return [ln.split()[0] for ln in text.splitlines() if ln.strip()]
 
 
@@ -121,9 +121,10 @@ def read_voc(
             raise InputError(f"{d}: no such folder; a VOC set has Annotations/ and JPEGImages/")
     report = Report(config)
     parsed = []
-    for aid in voc_ids(root, config.split):
+    for aid in voc_ids(root, config.split, config.max_file_bytes):
         xml_path = ann_dir / f"{aid}.xml"
         src = str(xml_path)
+        report.source = src
         if check_rel(aid) is not None:
             report.skip(aid, check_rel(aid) or "", source=src)
             continue
@@ -156,6 +157,7 @@ def read_voc(
     index = cats.index_of_name
     out = []
     for aid, rel, src, doc, objects in parsed:
+        report.source = src
         size = _size(doc)
         if size is None:
             try:
