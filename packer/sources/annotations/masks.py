@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..._fs import open_if_regular
+from ..._fs import NotRegularFile, file_kind, open_if_regular
 from ...errors import DecodeError, InputError
 from ..scan import list_images
 from .model import (
@@ -44,7 +44,11 @@ MASK_PAIRS = (
 def _mask_header(path: Path) -> tuple[tuple[int, int], str]:
     from PIL import Image
 
-    with open_if_regular(path) as f, Image.open(f) as im:
+    try:
+        f = open_if_regular(path)
+    except NotRegularFile as e:
+        raise OSError(f"{file_kind(e.mode)}, not a regular file") from None
+    with f, Image.open(f) as im:
         w, h = im.size
         return (h, w), im.mode
 

@@ -639,12 +639,17 @@ def targets_from(
 def header_size(path: Path) -> tuple[int, int]:
     """(h, w) of the image at ``path`` from its header (Pillow, lazy: no pixel is
     decoded), EXIF orientation applied as the build's decoder applies it. Raises
-    :class:`OSError` or Pillow's errors for an unreadable file."""
+    :class:`OSError` (also for a FIFO or a device, never waited on) or Pillow's errors
+    for an unreadable file."""
     from PIL import Image
 
-    from ..._fs import open_if_regular
+    from ..._fs import NotRegularFile, file_kind, open_if_regular
 
-    with open_if_regular(path) as f, Image.open(f) as im:
+    try:
+        f = open_if_regular(path)
+    except NotRegularFile as e:
+        raise OSError(f"{file_kind(e.mode)}, not a regular file") from None
+    with f, Image.open(f) as im:
         w, h = im.size
         try:
             orientation = im.getexif().get(0x0112)

@@ -329,3 +329,13 @@ def test_coco_doc_helper_matches_the_written_set():
     """The generator's JSON lists categories out of id order (the sparse-id test relies on it)."""
     doc = coco_doc(make_truth(1))
     assert [c["id"] for c in doc["categories"]] == [12, 3, 7]
+
+
+def test_yolo_an_image_that_is_a_fifo_is_skipped_not_waited_on(tmp_path):
+    write_yolo(tmp_path, make_truth(2))
+    fifo = tmp_path / "images" / "img_001.png"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    ann = read_yolo(tmp_path)
+    assert [im.file for im in ann.images] == ["img_000.png"]
+    assert "a FIFO, not a regular file" in ann.skipped[0].reason
