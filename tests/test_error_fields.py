@@ -20,13 +20,13 @@ import pytest
 
 from conftest import cli_run, one_error
 from packer.build.config import BuildConfig
+from packer.build.formats.options import SourceOptions
 from packer.cli.flags import FLAGS, cli_message
 from packer.compress import CompressConfig
 from packer.errors import FIELD_RE, InputError, PackerError, UsageError
 from packer.measure.bench.config import BenchConfig
 from packer.measure.show import ShowConfig
 from packer.measure.verify import VerifyConfig
-from packer.sources.base import SourceOptions
 
 PACKER = Path(__file__).resolve().parents[1] / "packer"
 

@@ -107,7 +107,7 @@ def build(
                 field="BuildConfig.engine",
             )
     if r.sharded and not r.bucket_src:  # parquet, tar, zip: one pack, refused here first
-        from ..sources.base import source_plan
+        from .formats.base import source_plan
 
         source_plan(src, dst, config)
     if plan is not None and r.sharded:

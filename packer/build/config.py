@@ -16,9 +16,9 @@ from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..pack.kinds import StorageKind, kind_of
 from ..pack.schema import STORAGE_KINDS
-from ..sources.base import SourceOptions
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
+from .formats.options import SourceOptions
 
 _F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
 

@@ -248,6 +248,6 @@ def _classes_from(plan: _Labels) -> str | None:
         return None
     if plan.class_map is not None:
         return "classes"
-    if getattr(plan.scan, "classes_from", None):  # a source's (packer.sources.base)
+    if getattr(plan.scan, "classes_from", None):  # a source's (packer.build.formats.base)
         return str(plan.scan.classes_from)  # type: ignore[attr-defined]
     return "folders" if plan.table is None else "labels"

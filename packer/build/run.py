@@ -117,7 +117,7 @@ def build(
             "is built by packer.build_pack"
         )
     if plan is None:  # parquet, Arrow, tar, zip or a bucket read here (packer.sources)
-        from ..sources.base import source_plan
+        from .formats.base import source_plan
 
         if (sourced := source_plan(src, dst, config)) is not None:
             plan, src = sourced, sourced.scan.root
@@ -190,7 +190,7 @@ def _build_locked(
     row = config.kind.row_bytes(spec.shape)
     block = block_rows_for(n_total)
     root = str(scan.root)
-    items = getattr(scan, "chunk_items", None)  # a source's refs (packer.sources.base)
+    items = getattr(scan, "chunk_items", None)  # a source's refs (packer.build.formats.base)
     paths = items() if items else [os.path.join(root, e.rel) for e in scan.entries]
     chunks = [
         (k, k * block, paths[k * block : (k + 1) * block])

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DecodeError
 from ..imaging.decode import ResizeSpec, decode_into, store_into
 from ..pack.writer import digest, image_bytes
-from ..sources.fetch import fetch_chunk, jpeg_for_pack_item, load_resized_item
+from .formats.fetch import fetch_chunk, jpeg_for_pack_item, load_resized_item
 
 CHUNKS_DIR = "chunks"  # --store jpeg: one file of JPEG bytes per finished chunk
 
@@ -142,7 +142,7 @@ def _start_method() -> str:
     # use its object-store client, and a fork server started earlier has an older
     # environment than the client's settings now: fresh interpreters
     client = sys.modules.get("packer.storage.client")
-    if "packer.sources.remote_source" in sys.modules and (
+    if "packer.build.formats.remote" in sys.modules and (
         getattr(client, "_RUNTIME_PID", None) == os.getpid()
     ):
         return "spawn"

@@ -238,9 +238,9 @@ def build(
     """
     from ..build import api
     from ..build.config import BuildConfig
+    from ..build.formats.options import SourceOptions
     from ..build.shards import parse_bytes
     from ..build.workdir import refuse_symlink_destination
-    from ..sources.base import SourceOptions
     from ..storage.url import is_url
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]

@@ -31,6 +31,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from packer.errors import UsageError
+
 from .local_server import free_port, rclone_binary
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ import pytest
 from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 from conftest import cli_build, cli_run, one_error, subprocess_env
+from packer.build.formats.base import SourceOptions, expand_braces
 from packer.build.run import BuildConfig, build, work_dir_for
 from packer.errors import InputError, UsageError
-from packer.sources.base import SourceOptions, expand_braces
 
 pytest.importorskip("pyarrow")
 datasets = pytest.importorskip("datasets")
@@ -355,8 +355,8 @@ def test_killed_source_build_resumes_byte_identical(
 
 def test_changed_source_starts_over(folder: Path, tmp_path: Path) -> None:
     hf_dataset(folder).to_parquet(str(tmp_path / "t.parquet"))
+    from packer.build.formats.base import source_plan
     from packer.build.plan import plan_fingerprint
-    from packer.sources.base import source_plan
 
     a = plan_fingerprint(source_plan(str(tmp_path / "t.parquet"), tmp_path / "p", RAW), RAW)
     hf_dataset(folder).select(range(15)).to_parquet(str(tmp_path / "t.parquet"))
@@ -403,7 +403,7 @@ def test_parquet_page_walk_matches_pyarrow(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packer.sources.parquet import _chunk_span, largest_page
+    from packer.build.formats.parquet import _chunk_span, largest_page
 
     cells = [os.urandom(n) for n in (1000, 2 << 20, 5000)]
     pq.write_table(pa.table({"b": pa.array(cells, pa.binary())}), tmp_path / "t.parquet")

@@ -76,7 +76,7 @@ def test_bucket_image_over_the_cap_is_skipped_unread(s3: S3Server, tmp_path: Pat
     folder = tree(tmp_path / "src", n=1)
     (folder / "cat" / "big.png").write_bytes(b"\x89PNG" + b"\0" * 300_000)
     url = _upload(s3, folder, f"sources/{uuid.uuid4().hex[:10]}")
-    from packer.sources.base import SourceOptions
+    from packer.build.formats.options import SourceOptions
 
     config = BuildConfig(size=(8, 6), workers=1, sources=SourceOptions(max_image_bytes=100_000))
     r = build(url, tmp_path / "p", config)

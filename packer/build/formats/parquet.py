@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ...errors import InputError
+from ...sources.common import read_regular
 from .base import Container, SourceOptions, file_stamp, finish_labels, one_line, row_location
-from .common import read_regular
 from .fetch import Fetched, cached, capped
 
 _MAX_JSON = 16 << 20  # a save_to_disk folder's state.json and dataset_info.json, at most
@@ -162,7 +162,7 @@ def _open_parquet(where: str) -> Any:
     import pyarrow.parquet as pq
 
     if "://" in where:
-        from .remote_source import open_range
+        from .remote import open_range
 
         source: Any = open_range(where)
     else:
@@ -217,7 +217,7 @@ def index_parquet(paths: list[Any], opts: SourceOptions, config: Any) -> Any:
     for where, base in zip(items, bases):
         name = base if unique else where
         if "://" in where:
-            from .remote_source import object_stamp
+            from .remote import object_stamp
 
             stamp = object_stamp(where)
             size = int(stamp.split(":", 1)[0])
@@ -445,7 +445,7 @@ class _ParquetHandle:
     def raw(self) -> Any:
         if self._raw is None:
             if "://" in self.where:
-                from .remote_source import open_range
+                from .remote import open_range
 
                 self._raw = open_range(self.where)
             else:

@@ -24,7 +24,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ...errors import InputError
 from .base import (
     MAX_LABEL_BYTES,
     Container,
@@ -63,7 +63,7 @@ class _Shard:
     def __init__(self, where: str) -> None:
         self.where = where
         if "://" in where:
-            from .remote_source import open_range
+            from .remote import open_range
 
             self.f: Any = open_range(where)
             self.size = self.f.size
@@ -245,7 +245,7 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     for item, base in zip(items, bases):
         name = base if unique else item
         if "://" in item:
-            from .remote_source import object_stamp
+            from .remote import object_stamp
 
             stamp = object_stamp(item)
         else:

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
 from .base import KINDS, SUFFIX_KIND, Container, SourceOptions, SourceSpec, expand_braces
 from .fetch import Fetched, cached
 
@@ -31,7 +31,7 @@ _BLOCK = 4 << 20  # read-ahead of a RangeFile
 
 def _split(url: str) -> tuple[str, str]:
     """``s3://b/dir/x.tar`` -> (``s3://b/dir``, ``x.tar``)."""
-    from ..storage.url import parse_url
+    from ...storage.url import parse_url
 
     u = parse_url(url)  # first: a URL with a credential is refused, unquoted
     head, _, name = u.prefix.rpartition("/")
@@ -41,15 +41,15 @@ def _split(url: str) -> tuple[str, str]:
 
 
 def _store(prefix_url: str) -> Any:
-    from ..storage.client import open_store
-    from ..storage.url import parse_url
+    from ...storage.client import open_store
+    from ...storage.url import parse_url
 
     return cached(("store", prefix_url), lambda: open_store(parse_url(prefix_url)))
 
 
 def _listing(prefix_url: str) -> list[tuple[str, int, str]]:
-    from ..storage.client import open_store
-    from ..storage.url import parse_url
+    from ...storage.client import open_store
+    from ...storage.url import parse_url
 
     return open_store(parse_url(prefix_url)).list_meta()
 
@@ -57,7 +57,7 @@ def _listing(prefix_url: str) -> list[tuple[str, int, str]]:
 def bucket_spec(url: str) -> SourceSpec:
     """What a bucket SRC names: shard objects (a brace range, or one object with a
     parquet/arrow/tar/zip suffix), or a prefix of images or of such objects."""
-    from ..storage.url import parse_url
+    from ...storage.url import parse_url
 
     parse_url(url.replace("{", "").replace("}", ""))  # credentials refused before anything
     names = expand_braces(url)
@@ -78,7 +78,7 @@ def bucket_spec(url: str) -> SourceSpec:
             f"{u}: a datasets save_to_disk folder is read from local disk (Arrow files are "
             "memory-mapped); copy it here, or publish it as parquet"
         )
-    from .scan import is_image_name
+    from ...sources.scan import is_image_name
 
     if any(is_image_name(k.rsplit("/", 1)[-1]) for k, _, _ in listing):
         return SourceSpec("object", (str(u),), bucket=True)
@@ -198,7 +198,7 @@ class RangeFile(io.RawIOBase):
         if n <= 0:
             return b""
         if self._spool is None:
-            from ..storage.client import NoRanges
+            from ...storage.client import NoRanges
 
             try:
                 return self.store.get_range(self.name, start=offset, length=n)
@@ -261,7 +261,7 @@ def open_range(url: str) -> RangeFile:
 
 def read_objects(c: Container, keys: list[str]) -> list[Fetched]:
     """Image objects ``keys`` under bucket prefix ``c``, each capped."""
-    from ..storage.client import NotFound, TooLarge
+    from ...storage.client import NotFound, TooLarge
 
     store = _store(c.where)
     out = []

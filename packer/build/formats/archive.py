@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
+from ...sources.bucket import bucket_scan
+from ...sources.scan import is_image_name
 from .base import Container, Ref, SourceOptions, file_stamp, finish_labels, one_line
-from .bucket import bucket_scan
 from .fetch import Fetched, cached, capped
-from .scan import is_image_name
 from .webdataset import unsafe_name
 
 _ZIP_ERRORS = (
@@ -66,11 +66,11 @@ def plan_named(
             found, names, where, config, root=root, kind=kind, containers=containers,
             skipped=skipped, folders="folders",
         )  # fmt: skip
-    from ..build.plan import labels_from_table
-    from ..pack.reader import read_class_map
+    from ...sources.labels import apply_table
+    from ...sources.tables import read_table
+    from ...storage.open import read_class_map
+    from ..plan import labels_from_table
     from .base import SourceScan
-    from .labels import apply_table
-    from .tables import read_table
 
     scan = bucket_scan(where, listing, tree=False)
     fixed = read_class_map(config.classes) if config.classes is not None else None
@@ -119,7 +119,7 @@ def plan_named(
 
 def _open_zip(where: str) -> zipfile.ZipFile:
     if "://" in where:
-        from .remote_source import open_range
+        from .remote import open_range
 
         source: Any = open_range(where)
     else:
@@ -150,7 +150,7 @@ def index_zips(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
         raise UsageError("SRC: one zip archive at a time")
     where = items[0]
     if "://" in where:
-        from .remote_source import object_stamp
+        from .remote import object_stamp
 
         stamp = object_stamp(where)
     else:

@@ -10,7 +10,7 @@ One small interface for all of them. A source is listed once, in the parent, int
   manifest's ``sources`` name images by it;
 * its label, as a folder's image has;
 * a *ref* ``(Container, position)``: what a decode worker needs to read its bytes
-  (:mod:`packer.sources.fetch`), so the bytes are read by the same worker processes that
+  (:mod:`packer.build.formats.fetch`), so the bytes are read by the same worker processes that
   decode them, in chunks, never the whole source at once, and a resumed build reads
   only the chunks it lacks.
 
@@ -30,39 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, UsageError
-from .scan import Entry, Scan
+from ...errors import InputError, UsageError
+from ...sources.scan import Entry, Scan
 
-# The largest image (encoded bytes) any source reader reads into memory; a larger cell,
-# member or object is skipped unread where its size is known first.
-DEFAULT_MAX_IMAGE_BYTES = 256 << 20
 # A label member (``cls``, ``json``) of a WebDataset sample, at most
 MAX_LABEL_BYTES = 1 << 20
 
+from .options import SourceOptions  # noqa: E402
+
 KINDS = ("parquet", "arrow", "tar", "zip", "object")
 SUFFIX_KIND = {".parquet": "parquet", ".arrow": "arrow", ".tar": "tar", ".zip": "zip"}
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """How a source's columns and fields are found, and the per-image byte cap.
-
-    ``image_column`` / ``label_column``: the table's columns (parquet, Arrow) when they
-    cannot be told from the schema. ``label_field``: a WebDataset sample's ``json``
-    field holding the label (default: the ``cls`` member). ``max_image_bytes``: an
-    image larger than this is skipped, never read whole into memory."""
-
-    image_column: str | None = None
-    label_column: str | None = None
-    label_field: str | None = None
-    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-
-    def validate(self) -> None:
-        if not 1 <= self.max_image_bytes <= 1 << 40:
-            raise UsageError(
-                f"SourceOptions.max_image_bytes must be 1 byte to 1 TiB, not {self.max_image_bytes}",
-                field="SourceOptions.max_image_bytes",
-            )
 
 
 @dataclass(frozen=True)
@@ -113,7 +90,7 @@ def row_location(name: str, row: int) -> str:
 
 def member_location(name: str, member: str) -> str:
     """``train-000017.tar member 000123.jpg`` (bytes that are not UTF-8 as ``\\xNN``)."""
-    from .scan import printable
+    from ...sources.scan import printable
 
     return f"{printable(name)} member {printable(member)}"
 
@@ -178,7 +155,7 @@ def source_spec(src: Any) -> SourceSpec | None:
     if any("://" in t for t in texts):
         if len(texts) > 1:
             raise UsageError("SRC: give one bucket URL (brace ranges name several shards)")
-        from .remote_source import bucket_spec
+        from .remote import bucket_spec
 
         return bucket_spec(texts[0])
     if len(texts) == 1 and is_saved_dataset(Path(texts[0])):
@@ -288,7 +265,7 @@ def source_plan(src: Any, dst: Any, config: Any) -> Any:
 
 def _index(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
     if spec.bucket:
-        from .remote_source import index_bucket
+        from .remote import index_bucket
 
         return index_bucket(spec, opts, config)
     if spec.kind == "parquet":
@@ -342,13 +319,13 @@ def finish_labels(
     source's order, where label is an index into ``names`` (a ClassLabel's), or a text
     (a class name or an integer), or None (no label). ``--classes`` fixes the map as for
     a folder; texts follow a label table's rules (:func:`labels_from_text`)."""
-    from ..build.config import _Labels
-    from .cells import labels_from_text
-    from .classes import resolve_classes
+    from ...sources.cells import labels_from_text
+    from ...sources.classes import resolve_classes
+    from ..config import _Labels
 
     fixed = None
     if config.classes is not None:
-        from ..pack.reader import read_class_map
+        from ...storage.open import read_class_map
 
         fixed = read_class_map(config.classes)
     class_map = (

@@ -1,4 +1,4 @@
-"""A decode worker's side of the sources of :mod:`packer.sources.base`: a chunk's refs
+"""A decode worker's side of the sources of :mod:`packer.build.formats.base`: a chunk's refs
 read into bytes (:func:`fetch_chunk`), then decoded by the very functions that decode
 files (:func:`load_resized_item`, :func:`jpeg_for_pack_item`), so a source's pixels
 are a folder's, byte for byte.
@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DecodeError
-from ..imaging.decode import jpeg_for_pack, load_resized
+from ...errors import DecodeError
+from ...imaging.decode import jpeg_for_pack, load_resized
 
 
 @dataclass
@@ -55,7 +55,7 @@ def cached(key: Any, make: Any) -> Any:
 
 def fetch_chunk(paths: list[Any]) -> list[Any]:
     """A chunk's items as the decode loop takes them: file paths unchanged; refs
-    (:data:`packer.sources.base.Ref`) read into :class:`Fetched`, container by container,
+    (:data:`packer.build.formats.base.Ref`) read into :class:`Fetched`, container by container,
     in the chunk's order."""
     if not paths or isinstance(paths[0], str):
         return paths
@@ -89,7 +89,7 @@ def _read(container: Any, positions: list[Any]) -> list[Fetched]:
             from .archive import read_zip_members
 
             return read_zip_members(container, positions)
-        from .remote_source import read_objects
+        from .remote import read_objects
 
         return read_objects(container, positions)
     except DecodeError as e:  # the container itself failed: every image of it here

@@ -1,0 +1,34 @@
+"""A source's options (``BuildConfig.sources``): its own module, so the build's config
+imports it without the readers (no import circle)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import UsageError
+
+# The largest image (encoded bytes) any source reader reads into memory; a larger cell,
+# member or object is skipped unread where its size is known first.
+DEFAULT_MAX_IMAGE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How a source's columns and fields are found, and the per-image byte cap.
+
+    ``image_column`` / ``label_column``: the table's columns (parquet, Arrow) when they
+    cannot be told from the schema. ``label_field``: a WebDataset sample's ``json``
+    field holding the label (default: the ``cls`` member). ``max_image_bytes``: an
+    image larger than this is skipped, never read whole into memory."""
+
+    image_column: str | None = None
+    label_column: str | None = None
+    label_field: str | None = None
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+
+    def validate(self) -> None:
+        if not 1 <= self.max_image_bytes <= 1 << 40:
+            raise UsageError(
+                f"SourceOptions.max_image_bytes must be 1 byte to 1 TiB, not {self.max_image_bytes}",
+                field="SourceOptions.max_image_bytes",
+            )
