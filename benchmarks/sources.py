@@ -150,8 +150,8 @@ def main() -> None:
     server = None
     if args.s3:
         from packer.storage.client import open_store
-        from packer.storage.local_server import S3Server
         from packer.storage.url import parse_url
+        from tests.helpers.local_server import S3Server
 
         server = S3Server(args.work / "s3data", buckets=("bench",)).start()
         env.update(server.env())

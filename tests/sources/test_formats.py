@@ -20,8 +20,10 @@ import pytest
 from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 from conftest import cli_build, cli_run, one_error, subprocess_env
-from packer.build.formats.base import SourceOptions, expand_braces
-from packer.build.run import BuildConfig, build, work_dir_for
+from packer.build.api import BuildConfig, build
+from packer.build.formats.base import expand_braces
+from packer.build.formats.options import SourceOptions
+from packer.build.run import work_dir_for
 from packer.errors import InputError, UsageError
 
 pytest.importorskip("pyarrow")
@@ -390,7 +392,7 @@ def test_huge_parquet_cell_is_never_read(tmp_path: Path) -> None:
     code, _, err = build_cli(tmp_path / "t.parquet", tmp_path / "p", "--max-image-bytes", "1MiB")
     assert code == 0, err
     assert "skipped t.parquet row 0: row group 0 stores its images in a page of" in err
-    assert "over the per-image limit of 1,048,576 (--max-image-bytes); not read" in err
+    assert "over the per-image limit of 1,048,576; not read" in err
     m = json.loads((tmp_path / "p" / "imgpack.json").read_text())
     assert m["count"] == 3 and m["sources"][0] == "t.parquet row 3"
     # the bound is the reader's option, not the file's say: 4 MiB lets it through
@@ -597,14 +599,17 @@ def test_brace_ranges() -> None:
 
 def test_sources_refuse_what_they_do_not_take(folder: Path, tmp_path: Path) -> None:
     src = str(write_zip(folder, tmp_path / "imgs.zip"))
-    with pytest.raises(UsageError, match="--shard-size, --append and --engine ray take a folder"):
+    with pytest.raises(
+        UsageError,
+        match=r"BuildConfig\.shard_size, BuildConfig\.append and BuildConfig\.engine ray take",
+    ):
         build(src, tmp_path / "p", BuildConfig(size=(8, 8), shard_size=1 << 20))
-    with pytest.raises(UsageError, match="--label-column"):
+    with pytest.raises(UsageError, match=r"SourceOptions\.label_column"):
         hf_dataset(folder).to_parquet(str(tmp_path / "t.parquet"))
         build(str(tmp_path / "t.parquet"), tmp_path / "p", BuildConfig(labels=tmp_path / "x.csv"))
     with pytest.raises(InputError, match="contains the source"):
         build(src, tmp_path, BuildConfig(size=(8, 8), overwrite=True))
-    with pytest.raises(UsageError, match="max-image-bytes"):
+    with pytest.raises(UsageError, match="max_image_bytes"):
         build(src, tmp_path / "q", BuildConfig(sources=SourceOptions(max_image_bytes=0)))
     with pytest.raises(InputError, match="no file matches"):
         build(str(tmp_path / "nothing-*.parquet"), tmp_path / "q", RAW)

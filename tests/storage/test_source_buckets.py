@@ -84,7 +84,7 @@ def test_bucket_image_over_the_cap_is_skipped_unread(s3: S3Server, tmp_path: Pat
     assert r.skipped == [
         {
             "path": "cat/big.png",
-            "reason": "300,004 bytes, over the per-image limit of 100,000 (--max-image-bytes); not read",
+            "reason": "300,004 bytes, over the per-image limit of 100,000; not read",
         }
     ]
 

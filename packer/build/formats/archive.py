@@ -86,7 +86,7 @@ def plan_named(
     else:
         member = str(config.labels).replace(os.sep, "/")
         sizes = {n: s for n, s, _ in listing}
-        from .tables import _MAX_TABLE_BYTES
+        from ...sources.tables import _MAX_TABLE_BYTES
 
         if member not in sizes:
             raise InputError(

@@ -148,7 +148,5 @@ def jpeg_for_pack_item(item: Any, *args: Any) -> Any:
 def capped(data_len: int, cap: int) -> str | None:
     """The skip reason of an image of ``data_len`` bytes over the cap, or None."""
     if data_len > cap:
-        return (
-            f"{data_len:,} bytes, over the per-image limit of {cap:,} (--max-image-bytes); not read"
-        )
+        return f"{data_len:,} bytes, over the per-image limit of {cap:,}; not read"
     return None

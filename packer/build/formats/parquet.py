@@ -8,7 +8,7 @@ columns.
 
 Memory stays bounded: the parent reads each file's footer and its label column, one
 row group at a time; a worker reads only its chunk's row groups, in small batches, and
-never a page larger than the per-image cap (``--max-image-bytes``): when a row group's
+never a page larger than the per-image cap (``SourceOptions.max_image_bytes``): when a row group's
 image column is larger than the cap, its page headers are read first (a few bytes
 each), and a row group holding a larger page is skipped unread, with its rows named.
 A footer that points past the end of the file, or that pyarrow cannot read, is a
@@ -37,7 +37,7 @@ def need_pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet
     except ImportError:
-        from ..errors import UsageError
+        from ...errors import UsageError
 
         raise UsageError(
             "reading parquet and Arrow sources needs pyarrow: pip install 'imgpack[sources]'"
@@ -426,7 +426,7 @@ def row_group_guard(c: Container, md: Any, rg: int, raw: Any) -> str | None:
         if big > c.cap + (1 << 20):
             return (
                 f"row group {rg} stores its images in a page of {big:,} bytes, over the "
-                f"per-image limit of {c.cap:,} (--max-image-bytes); not read"
+                f"per-image limit of {c.cap:,}; not read"
             )
     return None
 

@@ -6,7 +6,7 @@ Everything goes through :mod:`packer.storage.client` (the client of ``s3://`` an
 whatever schemes it speaks), with its retries, timeouts and credential handling.
 Objects are read in place by ranged reads (:class:`RangeFile`): a parquet footer and
 row groups, a tar's member headers then each chunk's members, a zip's directory then its
-members; an image object whole, capped by ``--max-image-bytes``. Nothing is downloaded
+members; an image object whole, capped by ``SourceOptions.max_image_bytes``. Nothing is downloaded
 to disk. Each object's size and ETag, as listed, are the resume fingerprint's stamps.
 """
 
@@ -135,7 +135,7 @@ def index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
 
         for k, s, e in listing:
             why = capped(s, opts.max_image_bytes)
-            from .scan import is_image_name
+            from ...sources.scan import is_image_name
 
             if why and is_image_name(k.rsplit("/", 1)[-1]):
                 skipped.append({"path": k, "reason": why})
@@ -272,7 +272,7 @@ def read_objects(c: Container, keys: list[str]) -> list[Fetched]:
             out.append(
                 Fetched(
                     None,
-                    f"over the per-image limit of {c.cap:,} bytes (SourceOptions.max_image_bytes); not read",
+                    f"over the per-image limit of {c.cap:,} bytes; not read",
                 )
             )
         except NotFound:
