@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import DiskFullError, InputError
 
@@ -135,3 +136,20 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, tmp: Path | None 
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+class JSONNestingError(ValueError):
+    """JSON nested deeper than Python's parser can follow (a hostile or garbage file)."""
+
+
+def loads_json(data: bytes | str) -> Any:
+    """``json.loads`` for files imgpack reads back (manifests, plans, journals, records).
+
+    Nesting too deep for the parser's recursion raises :class:`JSONNestingError`, a
+    ``ValueError``, like any other invalid JSON, so every caller that already treats
+    ``ValueError`` as "not valid" is safe from ``RecursionError`` too.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise JSONNestingError("JSON nested too deeply") from None

@@ -42,7 +42,7 @@ class QualityHint(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         given = list(args)  # click's parser consumes the list it is handed
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except click.UsageError:
             found = _number_after_quiet(given)
             if found is None:
@@ -51,6 +51,14 @@ class QualityHint(click.Command):
             raise click.UsageError(
                 f"{what}. Quality is --quality/-Q (e.g. -Q {number}); -q means --quiet.", ctx
             ) from None
+        # a command taking several SRC (build) reads the number as its DST, the DST as a SRC
+        found = _number_after_quiet(given)
+        if found is not None and str(ctx.params.get("dst")) == found[1]:
+            what, number = found
+            raise click.UsageError(
+                f"{what}. Quality is --quality/-Q (e.g. -Q {number}); -q means --quiet.", ctx
+            )
+        return rest
 
 
 def _number_after_quiet(args: list[str]) -> tuple[str, str] | None:

@@ -164,6 +164,8 @@ class NvBatchDecoder(DecoderBase):
         if options is None:  # nvImageCodec decodes no region on the GPU with it on
             options = ":fancy_upsampling=0" if roi and cuda else ""
         self.options = options
+        if cuda and not torch.cuda.is_available():
+            raise Unavailable("torch sees no CUDA device")
         self._lib = library()
         index = self.device.index
         dev_id = (torch.cuda.current_device() if index is None else index) if cuda else -1

@@ -10,7 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._fs import NotRegularFile, file_kind, open_fd_if_regular, write_atomic
+from .._fs import (
+    JSONNestingError,
+    NotRegularFile,
+    file_kind,
+    loads_json,
+    open_fd_if_regular,
+    write_atomic,
+)
 from ..errors import PackFormatError
 from .schema import (
     DATA_DIR,
@@ -24,23 +31,6 @@ from .schema import (
 )
 
 _FORBIDDEN_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".npy", ".py", ".so")
-
-
-class JSONNestingError(ValueError):
-    """JSON nested deeper than Python's parser can follow (a hostile or garbage file)."""
-
-
-def loads_json(data: bytes | str) -> Any:
-    """``json.loads`` for files imgpack reads back (manifests, plans, journals, records).
-
-    Nesting too deep for the parser's recursion raises :class:`JSONNestingError`, a
-    ``ValueError``, like any other invalid JSON, so every caller that already treats
-    ``ValueError`` as "not valid" is safe from ``RecursionError`` too.
-    """
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise JSONNestingError("JSON nested too deeply") from None
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:

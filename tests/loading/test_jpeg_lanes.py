@@ -260,3 +260,31 @@ def test_cuda_lanes_cover_every_image_and_match_the_cpu(photos: Path) -> None:
             assert (a.int() - b.cpu().int()).abs().float().mean() <= 2.0, way
         if way == "auto" and {"torchcodec", "torchvision"} <= set(names):
             assert ld.decode_path == "torchcodec: full+crop; torchvision: full+crop"
+
+
+def test_best_lanes_takes_the_batched_decoders_where_they_run(monkeypatch) -> None:
+    """Issue 44: where the batched nvImageCodec decoders start (nvImageCodec, a C
+    compiler, CUDA), they are the default lanes, NVBATCH_LANES of them; where they do not,
+    nvjpeg's lanes as before (the test above)."""
+    import packer.imaging.decoders_split as S
+
+    made = []
+
+    def fake(device, lanes, backends="hw", roi=False):
+        made.append((str(device), lanes, backends, roi))
+        return [f"nvbatch-{k}" for k in range(lanes)]
+
+    monkeypatch.setattr(S, "nvimgcodec_batched", fake)
+    assert best_lanes(CUDA) == [f"nvbatch-{k}" for k in range(S.NVBATCH_LANES)]
+    assert made == [(str(CUDA), S.NVBATCH_LANES, "hw", False)]
+    assert [d.name for d in best_lanes("cpu")] == ["cpu"]  # the CPU never asks for them
+
+
+def test_the_batched_decoder_on_cuda_without_cuda_says_why() -> None:
+    pytest.importorskip("nvidia.nvimgcodec")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here")
+    from packer.imaging.decoders_split import nvimgcodec_batched
+
+    with pytest.raises(UsageError, match="torch sees no CUDA device"):
+        nvimgcodec_batched("cuda")

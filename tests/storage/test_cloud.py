@@ -19,7 +19,7 @@ from s3_server import RAW, write_src
 
 import packer
 from helpers.emulators import AzuriteServer
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.cli import cli
 from packer.errors import CredentialsError, InputError, UsageError
 from packer.storage import client as storage_client
@@ -564,7 +564,7 @@ def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
             """
             import os, signal, sys
             import packer.build.upload as up
-            from packer.build.run import BuildConfig, build
+            from packer.build.api import BuildConfig, build
             seen = []
             def die(step):
                 seen.append(step) if step.startswith("uploaded") else None

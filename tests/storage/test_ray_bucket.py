@@ -179,7 +179,9 @@ def test_ray_build_from_a_bucket_src_equals_the_build_from_the_files_on_disk(
 
 
 def test_a_bucket_src_needs_the_ray_engine(s3: S3Server, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"SRC s3://imgpack/images: a bucket of images is built"):
+    with pytest.raises(
+        UsageError, match=r"SRC s3://imgpack/images: a pack set from a bucket of images is built"
+    ):
         build(f"s3://{fx.BUCKET}/images", tmp_path / "set", RAW)
 
 

@@ -16,7 +16,7 @@ import s3_server as fx
 from s3_server import BUCKET
 
 from helpers.local_server import S3Server
-from packer.build.run import BuildConfig, build
+from packer.build.api import BuildConfig, build
 from packer.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))

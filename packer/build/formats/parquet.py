@@ -17,11 +17,11 @@ one-line error (exit 2); a row group whose data lies past the end is skipped.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ..._fs import loads_json
 from ...errors import InputError
 from ...sources.common import read_regular
 from .base import Container, SourceOptions, file_stamp, finish_labels, one_line, row_location
@@ -55,7 +55,7 @@ def hf_features(schema: Any) -> dict[str, Any]:
     if not raw or len(raw) > 16 << 20:
         return {}
     try:
-        doc = json.loads(raw)
+        doc = loads_json(raw)
         feats = doc.get("info", {}).get("features", {})
     except (ValueError, AttributeError):
         return {}
@@ -524,7 +524,7 @@ def read_parquet_rows(c: Container, rows: list[int]) -> list[Fetched]:
 
 def _arrow_files(folder: Path) -> list[Path]:
     try:
-        state = json.loads(read_regular(folder / "state.json", _MAX_JSON, "a state.json"))
+        state = loads_json(read_regular(folder / "state.json", _MAX_JSON, "a state.json"))
         files = [f["filename"] for f in state["_data_files"]]
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(
@@ -563,7 +563,7 @@ def index_arrow(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any
     folder = folder if folder.is_dir() else folder.parent
     features: dict[str, Any] = {}
     try:
-        info = json.loads(
+        info = loads_json(
             read_regular(folder / "dataset_info.json", _MAX_JSON, "a dataset_info.json")
         )
         features = info.get("features") or {}

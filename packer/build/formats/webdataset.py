@@ -17,13 +17,13 @@ before is kept).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from ..._fs import loads_json
 from ...errors import InputError
 from .base import (
     MAX_LABEL_BYTES,
@@ -100,7 +100,7 @@ def _label_of(
     if not opts.label_field:
         return text.strip(), None
     try:
-        doc = json.loads(text)
+        doc = loads_json(text)
     except ValueError as e:
         return None, f"its json member is not JSON ({one_line(e)})"
     if not isinstance(doc, dict) or opts.label_field not in doc:

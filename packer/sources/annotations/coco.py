@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._fs import NotRegularFile, file_kind, open_fd_if_regular
+from ..._fs import NotRegularFile, file_kind, loads_json, open_fd_if_regular
 from ...errors import InputError
 from .model import (
     AnnotationConfig,
@@ -74,7 +74,7 @@ def read_json_capped(path: Path, cap: int) -> Any:
             field="AnnotationConfig.max_json_bytes",
         )
     try:
-        return json.loads(data)
+        return loads_json(data)
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 JSON ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:

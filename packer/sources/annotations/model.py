@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._fs import write_atomic
+from ..._fs import loads_json, write_atomic
 from ...errors import InputError, UsageError
 from ..common import control_char, read_regular
 
@@ -254,7 +254,7 @@ def load_category_map(
     if p.suffix.lower() == ".json":
         data = read_regular(p, max_bytes, "a category map")
         try:
-            obj = json.loads(data)
+            obj = loads_json(data)
         except (ValueError, UnicodeDecodeError) as e:
             raise InputError(
                 f"{p}: not valid JSON ({e}); give a category map CategoryMap.save wrote"
