@@ -102,8 +102,9 @@ def build(
         if r.engine != "ray" and r.sharded:
             raise UsageError(
                 f"SRC {src}: a pack set from a bucket of images is built with "
-                "BuildConfig.engine ray (each task downloads its shard's images); one pack "
-                "is built here without BuildConfig.shard_size",
+                "BuildConfig.engine ray (each task downloads its shard's images); here, one "
+                "pack is built to a local folder (no BuildConfig.shard_size, append or "
+                "bucket DST)",
                 field="BuildConfig.engine",
             )
     if r.sharded and not r.bucket_src:  # parquet, tar, zip: one pack, refused here first

@@ -22,11 +22,11 @@ default ``http://127.0.0.1:10000``, account ``devstoreaccount1`` unless named).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._fs import loads_json
 from ..errors import UsageError
 
 GCS_CREDENTIALS_HINT = (
@@ -96,7 +96,7 @@ def gcs_settings() -> Settings:
     key = env.get("GOOGLE_SERVICE_ACCOUNT_KEY")
     if key:
         try:
-            private = json.loads(key).get("private_key")
+            private = loads_json(key).get("private_key")
         except (ValueError, AttributeError):
             private = None
         if isinstance(private, str) and private:

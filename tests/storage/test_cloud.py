@@ -639,8 +639,6 @@ def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(
     ]  # fmt: skip
     for rel, (size, etag) in plan.scan.objects.items():
         assert size == (src / rel).stat().st_size and etag
-    with pytest.raises(UsageError, match=r"a bucket of images is built with --engine ray"):
-        plan_bucket(url, RAW)
 
 
 def test_a_missing_object_named_like_a_missing_bucket_is_only_missing(

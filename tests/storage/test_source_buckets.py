@@ -91,7 +91,7 @@ def test_bucket_image_over_the_cap_is_skipped_unread(s3: S3Server, tmp_path: Pat
 
 def test_bucket_source_refuses_a_bucket_destination(s3: S3Server, tmp_path: Path) -> None:
     url = _upload(s3, tree(tmp_path / "src", n=1), f"sources/{uuid.uuid4().hex[:10]}")
-    with pytest.raises(UsageError, match="build it to a local folder"):
+    with pytest.raises(UsageError, match="here, one pack is built to a local folder"):
         build(url, f"s3://{BUCKET}/out/{uuid.uuid4().hex[:8]}", BuildConfig(size=(8, 6)))
 
 
