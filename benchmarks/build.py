@@ -115,7 +115,7 @@ def lib_build(
     """One library build in a child interpreter (own forkserver, own env); its result.
     ``device`` "cuda": ``--device cuda`` (CUDA start-up inside the timed call)."""
     code = (
-        "import json,sys,packer;from packer.build.run import BuildConfig;"
+        "import json,sys,packer;from packer.builder.run import BuildConfig;"
         f"r=packer.build_pack({str(src)!r},{str(dst)!r},BuildConfig(size=({side},{side}),"
         f"workers={workers},overwrite=True,device={device!r}));"
         "print('RESULT '+json.dumps({'count':r.count,'seconds':r.seconds,'extra':r.extra}))"

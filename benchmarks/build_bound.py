@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from packer.build.api import BuildConfig, build
-from packer.build.config import GpuTuning
+from packer.builder.api import BuildConfig, build
+from packer.builder.config import GpuTuning
 from packer.measure.timing import resolve_device, sync
 
 from ._common import dump, machine
@@ -77,7 +77,7 @@ VARIANTS = {
 
 
 def _ablate(g: Any, what: tuple[str, ...], src: Path) -> dict[str, Any]:
-    """``packer.build.gpu``'s stages named in ``what`` replaced by stand-ins that do no
+    """``packer.builder.gpu``'s stages named in ``what`` replaced by stand-ins that do no
     work of theirs (the pack they leave is not a valid one: a probe's, deleted after):
 
     * ``reads``: each file's bytes and size from memory (the source tree is hard links
@@ -88,7 +88,7 @@ def _ablate(g: Any, what: tuple[str, ...], src: Path) -> dict[str, Any]:
     * ``writes``: no pwrite and no hash (each chunk's result made up).
 
     Returns the replaced attributes, to put back."""
-    from packer.build.gpu_read import GroupRead
+    from packer.builder.gpu_read import GroupRead
     from packer.imaging.jpeg_header import plain_jpeg_size
 
     old: dict[str, Any] = {}
@@ -168,8 +168,8 @@ def variant(name: str, src: Path) -> Iterator[None]:
     """The GPU build's knobs (``BuildConfig._gpu``'s fields, the GIL switch interval,
     stages taken out: :func:`_ablate`, for a build of ``src``) set as ``VARIANTS[name]``
     says, for a probe; restored after."""
-    import packer.build.gpu as g
-    import packer.build.run as run
+    import packer.builder.gpu as g
+    import packer.builder.run as run
 
     knobs = dict(VARIANTS[name])
     switch = knobs.pop("switch", None)
@@ -203,7 +203,7 @@ def stages(src: Path, dst: Path, device: torch.device) -> dict[str, Any]:
     decode window (``decode_chunks_batched``) the decoder thread spent in its decoder."""
     import threading
 
-    import packer.build.gpu as g
+    import packer.builder.gpu as g
     import packer.imaging.jpeg as jpeg
 
     busy: dict[str, float] = {}

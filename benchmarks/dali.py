@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 
 from ._common import dump, machine
 from .build import make_set

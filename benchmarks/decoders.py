@@ -55,7 +55,7 @@ import torch
 from PIL import Image
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import GPU_CHAIN, DecoderBase, get_decoder
 from packer.loading.roi_crop import RoiResizedCrop
@@ -507,7 +507,7 @@ def build_rates(
 ) -> dict[str, Any]:
     """640x480 -> 224²: the ceiling, a warm GPU build, fresh-process builds (each figure
     saved in ``res["build"]`` as it comes)."""
-    import packer.build.gpu as gpu_build
+    import packer.builder.gpu as gpu_build
 
     from .build import pixel_diff
 

@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.imaging.jpeg import decode_ahead, decode_batch, resize_images, sizes_of
 from packer.measure.bench.synth import make_jpeg_tree
 from packer.measure.timing import median_rate, resolve_device, sync

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.measure.timing import resolve_device, sync
 
 from ._common import dump, machine

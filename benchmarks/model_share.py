@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging.decoders import get_decoder
 from packer.measure.timing import resolve_device

@@ -60,7 +60,7 @@ def local_build(src: Path, dst: Path, side: int, shard_size: int | None, workers
 
 
 def ray_build(src: Path, dst: Path, side: int, shard_size: int) -> tuple[float, list[dict]]:
-    from packer.build.api import BuildConfig, build
+    from packer.builder.api import BuildConfig, build
 
     clean(dst)
     r = build(src, dst, BuildConfig(size=(side, side), shard_size=shard_size, engine="ray"))
@@ -114,7 +114,7 @@ def main() -> None:
 
     @ray.remote(num_cpus=1)
     def warm(_: int) -> int:
-        import packer.build.run  # noqa: F401  (what a shard task imports)
+        import packer.builder.run  # noqa: F401  (what a shard task imports)
 
         time.sleep(0.2)  # every worker gets one
         return os.getpid()

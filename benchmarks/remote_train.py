@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import packer
-from packer.build.api import build
+from packer.builder.api import build
 from packer.measure.bench.synth import make_jpeg_tree
 
 from ._common import example

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.measure.bench.synth import make_jpeg_tree
 
 from ._common import dump, example, machine

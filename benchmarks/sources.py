@@ -37,7 +37,7 @@ SIZE = 256
 
 _CHILD = r"""
 import json, resource, sys
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 if __name__ == "__main__":
     src = json.loads(sys.argv[1])
     r = build(src, sys.argv[2], BuildConfig(size=(SIZE, SIZE), workers=int(sys.argv[3])))

@@ -111,7 +111,7 @@ def main() -> None:
     if a.jpeg:
         jpeg = a.work / "jpeg"
         if not jpeg.exists():
-            from packer.build.api import BuildConfig, build
+            from packer.builder.api import BuildConfig, build
 
             make_jpeg_tree(a.work / "tree", a.images // 4, (500, 375), classes=10)
             build(a.work / "tree", jpeg, BuildConfig(store="jpeg"))

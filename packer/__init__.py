@@ -13,7 +13,7 @@ config (``BuildConfig``, ``CompressConfig``, ``VerifyConfig``) and returning its
 result (``BuildResult``, ``CompressResult``, ``VerifyReport``); the errors they
 raise are ``PackerError`` and its subclasses. ``packer.configure_cuda_queues()``, called
 before the first CUDA call, gives a JPEG loader's GPU decodes CUDA's 32 hardware queues
-(``import packer`` itself changes nothing in the process). ``packer.build``,
+(``import packer`` itself changes nothing in the process). ``packer.builder``,
 ``packer.compress``, ``packer.transforms`` and the stage packages (``packer.pack``,
 ``packer.sources``, ``packer.imaging``, ``packer.augment``, ``packer.loading``, ``packer.measure``) are
 always modules, never functions. Everything below the stage packages is private:
@@ -48,9 +48,9 @@ _EXPORTS = {
     "PackDataset": "packer.loading.dataset:PackDataset",
     "split": "packer.loading.dataset:split",
     "class_histogram": "packer.loading.dataset:class_histogram",
-    "build_pack": "packer.build.api:build",
-    "BuildConfig": "packer.build.config:BuildConfig",
-    "BuildResult": "packer.build.config:BuildResult",
+    "build_pack": "packer.builder.api:build",
+    "BuildConfig": "packer.builder.config:BuildConfig",
+    "BuildResult": "packer.builder.config:BuildResult",
     "compress_tree": "packer.compress:compress",
     "CompressConfig": "packer.compress:CompressConfig",
     "CompressResult": "packer.compress:CompressResult",
@@ -75,10 +75,10 @@ _EXPORTS = {
 }
 
 # ``packer.<name>`` for these is the module, importable without an import statement
-# first (so ``packer.build`` is never an AttributeError one moment and a module the next).
+# first (so ``packer.builder`` is never an AttributeError one moment and a module the next).
 _SUBMODULES = (
     "augment",
-    "build",  # the writer (its ``build`` is ``packer.build_pack``)
+    "builder",  # the writer (its ``api.build`` is ``packer.build_pack``)
     "cli",
     "compress",
     "errors",
@@ -94,8 +94,8 @@ _SUBMODULES = (
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .build.api import build as build_pack
-    from .build.config import BuildConfig, BuildResult
+    from .builder.api import build as build_pack
+    from .builder.config import BuildConfig, BuildResult
     from .compress import CompressConfig, CompressResult
     from .compress import compress as compress_tree
     from .errors import (

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import packer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -271,13 +271,13 @@ def src(tmp_path: Path) -> Path:
 @pytest.fixture
 def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU build's path (``--device cuda``) with torch.device("cpu") in place of
-    the GPU (tests/build/test_build_gpu.py, tests/test_build_gpu_procs.py)."""
+    the GPU (tests/builder/test_build_gpu.py, tests/test_build_gpu_procs.py)."""
     import torch
 
-    import packer.build.run
+    import packer.builder.run
 
     monkeypatch.setattr(
-        packer.build.run,
+        packer.builder.run,
         "_build_device",
         lambda config: None if config.device == "cpu" else torch.device("cpu"),
     )

@@ -164,8 +164,8 @@ class Cluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         def load() -> str:  # nested: pickled by value (tests/ is not on the workers' path)
-            import packer.build.ray_engine
-            import packer.build.run  # noqa: F401
+            import packer.builder.ray_engine
+            import packer.builder.run  # noqa: F401
 
             return ray.get_runtime_context().get_node_id()
 

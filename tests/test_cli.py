@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import subprocess_env
-from packer.build.api import BuildConfig, build
-from packer.build.run import work_dir_for
+from packer.builder.api import BuildConfig, build
+from packer.builder.run import work_dir_for
 from packer.cli import cli
 
 
@@ -241,12 +241,12 @@ def test_existing_pack_refused(runner: CliRunner, packed: Path, image_tree: Path
 def test_ctrl_c_says_how_to_resume(
     runner: CliRunner, image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import packer.build.api
+    import packer.builder.api
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.build.api, "build", interrupted)
+    monkeypatch.setattr(packer.builder.api, "build", interrupted)
     r = runner.invoke(cli, ["build", str(image_tree), str(tmp_path / "p")])
     assert r.exit_code == 130 and "run the same command again to resume" in r.stderr
 

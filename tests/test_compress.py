@@ -17,7 +17,7 @@ from PIL import Image
 from conftest import cli_run as _cli
 from conftest import one_error as _one_error
 from conftest import subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.cli import cli
 from packer.compress import CompressConfig, compress, output_names
 from packer.sources.scan import walk_images

@@ -19,8 +19,8 @@ import click
 import pytest
 
 from conftest import cli_run, one_error
-from packer.build.config import BuildConfig
-from packer.build.formats.options import SourceOptions
+from packer.builder.config import BuildConfig
+from packer.builder.formats.options import SourceOptions
 from packer.cli.flags import FLAGS, cli_message
 from packer.compress import CompressConfig
 from packer.errors import FIELD_RE, InputError, PackerError, UsageError
@@ -172,7 +172,7 @@ def test_every_flag_in_the_table_is_a_field_and_a_cli_option() -> None:
         (lambda: VerifyConfig(device="tpu").validate(), "VerifyConfig.device", r"VerifyConfig\.device must be auto"),
         (lambda: ShowConfig(Path("p"), Path("o"), draws=0).validate(), "ShowConfig.draws", r"ShowConfig\.draws must be an integer"),
         (lambda: BenchConfig(sections=("gpu",)).validate(), "BenchConfig.sections", r"BenchConfig\.sections must be some of"),
-        (lambda: importlib.import_module("packer.build.shards").parse_bytes("12XB"), "BuildConfig.shard_size", r"BuildConfig\.shard_size '12XB'"),
+        (lambda: importlib.import_module("packer.builder.shards").parse_bytes("12XB"), "BuildConfig.shard_size", r"BuildConfig\.shard_size '12XB'"),
     ],
 )  # fmt: skip
 def test_a_library_error_names_the_field_not_the_flag(make, field: str, says: str) -> None:
@@ -238,7 +238,7 @@ def test_no_test_patches_a_module_constant() -> None:
 
 
 def test_the_gpu_knobs_are_a_private_field_of_the_config() -> None:
-    from packer.build.config import GpuTuning
+    from packer.builder.config import GpuTuning
 
     cfg = BuildConfig(_gpu=GpuTuning(group_images=4))
     assert cfg._gpu.group_images == 4 and BuildConfig()._gpu == GpuTuning()

@@ -15,8 +15,8 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
         "import packer, types\n"
         "for name in packer.__all__:\n"
         "    assert getattr(packer, name) is not None, name\n"
-        "assert isinstance(packer.build.api, types.ModuleType)\n"
-        "assert callable(packer.build_pack) and packer.build_pack is packer.build.api.build\n"
+        "assert isinstance(packer.builder.api, types.ModuleType)\n"
+        "assert callable(packer.build_pack) and packer.build_pack is packer.builder.api.build\n"
         "assert issubclass(packer.InputError, packer.PackerError)\n"
         "assert 'configure_cuda_queues' in packer.__all__ and callable(packer.configure_cuda_queues)\n"
     )
@@ -81,7 +81,7 @@ _STAGE_RANK = {
     "transforms": 2.75,  # the public face of augment's ops, on top of it
     "pack": 3,
     "storage": 3.5,  # where the data is: sets, URLs, the cache; on the format (issue 45.4)
-    "build": 4,
+    "builder": 4,
     "loading": 4,
     "compress": 5,
     "measure": 6,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, subprocess_env
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-import packer.build.run
+import packer.builder.run
 from conftest import subprocess_env, write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import InputError, NoUsableImagesError
 
 # runs ``imgpack ARGS`` in a fresh interpreter (click's main, as the ``imgpack`` script),
@@ -99,7 +99,7 @@ def test_commands_that_need_no_tensors_never_import_torch(
 def test_compress_loads_no_build_code(tree: Path, tmp_path: Path) -> None:
     code, loaded = _loaded_by(tmp_path, "compress", tree / "src", tmp_path / "small", "-q")
     assert code == 0 and (tmp_path / "small" / "c0" / "0.jpg").is_file()
-    assert [m for m in loaded if m.startswith("packer.build")] == []
+    assert [m for m in loaded if m.startswith("packer.builder")] == []
 
 
 def test_a_command_imports_its_own_module_only(tree: Path, tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ _FAKE_TORCH = textwrap.dedent(
 _BUILD = textwrap.dedent(
     """
     import json, sys
-    from packer.build.api import BuildConfig, build
+    from packer.builder.api import BuildConfig, build
     r = build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 6), workers=2))
     print(json.dumps({"count": r.count, "processes": r.extra.get("processes_used")}))
     """
@@ -193,7 +193,7 @@ def _watch_scan(monkeypatch: pytest.MonkeyPatch, fail: Exception | None = None) 
     """``plan_labels`` (the scan) wrapped to note how many worker processes are up as
     it starts; with ``fail``, the scan raises it."""
     alive: list[int] = []
-    scan = packer.build.run.plan_labels
+    scan = packer.builder.run.plan_labels
 
     def watched(*args: Any, **kwargs: Any) -> Any:
         alive.append(len(multiprocessing.active_children()))
@@ -201,7 +201,7 @@ def _watch_scan(monkeypatch: pytest.MonkeyPatch, fail: Exception | None = None) 
             raise fail
         return scan(*args, **kwargs)
 
-    monkeypatch.setattr(packer.build.run, "plan_labels", watched)
+    monkeypatch.setattr(packer.builder.run, "plan_labels", watched)
     return alive
 
 

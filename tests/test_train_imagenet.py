@@ -14,7 +14,7 @@ import torch
 
 import packer
 from conftest import subprocess_env
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[1]
 

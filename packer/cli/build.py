@@ -13,7 +13,7 @@ from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
-    from ..build.config import parse_size
+    from ..builder.config import parse_size
 
     try:
         return parse_size(value)
@@ -236,11 +236,11 @@ def build(
       imgpack build /shared/train /shared/train_set --engine ray --ray-address head:6379
       imgpack build ./train s3://bucket/train --shard-size 256MB   # into object storage
     """
-    from ..build import api
-    from ..build.config import BuildConfig
-    from ..build.formats.options import SourceOptions
-    from ..build.shards import parse_bytes
-    from ..build.workdir import refuse_symlink_destination
+    from ..builder import api
+    from ..builder.config import BuildConfig
+    from ..builder.formats.options import SourceOptions
+    from ..builder.shards import parse_bytes
+    from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]

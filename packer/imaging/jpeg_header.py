@@ -5,7 +5,7 @@ components, size, EXIF and XMP orientation, Adobe transform, end marker) in abou
 where opening it with Pillow and reading its EXIF takes 50; :func:`jpeg_too_short`
 says when a file cannot hold the frame its header declares (libjpeg would decode it
 with a warning, filling the rest with grey). :mod:`packer.imaging.decode` uses both for
-the CPU decode and for what a JPEG pack stores; :mod:`packer.build.gpu_read` for the GPU
+the CPU decode and for what a JPEG pack stores; :mod:`packer.builder.gpu_read` for the GPU
 build's split.
 """
 

@@ -32,7 +32,7 @@ and dicts)::
 
 Anything else is refused, never cast (:func:`~packer.pack.parse.check_label_arrays`).
 
-How :func:`packer.build.run.build` (one pack) uses these modules (:func:`packer.build.plan.plan_labels`):
+How :func:`packer.builder.run.build` (one pack) uses these modules (:func:`packer.builder.plan.plan_labels`):
 without a table, ``scan_tree`` then :func:`~packer.sources.classes.resolve_classes` and
 :func:`~packer.sources.classes.apply_class_map` against the ``--classes`` map; with one,
 :func:`~packer.sources.tables.read_table` (the map passed as ``classes``),

@@ -93,7 +93,7 @@ def test_a_jpeg_loader_on_cuda_asks_for_the_queues_or_says_it_is_too_late(tmp_pa
     warning naming the call to make)."""
     from PIL import Image
 
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     for i in range(4):
         (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)

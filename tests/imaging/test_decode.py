@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from conftest import write_bomb_jpeg, write_cut_jpeg, write_image
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.compress import CompressConfig, compress
 from packer.errors import DecodeError, NoUsableImagesError
 from packer.imaging.decode import (

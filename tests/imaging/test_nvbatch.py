@@ -137,7 +137,7 @@ def test_a_jpeg_pack_loader_fed_by_it(tmp_path):
             a = (rng.random((40 + i, 50 + 2 * i, 3)) * 255).astype(np.uint8)
             Image.fromarray(a).save(src / c / f"{i}.jpg", quality=90)
     pack = tmp_path / "pack"
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     build(src, pack, BuildConfig(store="jpeg", workers=1))
     p = packer.load(pack)
@@ -179,7 +179,7 @@ def test_a_loader_decoding_only_the_boxes(tmp_path):
         for i in range(6):
             a = (rng.random((60 + i, 70 + 3 * i, 3)) * 255).astype(np.uint8)
             Image.fromarray(a).save(src / c / f"{i}.jpg", quality=90)
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     build(src, tmp_path / "pack", BuildConfig(store="jpeg", workers=1))
     p = packer.load(tmp_path / "pack")

@@ -14,7 +14,7 @@ import pytest
 
 import packer
 from conftest import subprocess_env, write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 24

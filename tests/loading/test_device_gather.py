@@ -16,8 +16,8 @@ import torch
 from test_targets_loader import build_with_table, image_paths
 
 import packer
-from packer.build.config import BuildConfig
-from packer.build.run import build
+from packer.builder.config import BuildConfig
+from packer.builder.run import build
 from packer.errors import UsageError
 from packer.loading import device_gather as dg
 from test_loader import RecordingTransform

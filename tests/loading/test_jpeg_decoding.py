@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import packer
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
 from packer.imaging.decoders_split import best_decoder

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import packer
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
 from packer.imaging.decoders_split import best_lanes

@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 import packer
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging.jpeg import fit_boxes
 from packer.loading.crop import CROP_FRACTION

@@ -312,7 +312,7 @@ def test_transform_must_return_images_of_three_channels(
 
 def test_a_jpeg_packs_transform_is_checked_after_its_crop(tmp_path: Path) -> None:
     from conftest import write_image
-    from packer.build import BuildConfig, build
+    from packer.builder import BuildConfig, build
     from packer.transforms import Compose, RandomResizedCrop
 
     for i in range(4):

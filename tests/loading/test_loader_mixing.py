@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import packer
-from packer.build import BuildConfig, build
+from packer.builder import BuildConfig, build
 from packer.errors import UsageError
 from packer.loading.order import batch_seed
 from packer.measure.bench.synth import make_random_pack

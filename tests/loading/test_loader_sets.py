@@ -15,7 +15,7 @@ import torch
 
 import packer
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.loading.order import shard_sequence
 from packer.storage.packset import PackSet, ShardStore, open_set

@@ -11,7 +11,7 @@ import pytest
 
 import packer
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 from packer.storage.packset import PackSet, ShardStore, open_set
 

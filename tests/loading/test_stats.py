@@ -16,7 +16,7 @@ import torch
 
 import packer
 from conftest import cli_run
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.errors import UsageError
 from packer.imaging import decoders as D
 from packer.loading.stats import (

@@ -13,7 +13,7 @@ from PIL import Image
 import packer
 import packer.transforms as PT
 from conftest import cli_run, one_error
-from packer.build import BuildConfig, build
+from packer.builder import BuildConfig, build
 from packer.errors import UsageError
 from packer.measure.show import ShowConfig, show_pack
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_run, one_error
-from packer.build import BuildConfig, build
+from packer.builder import BuildConfig, build
 from packer.errors import UsageError
 from packer.measure.show import MAX_DRAWS, ShowConfig, show_pack
 

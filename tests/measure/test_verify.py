@@ -144,7 +144,7 @@ def test_plot_is_written(packed: Path, tmp_path: Path) -> None:
 
 
 def test_folder_baseline_times_only_the_packed_images(image_tree: Path, tmp_path: Path) -> None:
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     (image_tree / "cat" / "empty.jpg").write_bytes(b"")
     (image_tree / "dog" / "trunc.jpg").write_bytes(
@@ -163,7 +163,7 @@ def test_folder_baseline_times_only_the_packed_images(image_tree: Path, tmp_path
 
 
 def test_cli_verify_says_what_the_baseline_left_out(image_tree: Path, tmp_path: Path) -> None:
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     (image_tree / "cat" / "empty.jpg").write_bytes(b"")
     build(image_tree, tmp_path / "p", BuildConfig(size=(16, 16), workers=1))
@@ -304,7 +304,7 @@ def test_a_hostile_manifest_never_makes_verify_read_outside_the_source_images(
     import os
 
     import packer.imaging.decode
-    from packer.build import BuildConfig, build
+    from packer.builder import BuildConfig, build
 
     pack = tmp_path / "p"
     build(image_tree, pack, BuildConfig(size=(16, 16), workers=1, store=store))
@@ -410,7 +410,7 @@ def test_no_speed_needs_no_device(packed: Path, monkeypatch: pytest.MonkeyPatch)
 def test_a_jpeg_pack_is_described_as_stored_jpegs(image_tree: Path, tmp_path: Path) -> None:
     """Issue 43: the first line of verify on a JPEG pack says what it holds (stored
     JPEGs of their own sizes, decoded when read), not a raw pack's fixed shape."""
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
 
     pack = tmp_path / "jp"
     build(image_tree, pack, BuildConfig(workers=1, store="jpeg", max_side=64))

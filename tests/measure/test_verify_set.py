@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig
 from packer.measure.verify_set import verify_set

@@ -12,7 +12,7 @@ import pytest
 
 import packer
 from conftest import cli_run, one_error, write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import PackFormatError
 from packer.measure.verify import VerifyConfig, verify
 from packer.measure.verify_set import verify_set

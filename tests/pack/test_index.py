@@ -14,7 +14,7 @@ import pytest
 
 import packer
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import PackFormatError
 from packer.pack.describe import describe_set
 from packer.pack.index import INDEX, SetIndex, read_index, write_index

@@ -18,10 +18,10 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 import packer
-import packer.build.finalize
-import packer.build.run
+import packer.builder.finalize
+import packer.builder.run
 from conftest import subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging.decode import pil_quality
 
@@ -172,7 +172,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.build.finalize, "_reached", crash)
+    monkeypatch.setattr(packer.builder.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, dst, CFG)
     monkeypatch.undo()
@@ -183,7 +183,7 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
 
 KILL = textwrap.dedent("""
     import os, signal, sys
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
     def progress(n):
         os.kill(os.getpid(), signal.SIGKILL)  # after the first journaled chunk
     if __name__ == "__main__":
@@ -210,7 +210,7 @@ def test_kill_9_then_rerun_gives_identical_bytes(tmp_path: Path) -> None:
             timeout=120,
         )
     assert p.returncode == -signal.SIGKILL, err.read_text()[-2000:]
-    work = packer.build.run.work_dir_for(dst)
+    work = packer.builder.run.work_dir_for(dst)
     assert (work / "journal.jsonl").read_text().count("\n") >= 1
     r = build(src.parent, dst, BuildConfig(store="jpeg", workers=2))
     assert r.resumed > 0

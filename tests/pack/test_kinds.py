@@ -71,7 +71,7 @@ def test_image_pack_resolves_to_one_class_everywhere() -> None:
 
 def test_each_kind_answers_the_builds_questions() -> None:
     """The members that replaced the build's branches on ``store``."""
-    from packer.build.config import BuildConfig
+    from packer.builder.config import BuildConfig
 
     raw, jpeg = KINDS["raw"], KINDS["jpeg"]
     assert (raw.decoded, raw.gpu_build, raw.chunk_files) == (False, True, False)
@@ -111,7 +111,7 @@ def test_each_kind_answers_the_builds_questions() -> None:
 def test_a_kind_refuses_the_build_options_it_cannot_honour(
     options: dict[str, object], message: str
 ) -> None:
-    from packer.build.config import BuildConfig
+    from packer.builder.config import BuildConfig
 
     with pytest.raises(UsageError, match=message):
         BuildConfig(**options).validate()  # type: ignore[arg-type]

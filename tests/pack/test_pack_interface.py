@@ -11,7 +11,7 @@ import torch
 
 import packer
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.pack.reader import PACK_ATTRIBUTES
 
 RAW = BuildConfig(size=(8, 6), workers=1)

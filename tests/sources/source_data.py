@@ -78,7 +78,7 @@ def write_zip(root: Path, out: Path) -> Path:
 
 def digests(pack: Path, drop: tuple[str, ...] = ()) -> dict[str, str]:
     """SHA-256 of every file of ``pack``; the manifest without its clock and source
-    root (as tests/build/test_same_bytes.py) and without the fields ``drop``."""
+    root (as tests/builder/test_same_bytes.py) and without the fields ``drop``."""
     out = {}
     for f in sorted(p for p in pack.rglob("*") if p.is_file()):
         data = f.read_bytes()

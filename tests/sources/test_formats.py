@@ -20,10 +20,10 @@ import pytest
 from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 from conftest import cli_build, cli_run, one_error, subprocess_env
-from packer.build.api import BuildConfig, build
-from packer.build.formats.base import expand_braces
-from packer.build.formats.options import SourceOptions
-from packer.build.run import work_dir_for
+from packer.builder.api import BuildConfig, build
+from packer.builder.formats.base import expand_braces
+from packer.builder.formats.options import SourceOptions
+from packer.builder.run import work_dir_for
 from packer.errors import InputError, UsageError
 
 pytest.importorskip("pyarrow")
@@ -311,7 +311,7 @@ def test_a_source_rewritten_between_builds_of_one_process_is_read_anew(
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from packer.build.run import BuildConfig, build
+    from packer.builder.run import BuildConfig, build
     seen = 0
     def progress(n):
         global seen
@@ -357,8 +357,8 @@ def test_killed_source_build_resumes_byte_identical(
 
 def test_changed_source_starts_over(folder: Path, tmp_path: Path) -> None:
     hf_dataset(folder).to_parquet(str(tmp_path / "t.parquet"))
-    from packer.build.formats.base import source_plan
-    from packer.build.plan import plan_fingerprint
+    from packer.builder.formats.base import source_plan
+    from packer.builder.plan import plan_fingerprint
 
     a = plan_fingerprint(source_plan(str(tmp_path / "t.parquet"), tmp_path / "p", RAW), RAW)
     hf_dataset(folder).select(range(15)).to_parquet(str(tmp_path / "t.parquet"))
@@ -405,7 +405,7 @@ def test_parquet_page_walk_matches_pyarrow(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packer.build.formats.parquet import _chunk_span, largest_page
+    from packer.builder.formats.parquet import _chunk_span, largest_page
 
     cells = [os.urandom(n) for n in (1000, 2 << 20, 5000)]
     pq.write_table(pa.table({"b": pa.array(cells, pa.binary())}), tmp_path / "t.parquet")

@@ -14,12 +14,12 @@ import torch
 from click.testing import CliRunner
 
 import packer
-import packer.build.finalize
-import packer.build.run
+import packer.builder.finalize
+import packer.builder.run
 from conftest import cli_build as _build
 from conftest import cli_run as _cli
 from conftest import subprocess_env, write_image
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.pack.describe import describe
@@ -477,7 +477,7 @@ def test_class_to_idx_and_target_names_belong_to_the_whole_pack(packed: Path) ->
 KILL_AFTER_FIRST_CHUNK = """
 import os, signal, sys
 from pathlib import Path
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 
 def progress(n):
     os.kill(os.getpid(), signal.SIGKILL)  # the journal line of one chunk is on disk
@@ -523,7 +523,7 @@ def test_crash_in_finalize_with_targets_resumes_to_the_same_pack(
         if name == step:
             raise RuntimeError(f"crash after {name}")
 
-    monkeypatch.setattr(packer.build.finalize, "_reached", crash)
+    monkeypatch.setattr(packer.builder.finalize, "_reached", crash)
     with pytest.raises(RuntimeError, match="crash after"):
         build(image_tree, tmp_path / "p", cfg)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ from torchvision.datasets import ImageFolder
 
 import packer
 from conftest import write_image
-from packer.build.run import BuildConfig, build
+from packer.builder.run import BuildConfig, build
 from packer.cli import cli
 from packer.compress import CompressConfig, compress
 from packer.errors import InputError

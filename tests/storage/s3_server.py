@@ -14,7 +14,7 @@ import pytest
 import processes
 from conftest import write_image
 from helpers.local_server import S3Server
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.storage import client
 
 BUCKET = "imgpack"

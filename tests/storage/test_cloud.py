@@ -19,7 +19,7 @@ from s3_server import RAW, write_src
 
 import packer
 from helpers.emulators import AzuriteServer
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.cli import cli
 from packer.errors import CredentialsError, InputError, UsageError
 from packer.storage import client as storage_client
@@ -563,8 +563,8 @@ def test_a_killed_upload_resumes_and_skips_the_uploaded_shards(
         textwrap.dedent(
             """
             import os, signal, sys
-            import packer.build.upload as up
-            from packer.build.api import BuildConfig, build
+            import packer.builder.upload as up
+            from packer.builder.api import BuildConfig, build
             seen = []
             def die(step):
                 seen.append(step) if step.startswith("uploaded") else None
@@ -625,7 +625,7 @@ def test_a_bucket_of_images_is_listed_as_a_folder_is_scanned(
     (what --engine ray's tasks download against)."""
     from dataclasses import replace
 
-    from packer.build.upload import plan_bucket
+    from packer.builder.upload import plan_bucket
 
     src = write_src(tmp_path / "src", {"cat": 2, "dog": 3})
     url = gs_or_az.new_url()

@@ -21,7 +21,7 @@ from s3_server import RAW, SilentServer, write_src
 import packer
 from conftest import subprocess_env
 from helpers.local_server import S3Server
-from packer.build.api import build
+from packer.builder.api import build
 from packer.cli import cli
 from packer.errors import PackerError, StorageError, UsageError
 from packer.storage import client

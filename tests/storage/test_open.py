@@ -12,7 +12,7 @@ import pytest
 
 import packer
 from conftest import write_image
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.pack.describe import describe_set
 from packer.pack.reader import open_pack

@@ -19,8 +19,8 @@ from s3_server import RAW, bucket_path, new_url, write_src
 
 from conftest import write_image
 from helpers.local_server import S3Server
-from packer.build import upload
-from packer.build.api import build
+from packer.builder import upload
+from packer.builder.api import build
 from packer.errors import InputError, StorageError, UsageError
 from packer.pack.index import INDEX
 from packer.pack.schema import MANIFEST
@@ -59,7 +59,7 @@ def nodes_env(ray_cluster: Any, s3_server: S3Server) -> Iterator[Any]:
     nodes' own environment; imgpack passes no credential to a task); then as before."""
     join(ray_cluster, s3_server.env())
     if ray_cluster.worker is not None and ray_cluster.worker.poll() is not None:
-        # killed by a test before (tests/build/test_ray_build.py, last there): until
+        # killed by a test before (tests/builder/test_ray_build.py, last there): until
         # Ray's health check marks it dead it still counts as alive, and a new worker
         # node would seem up at once
         deadline = time.monotonic() + 30

@@ -21,7 +21,7 @@ from s3_server import JPEG, RAW, bucket_path, built, new_url, write_src
 import packer
 from conftest import subprocess_env
 from helpers.local_server import S3Server
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.cli import cli
 from packer.errors import DiskFullError, InputError, PackFormatError, StorageError, UsageError
 from packer.storage import client
@@ -77,8 +77,8 @@ def test_killed_upload_resumes_and_skips_uploaded_shards(s3: S3Server, tmp_path:
         textwrap.dedent(
             """
             import os, signal, sys
-            import packer.build.upload as up
-            from packer.build.api import BuildConfig, build
+            import packer.builder.upload as up
+            from packer.builder.api import BuildConfig, build
             seen = []
             def die(step):
                 seen.append(step) if step.startswith("uploaded") else None

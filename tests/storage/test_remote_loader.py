@@ -16,7 +16,7 @@ from s3_server import RAW, new_url, write_src
 
 import packer
 from helpers.local_server import S3Server
-from packer.build.api import build
+from packer.builder.api import build
 from packer.errors import UsageError
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures

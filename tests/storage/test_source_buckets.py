@@ -16,7 +16,7 @@ import s3_server as fx
 from s3_server import BUCKET
 
 from helpers.local_server import S3Server
-from packer.build.api import BuildConfig, build
+from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))
@@ -76,7 +76,7 @@ def test_bucket_image_over_the_cap_is_skipped_unread(s3: S3Server, tmp_path: Pat
     folder = tree(tmp_path / "src", n=1)
     (folder / "cat" / "big.png").write_bytes(b"\x89PNG" + b"\0" * 300_000)
     url = _upload(s3, folder, f"sources/{uuid.uuid4().hex[:10]}")
-    from packer.build.formats.options import SourceOptions
+    from packer.builder.formats.options import SourceOptions
 
     config = BuildConfig(size=(8, 6), workers=1, sources=SourceOptions(max_image_bytes=100_000))
     r = build(url, tmp_path / "p", config)

@@ -17,7 +17,7 @@ from s3_server import RAW, SilentServer, bucket_path, built
 
 import packer
 from helpers.local_server import S3Server
-from packer.build.api import build
+from packer.builder.api import build
 from packer.errors import PackFormatError
 from packer.storage.cache import META_DIR
 

@@ -32,7 +32,7 @@ OPTIONS = ["--append", "--size", "8x6", "--shard-size", "300", "--workers", "1"]
 DRIVER = textwrap.dedent(
     """
     import atexit, os, pathlib, sys, time
-    import packer.build.upload as up
+    import packer.builder.upload as up
     from packer.cli import cli
     mark, go = pathlib.Path(os.environ["MARK"]), pathlib.Path(os.environ["GO"])
     at = os.environ.get("HOLD_AT", "uploaded")

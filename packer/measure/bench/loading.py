@@ -57,7 +57,7 @@ def _user_names(text: str, work: Path, source: Path, names: dict[str, str]) -> s
 
 def prepare_data(cfg: BenchConfig, work: Path, result: BenchResult) -> dict[str, Path]:
     """Originals, their compressed copy (if ffmpeg works) and a pack; returns their paths."""
-    from ...build.api import BuildConfig, build
+    from ...builder.api import BuildConfig, build
     from ...compress import CompressConfig, compress
     from ...pack.describe import pack_bytes
     from ...pack.files import read_manifest

@@ -1,0 +1,152 @@
+"""A decode worker's side of the sources of :mod:`packer.builder.formats.base`: a chunk's refs
+read into bytes (:func:`fetch_chunk`), then decoded by the very functions that decode
+files (:func:`load_resized_item`, :func:`jpeg_for_pack_item`), so a source's pixels
+are a folder's, byte for byte.
+
+The bytes reach the decoder as an anonymous in-memory file (``memfd_create``) opened
+by its ``/proc/self/fd`` path: the file decoder's checks (regular file, size, short
+JPEG) apply unchanged and nothing is written to disk. Where there is no memfd, a
+temporary file is used.
+
+Each worker keeps its open containers (a parquet file, a zip's directory, a tar's
+descriptor, a bucket client) for the next chunk; a worker forked from the parent
+never uses the parent's (a client's connections are not fork-safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import DecodeError
+from ...imaging.decode import jpeg_for_pack, load_resized
+
+
+@dataclass
+class Fetched:
+    """One image of a chunk: its bytes, or why they cannot be read (a skip)."""
+
+    data: bytes | None
+    error: str | None = None
+
+
+_open: dict[Any, Any] = {}  # (pid, kind, where) -> the worker's open container
+_OPEN_MAX = 8
+
+
+def cached(key: Any, make: Any) -> Any:
+    """The worker's open handle for ``key``, made by ``make()`` at first use."""
+    full = (os.getpid(), *key)
+    handle = _open.get(full)
+    if handle is None:
+        for k in [k for k in _open if k[0] != os.getpid()]:
+            del _open[k]  # the parent's, inherited by fork: never used here
+        while len(_open) >= _OPEN_MAX:
+            old = _open.pop(next(iter(_open)))
+            with contextlib.suppress(Exception):
+                old.close()
+        handle = _open[full] = make()
+    return handle
+
+
+def fetch_chunk(paths: list[Any]) -> list[Any]:
+    """A chunk's items as the decode loop takes them: file paths unchanged; refs
+    (:data:`packer.builder.formats.base.Ref`) read into :class:`Fetched`, container by container,
+    in the chunk's order."""
+    if not paths or isinstance(paths[0], str):
+        return paths
+    out: list[Any] = []
+    i = 0
+    while i < len(paths):
+        container = paths[i][0]
+        j = i
+        while j < len(paths) and paths[j][0] == container:
+            j += 1
+        out += _read(container, [p[1] for p in paths[i:j]])
+        i = j
+    return out
+
+
+def _read(container: Any, positions: list[Any]) -> list[Fetched]:
+    try:
+        if container.kind == "parquet":
+            from .parquet import read_parquet_rows
+
+            return read_parquet_rows(container, positions)
+        if container.kind == "arrow":
+            from .parquet import read_arrow_rows
+
+            return read_arrow_rows(container, positions)
+        if container.kind == "tar":
+            from .webdataset import read_tar_members
+
+            return read_tar_members(container, positions)
+        if container.kind == "zip":
+            from .archive import read_zip_members
+
+            return read_zip_members(container, positions)
+        from .remote import read_objects
+
+        return read_objects(container, positions)
+    except DecodeError as e:  # the container itself failed: every image of it here
+        return [Fetched(None, str(e)) for _ in positions]
+
+
+@contextlib.contextmanager
+def _as_file(data: bytes) -> Iterator[str]:
+    """A path to a regular file holding ``data``, removed on exit."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("imgpack-source", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            view, done = memoryview(data), 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.NamedTemporaryFile(prefix=".imgpack-source-") as f:  # pragma: no cover
+        f.write(data)
+        f.flush()
+        yield f.name
+
+
+def _item_path(item: Fetched) -> contextlib.AbstractContextManager[str]:
+    if item.error is not None or item.data is None:
+        raise DecodeError(item.error or "no image")
+    if not item.data:
+        raise DecodeError("empty")
+    return _as_file(item.data)
+
+
+def load_resized_item(item: Any, spec: Any) -> Any:
+    """:func:`load_resized` of a file path or of a :class:`Fetched` image."""
+    if isinstance(item, str):
+        return load_resized(item, spec)
+    with _item_path(item) as path:
+        try:
+            return load_resized(path, spec)
+        except DecodeError as e:
+            raise DecodeError(str(e).replace(path, "the image")) from None
+
+
+def jpeg_for_pack_item(item: Any, *args: Any) -> Any:
+    """:func:`jpeg_for_pack` of a file path or of a :class:`Fetched` image."""
+    if isinstance(item, str):
+        return jpeg_for_pack(item, *args)
+    with _item_path(item) as path:
+        try:
+            return jpeg_for_pack(path, *args)
+        except DecodeError as e:
+            raise DecodeError(str(e).replace(path, "the image")) from None
+
+
+def capped(data_len: int, cap: int) -> str | None:
+    """The skip reason of an image of ``data_len`` bytes over the cap, or None."""
+    if data_len > cap:
+        return f"{data_len:,} bytes, over the per-image limit of {cap:,}; not read"
+    return None

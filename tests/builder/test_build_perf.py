@@ -1,0 +1,135 @@
+"""The build's time split and its start-up shortcuts keep every promise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import packer.builder.run as pb
+import packer.builder.workers as pbw
+from packer.builder.plan import plan_fingerprint, plan_labels
+from packer.builder.run import BuildConfig, build
+from packer.builder.workdir import JOURNAL
+from packer.imaging.decode import ResizeSpec, decode_into, load_resized, store_into
+
+
+def test_time_split_accounts_for_each_chunk(image_tree: Path, tmp_path: Path) -> None:
+    r = build(image_tree, tmp_path / "p", BuildConfig(size=(32, 32), workers=2))
+    e = r.extra
+    steps = e["worker"]
+    assert set(pb._WORKER_STEPS) | {"tail"} <= set(steps)
+    assert all(v >= 0 for v in steps.values())
+    assert steps["decode"] > 0
+    assert 1 <= e["processes_used"] <= 2
+    # the workers' steps fit in the window they ran in (plus idle before their first chunk)
+    busy = sum(steps[k] for k in ("decode", "copy", "pwrite", "sha256", "writeback"))
+    assert busy <= e["processes_used"] * e["decode_window_s"] + 0.01
+    assert e["parent"]["journal_fsyncs"] >= 1
+    assert {"fsync_rows", "metadata", "move"} <= {
+        k.removeprefix("finalize_") for k in e["parent"] if k.startswith("finalize_")
+    }
+
+
+def test_time_split_of_a_jpeg_build(image_tree: Path, tmp_path: Path) -> None:
+    """--store jpeg workers report the same steps, beside their journal fields."""
+    r = build(image_tree, tmp_path / "p", BuildConfig(size=(32, 32), workers=2, store="jpeg"))
+    steps = r.extra["worker"]
+    assert set(pb._WORKER_STEPS) | {"tail"} <= set(steps)
+    assert steps["decode"] > 0 and all(v >= 0 for v in steps.values())
+    assert r.extra["parent"]["journal_fsyncs"] >= 1
+    assert r.image_shape[0] == 3
+
+
+@pytest.mark.parametrize(
+    ("workers", "store", "batched"),
+    [(1, "raw", False), (2, "raw", False), (2, "jpeg", False), (1, "jpeg", False),
+     (1, "raw", True), (2, "raw", True)],
+)  # fmt: skip
+def test_plan_is_written_before_the_first_journal_line(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    store: str,
+    batched: bool,
+) -> None:
+    """A fresh build fingerprints while the workers decode; a journal line without a
+    plan would let a rerun mix work of other inputs. The late fingerprint is the full
+    one: it names the store options and the --device path (here the batched path run
+    on the CPU, as tests/builder/test_build_gpu.py does)."""
+    dst = tmp_path / "p"
+    device = None
+    if batched:
+        torch = pytest.importorskip("torch")
+        device = torch.device("cpu")
+        monkeypatch.setattr(pb, "_build_device", lambda config: device)
+    config = BuildConfig(size=(32, 32), workers=workers, store=store)
+    seen: list[bool] = []
+    prints: list[str] = []
+    real = pb.start_plan
+
+    def start_plan(work: Path, fingerprint: str) -> None:
+        j = work / JOURNAL
+        seen.append(not j.exists() or j.stat().st_size == 0)
+        prints.append(fingerprint)
+        real(work, fingerprint)
+
+    monkeypatch.setattr(pb, "start_plan", start_plan)
+    build(image_tree, dst, config)
+    assert seen == [True]
+    plan = plan_labels(image_tree, config)
+    assert prints == [plan_fingerprint(plan, config, device)]
+    if batched or store != "raw":
+        assert prints[0] != plan_fingerprint(plan, BuildConfig(size=(32, 32)))
+
+
+def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    other = os.open(os.devnull, os.O_RDONLY)
+    try:
+        pb._close_work_dir_fds(str(tmp_path))
+        with pytest.raises(OSError):
+            os.fstat(fd)
+        os.fstat(other)  # others stay open
+    finally:
+        os.close(other)
+
+
+def test_start_method_falls_back_when_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
+    assert pbw._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 3)
+    assert pbw._start_method() == "forkserver"
+
+
+def test_planar_copy_matches_numpy_transpose(image_tree: Path) -> None:
+    spec = ResizeSpec(33, 21, "pad")
+    compared = 0
+    for path in sorted(image_tree.rglob("*.*"))[:6]:
+        try:
+            im, _ = load_resized(str(path), spec)
+        except Exception:
+            continue  # broken fixtures
+        compared += 1
+        out = np.full(spec.shape, 7, np.uint8)
+        store_into(im, out)
+        assert np.array_equal(out, np.asarray(im.convert("RGB")).transpose(2, 0, 1))
+        again = np.empty(spec.shape, np.uint8)
+        decode_into(str(path), spec, again)
+        assert np.array_equal(out, again)
+    assert compared >= 3
+
+
+def test_same_bytes_whether_workers_fork_or_come_from_the_server(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = {}
+    for method in ("fork", "forkserver"):
+        monkeypatch.setenv("IMGPACK_BUILD_START", method)
+        build(image_tree, tmp_path / method, BuildConfig(size=(24, 24), workers=2))
+        out[method] = (tmp_path / method / "_tensordict" / "images.memmap").read_bytes()
+    assert out["fork"] == out["forkserver"]
