@@ -26,6 +26,7 @@ each image's masks with it (boxes and keypoints do not move).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from dataclasses import dataclass
@@ -389,7 +390,7 @@ class DensePass(_Pass):
         for b, idx in self.batches():
             bt = st.batch()
             records = self.setup.columns.read(idx)
-            with torch.cuda.stream(stream) if cuda else _nothing():
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 images = self._images(idx, bt)
                 self.read_done(b)
                 bt.lap(READ)
@@ -405,11 +406,3 @@ class DensePass(_Pass):
                 return
         if stream is not None:
             stream.synchronize()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -219,6 +219,17 @@ class PackLoader:
         a few microseconds a batch) and log one warning when the consumer waits more than
         5% of the time; a :class:`packer.loading.stats.StatsConfig` sets the threshold,
         the window and the clock; False: keep none (``stats()`` then raises UsageError).
+      dense, dense_transform, targets: packs with detection or segmentation targets
+        (found by ``packer.pack.dense.dense_of``; :mod:`packer.loading.dense_pass`) yield
+        ``(images, targets)``: ``dense_transform`` (or a dense ``transform``) is a
+        :mod:`packer.augment.dense` op run per image on the image and all its targets,
+        from a generator seeded per batch; ``targets`` "dicts" (default: one
+        torchvision-style dict per image) or "padded" (one dict of padded tensors with
+        counts); a semantic pack yields uint8 masks [B, H, W]. ``dense`` a
+        :class:`packer.loading.dense_pass.DenseConfig` holds them and the padding
+        (batches of different sizes are padded to a multiple of 32). UsageError on a
+        pack without targets, for a torchvision op (named), with ``resident``,
+        ``gather="device"``, ``image_size`` or a list of packs.
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what

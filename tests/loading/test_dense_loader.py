@@ -282,11 +282,15 @@ def test_semantic_packs_yield_a_mask_batch(fake, packs, store) -> None:
 def test_every_image_once_per_epoch_shuffled(fake, packs) -> None:
     pack, _ = _open(fake, packs, "jpeg")
     loader = _loader(pack, bs=2, shuffle=True, seed=1)
+    orders = []
     for epoch in range(2):
         loader.set_epoch(epoch)
         ids = [t["image_id"] for _, ts in loader for t in ts]
         assert sorted(ids) == [1000 + i for i in range(N)]
-        assert ids != sorted(ids) or epoch == 0
+        orders.append(ids)
+    assert orders[0] != orders[1]  # each epoch its own permutation
+    want = [1000 + int(i) for e in range(2) for i in loader.indices(e)]
+    assert orders[0] + orders[1] == want  # the loader's order, targets with their rows
 
 
 def _targets_of(loader, skip: int = 0) -> list[tuple[int, torch.Tensor]]:
