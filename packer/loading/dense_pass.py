@@ -207,10 +207,16 @@ def refuse_dense(
     resident: bool,
     gather: str,
     image_size: Any,
+    decode: Any = "auto",
 ) -> None:
     """Refuse what a dense loader does not combine with."""
     if setup is None:
         return
+    if not (isinstance(decode, str) and decode == "auto"):
+        raise UsageError(
+            "decode= is for plain packs; a dense JPEG pack's images are decoded in "
+            "batches on the loader's device"
+        )
     if kind.decoded and not callable(getattr(pack, "decode", None)):
         raise UsageError(
             "a JPEG pack set with targets does not stream yet; stream its shards' packs "

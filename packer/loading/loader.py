@@ -329,7 +329,7 @@ class PackLoader:
         self._kind = units.kind if units is not None else kind_of_pack(pack)
         self._units = units
         refuse_combinations(units, mix, gather, resident, indices, order)
-        refuse_dense(self._dense, pack, self._kind, resident, gather, image_size)
+        refuse_dense(self._dense, pack, self._kind, resident, gather, image_size, decode)
         self._crop = None
         if self._dense is None:
             self._crop = crop_args(

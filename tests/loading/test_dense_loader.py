@@ -345,6 +345,7 @@ def test_a_torchvision_transform_is_refused_by_name(fake, packs, where) -> None:
     [
         ({"targets": "list"}, r"targets must be 'dicts' or 'padded', not 'list'"),
         ({"resident": True}, r"resident=True is for plain raw packs"),
+        ({"decode": "cpu"}, r"decode= is for plain packs"),
         ({"transform": packer.transforms.RandomResizedCrop(16)}, r"works on image batches only"),
         (
             {"dense": DenseConfig(), "targets": "padded"},
