@@ -220,7 +220,7 @@ def refuse_dense(
     if kind.decoded and not callable(getattr(pack, "decode", None)):
         raise UsageError(
             "a JPEG pack set with targets does not stream yet; stream its shards' packs "
-            "one by one, or build it with --store raw"
+            "one by one, or build it with BuildConfig.store='raw'"
         )
     if resident:
         raise UsageError("resident=True is for plain raw packs; a dense pack streams its targets")

@@ -377,7 +377,6 @@ def test_a_dense_pack_in_a_list_is_refused(fake, packs) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("store", ["raw", "jpeg"])
 def test_cuda_gives_the_cpu_targets(fake, packs, store) -> None:
     pack, _ = _open(fake, packs, store)
