@@ -169,6 +169,8 @@ class _EpochIterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
+        if not isinstance(item, tuple):  # a dense pack's batch: (images, targets)
+            return item.deliver(self.cfg.device)
         images, labels, targets, ev = item
         if ev is not None:
             cur = torch.cuda.current_stream(self.cfg.device)

@@ -51,6 +51,7 @@ from ..errors import UsageError
 from ..pack.kinds import kind_of_pack
 from ..pack.reader import ImagePack
 from .arguments import check_modes, check_transform, crop_args, refuse_combinations
+from .dense_pass import DenseConfig, StoredSize, dense_setup, refuse_dense
 from .epoch_iterator import PassHost, _EpochIterator
 from .epochs import Epochs, streamed
 from .mixture import sources
@@ -218,6 +219,17 @@ class PackLoader:
         a few microseconds a batch) and log one warning when the consumer waits more than
         5% of the time; a :class:`packer.loading.stats.StatsConfig` sets the threshold,
         the window and the clock; False: keep none (``stats()`` then raises UsageError).
+      dense, dense_transform, targets: packs with detection or segmentation targets
+        (found by ``packer.pack.dense.dense_of``; :mod:`packer.loading.dense_pass`) yield
+        ``(images, targets)``: ``dense_transform`` (or a dense ``transform``) is a
+        :mod:`packer.augment.dense` op run per image on the image and all its targets,
+        from a generator seeded per batch; ``targets`` "dicts" (default: one
+        torchvision-style dict per image) or "padded" (one dict of padded tensors with
+        counts); a semantic pack yields uint8 masks [B, H, W]. ``dense`` a
+        :class:`packer.loading.dense_pass.DenseConfig` holds them and the padding
+        (batches of different sizes are padded to a multiple of 32). UsageError on a
+        pack without targets, for a torchvision op (named), with ``resident``,
+        ``gather="device"``, ``image_size`` or a list of packs.
 
     Yields:
       images: Tensor[B, 3, H, W], uint8 in [0, 255], on ``device`` (or what
@@ -288,9 +300,14 @@ class PackLoader:
         weights: Sequence[float] | None = None,
         epoch_size: int | None = None,
         stats: bool | StatsConfig = True,
+        dense: DenseConfig | None = None,
+        dense_transform: Any = None,
+        targets: str | None = None,
     ) -> None:
         self._stats = stats_for(stats)
         pack, units, mix = sources(pack, weights, epoch_size)
+        # detection / segmentation packs (packer.loading.dense_pass): (images, targets)
+        self._dense, transform = dense_setup(pack, transform, dense_transform, targets, dense)
         batch_size = _int_arg("batch_size", batch_size, 1)
         prefetch = _capped_arg("prefetch", prefetch, 1, _MAX_PREFETCH)
         seed = _int_arg("seed", seed, -_MAX_SEED, _MAX_SEED)
@@ -312,7 +329,12 @@ class PackLoader:
         self._kind = units.kind if units is not None else kind_of_pack(pack)
         self._units = units
         refuse_combinations(units, mix, gather, resident, indices, order)
-        self._crop = crop_args(self._kind, transform, image_size, train, resident, gather, decode)
+        refuse_dense(self._dense, pack, self._kind, resident, gather, image_size, decode)
+        self._crop = None
+        if self._dense is None:
+            self._crop = crop_args(
+                self._kind, transform, image_size, train, resident, gather, decode
+            )
         if not isinstance(even_split, str) or even_split not in _EVEN_SPLITS:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
@@ -331,7 +353,9 @@ class PackLoader:
         self.prefetch = prefetch
         self.resident = resident
         self._populate = populate
-        rows = streamed(self._kind, self._crop, order, pack, units, mix, indices)
+        # a dense JPEG pack streams its images at their stored sizes
+        sized = StoredSize() if self._dense is not None and self._kind.decoded else self._crop
+        rows = streamed(self._kind, sized, order, pack, units, mix, indices)
         self._images, self._labels, self._targets = rows.images, rows.labels, rows.targets
         self._rows, self._n, self._shape = rows.rows, rows.n, rows.shape
         # the order and the epoch counter, one object (issue 45.6): the passes and the
@@ -559,6 +583,7 @@ class PackLoader:
             fetch_ahead=fetch_ahead(self._units),
             decoding=self._decoding,
             stats=self._stats,
+            dense=self._dense,
         )
 
     def _resident_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

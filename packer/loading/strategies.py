@@ -66,6 +66,7 @@ class PassConfig:
     fetch_ahead: int = 0  # shards a remote set prefetches ahead of need
     decoding: Any = None  # kinds that decode, in batches: a jpeg_pass.Decoding
     stats: Any = None  # the loader's stats.Stats or stats.NoStats; None: NoStats
+    dense: Any = None  # a dense pack's dense_pass.DenseSetup (images + targets), or None
 
     @property
     def seeded(self) -> bool:
@@ -75,12 +76,17 @@ class PassConfig:
             getattr(t, "accepts_generator", False)
             or getattr(t, "mixes_labels", False)
             or (self.crop is not None and self.crop.random)
+            or (self.dense is not None and self.dense.op is not None)
         )
 
 
 def choose(cfg: PassConfig) -> type:
     """The strategy of a pass: :class:`Resident`, or the :class:`_Pass` subclass whose
     ``run()`` the producer thread runs."""
+    if cfg.dense is not None:
+        from .dense_pass import DensePass
+
+        return DensePass
     if cfg.resident:
         return Resident
     if cfg.kind.decoded:

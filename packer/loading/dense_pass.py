@@ -1,0 +1,414 @@
+"""Detection and segmentation packs through :class:`packer.loading.loader.PackLoader`:
+``(images, targets)`` on the device (issue 46, items 3 and 4, the loader's side).
+
+A pack is dense when :func:`dense_columns` finds its targets (through
+``packer.pack.dense.dense_of``, the reading contract; a build without that module, or
+a pack without targets, is a plain pack). Per batch, the :class:`DensePass` strategy
+reads the images (a raw pack's rows gathered by the threads, or a JPEG pack's images
+decoded at their stored size, in one batched call) and the targets of the same rows
+(``DenseColumns.read``), moves them to the device, and runs the dense transform
+(:mod:`packer.augment.dense` ops: a :class:`packer.augment.dense.Compose` of them) on
+each image with all its fields at once, drawing from a generator seeded per batch by
+:func:`packer.loading.order.batch_seed` (so a resumed run redraws the same). Then:
+
+* ``targets="dicts"`` (detection, the default): a list of one dict per image as
+  torchvision's detection models and references take them
+  (:func:`packer.augment.dense_batch.detection_target`, plus ``masks`` / ``keypoints``
+  where the pack has them);
+* ``targets="padded"``: one dict of padded tensors with counts
+  (:func:`packer.augment.dense_batch.collate_padded`), with ``image_ids`` int64 [B];
+* a semantic pack: the masks, uint8 [B, H, W] (255, the ignore value, in padding).
+
+Images are uint8 [B, 3, H, W]: stacked when every transformed image has one size,
+else padded right and bottom to the largest, rounded up to ``size_divisible`` (32), and
+each image's masks with it (boxes and keypoints do not move).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+from ..errors import UsageError
+from ..pack.kinds import StorageKind
+from .order import batch_seed
+from .producer import _Pass
+from .stats import AUGMENT, COPY, READ
+
+TARGET_MODES = ("dicts", "padded")
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """How a dense pack's batches are made (``PackLoader(dense=DenseConfig(...))``).
+
+    ``transform``: a :mod:`packer.augment.dense` op (a ``Compose`` of them) run per
+    image on the image and all its targets, or None; ``targets``: "dicts" (default) or
+    "padded" for detection packs (a semantic pack yields its masks [B, H, W]);
+    ``size_divisible``: images of different sizes in a batch are padded to a multiple of
+    it; ``fill``: the images' padding value; ``semantic_fill``: the semantic masks'
+    (the ignore value)."""
+
+    transform: Any = None
+    targets: str = "dicts"
+    size_divisible: int = 32
+    fill: int = 0
+    semantic_fill: int = 255
+
+
+def _dense_module() -> Any:
+    """``packer.pack.dense`` (the reading contract), or None where this build lacks it."""
+    mod = sys.modules.get("packer.pack.dense")
+    if mod is not None:
+        return mod
+    try:
+        from ..pack import dense as mod  # type: ignore[attr-defined,no-redef]
+    except ImportError:
+        return None
+    return mod
+
+
+def dense_columns(pack: Any) -> Any:
+    """The pack's :class:`DenseColumns` (``packer.pack.dense.dense_of``), or None for a
+    pack without targets, a list of packs, or a build without dense packs."""
+    if pack is None or isinstance(pack, (list, tuple)):
+        return None
+    mod = _dense_module()
+    if mod is None:
+        return None
+    return mod.dense_of(pack)
+
+
+def decode_masks(masks_rle: Any, size: Any) -> np.ndarray:
+    """``packer.pack.dense.decode_masks``: uint8 [M, h, w]."""
+    return _dense_module().decode_masks(masks_rle, size)
+
+
+def _as_op(transform: Any, where: str) -> Any:
+    """A dense op, or UsageError naming what it is (for a torchvision Compose or an
+    ``nn.Sequential``: its first op that is no dense op)."""
+    from ..augment.dense_compose import DenseOp, as_dense_op
+
+    if isinstance(transform, DenseOp):
+        return transform
+    inner = getattr(transform, "transforms", None)
+    if inner is None and isinstance(transform, torch.nn.Sequential):
+        inner = list(transform)
+    if isinstance(inner, (list, tuple)):
+        for i, t in enumerate(inner):
+            if not isinstance(t, DenseOp):
+                as_dense_op(t, f"{where} (item {i} of {type(transform).__name__})")
+    return as_dense_op(transform, where)
+
+
+def _with_flip_maps(op: Any, categories: Any) -> Any:
+    """``op`` with each RandomHorizontalFlip that has no ``flip_map`` given the pack's
+    category flip maps ({label: (left, right) pairs}), so keypoints swap sides."""
+    from ..augment.dense import Compose, RandomHorizontalFlip
+
+    maps = {i: tuple(m) for i, m in enumerate(getattr(categories, "flip_map", ())) if m}
+    if not maps:
+        return op
+    if isinstance(op, RandomHorizontalFlip) and op.flip_map is None:
+        op = copy.copy(op)
+        op.flip_map = maps
+        return op
+    if isinstance(op, Compose):
+        out = copy.copy(op)
+        out.ops = [_with_flip_maps(o, categories) for o in op.ops]
+        return out
+    return op
+
+
+@dataclass(frozen=True)
+class DenseSetup:
+    """A dense loader's fixed parts: the pack's columns, the op, the targets' form."""
+
+    columns: Any
+    op: Any
+    targets: str
+    size_divisible: int
+    fill: int
+    semantic_fill: int
+
+    @property
+    def semantic(self) -> bool:
+        return bool(self.columns.semantic)
+
+
+def dense_setup(
+    pack: Any,
+    transform: Any,
+    dense_transform: Any,
+    targets: Any,
+    dense: Any,
+) -> tuple[DenseSetup | None, Any]:
+    """``(setup, transform)``: the dense setup of ``pack`` (None for a plain pack) and
+    the batch ``transform`` left to the loader (None when the dense pass took it).
+    UsageError for dense arguments on a plain pack, a torchvision transform or a
+    batch-only ``packer.transforms`` op where a dense op goes (naming it), and a
+    ``targets`` that names no mode."""
+    given = dense_transform is not None or targets is not None
+    if dense is not None and not isinstance(dense, DenseConfig):
+        raise UsageError(f"dense must be a DenseConfig, not {type(dense).__name__}")
+    if dense is not None and given:
+        raise UsageError(
+            "pass the dense transform and targets either in dense=DenseConfig(...) or as "
+            "dense_transform= / targets=, not both"
+        )
+    cfg = dense or DenseConfig(
+        transform=dense_transform, targets="dicts" if targets is None else targets
+    )
+    if isinstance(pack, (list, tuple)):
+        if any(dense_columns(p) is not None for p in pack):
+            raise UsageError(
+                "a pack with targets streams alone: not in a list of packs or with weights="
+            )
+        columns = None
+    else:
+        columns = dense_columns(pack)
+    if columns is None:
+        if dense is not None or given:
+            raise UsageError(
+                "dense=, dense_transform= and targets= are for packs with boxes, masks or "
+                "keypoints (built from annotations); this pack has none"
+            )
+        return None, transform
+    if not isinstance(cfg.targets, str) or cfg.targets not in TARGET_MODES:
+        raise UsageError(f"targets must be 'dicts' or 'padded', not {cfg.targets!r}")
+    d = cfg.size_divisible
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise UsageError(f"DenseConfig.size_divisible must be a positive int, not {d!r}")
+    op = cfg.transform
+    if op is not None and transform is not None:
+        raise UsageError(
+            "a dense pack takes one transform: pass it as dense_transform= (or transform=)"
+        )
+    if op is None:
+        op = transform
+    if op is not None:
+        where = "dense_transform" if cfg.transform is not None else "transform"
+        op = _with_flip_maps(_as_op(op, where), columns.categories)
+    setup = DenseSetup(columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill))
+    return setup, None
+
+
+def refuse_dense(
+    setup: DenseSetup | None,
+    pack: Any,
+    kind: Any,
+    resident: bool,
+    gather: str,
+    image_size: Any,
+    decode: Any = "auto",
+) -> None:
+    """Refuse what a dense loader does not combine with."""
+    if setup is None:
+        return
+    if not (isinstance(decode, str) and decode == "auto"):
+        raise UsageError(
+            "decode= is for plain packs; a dense JPEG pack's images are decoded in "
+            "batches on the loader's device"
+        )
+    if kind.decoded and not callable(getattr(pack, "decode", None)):
+        raise UsageError(
+            "a JPEG pack set with targets does not stream yet; stream its shards' packs "
+            "one by one, or build it with BuildConfig.store='raw'"
+        )
+    if resident:
+        raise UsageError("resident=True is for plain raw packs; a dense pack streams its targets")
+    if gather != "cpu":
+        raise UsageError("gather='device' is for plain raw packs; use gather='cpu' (the default)")
+    if image_size is not None:
+        raise UsageError(
+            "image_size is for plain JPEG packs; a dense pack's images keep their stored "
+            "sizes (resize them with packer.augment.dense.Resize in dense_transform=)"
+        )
+
+
+class StoredSize:
+    """Stands for a JPEG crop where a dense pack streams images at their stored sizes:
+    no fixed size (``size`` (0, 0) in the order's digest), no random crop."""
+
+    size = (0, 0)
+    random = False
+
+
+# ---------------------------------------------------------------- one batch
+
+
+def _tensor(a: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype).to(device, non_blocking=True)
+
+
+def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> Any:
+    """One image (uint8 [3, H, W] on the device) and its record (``DenseColumns.read``)
+    as a :class:`packer.augment.dense.Sample` on the image's device."""
+    from ..augment.dense_sample import Sample
+
+    dev = image.device
+    if setup.semantic:
+        return Sample(image, semantic=_tensor(rec["semantic"], torch.uint8, dev))
+    masks = keypoints = None
+    if "masks_rle" in rec:
+        size = tuple(int(v) for v in rec["size"])
+        m = decode_masks(rec["masks_rle"], size)
+        masks = _tensor(m.reshape(-1, *size), torch.uint8, dev)
+    if "keypoints" in rec:
+        keypoints = _tensor(rec["keypoints"], torch.float32, dev)
+    extras = {
+        "iscrowd": _tensor(rec["iscrowd"], torch.int64, dev),
+        "area": _tensor(rec["area"], torch.float32, dev),
+    }
+    return Sample(
+        image,
+        boxes=_tensor(np.reshape(rec["boxes"], (-1, 4)), torch.float32, dev),
+        labels=_tensor(rec["labels"], torch.int64, dev),
+        masks=masks,
+        keypoints=keypoints,
+        extras=extras,
+    )
+
+
+def _pad(t: torch.Tensor, h: int, w: int, value: float) -> torch.Tensor:
+    if t.shape[-2:] == (h, w):
+        return t
+    return nnf.pad(t, [0, w - t.shape[-1], 0, h - t.shape[-2]], value=float(value))
+
+
+def with_areas(s: Any, setup: DenseSetup) -> Any:
+    """``s`` with ``extras["area"]`` what its target gives: the stored (source's) areas
+    when no op ran, else those of the transformed masks (pixel counts) or boxes."""
+    from dataclasses import replace
+
+    from ..augment.dense_batch import area
+
+    if setup.semantic or setup.op is None:
+        return s
+    return replace(s, extras={**s.extras, "area": area(s)})
+
+
+def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torch.Tensor, Any]:
+    """``(images, targets)`` of transformed samples, as the module's docstring says."""
+    from ..augment.dense_batch import collate_padded, detection_target
+
+    samples = [with_areas(s, setup) for s in samples]
+    sizes = {s.size for s in samples}
+    d = 1 if len(sizes) == 1 else setup.size_divisible
+    if setup.semantic or setup.targets == "padded":
+        out = collate_padded(
+            samples, size_divisible=d, fill=setup.fill, semantic_fill=setup.semantic_fill
+        )
+        images = out.pop("images")
+        if setup.semantic:
+            return images, out["semantic"]
+        out["image_ids"] = torch.tensor(ids, dtype=torch.int64).to(images.device)
+        return images, out
+    h = -(-max(s.size[0] for s in samples) // d) * d
+    w = -(-max(s.size[1] for s in samples) // d) * d
+    images = torch.stack([_pad(s.image, h, w, setup.fill) for s in samples])
+    targets = []
+    for s, i in zip(samples, ids):
+        t = detection_target(s, i)
+        t["area"] = s.extras["area"]
+        if "masks" in t:
+            t["masks"] = _pad(t["masks"], h, w, 0)
+        targets.append(t)
+    return images, targets
+
+
+def run_batch(
+    images: list[torch.Tensor],
+    records: list[dict[str, Any]],
+    setup: DenseSetup,
+    gen: torch.Generator | None,
+) -> tuple[torch.Tensor, Any]:
+    """One batch: each image with its record through the op, then :func:`collate`.
+    ``gen`` is seeded for the batch by the caller; images draw from it in order."""
+    samples = [to_sample(img, rec, setup) for img, rec in zip(images, records)]
+    if setup.op is not None:
+        samples = [setup.op(s, gen) for s in samples]
+    return collate(samples, [int(r["image_id"]) for r in records], setup)
+
+
+class DenseItem:
+    """A dense batch handed to the consumer: ``(images, targets)`` and, on CUDA, the
+    event after its work on the producer's stream."""
+
+    def __init__(self, images: torch.Tensor, targets: Any, ready: Any) -> None:
+        self.images, self.targets, self.ready = images, targets, ready
+
+    def deliver(self, device: torch.device) -> tuple[torch.Tensor, Any]:
+        """The batch, the current stream made to wait for it (the GPU waits, not the host)."""
+        if self.ready is not None:
+            cur = torch.cuda.current_stream(device)
+            cur.wait_event(self.ready)
+            for t in _tensors((self.images, self.targets)):
+                t.record_stream(cur)
+        return self.images, self.targets
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
+class DensePass(_Pass):
+    """A dense pack's pass: images and targets read per batch, each image transformed
+    with its targets on the device (on CUDA on a side stream, then its event)."""
+
+    def __init__(self, cfg: Any, **kw: Any) -> None:
+        super().__init__(cfg, **kw)
+        self.setup: DenseSetup = cfg.dense
+        self.kind: StorageKind = cfg.kind
+        self.pack = cfg.pack
+
+    def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
+        """The batch's images, uint8 [3, h, w] each, on the device."""
+        if self.kind.decoded:
+            return list(self.pack.decode(idx, self.device))
+        n = len(idx)
+        images = torch.empty((n, *self.shape), dtype=torch.uint8)
+        for f in self.submit(idx, images.numpy().reshape(n, -1)):
+            bt.add(READ, f.result())
+        bt.mark()
+        return list(images.to(self.device, non_blocking=False).unbind(0))
+
+    def run(self) -> None:
+        st = self.stats
+        st.set_workers(read=self.num_threads)
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        gen = self.gen if self.gen is not None else torch.Generator()
+        seed, epoch, rank = self.seeds
+        for b, idx in self.batches():
+            bt = st.batch()
+            records = self.setup.columns.read(idx)
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                images = self._images(idx, bt)
+                self.read_done(b)
+                bt.lap(READ)
+                gen.manual_seed(batch_seed(seed, epoch, rank, b))
+                batch, targets = run_batch(images, records, self.setup, gen)
+                ready = None
+                if cuda:
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                bt.lap(AUGMENT if self.setup.op is not None else COPY)
+            st.produced(bt)
+            if not self.put(DenseItem(batch, targets, ready)):
+                return
+        if stream is not None:
+            stream.synchronize()
