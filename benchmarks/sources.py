@@ -40,7 +40,8 @@ import json, resource, sys
 from packer.builder.api import BuildConfig, build
 if __name__ == "__main__":
     src = json.loads(sys.argv[1])
-    r = build(src, sys.argv[2], BuildConfig(size=(SIZE, SIZE), workers=int(sys.argv[3])))
+    side = int(sys.argv[4]) if len(sys.argv) > 4 else SIZE
+    r = build(src, sys.argv[2], BuildConfig(size=(side, side), workers=int(sys.argv[3])))
     print(json.dumps({
         "seconds": r.seconds, "count": r.count, "skipped": len(r.skipped),
         "parent_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -109,7 +110,7 @@ def write_tars(folder: Path, out: Path, per_shard: int) -> str:
 
 
 def run_build(
-    src: Any, dst: Path, workers: int, env: dict[str, str] | None = None
+    src: Any, dst: Path, workers: int, env: dict[str, str] | None = None, side: int = SIZE
 ) -> dict[str, Any]:
     """One build in a fresh interpreter, off a quiet disk; its result and peak RSS."""
     from .build import clean
@@ -118,7 +119,7 @@ def run_build(
     script = dst.parent / "_sources_child.py"
     script.write_text(_CHILD)
     p = subprocess.run(
-        [sys.executable, str(script), json.dumps(src), str(dst), str(workers)],
+        [sys.executable, str(script), json.dumps(src), str(dst), str(workers), str(side)],
         capture_output=True, text=True, env=env or os.environ.copy(), check=False,
     )  # fmt: skip
     if p.returncode != 0:
@@ -135,6 +136,13 @@ def main() -> None:
     ap.add_argument("--row-group", type=int, default=1000)
     ap.add_argument("--per-shard", type=int, default=1000)
     ap.add_argument("--s3", action="store_true", help="also tars from the S3 test server")
+    ap.add_argument(
+        "--rss-gb",
+        type=float,
+        default=0.0,
+        help="also one parquet build of about this many GB of shards (the set's shards "
+        "hard-linked under new names), for its peak RSS",
+    )
     args = ap.parse_args()
 
     from ._common import dump, machine
@@ -172,6 +180,25 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+    big = None
+    if args.rss_gb > 0:  # the peak RSS of a large parquet build: the same shards, linked
+        files = sorted((args.work / "sources_parquet").glob("train-*.parquet"))
+        one = sum(f.stat().st_size for f in files)
+        copies = max(1, round(args.rss_gb * 1e9 / one))
+        linked = args.work / "sources_parquet_big"
+        linked.mkdir(exist_ok=True)
+        srcs = []
+        for c in range(copies):
+            for f in files:
+                dst = linked / f"{f.stem}-c{c:03d}.parquet"
+                if not dst.exists():
+                    os.link(f, dst)
+                srcs.append(str(dst))
+        # 32² rows: the shards' reading and decoding are the job's; its output stays small
+        r = run_build(srcs, args.work / "pack_parquet_big", cores, env, side=32)
+        assert r["count"] == args.images * copies and not r["skipped"], r
+        big = {"shard_gb": round(one * copies / 1e9, 2), "copies": copies, **r}
+        print("parquet_big", json.dumps(big), flush=True)
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
     ratios = {f"{k}_vs_folder": round(med["folder"] / med[k], 3) for k in med if k != "folder"}
     if "s3_tar" in med:
@@ -191,6 +218,7 @@ def main() -> None:
             for k, v in runs.items()
         },
         "runs": runs,
+        "parquet_big": big,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     dump(report, "sources.json")
