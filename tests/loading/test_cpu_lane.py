@@ -179,3 +179,19 @@ def test_cuda_lanes_with_a_cpu_lane_cover_every_image_and_match_the_cpu(photos: 
             else:
                 assert (x.int() - r.int()).abs().float().mean() <= 1.0, b
     assert ld.decode_path.endswith("cpu-lane(2): box+scale on the CPU")
+
+
+def test_cpu_lane_stats_count_its_batches_and_say_its_path(photos: Path) -> None:
+    """stats(): the CPU lane's batches under its own lane, its path named, its decode
+    (decode + crop on its threads) timed as the decode stage, no crop stage of its own."""
+    ld = packer.PackLoader(photos, 8, device="cpu", image_size=12, decode=[cpu_lane("cpu", 2)])
+    assert sum(len(x) for x, _ in ld) == len(packer.load(photos))
+    s = ld.stats()
+    assert s.lane_batches == (6,)
+    assert s.decode_path == ("cpu-lane(2): box+scale on the CPU",)
+    assert s.stage_s["decode"] > 0 and s.stage_s["crop"] == 0
+    two = packer.PackLoader(photos, 8, device="cpu", image_size=12,
+                            decode=[Fake(), cpu_lane("cpu", 2)])  # fmt: skip
+    list(two)
+    s = two.stats()
+    assert s.lane_batches == (3, 3) and s.stage_s["crop"] > 0  # the fake lane's crops
