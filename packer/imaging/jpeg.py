@@ -78,11 +78,12 @@ def import_decoders(device: torch.device) -> None:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 120, 150)).save(buf, "JPEG")
+    Image.new("RGB", (32, 32), (90, 120, 150)).save(buf, "JPEG")
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     out = np.empty((3, 8, 8), np.uint8)
-    decode_crop_cpu(data, -1, (16, 16), (0, 0, 16, 16), True, out)
-    resize_images(decode_batch([data], sizes=[(16, 16)]), (8, 8), mode="crop")
+    decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out)  # at 1/2 (jpeg_scale)
+    decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out, scaled=False)
+    resize_images(decode_batch([data], sizes=[(32, 32)]), (8, 8), mode="crop")
     _WARM.append(True)
 
 

@@ -130,3 +130,18 @@ def test_a_damaged_file_at_reduced_scale_names_its_image(photo) -> None:
         decode_crop_cpu(t, 41, (H, W), (0, 0, H, W), False, out)
     with pytest.raises(PackFormatError, match=r"image 41: its stored JPEG decodes to 1024x768"):
         decode_crop_cpu(data, 41, (H + 1, W), (0, 0, H, W), False, out)  # header first
+
+
+def test_import_decoders_warms_the_scaled_path(monkeypatch) -> None:
+    """The loader imports on its own thread what its decode threads will run: the
+    scaled decode (Pillow's JPEG plugin, draft, crop) included."""
+    from packer.imaging import jpeg
+
+    seen = []
+    real = jpeg_scale.decode_crop_scaled
+    monkeypatch.setattr(jpeg, "_WARM", [])
+    monkeypatch.setattr(
+        jpeg_scale, "decode_crop_scaled", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]
+    )
+    jpeg.import_decoders(torch.device("cpu"))
+    assert seen == [True]
