@@ -10,7 +10,9 @@ quality 90, made by ``benchmarks/build.py``'s ``make_set``):
   ``DALIGenericIterator``; batch ``--batch``, every core a DALI thread.
 * ``imgpack``: ``PackLoader(jpeg_pack, batch, device="cuda", image_size=224)`` over a
   ``--store jpeg`` pack of the same files (RandomResizedCrop 224 + flip), with each
-  ``decode=`` given by ``--decodes`` (``auto`` = the default).
+  ``decode=`` given by ``--decodes`` (``auto`` = the default; ``cpu-lane:K`` = the default
+  lanes plus one CPU lane of K threads, ``decoders_split.cpu_lane``; ``cpu`` = the CPU
+  threads alone, box-only and reduced-scale decode).
 * ``bare``: nvImageCodec's batched decode alone on the pack's bytes, by backend (the
   NVJPG hardware engines, the hybrid CUDA decoder, both with a load split), full images
   and RandomResizedCrop boxes (ROI), one decoder or several at once on their own streams:
@@ -319,6 +321,28 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
     out["bare_failures"] = fails
 
 
+def decode_kwargs(d: str, device: str = "cuda") -> dict[str, Any]:
+    """The PackLoader keywords of one ``--decodes`` value (see ``--help``)."""
+    kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
+    if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
+        kw["decode"] = ["torchcodec", "torchvision"]
+    if d.startswith(("nvbatch:", "nvbatch-hh:", "nvbatch-roi:")):  # K batched lanes
+        from packer.imaging.decoders_split import nvimgcodec_batched
+
+        be = "hw+hybrid" if d.startswith("nvbatch-hh") else "hw"
+        roi = d.startswith("nvbatch-roi")
+        kw["decode"] = nvimgcodec_batched(device, int(d.split(":")[1]), be, roi=roi)
+    if d.startswith("cpu-lane:"):  # the default lanes plus one CPU lane of K threads
+        from packer.imaging.decoders_split import best_lanes, cpu_lane
+
+        kw["decode"] = [*best_lanes(device), cpu_lane(device, int(d.split(":")[1]))]
+    if d.startswith("nvimgcodec:"):  # that many lanes
+        from packer.imaging.decoders_split import nvimgcodec_lanes
+
+        kw["decode"] = nvimgcodec_lanes(device, int(d.split(":")[1]))
+    return kw
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -335,7 +359,8 @@ def main() -> None:
         default="auto,nvimgcodec",
         help="decode= values; nvimgcodec:K = K lanes; nvbatch:K, nvbatch-roi:K (only the "
         "boxes), nvbatch-hh:K (engines + CUDA decoder) = K batched lanes; nvjpeg2 = nvjpeg's "
-        "two lanes; WAY@S = at sys.setswitchinterval(S)",
+        "two lanes; cpu-lane:K = the default lanes plus one CPU lane of K threads; cpu = "
+        "every image on the loader's CPU threads alone; WAY@S = at sys.setswitchinterval(S)",
     )
     ap.add_argument("--parts", default="bare,loaders")
     ap.add_argument(
@@ -367,20 +392,8 @@ def main() -> None:
         switch: dict[str, float] = {}  # "WAY@S": the loader measured at sys.setswitchinterval(S)
         for d_full in a.decodes.split(","):
             d, _, si = d_full.partition("@")
-            kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
-            if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
-                kw["decode"] = ["torchcodec", "torchvision"]
-            if d.startswith(("nvbatch:", "nvbatch-hh:", "nvbatch-roi:")):  # K batched lanes
-                from packer.imaging.decoders_split import nvimgcodec_batched
-
-                be = "hw+hybrid" if d.startswith("nvbatch-hh") else "hw"
-                roi = d.startswith("nvbatch-roi")
-                kw["decode"] = nvimgcodec_batched("cuda", int(d.split(":")[1]), be, roi=roi)
-            if d.startswith("nvimgcodec:"):  # that many lanes
-                from packer.imaging.decoders_split import nvimgcodec_lanes
-
-                kw["decode"] = nvimgcodec_lanes("cuda", int(d.split(":")[1]))
             try:
+                kw = decode_kwargs(d)
                 loader = packer.PackLoader(pack, a.batch, device="cuda", image_size=224, **kw)
                 makers[f"imgpack {d_full}"] = _endless(lambda loader=loader: iter(loader))
                 if si:

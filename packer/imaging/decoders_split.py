@@ -137,6 +137,18 @@ def nvimgcodec_batched(
         raise UsageError(f"{e}; install imgpack[gpu] and a C compiler (cc)") from None
 
 
+def cpu_lane(device: torch.device | str, threads: int) -> DecoderBase:
+    """One CPU lane for a JPEG-pack loader's ``decode=`` list on ``device``
+    (:class:`~packer.imaging.cpu_lane.CpuLane`): its batches decoded and cropped on
+    ``threads`` CPU threads of its own (only each box, at a reduced DCT scale where the
+    box is much larger than the output), into pinned memory copied to the GPU. Opt-in:
+    ``decode=[*best_lanes(device), cpu_lane(device, 8)]``; not in the default until the
+    GPU machine's measurement says so (``benchmarks/dali.py --decodes cpu-lane:K``)."""
+    from .cpu_lane import CpuLane
+
+    return CpuLane(device, threads)
+
+
 __all__ = [
     "MEASURED_LANES",
     "MEASURED_ORDER",
@@ -144,6 +156,7 @@ __all__ = [
     "NVIMGCODEC_LANES",
     "best_decoder",
     "best_lanes",
+    "cpu_lane",
     "nvimgcodec_batched",
     "nvimgcodec_lanes",
 ]

@@ -78,11 +78,12 @@ def import_decoders(device: torch.device) -> None:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 120, 150)).save(buf, "JPEG")
+    Image.new("RGB", (32, 32), (90, 120, 150)).save(buf, "JPEG")
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     out = np.empty((3, 8, 8), np.uint8)
-    decode_crop_cpu(data, -1, (16, 16), (0, 0, 16, 16), True, out)
-    resize_images(decode_batch([data], sizes=[(16, 16)]), (8, 8), mode="crop")
+    decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out)  # at 1/2 (jpeg_scale)
+    decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out, scaled=False)
+    resize_images(decode_batch([data], sizes=[(32, 32)]), (8, 8), mode="crop")
     _WARM.append(True)
 
 
@@ -250,6 +251,8 @@ def decode_crop_cpu(
     box: Sequence[int],
     flip: bool,
     out: np.ndarray,
+    *,
+    scaled: bool = True,
 ) -> None:
     """Decode one stored JPEG on the CPU and crop/resize it into ``out``, on this thread.
 
@@ -261,6 +264,10 @@ def decode_crop_cpu(
       box: (top, left, height, width) inside the image, in its pixels.
       flip: mirror the output left-right.
       out: uint8 [3, h, w] numpy array (a row of a batch), written planar.
+      scaled: where the box is at least twice the output on both sides, decode at 1/2,
+        1/4 or 1/8 (JPEG's DCT scaling, Pillow's draft mode; the largest that leaves the
+        box the output's size): :mod:`packer.imaging.jpeg_scale`, the same pixels within
+        1/255 mean. False: always whole.
 
     The decode is the batched CPU path's (``torchvision.io.decode_jpeg``: libjpeg-turbo,
     a damaged file raises); only the box is copied out and resampled, by Pillow's
@@ -273,6 +280,12 @@ def decode_crop_cpu(
     from .decode import store_into
 
     check_frames([data], [index], [hw])
+    if scaled:
+        from .jpeg_scale import decode_crop_scaled, draft_scale
+
+        s = draft_scale(box[2:], out.shape[1:])
+        if s > 1 and decode_crop_scaled(data, index, hw, box, flip, out, s):
+            return
     x = _decode_one(data, index, torch.device("cpu"))
     if tuple(x.shape[1:]) != tuple(int(v) for v in hw):
         raise size_mismatch(index, x.shape[1:], hw)

@@ -150,11 +150,22 @@ class Decoding:
         sizes: torch.Tensor,
         boxes: torch.Tensor,
         indices: list[int],
-    ) -> tuple[list[bool], list[torch.Tensor]]:
+        flip: torch.Tensor | None = None,
+        size: tuple[int, int] | None = None,
+    ) -> tuple[list[bool] | None, Any]:
         """On a decode thread: (cropped, images): per image, its box alone (uint8
         [3, bh_i, bw_i], ``cropped`` True) where the decoder can, else the whole image
-        [3, h_i, w_i] (or a kept batch of them: addresses, no tensors). ``dec`` is held for the batch: one batch at a time each."""
+        [3, h_i, w_i] (or a kept batch of them: addresses, no tensors). A decoder that
+        ``resizes`` (a CPU lane, :mod:`packer.imaging.cpu_lane`) gives the finished batch
+        on the CPU (pinned where the loader's device is CUDA; the pass copies it on its
+        stream), uint8 [n, 3, *size], boxes cut, resized to ``size`` and ``flip``-ped:
+        ``cropped`` None. ``dec`` is held for the batch: one batch at a time each."""
         with self._held.get(id(dec)) or contextlib.nullcontext():
+            if getattr(dec, "resizes", False) and size is not None:
+                got = dec.decode_resized(datas, sizes, boxes, flip, size, indices)
+                with self.lock:
+                    self._last[self._index(dec)] = dec.roi_path
+                return None, got
             if getattr(dec, "roi_kept", False):  # only the boxes, addresses, no tensors
                 got = dec.decode_kept(datas, sizes, indices, boxes=boxes)
                 out = [True] * len(got), got
@@ -325,7 +336,7 @@ class JpegDecode(_Pass):
                 dec = decoder if decoder is not None else decoding.of_batch(b)  # type: ignore[union-attr]
                 decode = functools.partial(
                     decoding.run,  # type: ignore[union-attr]
-                    dec, datas, sizes, boxes, idx.tolist(),
+                    dec, datas, sizes, boxes, idx.tolist(), flip, crop.size,
                 )  # fmt: skip
                 if clock is not None:  # on the decode thread: (result, its seconds)
                     decode = functools.partial(timed_call, clock, decode)
@@ -346,6 +357,10 @@ class JpegDecode(_Pass):
                             imgs, took = imgs
                             bt.add(DECODE, took)
                         cropped, imgs = imgs
+                    if cpu is None and cropped is None:  # a CPU lane's batch, pinned
+                        images = imgs.to(dev, non_blocking=True) if cuda else imgs
+                        bt.lap(COPY)
+                    elif cpu is None:
                         # an image decoded as its box alone is resized whole; one decoded
                         # whole, from its box
                         cut = torch.tensor(cropped, dtype=torch.bool).reshape(-1, 1)

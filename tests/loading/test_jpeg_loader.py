@@ -344,11 +344,15 @@ def test_cpu_crop_reads_only_its_box(tmp_path: Path) -> None:
     out = np.empty((3, 8, 8), np.uint8)
     decode_crop_cpu(data, 0, (32, 64), (0, 0, 32, 32), False, out)  # the black half
     assert out.max() <= 2
-    decode_crop_cpu(data, 0, (32, 64), (0, 8, 32, 48), True, out)  # both, mirrored
     from torchvision.io import decode_jpeg
 
     ref = F.resized_crop(decode_jpeg(data), 0, 8, 32, 48, [8, 8], antialias=True).flip(-1)
-    assert np.abs(out.astype(int) - ref.numpy().astype(int)).max() <= 2
+    ref = ref.numpy().astype(int)
+    decode_crop_cpu(data, 0, (32, 64), (0, 8, 32, 48), True, out, scaled=False)  # both, mirrored
+    assert np.abs(out.astype(int) - ref).max() <= 2
+    # at 1/2 scale (box 4x the output): the hard edge within 4/255, the mean within 1/255
+    decode_crop_cpu(data, 0, (32, 64), (0, 8, 32, 48), True, out)
+    assert np.abs(out.astype(int) - ref).max() <= 4 and np.abs(out.astype(int) - ref).mean() <= 1
 
 
 def test_decode_usage_errors(photos: Path, packed: Path) -> None:
