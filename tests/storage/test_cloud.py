@@ -667,3 +667,26 @@ def test_the_server_tests_share_one_xdist_worker(request: pytest.FixtureRequest)
     servers = [i for i in mine if uses & set(i.fixturenames)]
     for item in mine:  # the items collected with this one (all of them in a full run)
         assert (_xdist_group(item) == "cloud") == (item in servers), item.nodeid
+
+
+def test_a_bucket_of_tar_shards_builds_one_pack_here(gs_or_az: Cloud, tmp_path: Path) -> None:
+    """Issue 47.4 on GCS and Azure: a prefix of WebDataset shards is read in place by this
+    machine's workers (no Ray), through the same client, and gives the pack the same
+    shards on disk give."""
+    import sys
+
+    pytest.importorskip("webdataset")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))
+    from source_data import digests, tree, write_shards
+
+    folder = tree(tmp_path / "src")
+    write_shards(folder, tmp_path / "shards", maxcount=5)
+    url = gs_or_az.new_url()
+    store = open_store(parse_url(url))
+    for f in sorted((tmp_path / "shards").glob("*.tar")):
+        store.put(f, f.name)
+    cfg = BuildConfig(size=(16, 12), workers=2)
+    r = build(url + "/train-{000000..000003}.tar", tmp_path / "from_bucket", cfg)
+    assert r.count == 16 and not r.skipped
+    build(str(tmp_path / "shards" / "train-{000000..000003}.tar"), tmp_path / "from_disk", cfg)
+    assert digests(tmp_path / "from_bucket", ()) == digests(tmp_path / "from_disk", ())
