@@ -53,7 +53,7 @@ MAX_KEYPOINTS = 1024  # the reader's cap on K
 MAX_FRAME_SIDE = 65536
 DEFAULT_MAX_FRAME_PIXELS = 1 << 31  # a frame's h * w (pycocotools counts in uint32)
 DEFAULT_MAX_RLE_BYTES = 64 << 20  # one instance's RLE
-SEMANTIC_STORES = ("raw", "png")
+SEMANTIC_STORES = ("rows", "png")
 
 OFFSETS = "dense_offsets.memmap"
 FRAMES = "dense_frames.memmap"
@@ -97,7 +97,7 @@ class DenseRecord:
     """The manifest's ``"dense"`` object. ``categories``: the
     :class:`~packer.sources.annotations.CategoryMap`; ``count``: N; ``instances``: M;
     ``keypoints``: K (0: none); ``masks``: instance masks stored; ``semantic``: None,
-    ``"raw"`` or ``"png"``; ``ignore_index``: the semantic masks' ignore value;
+    ``"rows"`` or ``"png"``; ``ignore_index``: the semantic masks' ignore value;
     ``dropped``: boxes the build's resize left outside the stored image; ``files``:
     ``{name: (bytes, sha256)}``; ``source``: what the columns were read from (format,
     annotation file), for ``imgpack verify``."""
@@ -146,7 +146,7 @@ def parse_record(obj: Any, count: int) -> DenseRecord:
 
     want(isinstance(obj, dict), "is not an object")
     v = obj.get("version")
-    want(_is_int(v) and 1 <= v, "version must be a positive integer")
+    want(_is_int(v) and v >= 1, "version must be a positive integer")
     if v > DENSE_VERSION:
         raise ValueError(
             f"dense targets of version {v}, this imgpack reads up to {DENSE_VERSION}; "
@@ -188,7 +188,7 @@ def parse_record(obj: Any, count: int) -> DenseRecord:
         need.add(KEYPOINTS)
     if masks:
         need |= {RLE_OFFSETS, RLE}
-    if sem == "raw":
+    if sem == "rows":
         need.add(SEMANTIC)
     elif sem == "png":
         need |= {PNG_OFFSETS, PNG}
@@ -238,7 +238,7 @@ def check_dense_files(root: Path, m: Any) -> None:
         RLE_OFFSETS: (mm + 1) * 8,
         PNG_OFFSETS: (n + 1) * 8,
     }
-    if rec.semantic == "raw":
+    if rec.semantic == "rows":
         want[SEMANTIC] = n * m.image_shape[1] * m.image_shape[2]
     for name, (size, _sha) in rec.files.items():
         if name in want and want[name] != size:
@@ -319,7 +319,7 @@ def write_dense(
 ) -> DenseRecord:
     """Write ``cols`` into ``data_dir`` (each file whole or not at all) and return the
     manifest's record of them. ``semantic``: how semantic masks are stored beside this
-    pack's images (``"raw"`` [N, H, W] or ``"png"``; the kind's answer), None for none."""
+    pack's images (``"rows"`` [N, H, W] or ``"png"``; the kind's answer), None for none."""
     n = int(cols.frames.shape[0])
     m = int(cols.boxes.shape[0])
     blobs: dict[str, bytes] = {
@@ -340,8 +340,8 @@ def write_dense(
         blobs[RLE_OFFSETS], blobs[RLE] = off.tobytes(), data
     sem_store = None
     if cols.semantic is not None:
-        sem_store = semantic or "raw"
-        if sem_store == "raw":
+        sem_store = semantic or "rows"
+        if sem_store == "rows":
             blobs[SEMANTIC] = b"".join(
                 np.ascontiguousarray(s, np.uint8).tobytes() for s in cols.semantic
             )
@@ -550,7 +550,7 @@ class _PackDense:
                 self.rle_off, mm, self.rle.shape[0], where + RLE_OFFSETS, DEFAULT_MAX_RLE_BYTES
             )
         self.semantic = self.png = self.png_off = None
-        if rec.semantic == "raw":
+        if rec.semantic == "rows":
             h, w = m.image_shape[1], m.image_shape[2]
             if n and not (self.frames == [h, w]).all():
                 raise PackFormatError(f"{where}{FRAMES}: a raw pack's frames are its rows' size")
@@ -563,7 +563,7 @@ class _PackDense:
             _check_offsets(self.png_off, n, self.png.shape[0], where + PNG_OFFSETS, None)
 
     def row(self, i: int) -> dict[str, Any]:
-        rec, where = self.rec, f"{self.root}: {DATA_DIR}/"
+        where = f"{self.root}: {DATA_DIR}/"
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         if not 0 <= a <= b <= self.boxes.shape[0]:  # the map changed under us
             raise PackFormatError(f"{where}{OFFSETS}: row {i} lies outside the values")

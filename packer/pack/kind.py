@@ -123,8 +123,8 @@ class StorageKind:
     # the data file of a shard that each of verify's checks reads, by check name
     verify_reads: ClassVar[Mapping[str, str]]
     # how a semantic mask is stored beside this kind's images (packer.pack.dense):
-    # "raw" uint8 [N, H, W] rows of the images' one size, or "png" bytes per image
-    semantic_store: ClassVar[str] = "raw"
+    # "rows": uint8 [N, H, W] of the images' one size, or "png" bytes per image
+    semantic_store: ClassVar[str] = "rows"
 
     def __repr__(self) -> str:
         return f"<storage kind {self.name!r}>"
