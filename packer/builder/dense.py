@@ -199,7 +199,9 @@ def detect_dense(src: Any) -> str | None:
     return None
 
 
-def plan_dense(src: Path, config: Any, options: DenseOptions) -> Any:
+def plan_dense(
+    src: Path, config: Any, options: DenseOptions, fixed: CategoryMap | None = None
+) -> Any:
     """The labelled images (``_Labels``) of a dense build: one per annotated image, in
     the reader's order (sorted by path), with :class:`DensePlan` attached."""
     from ..sources.annotations import read_annotations
@@ -207,7 +209,8 @@ def plan_dense(src: Path, config: Any, options: DenseOptions) -> Any:
     from .config import _Labels
 
     options.validate()
-    fixed = category_map_of(config.classes) if config.classes is not None else None
+    if fixed is None and config.classes is not None:
+        fixed = category_map_of(config.classes)
     acfg = options.annotation_config(fixed, config.allow_new_classes)
     try:
         ann = read_annotations(src, acfg)
@@ -356,13 +359,30 @@ def write_dense_targets(
     """Finalize's step: the dense columns of the kept images, written into ``data_dir``
     (beside the assembled images); returns the manifest's record and the result's
     summary. ``sizes``: each planned image's decoded (w, h)."""
+    rels = [plan.scan.entries[i].rel for i in keep]
+    wh = [(int(sizes[i][0]), int(sizes[i][1])) for i in keep]
+    return derive_columns(
+        plan.dense, rels, wh, config.kind, config.spec.shape, config.resize, data_dir, data_dir
+    )
+
+
+def derive_columns(
+    dense: DensePlan,
+    rels: list[str],
+    sizes: list[tuple[int, int]],
+    kind: Any,
+    image_shape: Any,
+    resize: str,
+    images_dir: Path,
+    out_dir: Path,
+) -> tuple[Any, dict[str, Any]]:
+    """The dense columns of the images ``rels`` (pack order; ``sizes``: each one's decoded
+    (w, h)) stored by ``kind`` in ``images_dir``, written into ``out_dir``: the build's
+    step, and ``imgpack verify``'s re-derivation from the source annotations."""
     from ..pack.dense import DenseArrays, write_dense
     from ..sources.annotations.masks import read_semantic_mask
 
-    dense: DensePlan = plan.dense
-    scan = plan.scan
-    kind = config.kind
-    mode, frames = kind.stored_frames(data_dir, len(keep), config.spec.shape, config.resize)
+    mode, frames = kind.stored_frames(images_dir, len(rels), image_shape, resize)
     cats = dense.categories
     k = cats.num_keypoints if cats is not None else 0
     offsets = [0]
@@ -378,10 +398,10 @@ def write_dense_targets(
                 lut[cid] = idx
     dropped = 0
     top = -1
-    for j, i in enumerate(keep):
-        t = dense.by_file[scan.entries[i].rel]
+    for j, rel in enumerate(rels):
+        t = dense.by_file[rel]
         out_hw = frames[j]
-        src_hw = (int(sizes[i][1]), int(sizes[i][0]))
+        src_hw = (int(sizes[j][1]), int(sizes[j][0]))
         axes = frame_map(mode, t.size, src_hw, out_hw)
         moved, gone = move_targets(t, axes, out_hw, k)
         dropped += gone
@@ -433,7 +453,7 @@ def write_dense_targets(
         semantic=semantic if any_sem else None,
     )
     record = write_dense(
-        data_dir,
+        out_dir,
         cols,
         cats,
         semantic=kind.semantic_store,
@@ -474,3 +494,57 @@ def summary_of(record: Any) -> dict[str, Any] | None:
         "keypoints": record.keypoints,
         "semantic": record.semantic,
     }
+
+
+def rederive(root: Path, m: Any, source: Path) -> tuple[bool, str, Path | None]:
+    """``imgpack verify --source``: the pack's dense columns derived again from the
+    annotations under ``source`` (the format and file its manifest records, its category
+    map fixed) and compared, file by file, with the pack's. Returns ``(ok, detail, the
+    folder its images are read from)``."""
+    import tempfile
+
+    from ..pack.kinds import kind_of
+
+    rec = m.dense
+    fmt = rec.source.get("format") or "auto"
+    ann = rec.source.get("annotations")
+    options = DenseOptions(format=fmt, annotations=Path(ann) if ann else None)
+    cfg = _VerifyPlanConfig(classes=None, allow_new_classes=False)
+    try:
+        plan = plan_dense(source, cfg, options, fixed=rec.categories)
+    except PackerError as e:
+        return False, f"cannot read the annotations under {source}: {e}", None
+    missing = [r for r in m.sources if r not in plan.dense.by_file]
+    if missing:
+        return (
+            False,
+            (
+                f"{len(missing)} images of the pack have no annotations under {source} "
+                f"(first: {missing[0]})"
+            ),
+            plan.scan.root,
+        )
+    with tempfile.TemporaryDirectory(prefix=".imgpack-verify-") as tmp:
+        got, _ = derive_columns(
+            plan.dense, list(m.sources), [tuple(s) for s in m.source_sizes], kind_of(m),
+            m.image_shape, m.resize, Path(root) / "_tensordict", Path(tmp),
+        )  # fmt: skip
+    differ = sorted(
+        n for n in set(got.files) | set(rec.files) if got.files.get(n) != rec.files.get(n)
+    )
+    if differ:
+        return (
+            False,
+            (
+                f"the annotations under {source} give other dense columns: {', '.join(differ)} "
+                "differ; rebuild the pack"
+            ),
+            plan.scan.root,
+        )
+    return True, f"{rec.instances} instances derived again from {source}: identical", plan.scan.root
+
+
+@dataclass(frozen=True)
+class _VerifyPlanConfig:
+    classes: Any
+    allow_new_classes: bool
