@@ -227,13 +227,16 @@ def plan_dense(
         entries=[Entry(t.file, -1) for t in ann.images],
         skipped=skips,
     )
+    categories = ann.categories
+    if categories is None:  # semantic masks without a map: one for every shard of a set
+        categories = _mask_categories(ann, options.ignore_index)
     source = {"format": ann.format, "root": str(Path(src).resolve())}
     if options.annotations is not None:
         source["annotations"] = str(Path(options.annotations).resolve())
     dense = DensePlan(
         format=ann.format,
         by_file={t.file: t for t in ann.images},
-        categories=ann.categories,
+        categories=categories,
         mask_root=ann.mask_root,
         ignore_index=options.ignore_index,
         source=source,
@@ -242,6 +245,26 @@ def plan_dense(
     )
     class_map = None if config.classes is None else str(Path(config.classes).resolve())
     return _Labels(scan=scan, class_map=class_map, dense=dense)
+
+
+def _mask_categories(ann: Any, ignore: int) -> CategoryMap:
+    """The map of semantic masks read without one: ids 0 to the largest value any mask
+    holds (the ignore value aside), each its own index, named ``class_<id>``. Masks that
+    cannot be read are left to the build, which refuses them."""
+    from ..sources.annotations.masks import read_semantic_mask
+
+    top = 0
+    for t in ann.images:
+        if t.semantic is None or ann.mask_root is None:
+            continue
+        try:
+            m = read_semantic_mask(Path(ann.mask_root) / t.semantic, t.size)
+        except PackerError:
+            continue
+        vals = m[m != ignore]
+        if vals.size:
+            top = max(top, int(vals.max()))
+    return CategoryMap.build([f"class_{v}" for v in range(top + 1)], list(range(top + 1)))
 
 
 # ---------------------------------------------------------------- geometry
@@ -548,3 +571,42 @@ def rederive(root: Path, m: Any, source: Path) -> tuple[bool, str, Path | None]:
 class _VerifyPlanConfig:
     classes: Any
     allow_new_classes: bool
+
+
+def set_summary(records: list[Any], plan: Any) -> dict[str, Any] | None:
+    """A set's dense summary: its new and kept shards' records added up."""
+    recs = [r for r in records if r is not None]
+    if not recs or getattr(plan, "dense", None) is None:
+        return None
+    out = summary_of(recs[0])
+    assert out is not None
+    out["instances"] = sum(r.instances for r in recs)
+    out["dropped"] = sum(r.dropped for r in recs)
+    out["clipped"], out["outside"] = plan.dense.clipped, plan.dense.outside
+    return out
+
+
+def check_append_categories(dst: Path, old: Any, plan: Any) -> None:
+    """``BuildConfig.append`` to a set with dense targets: SRC's category map must be the
+    set's (one map for the whole set: give the set as ``BuildConfig.classes`` to fix it),
+    InputError naming the difference otherwise."""
+    from ..pack.index import read_shard_manifest
+
+    if not old.shards:
+        return
+    m = read_shard_manifest(dst, old.shards[0], old)
+    have = m.dense.categories if m.dense is not None else None
+    want = plan.dense.categories
+    if have is None:
+        raise InputError(
+            f"BuildConfig.append: the set at {dst} has no dense targets and SRC has; build a "
+            "new set",
+            field="BuildConfig.append",
+        )
+    if want is not None and want != have:
+        raise InputError(
+            f"BuildConfig.append: SRC's categories {list(want.names)} are not the set's "
+            f"{list(have.names)}; add BuildConfig.classes {dst} to read SRC with the set's "
+            "category map",
+            field="BuildConfig.classes",
+        )

@@ -180,6 +180,10 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
             f"{_F}classes {dst} to label SRC with the set's class map",
             field=f"{_F}classes",
         )
+    if getattr(plan, "dense", None) is not None:  # one category map for the whole set
+        from .dense import check_append_categories
+
+        check_append_categories(dst, old, plan)
     if tuple(plan.target_names) != old.targets:
         raise UsageError(
             f"{_F}append: {_F}targets {','.join(plan.target_names) or '(none)'} differs from "
