@@ -25,7 +25,7 @@ from packer.measure.verify_pack import verify_pack
 from packer.pack.dense import decode_masks, dense_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "storage"))
-from s3_server import new_url, s3, s3_server  # noqa: E402, F401
+from s3_server import new_url, s3, s3_server  # noqa: F401
 
 TRUTHS = make_truth(4)
 
@@ -132,7 +132,7 @@ def test_keypoints_move_with_the_image_and_keep_visibility(coco_src: Path, tmp_p
     for i, got in enumerate(cols.read(range(len(TRUTHS)))):
         t = TRUTHS[i]
         sx, ox, sy, oy = expected_map("stretch", t.size, (96, 80))
-        person = [k for k, s in enumerate(t.shapes) if s.name == "person"][0]
+        person = next(k for k, s in enumerate(t.shapes) if s.name == "person")
         kp = got["keypoints"][person]
         for (x, y, v), row in zip(t.shapes[person].keypoints, kp):
             if v == 0:
@@ -309,7 +309,8 @@ def test_a_plain_folder_builds_no_dense_files(tmp_path: Path) -> None:
     assert dense_of(packer.load(tmp_path / "p")) is None
 
 
-def test_a_set_in_s3_carries_the_columns(coco_src: Path, tmp_path: Path, s3) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.usefixtures("s3")
+def test_a_set_in_s3_carries_the_columns(coco_src: Path, tmp_path: Path) -> None:
     url = new_url()
     packer.build_pack(
         coco_src, url, BuildConfig(size=(32, 32), workers=1, shard_size=2 * 32 * 32 * 3)
