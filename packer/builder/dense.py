@@ -610,3 +610,26 @@ def check_append_categories(dst: Path, old: Any, plan: Any) -> None:
             "category map",
             field="BuildConfig.classes",
         )
+
+
+def dense_digest(dense: DensePlan, rels: list[str]) -> bytes:
+    """SHA-256 of what the dense columns of images ``rels`` depend on (their targets, the
+    category map, the ignore value): part of a shard's name, so a set rebuilt from other
+    annotations builds its shards again."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    cats = dense.categories.to_json() if dense.categories is not None else None
+    h.update(json.dumps([cats, dense.ignore_index, dense.format]).encode())
+    for rel in rels:
+        t = dense.by_file.get(rel)
+        if t is None:
+            continue
+        h.update(json.dumps([rel, list(t.size), t.semantic, str(t.image_id)]).encode())
+        for a in (t.boxes, t.labels, t.iscrowd, t.area, t.keypoints):
+            if a is not None:
+                h.update(np.ascontiguousarray(a).tobytes())
+        for c in t.masks or ():
+            h.update(len(c).to_bytes(8, "little") + c)
+    return h.digest()

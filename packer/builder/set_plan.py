@@ -128,6 +128,10 @@ def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[st
         h.update(f"{e.rel}\0{e.label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
     if plan.targets is not None:
         h.update(plan.targets.astype("<f4").tobytes())
+    if getattr(plan, "dense", None) is not None:  # boxes, masks: other annotations, other shard
+        from .dense import dense_digest
+
+        h.update(dense_digest(plan.dense, [e.rel for e in plan.scan.entries]))
     return f"{position:05d}-{h.hexdigest()[:16]}"
 
 
