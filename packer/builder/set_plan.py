@@ -139,7 +139,12 @@ def _slice(plan: _Labels, a: int, b: int) -> _Labels:
     """The part of ``plan`` a shard packs: the same class map, no set-wide skips."""
     scan = replace(plan.scan, entries=plan.scan.entries[a:b], skipped=[])
     targets = None if plan.targets is None else plan.targets[a:b]
-    return replace(plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True)
+    dense = plan.dense
+    if dense is not None:  # only this shard's images' targets travel with it (Ray tasks)
+        dense = replace(dense, by_file={e.rel: dense.by_file[e.rel] for e in scan.entries})
+    return replace(
+        plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True, dense=dense
+    )
 
 
 def _complete(path: Path) -> bool:
