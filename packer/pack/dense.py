@@ -690,10 +690,24 @@ def dense_of(pack: Any, *, max_instances: int = DEFAULT_MAX_INSTANCES) -> DenseC
         opened: dict[int, _PackDense] = {}
 
         def part(k: int) -> tuple[_PackDense, Any]:
-            shard = pack.shard(k)
             p = opened.get(k)
-            if p is None or p.root != Path(shard.path):
-                p = opened[k] = _PackDense(Path(shard.path), manifests[k], max_instances)
+            if p is not None:
+                return p, lambda: None
+            # the dense files are small files of the shard, there once the set is open
+            # (fetched with its labels from a bucket): read without fetching its images
+            store = getattr(pack, "store", None)
+            entry = pack.entry(k) if hasattr(pack, "entry") else None
+            if store is not None and entry is not None and hasattr(store, "root"):
+                folder = Path(store.root) / entry.name
+                if (folder / DATA_DIR / OFFSETS).is_file():
+                    p = opened[k] = _PackDense(folder, manifests[k], max_instances)
+                    return p, lambda: None
+            shard = pack.shard(k)
+            try:
+                p = _PackDense(Path(shard.path), manifests[k], max_instances)
+            except BaseException:
+                pack.release(k)
+                raise
             return p, lambda: pack.release(k)
 
         return DenseColumns([part], first, locate=pack.locate)
