@@ -45,13 +45,15 @@ import numpy as np
 
 from .._fs import write_atomic
 from ..errors import PackFormatError
+from ..imaging.limits import DEFAULT_MAX_PIXELS
 from .schema import DATA_DIR
 
 DENSE_VERSION = 1
 DEFAULT_MAX_INSTANCES = 100_000  # the reader's cap on one image's instances
 MAX_KEYPOINTS = 1024  # the reader's cap on K
 MAX_FRAME_SIDE = 65536
-DEFAULT_MAX_FRAME_PIXELS = 1 << 31  # a frame's h * w (pycocotools counts in uint32)
+# a frame's h * w: the reader's bound on a stored image (pycocotools counts in uint32)
+DEFAULT_MAX_FRAME_PIXELS = DEFAULT_MAX_PIXELS
 DEFAULT_MAX_RLE_BYTES = 64 << 20  # one instance's RLE
 SEMANTIC_STORES = ("rows", "png")
 
@@ -504,7 +506,9 @@ def _check_offsets(off: np.ndarray, rows: int, end: int, where: str, cap: int | 
 class _PackDense:
     """One pack's dense files, mapped and checked (:func:`dense_of`)."""
 
-    def __init__(self, root: Path, m: Any, max_instances: int) -> None:
+    def __init__(
+        self, root: Path, m: Any, max_instances: int, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS
+    ) -> None:
         rec: DenseRecord = m.dense
         self.root, self.rec = Path(root), rec
         where = f"{root}: {DATA_DIR}/"
@@ -519,9 +523,12 @@ class _PackDense:
         if n and (
             self.frames.min() < 1
             or self.frames.max() > MAX_FRAME_SIDE
-            or int((self.frames[:, 0] * self.frames[:, 1]).max()) > DEFAULT_MAX_FRAME_PIXELS
+            or int((self.frames[:, 0] * self.frames[:, 1]).max()) > max_pixels
         ):
-            raise PackFormatError(f"{where}{FRAMES}: a frame outside 1..{MAX_FRAME_SIDE} a side")
+            raise PackFormatError(
+                f"{where}{FRAMES}: a frame outside 1..{MAX_FRAME_SIDE} a side or over the "
+                f"reader's {max_pixels:,} pixels (dense_of's max_pixels); refusing the pack"
+            )
         self.image_ids = _map(root, rec, IMAGE_IDS, "<i8", ())
         self.labels = _map(root, rec, LABELS, "<i8", ())
         self.iscrowd = _map(root, rec, ISCROWD, np.uint8, ())
@@ -670,10 +677,16 @@ class DenseColumns:
         return d
 
 
-def dense_of(pack: Any, *, max_instances: int = DEFAULT_MAX_INSTANCES) -> DenseColumns | None:
+def dense_of(
+    pack: Any,
+    *,
+    max_instances: int = DEFAULT_MAX_INSTANCES,
+    max_pixels: int = DEFAULT_MAX_FRAME_PIXELS,
+) -> DenseColumns | None:
     """The dense targets of a pack or pack set (``packer.load``'s), or None for one built
     without them. ``max_instances``: the reader's cap on one image's instances (a pack
-    whose offsets give an image more is refused). PackFormatError for damaged files."""
+    whose offsets give an image more is refused); ``max_pixels``: on one image's mask
+    frame (as ``packer.load``'s on a stored image). PackFormatError for damaged files."""
     manifests = getattr(pack, "manifests", None)
     if manifests is not None and hasattr(pack, "locate"):  # a pack set: shards are packs
         recs = [getattr(m, "dense", None) for m in manifests]
@@ -700,11 +713,11 @@ def dense_of(pack: Any, *, max_instances: int = DEFAULT_MAX_INSTANCES) -> DenseC
             if store is not None and entry is not None and hasattr(store, "root"):
                 folder = Path(store.root) / entry.name
                 if (folder / DATA_DIR / OFFSETS).is_file():
-                    p = opened[k] = _PackDense(folder, manifests[k], max_instances)
+                    p = opened[k] = _PackDense(folder, manifests[k], max_instances, max_pixels)
                     return p, lambda: None
             shard = pack.shard(k)
             try:
-                p = _PackDense(Path(shard.path), manifests[k], max_instances)
+                p = _PackDense(Path(shard.path), manifests[k], max_instances, max_pixels)
             except BaseException:
                 pack.release(k)
                 raise
@@ -714,7 +727,7 @@ def dense_of(pack: Any, *, max_instances: int = DEFAULT_MAX_INSTANCES) -> DenseC
     m = getattr(pack, "manifest", None)
     if m is None or getattr(m, "dense", None) is None:
         return None
-    return DenseColumns([_PackDense(Path(pack.path), m, max_instances)], m.dense)
+    return DenseColumns([_PackDense(Path(pack.path), m, max_instances, max_pixels)], m.dense)
 
 
 def dense_files_for(root: str | os.PathLike[str]) -> list[str]:

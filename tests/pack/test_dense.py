@@ -234,3 +234,14 @@ def test_png_masks_of_another_size_are_refused(tmp_path: Path) -> None:
     assert cols.read([1])[0]["semantic"].shape == TRUTHS[1].size
     with pytest.raises(PackFormatError, match=r"a L 7x5 PNG for a 64x48 image"):
         cols.read([0])
+
+
+def test_a_mask_frame_over_the_readers_pixel_bound_is_refused(pack: Path) -> None:
+    from packer.pack.dense import FRAMES
+
+    poke(pack, FRAMES, np.array([40_000, 40_000], "<i8"))  # 1.6 G pixels for image 0
+    with pytest.raises(PackFormatError, match=r"dense_frames\.memmap: a frame .* max_pixels"):
+        dense_of(packer.load(pack))
+    poke(pack, FRAMES, np.array([32, 70_000], "<i8"))  # a side over 65536
+    with pytest.raises(PackFormatError, match=r"dense_frames\.memmap: a frame outside"):
+        dense_of(packer.load(pack), max_pixels=1 << 40)
