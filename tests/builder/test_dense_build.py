@@ -325,3 +325,40 @@ def test_a_set_in_s3_carries_the_columns(coco_src: Path, tmp_path: Path) -> None
         np.testing.assert_array_equal(x["boxes"], y["boxes"])
         assert x["masks_rle"] == y["masks_rle"]
         assert math.isclose(float(x["area"].sum()), float(y["area"].sum()))
+
+
+@pytest.mark.parametrize("step", ["data", "labels", "manifest", "assembled"])
+def test_a_crash_in_finalize_resumes_to_the_same_dense_pack(
+    coco_src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    import packer.builder.finalize
+    from conftest import assert_same_pack
+
+    build(coco_src, tmp_path / "ref", size=(32, 32))
+
+    def crash(name: str) -> None:
+        if name == step:
+            raise RuntimeError(f"crash after {name}")
+
+    monkeypatch.setattr(packer.builder.finalize, "_reached", crash)
+    with pytest.raises(RuntimeError, match="crash after"):
+        build(coco_src, tmp_path / "p", size=(32, 32))
+    monkeypatch.undo()
+    r = build(coco_src, tmp_path / "p", size=(32, 32))
+    assert r.dense is not None and r.dense["instances"] == 12
+    assert_same_pack(tmp_path / "p", tmp_path / "ref")
+    for name in (tmp_path / "ref" / "_tensordict").iterdir():
+        assert (tmp_path / "p" / "_tensordict" / name.name).read_bytes() == name.read_bytes()
+
+
+def test_semantic_values_are_mapped_to_the_category_maps_indices(tmp_path: Path) -> None:
+    from packer.sources.annotations import CategoryMap
+
+    src = write_masks(tmp_path / "m", TRUTHS)
+    # pixel values 0..3; the map lists them in another order: the pack stores indices
+    CategoryMap.build(["person", "bg", "ell", "square"], [3, 0, 2, 1]).save(tmp_path / "c.json")
+    cfg = {"store": "jpeg", "classes": tmp_path / "c.json", "dense": DenseOptions(format="masks")}
+    build(src, tmp_path / "p", **cfg)
+    got = dense_of(packer.load(tmp_path / "p")).read([0])[0]["semantic"]
+    lut = np.array([1, 3, 2, 0] + [0] * 251 + [255], dtype=np.uint8)
+    np.testing.assert_array_equal(got, lut[TRUTHS[0].semantic()])
