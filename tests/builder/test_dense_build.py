@@ -320,6 +320,9 @@ def test_a_set_in_s3_carries_the_columns(coco_src: Path, tmp_path: Path) -> None
     remote = dense_of(packer.load(url))
     want = dense_of(packer.load(tmp_path / "one")).read(range(4))
     got = remote.read(range(4))
+    # the targets came with each shard's small files: no image data was fetched for them
+    assert len(list((tmp_path / "cache").rglob("dense_offsets.memmap"))) == 2
+    assert not list((tmp_path / "cache").rglob("images.memmap"))
     assert remote.categories.names == tuple(NAMES)
     for x, y in zip(want, got):
         np.testing.assert_array_equal(x["boxes"], y["boxes"])
