@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from ..pack.schema import STORAGE_KINDS
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 from .formats.options import SourceOptions
+
+if TYPE_CHECKING:
+    from .dense import DenseOptions
 
 _F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
 
@@ -74,7 +77,7 @@ class BuildConfig:
     sources: SourceOptions = SourceOptions()
     # boxes, masks, keypoints from annotations (packer.builder.dense.DenseOptions); None:
     # none, unless SRC's layout is unmistakably COCO, YOLO or VOC (then the defaults)
-    dense: Any = None
+    dense: DenseOptions | None = None
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
