@@ -20,6 +20,7 @@ import pytest
 
 from conftest import cli_run, one_error
 from packer.builder.config import BuildConfig
+from packer.builder.dense import DenseOptions
 from packer.builder.formats.options import SourceOptions
 from packer.cli.flags import FLAGS, cli_message
 from packer.compress import CompressConfig
@@ -150,6 +151,7 @@ def test_every_flag_in_the_table_is_a_field_and_a_cli_option() -> None:
         "ShowConfig": ShowConfig,
         "BenchConfig": BenchConfig,
         "SourceOptions": SourceOptions,  # BuildConfig.sources: parquet/tar/zip options
+        "DenseOptions": DenseOptions,  # BuildConfig.dense: boxes, masks from annotations
     }
     flags = _cli_flags()
     for name, flag in FLAGS.items():
@@ -163,6 +165,7 @@ def test_every_flag_in_the_table_is_a_field_and_a_cli_option() -> None:
     ("make", "field", "says"),
     [
         (lambda: BuildConfig(size=(0, 0)).validate(), "BuildConfig.size", r"BuildConfig\.size 0x0 is out of range"),
+        (lambda: BuildConfig(dense=DenseOptions(format="tiff")).validate(), "DenseOptions.format", r"DenseOptions\.format 'tiff' is not one of"),
         (lambda: BuildConfig(max_side=5).validate(), "BuildConfig.max_side", r"use it with BuildConfig\.store jpeg"),
         (lambda: BuildConfig(shard_size=0).validate(), "BuildConfig.shard_size", r"BuildConfig\.shard_size must be"),
         (lambda: BuildConfig(labels="t.csv", targets=("path",)).validate(), "BuildConfig.targets", r"'path' is not a target"),

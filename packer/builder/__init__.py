@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"build": "api", "BuildConfig": "config", "BuildResult": "config"}
+_LAZY = {
+    "build": "api",
+    "BuildConfig": "config",
+    "BuildResult": "config",
+    "DenseOptions": "dense",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from ..pack.schema import STORAGE_KINDS
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 from .formats.options import SourceOptions
+
+if TYPE_CHECKING:
+    from .dense import DenseOptions
 
 _F = "BuildConfig."  # how messages name a field (the CLI shows its flag: packer.cli.flags)
 
@@ -72,6 +75,9 @@ class BuildConfig:
     _gpu: GpuTuning = field(default=GpuTuning(), repr=False)
     # parquet/Arrow/tar/zip/bucket sources: columns, label field, per-image byte cap
     sources: SourceOptions = SourceOptions()
+    # boxes, masks, keypoints from annotations (packer.builder.dense.DenseOptions); None:
+    # none, unless SRC's layout is unmistakably COCO, YOLO or VOC (then the defaults)
+    dense: DenseOptions | None = None
 
     def __post_init__(self) -> None:
         # paths given as str and column names as a list are the same options
@@ -154,6 +160,14 @@ class BuildConfig:
                 f"{_F}append adds to the set at DST and {_F}overwrite replaces it; give one",
                 field=f"{_F}append",
             )
+        if self.dense is not None:
+            self.dense.validate()
+            if self.labels is not None:
+                raise UsageError(
+                    f"{_F}dense takes its targets from annotations and {_F}labels from a "
+                    "table; give one",
+                    field=f"{_F}dense",
+                )
         if self.allow_new_classes and self.classes is None:
             raise UsageError(
                 f"{_F}allow_new_classes extends a fixed class map; give the map with {_F}classes",
@@ -221,6 +235,9 @@ class BuildResult:
     # a pack set: each shard's name, images, count, skips, status (built, kept, failed),
     # and with --engine ray the node that built it and its seconds
     per_shard: list[dict[str, Any]] = field(default_factory=list)
+    # a build with dense targets (packer.builder.dense): format, categories, instances,
+    # boxes dropped by the resize, clipped and outside at reading; None without
+    dense: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,6 +256,7 @@ class BuildResult:
             "storage": self.storage,
             **({"shards": self.shards} if self.shards else {}),
             **({"per_shard": self.per_shard} if self.per_shard else {}),
+            **({"dense": self.dense} if self.dense is not None else {}),
         }
 
 
@@ -262,3 +280,5 @@ class _Labels:
     # a shard of a pack set: no build time in its manifest, so its bytes depend only
     # on its inputs and the options (packer.builder.shards)
     shard: bool = False
+    # a dense build's targets by image (packer.builder.dense.DensePlan), or None
+    dense: Any = None

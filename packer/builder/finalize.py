@@ -73,6 +73,10 @@ def _finalize(
         count, skipped = m.count, [{"path": k.path, "reason": k.reason} for k in m.skipped]
         result = _move_into_place(work, dst, count, skipped, plan, spec, resumed, t0)
         result.image_shape, result.storage = list(m.image_shape), m.storage
+        if m.dense is not None:
+            from .dense import summary_of
+
+            result.dense = summary_of(m.dense)
         return result
     done = state.done
     spec = config.spec
@@ -122,6 +126,13 @@ def _finalize(
         targets = np.ascontiguousarray(plan.targets[keep], dtype="<f4")
         write_atomic(work / DATA_DIR / TARGETS_FILE, targets.tobytes())
         targets_sha = digest(targets.tobytes())
+    dense_record = dense_summary = None
+    if plan.dense is not None:  # boxes, masks, keypoints moved as the images were
+        from .dense import write_dense_targets
+
+        dense_record, dense_summary = write_dense_targets(
+            plan, config, keep, sizes, work / DATA_DIR
+        )
     _reached("labels")
     skipped = _skip_list(scan, skip_reason)
     manifest = _manifest(plan, config, keep, sizes, shas, labels, targets_sha, skipped, block)
@@ -129,6 +140,8 @@ def _finalize(
         extra = {**manifest.build.extra, "device": device.type, "tolerance": GPU_TOLERANCE}
         manifest = replace(manifest, build=replace(manifest.build, extra=extra))
     manifest = kind.stamp(manifest, written)
+    if dense_record is not None:
+        manifest = replace(manifest, dense=dense_record)
     write_pack_metadata(work, manifest)
     fsync_dir(work / DATA_DIR)
     fsync_dir(work)
@@ -141,6 +154,7 @@ def _finalize(
     clock["move"] = time.perf_counter() - t
     result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
     result.storage = manifest.storage
+    result.dense = dense_summary
     return result
 
 

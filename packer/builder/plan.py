@@ -32,7 +32,15 @@ log = logging.getLogger(__name__)
 def plan_labels(src: Path, config: BuildConfig) -> _Labels:
     """Find the images and fix their labels: class folders through the ``--classes`` map,
     or the rows of a ``--labels`` table. Raises InputError for a class not in the map,
-    a bad table (with its row number) or a table that names no image under ``src``."""
+    a bad table (with its row number) or a table that names no image under ``src``.
+    A dense build (``config.dense``, or a folder :func:`~packer.builder.dense.detect_dense`
+    recognises) lists the annotated images instead (:func:`~packer.builder.dense.plan_dense`)."""
+    if config.labels is None:
+        from .dense import DenseOptions, detect_dense, plan_dense
+
+        found = None if config.dense is not None else detect_dense(src)
+        if config.dense is not None or found is not None:
+            return plan_dense(src, config, config.dense or DenseOptions(format=found or "auto"))
     fixed = None
     if config.classes is not None:
         # the reader's module maps packs with torch: imported for --classes only, so a

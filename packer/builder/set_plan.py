@@ -128,6 +128,10 @@ def shard_name(position: int, plan: _Labels, stamps: list[str], options: dict[st
         h.update(f"{e.rel}\0{e.label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
     if plan.targets is not None:
         h.update(plan.targets.astype("<f4").tobytes())
+    if getattr(plan, "dense", None) is not None:  # boxes, masks: other annotations, other shard
+        from .dense import dense_digest
+
+        h.update(dense_digest(plan.dense, [e.rel for e in plan.scan.entries]))
     return f"{position:05d}-{h.hexdigest()[:16]}"
 
 
@@ -135,7 +139,12 @@ def _slice(plan: _Labels, a: int, b: int) -> _Labels:
     """The part of ``plan`` a shard packs: the same class map, no set-wide skips."""
     scan = replace(plan.scan, entries=plan.scan.entries[a:b], skipped=[])
     targets = None if plan.targets is None else plan.targets[a:b]
-    return replace(plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True)
+    dense = plan.dense
+    if dense is not None:  # only this shard's images' targets travel with it (Ray tasks)
+        dense = replace(dense, by_file={e.rel: dense.by_file[e.rel] for e in scan.entries})
+    return replace(
+        plan, scan=scan, targets=targets, ignored=0, missing_rows=0, shard=True, dense=dense
+    )
 
 
 def _complete(path: Path) -> bool:
@@ -180,6 +189,10 @@ def _check_append(old: SetIndex, plan: _Labels, options: dict[str, Any], dst: Pa
             f"{_F}classes {dst} to label SRC with the set's class map",
             field=f"{_F}classes",
         )
+    if getattr(plan, "dense", None) is not None:  # one category map for the whole set
+        from .dense import check_append_categories
+
+        check_append_categories(dst, old, plan)
     if tuple(plan.target_names) != old.targets:
         raise UsageError(
             f"{_F}append: {_F}targets {','.join(plan.target_names) or '(none)'} differs from "

@@ -392,6 +392,7 @@ def finish_set(
     shapes = []
     where = (extra or {}).pop("where", {})
     per_shard = []
+    records = []  # each built or kept shard's dense record (None without)
     for name, a, b in sp.shards:
         o = by_name.get(name)
         row: dict[str, Any] = {"name": name, "images": b - a}
@@ -403,6 +404,7 @@ def finish_set(
         entry, m = _entry(dst / name)
         new.append(entry)
         shapes.append(m.image_shape)
+        records.append(m.dense)
         skipped.extend({"path": s.path, "reason": s.reason} for s in m.skipped)
         status = "built" if o is not None and o.built else "kept"
         row.update(count=m.count, skipped=len(m.skipped), status=status, **where.get(name, {}))
@@ -426,6 +428,8 @@ def finish_set(
         targets=tuple(plan.target_names),
         skipped=(old.skipped if old is not None else ()) + tuple(failed),
     )
+    from .dense import set_summary
+
     _reached("index")
     write_index(dst, index)
     _reached("committed")
@@ -451,4 +455,5 @@ def finish_set(
         storage=config.store,
         shards=len(index.shards),
         per_shard=per_shard,
+        dense=set_summary(records, plan),
     )

@@ -108,6 +108,7 @@ class BucketSink(ShardSink):
             self.skipped += 1
         else:
             files = [f"{DATA_DIR}/{f.file}" for f in m.fields]
+            files += [f"{DATA_DIR}/{k}" for k in sorted(m.dense.files)] if m.dense else []
             for rel in [*files, "meta.json", f"{DATA_DIR}/meta.json"]:
                 self.client.put(path / rel, name, *rel.split("/"))
             self.client.put(data, name, MANIFEST)  # last: the shard is whole in the bucket

@@ -167,6 +167,29 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     help="Parquet/tar/zip/bucket SRC: skip an image (a cell, member or object) larger "
     "than this, unread.",
 )
+@click.option(
+    "--targets-from",
+    type=click.Choice(["auto", "coco", "yolo", "voc", "masks"]),
+    default=None,
+    help="Build boxes, labels, masks and keypoints from SRC's annotations (COCO JSON, "
+    "YOLO, Pascal VOC, or image + mask folders), moved as each image is resized [default: "
+    "when SRC is unmistakably COCO, YOLO or VOC]. --classes then takes a category map "
+    "JSON or a pack built with one.",
+)
+@click.option(
+    "--annotations",
+    "annotations_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The COCO JSON to read (else annotations/instances_*.json under SRC).",
+)
+@click.option(
+    "--split",
+    "ann_split",
+    default=None,
+    help="With annotations: the split to read (train2017; YOLO's images/<split>; VOC's "
+    "ImageSets/Main/<split>.txt).",
+)
 @device_option(
     "cpu: decode in worker processes (bit-exact, the default). cuda: JPEGs decoded and "
     "resized on the GPU in batches, other inputs on the CPU workers (pixels within the "
@@ -203,6 +226,9 @@ def build(
     label_column: str | None,
     label_field: str | None,
     max_image_bytes: str,
+    targets_from: str | None,
+    annotations_file: Path | None,
+    ann_split: str | None,
 ) -> None:
     """Decode and resize every image under SRC into a pack at DST.
 
@@ -235,6 +261,7 @@ def build(
       imgpack build ./new_week ./train_set --append          # new images, new shards
       imgpack build /shared/train /shared/train_set --engine ray --ray-address head:6379
       imgpack build ./train s3://bucket/train --shard-size 256MB   # into object storage
+      imgpack build ./coco ./coco_pack --targets-from coco --size 512 --resize pad
     """
     from ..builder import api
     from ..builder.config import BuildConfig
@@ -243,7 +270,14 @@ def build(
     from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
 
+    from ..builder.dense import DenseOptions
+
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
+    dense = None
+    if targets_from is not None or annotations_file is not None or ann_split is not None:
+        dense = DenseOptions(
+            format=targets_from or "auto", annotations=annotations_file, split=ann_split
+        )
     if not is_url(dst):
         dst = Path(dst)  # type: ignore[assignment]
         refuse_symlink_destination(dst)  # before the scan; build() checks again under its lock
@@ -271,6 +305,7 @@ def build(
             label_field=label_field,
             max_image_bytes=parse_bytes(max_image_bytes, "--max-image-bytes"),
         ),
+        dense=dense,
     )
     run = functools.partial(api.build, src, dst, config)
     result = run_with_bar("build", quiet, as_json, run, shards=api.route(src, dst, config).sharded)
@@ -288,6 +323,13 @@ def build(
         + (f" (resumed: {result.resumed} already done)" if result.resumed else "")
         + (f" in {result.shards} shards" if result.shards else "")
     )
+    if result.dense is not None:
+        d = result.dense
+        summary += (
+            f"\nTargets from {d['format']}: {d['instances']} instances of "
+            f"{len(d['categories'])} categories"
+            + (f", {d['dropped']} boxes dropped by the resize" if d.get("dropped") else "")
+        )
     if result.new_classes:
         summary += f"\nAppended to the class map: {', '.join(result.new_classes)}"
     inferred = {

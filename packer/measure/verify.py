@@ -459,6 +459,21 @@ def verify(
         on_start(m.count + decodes, 0)
     check_images(root, m, report, progress)
     check_labels(root, m, report)
+    if m.dense is not None:  # boxes, masks, keypoints: checksums, and the source's again
+        from ..builder.dense import rederive
+        from ..pack.dense import verify_dense
+
+        report.add("dense", *verify_dense(root, m))
+        dense_src = config.source or (
+            Path(m.dense.source["root"])
+            if config.use_recorded_source and isinstance(m.dense.source.get("root"), str)
+            else None
+        )
+        if dense_src is not None and dense_src.is_dir():
+            ok, detail, images = rederive(root, m, dense_src)
+            report.add("dense_source", ok, detail)
+            if images is not None and source is not None:
+                source, source_ok = images, True
     if source is not None and not source_ok:
         report.add("sources", False, f"{source}: source folder not found")
         source = None

@@ -214,7 +214,9 @@ def check_files(root: Path, m: Manifest) -> None:
     data_dir = root / DATA_DIR
     if not data_dir.is_dir():
         raise _fail(root, f"{DATA_DIR}/ is missing; the pack is incomplete, rebuild it")
-    allowed = {f.file for f in m.fields} | {"meta.json"}
+    from .dense import check_dense_files, record_files
+
+    allowed = {f.file for f in m.fields} | {"meta.json"} | record_files(m)
     for f in os.listdir(data_dir):
         if f not in allowed:
             raise _fail(root, f"unexpected file {DATA_DIR}/{f}; refusing the pack")
@@ -236,3 +238,4 @@ def check_files(root: Path, m: Manifest) -> None:
                 f"{rel} is {size:,} bytes, the manifest says "
                 f"{want:,} ({n} {spec.name} of {shape}); the pack is damaged or truncated",
             )
+    check_dense_files(root, m)

@@ -112,6 +112,16 @@ class JpegKind(StorageKind):
             out.append((start, n))
         return out
 
+    semantic_store = "png"  # beside compressed images, compressed masks
+
+    def stored_frames(
+        self, data_dir: Path, count: int, image_shape: Sequence[int], resize: str
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Each stored file is its whole source, scaled (``max_side``) or as it was: a
+        stretch to its recorded (h, w)."""
+        hw = np.fromfile(data_dir / SIZES_FILE, dtype="<i8").reshape(-1, 2)
+        return "stretch", [(int(h), int(w)) for h, w in hw[:count]]
+
     def assemble(self, data_dir: Path, parts: Parts) -> dict[str, Any]:
         """Join the chunk files, in order, into ``jpeg.memmap`` and write the offsets,
         lengths and sizes of the kept images. Restartable: the chunk files are removed

@@ -122,6 +122,9 @@ class StorageKind:
     chunk_files: ClassVar[bool]  # workers write a file per chunk, joined by assemble
     # the data file of a shard that each of verify's checks reads, by check name
     verify_reads: ClassVar[Mapping[str, str]]
+    # how a semantic mask is stored beside this kind's images (packer.pack.dense):
+    # "rows": uint8 [N, H, W] of the images' one size, or "png" bytes per image
+    semantic_store: ClassVar[str] = "rows"
 
     def __repr__(self) -> str:
         return f"<storage kind {self.name!r}>"
@@ -158,6 +161,15 @@ class StorageKind:
         """The build options that name this kind's chunks, or None (no bytes added, so
         raw builds keep their fingerprint)."""
         return None
+
+    def stored_frames(
+        self, data_dir: Path, count: int, image_shape: Sequence[int], resize: str
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """How each of the ``count`` assembled images in ``data_dir`` was made from its
+        source: the resize mode (``crop``, ``stretch``, ``pad`` as
+        :class:`~packer.imaging.decode.ResizeSpec` fits) and each stored image's (h, w).
+        The build moves dense targets by it (:mod:`packer.builder.dense`)."""
+        raise NotImplementedError
 
     def cut(self, sizes: list[int], row_bytes: int, shard_size: int) -> list[tuple[int, int]]:
         """``[start, end)`` of each shard of a set over inputs of ``sizes`` bytes."""

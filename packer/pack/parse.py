@@ -209,6 +209,14 @@ def _parse(m: Any) -> Manifest:
     )
     build = _build_info(_dict(m, "build"))
     checksums = _checksums(_dict(m, "checksums"), targets, storage)
+    dense = None
+    if "dense" in m:  # boxes, masks, keypoints (packer.pack.dense)
+        from .dense import parse_record
+
+        try:
+            dense = parse_record(m["dense"], n)
+        except ValueError as e:
+            raise _Bad(str(e)) from None
     return Manifest(
         count=n,
         image_shape=(shape[0], shape[1], shape[2]),
@@ -229,6 +237,7 @@ def _parse(m: Any) -> Manifest:
         storage_version=storage_version,
         max_side=max_side,
         quality=quality,
+        dense=dense,
     )
 
 

@@ -59,6 +59,12 @@ class RawKind(StorageKind):
     def row_bytes(self, shape: Sequence[int]) -> int:
         return image_bytes(shape)
 
+    def stored_frames(
+        self, data_dir: Path, count: int, image_shape: Sequence[int], resize: str
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Every row is the build's ``resize`` of its source to the one size."""
+        return resize, [(int(image_shape[1]), int(image_shape[2]))] * count
+
     def cut(self, sizes: list[int], row_bytes: int, shard_size: int) -> list[tuple[int, int]]:
         """``shard_size // row_bytes`` images a shard (at least one)."""
         n = len(sizes)

@@ -200,6 +200,9 @@ class Manifest:
     storage_version: int = 0
     max_side: int | None = None
     quality: int | None = None
+    # dense targets (boxes, masks, keypoints: packer.pack.dense.DenseRecord), only in a
+    # pack built with them; written as "dense" only when set
+    dense: Any = None
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -273,6 +276,8 @@ class Manifest:
         out.update(own)
         if self.class_map is not None:
             out["class_map"] = self.class_map
+        if self.dense is not None:
+            out["dense"] = self.dense.to_json()
         return out
 
     @classmethod

@@ -240,6 +240,8 @@ def _fetch_small(client: ObjectStore, root: Path, index: SetIndex, k: int) -> Ma
             f"{DATA_DIR}/{f.file}": (m.count if f.rows is None else f.rows) * f.row_bytes
             for f in m.fields
         }
+        if m.dense is not None:  # each dense file's recorded size (the manifest was checked)
+            sizes.update({f"{DATA_DIR}/{k}": b for k, (b, _sha) in m.dense.files.items()})
         for rel in small_files(m)[:-1]:
             body = _get_checked(
                 client,

@@ -27,7 +27,10 @@ def small_files(m: Manifest) -> list[str]:
     """A shard's files (relative paths) fetched when its set is opened, the manifest
     last: tensordict's two meta.json files and every field file but the big one."""
     fields = [f"{DATA_DIR}/{f.file}" for f in m.fields[1:]]
-    return ["meta.json", f"{DATA_DIR}/meta.json", *fields, MANIFEST]
+    from ..pack.dense import record_files  # boxes, masks, keypoints: fetched with the labels
+
+    dense = [f"{DATA_DIR}/{name}" for name in sorted(record_files(m))]
+    return ["meta.json", f"{DATA_DIR}/meta.json", *fields, *dense, MANIFEST]
 
 
 def check_small_file(rel: str, data: bytes, m: Manifest, shard: Path) -> str | None:
@@ -40,6 +43,9 @@ def check_small_file(rel: str, data: bytes, m: Manifest, shard: Path) -> str | N
         return "labels do not match the manifest's SHA-256"
     if name == TARGETS_FILE and digest(data) != ck.targets:
         return "targets do not match the manifest's SHA-256"
+    dense = getattr(m, "dense", None)
+    if dense is not None and name in dense.files and digest(data) != dense.files[name][1]:
+        return f"{name} does not match the manifest's SHA-256"
     return None
 
 
