@@ -265,12 +265,11 @@ def build(
     """
     from ..builder import api
     from ..builder.config import BuildConfig
+    from ..builder.dense import DenseOptions
     from ..builder.formats.options import SourceOptions
     from ..builder.shards import parse_bytes
     from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
-
-    from ..builder.dense import DenseOptions
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
     dense = None
