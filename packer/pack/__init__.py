@@ -13,7 +13,7 @@ from typing import Any
 # tensordict's meta.json names the class as ``packer.pack.ImagePack`` (schema.TD_TYPE):
 # tensordict.load_memmap resolves it here, so these names stay importable from this
 # package, lazily (``import packer.pack.schema`` must not import torch).
-_LAZY = {"ImagePack": "raw", "JpegPack": "jpeg", "open_pack": "reader"}
+_LAZY = {"ImagePack": "reader", "JpegPack": "jpeg", "open_pack": "reader"}
 
 
 def __getattr__(name: str) -> Any:
