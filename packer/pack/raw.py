@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .._lazy import lazy_getattr
 from ..errors import DecodeError, PackFormatError, UsageError
 from ..imaging.limits import DEFAULT_MAX_PIXELS
 from .hashing import digest, hash_blocks, image_bytes
@@ -397,8 +398,5 @@ def image_pack_class() -> type:
     return ImagePack
 
 
-def __getattr__(name: str) -> Any:
-    # ImagePack is a tensorclass: torch and tensordict load only when it is asked for
-    if name == "ImagePack":
-        return image_pack_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ImagePack is a tensorclass: torch and tensordict load only when it is asked for
+__getattr__ = lazy_getattr(__name__, {"ImagePack": image_pack_class})
