@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import lazy_getattr as _lazy_getattr
 from ._version import __version__
 from .pack.guard import install as _install_tensordict_guard
 
@@ -125,20 +126,4 @@ if TYPE_CHECKING:
     from .storage.packset import PackSet
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _SUBMODULES:
-        try:
-            return importlib.import_module(f"packer.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"packer.{name}":
-                raise  # a dependency is missing: say which, not "no attribute"
-            raise AttributeError(f"module 'packer' has no attribute {name!r}") from None
-    target = _EXPORTS.get(name)
-    if target is None:
-        raise AttributeError(f"module 'packer' has no attribute {name!r}")
-    module, attr = target.split(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _EXPORTS, _SUBMODULES)

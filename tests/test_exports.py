@@ -74,6 +74,7 @@ def test_no_module_imports_upward() -> None:
 _STAGE_RANK = {
     "errors": 0,
     "_version": 0,
+    "_lazy": 0,  # the one lazy module __getattr__ (standard library only)
     "_fs": 0.5,  # the ground floor: file and process helpers, on errors alone
     "sources": 1,
     "imaging": 2,  # the codec: decoders, the resize core, normalize
@@ -128,6 +129,63 @@ def test_stages_import_only_downward() -> None:
             if _STAGE_RANK[theirs] >= _STAGE_RANK[mine]:
                 bad.append(f"{module} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def test_one_lazy_getattr_serves_every_package() -> None:
+    """Issue 45: the lazy module ``__getattr__`` is written once (``packer._lazy``); every
+    package that hands out names lazily uses it, and no module defines its own."""
+    import ast
+    from pathlib import Path
+
+    from packer import _lazy
+
+    root = Path(packer.__file__).parent
+    own = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
+            own.append(path.relative_to(root).as_posix())
+    assert own == [], own  # _lazy.py makes its __getattr__ inside lazy_getattr
+    import importlib
+
+    names = ("packer", "packer.pack", "packer.storage", "packer.builder", "packer.pack.raw")
+    for module in map(importlib.import_module, names):
+        assert module.__getattr__.__module__ == _lazy.__name__, module.__name__
+        with pytest.raises(
+            AttributeError, match=f"module '{module.__name__}' has no attribute 'nope'"
+        ):
+            module.nope  # noqa: B018
+
+
+def test_lazy_getattr_resolves_and_keeps_a_name(tmp_path, monkeypatch) -> None:
+    """A name's module is imported once, when the name is first asked for; the value is
+    kept in the module's globals; a submodule is a module; a missing dependency of a
+    submodule is raised as itself, not as "no attribute"."""
+    pkg = tmp_path / "lazypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from packer._lazy import lazy_getattr\n"
+        "__getattr__ = lazy_getattr(__name__, {'x': '.child', 'y': '.child:x', 'z': lambda: 7,"
+        " 'path': 'os.path:join'}, ('child', 'broken', 'gone'))\n"
+    )
+    (pkg / "child.py").write_text("x = object()\n")
+    (pkg / "broken.py").write_text("import no_such_dependency_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    import os
+    import sys
+
+    lazypkg = importlib.import_module("lazypkg")
+    assert "lazypkg.child" not in sys.modules
+    assert lazypkg.x is lazypkg.y is sys.modules["lazypkg.child"].x
+    assert "x" in vars(lazypkg) and lazypkg.z == 7 and lazypkg.path is os.path.join
+    assert lazypkg.child is sys.modules["lazypkg.child"]
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_here"):
+        lazypkg.broken  # noqa: B018
+    with pytest.raises(AttributeError, match="module 'lazypkg' has no attribute 'gone'"):
+        lazypkg.gone  # noqa: B018
+    for name in [m for m in sys.modules if m.split(".")[0] == "lazypkg"]:
+        del sys.modules[name]
 
 
 def test_the_test_s3_server_is_not_in_the_product() -> None:

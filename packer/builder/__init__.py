@@ -7,22 +7,14 @@ once whether a job is one pack, a pack set, a set in a bucket, or a Ray cluster'
 
 from __future__ import annotations
 
-from typing import Any
+from .._lazy import lazy_getattr
 
 _LAZY = {
-    "build": "api",
-    "BuildConfig": "config",
-    "BuildResult": "config",
-    "DenseOptions": "dense",
+    "build": ".api",
+    "BuildConfig": ".config",
+    "BuildResult": ".config",
+    "DenseOptions": ".dense",
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'packer.builder' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"packer.builder.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

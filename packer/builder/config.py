@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import UsageError
 from ..imaging.decode import DEFAULT_MAX_PIXELS, RESIZE_MODES, ResizeSpec
 from ..pack.kinds import StorageKind, kind_of
-from ..pack.schema import STORAGE_KINDS
+from ..pack.layout import STORAGE_KINDS
 from ..sources.scan import Scan
 from ..sources.tables import check_target_names
 from .formats.options import SourceOptions

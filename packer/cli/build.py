@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..pack.schema import STORAGE_KINDS
+from ..pack.layout import STORAGE_KINDS
 from .options import QualityHint, device_option, json_option, quiet_option, workers_option
 from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
 

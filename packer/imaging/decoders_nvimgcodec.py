@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .decoders import DecoderBase, Unavailable, crop_all, undecodable
+from .decoder_base import DecoderBase, Unavailable, _import, crop_all, undecodable
 
 BACKENDS = ("hw+hybrid", "hw", "hybrid")
 
@@ -87,10 +87,8 @@ def import_nvimgcodec():  # -> the nvidia.nvimgcodec module
     """nvImageCodec, its start-up notes about optional codecs (JPEG 2000, TIFF) it did not
     find silenced unless the user set ``PYNVIMGCODEC_VERBOSITY``."""
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    from . import decoders
-
     try:
-        return decoders._import("nvidia.nvimgcodec")
+        return _import("nvidia.nvimgcodec")
     except ImportError as e:
         raise Unavailable(f"nvImageCodec is not installed ({e})") from None
 

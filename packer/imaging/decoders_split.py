@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UsageError
-from .decoders import DecoderBase
+from .decoder_base import DecoderBase
 
 # the order the loader and the GPU build try decoders in on CUDA, by measurement: nvjpeg's
 # batched decode (torchcodec, torchvision) fed ResNet-50 best and streamed fastest;

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .decoders import DecoderBase, Unavailable, undecodable
+from .decoder_base import DecoderBase, Unavailable, undecodable
 
 _SOURCE = Path(__file__).with_name("nvbatch.c")
 _ALIGN = 64  # row pitch and image start, in bytes

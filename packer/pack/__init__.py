@@ -8,20 +8,12 @@ checked here before use.
 
 from __future__ import annotations
 
-from typing import Any
+from .._lazy import lazy_getattr
 
 # tensordict's meta.json names the class as ``packer.pack.ImagePack`` (schema.TD_TYPE):
 # tensordict.load_memmap resolves it here, so these names stay importable from this
 # package, lazily (``import packer.pack.schema`` must not import torch).
-_LAZY = {"ImagePack": "raw", "JpegPack": "jpeg", "open_pack": "reader"}
+_LAZY = {"ImagePack": ".reader", "JpegPack": ".jpeg", "open_pack": ".reader"}
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'packer.pack' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"packer.pack.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

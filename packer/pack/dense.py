@@ -46,7 +46,7 @@ import numpy as np
 from .._fs import write_atomic
 from ..errors import PackFormatError
 from ..imaging.limits import DEFAULT_MAX_PIXELS
-from .schema import DATA_DIR
+from .layout import DATA_DIR
 
 DENSE_VERSION = 1
 DEFAULT_MAX_INSTANCES = 100_000  # the reader's cap on one image's instances

@@ -19,8 +19,10 @@ import numpy as np
 from .._fs import fsync_dir, write_atomic
 from ..errors import DecodeError, PackerError, PackFormatError, UsageError
 from ..imaging.limits import DEFAULT_MAX_PIXELS
+from .hashing import digest
 from .kind import Parts, Progress, StorageKind, pack_dir
-from .schema import (
+from .labels import check_label_arrays
+from .layout import (
     DATA_DIR,
     JPEG_FILE,
     JPEG_STORAGE_VERSION,
@@ -30,12 +32,12 @@ from .schema import (
     SIZES_FILE,
     FieldSpec,
     Layout,
-    Manifest,
 )
-from .writer import digest
 
 if TYPE_CHECKING:
     import torch
+
+    from .schema import Manifest  # above the kinds: its fields are their answers
 
 
 class JpegKind(StorageKind):
@@ -192,8 +194,6 @@ class JpegKind(StorageKind):
         tensors: dict[str, torch.Tensor],
         max_pixels: int | None = None,
     ) -> Any:
-        from .parse import check_label_arrays
-
         check_label_arrays(tensors["labels"], tensors.get("targets"), where=str(root))
         check_stored_sizes(tensors["sizes"].numpy(), m, root, max_pixels)
         return JpegPack(tensors, m, root)

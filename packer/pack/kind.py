@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from .schema import FieldSpec, Manifest
+from .layout import DATA_DIR, FieldSpec
 
 if TYPE_CHECKING:
     import torch
+
+    from .schema import Manifest  # above the kinds: its fields are their answers
 
 Progress = Callable[[int], None]
 
@@ -221,9 +223,7 @@ class StorageKind:
         """What the integrity checks of ``verify`` read of a pack whose files
         :func:`~packer.pack.files.check_files` passed (``same_as_source``,
         ``check_decodes``): the pack itself, opened with its kind's checks."""
-        from .reader import open_pack
-
-        return open_pack(root, m)
+        return self.open(root, m, map_fields(root, m))
 
     def block_hashes(self, path: Path, m: Manifest, shard: Path) -> list[str]:
         """SHA-256 of each checksum block of the data file ``path`` of the shard at
@@ -233,3 +233,25 @@ class StorageKind:
     def check_index(self, shard: Path, m: Manifest) -> str | None:
         """What is wrong with the index files in ``shard`` (none by default)."""
         return None
+
+
+def map_fields(root: Path, m: Manifest) -> dict[str, torch.Tensor]:
+    """The pack's fields (``m.fields``) at ``root``, memory-mapped read-only with the
+    shapes and dtypes the manifest gives (an empty field is an empty tensor): what
+    :meth:`StorageKind.open` wraps. ``m`` and the files were checked by the caller
+    (:func:`~packer.pack.files.check_files`). Imports torch and tensordict."""
+    import torch
+    from tensordict import MemoryMappedTensor
+
+    dtypes = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
+    tensors = {}
+    for spec in m.fields:
+        shape = (m.count if spec.rows is None else spec.rows, *spec.row_shape)
+        dtype = dtypes[spec.dtype]
+        if shape[0] == 0:
+            tensors[spec.name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[spec.name] = MemoryMappedTensor.from_filename(
+                root / DATA_DIR / spec.file, dtype, shape, mode="r"
+            )
+    return tensors

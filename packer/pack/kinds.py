@@ -10,11 +10,15 @@ each opened by its kind (see docs/ARCHITECTURE.md, "Storage kinds"). No torch at
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import UsageError
 from .jpeg import JPEG, JpegKind, JpegPack
 from .kind import Pack, Parts, Progress, StorageKind
 from .raw import RAW, RawKind, RawRows, compact_rows
-from .schema import Manifest
+
+if TYPE_CHECKING:
+    from .schema import Manifest  # above the kinds: its fields are their answers
 
 __all__ = [
     "KINDS",

@@ -1,15 +1,19 @@
-"""Checks of an untrusted manifest: :func:`_parse` behind :meth:`Manifest.from_json`,
-and the label and target dtype rules (int64 labels, float32 targets, never cast)."""
+"""Checks of an untrusted manifest: :func:`_parse` behind :meth:`Manifest.from_json`
+(it returns the manifest's fields, typed, and ``from_json`` makes the
+:class:`~packer.pack.schema.Manifest`), and the label and target rules of a manifest's
+JSON (int64 labels, float32 targets, never cast). The same rules on arrays are
+:mod:`packer.pack.labels`'s, importable here too."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InputError, PackerError, PackFormatError
+from ..errors import PackFormatError
 from ..imaging.limits import DEFAULT_MAX_PIXELS, RESIZE_MODES
 from .kinds import kind_of
-from .schema import (
+from .labels import check_label_arrays, label_fields
+from .layout import (
     _BUILD_KEYS,
     CHECKSUM,
     FORMAT_NAME,
@@ -21,10 +25,11 @@ from .schema import (
     TARGET_DTYPE,
     BuildInfo,
     Checksums,
-    Manifest,
     Skip,
-    label_fields_json,
 )
+
+# the label rules on arrays live in packer.pack.labels (the kinds check with them)
+__all__ = ["check_label_arrays", "check_label_fields", "check_label_fields_json", "label_fields"]
 
 
 class _Bad(Exception):
@@ -146,7 +151,8 @@ def _source_ok(s: Any) -> bool:
     )
 
 
-def _parse(m: Any) -> Manifest:
+def _parse(m: Any) -> dict[str, Any]:
+    """The fields of :class:`~packer.pack.schema.Manifest` from an untrusted manifest, checked."""
     _want(isinstance(m, dict) and m.get("format") == FORMAT_NAME, "not an imgpack manifest")
     version = _int(m, "version", "", lo=1, hi=1 << 31)
     if version > FORMAT_VERSION:
@@ -217,7 +223,7 @@ def _parse(m: Any) -> Manifest:
             dense = parse_record(m["dense"], n)
         except ValueError as e:
             raise _Bad(str(e)) from None
-    return Manifest(
+    return dict(
         count=n,
         image_shape=(shape[0], shape[1], shape[2]),
         resize=resize,
@@ -239,61 +245,6 @@ def _parse(m: Any) -> Manifest:
         quality=quality,
         dense=dense,
     )
-
-
-# ---------------------------------------------------------------- label dtypes (never cast)
-
-
-def _dtype_name(a: Any) -> str:
-    # numpy dtypes print "int64", torch ones "torch.int64"; compare without the prefix
-    # so this module never imports torch.
-    return str(getattr(a, "dtype", type(a).__name__)).removeprefix("torch.")
-
-
-def check_label_arrays(
-    labels: Any,
-    targets: Any | None,
-    *,
-    error: type[PackerError] = PackFormatError,
-    where: str = "labels",
-) -> tuple[int, int | None]:
-    """Check ``labels`` is int64 ``[N]`` and ``targets`` float32 ``[N, K]`` (or None).
-
-    Works on numpy arrays and torch tensors alike. Returns ``(N, K)`` (K None without
-    targets). Raises ``error`` naming what is wrong; never casts.
-    """
-    if _dtype_name(labels) != LABEL_DTYPE:
-        raise error(
-            f"{where}: labels are {_dtype_name(labels)}, expected {LABEL_DTYPE}; "
-            "imgpack does not cast labels (float values belong in targets)"
-        )
-    shape = tuple(getattr(labels, "shape", ()))
-    if len(shape) != 1:
-        raise error(f"{where}: labels have shape {list(shape)}, expected [N]")
-    n = shape[0]
-    if targets is None:
-        return n, None
-    if _dtype_name(targets) != TARGET_DTYPE:
-        raise error(
-            f"{where}: targets are {_dtype_name(targets)}, expected {TARGET_DTYPE}; "
-            "imgpack does not cast targets"
-        )
-    tshape = tuple(getattr(targets, "shape", ()))
-    if len(tshape) != 2 or tshape[0] != n:
-        raise error(f"{where}: targets have shape {list(tshape)}, expected [{n}, K]")
-    return n, tshape[1]
-
-
-def label_fields(labels: Any, targets: Any | None, target_names: Sequence[str]) -> dict[str, Any]:
-    """The manifest fields describing ``labels`` (int64 [N]) and ``targets`` (float32
-    [N, K] or None), after checking them with :func:`check_label_arrays`; ``targets``
-    is None in the result for a pack without targets."""
-    n, k = check_label_arrays(labels, targets, error=InputError)
-    if targets is not None and len(target_names) != k:
-        raise InputError(f"{len(target_names)} target names for {k} target columns")
-    fields: dict[str, Any] = {"targets": None}
-    fields.update(label_fields_json(n, target_names if targets is not None else ()))
-    return fields
 
 
 def check_label_fields(fields: dict[str, Any], count: int, where: str) -> list[str] | None:

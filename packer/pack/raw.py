@@ -18,14 +18,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..errors import DecodeError, UsageError
+from .._lazy import lazy_getattr
+from ..errors import DecodeError, PackFormatError, UsageError
 from ..imaging.limits import DEFAULT_MAX_PIXELS
+from .hashing import digest, hash_blocks, image_bytes
 from .kind import Parts, Progress, StorageKind, pack_dir
-from .schema import DATA_DIR, IMAGES_FILE, LABELS_FILE, FieldSpec, Layout, Manifest
-from .writer import digest, hash_blocks, image_bytes
+from .labels import check_label_arrays
+from .layout import DATA_DIR, IMAGES_FILE, LABELS_FILE, FieldSpec, Layout
 
 if TYPE_CHECKING:
     import torch
+
+    from .schema import Manifest  # above the kinds: its fields are their answers
 
 
 class RawKind(StorageKind):
@@ -102,9 +106,6 @@ class RawKind(StorageKind):
         tensors: dict[str, torch.Tensor],
         max_pixels: int | None = None,
     ) -> Any:
-        from ..errors import PackFormatError
-        from .parse import check_label_arrays
-
         if not {"images", "labels"} <= set(tensors) <= {"images", "labels", "targets"}:
             raise PackFormatError(
                 f"{root}: holds fields {sorted(tensors)} this imgpack cannot open; upgrade imgpack"
@@ -258,12 +259,23 @@ def _only_path(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
         )
 
 
-def _open(prefix: Any) -> Any:
-    # the reader sits above the kinds (it opens a pack through its kind): asked for only
-    # when a user calls ImagePack.load*, never while the module loads
-    from .reader import open_pack
+# The reader (packer.pack.reader) sits above the kinds: it opens a pack through its kind.
+# ImagePack's class-level loaders open one as the reader does, so the reader hands its
+# open_pack down here as it loads. ImagePack is handed out through the reader
+# (packer.ImagePack, packer.pack.ImagePack, and tensordict by way of packer.pack.guard), so
+# the slot is filled before a loader can run.
+_READER: list[Any] = []
 
-    return open_pack(prefix)
+
+def set_reader(open_pack: Any) -> None:
+    """Called once by :mod:`packer.pack.reader` with its ``open_pack``."""
+    _READER[:] = [open_pack]
+
+
+def _open(prefix: Any) -> Any:
+    if not _READER:
+        raise UsageError("open a pack with packer.load(path) (packer.pack.reader is not loaded)")
+    return _READER[0](prefix)
 
 
 @functools.cache
@@ -392,8 +404,5 @@ def image_pack_class() -> type:
     return ImagePack
 
 
-def __getattr__(name: str) -> Any:
-    # ImagePack is a tensorclass: torch and tensordict load only when it is asked for
-    if name == "ImagePack":
-        return image_pack_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ImagePack is a tensorclass: torch and tensordict load only when it is asked for
+__getattr__ = lazy_getattr(__name__, {"ImagePack": image_pack_class})

@@ -8,16 +8,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-from tensordict import MemoryMappedTensor
-
 from ..errors import InputError, PackFormatError
 from .files import check_files, folder_kind, read_manifest
+from .index import read_index
 from .jpeg import JPEG_MAX_SIDE, JpegPack, check_stored_sizes, read_max_pixels
-from .kind import PACK_ATTRIBUTES, pack_dir
+from .kind import PACK_ATTRIBUTES, map_fields, pack_dir
 from .kinds import kind_of
-from .raw import ImagePack
-from .schema import DATA_DIR, MANIFEST, Manifest
+from .raw import image_pack_class, set_reader
+from .schema import MANIFEST, Manifest
 
 # the pack classes and the reader's bounds, importable here as before
 __all__ = [
@@ -31,8 +29,6 @@ __all__ = [
     "read_local_class_map",
     "read_max_pixels",
 ]
-
-_TORCH_DTYPES = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.float32}
 
 
 def open_pack(
@@ -67,18 +63,13 @@ def open_pack(
     if manifest is None:
         manifest = read_manifest(root)
         check_files(root, manifest)
-    n = manifest.count
-    tensors = {}
-    for spec in manifest.fields:
-        shape = (n if spec.rows is None else spec.rows, *spec.row_shape)
-        dtype = _TORCH_DTYPES[spec.dtype]
-        if shape[0] == 0:
-            tensors[spec.name] = torch.empty(shape, dtype=dtype)
-        else:
-            tensors[spec.name] = MemoryMappedTensor.from_filename(
-                root / DATA_DIR / spec.file, dtype, shape, mode="r"
-            )
-    return kind_of(manifest).open(root, manifest, tensors, max_pixels=max_pixels)
+    return kind_of(manifest).open(root, manifest, map_fields(root, manifest), max_pixels=max_pixels)
+
+
+# ImagePack's class-level loaders (ImagePack.load, tensordict's load_memmap) open a pack
+# as this reader does: the reader sits above the kinds, so it hands itself down to them
+set_reader(open_pack)
+ImagePack = image_pack_class()  # torch and tensordict: the reader maps with them anyway
 
 
 def read_local_class_map(source: str | os.PathLike[str]) -> list[str]:
@@ -106,8 +97,6 @@ def read_local_class_map(source: str | os.PathLike[str]) -> list[str]:
 
 def _set_classes(root: Path) -> list[str]:
     """The class map of a pack set's index (``--classes SET``); InputError as a pack's."""
-    from .index import read_index
-
     try:
         classes = list(read_index(root).classes)
     except PackFormatError as e:

@@ -4,17 +4,16 @@ manifest (:func:`write_pack_metadata`, where every way of making a pack ends), a
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import PackFormatError, UsageError
 from .files import _fail, loads_json, read_bounded, write_json_atomic
+from .hashing import digest, hash_blocks, image_bytes
 from .schema import (
     DATA_DIR,
     IMAGES_FILE,
@@ -34,48 +33,6 @@ def block_rows_for(count: int) -> int:
     """Rows per checksum block (also the build's unit of work): at most 64, about
     256 blocks for small packs, so every worker gets many small tasks."""
     return max(1, min(64, math.ceil(count / 256)))
-
-
-def digest(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def image_bytes(shape: Iterable[int]) -> int:
-    return int(math.prod(shape))
-
-
-def hash_blocks(
-    path: Path,
-    block_bytes: int,
-    blocks: int,
-    progress: Callable[[int], None] | None = None,
-    workers: int | None = None,
-) -> list[str]:
-    """SHA-256 of each of ``blocks`` consecutive ``block_bytes`` slices of ``path``
-    (the last may be short), on a thread pool: hashlib and pread release the GIL.
-    ``progress(k)`` is called with the index of each finished block, in order."""
-    if blocks == 0:
-        return []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-
-        def one(k: int) -> str:
-            # in pieces: a block of 64 large images can be hundreds of MB
-            h, pos, end = hashlib.sha256(), k * block_bytes, (k + 1) * block_bytes
-            while pos < end and (piece := os.pread(fd, min(8 << 20, end - pos), pos)):
-                h.update(piece)
-                pos += len(piece)
-            return h.hexdigest()
-
-        with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 1)) as pool:
-            out = []
-            for k, sha in enumerate(pool.map(one, range(blocks))):
-                out.append(sha)
-                if progress:
-                    progress(k)
-            return out
-    finally:
-        os.close(fd)
 
 
 def _tensordict_meta(count: int, fields: Iterable[FieldSpec]) -> dict[str, Any]:

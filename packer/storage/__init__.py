@@ -8,26 +8,18 @@ bounded, node-shared local cache readers stream them through.
 
 from __future__ import annotations
 
-from typing import Any
+from .._lazy import lazy_getattr
 
 _LAZY = {
-    "load": "open",
-    "where": "open",
-    "PackSet": "packset",
-    "open_remote": "remote",
-    "RemoteShards": "cache",
-    "default_cache_dir": "cache",
-    "is_url": "url",
-    "parse_url": "url",
+    "load": ".open",
+    "where": ".open",
+    "PackSet": ".packset",
+    "open_remote": ".remote",
+    "RemoteShards": ".cache",
+    "default_cache_dir": ".cache",
+    "is_url": ".url",
+    "parse_url": ".url",
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'packer.storage' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"packer.storage.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -17,6 +17,7 @@ from PIL import Image
 from aug_checks import mad
 from conftest import write_bomb_jpeg, write_cut_jpeg
 from packer.errors import PackFormatError, UsageError
+from packer.imaging import decoder_base
 from packer.imaging import decoders as D
 from packer.imaging.jpeg import decode_batch
 from packer.transforms import RandomResizedCrop
@@ -78,8 +79,9 @@ def test_prechecked_decode_walks_no_header_but_still_checks_shapes(datas, monkey
     def walked(*a, **k):
         raise AssertionError("the headers were walked again")
 
-    monkeypatch.setattr(D, "check_frames", walked)
-    monkeypatch.setattr(D, "jpeg_too_short", walked)
+    # the checks every decoder shares live in decoder_base (below the backends)
+    monkeypatch.setattr(decoder_base, "check_frames", walked)
+    monkeypatch.setattr(decoder_base, "jpeg_too_short", walked)
     got = dec.decode(datas, sizes=hw, prechecked=True, indices=[4, 5, 6, 7])
     assert all(torch.equal(x, y) for x, y in zip(got, want))
     with pytest.raises(AssertionError, match="walked again"):

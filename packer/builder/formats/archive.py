@@ -27,8 +27,8 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...sources.bucket import bucket_scan
 from ...sources.scan import is_image_name
-from .base import Container, Ref, SourceOptions, file_stamp, finish_labels, one_line
-from .fetch import Fetched, cached, capped
+from .common import Container, Fetched, Ref, cached, capped, file_stamp, finish_labels, one_line
+from .options import SourceOptions
 from .webdataset import unsafe_name
 
 _ZIP_ERRORS = (
@@ -70,7 +70,7 @@ def plan_named(
     from ...sources.tables import read_table
     from ...storage.open import read_class_map
     from ..plan import labels_from_table
-    from .base import SourceScan
+    from .common import SourceScan
 
     scan = bucket_scan(where, listing, tree=False)
     fixed = read_class_map(config.classes) if config.classes is not None else None

@@ -14,7 +14,9 @@ One small interface for all of them. A source is listed once, in the parent, int
   decode them, in chunks, never the whole source at once, and a resumed build reads
   only the chunks it lacks.
 
-:func:`source_plan` is the build's hook: the labelled plan of SRC when SRC is such a
+:func:`source_plan` is the build's hook, on top of the readers (:mod:`.parquet`,
+:mod:`.webdataset`, :mod:`.archive`, :mod:`.remote`), which never import it; what they
+share is one floor down in :mod:`.common` (importable from here too): the labelled plan of SRC when SRC is such a
 source, None for a folder (the build goes on as before). Nothing here imports pyarrow,
 Pillow or numpy at module level.
 """
@@ -22,127 +24,54 @@ Pillow or numpy at module level.
 from __future__ import annotations
 
 import glob
-import json
 import os
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import InputError, UsageError
-from ...sources.scan import Entry, Scan
+from ...sources.scan import is_image_name
+from .archive import index_zips, plan_named
+from .common import (
+    KINDS,
+    MAX_LABEL_BYTES,
+    SUFFIX_KIND,
+    Container,
+    Ref,
+    SourceScan,
+    SourceSpec,
+    _kind_of_name,
+    capped,
+    expand_braces,
+    file_stamp,
+    finish_labels,
+    is_saved_dataset,
+    member_location,
+    one_line,
+    row_location,
+)
+from .options import SourceOptions
+from .parquet import index_arrow, index_parquet
+from .webdataset import index_tars
 
-# A label member (``cls``, ``json``) of a WebDataset sample, at most
-MAX_LABEL_BYTES = 1 << 20
-
-from .options import SourceOptions  # noqa: E402
-
-KINDS = ("parquet", "arrow", "tar", "zip", "object")
-SUFFIX_KIND = {".parquet": "parquet", ".arrow": "arrow", ".tar": "tar", ".zip": "zip"}
-
-
-@dataclass(frozen=True)
-class Container:
-    """One file or object a source's images are read from (or, kind ``object``, the
-    bucket prefix whose objects are images). ``where``: a local path or an
-    ``s3://`` (``gs://``, ``az://``) URL; ``name``: what locations call it; ``column``:
-    a table's image column; ``stamp``: size and mtime (or ETag) when it was listed."""
-
-    kind: str
-    where: str
-    name: str
-    cap: int
-    column: str = ""
-    stamp: str = ""
-
-
-Ref = tuple[Container, Any]
-
-
-@dataclass(frozen=True)
-class SourceScan(Scan):
-    """A :class:`Scan` of a source that is not a folder: ``refs[entry.rel]`` says where
-    each image's bytes are; ``containers`` are what the fingerprint stamps."""
-
-    refs: dict[str, Ref] = field(default_factory=dict)
-    containers: tuple[Container, ...] = ()
-    kind: str = ""
-    # BuildResult.classes_from: "dataset" (a ClassLabel's names, fixed by the data),
-    # "source" (the sorted label names found in it), "folders" (a zip's or bucket's
-    # class folders), or "" (no classes)
-    classes_from: str = ""
-
-    def chunk_items(self) -> list[Ref]:
-        """The build's "paths" of the entries, in order: refs a worker reads."""
-        return [self.refs[e.rel] for e in self.entries]
-
-    def stamps(self) -> bytes:
-        """What the images' bytes depend on, for the resume fingerprint."""
-        rows = [[c.kind, c.where, c.column, c.cap, c.stamp] for c in self.containers]
-        return json.dumps(["sources", self.kind, rows]).encode()
-
-
-def row_location(name: str, row: int) -> str:
-    """``train-00003.parquet row 1,204``."""
-    return f"{name} row {row:,}"
-
-
-def member_location(name: str, member: str) -> str:
-    """``train-000017.tar member 000123.jpg`` (bytes that are not UTF-8 as ``\\xNN``)."""
-    from ...sources.scan import printable
-
-    return f"{printable(name)} member {printable(member)}"
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
-
-
-# ---------------------------------------------------------------- what SRC is
-
-_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-
-
-def expand_braces(text: str) -> list[str]:
-    """``train-{000000..000003}.tar`` -> the four names (zero padding kept), as
-    WebDataset's brace notation; several ranges multiply out. Other text is unchanged."""
-    m = _BRACE.search(text)
-    if m is None:
-        return [text]
-    a, b = m.group(1), m.group(2)
-    lo, hi = int(a), int(b)
-    if hi < lo:
-        raise UsageError(f"{text}: the range {{{a}..{b}}} runs backwards")
-    if hi - lo >= 1_000_000:
-        raise UsageError(f"{text}: the range {{{a}..{b}}} names over a million shards")
-    width = len(a) if a.startswith("0") else 0
-    out: list[str] = []
-    for i in range(lo, hi + 1):
-        out += expand_braces(text[: m.start()] + str(i).zfill(width) + text[m.end() :])
-    return out
-
-
-def _kind_of_name(name: str) -> str | None:
-    return SUFFIX_KIND.get(os.path.splitext(name)[1].lower())
-
-
-def is_saved_dataset(path: Path) -> bool:
-    """A ``datasets`` ``save_to_disk`` folder: Arrow files with ``state.json`` and
-    ``dataset_info.json``."""
-    return (
-        path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
-    )
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """What SRC names, once expanded: ``kind`` and the local files or URLs."""
-
-    kind: str
-    items: tuple[str, ...]
-    bucket: bool = False
+__all__ = [
+    "KINDS",
+    "MAX_LABEL_BYTES",
+    "SUFFIX_KIND",
+    "Container",
+    "Ref",
+    "SourceOptions",
+    "SourceScan",
+    "SourceSpec",
+    "expand_braces",
+    "file_stamp",
+    "finish_labels",
+    "is_saved_dataset",
+    "member_location",
+    "one_line",
+    "row_location",
+    "source_plan",
+    "source_spec",
+]
 
 
 def source_spec(src: Any) -> SourceSpec | None:
@@ -265,23 +194,13 @@ def source_plan(src: Any, dst: Any, config: Any) -> Any:
 
 def _index(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
     if spec.bucket:
-        from .remote import index_bucket
-
-        return index_bucket(spec, opts, config)
+        return _index_bucket(spec, opts, config)
     if spec.kind == "parquet":
-        from .parquet import index_parquet
-
         return index_parquet([Path(p) for p in spec.items], opts, config)
     if spec.kind == "arrow":
-        from .parquet import index_arrow
-
         return index_arrow(spec.items, opts, config)
     if spec.kind == "tar":
-        from .webdataset import index_tars
-
         return index_tars(spec.items, opts, config)
-    from .archive import index_zips
-
     return index_zips(spec.items, opts, config)
 
 
@@ -295,94 +214,41 @@ def _check_not_inside(spec: SourceSpec, dst: Any) -> None:
             raise InputError(f"{dst}: contains the source {item}; choose another destination")
 
 
-def file_stamp(path: str | os.PathLike[str]) -> str:
-    st = os.stat(path)
-    return f"{st.st_size}:{st.st_mtime_ns}"
+def _index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
+    assert spec.kind in KINDS
+    from .remote import _LISTINGS, _listing, _store
 
+    _LISTINGS.clear()
+    if spec.kind == "object":
+        url = spec.items[0]
+        listing = _listing(url)
+        tag = ",".join(f"{k}:{s}:{e}" for k, s, e in sorted(listing))
+        import hashlib
 
-# ---------------------------------------------------------------- labels
-
-
-def finish_labels(
-    found: list[tuple[str, Ref, Any]],
-    names: Sequence[str] | None,
-    where: str,
-    config: Any,
-    *,
-    root: Path,
-    kind: str,
-    containers: Sequence[Container],
-    skipped: list[dict[str, str]],
-    folders: str | None = None,
-) -> Any:
-    """The ``_Labels`` of a listed source. ``found``: (location, ref, label) in the
-    source's order, where label is an index into ``names`` (a ClassLabel's), or a text
-    (a class name or an integer), or None (no label). ``--classes`` fixes the map as for
-    a folder; texts follow a label table's rules (:func:`labels_from_text`)."""
-    from ...sources.cells import labels_from_text
-    from ...sources.classes import resolve_classes
-    from ..config import _Labels
-
-    fixed = None
-    if config.classes is not None:
-        from ...storage.open import read_class_map
-
-        fixed = read_class_map(config.classes)
-    class_map = (
-        None
-        if config.classes is None
-        else config.classes
-        if isinstance(config.classes, str)
-        else str(config.classes.resolve())
-    )
-    new: list[str] = []
-    classes_from = ""
-    if not found:
-        first = f" (first skipped: {skipped[0]['path']}: {skipped[0]['reason']})" if skipped else ""
-        raise InputError(f"{where}: no images found{first}")
-    if names is not None:  # a ClassLabel: an index outside its names is a broken row
-        keep = []
-        for rel, ref, lab in found:
-            if lab is not None and (not isinstance(lab, int) or not -1 <= lab < len(names)):
-                skipped.append(
-                    {"path": rel, "reason": f"label {lab} is not a class of the {len(names)} named"}
-                )
-            else:
-                keep.append((rel, ref, lab))
-        found = keep
-        if not found:
-            raise InputError(f"{where}: no row has a usable label")
-        used = sorted({lab for _, _, lab in found if lab is not None and lab >= 0})
-        if fixed is None:
-            classes = list(names)
-        else:
-            classes, new = resolve_classes(
-                [names[i] for i in used], fixed, config.allow_new_classes, map_source=config.classes
-            )
-        index = {c: i for i, c in enumerate(classes)}
-        labels = [-1 if lab is None or lab < 0 else index[names[lab]] for _, _, lab in found]
-        classes_from = "dataset" if folders is None else folders
-    elif any(lab is not None for _, _, lab in found):
-        texts = ["-1" if lab is None else str(lab).strip() for _, _, lab in found]
-        numbers = list(range(len(found)))
-        labels, classes, new, _ = labels_from_text(
-            texts, numbers, Path(where), "(counted from 0)", fixed, config.allow_new_classes
+        c = Container(
+            "object", url, url, opts.max_image_bytes, "", hashlib.sha256(tag.encode()).hexdigest()
         )
-        classes_from = "source"
-    else:
-        labels, classes = [-1] * len(found), list(fixed or [])
-    entries = [Entry(rel, int(lab)) for (rel, _, _), lab in zip(found, labels)]
-    refs = {rel: ref for rel, ref, _ in found}
-    if len(refs) != len(found):
-        raise InputError(f"{where}: two images have the same location; cannot tell them apart")
-    scan = SourceScan(
-        root=root,
-        classes=list(classes),
-        entries=entries,
-        skipped=skipped,
-        refs=refs,
-        containers=tuple(containers),
-        kind=kind,
-        classes_from=classes_from,
-    )
-    return _Labels(scan=scan, new_classes=new, class_map=class_map)
+        sizes = {k: s for k, s, _ in listing}
+
+        def read_member(key: str, limit: int) -> bytes:
+            return _store(url).get(key, max_bytes=limit)
+
+        skipped = []
+        keep = []
+        for k, s, e in listing:
+            why = capped(s, opts.max_image_bytes)
+            if why and is_image_name(k.rsplit("/", 1)[-1]):
+                skipped.append({"path": k, "reason": why})
+            else:
+                keep.append((k, s, e))
+        del sizes
+        return plan_named(
+            keep, url, Path(url), "object", lambda rel: (c, rel), [c], skipped, config, read_member
+        )
+    if spec.kind == "parquet":
+        return index_parquet(list(spec.items), opts, config)
+    if spec.kind == "tar":
+        return index_tars(spec.items, opts, config)
+    if spec.kind == "zip":
+        return index_zips(spec.items, opts, config)
+    raise UsageError(f"{spec.items[0]}: {spec.kind} sources are read from local disk")

@@ -19,38 +19,14 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ...errors import DecodeError
 from ...imaging.decode import jpeg_for_pack, load_resized
+from .common import Fetched, cached, capped
 
-
-@dataclass
-class Fetched:
-    """One image of a chunk: its bytes, or why they cannot be read (a skip)."""
-
-    data: bytes | None
-    error: str | None = None
-
-
-_open: dict[Any, Any] = {}  # (pid, kind, where) -> the worker's open container
-_OPEN_MAX = 8
-
-
-def cached(key: Any, make: Any) -> Any:
-    """The worker's open handle for ``key``, made by ``make()`` at first use."""
-    full = (os.getpid(), *key)
-    handle = _open.get(full)
-    if handle is None:
-        for k in [k for k in _open if k[0] != os.getpid()]:
-            del _open[k]  # the parent's, inherited by fork: never used here
-        while len(_open) >= _OPEN_MAX:
-            old = _open.pop(next(iter(_open)))
-            with contextlib.suppress(Exception):
-                old.close()
-        handle = _open[full] = make()
-    return handle
+# the worker's handles and the reading helpers live in common (every reader uses them)
+__all__ = ["Fetched", "cached", "capped", "fetch_chunk", "jpeg_for_pack_item", "load_resized_item"]
 
 
 def fetch_chunk(paths: list[Any]) -> list[Any]:
@@ -143,10 +119,3 @@ def jpeg_for_pack_item(item: Any, *args: Any) -> Any:
             return jpeg_for_pack(path, *args)
         except DecodeError as e:
             raise DecodeError(str(e).replace(path, "the image")) from None
-
-
-def capped(data_len: int, cap: int) -> str | None:
-    """The skip reason of an image of ``data_len`` bytes over the cap, or None."""
-    if data_len > cap:
-        return f"{data_len:,} bytes, over the per-image limit of {cap:,}; not read"
-    return None

@@ -24,8 +24,17 @@ from typing import Any
 from ..._fs import loads_json
 from ...errors import InputError
 from ...sources.common import read_regular
-from .base import Container, SourceOptions, file_stamp, finish_labels, one_line, row_location
-from .fetch import Fetched, cached, capped
+from .common import (
+    Container,
+    Fetched,
+    cached,
+    capped,
+    file_stamp,
+    finish_labels,
+    one_line,
+    row_location,
+)
+from .options import SourceOptions
 
 _MAX_JSON = 16 << 20  # a save_to_disk folder's state.json and dataset_info.json, at most
 LABEL_NAMES = ("label", "labels", "cls", "class", "target")

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError, UsageError
-from .base import KINDS, SUFFIX_KIND, Container, SourceOptions, SourceSpec, expand_braces
-from .fetch import Fetched, cached
+from .common import SUFFIX_KIND, Container, Fetched, SourceSpec, cached, expand_braces
 
 log = logging.getLogger(__name__)
 
@@ -108,56 +107,6 @@ def object_stamp(url: str) -> str:
 # the listings of one index (a prefix listed once for all its shards), never reused by
 # a later build: an object changed since must change the fingerprint
 _LISTINGS: dict[str, dict[str, tuple[int, str]]] = {}
-
-
-def index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
-    assert spec.kind in KINDS
-    _LISTINGS.clear()
-    if spec.kind == "object":
-        from .archive import plan_named
-
-        url = spec.items[0]
-        listing = _listing(url)
-        tag = ",".join(f"{k}:{s}:{e}" for k, s, e in sorted(listing))
-        import hashlib
-
-        c = Container(
-            "object", url, url, opts.max_image_bytes, "", hashlib.sha256(tag.encode()).hexdigest()
-        )
-        sizes = {k: s for k, s, _ in listing}
-
-        def read_member(key: str, limit: int) -> bytes:
-            return _store(url).get(key, max_bytes=limit)
-
-        skipped = []
-        keep = []
-        from .fetch import capped
-
-        for k, s, e in listing:
-            why = capped(s, opts.max_image_bytes)
-            from ...sources.scan import is_image_name
-
-            if why and is_image_name(k.rsplit("/", 1)[-1]):
-                skipped.append({"path": k, "reason": why})
-            else:
-                keep.append((k, s, e))
-        del sizes
-        return plan_named(
-            keep, url, Path(url), "object", lambda rel: (c, rel), [c], skipped, config, read_member
-        )
-    if spec.kind == "parquet":
-        from .parquet import index_parquet
-
-        return index_parquet(list(spec.items), opts, config)
-    if spec.kind == "tar":
-        from .webdataset import index_tars
-
-        return index_tars(spec.items, opts, config)
-    if spec.kind == "zip":
-        from .archive import index_zips
-
-        return index_zips(spec.items, opts, config)
-    raise UsageError(f"{spec.items[0]}: {spec.kind} sources are read from local disk")
 
 
 class RangeFile(io.RawIOBase):

@@ -25,16 +25,18 @@ from typing import Any
 
 from ..._fs import loads_json
 from ...errors import InputError
-from .base import (
+from .common import (
     MAX_LABEL_BYTES,
     Container,
-    SourceOptions,
+    Fetched,
+    cached,
+    capped,
     file_stamp,
     finish_labels,
     member_location,
     one_line,
 )
-from .fetch import Fetched, cached, capped
+from .options import SourceOptions
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
