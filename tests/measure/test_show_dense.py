@@ -60,7 +60,7 @@ def test_a_box_outline_is_drawn_along_the_known_box() -> None:
     t = TRUTHS[2]
     img = _plain(t)
     person = t.shapes[2]
-    x1, y1, x2, y2 = person.box
+    x1, _y1, x2, y2 = person.box
     out = annotate(img, {"boxes": [person.box], "labels": [person.label]}, _Cats)
     assert out.shape == img.shape
     want = np.array(colour(person.label), np.uint8)
