@@ -83,6 +83,8 @@ def annotate(
     from PIL import Image, ImageDraw, ImageFont
 
     img = np.array(image, dtype=np.uint8, copy=True)
+    if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=2)
     h, w = img.shape[:2]

@@ -170,3 +170,9 @@ def test_cli_show_of_a_dense_pack(packs: dict[str, Path], tmp_path: Path) -> Non
     # a plain pack's sheet is as it was
     code, stdout, _ = cli_run("show", packs["plain"], "--out", tmp_path / "p.png", "--json")
     assert code == 0 and json.loads(stdout)["classes"] == ["c0", "c1"]
+
+
+def test_a_grey_image_is_drawn_in_colour() -> None:
+    grey = np.full((20, 30, 1), 90, np.uint8)
+    out = annotate(grey, {"boxes": [[2, 12, 12, 20]], "labels": [1]}, _Cats)
+    assert out.shape == (20, 30, 3) and (out[19, 2:12] == colour(1)).all()

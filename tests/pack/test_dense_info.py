@@ -139,3 +139,15 @@ def test_info_on_a_dense_pack_imports_no_torch(packs: dict[str, Path], tmp_path:
         )
         got = json.loads(out.read_text())
         assert got == {"code": 0, "torch": []}
+
+
+def test_a_sets_counts_are_summed_over_its_shards(tmp_path: Path) -> None:
+    write_coco(tmp_path / "coco", TRUTHS, keypoints=True)
+    cfg = BuildConfig(size=(64, 48), resize="stretch", workers=1, shard_size=2 * 64 * 48 * 3)
+    packer.build_pack(tmp_path / "coco", tmp_path / "set", cfg)
+    assert len([p for p in (tmp_path / "set").iterdir() if p.is_dir()]) == 3
+    d = dense_summary(tmp_path / "set")
+    assert d is not None and d["images"] == 6 and d["instances"] == 18
+    assert d["categories"] == dict.fromkeys(NAMES, 6) and d["keypoint_instances"] == 6
+    r = CliRunner().invoke(cli, ["info", str(tmp_path / "set"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["dense"]["instances"] == 18
