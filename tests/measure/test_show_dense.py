@@ -173,6 +173,6 @@ def test_cli_show_of_a_dense_pack(packs: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_a_grey_image_is_drawn_in_colour() -> None:
-    grey = np.full((20, 30, 1), 90, np.uint8)
-    out = annotate(grey, {"boxes": [[2, 12, 12, 20]], "labels": [1]}, _Cats)
-    assert out.shape == (20, 30, 3) and (out[19, 2:12] == colour(1)).all()
+    grey = np.full((40, 30, 1), 90, np.uint8)
+    out = annotate(grey, {"boxes": [[2, 2, 12, 30]], "labels": [1]}, _Cats)
+    assert out.shape == (40, 30, 3) and (out[29, 2:12] == colour(1)).all()
