@@ -28,13 +28,26 @@ def _parse_fractions(text: str) -> tuple[float, ...]:
     "seed) (stratified by label), e.g. 0.9,0.1.",
 )
 @click.option("--seed", type=int, default=None, help="Seed of --split (default 0).")
+@click.option(
+    "--sample",
+    type=click.IntRange(0),
+    default=1000,
+    show_default=True,
+    help="Packs with semantic masks: the pixel-class histogram reads this many images, "
+    "spread evenly over the pack (0: every image).",
+)
 @json_option()
 @handle_errors
-def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> None:
+def info(pack: str, split_text: str | None, seed: int | None, sample: int, as_json: bool) -> None:
     """Show what a pack holds: count, shape, class map, targets, size on disk, build options.
 
     With --split, also each part's size and class histogram, as packer.split
     cuts it (the same seed gives the same parts in Python).
+
+    A pack with dense targets (built with --targets-from) also shows its instances
+    per category, boxes per image (min, median, max), crowd and keypoint instances,
+    whether it holds instance masks, and for semantic masks the share of pixels of
+    each class and of the ignore value, over --sample images.
 
     \b
     Examples:
@@ -43,12 +56,20 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
       imgpack info ./tensors --split 0.9,0.1 --seed 1
       imgpack info s3://bucket/train                # a set in object storage
     """
-    from ..storage.open import describe, load
+    from ..storage.open import describe, load, where
 
     if seed is not None and split_text is None:
         raise UsageError("--seed is the seed of --split; give --split too, e.g. --split 0.9,0.1")
     fractions = _parse_fractions(split_text) if split_text is not None else None
     out = describe(pack)
+    located = where(pack)
+    dense = None
+    if located.kind != "url":  # a pack with dense targets: read their columns (numpy)
+        from ..pack.dense_info import dense_summary
+
+        dense = dense_summary(located.path, sample=sample)
+    if dense is not None:
+        out["dense"] = dense
     splits = None
     if fractions is not None:
         from ..loading.dataset import class_histogram, split
@@ -105,6 +126,8 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
             f"built     from {b.get('source_root')} at {b.get('created')} "
             f"(imgpack {b.get('imgpack_version')}, format {out['format_version']})"
         )
+    if dense is not None:
+        _echo_dense(dense)
     click.echo(f"skipped   {len(out['skipped'])}")
     for s in out["skipped"][:20]:
         click.echo(f"  {s['path']}: {s['reason']}")
@@ -114,3 +137,25 @@ def info(pack: str, split_text: str | None, seed: int | None, as_json: bool) -> 
             click.echo(f"  part {k}  {part['fraction']:g}: {part['count']} images (images, label)")
             for name, count in part["class_counts"].items():
                 click.echo(f"    {count:>8}  {name}")
+
+
+def _echo_dense(d: dict) -> None:
+    b = d["boxes_per_image"]
+    click.echo(
+        f"instances {d['instances']} in {d['images']} images (boxes per image: min {b['min']}, "
+        f"median {b['median']:g}, max {b['max']}); crowd {d['crowd']}, with keypoints "
+        f"{d['keypoint_instances']}, masks {'yes' if d['masks'] else 'no'}"
+    )
+    if d["dropped"]:
+        click.echo(f"          {d['dropped']} boxes fell outside the resized images (dropped)")
+    click.echo(f"categories {len(d['categories'])} (instances, name)")
+    for name, count in d["categories"].items():
+        click.echo(f"  {count:>8}  {name}")
+    s = d["semantic"]
+    if s is not None:
+        click.echo(
+            f"pixels    of {s['images']} of {s['of']} images' semantic masks (share, class); "
+            f"ignore ({s['ignore_index']}) {s['ignore_share']:.2%}"
+        )
+        for name, share in s["classes"].items():
+            click.echo(f"  {share:>8.2%}  {name}")

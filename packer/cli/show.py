@@ -28,9 +28,11 @@ from .output import emit_json, handle_errors
 )
 @click.option(
     "--augment",
-    type=click.Choice(["ta_wide", "ra", "imagenet", "augmix"]),
+    type=click.Choice(["ta_wide", "ra", "imagenet", "augmix", "hflip", "lsj", "ssd"]),
     default=None,
-    help="Show draws of TrivialAugmentWide, RandAugment, AutoAugment('imagenet') or AugMix.",
+    help="Show draws of TrivialAugmentWide, RandAugment, AutoAugment('imagenet') or AugMix; "
+    "for a pack with boxes and masks (built with --targets-from), of the detection "
+    "reference's hflip, lsj (scale jitter to 224) or ssd, the targets moved with the image.",
 )
 @click.option(
     "--random-erase",
@@ -76,11 +78,17 @@ def show(
     (packer.transforms' ops, each image its own draw; a mixer's draws are captioned
     with their two heaviest classes). Needs matplotlib: pip install 'imgpack[plot]'.
 
+    A pack built with --targets-from has its targets drawn on each image: boxes
+    and category names, instance masks and semantic masks as translucent overlays,
+    keypoints; a row per category, of images holding it. --augment hflip, lsj or
+    ssd shows draws of that dense transform with the targets moved with the image.
+
     \b
     Examples:
       imgpack show train256/ --out grid.png
       imgpack show train256/ --out ta.png --per-class 1 --augment ta_wide --random-erase 0.25
       imgpack show train256/ --out mix.png --mixup-alpha 0.2 --cutmix-alpha 1.0 --seed 3
+      imgpack show coco_pack/ --out boxes.png --augment lsj --per-class 2
     """
     from ..measure.show import ShowConfig, show_pack
 

@@ -83,9 +83,13 @@ class ShowConfig:
             raise UsageError(
                 f"{f}seed must be an integer in [0, 2**63 - 1], not {seed!r}", field=f"{f}seed"
             )
-        if self.augment is not None and self.augment not in AUGMENTS:
+        from .show_dense import DENSE_AUGMENTS
+
+        if self.augment is not None and self.augment not in (*AUGMENTS, *DENSE_AUGMENTS):
             raise UsageError(
-                f"{f}augment must be one of {', '.join(AUGMENTS)}, not {self.augment!r}",
+                f"{f}augment must be one of {', '.join(AUGMENTS)} (images), or "
+                f"{', '.join(DENSE_AUGMENTS)} (images with their boxes and masks), "
+                f"not {self.augment!r}",
                 field=f"{f}augment",
             )
         if not 0.0 <= self.random_erase <= 1.0:
@@ -264,6 +268,13 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     check_output_file(Path(cfg.out), f"{_F}out")
     plt = _pyplot()
     pack = load(cfg.pack)
+    from ..pack.dense import dense_of
+    from .show_dense import check_dense_config, show_dense
+
+    cols = dense_of(pack)
+    check_dense_config(cfg, cols is not None)
+    if cols is not None:  # boxes, masks, keypoints drawn on each image
+        return ShowResult(path=Path(cfg.out), **show_dense(cfg, pack, cols, _load, _figure, plt))
     classes = list(pack.classes)
     labels = pack.labels.numpy()
     groups = _groups(labels, classes, cfg)
@@ -315,6 +326,9 @@ def show_pack(cfg: ShowConfig) -> ShowResult:
     )
 
 
+Cell = tuple[np.ndarray, str] | None  # an HWC (or HW) uint8 image and its caption
+
+
 def _hwc(img: torch.Tensor) -> np.ndarray:
     x = img.detach().cpu()
     if x.dtype != torch.uint8:
@@ -334,20 +348,17 @@ def _draw(
 ) -> tuple[int, int, int, int]:
     """The sheet: a row per class (K images), or with draws a row per image (stored,
     then its draws). Returns (rows, columns, width, height in pixels)."""
-    from .plots import save_png
-
     if draws:
-        nrows, ncols = len(stored), 1 + len(draws)
-        cells: list[list[tuple[np.ndarray, str] | None]] = []
+        cells: list[list[Cell]] = []
         row_names = [name for name, rs in groups for _ in rs]
         for i, img in enumerate(stored):
-            row: list[tuple[np.ndarray, str] | None] = [(_hwc(img), "")]
+            row: list[Cell] = [(_hwc(img), "")]
             for d, x in enumerate(draws):
                 row.append((_hwc(x[i]), _caption(softs[d][i], names) if softs else ""))
             cells.append(row)
         heads = ["as stored", *(f"draw {d + 1}" for d in range(len(draws)))]
     else:
-        nrows, ncols = len(groups), max(len(rs) for _, rs in groups)
+        ncols = max(len(rs) for _, rs in groups)
         it = iter(stored)
         cells = [
             [(_hwc(next(it)), "") if j < len(rs) else None for j in range(ncols)]
@@ -355,6 +366,18 @@ def _draw(
         ]
         row_names = [name for name, _ in groups]
         heads = []
+    return _figure(plt, cfg, cells, row_names, heads)
+
+
+def _figure(
+    plt: Any, cfg: ShowConfig, cells: list[list[Cell]], row_names: list[str], heads: list[str]
+) -> tuple[int, int, int, int]:
+    """Lay ``cells`` (rows of images, None: an empty cell) out as one PNG at ``cfg.out``,
+    each row named, each column headed by ``heads`` (if any). Returns (rows, columns,
+    width, height in pixels)."""
+    from .plots import save_png
+
+    nrows, ncols = len(cells), max(len(r) for r in cells)
     fig_w, fig_h = ncols * _CELL_IN + 1.4, nrows * _CELL_IN + 0.5
     fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), dpi=_DPI, squeeze=False)
     for r in range(nrows):
@@ -362,7 +385,7 @@ def _draw(
             ax = axes[r][c]
             ax.set_xticks([])
             ax.set_yticks([])
-            cell = cells[r][c]
+            cell = cells[r][c] if c < len(cells[r]) else None
             if cell is None:
                 ax.axis("off")
                 continue
