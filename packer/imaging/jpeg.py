@@ -57,7 +57,7 @@ def _rgb_mode():  # -> ImageReadMode.RGB, imported only when decoding
     return ImageReadMode.RGB
 
 
-_WARM: list[bool] = []  # import_decoders has run in this process
+_warmed: list[bool] = []  # import_decoders has run in this process (state, not a setting)
 
 
 def import_decoders(device: torch.device) -> None:
@@ -71,7 +71,7 @@ def import_decoders(device: torch.device) -> None:
 
     if device.type == "cuda":
         triton_kernels()  # resize_images' kernels
-    if _WARM:
+    if _warmed:
         return
     import io
 
@@ -84,7 +84,7 @@ def import_decoders(device: torch.device) -> None:
     decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out)  # at 1/2 (jpeg_scale)
     decode_crop_cpu(data, -1, (32, 32), (0, 0, 32, 32), True, out, scaled=False)
     resize_images(decode_batch([data], sizes=[(32, 32)]), (8, 8), mode="crop")
-    _WARM.append(True)
+    _warmed.append(True)
 
 
 def _decode_one(data: torch.Tensor, index: int, device: torch.device) -> torch.Tensor:

@@ -139,7 +139,7 @@ def test_import_decoders_warms_the_scaled_path(monkeypatch) -> None:
 
     seen = []
     real = jpeg_scale.decode_crop_scaled
-    monkeypatch.setattr(jpeg, "_WARM", [])
+    monkeypatch.setattr(jpeg, "_warmed", [])  # a fresh process: nothing warmed yet
     monkeypatch.setattr(
         jpeg_scale, "decode_crop_scaled", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]
     )
