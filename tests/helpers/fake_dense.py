@@ -109,8 +109,11 @@ def decode_masks(masks_rle: list[bytes], size: tuple[int, int]) -> np.ndarray:
 def install(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeColumns]:
     """Put the fake ``packer.pack.dense`` in ``sys.modules``; returns its registry
     (pack path -> columns): ``registry[str(pack.path)] = make_columns(...)``."""
+    import packer.pack.dense as real  # what the pack's own checks use stays the real one
+
     registry: dict[str, FakeColumns] = {}
     mod = types.ModuleType("packer.pack.dense")
+    mod.__getattr__ = lambda name: getattr(real, name)  # type: ignore[method-assign]
 
     def dense_of(pack: Any) -> FakeColumns | None:
         return registry.get(str(getattr(pack, "path", "")))

@@ -70,12 +70,15 @@ def test_a_pack_without_targets_streams_as_before(fake, packs) -> None:
         _loader(pack, targets="padded")
 
 
-def test_without_the_storage_module_a_pack_is_plain(monkeypatch, packs) -> None:
-    import sys
+def test_a_pack_the_real_storage_finds_no_targets_in_is_plain(packs) -> None:
+    """No fake: packer.pack.dense.dense_of of a pack built without targets is None, and
+    the loader streams it as before, (images, labels)."""
+    from packer.pack.dense import dense_of
 
-    monkeypatch.setitem(sys.modules, "packer.pack.dense", None)  # import fails
-    batch = next(iter(_loader(packer.load(packs["raw"]))))
-    assert len(batch) == 2
+    pack = packer.load(packs["raw"])
+    assert dense_of(pack) is None
+    images, labels = next(iter(_loader(pack)))
+    assert images.dtype == torch.uint8 and labels.dtype == torch.int64
 
 
 # ---------------------------------------------------------------- dicts
