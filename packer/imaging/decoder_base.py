@@ -114,7 +114,7 @@ class DecoderBase:
         names, hw = self._checked(datas, sizes, indices, walk=not prechecked)
         if not datas:
             return []
-        out = self._decode(list(datas), names)
+        out = self._decode_sized(list(datas), names, hw)
         self._check_shapes(out, names, hw)
         if self.check_tail:
             self._check_tails(out, datas, names)
@@ -147,6 +147,13 @@ class DecoderBase:
 
     def _decode(self, datas: list[torch.Tensor], names: list[int]) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def _decode_sized(
+        self, datas: list[torch.Tensor], names: list[int], hw: np.ndarray
+    ) -> list[torch.Tensor]:
+        """:meth:`_decode`, for a backend that wants the checked sizes ``hw`` [n, 2] too
+        (the batched decoder lays out its one buffer from them)."""
+        return self._decode(datas, names)
 
     def _decode_rois(
         self, datas: list[torch.Tensor], boxes: np.ndarray, names: list[int], hw: np.ndarray

@@ -260,23 +260,11 @@ class NvBatchDecoder(DecoderBase):
         views = _Views(buf, offs, out_hw, pitch)
         return KeptBatch(table, torch.from_numpy(out_hw.copy()), views, self.device)
 
-    def decode(
-        self,
-        datas: Sequence[torch.Tensor],
-        *,
-        sizes: torch.Tensor | np.ndarray | None = None,
-        indices: Sequence[int] | None = None,
-        prechecked: bool = False,
+    def _decode_sized(
+        self, datas: list[torch.Tensor], names: list[int], hw: np.ndarray
     ) -> list[torch.Tensor]:
         """The interface's whole-image decode: views of one buffer, rows padded."""
-        names, hw = self._checked(datas, sizes, indices, walk=not prechecked)
-        if not datas:
-            return []
-        out = self.decode_kept(datas, hw, names).tensors()
-        self._check_shapes(out, names, hw)
-        if self.check_tail:
-            self._check_tails(out, datas, names)
-        return out
+        return self.decode_kept(datas, hw, names).tensors()
 
 
 class _Views:
