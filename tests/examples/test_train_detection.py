@@ -199,3 +199,52 @@ def test_pack_batches_give_each_image_at_its_own_size(data: dict[str, Path]) -> 
         xyxy = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)]
         np.testing.assert_allclose(t["boxes"].numpy(), xyxy, atol=1e-4)
         assert t["labels"].tolist() == [label[a["category_id"]] for a in anns]
+
+
+@pytest.mark.parametrize("preset", ["hflip", "lsj", "ssd", "ssdlite"])
+def test_each_preset_on_the_reference_path_gives_the_models_labels(
+    data: dict[str, Path], preset: str
+) -> None:
+    args = T.parse(["--data-path-reference", str(data["coco"]), "--data-augmentation", preset,
+                    "--lsj-size", "96", "--device", "cpu"])  # fmt: skip
+    ds, _, ids = T.reference_dataset(
+        data["coco"], "train2017", T.reference_pipeline(args, True), True, None
+    )
+    assert ids == [3, 7, 12]
+    torch.manual_seed(0)
+    for i in range(len(ds)):
+        im, t = ds[i]
+        assert im.dtype == torch.float32 and len(t["masks"]) == len(t["boxes"])
+        if preset == "lsj":
+            assert tuple(im.shape[1:]) == (96, 96)
+        assert set(t["labels"].tolist()) <= {1, 2, 3}  # COCO ids 3, 7, 12 -> 1, 2, 3
+
+
+def test_the_reference_path_trains_and_keeps_the_category_ids(
+    data: dict[str, Path], capsys, monkeypatch
+) -> None:
+    monkeypatch.setattr(T, "make_model", tiny_model)
+    out = data["root"] / "ref_run"
+    text = _main(capsys, "--data-path-reference", data["coco"], "--output-dir", out, "-b", "2",
+                 "--epochs", "1", "--max-steps", "1", *MODEL, "-j", "0")  # fmt: skip
+    assert re.search(r"^epoch 0: train loss [\d.]+ .*\| bbox mAP [\d.]+$", text, re.M), text
+    assert torch.load(out / "checkpoint.pth", weights_only=True)["cat_ids"] == [3, 7, 12]
+
+
+def test_the_packs_instance_masks_are_the_jsons(data: dict[str, Path]) -> None:
+    """segm (Mask R-CNN's second mAP): the JSON's masks, as detections, score 100 against
+    the COCO object built from the pack, and one dropped mask makes it less."""
+    from pycocotools.coco import COCO
+
+    pack_gt = T.PackData(data["val"], "val").coco()
+    with T._quiet():
+        ref = COCO(str(data["coco"] / "annotations" / "instances_val2017.json"))
+    dets = []
+    for a in ref.dataset["annotations"]:
+        rle = ref.annToRLE(a)
+        dets.append({"image_id": a["image_id"], "category_id": a["category_id"],
+                     "bbox": a["bbox"], "score": 1.0,
+                     "segmentation": {"size": rle["size"], "counts": rle["counts"]}})  # fmt: skip
+    ids = sorted(ref.getImgIds())
+    assert T.coco_map(pack_gt, dets, ids, True) == pytest.approx({"bbox": 100.0, "segm": 100.0})
+    assert T.coco_map(pack_gt, dets[1:], ids, True)["segm"] < 100.0

@@ -176,3 +176,12 @@ def test_the_torchvision_model_with_aux_loss_takes_the_packs_batches(data: dict[
     assert x.shape == (2, 3, 48, 48) and y.shape == (2, 48, 48) and y.dtype == torch.int64
     out = model(x)
     assert set(out) == {"out", "aux"} and out["out"].shape == (2, 4, 48, 48)
+
+
+def test_the_reference_path_trains(data: dict[str, Path], capsys, monkeypatch) -> None:
+    monkeypatch.setattr(T, "make_model", tiny_model)
+    out = data["root"] / "ref_run"
+    text = _main(capsys, "--data-path-reference", data["folders"], "--output-dir", out, "-b", "2",
+                 "--epochs", "1", "--num-classes", "4", *COMMON, "-j", "0")  # fmt: skip
+    assert re.search(r"^epoch 0: train loss [\d.]+ .*\| mean IoU [\d.]+ ", text, re.M), text
+    assert torch.load(out / "checkpoint.pth", weights_only=True)["num_classes"] == 4
