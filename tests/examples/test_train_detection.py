@@ -189,7 +189,7 @@ def test_pack_batches_give_each_image_at_its_own_size(data: dict[str, Path]) -> 
     doc = json.loads((data["coco"] / "annotations" / "instances_val2017.json").read_text())
     files = {im["id"]: im["file_name"] for im in doc["images"]}
     label = {3: 1, 7: 2, 12: 3}
-    (images, targets), *rest = list(T.pack_batches(val, False))
+    (images, targets), *rest = list(T.pack_batches(val, True))  # Mask R-CNN's targets
     assert not rest and len({im.shape for im in images}) == 4  # four sizes in one batch
     for im, t in zip(images, targets):
         path = data["coco"] / "val2017" / files[t["image_id"]]
@@ -199,6 +199,11 @@ def test_pack_batches_give_each_image_at_its_own_size(data: dict[str, Path]) -> 
         xyxy = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)]
         np.testing.assert_allclose(t["boxes"].numpy(), xyxy, atol=1e-4)
         assert t["labels"].tolist() == [label[a["category_id"]] for a in anns]
+        m = t["masks"]  # cropped with the image: each mask's extent is its box
+        assert m.shape == (len(anns), *im.shape[1:]) and m.dtype == torch.uint8
+        for mask, (x1, y1, x2, y2) in zip(m, xyxy):
+            ys, xs = torch.nonzero(mask, as_tuple=True)
+            assert [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1] == [x1, y1, x2, y2]
 
 
 @pytest.mark.parametrize("preset", ["hflip", "lsj", "ssd", "ssdlite"])
@@ -248,3 +253,21 @@ def test_the_packs_instance_masks_are_the_jsons(data: dict[str, Path]) -> None:
     ids = sorted(ref.getImgIds())
     assert T.coco_map(pack_gt, dets, ids, True) == pytest.approx({"bbox": 100.0, "segm": 100.0})
     assert T.coco_map(pack_gt, dets[1:], ids, True)["segm"] < 100.0
+
+
+def test_a_checkpoint_of_another_model_or_category_map_is_refused(
+    data: dict[str, Path], capsys, tmp_path: Path
+) -> None:
+    name = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    torch.save({"model": {}, "epoch": 0, "model_name": name, "cat_ids": [1, 2, 3]},
+               tmp_path / "cats.pth")  # fmt: skip
+    torch.save({"model": {}, "epoch": 0, "model_name": "retinanet_resnet50_fpn",
+                "cat_ids": [3, 7, 12]}, tmp_path / "retina.pth")  # fmt: skip
+    base = ["--val-pack", data["val"], "--test-only", *MODEL, "--resume"]
+    line = _error(capsys, *base, tmp_path / "cats.pth")
+    assert line.endswith("cats.pth: trained on categories [1, 2, 3], not [3, 7, 12]"), line
+    line = _error(capsys, *base, tmp_path / "retina.pth")
+    assert line.endswith(
+        "retina.pth: a retinanet_resnet50_fpn checkpoint; resume it with --model "
+        "retinanet_resnet50_fpn"
+    ), line
