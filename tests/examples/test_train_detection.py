@@ -271,3 +271,39 @@ def test_a_checkpoint_of_another_model_or_category_map_is_refused(
         "retina.pth: a retinanet_resnet50_fpn checkpoint; resume it with --model "
         "retinanet_resnet50_fpn"
     ), line
+
+
+def tiny_mask_model(args, num_classes: int, device: torch.device) -> torch.nn.Module:
+    """tiny_model with Mask R-CNN's mask branch (small heads)."""
+    from torchvision.models.detection import MaskRCNN
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+    from torchvision.models.detection.rpn import AnchorGenerator
+    from torchvision.ops import MultiScaleRoIAlign
+
+    backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU())
+    backbone.out_channels = 8
+    return MaskRCNN(
+        backbone,
+        rpn_anchor_generator=AnchorGenerator(((16,),), ((1.0,),)),
+        box_roi_pool=MultiScaleRoIAlign(["0"], 7, 2),
+        box_head=TwoMLPHead(8 * 7 * 7, 64),
+        box_predictor=FastRCNNPredictor(64, num_classes),
+        mask_roi_pool=MultiScaleRoIAlign(["0"], 14, 2),
+        mask_head=MaskRCNNHeads(8, (8,), 1),
+        mask_predictor=MaskRCNNPredictor(8, 8, num_classes),
+        min_size=args.min_size,
+        max_size=args.max_size,
+        box_score_thresh=0.0,
+        box_detections_per_img=5,  # pasting masks on the CPU is the slow part
+    ).to(device)
+
+
+def test_mask_rcnn_trains_on_the_packs_masks_and_reports_segm(
+    data: dict[str, Path], capsys, monkeypatch
+) -> None:
+    monkeypatch.setattr(T, "make_model", tiny_mask_model)
+    model = ["--model", "maskrcnn_resnet50_fpn", *MODEL[2:]]
+    text = _main(capsys, "--data-path", data["train"], "--val-pack", data["val"], "-b", "2",
+                 "--output-dir", data["root"] / "mask_run", "--epochs", "1", *model)  # fmt: skip
+    assert re.search(r"^epoch 0: .*\| bbox mAP [\d.]+, segm mAP [\d.]+$", text, re.M), text
