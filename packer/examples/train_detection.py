@@ -254,11 +254,18 @@ def pack_batches(loader: Any, masks: bool) -> Iterator[tuple[list, list]]:
         yield images, targets
 
 
-def pack_loaders(args: argparse.Namespace, device: torch.device) -> tuple[Any, Any]:
+def pack_loaders(
+    args: argparse.Namespace,
+    device: torch.device,
+    train_data: PackData | None = None,
+    val_data: PackData | None = None,
+) -> tuple[Any, Any]:
+    """(train loader or None, val loader or None) over the packs the flags name: the
+    train one with the preset and a shuffle per epoch, the val one in order, as stored."""
     train = val = None
     if args.data_path is not None and not args.test_only:
         train = packer.PackLoader(
-            PackData(args.data_path, "train").pack,
+            (train_data or PackData(args.data_path, "train")).pack,
             args.batch_size,
             device=device,
             seed=args.seed,
@@ -268,7 +275,7 @@ def pack_loaders(args: argparse.Namespace, device: torch.device) -> tuple[Any, A
         )
     if args.val_pack is not None:
         val = packer.PackLoader(
-            PackData(args.val_pack, "val").pack,
+            (val_data or PackData(args.val_pack, "val")).pack,
             args.val_batch_size,
             device=device,
             shuffle=False,
@@ -603,9 +610,10 @@ def run(args: argparse.Namespace) -> None:
         steps = len(train_dl) if train_dl is not None else 0
         names = None
     else:
-        train_loader, val_loader = pack_loaders(args, device)
         val_data = PackData(args.val_pack, "val") if args.val_pack is not None else None
-        first = PackData(args.data_path, "train") if train_loader is not None else val_data
+        train_data = PackData(args.data_path, "train") if not args.test_only else None
+        train_loader, val_loader = pack_loaders(args, device, train_data, val_data)
+        first = train_data or val_data
         assert first is not None
         cat_ids, names = list(first.categories.ids), list(first.categories.names)
         if val_data is not None and (
@@ -698,6 +706,9 @@ def run(args: argparse.Namespace) -> None:
             f"epoch {epoch}: train loss {loss_sum / max(steps, 1):.4f} "
             f"lr {opt.param_groups[0]['lr']:.4g} {rate:,.1f} img/s"
         )
+        if args.data_path_reference is None:  # did the loader keep up?
+            st = train_loader.stats()
+            line += f", waited for the loader {st.wait_share:.1%} (slowest: {st.slowest_stage})"
         if gt is not None:
             maps = evaluate(model, val_batches(), gt, cat_ids, amp, device, masks)
             line += " | " + ", ".join(f"{k} mAP {v:.4f}" for k, v in maps.items())

@@ -538,6 +538,9 @@ def run(args: argparse.Namespace) -> None:
             f"epoch {epoch}: train loss {loss_sum / max(steps, 1):.4f} "
             f"lr {opt.param_groups[0]['lr']:.4g} {rate:,.1f} img/s"
         )
+        if args.data_path_reference is None:  # did the loader keep up?
+            st = train_loader.stats()
+            line += f", waited for the loader {st.wait_share:.1%} (slowest: {st.slowest_stage})"
         if val_batches is not None:
             line += " | " + summary(evaluate(model, val_batches(), num_classes, amp, device))
         print(line, flush=True)
