@@ -145,8 +145,8 @@ def served(
     try:
         yield make
     finally:
-        for server in servers:
-            server.stop()
+        for server in servers:  # its data is the test's own: no graceful end to wait for
+            server.stop(kill=True)
 
 
 def _sparse(path: Path, size: int) -> None:
