@@ -337,6 +337,8 @@ def special_meta_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[s
     return {case: json.loads(line) for case, line in zip(cases, lines)}
 
 
+# the six cases on one xdist worker: one child for them all, not one a worker
+@pytest.mark.xdist_group("special-meta")
 @pytest.mark.parametrize("kind", _SPECIAL_KINDS)
 @pytest.mark.parametrize("name", _SPECIAL_NAMES)
 def test_a_metadata_file_that_is_not_a_regular_file_is_refused_not_read(
