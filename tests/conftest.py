@@ -78,6 +78,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _ended.set()
+    where = os.environ.get(_GROUPS_ENV)
+    if where and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller made it
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
 
 
 # ---- markers (issue 45): `cuda` is the one spelling of "needs a CUDA device"
