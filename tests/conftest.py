@@ -78,6 +78,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _ended.set()
+    where = os.environ.get(_GROUPS_ENV)
+    if where and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller made it
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
 
 
 # ---- markers (issue 45): `cuda` is the one spelling of "needs a CUDA device"
@@ -101,6 +106,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = _xdist_group(item)
             if group:
                 item.add_marker(pytest.mark.xdist_group(group))
+        _write_groups(items)
+
+
+# pytest 9 derives Item.nodeid from a structured id, so pytest-xdist's way of grouping
+# (appending "@group" to item._nodeid on the worker) no longer changes the nodeid the
+# scheduler sees: under --dist loadgroup every test was its own unit, and each worker
+# started its own Ray cluster, S3/GCS/Azure servers and module fixtures. Each worker now
+# writes {nodeid: group} to a file the controller's scheduler reads (same collection).
+_GROUPS_ENV = "IMGPACK_TEST_XDIST_GROUPS"
+
+
+def _write_groups(items: list[pytest.Item]) -> None:
+    where = os.environ.get(_GROUPS_ENV)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not where or not worker:
+        return
+    groups = {}
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})  # fmt: skip
+        if names:
+            groups[item.nodeid] = "_".join(names)
+    tmp = Path(where) / f"{worker}.json.tmp"
+    tmp.write_text(json.dumps(groups))
+    os.replace(tmp, Path(where) / f"{worker}.json")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    where = os.environ[_GROUPS_ENV]  # set in pytest_configure, before the workers start
+    found: dict[str, str] = {}
+
+    class _Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not found:
+                files = sorted(Path(where).glob("*.json"))
+                found.update(json.loads(files[0].read_text()) if files else {"": ""})
+            return found.get(nodeid) or nodeid
+
+    return _Groups(config, log)
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
@@ -123,6 +172,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker computes with one thread (and so do the interpreters it
     starts, unless a test says otherwise): two workers on two cores each running two
     OpenMP threads spend the machine's time waiting on each other."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("dist") == "loadgroup":
+        import tempfile
+
+        os.environ[_GROUPS_ENV] = tempfile.mkdtemp(prefix="imgpack-xdist-groups-")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, "1")

@@ -45,9 +45,17 @@ class S3Server:
     """``rclone serve s3`` over ``data`` (one folder per bucket) at :attr:`endpoint`."""
 
     def __init__(
-        self, data: Path, buckets: tuple[str, ...] = ("imgpack",), key: str = "", secret: str = ""
+        self,
+        data: Path,
+        buckets: tuple[str, ...] = ("imgpack",),
+        key: str = "",
+        secret: str = "",
+        etag: bool = True,
     ) -> None:
+        """``etag=False``: no ETags (``--etag-hash ""``), so that a GiB-sized sparse
+        object is listed and served without rclone reading it whole for its MD5."""
         self.data = Path(data)
+        self.etag = etag
         self.buckets = buckets
         self.key = key or "imgpack-test-key"
         self.secret = secret or "imgpack-test-secret-" + os.urandom(6).hex()
@@ -81,6 +89,7 @@ class S3Server:
             f"127.0.0.1:{self.port}",
             "--config",
             os.devnull,
+            *(() if self.etag else ("--etag-hash", "")),
             str(self.data),
         ]
         with open(self.log, "ab") as log:

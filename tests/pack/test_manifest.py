@@ -275,46 +275,79 @@ def test_a_meta_json_naming_another_class_never_runs_a_planted_pickle(
     assert marker.is_dir()
 
 
+# each pack named on the command line, through each entry: one line per pack, a JSON list
+# of what each entry said (one interpreter for every case: each start imports torch)
 _SPECIAL_META = textwrap.dedent(
     """
-    import sys, tensordict
+    import json, sys, tensordict
     import packer.pack
     from packer.errors import PackFormatError
-    for load in (packer.load, tensordict.load_memmap, tensordict.TensorDict.load_memmap):
-        try:
-            load(sys.argv[1])
-        except PackFormatError as e:
-            print("refused:", e)
+    for path in sys.argv[1:]:
+        said = []
+        for load in (packer.load, tensordict.load_memmap, tensordict.TensorDict.load_memmap):
+            try:
+                load(path)
+            except PackFormatError as e:
+                said.append("refused: " + str(e))
+            else:
+                said.append("opened")
+        print(json.dumps(said), flush=True)
     """
 )
 
+_SPECIAL_KINDS = ("fifo", "dev-zero")
+_SPECIAL_NAMES = ("meta.json", "_tensordict/meta.json", "imgpack.json")
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
-@pytest.mark.parametrize("name", ["meta.json", "_tensordict/meta.json", "imgpack.json"])
-def test_a_metadata_file_that_is_not_a_regular_file_is_refused_not_read(
-    packed: Path, tmp_path: Path, kind: str, name: str
-) -> None:
-    """A FIFO would hang the reader for good, a link to /dev/zero read until memory
-    runs out: each entry refuses it from the opened descriptor. In a child with a
-    timeout, so a regression fails instead of hanging."""
-    target = packed / name
-    target.unlink()
-    if kind == "fifo":
-        os.mkfifo(target)
-    else:
-        target.symlink_to("/dev/zero")
-    script = tmp_path / "load.py"
+
+@pytest.fixture(scope="session")
+def special_meta_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list]:
+    """``{(kind, name): what each entry said}``: a pack (image_tree's shape) copied once per
+    case, its ``name`` replaced by a FIFO or a link to /dev/zero, all read by one child
+    with a timeout (so a regression fails instead of hanging)."""
+    import shutil
+
+    from packer.builder.api import BuildConfig, build
+
+    root = tmp_path_factory.mktemp("special-meta")
+    for i, size in enumerate(((64, 48), (30, 60), (50, 50), (33, 47))):
+        write_image(root / "src" / f"c{i % 2}" / f"{i}.png", size, seed=i)
+    build(root / "src", root / "pack", BuildConfig(size=(32, 24), workers=1))
+    cases = [(k, n) for k in _SPECIAL_KINDS for n in _SPECIAL_NAMES]
+    packs = []
+    for i, (kind, name) in enumerate(cases):
+        pack = shutil.copytree(root / "pack", root / f"case{i}")
+        (pack / name).unlink()
+        if kind == "fifo":
+            os.mkfifo(pack / name)
+        else:
+            (pack / name).symlink_to("/dev/zero")
+        packs.append(str(pack))
+    script = root / "load.py"
     script.write_text(_SPECIAL_META)
     p = subprocess.run(
-        [sys.executable, str(script), str(packed)],
+        [sys.executable, str(script), *packs],
         env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    what = "a FIFO" if kind == "fifo" else "a character device"
     lines = p.stdout.splitlines()
+    assert len(lines) == len(cases), p.stdout
+    return {case: json.loads(line) for case, line in zip(cases, lines)}
+
+
+# the six cases on one xdist worker: one child for them all, not one a worker
+@pytest.mark.xdist_group("special-meta")
+@pytest.mark.parametrize("kind", _SPECIAL_KINDS)
+@pytest.mark.parametrize("name", _SPECIAL_NAMES)
+def test_a_metadata_file_that_is_not_a_regular_file_is_refused_not_read(
+    special_meta_lines: dict[tuple[str, str], list], kind: str, name: str
+) -> None:
+    """A FIFO would hang the reader for good, a link to /dev/zero read until memory
+    runs out: each entry refuses it from the opened descriptor."""
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    lines = special_meta_lines[kind, name]
     assert len(lines) == 3 and all(f"{name} is not a regular file ({what})" in x for x in lines)
 
 
