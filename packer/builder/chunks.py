@@ -326,6 +326,24 @@ class LazyPool:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+def finish_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> None:
+    """The end of a build whose tasks are all done: the workers exit on the executor's
+    sentinels. One still alive ``timeout`` seconds later is stuck, not working (seen
+    once in the suite: a worker waiting forever for the task queue's lock, which a dead
+    sibling held), and is killed rather than left to hang the build's last step."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them

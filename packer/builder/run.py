@@ -41,7 +41,7 @@ from typing import Any
 from .._fs import default_workers, destination_error
 from ..errors import UsageError
 from ..pack.writer import block_rows_for
-from .chunks import LazyPool, decode_all, start_pool, stop_pool, store_options
+from .chunks import LazyPool, decode_all, finish_pool, start_pool, stop_pool, store_options
 from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
 from .config import STORES as STORES
 from .config import BuildConfig, BuildResult, _Labels
@@ -246,7 +246,7 @@ def _build_locked(
             )  # fmt: skip
         t = time.perf_counter()
         if pool is not None:
-            pool.shutdown(wait=True)
+            finish_pool(pool)
         times["pool_stop"] = time.perf_counter() - t
     except BaseException:
         if pool is not None:
