@@ -477,7 +477,14 @@ def save_atomic(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, device: torch.device, model_name: str) -> dict:
+def load_checkpoint(
+    path: Path,
+    device: torch.device,
+    model_name: str,
+    keys: frozenset[str] = frozenset({"model", "epoch", "model_name", "cat_ids"}),
+) -> dict:
+    """A checkpoint this script (or the segmentation recipe, with its ``keys``) wrote,
+    loaded without unpickling code; a Fail naming the file for anything else."""
     if not path.is_file():
         raise Fail(f"{path}: no such checkpoint (--resume); give a checkpoint.pth this wrote")
     try:
@@ -485,7 +492,7 @@ def load_checkpoint(path: Path, device: torch.device, model_name: str) -> dict:
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise Fail(f"{path}: not a checkpoint this script wrote ({first})") from None
-    if not isinstance(ck, dict) or not {"model", "epoch", "model_name", "cat_ids"} <= set(ck):
+    if not isinstance(ck, dict) or not keys <= set(ck):
         raise Fail(f"{path}: not a checkpoint this script wrote (--resume)")
     if ck["model_name"] != model_name:
         raise Fail(
@@ -564,8 +571,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(lambda: run(parse(argv)))
+
+
+def run_cli(job: Callable[[], None]) -> int:
+    """A recipe's exit code: 0, or 2 with one ``Error:`` line for a user's mistake."""
     try:
-        run(parse(argv))
+        job()
     except (Fail, PackerError) as e:
         print(f"Error: {e}", file=sys.stderr, flush=True)
         return 2

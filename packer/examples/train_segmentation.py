@@ -52,13 +52,16 @@ import torch
 import torchvision
 
 import packer
-from packer.errors import PackerError
 from packer.examples.train_detection import (
     NONNEGATIVE,
     POSITIVE,
     POSITIVE_FLOAT,
     Fail,
+    run_cli,
     save_atomic,
+)
+from packer.examples.train_detection import (
+    load_checkpoint as _load_checkpoint,
 )
 
 MODELS = (
@@ -300,22 +303,8 @@ def make_model(args: argparse.Namespace, num_classes: int, device: torch.device)
 
 
 def load_checkpoint(path: Path, device: torch.device, model_name: str) -> dict:
-    import pickle
-
-    if not path.is_file():
-        raise Fail(f"{path}: no such checkpoint (--resume); give a checkpoint.pth this wrote")
-    try:
-        ck = torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise Fail(f"{path}: not a checkpoint this script wrote ({first})") from None
-    if not isinstance(ck, dict) or not {"model", "epoch", "model_name", "num_classes"} <= set(ck):
-        raise Fail(f"{path}: not a checkpoint this script wrote (--resume)")
-    if ck["model_name"] != model_name:
-        raise Fail(
-            f"{path}: a {ck['model_name']} checkpoint; resume it with --model {ck['model_name']}"
-        )
-    return ck
+    keys = frozenset({"model", "epoch", "model_name", "num_classes"})
+    return _load_checkpoint(path, device, model_name, keys)
 
 
 # ---------------------------------------------------------------- main
@@ -382,12 +371,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        run(parse(argv))
-    except (Fail, PackerError) as e:
-        print(f"Error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run_cli(lambda: run(parse(argv)))
 
 
 def run(args: argparse.Namespace) -> None:
