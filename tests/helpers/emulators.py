@@ -24,15 +24,13 @@ import hmac
 import http.client
 import os
 import shutil
-import signal
 import subprocess
-import time
 from email.utils import formatdate
 from pathlib import Path
 
 from packer.errors import UsageError
 
-from .local_server import free_port, rclone_binary
+from .local_server import free_port, launch, rclone_binary, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE_VERSION = "3.35.0"
@@ -83,35 +81,11 @@ class _Process:
     proc: subprocess.Popen[bytes] | None = None
 
     def _launch(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
-            )
-        import socket
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not listen on {self.port} in {timeout} s")
+        self.proc = launch(cmd, self.log, self.port, timeout, self.name, env)
 
     def stop(self, kill: bool = False) -> None:
         """Stop the server by its PID (SIGKILL with ``kill``)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process(self.proc, kill)
         self.proc = None
 
     @property

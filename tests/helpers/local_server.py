@@ -92,33 +92,12 @@ class S3Server:
             *(() if self.etag else ("--etag-hash", "")),
             str(self.data),
         ]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"rclone serve s3 exited ({self.proc.returncode}); see {self.log}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"rclone serve s3 did not listen on {self.port} in {timeout} s")
+        self.proc = launch(cmd, self.log, self.port, timeout, "rclone serve s3")
+        return self
 
     def stop(self, kill: bool = False) -> None:
         """Stop the server by its PID (SIGKILL with ``kill``)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process(self.proc, kill)
         self.proc = None
 
     def __enter__(self) -> S3Server:
@@ -126,3 +105,41 @@ class S3Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def launch(
+    cmd: list[str],
+    log: Path,
+    port: int,
+    timeout: float,
+    name: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a test server (its output to ``log``) and wait until it listens on ``port``
+    of 127.0.0.1; a RuntimeError naming ``name`` and the log when it exits or does not
+    listen in ``timeout`` s (it is stopped then)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited ({proc.returncode}); see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc
+        except OSError:
+            time.sleep(0.02)
+    stop_process(proc)
+    raise RuntimeError(f"{name} did not listen on {port} in {timeout} s")
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, kill: bool = False) -> None:
+    """Stop a test server by its PID: SIGTERM (SIGKILL with ``kill``), SIGKILL after 10 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
