@@ -153,6 +153,16 @@ class NvImageCodecDecoder(DecoderBase):
             raise Unavailable(f"nvImageCodec cannot decode JPEG here ({e})") from None
 
     @property
+    def coarse_regions(self) -> bool:
+        """Whether its regions come without smooth chroma upsampling (about 1.2/255 mean
+        from Pillow's pixels): on the GPU until a probe finds otherwise, where nvImageCodec
+        0.9.0 decodes no region with it on. The JPEG-pack loader then decodes a box alone
+        only where the resize shrinks it 2x (:func:`packer.loading.jpeg_pass.regions_pay`)."""
+        if self._roi_path is None:
+            return self.device.type == "cuda"
+        return self._roi_path == ROI_PATHS[1]
+
+    @property
     def roi_path(self) -> str:
         if not self.supports_roi:
             return "full+crop"

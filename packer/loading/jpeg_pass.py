@@ -172,6 +172,8 @@ class Decoding:
             elif getattr(dec, "kept", False):  # addresses into kept buffers, no tensors
                 got = dec.decode_kept(datas, sizes, indices)
                 out = [False] * len(got), got
+            elif self.roi(dec) and getattr(dec, "coarse_regions", False):
+                out = _regions_or_whole(dec, datas, sizes, boxes, indices, size)
             elif self.roi(dec):
                 got = dec.decode_rois(datas, boxes, sizes=sizes, indices=indices)
                 out = [True] * len(got), got
@@ -185,6 +187,51 @@ class Decoding:
 
     def _index(self, dec: Any) -> int:
         return next((k for k, d in enumerate(self.decoders) if d is dec), 0)
+
+
+REGION_SHRINK = 2  # a box is decoded alone only where the resize shrinks it this much
+
+
+def regions_pay(boxes: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+    """bool [n]: which boxes (top, left, h, w) a region decoder decodes alone: those the
+    resize to ``size`` shrinks at least :data:`REGION_SHRINK` times on both sides (all of
+    them where ``size`` is None). nvImageCodec decodes regions without libjpeg's smooth
+    chroma upsampling, about 1.2/255 mean from Pillow's pixels before any resize; a
+    shrink of 2 or more averages that below 1/255, where a box kept or enlarged by the
+    resize would carry it whole. The rest are decoded whole, with smooth upsampling, and
+    cut after (docs/PERFORMANCE.md, "JPEG packs beside DALI")."""
+    if size is None:
+        return torch.ones(len(boxes), dtype=torch.bool)
+    oh, ow = size
+    return (boxes[:, 2] >= REGION_SHRINK * oh) & (boxes[:, 3] >= REGION_SHRINK * ow)
+
+
+def _regions_or_whole(
+    dec: Any,
+    datas: list[torch.Tensor],
+    sizes: torch.Tensor,
+    boxes: torch.Tensor,
+    indices: list[int],
+    size: tuple[int, int] | None,
+) -> tuple[list[bool], list[torch.Tensor]]:
+    """The batch of a decoder whose regions come without smooth chroma upsampling
+    (``coarse_regions``): the boxes where :func:`regions_pay` alone, the other images
+    whole; (cut, images) in the batch's order."""
+    cut = regions_pay(boxes, size).tolist()
+    out: list[Any] = [None] * len(datas)
+    for alone in (True, False):
+        ks = [k for k, c in enumerate(cut) if c is alone]
+        if not ks:
+            continue
+        part = [datas[k] for k in ks]
+        names = [indices[k] for k in ks]
+        if alone:
+            got = dec.decode_rois(part, boxes[ks], sizes=sizes[ks], indices=names)
+        else:
+            got = dec.decode(part, sizes=sizes[ks], indices=names)
+        for k, img in zip(ks, got, strict=True):
+            out[k] = img
+    return cut, out
 
 
 def _label(dec: Any) -> str:

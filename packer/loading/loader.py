@@ -83,6 +83,15 @@ from .strategies import PassConfig, Resident, choose
 log = logging.getLogger(__name__)
 
 
+def _names_cuda(device: Any) -> bool:
+    """Whether ``device`` names a CUDA device (without starting CUDA; False for
+    anything :func:`_check_device` will refuse)."""
+    try:
+        return torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
 class PackLoader:
     """Iterate a pack in batches of ``(images, labels)`` on ``device``, or of
     ``(images, labels, targets)`` when the pack has targets (``pack.targets`` is not None).
@@ -339,6 +348,13 @@ class PackLoader:
             raise UsageError(f"even_split must be 'pad' or 'trim', not {even_split!r}")
         self.pack = pack
         self.batch_size = batch_size
+        if self._crop is not None and _names_cuda(device):
+            # a JPEG loader on CUDA asks for the decoders' queues before anything here
+            # starts CUDA (_check_device's current_device() does): in time where the
+            # caller has not started it yet
+            from ..imaging.cuda_queues import claim
+
+            claim()  # packer.configure_cuda_queues(): 32 queues unless too late or set
         self.device = _check_device(device)
         if gather == "device" and self.device.type != "cuda":
             raise UsageError(
@@ -383,10 +399,6 @@ class PackLoader:
         if self._crop is not None:
             from .jpeg_pass import decoding_for
 
-            if self.device.type == "cuda":  # before the decoder: in time if CUDA waits
-                from ..imaging.cuda_queues import claim
-
-                claim()  # packer.configure_cuda_queues(): 32 queues unless too late or set
             self._decoding = decoding_for(decode, self.device)
             if self._decoding is not None and self.device.type == "cuda":
                 from ..imaging.cuda_queues import warn_once

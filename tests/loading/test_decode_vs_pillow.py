@@ -24,7 +24,7 @@ from packer.imaging import decoders as D
 from packer.imaging.jpeg import resize_images, sizes_of
 from packer.imaging.jpeg_scale import draft_scale
 from packer.loading.crop import crop_for
-from packer.loading.jpeg_pass import Decoding
+from packer.loading.jpeg_pass import Decoding, regions_pay
 from packer.measure.bench.synth import synth_image
 
 SHAPES = [(480, 640), (375, 500), (600, 450), (97, 131), (768, 1024)]  # (h, w)
@@ -154,16 +154,22 @@ def _gpu_decoders() -> dict[str, object]:
 
 
 @pytest.mark.cuda
-def test_each_gpu_decoder_is_pillows_full_decode_crop_resize(batch) -> None:
+@pytest.mark.parametrize("side", [224, 112])  # 112: most boxes shrink 2x, decoded alone
+def test_each_gpu_decoder_is_pillows_full_decode_crop_resize(batch, side) -> None:
     datas, fulls, sizes = batch
-    crop = crop_for(None, 224, True)
+    crop = crop_for(None, side, True)
     boxes, flip = crop.boxes(sizes, torch.Generator().manual_seed(4))
-    ref = _pillow(fulls, boxes, flip, (224, 224))
+    ref = _pillow(fulls, boxes, flip, (side, side))
+    shrunk = regions_pay(boxes, (side, side)).tolist()
+    assert side == 224 or 0 < sum(shrunk) < len(shrunk)  # both kinds of box
     for name, dec in _gpu_decoders().items():
-        got = through_lane(dec, datas, sizes, boxes, flip, (224, 224)).cpu()
+        got = through_lane(dec, datas, sizes, boxes, flip, (side, side)).cpu()
         for k in range(len(datas)):
             err = (got[k].double() - ref[k].double()).abs().mean().item()
-            assert err <= 1.0, f"{name}, image {k}: {err:.3f}/255"
+            # nvbatch roi=True decodes every box alone without smooth chroma upsampling
+            # (opt-in): within 1/255 where the resize shrinks the box 2x, 1.5/255 else
+            bound = 1.5 if name == "nvbatch roi=True" and not shrunk[k] else 1.0
+            assert err <= bound, f"{name}, image {k}: {err:.3f}/255"
 
 
 @pytest.mark.cuda

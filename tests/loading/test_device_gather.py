@@ -108,9 +108,10 @@ def test_cuda_device_gather_with_transform_and_resume(packed: Path) -> None:
     b = packer.PackLoader(packed, 3, device="cuda", seed=4, transform=RecordingTransform())
     _same(_batches(a), _batches(b))
     assert a.transform.draws == b.transform.draws
-    it = iter(packer.PackLoader(packed, 3, device="cuda", seed=4, gather="device"))
+    ld = packer.PackLoader(packed, 3, device="cuda", seed=4, gather="device")
+    it = iter(ld)
     next(it)
-    state = it.loader.state_dict()
+    state = ld.state_dict()
     rest = [y.cpu() for _, y in it]
     c = packer.PackLoader(packed, 3, device="cuda", seed=4, gather="device")
     c.load_state_dict(state)

@@ -354,8 +354,8 @@ def test_cuda_resume_and_dropped_loaders(packed: Path) -> None:
 
     a = packer.PackLoader(packed, 3, device="cuda", seed=6)
     ref = [y.cpu().tolist() for _, y in a]
-    it = iter(packer.PackLoader(packed, 3, device="cuda", seed=6))
-    b = it.loader
+    b = packer.PackLoader(packed, 3, device="cuda", seed=6)
+    it = iter(b)
     next(it)
     next(it)
     c = packer.PackLoader(packed, 3, device="cuda", seed=6)

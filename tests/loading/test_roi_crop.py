@@ -115,3 +115,47 @@ def test_gpu_roi_crop_matches_the_loaders_crop():
     for dec in _gpu_decoders():
         out = RoiResizedCrop(dec, 224).apply(datas, hw, boxes, flip)
         assert mad(out, ref) <= 1.0, (dec.name, dec.roi_path)
+
+
+class _Recording:
+    """A region decoder that records which images it decodes alone and which whole."""
+
+    supports_roi = True
+    roi_path = "roi (no fancy upsampling)"
+    coarse_regions = True
+    name = "recording"
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.alone: list[int] = []
+        self.whole: list[int] = []
+
+    def decode_rois(self, datas, boxes, *, sizes, indices):
+        self.alone += list(indices)
+        return [
+            torch.full((3, int(h), int(w)), i) for i, (_, _, h, w) in zip(indices, boxes.tolist())
+        ]
+
+    def decode(self, datas, *, sizes, indices):
+        self.whole += list(indices)
+        return [torch.full((3, int(h), int(w)), i) for i, (h, w) in zip(indices, sizes.tolist())]
+
+
+def test_a_region_decoder_decodes_alone_only_the_boxes_the_resize_shrinks_2x() -> None:
+    """Where regions come without smooth chroma upsampling (nvImageCodec on the GPU),
+    only a box the resize shrinks at least 2x on both sides is decoded alone, the rest
+    whole, in the batch's order."""
+    from packer.loading.jpeg_pass import Decoding
+
+    sizes = torch.tensor([[400, 400], [400, 400], [100, 90], [300, 500]])
+    boxes = torch.tensor([[0, 0, 300, 300], [5, 5, 300, 50], [0, 0, 100, 90], [10, 20, 64, 64]])
+    dec = _Recording()
+    cut, imgs = Decoding(dec).run(dec, [torch.zeros(1)] * 4, sizes, boxes, [10, 11, 12, 13],
+                                  None, (32, 32))  # fmt: skip
+    assert cut == [True, False, True, True]  # each side >= 2 x 32, but 50 of 300 x 50
+    assert dec.alone == [10, 12, 13] and dec.whole == [11]
+    assert [int(x[0, 0, 0]) for x in imgs] == [10, 11, 12, 13]
+    assert [tuple(x.shape[1:]) for x in imgs] == [(300, 300), (400, 400), (100, 90), (64, 64)]
+    cut, _ = Decoding(dec).run(dec, [torch.zeros(1)] * 4, sizes, boxes, [0, 1, 2, 3],
+                               None, (60, 60))  # fmt: skip
+    assert cut == [True, False, False, False]  # only 300 x 300 is 2 x 60 on both sides
