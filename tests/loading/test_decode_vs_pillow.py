@@ -153,6 +153,9 @@ def _gpu_decoders() -> dict[str, object]:
     return out
 
 
+COARSE_CHROMA = ("torchcodec", "torchvision", "nvbatch roi=True")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("side", [224, 112])  # 112: most boxes shrink 2x, decoded alone
 def test_each_gpu_decoder_is_pillows_full_decode_crop_resize(batch, side) -> None:
@@ -166,10 +169,12 @@ def test_each_gpu_decoder_is_pillows_full_decode_crop_resize(batch, side) -> Non
         got = through_lane(dec, datas, sizes, boxes, flip, (side, side)).cpu()
         for k in range(len(datas)):
             err = (got[k].double() - ref[k].double()).abs().mean().item()
-            # nvbatch roi=True decodes every box alone without smooth chroma upsampling
-            # (opt-in): within 1/255 where the resize shrinks the box 2x, 1.5/255 else
-            bound = 1.5 if name == "nvbatch roi=True" and not shrunk[k] else 1.0
-            assert err <= bound, f"{name}, image {k}: {err:.3f}/255"
+            # nvjpeg (torchcodec, torchvision) and nvbatch roi=True (opt-in: every box
+            # alone) upsample chroma without libjpeg's smoothing: within 1/255 where the
+            # resize shrinks the box 2x; a box it enlarges carries it (1.19/255 measured
+            # on the 131x97 image at 224, H200, 2026-11-29), so 1.5/255 there
+            coarse = name in COARSE_CHROMA and not shrunk[k]
+            assert err <= (1.5 if coarse else 1.0), f"{name}, image {k}: {err:.3f}/255"
 
 
 @pytest.mark.cuda
