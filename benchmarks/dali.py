@@ -326,12 +326,20 @@ def decode_kwargs(d: str, device: str = "cuda") -> dict[str, Any]:
     kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
     if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
         kw["decode"] = ["torchcodec", "torchvision"]
-    if d.startswith(("nvbatch:", "nvbatch-hh:", "nvbatch-roi:")):  # K batched lanes
+    if d.startswith(("nvbatch:", "nvbatch-hh", "nvbatch-roi:")):  # K batched lanes
         from packer.imaging.decoders_split import nvimgcodec_batched
 
-        be = "hw+hybrid" if d.startswith("nvbatch-hh") else "hw"
-        roi = d.startswith("nvbatch-roi")
-        kw["decode"] = nvimgcodec_batched(device, int(d.split(":")[1]), be, roi=roi)
+        way, k = d.split(":")
+        be = "hw+hybrid" if way.startswith("nvbatch-hh") else "hw"
+        roi = way == "nvbatch-roi"
+        # nvbatch-hhNN[tT]: the engines' fixed share NN% (DALI's hw_decoder_load), T threads
+        load, _, threads = (
+            way.removeprefix("nvbatch-hh").partition("t") if be != "hw" else ("", "", "")
+        )
+        kw["decode"] = nvimgcodec_batched(
+            device, int(k), be, roi=roi, hw_load=int(load) / 100 if load else 1.0,
+            threads=int(threads or 0),
+        )  # fmt: skip
     if d.startswith("cpu-lane:"):  # the default lanes plus one CPU lane of K threads
         from packer.imaging.decoders_split import best_lanes, cpu_lane
 
@@ -358,7 +366,9 @@ def main() -> None:
         "--decodes",
         default="auto,nvimgcodec",
         help="decode= values; nvimgcodec:K = K lanes; nvbatch:K, nvbatch-roi:K (only the "
-        "boxes), nvbatch-hh:K (engines + CUDA decoder) = K batched lanes; nvjpeg2 = nvjpeg's "
+        "boxes), nvbatch-hh:K (engines + CUDA decoder; "
+        "nvbatch-hh65:K the engines' share fixed at 65%% as DALI's hw_decoder_load, "
+        "nvbatch-hh65t16:K with 16 CPU threads) = K batched lanes; nvjpeg2 = nvjpeg's "
         "two lanes; cpu-lane:K = the default lanes plus one CPU lane of K threads; cpu = "
         "every image on the loader's CPU threads alone; WAY@S = at sys.setswitchinterval(S)",
     )

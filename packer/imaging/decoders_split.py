@@ -118,13 +118,19 @@ def nvimgcodec_lanes(device: torch.device | str, lanes: int = NVIMGCODEC_LANES) 
 
 
 def nvimgcodec_batched(
-    device: torch.device | str, lanes: int = 2, backends: str = "hw", roi: bool = False
+    device: torch.device | str,
+    lanes: int = 2,
+    backends: str = "hw",
+    roi: bool = False,
+    hw_load: float = 1.0,
+    threads: int = 0,
 ) -> list:
     """Batched nvImageCodec decoders (:class:`~packer.imaging.nvbatch.NvBatchDecoder`: one
     C call a batch, no Python per image) for a JPEG-pack loader's ``decode=``: ``lanes``
     of them on CUDA (a batch each at once), one on the CPU. UsageError saying why where
     they cannot run here (no nvImageCodec, no C compiler). ``roi``: each decodes only the
-    crop boxes the loader draws."""
+    crop boxes the loader draws. ``hw_load``, ``threads``: as
+    :class:`~packer.imaging.nvbatch.NvBatchDecoder`'s (with ``backends="hw+hybrid"``)."""
     from .decoders import Unavailable
     from .nvbatch import NvBatchDecoder
 
@@ -132,7 +138,8 @@ def nvimgcodec_batched(
     try:
         if device.type != "cuda":
             return [NvBatchDecoder(device, roi=roi)]
-        return [NvBatchDecoder(device, backends=backends, roi=roi) for _ in range(max(1, lanes))]
+        opts = {"backends": backends, "roi": roi, "hw_load": hw_load, "threads": threads}
+        return [NvBatchDecoder(device, **opts) for _ in range(max(1, lanes))]
     except Unavailable as e:
         raise UsageError(f"{e}; install imgpack[gpu] and a C compiler (cc)") from None
 

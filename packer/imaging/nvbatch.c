@@ -71,9 +71,11 @@ void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int thre
         backends[nb].params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_BACKEND_PARAMS;
         backends[nb].params.struct_size = sizeof(nvimgcodecBackendParams_t);
         backends[nb].params.load_hint = (b == 0) ? hw_load : 1.0f;
+        /* the engines' share: adaptive from all of it (1.0), else fixed as DALI's
+           hw_decoder_load, the CUDA decoder taking the rest */
         backends[nb].params.load_hint_policy =
-            (b == 0) ? NVIMGCODEC_LOAD_HINT_POLICY_ADAPTIVE_MINIMIZE_IDLE_TIME
-                     : NVIMGCODEC_LOAD_HINT_POLICY_FIXED;
+            (b == 0 && hw_load >= 1.0f) ? NVIMGCODEC_LOAD_HINT_POLICY_ADAPTIVE_MINIMIZE_IDLE_TIME
+                                        : NVIMGCODEC_LOAD_HINT_POLICY_FIXED;
         nb++;
     }
     h->host = (backend_mask == 4);

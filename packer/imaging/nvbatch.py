@@ -137,7 +137,11 @@ class NvBatchDecoder(DecoderBase):
     run. ``roi``: the loader hands it each image's crop box and only the box is decoded
     (``decode_kept(..., boxes=)``), with smooth chroma upsampling off where the decoder
     needs it for regions (``options``). ``capacity``: the most images one call takes (a
-    larger batch is split)."""
+    larger batch is split). ``hw_load`` ("hw+hybrid"): the engines' share of a batch,
+    1.0 adaptive (nvImageCodec moves work to the idle backend), below 1.0 fixed, as DALI's
+    ``hw_decoder_load`` (0.65 by default there), the CUDA decoder taking the rest;
+    ``threads``: nvImageCodec's CPU threads (0: its default), which the CUDA decoder's
+    Huffman decode runs on."""
 
     name = "nvimgcodec"
     supports_roi = False  # its regions go through decode_kept (the loader's kept way)
@@ -153,9 +157,12 @@ class NvBatchDecoder(DecoderBase):
         options: str | None = None,
         capacity: int = 1024,
         threads: int = 0,
+        hw_load: float = 1.0,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
+        if not 0.0 < float(hw_load) <= 1.0:
+            raise ValueError(f"hw_load must be in (0, 1], not {hw_load!r}")
         cuda = self.device.type == "cuda"
         if cuda and backends not in ("hw", "hybrid", "hw+hybrid"):
             raise ValueError(f"backends must be 'hw', 'hybrid' or 'hw+hybrid', not {backends!r}")
@@ -172,7 +179,8 @@ class NvBatchDecoder(DecoderBase):
         err = ctypes.c_int(0)
         self._cap = int(capacity)
         h = self._lib.nvb_open(
-            dev_id, _MASKS[self.backends], 1.0, self._cap, int(threads), options.encode(),
+            dev_id, _MASKS[self.backends], float(hw_load), self._cap, int(threads),
+            options.encode(),
             ctypes.byref(err),
         )  # fmt: skip
         if not h:

@@ -190,3 +190,20 @@ def test_a_loader_decoding_only_the_boxes(tmp_path):
         assert torch.equal(ya, yb)
         assert (xa.float() - xb.float()).abs().mean() <= 1.0
     assert "nvimgcodec-batched(cpu): roi" in boxes.decode_path
+
+
+@pytest.mark.parametrize("load", [0.0, -0.5, 1.5])
+def test_an_engine_share_outside_0_1_is_refused(load):
+    with pytest.raises(ValueError, match=r"hw_load must be in \(0, 1\]"):
+        nvbatch.NvBatchDecoder("cpu", hw_load=load)
+
+
+def test_a_fixed_engine_share_and_threads_decode_the_same_pixels(files):
+    """hw_load and threads reach nvImageCodec's decoder (on the CPU backend they change
+    nothing in the pixels; on CUDA they split a batch between the engines and the CUDA
+    decoder, as DALI's hw_decoder_load)."""
+    datas, _ = files
+    sizes = torch.tensor(SIZES)
+    a = nvbatch.NvBatchDecoder("cpu").decode(datas, sizes=sizes)
+    b = nvbatch.NvBatchDecoder("cpu", hw_load=0.65, threads=2).decode(datas, sizes=sizes)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
