@@ -58,6 +58,29 @@ MEASURED_LANES = ("torchcodec", "torchvision")
 NVBATCH_LANES = 2
 
 
+def node_share(lanes: int, cores: int | None = None, cpu_count: int | None = None) -> int:
+    """nvImageCodec CPU threads for each of this process's ``lanes`` batched decoders:
+    the cores this process may run on, shared between the node's ranks
+    (``LOCAL_WORLD_SIZE``, torchrun's; 1 without it) and the lanes, at least 1. Where
+    the process is already bound to fewer cores than the machine has (a launcher's
+    binding: ``cores`` < ``cpu_count``), those cores are its share and are not divided
+    again. Left to itself, nvImageCodec starts a thread per core in every decoder, so
+    the ranks of a node would oversubscribe its cores by ranks x lanes."""
+    import os
+
+    from .._fs import default_workers
+
+    cores = default_workers() if cores is None else cores
+    cpu_count = (os.cpu_count() or cores) if cpu_count is None else cpu_count
+    ranks = 1
+    if cores >= cpu_count:
+        try:
+            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        except ValueError:
+            ranks = 1
+    return max(1, cores // (ranks * max(1, lanes)))
+
+
 def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
     """The JPEG-pack loader's decoders on ``device``: on CUDA :data:`NVBATCH_LANES`
     batched nvImageCodec decoders where they run (:func:`nvimgcodec_batched`), else every
@@ -68,7 +91,8 @@ def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
     device = torch.device(device)
     if device.type == "cuda":
         try:  # one C call a batch: where it runs, it wins (see NVBATCH_LANES)
-            return nvimgcodec_batched(device, NVBATCH_LANES)
+            threads = node_share(NVBATCH_LANES)
+            return nvimgcodec_batched(device, NVBATCH_LANES, threads=threads)
         except UsageError:
             pass
         lanes = []

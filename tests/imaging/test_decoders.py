@@ -303,3 +303,17 @@ def test_a_kept_batch_is_cropped_as_its_tensors_are():
     want = resize_images(imgs, (12, 10), boxes=boxes, flip=flip)
     assert len(batch) == len(imgs)
     assert torch.equal(resize_images(batch, (12, 10), boxes=boxes, flip=flip), want)
+
+
+def test_node_share_divides_the_cores_between_the_nodes_ranks_and_lanes(monkeypatch) -> None:
+    from packer.imaging.decoders_split import node_share
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert node_share(2, cores=16, cpu_count=16) == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert node_share(2, cores=64, cpu_count=64) == 8
+    assert node_share(2, cores=16, cpu_count=64) == 8  # bound by its launcher: its share
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert node_share(4, cores=16, cpu_count=16) == 1  # never none
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "lots")
+    assert node_share(1, cores=6, cpu_count=6) == 6
