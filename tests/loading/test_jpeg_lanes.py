@@ -271,13 +271,14 @@ def test_best_lanes_takes_the_batched_decoders_where_they_run(monkeypatch) -> No
 
     made = []
 
-    def fake(device, lanes, backends="hw", roi=False):
-        made.append((str(device), lanes, backends, roi))
+    def fake(device, lanes, backends="hw", roi=False, hw_load=1.0, threads=0):
+        made.append((str(device), lanes, backends, roi, threads))
         return [f"nvbatch-{k}" for k in range(lanes)]
 
     monkeypatch.setattr(S, "nvimgcodec_batched", fake)
     assert best_lanes(CUDA) == [f"nvbatch-{k}" for k in range(S.NVBATCH_LANES)]
-    assert made == [(str(CUDA), S.NVBATCH_LANES, "hw", False)]
+    share = S.node_share(S.NVBATCH_LANES)  # the node's cores, not nvImageCodec's default
+    assert made == [(str(CUDA), S.NVBATCH_LANES, "hw", False, share)] and share >= 1
     assert [d.name for d in best_lanes("cpu")] == ["cpu"]  # the CPU never asks for them
 
 
