@@ -56,7 +56,8 @@ def _open(fake: dict, packs: dict, store: str, **kw) -> tuple[object, fake_dense
 
 def _loader(pack, bs=3, **kw) -> packer.PackLoader:
     kw.setdefault("shuffle", False)
-    return packer.PackLoader(pack, bs, device="cpu", **kw)
+    kw.setdefault("device", "cpu")
+    return packer.PackLoader(pack, bs, **kw)
 
 
 # ---------------------------------------------------------------- plain packs stay plain
@@ -246,9 +247,16 @@ def test_colour_ops_touch_images_only(fake, packs) -> None:
 # ---------------------------------------------------------------- padded, semantic
 
 
-def test_padded_batch_with_counts(fake, packs) -> None:
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_batch_with_counts(fake, packs, device) -> None:
     pack, cols = _open(fake, packs, "jpeg")
-    images, out = next(iter(_loader(pack, bs=4, targets="padded")))
+    images, out = next(iter(_loader(pack, bs=4, targets="padded", device=device)))
+    assert images.device.type == device and out["image_ids"].device.type == device
+    assert all(t.device.type == device for t in out.values())
+    images, out = images.cpu(), {k: v.cpu() for k, v in out.items()}
     b = images.shape[0]
     counts = [len(cols.records[i]["labels"]) for i in range(b)]
     n = max(counts)
@@ -264,14 +272,17 @@ def test_padded_batch_with_counts(fake, packs) -> None:
         assert np.array_equal(out["area"][i, :c].numpy(), cols.records[i]["area"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("store", ["raw", "jpeg"])
-def test_semantic_packs_yield_a_mask_batch(fake, packs, store) -> None:
+def test_semantic_packs_yield_a_mask_batch(fake, packs, store, device) -> None:
     pack, cols = _open(fake, packs, store, semantic=True)
     op = D.Compose([D.RandomHorizontalFlip(p=1.0)])
-    for images, masks in _loader(pack, bs=3, dense_transform=op):
+    for images, masks in _loader(pack, bs=3, dense_transform=op, device=device):
         assert masks.dtype == torch.uint8 and masks.ndim == 3
         assert masks.shape == (images.shape[0], *images.shape[2:])
-    images, masks = next(iter(_loader(pack, bs=2)))
+        assert images.device.type == masks.device.type == device
+    images, masks = next(iter(_loader(pack, bs=2, device=device)))
+    masks = masks.cpu()
     for k in range(2):
         sem = torch.from_numpy(cols.records[k]["semantic"])
         h, w = sem.shape
