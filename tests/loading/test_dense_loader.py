@@ -290,6 +290,32 @@ def test_semantic_packs_yield_a_mask_batch(fake, packs, store, device) -> None:
         assert (masks[k, h:] == 255).all() and (masks[k, :, w:] == 255).all()
 
 
+@pytest.mark.parametrize("targets", ["dicts", "padded"])
+def test_masks_false_leaves_the_instance_masks_unread(fake, packs, monkeypatch, targets) -> None:
+    """A box model's loader (``DenseConfig(masks=False)``) never decodes the masks and
+    yields the same images, boxes and labels without them."""
+    from packer.loading import dense_pass
+
+    pack, _ = _open(fake, packs, "jpeg")
+    op = D.Compose([D.RandomHorizontalFlip(), D.ScaleJitter((40, 48)), D.FixedSizeCrop((40, 48)),
+                    D.SanitizeBoundingBoxes()])  # fmt: skip
+    full = list(_loader(pack, dense=DenseConfig(transform=op, targets=targets)))
+
+    def no_decode(*args: object) -> None:
+        raise AssertionError("the masks were decoded")
+
+    monkeypatch.setattr(dense_pass, "decode_masks", no_decode)
+    boxes = list(_loader(pack, dense=DenseConfig(transform=op, targets=targets, masks=False)))
+    assert len(full) == len(boxes) == 3
+    for (fi, ft), (bi, bt) in zip(full, boxes):
+        assert torch.equal(fi, bi)
+        if targets == "padded":
+            ft, bt = [ft], [bt]
+        for a, b in zip(ft, bt):
+            assert "masks" in a and "masks" not in b
+            assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
+
+
 # ---------------------------------------------------------------- order, resume
 
 
@@ -367,6 +393,7 @@ def test_a_torchvision_transform_is_refused_by_name(fake, packs, where) -> None:
         ),
         ({"dense": DenseConfig(size_divisible=0)}, r"size_divisible must be a positive int"),
         ({"dense": "padded"}, r"dense must be a DenseConfig, not str"),
+        ({"dense": DenseConfig(masks="no")}, r"DenseConfig.masks must be True or False, not 'no'"),
     ],
 )
 def test_bad_dense_arguments_are_refused(fake, packs, kw, match) -> None:
