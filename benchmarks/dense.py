@@ -50,7 +50,6 @@ import statistics
 import sys
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,6 +59,7 @@ import numpy as np
 import torch
 
 import packer
+from packer.loading.dense_pass import DenseConfig
 from packer.measure.timing import resolve_device, sync
 
 from ._common import ROOT, machine
@@ -272,24 +272,37 @@ def rounds(
     steps: int,
     settle: int,
     device: torch.device,
+    failed: dict[str, str],
 ) -> dict[str, list[float]]:
     """Every way once per round, in order: {way: img/s per round}. A way is (step, feed,
     before): ``before()`` then ``settle`` steps run untimed ahead of its round, so the
     batches a loader queued while the other ways ran are not timed (its queue is as a
-    steady run leaves it)."""
-    rates: dict[str, list[float]] = defaultdict(list)
+    steady run leaves it). A way that raises is left out of the later rounds, its error
+    in ``failed`` (the others' figures stand)."""
+    rates: dict[str, list[float]] = {k: [] for k in ways}
     for r in range(n_rounds):
         for name, (step, feed, before) in ways.items():
-            if before is not None:
-                before()
-            for _ in range(settle):
-                step(*feed())
-            rates[name].append(timed(step, feed, steps, device))
-        print(
-            f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.1f}" for k, v in rates.items()),
-            flush=True,
-        )
-    return dict(rates)
+            if name in failed:
+                continue
+            try:
+                if before is not None:
+                    before()
+                for _ in range(settle):
+                    step(*feed())
+                rates[name].append(timed(step, feed, steps, device))
+            except Exception as e:  # the reference's workers out of shared memory, ...
+                failed[name] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+                traceback.print_exc()
+        done = ", ".join(f"{k} {v[-1]:,.1f}" for k, v in rates.items() if v)
+        print(f"  round {r + 1}: {done}" + "".join(f", {k} FAILED" for k in failed), flush=True)
+    return rates
+
+
+def ratio(num: float, den: float, fmt: str, unit: str = "") -> str:
+    """``num / den`` in ``fmt`` + ``unit``, or "n/a" where a way failed (its median is
+    NaN)."""
+    q = num / den if den else float("nan")
+    return "n/a" if q != q else format(q, fmt) + unit
 
 
 def med(v: list[float]) -> float:
@@ -414,6 +427,7 @@ class Det:
         self.args = det_args(a, packs)
         self.data = TD.PackData(packs["det_train"], "train")
         self.cat_ids = list(self.data.categories.ids)
+        self.masks = a.det_model.startswith("maskrcnn")  # as the recipe: a box model's none
         torch.manual_seed(a.seed)
         self.model = TD.make_model(self.args, len(self.cat_ids) + 1, device)
         self.loader = self._pack_loader(a.batch)
@@ -427,17 +441,18 @@ class Det:
         from packer.examples import train_detection as TD
 
         p = packer.load(pack or self.packs["det_train"])
-        rows = torch.arange(len(p)).repeat(1000)
+        rows = torch.arange(len(p)).repeat(1000)  # no epoch ends inside a round
+        # the recipe's train loader (pack_loaders), streaming the rows over and over
+        dense = DenseConfig(TD.pack_pipeline(self.args), "padded", masks=self.masks)
         return packer.PackLoader(
             p,
             batch,
             device=self.device,
             seed=self.a.seed,
             num_threads=self.a.threads,
-            targets="padded",
             indices=rows,
             drop_last=True,
-            dense_transform=TD.pack_pipeline(self.args),
+            dense=dense,
         )
 
     def setup(self) -> None:
@@ -491,8 +506,32 @@ class Det:
         self._ref_it = self.ref_dl = None
 
 
+def warm(ways: dict[str, Any], n: int, failed: dict[str, str]) -> None:
+    """``n`` untimed steps per way (cudnn's choices, the loaders' queues), each way's
+    ``before()`` first; a way that raises goes to ``failed``."""
+    for name, (step, feed, before) in ways.items():
+        try:
+            if before is not None:
+                before()
+            for _ in range(n):
+                step(*feed())
+        except Exception as e:
+            failed[name] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            traceback.print_exc()
+
+
+def table(title: str, m: dict[str, float], base: str, failed: dict[str, str]) -> None:
+    print(f"\n{title}")
+    print(f"| way | img/s | / {base} |\n| --- | --- | --- |")
+    for k, v in m.items():
+        print(f"| {k} | {v:,.1f} | {ratio(v, m[base], '.3f')} |")
+    for k, e in failed.items():
+        print(f"| {k} | FAILED: {e[:100]} | - |")
+
+
 def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summary: list) -> None:
     det.setup()
+    failed: dict[str, str] = {}
     ways: dict[str, Any] = {
         "resident": (det.step, det.resident, None),
         "pack": (det.step, det.pack_feed, None),
@@ -501,52 +540,54 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         it = det.ref_iter()
         prefetched = a.workers * 2 if a.workers else 0
         ways["reference"] = (det.step, lambda: next(it), lambda: drain(it, prefetched))
-    for step, feed, before in ways.values():  # warm: cudnn's choices, the queues
-        if before is not None:
-            before()
-        for _ in range(a.warm):
-            step(*feed())
+        # its workers forked first, while the pack loader's threads wait on a full queue
+        ways = {"reference": ways.pop("reference"), **ways}
+    warm(ways, a.warm, failed)
     sync(det.device)
-    rates = rounds(ways, a.rounds, a.steps, a.settle, det.device)
+    ways = {k: ways[k] for k in ("resident", "pack", "reference") if k in ways}
+    rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed)
     det.close_reference()
     m = {k: med(v) for k, v in rates.items()}
     res["frcnn"] = {
         "img_s": m,
         "rounds": rates,
+        "failed": failed,
         "batch": a.batch,
         "loss": det.loss(),
         "loader_stats": str(det.loader.stats()),
         **det.info,
     }
-    print(
-        f"\n{a.det_model}, bf16={a.amp}, batch {a.batch}, LSJ {a.lsj}, {a.steps} steps x "
-        f"{a.rounds} rounds (median img/s; last loss {det.loss():.3f})"
+    table(
+        f"{a.det_model}, bf16={a.amp}, batch {a.batch}, LSJ {a.lsj}, {a.steps} steps x "
+        f"{a.rounds} rounds (median img/s; last loss {det.loss():.3f})",
+        m,
+        "resident",
+        failed,
     )
-    print("| fed by | img/s | / resident |\n| --- | --- | --- |")
-    for k, v in m.items():
-        print(f"| {k} | {v:,.1f} | {v / m['resident']:.3f} |")
+    pack, resident = m["pack"], m["resident"]
     summary.append(
         (
             "a. Faster R-CNN fed by a pack (LSJ on the device) / resident",
-            f"{m['pack']:,.1f} / {m['resident']:,.1f} img/s",
-            f"{m['pack'] / m['resident']:.3f}",
+            f"{pack:,.1f} / {resident:,.1f} img/s",
+            ratio(pack, resident, ".3f"),
             ">= 0.98",
         )
     )
     if with_ref:
+        ref = m["reference"]
         summary.append(
             (
                 "b. the same model fed by the reference data path (img/s)",
-                f"{m['reference']:,.1f} img/s ({a.workers} workers)",
-                f"{m['reference'] / m['resident']:.3f} of resident",
+                f"{ref:,.1f} img/s ({a.workers} workers)",
+                f"{ratio(ref, resident, '.3f')} of resident",
                 "report",
             )
         )
         summary.append(
             (
                 "b. imgpack / reference data path, same model",
-                f"{m['pack']:,.1f} / {m['reference']:,.1f} img/s",
-                f"{m['pack'] / m['reference']:.2f}x",
+                f"{pack:,.1f} / {ref:,.1f} img/s",
+                ratio(pack, ref, ".2f", "x"),
                 ">= 3x where the data path binds",
             )
         )
@@ -669,33 +710,33 @@ class Seg:
 
 def part_deeplab(a: argparse.Namespace, seg: Seg, res: dict, summary: list) -> None:
     seg.setup()
+    failed: dict[str, str] = {}
     ways = {"resident": (seg.step, seg.resident, None), "pack": (seg.step, seg.pack_feed, None)}
-    for step, feed, _ in ways.values():
-        for _ in range(a.warm):
-            step(*feed())
-    rates = rounds(ways, a.rounds, a.steps, a.settle, seg.device)
+    warm(ways, a.warm, failed)
+    rates = rounds(ways, a.rounds, a.steps, a.settle, seg.device, failed)
     m = {k: med(v) for k, v in rates.items()}
     res["deeplab"] = {
         "img_s": m,
         "rounds": rates,
+        "failed": failed,
         "batch": a.seg_batch,
         "crop": a.crop,
         "loss": seg.loss(),
         "loader_stats": str(seg.loader.stats()),
         **seg.info,
     }
-    print(
-        f"\n{a.seg_model}, {a.crop}² crops, batch {a.seg_batch} (median img/s; last loss "
-        f"{seg.loss():.3f})"
+    table(
+        f"{a.seg_model}, {a.crop}² crops, batch {a.seg_batch} (median img/s; last loss "
+        f"{seg.loss():.3f})",
+        m,
+        "resident",
+        failed,
     )
-    print("| fed by | img/s | / resident |\n| --- | --- | --- |")
-    for k, v in m.items():
-        print(f"| {k} | {v:,.1f} | {v / m['resident']:.3f} |")
     summary.append(
         (
             f"c. DeepLabV3 fed by a pack, {a.crop}² crops / resident",
             f"{m['pack']:,.1f} / {m['resident']:,.1f} img/s",
-            f"{m['pack'] / m['resident']:.3f}",
+            ratio(m["pack"], m["resident"], ".3f"),
             ">= 0.98",
         )
     )
@@ -710,15 +751,7 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
 
     dev = det.device
     nothing = lambda x, y: None  # noqa: E731
-    ways: dict[str, Any] = {}
-    loaders = []
-    for store in a.loader_stores.split(","):
-        ld = det._pack_loader(
-            a.loader_batch, det.packs["det_train" if store == "jpeg" else "det_raw"]
-        )
-        loaders.append(ld)
-        it = endless(lambda ld=ld: TD.pack_batches(ld, False))
-        ways[f"imgpack, {store} pack"] = (nothing, lambda it=it: next(it), None)
+    failed: dict[str, str] = {}
     ds, _, _ = TD.reference_dataset(
         a.work / "data" / "coco",
         "train2017",
@@ -738,22 +771,27 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
         persistent_workers=a.workers > 0,
     )
     rit = endless(lambda: TD.reference_batches(dl, dev))
-    ways["reference data path"] = (
-        nothing,
-        lambda: next(rit),
-        lambda: drain(rit, a.workers * 2 if a.workers else 0),
-    )
-    for _step, feed, before in ways.values():
-        if before is not None:
-            before()
-        for _ in range(a.warm):
-            feed()
-    rates = rounds(ways, a.rounds, a.loader_steps, a.settle, dev)
+    ref_way = (nothing, lambda: next(rit), lambda: drain(rit, a.workers * 2 if a.workers else 0))
+    # the reference's workers forked first, before the new pack loaders' threads start
+    warm({"reference data path": ref_way}, 1, failed)
+    ways: dict[str, Any] = {}
+    loaders = []
+    for store in a.loader_stores.split(","):
+        ld = det._pack_loader(
+            a.loader_batch, det.packs["det_train" if store == "jpeg" else "det_raw"]
+        )
+        loaders.append(ld)
+        it = endless(lambda ld=ld: TD.pack_batches(ld, False))
+        ways[f"imgpack, {store} pack"] = (nothing, lambda it=it: next(it), None)
+    ways["reference data path"] = ref_way
+    warm({k: v for k, v in ways.items() if k not in failed}, a.warm, failed)
+    rates = rounds(ways, a.rounds, a.loader_steps, a.settle, dev, failed)
     m = {k: med(v) for k, v in rates.items()}
     ref = m["reference data path"]
     res["loader"] = {
         "img_s": m,
         "rounds": rates,
+        "failed": failed,
         "batch": a.loader_batch,
         "lsj": a.lsj,
         "workers": a.workers,
@@ -765,7 +803,9 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
     )
     print("| loader | img/s | / reference |\n| --- | --- | --- |")
     for k, v in m.items():
-        print(f"| {k} | {v:,.1f} | {v / ref:.2f}x |")
+        print(f"| {k} | {v:,.1f} | {ratio(v, ref, '.2f', 'x')} |")
+    for k, e in failed.items():
+        print(f"| {k} | FAILED: {e[:100]} | - |")
     for k, v in m.items():
         if k != "reference data path":
             summary.append(
@@ -773,7 +813,7 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
                     f"d. loader alone ({k.split(', ')[1]}), LSJ {a.lsj}, batch "
                     f"{a.loader_batch} / reference on {a.workers} workers",
                     f"{v:,.1f} / {ref:,.1f} img/s",
-                    f"{v / ref:.2f}x",
+                    ratio(v, ref, ".2f", "x"),
                     ">= 10x",
                 )
             )
@@ -782,6 +822,16 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
 
 
 # ---------------------------------------------------------------- the same weights, both paths
+
+
+class Started:
+    """A DataLoader's one pass, its iterator (and workers) started now."""
+
+    def __init__(self, dl: Any) -> None:
+        self.it = iter(dl)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.it
 
 
 def train_more(obj: Any, steps: int, seconds: float) -> None:
@@ -803,21 +853,30 @@ def part_map(a: argparse.Namespace, det: Det, seg: Seg, res: dict, summary: list
 
     dev, out = det.device, {}
     t0 = time.perf_counter()
+    # the reference's val loaders, their workers forked now (the pack loaders' threads
+    # wait on full queues), read after the training below
+    ds, gt, ids = TD.reference_dataset(
+        a.work / "data" / "coco", "val2017", TD.reference_pipeline(None, False), False, det.cat_ids
+    )
+    assert ids == det.cat_ids, (ids, det.cat_ids)
+    dl = Started(
+        torch.utils.data.DataLoader(ds, a.val_batch, num_workers=a.workers, collate_fn=TD._collate)
+    )
+    sds = TS.SegmentationFolder(
+        a.work / "data" / "seg" / "val", TS.reference_pipeline(seg.args, False)
+    )
+    sdl = Started(torch.utils.data.DataLoader(sds, 1, num_workers=a.workers))
     train_more(det, a.map_steps, a.map_seconds)
     # the same weights through both paths, the recipe's val loaders, in order
     val = TD.PackData(det.packs["det_val"], "val")
+    dense = DenseConfig(targets="padded", masks=det.masks)
     vl = packer.PackLoader(
-        val.pack, a.val_batch, device=dev, shuffle=False, num_threads=a.threads, targets="padded"
+        val.pack, a.val_batch, device=dev, shuffle=False, num_threads=a.threads, dense=dense
     )
     dets_p, seen_p = TD.predictions(
         det.model, TD.pack_batches(vl, False), det.cat_ids, a.amp, dev, False
     )
     map_p = TD.coco_map(val.coco(), dets_p, seen_p, False)["bbox"]
-    ds, gt, ids = TD.reference_dataset(
-        a.work / "data" / "coco", "val2017", TD.reference_pipeline(None, False), False, det.cat_ids
-    )
-    assert ids == det.cat_ids, (ids, det.cat_ids)
-    dl = torch.utils.data.DataLoader(ds, a.val_batch, num_workers=a.workers, collate_fn=TD._collate)
     dets_r, seen_r = TD.predictions(
         det.model, TD.reference_batches(dl, dev), det.cat_ids, a.amp, dev, False
     )
@@ -843,10 +902,6 @@ def part_map(a: argparse.Namespace, det: Det, seg: Seg, res: dict, summary: list
         dense_transform=TS.pack_pipeline(seg.args, False),
     )
     cm_p = TS.evaluate(seg.model, TS.pack_batches(vl), seg.num_classes, a.amp, dev)
-    sds = TS.SegmentationFolder(
-        a.work / "data" / "seg" / "val", TS.reference_pipeline(seg.args, False)
-    )
-    sdl = torch.utils.data.DataLoader(sds, 1, num_workers=a.workers)
     cm_r = TS.evaluate(seg.model, TS.reference_batches(sdl, dev), seg.num_classes, a.amp, dev)
     miou = [float(cm.compute()[2].nanmean()) * 100 for cm in (cm_p, cm_r)]
     pixels = [int(cm.mat.sum()) for cm in (cm_p, cm_r)]
@@ -988,8 +1043,9 @@ def main(argv: list[str] | None = None) -> int:
     det = Det(a, packs, device) if a.parts & {"frcnn", "ref", "loader", "map"} else None
     seg = Seg(a, packs, device) if a.parts & {"deeplab", "map"} else None
 
-    def part(name: str, fn: Callable[[], None]) -> None:
-        """One part; its failure is recorded (and printed) and the others still run."""
+    def part(name: str, fn: Callable[[], None], key: str | None = None) -> None:
+        """One part; its failure, or that of one of its ways (``res[key]["failed"]``), is
+        recorded (and printed) and the others still run."""
         t0 = time.perf_counter()
         print(f"\n== {name}", flush=True)
         try:
@@ -998,6 +1054,9 @@ def main(argv: list[str] | None = None) -> int:
             errors[name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
             summary.append((f"{name}: FAILED", errors[name][:120], "-", "-"))
+        for way, e in res.get(key or name, {}).get("failed", {}).items():
+            errors[f"{name}: {way}"] = e
+            summary.append((f"{name}: {way} FAILED", e[:120], "-", "-"))
         res.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
         res["errors"] = errors
         dump(res, JSON)
@@ -1006,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         part(
             "frcnn" if "frcnn" in a.parts else "ref",
             lambda: part_frcnn(a, det, "ref" in a.parts, res, summary),
+            "frcnn",
         )
     if "deeplab" in a.parts:
         part("deeplab", lambda: part_deeplab(a, seg, res, summary))

@@ -101,3 +101,22 @@ def test_an_unknown_part_is_refused(capsys: pytest.CaptureFixture) -> None:
         dense.parse(["--parts", "frcnn,bogus"])
     assert e.value.code == 2
     assert "--parts: bogus not one of frcnn, ref, deeplab, loader, map" in capsys.readouterr().err
+
+
+def test_a_failing_way_leaves_the_others_figures(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packer.examples import train_detection as TD
+
+    def broken(dl: object, device: object):
+        raise RuntimeError("out of shared memory")
+        yield  # a generator, as reference_batches
+
+    monkeypatch.setattr(TD, "reference_batches", broken)
+    code, text, r = _run(work, work / "way", "--parts", "loader", "--loader-stores", "jpeg")
+    assert code == 1
+    assert r["errors"] == {"loader: reference data path": "RuntimeError: out of shared memory"}
+    assert r["loader"]["img_s"]["imgpack, jpeg pack"] > 0  # measured all the same
+    assert r["loader"]["rounds"]["reference data path"] == []
+    assert _row(text, ROWS["dj"])[2] == "n/a"
+    assert "| loader: reference data path FAILED | RuntimeError: out of shared memory |" in text
