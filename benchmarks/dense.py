@@ -3,22 +3,28 @@ figures).
 
 The data are made here: a COCO-format set of shapes with known boxes and masks (the
 ``tests/helpers/dense_data`` classes: squares and L shapes as polygons, "persons" as
-RLE masks), on a noisy background so the JPEGs weigh what photographs do, ``--max-side``
-640, quality 90; a semantic-mask set of the same images (an image folder beside a mask
-folder). Packs are built from them with the library (``--targets-from coco`` / ``masks``,
-``store="jpeg"``: the files as they are, so both data paths read the same pixels; a raw
-pack padded to ``--max-side`` square for the loader's second row). Parts (``--parts``):
+RLE masks), on a noisy background so the JPEGs weigh about what COCO's do (~130 KB at
+``--max-side`` 640, quality 90); a semantic-mask set of the same images (an image folder
+beside a mask folder). Packs are built from them with the library (``--targets-from
+coco`` / ``masks``, ``store="jpeg"``: the files as they are, so both data paths read the
+same pixels; a raw pack padded to ``--max-side`` square for the loader's second row).
+Data and packs are kept under ``--work`` and made again only when their sizes change.
+
+Every timed figure alternates its ways in rounds (resident, pack, reference, resident,
+...) and reports medians; each round of a way starts with ``--settle`` untimed steps of
+it (a reference round also with its DataLoader's prefetched batches taken untimed), so
+a round times what that way makes, not what it queued while the others ran. Parts
+(``--parts``):
 
 * ``frcnn``: Faster R-CNN R50-FPN (``weights=None, weights_backbone=None``), bf16
-  autocast, SGD, fed by ``PackLoader(targets="padded")`` with the detection recipe's
-  LSJ (``packer.examples.train_detection.pack_pipeline``) on the device, vs the same step
-  on resident batches (batches of the same loader, kept on the device).
+  autocast, channels-last where it is faster (``--channels-last auto``: timed both ways
+  on resident batches first), SGD, fed by ``PackLoader`` with the detection recipe's
+  train loader settings (``targets="padded"``, its LSJ preset on the device, no instance
+  masks for a box model) vs the same step on resident batches (batches of the same
+  loader, kept on the device).
 * ``ref``: the same model fed by the recipe's reference data path (``CocoDetection``
   wrapped for v2 transforms, the reference's LSJ as ``torchvision.transforms.v2``,
   DataLoader with ``--workers`` (every core), ``reference_batches`` to the device).
-  Rounds alternate (resident, pack, reference, resident, ...); medians. Before each
-  reference round the DataLoader's prefetched batches are taken untimed, so a round
-  times what its workers make, not what they made while the other ways ran.
 * ``deeplab``: DeepLabV3 R50 (aux head, the segmentation recipe's loss and SGD groups),
   ``--crop`` (512) crops of the recipe's train preset, fed by a semantic pack vs resident.
 * ``loader``: the loaders alone (no model): ``--loader-batch`` (32) images with LSJ
@@ -28,16 +34,21 @@ pack padded to ``--max-side`` square for the loader's second row). Parts (``--pa
   pack and through the reference data path (the recipe's ``predictions`` and
   ``coco_map``, each path against its own ground truth: the pack's targets, the JSON);
   mean IoU of the DeepLabV3 weights likewise (the recipe's ``evaluate``). The weights:
-  the models as trained by the rounds above (from a fixed-seed init) plus
-  ``--map-steps`` / ``--miou-steps`` more pack-fed steps; every part it needs that was
-  not selected is trained for those steps alone.
+  a fixed-seed init (``--seed``) trained by this run's steps (the rounds above, when
+  they ran) plus ``--map-steps`` / ``--miou-steps`` pack-fed ones (at most
+  ``--map-seconds`` / ``--miou-seconds``); the table says how many.
 
-    python3 -m benchmarks.dense --device cuda            # every part, ~7 minutes on an H200
-    python3 -m benchmarks.dense --device cpu --images 32 --val-images 8 --steps 2 \\
-        --rounds 1 --max-side 96 --lsj 128 --crop 64 --toy      # a smoke run on the CPU
+A part that fails is reported and the others still run; a way that fails (say the
+reference's workers out of shared memory) leaves the other ways' figures, its ratios
+"n/a"; either makes the exit status 1.
+
+    python3 -m benchmarks.dense --device cuda            # every part (estimated 5-6 min on one H200)
+    python3 -m benchmarks.dense --device cpu --toy --images 12 --val-images 4 \
+        --seg-images 8 --max-side 64 --lsj 64 --min-size 48 --crop 48 --steps 1 \
+        --rounds 1 --workers 0                          # a smoke run on the CPU
 
 Prints one table per part and a summary last; writes ``bench_dense.json`` under
-``--out`` (default ``$OUT``, else ``./out``).
+``--out`` (default ``$OUT``, else ``./out``), after every part.
 """
 
 from __future__ import annotations
@@ -163,7 +174,7 @@ def make_data(a: argparse.Namespace, procs: int) -> dict[str, Any]:
         return json.loads((root / "stats.json").read_text())
     shutil.rmtree(root, ignore_errors=True)
     t0 = time.perf_counter()
-    noise = np.random.default_rng(a.seed).normal(0, 10, (a.max_side + 64, a.max_side + 64, 3))
+    noise = np.random.default_rng(a.seed).normal(0, 16, (a.max_side + 64, a.max_side + 64, 3))
     noise = noise.astype(np.int16)
     splits = {
         "train2017": (0, a.images, "train", a.seg_images),
