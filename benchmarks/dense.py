@@ -427,6 +427,25 @@ def det_step(amp: bool, device: torch.device) -> Callable:
     return make
 
 
+def reference_loader(ds: Any, batch: int, a: argparse.Namespace) -> Any:
+    """The detection reference's train DataLoader (shuffled, whole batches, ``--workers``
+    workers, its collate), over a long shuffled stream: permutations of the set one after
+    another, so no epoch ends inside a round (as the pack loaders' repeated rows)."""
+    from packer.examples import train_detection as TD
+
+    g = torch.Generator().manual_seed(a.seed)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=len(ds) * 1000, generator=g)
+    return torch.utils.data.DataLoader(
+        ds,
+        batch,
+        sampler=sampler,
+        num_workers=a.workers,
+        collate_fn=TD._collate,
+        drop_last=True,
+        persistent_workers=a.workers > 0,
+    )
+
+
 class Det:
     """The detection side: the model, its optimizer, the pack's and the reference's
     feeds; made once, shared by the parts (the same weights from part to part)."""
@@ -494,17 +513,7 @@ class Det:
                 False,
                 self.cat_ids,
             )
-            g = torch.Generator().manual_seed(self.a.seed)
-            self.ref_dl = torch.utils.data.DataLoader(
-                ds,
-                self.a.batch,
-                shuffle=True,
-                generator=g,
-                num_workers=self.a.workers,
-                collate_fn=TD._collate,
-                drop_last=True,
-                persistent_workers=self.a.workers > 0,
-            )
+            self.ref_dl = reference_loader(ds, self.a.batch, self.a)
             self._ref_it = endless(lambda: TD.reference_batches(self.ref_dl, self.device))
         return self._ref_it
 
@@ -770,17 +779,7 @@ def part_loader(a: argparse.Namespace, det: Det, res: dict, summary: list) -> No
         False,
         det.cat_ids,
     )
-    g = torch.Generator().manual_seed(a.seed)
-    dl = torch.utils.data.DataLoader(
-        ds,
-        a.loader_batch,
-        shuffle=True,
-        generator=g,
-        num_workers=a.workers,
-        collate_fn=TD._collate,
-        drop_last=True,
-        persistent_workers=a.workers > 0,
-    )
+    dl = reference_loader(ds, a.loader_batch, a)
     rit = endless(lambda: TD.reference_batches(dl, dev))
     ref_way = (nothing, lambda: next(rit), lambda: drain(rit, a.workers * 2 if a.workers else 0))
     # the reference's workers forked first, before the new pack loaders' threads start
