@@ -155,7 +155,10 @@ def _write_one(
     path = img_dir / t.file
     Image.fromarray(px.clip(0, 255).astype(np.uint8)).save(path, quality=90)
     if seg_dir is not None:
-        os.link(path, seg_dir / "images" / t.file)
+        try:  # the same bytes beside their masks
+            os.link(path, seg_dir / "images" / t.file)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(path, seg_dir / "images" / t.file)
         Image.fromarray(t.semantic(), mode="L").save(seg_dir / "masks" / f"{t.stem}.png")
     return path.stat().st_size
 
@@ -1004,6 +1007,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-amp", dest="amp", action="store_false", help="no bf16 autocast")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--time-limit", type=float, default=0, help="parts not started by then are skipped (s)"
+    )
+    ap.add_argument(
         "--toy",
         action="store_true",
         help="small models for a smoke run: fasterrcnn_mobilenet_v3_large_320_fpn, "
@@ -1057,7 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
         """One part; its failure, or that of one of its ways (``res[key]["failed"]``), is
         recorded (and printed) and the others still run."""
         t0 = time.perf_counter()
-        print(f"\n== {name}", flush=True)
+        print(f"\n== {name} (at {t0 - t_all:.0f} s)", flush=True)
+        if a.time_limit and t0 - t_all > a.time_limit:
+            errors[name] = f"not run: {t0 - t_all:.0f} s > --time-limit {a.time_limit:.0f} s"
+            summary.append((f"{name}: SKIPPED", errors[name], "-", "-"))
+            res["errors"] = errors
+            return
         try:
             fn()
         except Exception as e:  # one part's failure must not lose the others
@@ -1086,7 +1097,7 @@ def main(argv: list[str] | None = None) -> int:
     for obj in (det, seg):
         if obj is not None:
             obj.loader.close()
-    res["seconds"]["all"] = round(time.perf_counter() - t_all, 1)
+    res.setdefault("seconds", {})["all"] = round(time.perf_counter() - t_all, 1)
     gpu = res["machine"].get("gpu", device)
     print(
         f"\nSummary ({gpu}, {procs} cores; every ratio against a baseline of this run; "

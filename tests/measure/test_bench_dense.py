@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -120,3 +121,12 @@ def test_a_failing_way_leaves_the_others_figures(
     assert r["loader"]["rounds"]["reference data path"] == []
     assert _row(text, ROWS["dj"])[2] == "n/a"
     assert "| loader: reference data path FAILED | RuntimeError: out of shared memory |" in text
+
+
+def test_parts_past_the_time_limit_are_skipped(work: Path) -> None:
+    code, text, r = _run(work, work / "late", "--parts", "loader", "--time-limit", "1e-9")
+    assert code == 1 and "loader" not in r and "loader" not in r["seconds"]
+    assert r["errors"]["loader"].startswith("not run: ")
+    assert re.search(
+        r"^\| loader: SKIPPED \| not run: \d+ s > --time-limit 0 s \| - \| - \|$", text, re.M
+    )
