@@ -85,6 +85,10 @@ PARTS: dict[str, tuple[str, list[str]]] = {
                 [PY, "-m", "benchmarks.max_side", "--device", "cuda", "--work", "{work}/maxside"]),
     "stats": ("what PackLoader.stats() costs: the loader with stats on vs off, alternating",
               [PY, "-m", "benchmarks.stats_cost", "--jpeg", "--work", "{work}/stats"]),
+    "dense": ("issue 46's figures: Faster R-CNN and DeepLabV3 fed by packs vs resident vs the "
+              "reference data path, the loaders alone, mAP / mIoU through both paths",
+              [PY, "-m", "benchmarks.dense", "--device", "cuda", "--work", "{work}/dense",
+               "--out", "{out}"]),
     "bench": ("the full `imgpack bench` grid (about 7 minutes on 16 cores)",
               [PY, "-m", "packer", "bench", "--device", "cuda", "--out", "{out}/bench", "-q"]),
 }  # fmt: skip

@@ -261,7 +261,12 @@ def pack_loaders(
     val_data: PackData | None = None,
 ) -> tuple[Any, Any]:
     """(train loader or None, val loader or None) over the packs the flags name: the
-    train one with the preset and a shuffle per epoch, the val one in order, as stored."""
+    train one with the preset and a shuffle per epoch, the val one in order, as stored.
+    A box model's loaders leave the instance masks unread (the reference's targets for
+    it have none)."""
+    from packer.loading.dense_pass import DenseConfig
+
+    masks = args.model.startswith("maskrcnn")
     train = val = None
     if args.data_path is not None and not args.test_only:
         train = packer.PackLoader(
@@ -270,8 +275,7 @@ def pack_loaders(
             device=device,
             seed=args.seed,
             num_threads=max(args.workers, 1),
-            targets="padded",
-            dense_transform=pack_pipeline(args),
+            dense=DenseConfig(transform=pack_pipeline(args), targets="padded", masks=masks),
         )
     if args.val_pack is not None:
         val = packer.PackLoader(
@@ -280,7 +284,7 @@ def pack_loaders(
             device=device,
             shuffle=False,
             num_threads=max(args.workers, 1),
-            targets="padded",
+            dense=DenseConfig(targets="padded", masks=masks),
         )
     return train, val
 

@@ -54,13 +54,16 @@ class DenseConfig:
     "padded" for detection packs (a semantic pack yields its masks [B, H, W]);
     ``size_divisible``: images of different sizes in a batch are padded to a multiple of
     it; ``fill``: the images' padding value; ``semantic_fill``: the semantic masks'
-    (the ignore value)."""
+    (the ignore value); ``masks``: False leaves a detection pack's instance masks unread
+    (not decoded, copied or transformed, absent from the targets), as torchvision's
+    reference leaves them out of a box model's targets."""
 
     transform: Any = None
     targets: str = "dicts"
     size_divisible: int = 32
     fill: int = 0
     semantic_fill: int = 255
+    masks: bool = True
 
 
 def _dense_module() -> Any:
@@ -137,6 +140,7 @@ class DenseSetup:
     size_divisible: int
     fill: int
     semantic_fill: int
+    masks: bool = True
 
     @property
     def semantic(self) -> bool:
@@ -196,7 +200,11 @@ def dense_setup(
     if op is not None:
         where = "dense_transform" if cfg.transform is not None else "transform"
         op = _with_flip_maps(_as_op(op, where), columns.categories)
-    setup = DenseSetup(columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill))
+    if not isinstance(cfg.masks, bool):
+        raise UsageError(f"DenseConfig.masks must be True or False, not {cfg.masks!r}")
+    setup = DenseSetup(
+        columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks
+    )
     return setup, None
 
 
@@ -257,7 +265,7 @@ def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> An
     if setup.semantic:
         return Sample(image, semantic=_tensor(rec["semantic"], torch.uint8, dev))
     masks = keypoints = None
-    if "masks_rle" in rec:
+    if "masks_rle" in rec and setup.masks:
         size = tuple(int(v) for v in rec["size"])
         m = decode_masks(rec["masks_rle"], size)
         masks = _tensor(m.reshape(-1, *size), torch.uint8, dev)

@@ -257,6 +257,66 @@ def test_cuda_gives_the_cpu_fields() -> None:
         assert (b.image.cpu().int() - a.image.int()).abs().float().mean() < 1.0
 
 
+def _on(s: K.Sample, device: str) -> K.Sample:
+    """``s`` with every tensor on ``device``."""
+    fields = ("image", "boxes", "labels", "masks", "semantic", "keypoints")
+    moved = {f: None if getattr(s, f) is None else getattr(s, f).to(device) for f in fields}
+    return K.Sample(**moved, extras={k: v.to(device) for k, v in s.extras.items()})
+
+
+_ZOOM_FILL = {tv_tensors.Image: [1, 2, 3], tv_tensors.Mask: 0, "others": 0}
+_AFFINE = dict(degrees=20, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5, -3, 3))
+# the CPU tests above, on CUDA: (ours, torchvision's, image_tol, nearest warp, no keypoints)
+CUDA_TWINS = {
+    "random_resized_crop": (lambda: D.RandomResizedCrop((24, 32)),
+                            lambda: v2.RandomResizedCrop((24, 32)), 2, False, False),
+    "random_iou_crop": (D.RandomIoUCrop, v2.RandomIoUCrop, 0, False, False),
+    "ssd_crop_then_sanitize": (
+        lambda: D.Compose([D.RandomIoUCrop(), D.SanitizeBoundingBoxes()]),
+        lambda: v2.Compose([v2.RandomIoUCrop(), v2.SanitizeBoundingBoxes()]), 0, False, True),
+    "scale_jitter": (lambda: D.ScaleJitter((64, 48)), lambda: v2.ScaleJitter((64, 48)), 2,
+                     False, False),
+    "zoom_out": (lambda: D.RandomZoomOut(fill=(1, 2, 3), side_range=(1.0, 2.5), semantic_fill=0),
+                 lambda: v2.RandomZoomOut(fill=_ZOOM_FILL, side_range=(1.0, 2.5)), 0, False,
+                 False),
+    "flip": (D.RandomHorizontalFlip, v2.RandomHorizontalFlip, 0, False, False),
+    "rotation": (lambda: D.RandomRotation(40, semantic_fill=0),
+                 lambda: v2.RandomRotation(40, fill=0), 255, True, False),
+    "affine_nearest": (lambda: D.RandomAffine(**_AFFINE, interpolation="nearest", semantic_fill=0),
+                       lambda: v2.RandomAffine(**_AFFINE, interpolation="nearest", fill=0), 255,
+                       True, False),
+    "affine_bilinear": (lambda: D.RandomAffine(**_AFFINE, interpolation="bilinear",
+                                               semantic_fill=0),
+                        lambda: v2.RandomAffine(**_AFFINE, interpolation="bilinear", fill=0), 1,
+                        True, False),
+    "resize": (lambda: D.Resize(20, max_size=25), lambda: v2.Resize(20, max_size=25), 2, False,
+               False),
+}  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("name", sorted(CUDA_TWINS))
+def test_cuda_ops_are_torchvisions(name: str, seed: int) -> None:
+    """The CPU tests' assertions (boxes 1e-4 px, masks identical, keypoints 1e-4, the
+    image within the kernels' rounding) with the sample on CUDA, against torchvision's
+    v2 on the CPU."""
+    ours_op, theirs_op, tol, nearest, no_keypoints = CUDA_TWINS[name]
+    s = make_sample(seed)
+    if (
+        no_keypoints
+    ):  # as its CPU test: more boxes, no keypoints (torchvision's sanitize keeps them)
+        s = replace(make_sample(seed, m=8), keypoints=None)
+    ours, theirs = _both(lambda x, g: ours_op()(_on(x, "cuda"), g), theirs_op(), seed, s)
+    assert ours.image.is_cuda and ours.boxes.is_cuda
+    ours = _on(ours, "cpu")
+    assert_matches(ours, theirs, image_tol=tol)
+    if nearest:
+        _nearest_close(ours, theirs)
+    if name == "ssd_crop_then_sanitize":
+        assert torch.equal(ours.labels, theirs["labels"])
+
+
 def test_every_op_a_refusal_names_exists() -> None:
     from packer.augment.dense_compose import DENSE_OPS
 

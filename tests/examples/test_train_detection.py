@@ -184,7 +184,8 @@ def test_pack_batches_give_each_image_at_its_own_size(data: dict[str, Path]) -> 
     from PIL import Image
 
     args = T.parse(["--val-pack", str(data["val"]), "--test-only", "--weights", "x",
-                    "--val-batch-size", "4", "--device", "cpu", "-j", "1"])  # fmt: skip
+                    "--val-batch-size", "4", "--device", "cpu", "-j", "1",
+                    "--model", "maskrcnn_resnet50_fpn"])  # fmt: skip
     _, val = T.pack_loaders(args, torch.device("cpu"))
     doc = json.loads((data["coco"] / "annotations" / "instances_val2017.json").read_text())
     files = {im["id"]: im["file_name"] for im in doc["images"]}
@@ -204,6 +205,18 @@ def test_pack_batches_give_each_image_at_its_own_size(data: dict[str, Path]) -> 
         for mask, (x1, y1, x2, y2) in zip(m, xyxy):
             ys, xs = torch.nonzero(mask, as_tuple=True)
             assert [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1] == [x1, y1, x2, y2]
+
+
+def test_a_box_models_loaders_leave_the_masks_unread(data: dict[str, Path]) -> None:
+    """Faster R-CNN's loaders (the train one with its preset, the val one) read no masks,
+    as the reference's targets for a box model have none; Mask R-CNN's read them."""
+    for model, masks in (("fasterrcnn_resnet50_fpn", False), ("maskrcnn_resnet50_fpn", True)):
+        args = T.parse(["--data-path", str(data["train"]), "--val-pack", str(data["val"]),
+                        "--model", model, "--data-augmentation", "lsj", "--lsj-size", "64",
+                        "--device", "cpu", "-j", "1", "-b", "2"])  # fmt: skip
+        for loader in T.pack_loaders(args, torch.device("cpu")):
+            _, targets = next(iter(loader))
+            assert ("masks" in targets) is masks, (model, sorted(targets))
 
 
 @pytest.mark.parametrize("preset", ["hflip", "lsj", "ssd", "ssdlite"])

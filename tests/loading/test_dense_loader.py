@@ -56,7 +56,8 @@ def _open(fake: dict, packs: dict, store: str, **kw) -> tuple[object, fake_dense
 
 def _loader(pack, bs=3, **kw) -> packer.PackLoader:
     kw.setdefault("shuffle", False)
-    return packer.PackLoader(pack, bs, device="cpu", **kw)
+    kw.setdefault("device", "cpu")
+    return packer.PackLoader(pack, bs, **kw)
 
 
 # ---------------------------------------------------------------- plain packs stay plain
@@ -246,9 +247,16 @@ def test_colour_ops_touch_images_only(fake, packs) -> None:
 # ---------------------------------------------------------------- padded, semantic
 
 
-def test_padded_batch_with_counts(fake, packs) -> None:
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_batch_with_counts(fake, packs, device) -> None:
     pack, cols = _open(fake, packs, "jpeg")
-    images, out = next(iter(_loader(pack, bs=4, targets="padded")))
+    images, out = next(iter(_loader(pack, bs=4, targets="padded", device=device)))
+    assert images.device.type == device and out["image_ids"].device.type == device
+    assert all(t.device.type == device for t in out.values())
+    images, out = images.cpu(), {k: v.cpu() for k, v in out.items()}
     b = images.shape[0]
     counts = [len(cols.records[i]["labels"]) for i in range(b)]
     n = max(counts)
@@ -264,19 +272,48 @@ def test_padded_batch_with_counts(fake, packs) -> None:
         assert np.array_equal(out["area"][i, :c].numpy(), cols.records[i]["area"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("store", ["raw", "jpeg"])
-def test_semantic_packs_yield_a_mask_batch(fake, packs, store) -> None:
+def test_semantic_packs_yield_a_mask_batch(fake, packs, store, device) -> None:
     pack, cols = _open(fake, packs, store, semantic=True)
     op = D.Compose([D.RandomHorizontalFlip(p=1.0)])
-    for images, masks in _loader(pack, bs=3, dense_transform=op):
+    for images, masks in _loader(pack, bs=3, dense_transform=op, device=device):
         assert masks.dtype == torch.uint8 and masks.ndim == 3
         assert masks.shape == (images.shape[0], *images.shape[2:])
-    images, masks = next(iter(_loader(pack, bs=2)))
+        assert images.device.type == masks.device.type == device
+    images, masks = next(iter(_loader(pack, bs=2, device=device)))
+    masks = masks.cpu()
     for k in range(2):
         sem = torch.from_numpy(cols.records[k]["semantic"])
         h, w = sem.shape
         assert torch.equal(masks[k, :h, :w], sem)
         assert (masks[k, h:] == 255).all() and (masks[k, :, w:] == 255).all()
+
+
+@pytest.mark.parametrize("targets", ["dicts", "padded"])
+def test_masks_false_leaves_the_instance_masks_unread(fake, packs, monkeypatch, targets) -> None:
+    """A box model's loader (``DenseConfig(masks=False)``) never decodes the masks and
+    yields the same images, boxes and labels without them."""
+    from packer.loading import dense_pass
+
+    pack, _ = _open(fake, packs, "jpeg")
+    op = D.Compose([D.RandomHorizontalFlip(), D.ScaleJitter((40, 48)), D.FixedSizeCrop((40, 48)),
+                    D.SanitizeBoundingBoxes()])  # fmt: skip
+    full = list(_loader(pack, dense=DenseConfig(transform=op, targets=targets)))
+
+    def no_decode(*args: object) -> None:
+        raise AssertionError("the masks were decoded")
+
+    monkeypatch.setattr(dense_pass, "decode_masks", no_decode)
+    boxes = list(_loader(pack, dense=DenseConfig(transform=op, targets=targets, masks=False)))
+    assert len(full) == len(boxes) == 3
+    for (fi, ft), (bi, bt) in zip(full, boxes):
+        assert torch.equal(fi, bi)
+        if targets == "padded":
+            ft, bt = [ft], [bt]
+        for a, b in zip(ft, bt):
+            assert "masks" in a and "masks" not in b
+            assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
 
 
 # ---------------------------------------------------------------- order, resume
@@ -356,6 +393,7 @@ def test_a_torchvision_transform_is_refused_by_name(fake, packs, where) -> None:
         ),
         ({"dense": DenseConfig(size_divisible=0)}, r"size_divisible must be a positive int"),
         ({"dense": "padded"}, r"dense must be a DenseConfig, not str"),
+        ({"dense": DenseConfig(masks="no")}, r"DenseConfig.masks must be True or False, not 'no'"),
     ],
 )
 def test_bad_dense_arguments_are_refused(fake, packs, kw, match) -> None:
