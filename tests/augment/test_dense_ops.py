@@ -19,6 +19,9 @@ from packer.augment import dense as D
 from packer.augment import dense_kernels as K
 from packer.errors import UsageError
 
+# torchvision before 0.27 takes no strings for v2 interpolation: the enum on every version
+_MODE = {"nearest": v2.InterpolationMode.NEAREST, "bilinear": v2.InterpolationMode.BILINEAR}
+
 SEEDS = range(12)
 
 
@@ -105,7 +108,7 @@ def test_affine_is_torchvisions(seed: int, interpolation: str) -> None:
     args = dict(degrees=20, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5, -3, 3))
     ours, theirs = _both(
         D.RandomAffine(**args, interpolation=interpolation, semantic_fill=0),
-        v2.RandomAffine(**args, interpolation=interpolation, fill=0),
+        v2.RandomAffine(**args, interpolation=_MODE[interpolation], fill=0),
         seed,
     )
     assert_matches(ours, theirs, image_tol=255 if interpolation == "nearest" else 1)
@@ -283,11 +286,11 @@ CUDA_TWINS = {
     "rotation": (lambda: D.RandomRotation(40, semantic_fill=0),
                  lambda: v2.RandomRotation(40, fill=0), 255, True, False),
     "affine_nearest": (lambda: D.RandomAffine(**_AFFINE, interpolation="nearest", semantic_fill=0),
-                       lambda: v2.RandomAffine(**_AFFINE, interpolation="nearest", fill=0), 255,
+                       lambda: v2.RandomAffine(**_AFFINE, interpolation=_MODE["nearest"], fill=0), 255,
                        True, False),
     "affine_bilinear": (lambda: D.RandomAffine(**_AFFINE, interpolation="bilinear",
                                                semantic_fill=0),
-                        lambda: v2.RandomAffine(**_AFFINE, interpolation="bilinear", fill=0), 1,
+                        lambda: v2.RandomAffine(**_AFFINE, interpolation=_MODE["bilinear"], fill=0), 1,
                         True, False),
     "resize": (lambda: D.Resize(20, max_size=25), lambda: v2.Resize(20, max_size=25), 2, False,
                False),

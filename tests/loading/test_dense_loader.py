@@ -427,11 +427,13 @@ def test_cuda_gives_the_cpu_targets(fake, packs, store) -> None:
     assert len(cpu) == len(gpu)
     for (ci, ct), (gi, gt) in zip(cpu, gpu):
         assert gi.is_cuda and gt[0]["boxes"].is_cuda
-        # the resize's rounding on raw rows; JPEG's hardware engines and libjpeg also
-        # differ by a few levels at a pixel: within 1/255 on the mean
+        # the resize's rounding on raw rows; a JPEG pack's GPU decode (nvjpeg) also
+        # upsamples chroma without libjpeg's smoothing, which this enlarging Resize
+        # carries: 1.16/255 mean measured (H200, 2026-11-29), as
+        # tests/loading/test_decode_vs_pillow.py's enlarged boxes
         d = (ci.int() - gi.cpu().int()).abs()
         mean = float(d.float().mean())
-        assert d.max() <= 2 if store == "raw" else mean <= 1.0, (int(d.max()), mean)
+        assert d.max() <= 2 if store == "raw" else mean <= 1.5, (int(d.max()), mean)
         for a, b in zip(ct, gt):
             assert torch.allclose(a["boxes"], b["boxes"].cpu(), atol=1e-4)
             assert torch.equal(a["labels"], b["labels"].cpu())
