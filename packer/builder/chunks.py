@@ -331,17 +331,30 @@ def finish_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> 
     sentinels. One still alive ``timeout`` seconds later is stuck, not working (seen
     once in the suite: a worker waiting forever for the task queue's lock, which a dead
     sibling held), and is killed rather than left to hang the build's last step."""
+    release_pool(pool, timeout)()
+
+
+def release_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> Callable[[], None]:
+    """:func:`finish_pool` in two halves: the workers are told to exit now (the
+    executor's sentinels, sent by its own thread) and this returns at once; the returned
+    call waits for them (killing one still alive ``timeout`` seconds after the release).
+    A build releases its pool when the last chunk is in and waits only after the pack is
+    in place, so the workers' exits overlap the final fsync, manifest and rename."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+
+    def wait() -> None:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            with contextlib.suppress(Exception):
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+
+    return wait
 
 
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:

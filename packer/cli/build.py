@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import click
 
+from ..builder.timeline import write_cli_timeline
 from ..pack.layout import STORAGE_KINDS
+from . import LOADED_AT
 from .options import QualityHint, device_option, json_option, quiet_option, workers_option
 from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
 
@@ -263,6 +266,7 @@ def build(
       imgpack build ./train s3://bucket/train --shard-size 256MB   # into object storage
       imgpack build ./coco ./coco_pack --targets-from coco --size 512 --resize pad
     """
+    marks = {"cli_loaded": LOADED_AT, "cli_command": time.perf_counter()}
     from ..builder import api
     from ..builder.config import BuildConfig
     from ..builder.dense import DenseOptions
@@ -307,7 +311,10 @@ def build(
         dense=dense,
     )
     run = functools.partial(api.build, src, dst, config)
+    marks["build_called"] = time.perf_counter()
     result = run_with_bar("build", quiet, as_json, run, shards=api.route(src, dst, config).sharded)
+    marks["build_returned"] = time.perf_counter()
+    write_cli_timeline(marks, result.extra)  # IMGPACK_BUILD_TIMELINE (benchmarks) only
     from ..pack.kinds import kind_of
 
     if kind_of(result.storage).decoded:  # each image keeps its own size: say the largest
