@@ -269,15 +269,16 @@ def build(
     marks = {"cli_loaded": LOADED_AT, "cli_command": time.perf_counter()}
     from ..builder import api
     from ..builder.config import BuildConfig
-    from ..builder.dense import DenseOptions
     from ..builder.formats.options import SourceOptions
-    from ..builder.shards import parse_bytes
+    from ..builder.sizes import parse_bytes
     from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
     dense = None
     if targets_from is not None or annotations_file is not None or ann_split is not None:
+        from ..builder.dense import DenseOptions  # its readers load only for such a build
+
         dense = DenseOptions(
             format=targets_from or "auto", annotations=annotations_file, split=ann_split
         )
