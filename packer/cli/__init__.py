@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import gc
 import importlib
-import time
 
 import click
 
 from .._version import __version__
-
-# when the command line's own code was loaded (the clock of packer.builder.timeline)
-LOADED_AT = time.perf_counter()
 
 # each command's name is its module's under packer.cli, which defines it by that name
 _COMMANDS = ("build", "info", "compress", "verify", "show", "bench")

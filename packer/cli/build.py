@@ -8,11 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..builder.timeline import write_cli_timeline
 from ..pack.layout import STORAGE_KINDS
-from . import LOADED_AT
 from .options import QualityHint, device_option, json_option, quiet_option, workers_option
-from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
+from .output import LOADED_AT, handle_errors, report, run_with_bar, sigterm_as_interrupt
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -271,6 +269,7 @@ def build(
     from ..builder.config import BuildConfig
     from ..builder.formats.options import SourceOptions
     from ..builder.sizes import parse_bytes
+    from ..builder.timeline import write_cli_timeline
     from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
 
