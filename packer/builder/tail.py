@@ -81,15 +81,16 @@ def run_with_tail(
     rows_path: Path,
     row_bytes: int,
     done: dict[int, dict[str, Any]],
-    record: Callable[[tuple[Any, ...]], None],
+    record: Callable[..., None],
     fn: Callable[[_Chunk], tuple[Any, ...]],
     times: dict[str, Any],
     after_submit: Callable[[], None],
 ) -> bool:
     """:func:`packer.builder.chunks._run_chunks` with the last wave cut (:func:`cut_tail`):
     run ``fn`` on the whole chunks and the parts on ``pool``, record each chunk once it
-    is whole; False if the pool broke (a worker died), after recording every whole chunk
-    that had finished before."""
+    is whole (``record(result, sync=...)``: the chunks that arrived together are journaled
+    with one fsync); False if the pool broke (a worker died), after recording every whole
+    chunk that had finished before."""
     tasks, cut = cut_tail(chunks, workers)
     if cut:  # how many parts, for the build's time split
         times["tail_parts"] = times.get("tail_parts", 0) + sum(cut.values())
@@ -119,32 +120,48 @@ def run_with_tail(
         left = len(tasks) + len(cut)
         while left:
             t = time.perf_counter()
-            fut = arrived.get()
+            batch = [arrived.get()]  # and all that came meanwhile: one fsync for them all
             times["wait"] += time.perf_counter() - t
-            left -= 1
-            if fut in hashing:
-                k = hashing.pop(fut)
-                record(_whole(k, parts.pop(k), fut.result()))
-                continue
-            try:
-                res = fut.result()
-            except BrokenProcessPool:
-                return _after_break(whole, done, record)
-            if fut not in part_start:
-                record(res)
-                continue
-            times["chunks"].append(res[4])
-            k = res[0]
-            parts.setdefault(k, []).append((part_start[fut], res))
-            if len(parts[k]) == cut[k]:  # every row written: hash them as the worker would
-                h = hasher.submit(
-                    hash_rows, rows_path, start_of[k] * row_bytes, rows_of[k] * row_bytes
-                )
-                hashing[h] = k
-                h.add_done_callback(arrived.put)
+            while True:
+                try:
+                    batch.append(arrived.get_nowait())
+                except queue.Empty:
+                    break
+            left -= len(batch)
+            ready: list[tuple[Any, ...]] = []  # whole chunks to journal, in arrival order
+            for fut in batch:
+                if fut in hashing:
+                    k = hashing.pop(fut)
+                    ready.append(_whole(k, parts.pop(k), fut.result()))
+                    continue
+                try:
+                    res = fut.result()
+                except BrokenProcessPool:
+                    _journal(ready, record)
+                    return _after_break(whole, done, record)
+                if fut not in part_start:
+                    ready.append(res)
+                    continue
+                times["chunks"].append(res[4])
+                k = res[0]
+                parts.setdefault(k, []).append((part_start[fut], res))
+                if len(parts[k]) == cut[k]:  # every row written: hash them as a worker would
+                    h = hasher.submit(
+                        hash_rows, rows_path, start_of[k] * row_bytes, rows_of[k] * row_bytes
+                    )
+                    hashing[h] = k
+                    h.add_done_callback(arrived.put)
+            _journal(ready, record)
         return True
     finally:
         hasher.shutdown(wait=True)
+
+
+def _journal(ready: list[tuple[Any, ...]], record: Callable[..., None]) -> None:
+    """Journal ``ready``'s chunks, the file fsynced once after the last line (a line is
+    never relied on before its fsync: a rerun trusts only what the journal holds)."""
+    for i, res in enumerate(ready):
+        record(res, sync=i == len(ready) - 1)
 
 
 def _whole(k: int, parts: list[tuple[int, tuple[Any, ...]]], sha: str) -> tuple[Any, ...]:

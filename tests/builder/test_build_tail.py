@@ -12,7 +12,7 @@ import pytest
 
 from conftest import write_image
 from packer.builder.run import TEST_DEATH_ENV, BuildConfig, build
-from packer.builder.tail import MIN_PART_ROWS, PARTS, cut_tail, hash_rows
+from packer.builder.tail import MIN_PART_ROWS, PARTS, cut_tail, hash_rows, run_with_tail
 from packer.pack.writer import block_rows_for
 
 N = 256 * 7 + 40  # the fewest images whose chunks have 8 rows: the tail is cut
@@ -87,3 +87,32 @@ def test_a_worker_dying_in_the_tail_costs_its_chunk_not_the_build(
     build(tree, tmp_path / "whole", BuildConfig(size=(8, 8), workers=1))
     assert r.count == N - 1
     assert _digests(tmp_path / "p") == _digests(tmp_path / "whole")
+
+
+def test_chunks_that_arrive_together_are_journaled_with_one_fsync(tmp_path: Path) -> None:
+    """Every result already in when the parent looks (here: the pool drained before the
+    loop starts) is journaled as one batch: each line written, the file fsynced once,
+    after the last."""
+    from packer.builder.chunks import start_pool
+    from packer.builder.workers import _decode_chunk
+    from packer.imaging.decode import ResizeSpec
+
+    paths = [str(write_image(tmp_path / f"{i}.jpg", (16, 12), seed=i)) for i in range(6)]
+    spec = ResizeSpec(8, 8)
+    rows = tmp_path / "rows"
+    rows.write_bytes(bytes(len(paths) * 3 * 8 * 8))
+    chunks = [(k, k, [p]) for k, p in enumerate(paths)]
+    pool = start_pool(2, rows, spec)
+    calls: list[tuple[int, bool]] = []
+    times: dict = {"wait": 0.0, "chunks": []}
+    try:
+        ok = run_with_tail(
+            pool, chunks, 2, rows, 3 * 8 * 8, {},
+            lambda res, sync=True: calls.append((res[0], sync)),
+            _decode_chunk, times, lambda: pool.shutdown(wait=True),
+        )  # fmt: skip
+    finally:
+        pool.shutdown(wait=True)
+    assert ok is True
+    assert sorted(k for k, _ in calls) == list(range(6))
+    assert [sync for _, sync in calls] == [False] * 5 + [True]
