@@ -7,8 +7,14 @@ For each data set (made once under ``--work`` with ``packer.measure.bench.synth`
   decoding its own slice of the whole set with imgpack's decode (open, draft,
   convert, resize), nothing written, no coordination; N = all cores and 1;
 * ``imgpack build`` with all cores' workers (library call, ``BuildResult.seconds``: from
-  the call to the renamed pack, pool start and final fsync included), and once through
-  the CLI in a fresh interpreter (wall clock of the whole command); 1 worker on a subset;
+  the call to the renamed pack, pool start and final fsync included), and through the
+  CLI in a fresh interpreter (wall clock of the whole command, process start to exit),
+  each variant in every repeat, interleaved; 1 worker on a subset;
+* the CLI's timeline (``IMGPACK_BUILD_TIMELINE``, :mod:`packer.builder.timeline`): each
+  phase's end on the machine's one monotonic clock, from the process's launch (interpreter
+  and imports, scan, pool, first and last chunk, fsync, manifest, rename) to its exit;
+  the packages' bytecode is compiled first (``compileall``, as ``pip install`` does), so no
+  run pays for compiling the sources;
 * the build's time split (``BuildResult.extra``): the parent's steps and the workers'
   decode / copy / pwrite / sha256 / writeback / idle / tail;
 * what the disk does with the same bytes: pwrite in chunk-sized pieces + one fsync,
@@ -146,15 +152,47 @@ def pixel_diff(a: Path, b: Path) -> dict:
             "max_abs": int(d.max())}  # fmt: skip
 
 
-def cli_build(src: Path, dst: Path, side: int, workers: int) -> float:
-    """Wall seconds of ``imgpack build`` as a user runs it (interpreter start included)."""
-    t = time.perf_counter()
-    subprocess.run(
+def cli_build(
+    src: Path, dst: Path, side: int, workers: int, env: dict[str, str] | None = None
+) -> dict:
+    """``imgpack build`` as a user runs it, in a fresh interpreter: ``wall_s`` from the
+    launch to the exit, and (where the packer run has it: :mod:`packer.builder.timeline`)
+    ``phases``, each phase's end in seconds since the launch, the exit last."""
+    timeline = dst.parent / f".{dst.name}-timeline.json"
+    timeline.unlink(missing_ok=True)
+    env = {**os.environ, **(env or {}), "IMGPACK_BUILD_TIMELINE": str(timeline)}
+    t = time.perf_counter()  # CLOCK_MONOTONIC, as the child's perf_counter
+    subprocess.run(  # cwd "/": as lib_build, so that --old-tree is what gets imported
         [sys.executable, "-m", "packer", "build", str(src), str(dst), "--size", str(side),
-         "--workers", str(workers), "--overwrite", "--quiet"],
-        check=True, capture_output=True,
+         "--workers", str(workers), "--overwrite", "--quiet", "--device", "cpu"],
+        check=True, capture_output=True, env=env, cwd="/",
     )  # fmt: skip
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    res: dict = {"wall_s": wall}
+    if timeline.exists():
+        got = json.loads(timeline.read_text())
+        res["phases"] = {k: round(v - t, 4) for k, v in got["monotonic"].items()}
+        res["phases"]["exit"] = round(wall, 4)
+        res["extra"] = got["extra"]
+        timeline.unlink()
+    return res
+
+
+def compile_tree(root: Path) -> None:
+    """The ``packer`` package under ``root`` compiled to bytecode, as an installed wheel
+    is (``PYTHONDONTWRITEBYTECODE`` would otherwise make every run compile it anew)."""
+    import compileall
+
+    compileall.compile_dir(str(root / "packer"), quiet=1)
+
+
+def phase_steps(phases: dict[str, float]) -> str:
+    """``phase +seconds`` for each phase of a CLI run, in order."""
+    out, prev = [], 0.0
+    for k, v in phases.items():
+        out.append(f"{k} +{v - prev:.3f}")
+        prev = v
+    return ", ".join(out)
 
 
 def disk_probe(folder: Path, nbytes: int, chunk: int, writeback: bool) -> dict:
@@ -226,6 +264,9 @@ def main() -> None:
     ap.add_argument("--keep", default="a", help="keep this set's last pack (for probe_stream)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
+    compile_tree(Path(__file__).resolve().parent.parent)
+    if args.old_tree:
+        compile_tree(args.old_tree)
     variants = {
         "new": {},
         "wb-off": {"IMGPACK_BUILD_WRITEBACK": "off"},
@@ -265,6 +306,7 @@ def main() -> None:
         dst = args.work / f"pack_{key}"
         names = args.variants.split(",")
         runs: dict[str, list[dict]] = {name: [] for name in names}
+        clis: dict[str, list[dict]] = {name: [] for name in names if name != "gpu"}
         for _ in range(args.repeats):  # variants interleaved: a drift hits each alike
             for name in names:
                 clean(dst)
@@ -274,10 +316,22 @@ def main() -> None:
                 runs[name].append(r)
                 print(f"  build {name}: {r['img_per_s']:,.0f} img/s, {r['seconds']:.2f} s, "
                       f"extra {json.dumps(r['extra'])}", flush=True)  # fmt: skip
+            for name in clis:  # the command, process start to exit
+                clean(dst)
+                c = cli_build(src, dst, side, cores, variants[name])
+                clis[name].append(c)
+                print(f"  CLI {name}: {c['wall_s']:.2f} s wall "
+                      f"({len(files) / c['wall_s'] / row['ceiling_all']:.2f} of the ceiling)"
+                      + (f"; {phase_steps(c['phases'])}" if "phases" in c else ""),
+                      flush=True)  # fmt: skip
         for name in names:
             med = sorted(runs[name], key=lambda r: r["img_per_s"])[len(runs[name]) // 2]
             row[f"build_{name}"] = med
             row[f"build_{name}_all"] = [r["img_per_s"] for r in runs[name]]
+        for name, got in clis.items():
+            med = sorted(got, key=lambda c: c["wall_s"])[len(got) // 2]
+            row[f"cli_{name}"] = med
+            row[f"cli_{name}_all_s"] = [c["wall_s"] for c in got]
         if "gpu" in names and "new" in names:  # pixels: GPU build vs CPU build, same sources
             clean(dst)
             lib_build(src, dst, side, cores, {}, "cpu")
@@ -287,10 +341,13 @@ def main() -> None:
             row["gpu_vs_cpu"] = pixel_diff(dst, gdst)
             print(f"  GPU vs CPU pixels: {row['gpu_vs_cpu']}", flush=True)
             clean(gdst)
-        clean(dst)
-        row["cli_wall_s"] = cli_build(src, dst, side, cores)
+        if "cli_new" not in row:
+            clean(dst)
+        cli = row.get("cli_new") or cli_build(src, dst, side, cores)
+        row["cli_wall_s"] = cli["wall_s"]
         row["cli_img_per_s"] = len(files) / row["cli_wall_s"]
-        print(f"  CLI build {row['cli_img_per_s']:,.0f} img/s wall ({row['cli_wall_s']:.2f} s)")
+        print(f"  CLI build {row['cli_img_per_s']:,.0f} img/s wall ({row['cli_wall_s']:.2f} s, "
+              f"median of {len(row.get('cli_new_all_s', [0]))})")  # fmt: skip
         sub = args.work / f"sub_{key}"
         if not sub.exists():
             for f in files[:1000]:
@@ -319,6 +376,17 @@ def main() -> None:
                   f"{b / r['ceiling_all']:.0%} | {r['cli_img_per_s']:,.0f} "
                   f"({r['cli_img_per_s'] / r['ceiling_all']:.0%}) | {r['build_1']:,.0f} "
                   f"({r['build_1'] / r['ceiling_1']:.0%}) |")  # fmt: skip
+    print(f"\nCLI, process start to exit, vs the {cores}-process ceiling (median wall)")
+    for r in table:
+        for name in args.variants.split(","):
+            c = r.get(f"cli_{name}")
+            if c is not None:
+                ratio = r["files"] / c["wall_s"] / r["ceiling_all"]
+                print(f"| {r['set']} {name} | {c['wall_s']:.2f} s | ceiling "
+                      f"{r['files'] / r['ceiling_all']:.2f} s | {ratio:.2f} | "
+                      f"{', '.join(f'{x:.2f}' for x in r[f'cli_{name}_all_s'])} |")  # fmt: skip
+                if "phases" in c:
+                    print(f"  phases (s since launch): {phase_steps(c['phases'])}")
     for r in table:
         e = r["build_new"]["extra"]
         print(f"split {r['set']}: parent {e['parent']}")

@@ -1,6 +1,6 @@
 """One lazy module ``__getattr__`` for every package that hands out names it does not
 import up front (``packer``, ``packer.pack``, ``packer.storage``, ``packer.builder``,
-``packer.pack.raw``), so ``import packer`` and each stage package stay light: a name's
+``packer.pack.raw``, ``packer.sources.annotations``), so ``import packer`` and each stage package stay light: a name's
 module is imported the first time the name is asked for, and the value is kept in the
 module's globals so the next lookup is an ordinary one. Standard library only."""
 

@@ -21,12 +21,14 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from .._fs import default_workers
 from ..errors import WorkerDiedError
 from ..imaging.decode import ResizeSpec
 from ..pack.writer import digest
 from ..sources.scan import Scan
 from . import workers as build_workers
 from .config import BuildConfig
+from .tail import run_with_tail
 from .workdir import JOURNAL, ROWS_FILE, WorkState
 from .workers import (
     CHUNKS_DIR,
@@ -126,8 +128,9 @@ def decode_all(
             _decode_here(config, work, pending, record, write_plan)
         else:
             _decode_on_pool(
-                config, pool, new_pool, len(chunks), pending, done, record, times, write_plan
-            )
+                config, pool, new_pool, len(chunks), pending, done, record, times, write_plan,
+                (work / ROWS_FILE, row),
+            )  # fmt: skip
     return (t_first or [time.perf_counter()])[0], resumed
 
 
@@ -191,10 +194,23 @@ def _decode_on_pool(
     record: Callable[[_ChunkResult], None],
     times: dict[str, Any],
     write_plan: Callable[[], None],
+    rows: tuple[Path, int] | None = None,
 ) -> None:
     """The chunks decoded on the worker pool; after a worker dies, the unfinished ones
-    once more on a fresh pool (``new_pool()``), and a second death is WorkerDiedError."""
-    if _run_chunks(pool, pending, done, record, _chunk_fn(config), times, write_plan):
+    once more on a fresh pool (``new_pool()``), and a second death is WorkerDiedError.
+    ``rows``: the rows file and a row's bytes, where the last wave of chunks is cut into
+    parts (:mod:`packer.builder.tail`; not for a kind that writes a file per chunk)."""
+    workers = min(config.workers or default_workers(), n_chunks)
+
+    def run(on: ProcessPoolExecutor, chunks: list[tuple[int, int, list[str]]]) -> bool:
+        if rows is None or config.kind.chunk_files:
+            return _run_chunks(on, chunks, done, record, _chunk_fn(config), times, write_plan)
+        return run_with_tail(
+            on, chunks, workers, rows[0], rows[1], done, record, _chunk_fn(config), times,
+            write_plan,
+        )  # fmt: skip
+
+    if run(pool, pending):
         return
     # kill -9 or the OOM killer. Perhaps a one-off (several big images at once,
     # an operator's kill): the unfinished chunks get one fresh pool.
@@ -203,7 +219,7 @@ def _decode_on_pool(
     log.warning("a decode worker died; retrying %d unfinished chunks", len(left))
     retry = new_pool()
     try:
-        ok = _run_chunks(retry, left, done, record, _chunk_fn(config), times, write_plan)
+        ok = run(retry, left)
     finally:
         stop_pool(retry)
     if not ok:  # the pool cannot tell which image a dead worker was on
@@ -331,17 +347,30 @@ def finish_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> 
     sentinels. One still alive ``timeout`` seconds later is stuck, not working (seen
     once in the suite: a worker waiting forever for the task queue's lock, which a dead
     sibling held), and is killed rather than left to hang the build's last step."""
+    release_pool(pool, timeout)()
+
+
+def release_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> Callable[[], None]:
+    """:func:`finish_pool` in two halves: the workers are told to exit now (the
+    executor's sentinels, sent by its own thread) and this returns at once; the returned
+    call waits for them (killing one still alive ``timeout`` seconds after the release).
+    A build releases its pool when the last chunk is in and waits only after the pack is
+    in place, so the workers' exits overlap the final fsync, manifest and rename."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+
+    def wait() -> None:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            with contextlib.suppress(Exception):
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+
+    return wait
 
 
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:

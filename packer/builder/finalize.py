@@ -55,6 +55,7 @@ def _finalize(
     fingerprint: str,
     device: Any = None,
     times: dict[str, Any] | None = None,
+    timeline: Any = None,
 ) -> BuildResult:
     """Assemble the pack in ``work`` and move it to ``dst``, in idempotent steps.
 
@@ -62,8 +63,10 @@ def _finalize(
     where a crash stopped: rows file present (data not yet moved), journal and
     plan (assembly not finished), ``"assembled"`` in the plan (only the move is
     left), no plan (the work is discarded and rebuilt), an old pack aside
-    (:func:`recover_trash`).
+    (:func:`recover_trash`). ``timeline``: a :class:`packer.builder.timeline.Timeline`
+    whose phases this marks (the rows' fsync, the data, the manifest, the rename).
     """
+    mark = timeline.mark if timeline is not None else (lambda phase, at=None: None)
     spec = config.spec
     scan = plan.scan
     clock = {} if times is None else times.setdefault("finalize", {})
@@ -112,9 +115,13 @@ def _finalize(
         shas=shas,
         clock=clock,
     )
+    t_assemble = time.perf_counter()
     written = kind.assemble(work / DATA_DIR, parts)
     shas = written["shas"]
     clock["compact_or_rename"] = time.perf_counter() - t
+    if "fsync_rows" in clock:  # the assembly starts with it
+        mark("rows_fsynced", t_assemble + clock["fsync_rows"])
+    mark("data_assembled")
     t = time.perf_counter()
     _reached("data")
     labels = np.array([scan.entries[i].label for i in keep], dtype="<i8")
@@ -149,9 +156,11 @@ def _finalize(
     mark_assembled(work, fingerprint)
     _reached("assembled")
     clock["metadata"] = time.perf_counter() - t
+    mark("manifest_written")
     t = time.perf_counter()
     result = _move_into_place(work, dst, n, skipped, plan, spec, resumed, t0)
     clock["move"] = time.perf_counter() - t
+    mark("moved")
     result.image_shape = list(manifest.image_shape)  # jpeg: the largest stored image
     result.storage = manifest.storage
     result.dense = dense_summary

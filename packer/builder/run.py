@@ -41,12 +41,13 @@ from typing import Any
 from .._fs import default_workers, destination_error
 from ..errors import UsageError
 from ..pack.writer import block_rows_for
-from .chunks import LazyPool, decode_all, finish_pool, start_pool, stop_pool, store_options
+from .chunks import LazyPool, decode_all, release_pool, start_pool, stop_pool, store_options
 from .config import GPU_TOLERANCE as GPU_TOLERANCE  # re-exported: old import path
 from .config import STORES as STORES
 from .config import BuildConfig, BuildResult, _Labels
 from .finalize import _finalize
 from .plan import check_destination, plan_fingerprint, plan_labels
+from .timeline import Timeline
 from .workdir import (
     ROWS_FILE,
     dest_lock,
@@ -109,6 +110,7 @@ def build(
     ``plan``: the labelled images to pack, already listed (a shard of a set).
     """
     t0 = time.perf_counter()
+    timeline = Timeline(t0)  # the phases' ends, for benchmarks (packer.builder.timeline)
     config.validate()
     if config.shard_size is not None or config.append or config.engine != "local":
         # which build a job is, is packer.builder.api's decision: a set never reaches here
@@ -130,8 +132,10 @@ def build(
     refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
     # the CPU workers boot while the tree is scanned (a listed plan has no scan to wait on)
     early = [_early_pool(config, dst)] if plan is None and device is None else [None]
+    timeline.mark("pool_spawned")
     try:
         plan = plan_labels(src, config) if plan is None else plan
+        timeline.mark("scanned")
         if auto:  # the faster way for this job (packer.builder.auto), known once it is listed
             from .auto import auto_device
 
@@ -144,13 +148,17 @@ def build(
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
             with dest_lock(dst) as work:
+                timeline.mark("locked")
                 recover_trash(dst)
                 check_destination(src, dst, config.overwrite)  # again, now that we hold the lock
                 result = _build_locked(
-                    plan, dst, work, config, progress, on_start, t0, device, early
+                    plan, dst, work, config, progress, on_start, t0, device, early, timeline
                 )
                 result.path = given
-                return result
+            timeline.mark("unlocked")
+            result.extra["timeline"] = timeline.as_dict()
+            result.extra["t0_monotonic"] = t0
+            return result
         except OSError as e:
             raise destination_error(e, dst) from None
     except BaseException:
@@ -180,10 +188,13 @@ def _build_locked(
     t0: float,
     device: Any = None,
     early: list[ProcessPoolExecutor | None] | None = None,
+    timeline: Timeline | None = None,
 ) -> BuildResult:
     """Build into the locked work folder ``work``. ``early``: a holder of the pool
     :func:`build` started before the scan (None in it: none started); this function
-    takes it over (empties the holder) and stops or shuts it down."""
+    takes it over (empties the holder) and stops or shuts it down. ``timeline``: where
+    the phases' ends are marked (``BuildResult.extra["timeline"]``)."""
+    timeline = timeline or Timeline(t0)
     spec = config.spec
     scan = plan.scan
     n_total = len(scan.entries)
@@ -215,6 +226,7 @@ def _build_locked(
         stop_pool(started)
     t_pool = time.perf_counter()
     times["pool_start"] = t_pool - t
+    reap = _nothing  # the wait for the workers' exit: after the pack is in place
     try:
         # A fresh work folder needs no fingerprint to start: its plan (the fingerprint)
         # is written while the workers decode the first chunks, before the first
@@ -235,6 +247,7 @@ def _build_locked(
 
         t_prepared = time.perf_counter()
         times["prepare"] = t_prepared - t
+        timeline.mark("prepared", t_prepared)
         if state.assembled:
             t_first, resumed = t_prepared, n_total
             if on_start:
@@ -244,9 +257,11 @@ def _build_locked(
                 scan, config, work, state, chunks, row, pool, new_pool, progress, on_start, times,
                 write_plan, device,
             )  # fmt: skip
+            _mark_chunks(timeline, t_first, times["chunks"])
         t = time.perf_counter()
-        if pool is not None:
-            finish_pool(pool)
+        timeline.mark("decoded", t)
+        if pool is not None:  # the workers exit while the pack is finalized
+            reap = release_pool(pool)
         times["pool_stop"] = time.perf_counter() - t
     except BaseException:
         if pool is not None:
@@ -256,9 +271,16 @@ def _build_locked(
     fingerprint = holder[0]
     assert fingerprint is not None
     t_decoded = time.perf_counter()
-    result = _finalize(
-        plan, dst, work, config, state, block, resumed, t0, fingerprint, device, times
-    )
+    try:
+        result = _finalize(
+            plan, dst, work, config, state, block, resumed, t0, fingerprint, device, times,
+            timeline,
+        )  # fmt: skip
+    finally:
+        t = time.perf_counter()
+        reap()
+        times["pool_join"] = time.perf_counter() - t
+        timeline.mark("pool_joined")
     t_end = time.perf_counter()
     # where the time went, for benchmarks: setup (scan, plan, preallocate), the wait
     # for the first chunk (pool start + one chunk), then decoding
@@ -270,6 +292,20 @@ def _build_locked(
         **_time_split(times, workers, t_pool, t_prepared, t_decoded, t_end),
     }
     return result
+
+
+def _nothing() -> None:
+    pass
+
+
+def _mark_chunks(timeline: Timeline, t_first: float, chunks: list[dict[str, Any]]) -> None:
+    """The decode's phases: the first task a worker started, the first chunk journaled,
+    the last task a worker finished (from the workers' own clock readings)."""
+    if chunks:
+        timeline.mark("first_task_started", min(c["t_start"] for c in chunks))
+    timeline.mark("first_chunk_journaled", t_first)
+    if chunks:
+        timeline.mark("last_task_ended", max(c["t_end"] for c in chunks))
 
 
 def _time_split(

@@ -39,7 +39,6 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -62,51 +61,15 @@ from .finalize import _classes_from
 from .plan import check_not_nested, plan_labels
 from .run import _build_device, build
 from .set_plan import SetPlan, ShardSink, _complete, plan_set
+from .sizes import MAX_BYTES as MAX_BYTES  # re-exported: old import path
+from .sizes import parse_bytes as parse_bytes
 from .workdir import dest_lock, refuse_symlink_destination
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2  # 256 MB: ~1,700 224x224 raw images, ~2,000 ImageNet JPEGs
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-MAX_BYTES = 1 << 50  # the largest size parse_bytes takes (BuildConfig.shard_size's bound)
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 # what a set build writes into the set folder besides the index (shard folders: set_plan)
 _OWN = re.compile(r"\.?(\d{5,})-[0-9a-f]{16}(\.imgpack-partial|\.imgpack-old)?")
-
-
-def parse_bytes(text: str, option: str = "BuildConfig.shard_size") -> int:
-    """``"256MB"`` -> 256000000. Units (any case): B, KB, MB, GB, TB (powers of 1000),
-    KiB, MiB, GiB, TiB (powers of 1024); a bare number is bytes. UsageError naming
-    ``option`` (a config field, its ``field``) for anything else or a size below one
-    byte."""
-    m = _SIZE.fullmatch(str(text).lower())
-    if m is None or m.group(2) not in _UNITS:
-        raise UsageError(
-            f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB "
-            "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
-            field=option,
-        )
-    if len(m.group(1)) > 64:  # no size needs more digits (and a float of them overflows)
-        raise UsageError(f"{option} {text[:40]!r}...: too many digits for a size", field=option)
-    value = int(Fraction(m.group(1)) * _UNITS[m.group(2)])  # exact, never a float overflow
-    if value < 1:
-        raise UsageError(f"{option} {text!r}: must be at least one byte", field=option)
-    if value > MAX_BYTES:
-        raise UsageError(
-            f"{option} {text!r}: must be at most 1 PB ({MAX_BYTES:,} bytes)", field=option
-        )
-    return value
 
 
 def _reached(step: str) -> None:

@@ -171,7 +171,12 @@ def _writeback_mode() -> str:
 
 
 def _warm_up() -> None:
-    """A no-op task: submitting one per worker starts the processes early."""
+    """A task per worker at the pool's start: it starts the process early and loads
+    Pillow's common decoders (``Image.preinit``, tens of ms) while the parent lists the
+    tree, not in the first chunk."""
+    from PIL import Image
+
+    Image.preinit()
 
 
 # what a worker reports with each chunk: seconds per step, and when it ran (perf_counter
@@ -206,6 +211,21 @@ def _decode_chunk(
 ) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
     """Decode rows [start, start+len(paths)) and write them; return skips, sizes, sha
     and the worker's time split (``_WORKER_STEPS``, plus ``t_start``, ``t_end``, ``pid``)."""
+    return _decode_rows(task, hashed=True)
+
+
+def _decode_part(
+    task: tuple[int, int, list[str]],
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
+    """:func:`_decode_chunk` of a part of chunk ``task[0]`` (its rows from ``task[1]``), no
+    SHA-256 ("": the chunk's is taken once every part is written,
+    :mod:`packer.builder.tail`)."""
+    return _decode_rows(task, hashed=False)
+
+
+def _decode_rows(
+    task: tuple[int, int, list[str]], hashed: bool
+) -> tuple[int, list[list[Any]], list[list[int]], str, dict[str, float]]:
     t_start = time.perf_counter()
     chunk, start, paths = task
     state = _worker
@@ -243,7 +263,7 @@ def _decode_chunk(
     while done < len(mv):
         done += os.pwrite(state.fd, mv[done:], off + done)
     t2 = time.perf_counter()
-    sha = digest(mv)
+    sha = digest(mv) if hashed else ""
     t3 = time.perf_counter()
     if state.sync_file_range is not None:
         # start writing this range to disk now (non-blocking), so the single fsync

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import click
 
 from ..pack.layout import STORAGE_KINDS
 from .options import QualityHint, device_option, json_option, quiet_option, workers_option
-from .output import handle_errors, report, run_with_bar, sigterm_as_interrupt
+from .output import LOADED_AT, handle_errors, report, run_with_bar, sigterm_as_interrupt
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -263,17 +264,20 @@ def build(
       imgpack build ./train s3://bucket/train --shard-size 256MB   # into object storage
       imgpack build ./coco ./coco_pack --targets-from coco --size 512 --resize pad
     """
+    marks = {"cli_loaded": LOADED_AT, "cli_command": time.perf_counter()}
     from ..builder import api
     from ..builder.config import BuildConfig
-    from ..builder.dense import DenseOptions
     from ..builder.formats.options import SourceOptions
-    from ..builder.shards import parse_bytes
+    from ..builder.sizes import parse_bytes
+    from ..builder.timeline import write_cli_timeline
     from ..builder.workdir import refuse_symlink_destination
     from ..storage.url import is_url
 
     src = srcs[0] if len(srcs) == 1 else list(srcs)  # type: ignore[assignment]
     dense = None
     if targets_from is not None or annotations_file is not None or ann_split is not None:
+        from ..builder.dense import DenseOptions  # its readers load only for such a build
+
         dense = DenseOptions(
             format=targets_from or "auto", annotations=annotations_file, split=ann_split
         )
@@ -307,7 +311,10 @@ def build(
         dense=dense,
     )
     run = functools.partial(api.build, src, dst, config)
+    marks["build_called"] = time.perf_counter()
     result = run_with_bar("build", quiet, as_json, run, shards=api.route(src, dst, config).sharded)
+    marks["build_returned"] = time.perf_counter()
+    write_cli_timeline(marks, result.extra)  # IMGPACK_BUILD_TIMELINE (benchmarks) only
     from ..pack.kinds import kind_of
 
     if kind_of(result.storage).decoded:  # each image keeps its own size: say the largest

@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,10 @@ from ..errors import PackerError
 from .flags import cli_message
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# when a command's code was loaded (its module imports this one first): the start of a
+# build's timeline as the command sees it (packer.builder.timeline's clock)
+LOADED_AT = time.perf_counter()
 
 
 def emit_json(obj: Any) -> None:

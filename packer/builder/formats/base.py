@@ -30,7 +30,6 @@ from typing import Any
 
 from ...errors import InputError, UsageError
 from ...sources.scan import is_image_name
-from .archive import index_zips, plan_named
 from .common import (
     KINDS,
     MAX_LABEL_BYTES,
@@ -50,8 +49,6 @@ from .common import (
     row_location,
 )
 from .options import SourceOptions
-from .parquet import index_arrow, index_parquet
-from .webdataset import index_tars
 
 __all__ = [
     "KINDS",
@@ -193,6 +190,11 @@ def source_plan(src: Any, dst: Any, config: Any) -> Any:
 
 
 def _index(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
+    # the readers are imported by the source that needs one: a folder build loads none
+    from .archive import index_zips
+    from .parquet import index_arrow, index_parquet
+    from .webdataset import index_tars
+
     if spec.bucket:
         return _index_bucket(spec, opts, config)
     if spec.kind == "parquet":
@@ -215,6 +217,10 @@ def _check_not_inside(spec: SourceSpec, dst: Any) -> None:
 
 
 def _index_bucket(spec: SourceSpec, opts: SourceOptions, config: Any) -> Any:
+    from .archive import index_zips, plan_named
+    from .parquet import index_parquet
+    from .webdataset import index_tars
+
     assert spec.kind in KINDS
     from .remote import _LISTINGS, _listing, _store
 

@@ -6,16 +6,25 @@ Nothing here decodes an image (sizes come from the annotations or image headers)
 writes a pack. :func:`read_annotations` detects a folder's layout or takes a named one.
 """
 
-from .detect import FORMATS, Layout, detect_layout, read_annotations
-from .model import (
-    AnnotationConfig,
-    Annotations,
-    CategoryMap,
-    ImageTargets,
-    Skip,
-    load_category_map,
-    resolve_categories,
-)
+from __future__ import annotations
+
+from ..._lazy import lazy_getattr
+
+# names handed out when first asked for: the readers (COCO, VOC, YOLO, masks) load only
+# for a build that reads annotations, not with the model a folder build's plan checks
+_LAZY = {
+    "FORMATS": ".model",
+    "AnnotationConfig": ".model",
+    "Annotations": ".model",
+    "CategoryMap": ".model",
+    "ImageTargets": ".model",
+    "Skip": ".model",
+    "load_category_map": ".model",
+    "resolve_categories": ".model",
+    "Layout": ".detect",
+    "detect_layout": ".detect",
+    "read_annotations": ".detect",
+}
 
 __all__ = [
     "FORMATS",
@@ -30,3 +39,5 @@ __all__ = [
     "read_annotations",
     "resolve_categories",
 ]
+
+__getattr__ = lazy_getattr(__name__, _LAZY)
