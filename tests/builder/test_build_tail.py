@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import write_image
+from conftest import subprocess_env, write_image
 from packer.builder.run import TEST_DEATH_ENV, BuildConfig, build
 from packer.builder.tail import MIN_PART_ROWS, PARTS, cut_tail, hash_rows, run_with_tail
 from packer.pack.writer import block_rows_for
@@ -77,15 +79,22 @@ def test_a_cut_tail_builds_the_same_bytes_as_whole_chunks(tree: Path, tmp_path: 
 
 
 def test_a_worker_dying_in_the_tail_costs_its_chunk_not_the_build(
-    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tree: Path, tmp_path: Path
 ) -> None:
     last = -(-N // BLOCK) - 1  # a chunk of the cut wave
-    monkeypatch.setenv(TEST_DEATH_ENV, f"{last}:{tmp_path / 'died'}")
-    r = build(tree, tmp_path / "p", BuildConfig(size=(8, 8), workers=2))
+    # in a fresh interpreter: a fork server this process started earlier (a test run
+    # with threads) would hand the workers its older environment, without the hook
+    code = (
+        "import sys; from packer.builder.run import BuildConfig, build; "
+        "print(build(sys.argv[1], sys.argv[2], BuildConfig(size=(8, 8), workers=2)).count)"
+    )
+    env = {**subprocess_env(), TEST_DEATH_ENV: f"{last}:{tmp_path / 'died'}"}
+    p = subprocess.run([sys.executable, "-c", code, str(tree), str(tmp_path / "p")],
+                       env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "died").exists()  # a part of the last chunk killed its worker
-    monkeypatch.delenv(TEST_DEATH_ENV)
     build(tree, tmp_path / "whole", BuildConfig(size=(8, 8), workers=1))
-    assert r.count == N - 1
+    assert int(p.stdout.split()[-1]) == N - 1
     assert _digests(tmp_path / "p") == _digests(tmp_path / "whole")
 
 
