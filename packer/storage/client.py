@@ -262,6 +262,7 @@ class ObjectStore:
         self._cancel = threading.Event()
         # the server answers ranged reads with status 200 (None: not yet known)
         self._range_200: bool | None = None
+        self._range_lock = threading.Lock()
         options = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
         # obstore's own retries are for one request; ours (Retry) wrap whole transfers
         retry_config = {"max_retries": 2, "retry_timeout": _seconds(30)}
@@ -551,20 +552,10 @@ class ObjectStore:
         where = self._where(key)
 
         def once() -> bytes:
-            if self._range_200 is None:  # asked once, by one byte: a server sending 200
-                self._range_200 = False  # sends the range's bytes before obstore refuses
-                if length > 1:
-                    probe = self._body(key, {"range": (start, start + 1)})
-                    try:
-                        next(probe)
-                    except Exception as e:
-                        if "non-partial" in str(e).lower():
-                            self._range_200 = True
-                        else:
-                            self._range_200 = None
-                            raise
-                    finally:
-                        probe.close()
+            if self._range_200 is None and length > 1:
+                with self._range_lock:  # asked once, by one byte: a server sending 200
+                    if self._range_200 is None:  # sends the whole range before a refusal
+                        self._range_200 = self._answers_200(key, start)
             if self._range_200:
                 return self._signed_range(key, start, length)
             out = bytearray()
@@ -588,6 +579,20 @@ class ObjectStore:
                 body.close()
 
         return self._call(key, "read it", once)
+
+    def _answers_200(self, key: str, start: int) -> bool:
+        """Whether the server answers a ranged read (of one byte of ``key``) with status
+        200 rather than 206."""
+        probe = self._body(key, {"range": (start, start + 1)})
+        try:
+            next(probe)
+        except Exception as e:
+            if "non-partial" in str(e).lower():
+                return True
+            raise
+        finally:
+            probe.close()
+        return False
 
     def _signed_range(self, key: str, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)`` by a ranged GET of a signed URL (made by the

@@ -40,6 +40,7 @@ from .options import SourceOptions
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+_LIST_THREADS = 16  # bucket shards listed at once
 _TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, UnicodeError, OSError, OverflowError)
 
 
@@ -252,13 +253,31 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
             stamp = object_stamp(item)
         else:
             stamp = file_stamp(item)
-        c = Container("tar", item, name, opts.max_image_bytes, "", stamp)
-        containers.append(c)
-        shard = _Shard(item)
+        containers.append(Container("tar", item, name, opts.max_image_bytes, "", stamp))
+
+    def index_one(c: Container) -> tuple[list[Any], list[dict[str, str]]]:
+        got: list[Any] = []
+        why: list[dict[str, str]] = []
+        shard = _Shard(c.where)
         try:
-            _index_shard(c, shard, opts, found, skipped)
+            _index_shard(c, shard, opts, got, why)
         finally:
             shard.close()
+        return got, why
+
+    # a bucket's shards listed side by side (each a round trip per read-ahead block);
+    # the results joined in shard order
+    threads = min(_LIST_THREADS, len(containers)) if "://" in items[0] else 1
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="imgpack-tar-list") as ex:
+            parts = list(ex.map(index_one, containers))
+    else:
+        parts = [index_one(c) for c in containers]
+    for got, why in parts:
+        found += got
+        skipped += why
     root = Path(items[0]) if "://" in items[0] else Path(items[0]).resolve()
     where = (
         items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
