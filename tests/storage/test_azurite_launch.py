@@ -63,12 +63,12 @@ def test_without_node_the_launcher_names_imgpack_node(
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("IMGPACK_NODE", raising=False)
-    with pytest.raises(UsageError, match="node is not on PATH.*IMGPACK_NODE"):
+    with pytest.raises(UsageError, match=r"node is not on PATH.*IMGPACK_NODE"):
         azurite_command()
     assert "IMGPACK_NODE" in (install_azurite() or "")
     (tmp_path / "node").write_text("not a binary")
     monkeypatch.setenv("IMGPACK_NODE", str(tmp_path / "node"))
-    with pytest.raises(UsageError, match="IMGPACK_NODE .*node: not an executable file"):
+    with pytest.raises(UsageError, match=r"IMGPACK_NODE .*node: not an executable file"):
         azurite_command()
 
 
