@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +75,37 @@ class _Shard:
             self.f = open(where, "rb")  # noqa: SIM115 (closed by close())
             self.size = os.fstat(self.f.fileno()).st_size
 
+        self._map: Any = None
+
     def read_at(self, offset: int, n: int) -> bytes:
         if "://" in self.where:
             return self.f.read_range(offset, n)
         return os.pread(self.f.fileno(), n, offset)
 
+    def small(self, offset: int, n: int) -> bytes:
+        """Bytes ``[offset, offset + n)`` (fewer at the end) for the listing: a header
+        or a label, from the file mapped once, or through the object's read-ahead (one
+        request a block, not one a read)."""
+        if "://" in self.where:
+            self.f.seek(offset)
+            return self.f.read(n)
+        if self._map is None:
+            if self.size == 0:
+                return b""
+            import mmap
+
+            self._map = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map[offset : offset + n]
+
     def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         self.f.close()
 
 
 def _label_of(
-    shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOptions
+    shard: _Shard, members: dict[str, Any], opts: SourceOptions
 ) -> tuple[Any, str | None]:
     """(label text or None, why the sample must be skipped or None)."""
     ext = "json" if opts.label_field else "cls"
@@ -95,7 +116,7 @@ def _label_of(
         return None, f"its {ext} member is {m.size:,} bytes, over {MAX_LABEL_BYTES:,}; not read"
     if m.offset_data + m.size > shard.size:
         return None, f"its {ext} member is cut short by the end of the shard"
-    raw = shard.read_at(m.offset_data, m.size)
+    raw = shard.small(m.offset_data, m.size)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -141,6 +162,165 @@ class _HeadersOnly:
         return self._f.tell()
 
 
+def _tarfile_members(c: Container, shard: _Shard, skipped: list[dict[str, str]]) -> Iterator[Any]:
+    """The shard's members as tarfile reads their headers (every kind of member and
+    header, and every fault: a fault is a skip naming where it came, and ends the
+    shard)."""
+    try:
+        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
+    except _TAR_ERRORS as e:
+        skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
+        return
+    last = ""
+    while True:
+        try:
+            m = tf.next()
+        except _TAR_ERRORS as e:
+            after = f" after member {last}" if last else ""
+            skipped.append(
+                {
+                    "path": c.name,
+                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
+                }
+            )
+            return
+        if m is None:
+            # tarfile ends quietly at a header cut short: what follows must be zeros
+            rest = shard.size - tf.offset
+            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
+            if tail.strip(b"\0"):
+                after = f" after member {last}" if last else ""
+                skipped.append(
+                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
+                     f"{rest:,} bytes left); the rest of the shard is skipped"}
+                )  # fmt: skip
+            return
+        tf.members = []  # headers only, one at a time: a shard of a million members is fine
+        last = m.name
+        yield m
+
+
+class _Member:
+    """A regular member or a folder, as :func:`plain_members` lists it (the
+    attributes of a ``tarfile.TarInfo`` the listing uses)."""
+
+    __slots__ = ("_dir", "name", "offset_data", "size")
+
+    def __init__(self, name: str, offset_data: int, size: int, is_dir: bool) -> None:
+        self.name, self.offset_data, self.size, self._dir = name, offset_data, size, is_dir
+
+    def isdir(self) -> bool:
+        return self._dir
+
+    def isfile(self) -> bool:
+        return not self._dir
+
+    def issym(self) -> bool:
+        return False
+
+    def islnk(self) -> bool:
+        return False
+
+
+_MAGICS = (b"ustar\x0000", b"ustar  \x00")  # POSIX (ustar, pax), GNU
+_PAX_IGNORED = {b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname", b"comment"}
+
+
+def _octal(field: bytes) -> int | None:
+    """A header's octal number field, or None for anything else (base-256: a size of
+    8 GiB or more; stray characters)."""
+    text = field.split(b"\0", 1)[0].strip()
+    if not text:
+        return 0
+    if not text.isdigit() or b"8" in text or b"9" in text:
+        return None
+    return int(text, 8)
+
+
+def _pax(data: bytes) -> tuple[str | None, int | None] | None:
+    """(path, size) of a PAX extended header's records, or None for anything this
+    lister leaves to tarfile (another keyword, a malformed record, non-UTF-8)."""
+    name = size = None
+    pos = 0
+    while pos < len(data):
+        sp = data.find(b" ", pos, pos + 20)
+        if sp < 0 or not data[pos:sp].isdigit():
+            return None
+        n = int(data[pos:sp])
+        rec = data[sp + 1 : pos + n]
+        if n <= 0 or pos + n > len(data) or not rec.endswith(b"\n") or b"=" not in rec:
+            return None
+        key, _, value = rec[:-1].partition(b"=")
+        if key == b"path":
+            try:
+                name = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif key == b"size":
+            if not value.isdigit():
+                return None
+            size = int(value)
+        elif key not in _PAX_IGNORED:
+            return None
+        pos += n
+    return name, size
+
+
+def plain_members(shard: _Shard) -> list[_Member] | None:
+    """The members of a shard made only of regular files and folders under ustar,
+    GNU or PAX (path, size) headers, read straight from the header blocks (tarfile's
+    parsing of each header was most of a listing's time), ending in zero blocks; None
+    for anything else (a link, a long-name or global header, a bad checksum, a member
+    cut short, bytes after the end): :func:`_tarfile_members` then reads the shard,
+    with every check and skip."""
+    out: list[_Member] = []
+    size, pos = shard.size, 0
+    pax: tuple[str | None, int | None] | None = None
+    while True:
+        h = shard.small(pos, 512)
+        if len(h) != 512:
+            return None
+        if not h.strip(b"\0"):  # the end: what follows must be zeros
+            return None if pax or shard.small(pos, 1024).strip(b"\0") else out
+        magic = h[257:265]
+        if magic not in _MAGICS or _octal(h[148:156]) != 256 + sum(h[:148]) + sum(h[156:]):
+            return None
+        n = _octal(h[124:136])
+        kind = h[156:157]
+        if n is None or pos + 512 + n > size:
+            return None
+        if kind == b"x":
+            if pax is not None or n > MAX_HEADER_BYTES:
+                return None
+            pax = _pax(shard.small(pos + 512, n))
+            if pax is None:
+                return None
+            pos += 512 + -(-n // 512) * 512
+            continue
+        if kind not in (b"0", b"\0", b"5"):
+            return None
+        prefix = h[345:500].split(b"\0", 1)[0]
+        if prefix and magic != _MAGICS[0]:
+            return None
+        try:
+            name = h[:100].split(b"\0", 1)[0].decode("utf-8")
+            if prefix:
+                name = prefix.decode("utf-8") + "/" + name
+        except UnicodeDecodeError:
+            return None
+        is_dir = kind == b"5" or (kind == b"\0" and name.endswith("/"))
+        if pax is not None:
+            name = pax[0] if pax[0] is not None else name
+            n = pax[1] if pax[1] is not None else n
+            pax = None
+            if pos + 512 + n > size:
+                return None
+        if is_dir:
+            name = name.rstrip("/")
+        out.append(_Member(name, pos + 512, n, is_dir))
+        pos += 512 + (0 if is_dir else -(-n // 512) * 512)
+
+
 def _index_shard(
     c: Container,
     shard: _Shard,
@@ -148,14 +328,10 @@ def _index_shard(
     found: list[Any],
     skipped: list[dict[str, str]],
 ) -> None:
-    try:
-        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
-    except _TAR_ERRORS as e:
-        skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
-        return
+    plain = plain_members(shard)
+    listed = plain if plain is not None else _tarfile_members(c, shard, skipped)
     key: str | None = None
-    members: dict[str, tarfile.TarInfo] = {}
-    last = ""
+    members: dict[str, Any] = {}
     used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
 
     def finish() -> None:
@@ -189,31 +365,7 @@ def _index_shard(
         else:
             found.append((where, (c, (img.offset_data, img.size)), label))
 
-    while True:
-        try:
-            m = tf.next()
-        except _TAR_ERRORS as e:
-            after = f" after member {last}" if last else ""
-            skipped.append(
-                {
-                    "path": c.name,
-                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
-                }
-            )
-            break
-        if m is None:
-            # tarfile ends quietly at a header cut short: what follows must be zeros
-            rest = shard.size - tf.offset
-            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
-            if tail.strip(b"\0"):
-                after = f" after member {last}" if last else ""
-                skipped.append(
-                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
-                     f"{rest:,} bytes left); the rest of the shard is skipped"}
-                )  # fmt: skip
-            break
-        tf.members = []  # headers only, one at a time: a shard of a million members is fine
-        last = m.name
+    for m in listed:
         if m.isdir():
             continue
         why = unsafe_name(m.name)
