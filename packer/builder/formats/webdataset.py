@@ -75,8 +75,6 @@ class _Shard:
             self.f = open(where, "rb")  # noqa: SIM115 (closed by close())
             self.size = os.fstat(self.f.fileno()).st_size
 
-        self._map: Any = None
-
     def read_at(self, offset: int, n: int) -> bytes:
         if "://" in self.where:
             return self.f.read_range(offset, n)
@@ -84,23 +82,14 @@ class _Shard:
 
     def small(self, offset: int, n: int) -> bytes:
         """Bytes ``[offset, offset + n)`` (fewer at the end) for the listing: a header
-        or a label, from the file mapped once, or through the object's read-ahead (one
-        request a block, not one a read)."""
+        or a label, by one pread (a mapping's unmap cost more than the reads), or
+        through the object's read-ahead (one request a block, not one a read)."""
         if "://" in self.where:
             self.f.seek(offset)
             return self.f.read(n)
-        if self._map is None:
-            if self.size == 0:
-                return b""
-            import mmap
-
-            self._map = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._map[offset : offset + n]
+        return os.pread(self.f.fileno(), n, offset)
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         self.f.close()
 
 
