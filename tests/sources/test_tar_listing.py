@@ -1,7 +1,7 @@
 """The tar shard lister that reads header blocks itself (``plain_members``) lists what
 tarfile lists, member for member, for the shards writers make (webdataset's PAX
 headers, GNU, ustar with a name prefix, folders), and hands every other shard to
-tarfile (returns None): a link, a GNU long name, a global or unknown PAX record, a bad
+tarfile (raises NotPlain): a link, a GNU long name, a global or unknown PAX record, a bad
 checksum, a member cut short, bytes after the end."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.builder.formats.webdataset import _Shard, plain_members
+from packer.builder.formats.webdataset import NotPlain, _Shard, plain_members
 
 
 def _tarfile_listing(path: Path) -> list[tuple[str, int, int, bool]]:
@@ -23,10 +23,11 @@ def _tarfile_listing(path: Path) -> list[tuple[str, int, int, bool]]:
 def _plain(path: Path) -> list[tuple[str, int, int, bool]] | None:
     shard = _Shard(str(path))
     try:
-        got = plain_members(shard)
+        return [(m.name, m.offset_data, m.size, m.isdir()) for m in plain_members(shard)]
+    except NotPlain:
+        return None
     finally:
         shard.close()
-    return None if got is None else [(m.name, m.offset_data, m.size, m.isdir()) for m in got]
 
 
 def _write(path: Path, fmt: int, members: list[tuple[str, bytes | None]], **kw: object) -> Path:

@@ -55,6 +55,11 @@ def test_bucket_tars_cross_the_network_once_while_workers_build(
     s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local, url, total = _shards(s3, tmp_path)
+    from packer.builder.formats import remote
+
+    # a read-ahead far smaller than a shard, as 4 MiB is next to real shards: a label
+    # read after its shard's headers were all read would fetch the shard again
+    monkeypatch.setattr(remote, "_BLOCK", 8192)
     proxy = CountingProxy(s3.port)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)

@@ -25,7 +25,7 @@ from .common import SUFFIX_KIND, Container, Fetched, SourceSpec, cached, expand_
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 4 << 20  # read-ahead of a RangeFile
+_BLOCK = 4 << 20  # read-ahead of a RangeFile (two blocks are kept)
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -125,6 +125,8 @@ class RangeFile(io.RawIOBase):
         self.pos = 0
         self._buf = b""
         self._buf_at = 0
+        self._prev = b""  # the block read before, kept: reads step back into it
+        self._prev_at = 0
         self._spool: Any = None  # a server without ranged reads: the object, fetched once
 
     def readable(self) -> bool:
@@ -187,12 +189,18 @@ class RangeFile(io.RawIOBase):
             return b""
         end = self.pos + n
         if not (self._buf_at <= self.pos and end <= self._buf_at + len(self._buf)):
-            if n >= _BLOCK:
+            if self._prev_at <= self.pos and end <= self._prev_at + len(self._prev):
+                # the block before: a label member read just after the next header
+                self._buf, self._prev = self._prev, self._buf
+                self._buf_at, self._prev_at = self._prev_at, self._buf_at
+            elif n >= _BLOCK:
                 data = self.read_range(self.pos, n)
                 self.pos += len(data)
                 return data
-            self._buf_at = self.pos
-            self._buf = self.read_range(self.pos, max(n, _BLOCK))
+            else:
+                self._prev, self._prev_at = self._buf, self._buf_at
+                self._buf_at = self.pos
+                self._buf = self.read_range(self.pos, max(n, _BLOCK))
         i = self.pos - self._buf_at
         data = self._buf[i : i + n]
         self.pos += len(data)

@@ -155,6 +155,7 @@ def _tarfile_members(c: Container, shard: _Shard, skipped: list[dict[str, str]])
     """The shard's members as tarfile reads their headers (every kind of member and
     header, and every fault: a fault is a skip naming where it came, and ends the
     shard)."""
+    shard.f.seek(0)  # tarfile starts where the file is
     try:
         tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
     except _TAR_ERRORS as e:
@@ -255,58 +256,64 @@ def _pax(data: bytes) -> tuple[str | None, int | None] | None:
     return name, size
 
 
-def plain_members(shard: _Shard) -> list[_Member] | None:
+class NotPlain(Exception):
+    """A shard :func:`plain_members` leaves to tarfile."""
+
+
+def plain_members(shard: _Shard) -> Iterator[_Member]:
     """The members of a shard made only of regular files and folders under ustar,
     GNU or PAX (path, size) headers, read straight from the header blocks (tarfile's
-    parsing of each header was most of a listing's time), ending in zero blocks; None
-    for anything else (a link, a long-name or global header, a bad checksum, a member
-    cut short, bytes after the end): :func:`_tarfile_members` then reads the shard,
-    with every check and skip."""
-    out: list[_Member] = []
+    parsing of each header was most of a listing's time), ending in zero blocks, one by
+    one as the listing goes (a label read next to its header is in the read-ahead);
+    :class:`NotPlain` at anything else (a link, a long-name or global header, a bad
+    checksum, a member cut short, bytes after the end): :func:`_tarfile_members` then
+    reads the shard again, with every check and skip."""
     size, pos = shard.size, 0
     pax: tuple[str | None, int | None] | None = None
     while True:
         h = shard.small(pos, 512)
         if len(h) != 512:
-            return None
+            raise NotPlain
         if not h.strip(b"\0"):  # the end: what follows must be zeros
-            return None if pax or shard.small(pos, 1024).strip(b"\0") else out
+            if pax or shard.small(pos, 1024).strip(b"\0"):
+                raise NotPlain
+            return
         magic = h[257:265]
         if magic not in _MAGICS or _octal(h[148:156]) != 256 + sum(h[:148]) + sum(h[156:]):
-            return None
+            raise NotPlain
         n = _octal(h[124:136])
         kind = h[156:157]
         if n is None or pos + 512 + n > size:
-            return None
+            raise NotPlain
         if kind == b"x":
             if pax is not None or n > MAX_HEADER_BYTES:
-                return None
+                raise NotPlain
             pax = _pax(shard.small(pos + 512, n))
             if pax is None:
-                return None
+                raise NotPlain
             pos += 512 + -(-n // 512) * 512
             continue
         if kind not in (b"0", b"\0", b"5"):
-            return None
+            raise NotPlain
         prefix = h[345:500].split(b"\0", 1)[0]
         if prefix and magic != _MAGICS[0]:
-            return None
+            raise NotPlain
         try:
             name = h[:100].split(b"\0", 1)[0].decode("utf-8")
             if prefix:
                 name = prefix.decode("utf-8") + "/" + name
         except UnicodeDecodeError:
-            return None
+            raise NotPlain from None
         is_dir = kind == b"5" or (kind == b"\0" and name.endswith("/"))
         if pax is not None:
             name = pax[0] if pax[0] is not None else name
             n = pax[1] if pax[1] is not None else n
             pax = None
             if pos + 512 + n > size:
-                return None
+                raise NotPlain
         if is_dir:
             name = name.rstrip("/")
-        out.append(_Member(name, pos + 512, n, is_dir))
+        yield _Member(name, pos + 512, n, is_dir)
         pos += 512 + (0 if is_dir else -(-n // 512) * 512)
 
 
@@ -317,8 +324,25 @@ def _index_shard(
     found: list[Any],
     skipped: list[dict[str, str]],
 ) -> None:
-    plain = plain_members(shard)
-    listed = plain if plain is not None else _tarfile_members(c, shard, skipped)
+    got: list[Any] = []
+    why: list[dict[str, str]] = []
+    try:
+        _index_members(c, shard, opts, plain_members(shard), got, why)
+    except NotPlain:
+        got, why = [], []
+        _index_members(c, shard, opts, _tarfile_members(c, shard, why), got, why)
+    found += got
+    skipped += why
+
+
+def _index_members(
+    c: Container,
+    shard: _Shard,
+    opts: SourceOptions,
+    listed: Iterator[Any],
+    found: list[Any],
+    skipped: list[dict[str, str]],
+) -> None:
     key: str | None = None
     members: dict[str, Any] = {}
     used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
