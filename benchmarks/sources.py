@@ -252,7 +252,7 @@ def main() -> None:
 
         # no ETags: rclone would read the whole shard for its MD5 at every request, a
         # ranged one included (a real store keeps the ETag); that, not the client, was
-        # the bound: 250 ranged reads of 60 MB shards are 15 GB hashed
+        # the bound: 250 ranged reads of 40 MB shards are 10 GB hashed
         server = S3Server(args.work / "s3data", buckets=("bench",), etag=False).start()
         env.update(server.env())
         os.environ.update(server.env())
