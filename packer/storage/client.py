@@ -601,6 +601,7 @@ class ObjectStore:
         asked for and its body that long; else NoRanges (the server sent the whole
         object). The URL's signature is never logged nor put in an error."""
         import datetime
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -624,6 +625,8 @@ class ObjectStore:
             raise OSError(f"HTTP {e.code} {e.reason}") from None  # retried; no URL in it
         except urllib.error.URLError as e:
             raise OSError(f"no answer ({e.reason})") from None
+        except http.client.HTTPException as e:  # an answer cut short: retried
+            raise OSError(f"the answer broke off ({type(e).__name__})") from None
         if len(data) != length:
             raise OSError(f"{len(data):,} bytes of the {length:,} asked for")
         return data
