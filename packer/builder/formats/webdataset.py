@@ -26,6 +26,7 @@ from typing import Any
 
 from ..._fs import loads_json
 from ...errors import InputError
+from ...sources.scan import printable
 from .common import (
     MAX_LABEL_BYTES,
     Container,
@@ -45,18 +46,22 @@ _LIST_THREADS = 16  # bucket shards listed at once
 _TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, UnicodeError, OSError, OverflowError)
 
 
+_DRIVE = re.compile(r"[A-Za-z]:")
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
 def unsafe_name(name: str) -> str | None:
     """Why a member name must not be used, or None."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
-        return "a member name that is not valid UTF-8; not read"
-    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
+            return "a member name that is not valid UTF-8; not read"
+    if name.startswith("/") or "\\" in name or _DRIVE.match(name):
         return "a member name leading outside the shard (absolute path); not read"
-    parts = name.split("/")
-    if ".." in parts:
+    if ".." in name and ".." in name.split("/"):
         return "a member name leading outside the shard (path traversal '..'); not read"
-    if any(ord(ch) < 32 for ch in name):
+    if _CONTROL.search(name):
         return "a member name with control characters; not read"
     return None
 
@@ -220,11 +225,12 @@ def _octal(field: bytes) -> int | None:
     """A header's octal number field, or None for anything else (base-256: a size of
     8 GiB or more; stray characters)."""
     text = field.split(b"\0", 1)[0].strip()
-    if not text:
-        return 0
-    if not text.isdigit() or b"8" in text or b"9" in text:
+    if not text.isdigit():  # no sign, no underscore, no space inside
+        return None if text else 0
+    try:
+        return int(text, 8)
+    except ValueError:  # an 8 or a 9
         return None
-    return int(text, 8)
 
 
 def _pax(data: bytes) -> tuple[str | None, int | None] | None:
@@ -347,11 +353,13 @@ def _index_members(
     members: dict[str, Any] = {}
     used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
 
+    at = member_location(c.name, "")  # "NAME member ", once a shard
+
     def finish() -> None:
         if key is None:
             return
         img = next((members[e] for e in IMAGE_EXTS if e in members), None)
-        where = member_location(c.name, img.name if img else key)
+        where = at + printable(img.name if img else key)
         if img is None:
             skipped.append(
                 {
