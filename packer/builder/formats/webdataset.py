@@ -6,9 +6,10 @@ first dot of its base name, as WebDataset groups them); its image is the member 
 extension ``jpg``, ``jpeg``, ``png`` or ``webp`` (that preference), its label the
 ``cls`` member, or with ``--label-field NAME`` that field of the ``json`` member.
 
-The shard is never unpacked: listing reads the member headers (tarfile over the open
-file or the object, seeking over the data) and the small label members; a worker reads
-its images' bytes at their offsets. Never read, each skipped with its location and
+The shard is never unpacked: listing reads the member headers, seeking over the data
+(:func:`plain_members` reads the header blocks of a shard of plain ustar, GNU or PAX
+headers itself; tarfile reads any other), and the small label members; a worker reads
+its images' bytes at their offsets, a run of nearby members in one read. Never read, each skipped with its location and
 reason: a member whose name leads outside the shard (``../x.jpg``, ``/etc/x.jpg``), a
 link or device member, an image over the per-image cap, a member cut short by the end
 of the shard; a header that cannot be parsed ends that shard's listing (what came
