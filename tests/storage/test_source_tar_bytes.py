@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from s3_server import BUCKET
 from helpers.counting_proxy import CountingProxy
 from helpers.local_server import S3Server
 from packer.builder.api import BuildConfig, build
+from packer.builder.formats.options import SourceOptions
 from packer.builder.run import work_dir_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sources"))
@@ -55,17 +57,15 @@ def test_bucket_tars_cross_the_network_once_while_workers_build(
     s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local, url, total = _shards(s3, tmp_path)
-    from packer.builder.formats import remote
-
     # a read-ahead far smaller than a shard, as 4 MiB is next to real shards: a label
     # read after its shard's headers were all read would fetch the shard again
-    monkeypatch.setattr(remote, "_BLOCK", 8192)
+    config = replace(CONFIG, sources=SourceOptions(_read_ahead=8192))
     proxy = CountingProxy(s3.port)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         listed: list[int] = []
         r = build(
-            url, tmp_path / "from_bucket", CONFIG, on_start=lambda *_: listed.append(proxy.down)
+            url, tmp_path / "from_bucket", config, on_start=lambda *_: listed.append(proxy.down)
         )
         fetched = proxy.down - listed[0]
     finally:

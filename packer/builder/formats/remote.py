@@ -113,9 +113,10 @@ class RangeFile(io.RawIOBase):
     """A read-only, seekable file over one object, by ranged GETs with a read-ahead
     block: what pyarrow, zipfile and tarfile read a bucket's objects through."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, block: int = _BLOCK) -> None:
         super().__init__()
         self.url = url
+        self.block = block
         self.prefix, self.name = _split(url)
         self.store = _store(self.prefix)
         size = self.store.head(self.name)
@@ -193,14 +194,14 @@ class RangeFile(io.RawIOBase):
                 # the block before: a label member read just after the next header
                 self._buf, self._prev = self._prev, self._buf
                 self._buf_at, self._prev_at = self._prev_at, self._buf_at
-            elif n >= _BLOCK:
+            elif n >= self.block:
                 data = self.read_range(self.pos, n)
                 self.pos += len(data)
                 return data
             else:
                 self._prev, self._prev_at = self._buf, self._buf_at
                 self._buf_at = self.pos
-                self._buf = self.read_range(self.pos, max(n, _BLOCK))
+                self._buf = self.read_range(self.pos, max(n, self.block))
         i = self.pos - self._buf_at
         data = self._buf[i : i + n]
         self.pos += len(data)
@@ -212,8 +213,8 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
-def open_range(url: str) -> RangeFile:
-    return RangeFile(url)
+def open_range(url: str, block: int = _BLOCK) -> RangeFile:
+    return RangeFile(url, block)
 
 
 def read_objects(c: Container, keys: list[str]) -> list[Fetched]:

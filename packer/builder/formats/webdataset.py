@@ -70,12 +70,12 @@ def unsafe_name(name: str) -> str | None:
 class _Shard:
     """One open shard: ``read_at(offset, n)`` and its size."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, read_ahead: int = 4 << 20) -> None:
         self.where = where
         if "://" in where:
             from .remote import open_range
 
-            self.f: Any = open_range(where)
+            self.f: Any = open_range(where, read_ahead)
             self.size = self.f.size
         else:
             self.f = open(where, "rb")  # noqa: SIM115 (closed by close())
@@ -432,7 +432,7 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     def index_one(c: Container) -> tuple[list[Any], list[dict[str, str]]]:
         got: list[Any] = []
         why: list[dict[str, str]] = []
-        shard = _Shard(c.where)
+        shard = _Shard(c.where, opts._read_ahead)
         try:
             _index_shard(c, shard, opts, got, why)
         finally:
