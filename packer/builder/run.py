@@ -118,20 +118,40 @@ def build(
             "this builds one pack: a pack set (BuildConfig.shard_size, append, engine ray) "
             "is built by packer.build_pack"
         )
+    listing: ProcessPoolExecutor | None = None
     if plan is None:  # parquet, Arrow, tar, zip or a bucket read here (packer.sources)
         from .formats.base import source_plan
 
-        if (sourced := source_plan(src, dst, config)) is not None:
+        listing = _listing_pool(src, dst, config)
+        try:
+            sourced = source_plan(src, dst, config)
+        except BaseException:
+            if listing is not None:
+                stop_pool(listing)
+            raise
+        if sourced is not None:
             plan, src = sourced, sourced.scan.root
             config = replace(config, device="cpu")  # their bytes reach the CPU workers
     auto = config.device == "auto"
-    device = None if auto else _build_device(config)
+    try:
+        device = None if auto else _build_device(config)
+    except BaseException:
+        if listing is not None:
+            stop_pool(listing)
+        raise
     given = Path(dst)
     # absolute first: the work folder's name comes from DST's, and "." has none
     src, dst = Path(src), Path(os.path.abspath(dst))
+    if listing is not None and device is not None:  # a folder for the GPU: none early
+        stop_pool(listing)
+        listing = None
     refuse_symlink_destination(dst)  # before the scan: nothing is read for a DST we refuse
     # the CPU workers boot while the tree is scanned (a listed plan has no scan to wait on)
-    early = [_early_pool(config, dst)] if plan is None and device is None else [None]
+    # or, started above, while a source was listed
+    if listing is not None:
+        early = [listing]
+    else:
+        early = [_early_pool(config, dst)] if plan is None and device is None else [None]
     timeline.mark("pool_spawned")
     try:
         plan = plan_labels(src, config) if plan is None else plan
@@ -165,6 +185,30 @@ def build(
         if early[0] is not None:  # not yet handed to _build_locked, which stops its own
             stop_pool(early[0])
         raise
+
+
+def _listing_pool(src: Any, dst: Any, config: BuildConfig) -> ProcessPoolExecutor | None:
+    """The CPU workers started before a source (parquet, tar, zip, a bucket) is listed,
+    so that they boot while it is: when its images will be decoded on the CPU, DST is
+    not a symbolic link, and the workers would be forked from this process now (no
+    other thread; a bucket's client not yet used here: a worker forked later could not
+    use its own, and is spawned, ~1 s for 16). None otherwise: the pool starts after
+    the listing, as before."""
+    from .workers import _start_method
+
+    if config.device not in ("cpu", "auto") or config.engine != "local":
+        return None
+    texts = [os.fspath(x) for x in src] if isinstance(src, (list, tuple)) else [os.fspath(src)]
+    if len(texts) == 1 and not any(ch in texts[0] for ch in "{*?[") and os.path.isdir(texts[0]):
+        return None  # a folder (or a save_to_disk folder): its own early pool, after
+    if isinstance(dst, str) and "://" in dst:
+        return None
+    if _start_method() != "fork":
+        return None
+    target = Path(os.path.abspath(dst))
+    if target.is_symlink():
+        return None  # refused below, before anything starts
+    return _early_pool(config, target)
 
 
 def _early_pool(config: BuildConfig, dst: Path) -> ProcessPoolExecutor | None:

@@ -156,7 +156,22 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
     Returns the image and the source's upright (width, height) in pixels.
     Raises DecodeError with a one-line reason for anything that cannot be used.
     """
-    with _decoder_errors(), open_regular(path) as fp, open_image(fp, path) as im:
+    with _decoder_errors(), open_regular(path) as fp:
+        return _load_resized(fp, path, spec)
+
+
+def load_resized_bytes(
+    data: bytes, spec: ResizeSpec, name: str = "the image"
+) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_resized` of an image's bytes in memory (a member of a tar, a row of
+    a parquet file), through the same checks and decoder as a file's, so the pixels are
+    a file's byte for byte; ``name`` stands for the path in its messages."""
+    with _decoder_errors():
+        return _load_resized(io.BytesIO(data), name, spec)
+
+
+def _load_resized(fp: BinaryIO, path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, int]]:
+    with open_image(fp, path) as im:
         orientation, upright = _upright_size(im, spec.max_pixels)
         draft, full = None, im.size
         if im.format == "JPEG":
@@ -175,6 +190,13 @@ def load_resized(path: str, spec: ResizeSpec) -> tuple[Image.Image, tuple[int, i
         return _fit(rgb, spec), upright
 
 
+def _size_of(fp: BinaryIO) -> int:
+    """The size of an opened file, or of bytes in memory."""
+    if isinstance(fp, io.BytesIO):
+        return fp.getbuffer().nbytes
+    return os.fstat(fp.fileno()).st_size
+
+
 def _refuse_short_jpeg(fp: BinaryIO) -> None:
     """:func:`jpeg_too_short` of an opened JPEG file, as a DecodeError; the file's
     position is kept (Pillow reads on from it)."""
@@ -182,7 +204,7 @@ def _refuse_short_jpeg(fp: BinaryIO) -> None:
     fp.seek(0)
     head = fp.read(1 << 20)  # the header; one larger is left to the decoder
     fp.seek(at)
-    why = jpeg_too_short(head, os.fstat(fp.fileno()).st_size)
+    why = jpeg_too_short(head, _size_of(fp))
     if why:
         raise DecodeError(why)
 
@@ -190,7 +212,7 @@ def _refuse_short_jpeg(fp: BinaryIO) -> None:
 def _read_whole(fp: BinaryIO, size: tuple[int, int]) -> bytes | None:
     """The whole of an opened file, if it is no larger than a JPEG of ``size`` pixels
     can plausibly be (8 bytes a pixel, and a MiB of header): None otherwise."""
-    if os.fstat(fp.fileno()).st_size > 8 * size[0] * size[1] + (1 << 20):
+    if _size_of(fp) > 8 * size[0] * size[1] + (1 << 20):
         return None
     at = fp.tell()
     fp.seek(0)
@@ -339,34 +361,45 @@ def jpeg_for_pack(
     re-encoded?). Raises DecodeError for an input that cannot be used, corrupt JPEG
     data included (as :func:`load_resized`), so a pack never keeps such a file.
     """
-    with _decoder_errors():
-        with open_regular(path) as fp:
-            data = fp.read()
-        with open_image(io.BytesIO(data), path) as im:
-            w, h = im.size
-            orientation, upright = _upright_size(im, max_pixels)
-            if im.format == "JPEG" and (why := jpeg_too_short(data, len(data))):
-                raise DecodeError(why)
-            keep = (
-                im.format == "JPEG"
-                and plain_jpeg_size(data, max_pixels) == (w, h)  # as the GPU build's rule
-                and orientation in (0, 1)
-                and (max_side is None or max(w, h) <= max_side)
-            )
-            im.seek(0)
-            im.load()  # a truncated or corrupt file is refused here, not at read time
-            _check_whole(im, lambda: data, None, path)
-            if keep:
-                return data, (h, w), upright, False
-            im = ImageOps.exif_transpose(im)
-            rgb = _to_rgb(im)
-            if max_side is not None and max(rgb.size) > max_side:
-                s = max_side / max(rgb.size)
-                size = (max(1, round(rgb.size[0] * s)), max(1, round(rgb.size[1] * s)))
-                rgb = rgb.resize(size, Image.Resampling.BILINEAR)
-            out = io.BytesIO()
-            rgb.save(out, "JPEG", quality=pil_quality(quality))
-            return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
+    with _decoder_errors(), open_regular(path) as fp:
+        data = fp.read()
+    return jpeg_for_pack_bytes(data, max_side, quality, max_pixels, path)
+
+
+def jpeg_for_pack_bytes(
+    data: bytes,
+    max_side: int | None,
+    quality: int,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    path: str = "the image",
+) -> tuple[bytes, tuple[int, int], tuple[int, int], bool]:
+    """:func:`jpeg_for_pack` of an image's bytes in memory; ``path`` stands for the
+    file in its messages."""
+    with _decoder_errors(), open_image(io.BytesIO(data), path) as im:
+        w, h = im.size
+        orientation, upright = _upright_size(im, max_pixels)
+        if im.format == "JPEG" and (why := jpeg_too_short(data, len(data))):
+            raise DecodeError(why)
+        keep = (
+            im.format == "JPEG"
+            and plain_jpeg_size(data, max_pixels) == (w, h)  # as the GPU build's rule
+            and orientation in (0, 1)
+            and (max_side is None or max(w, h) <= max_side)
+        )
+        im.seek(0)
+        im.load()  # a truncated or corrupt file is refused here, not at read time
+        _check_whole(im, lambda: data, None, path)
+        if keep:
+            return data, (h, w), upright, False
+        im = ImageOps.exif_transpose(im)
+        rgb = _to_rgb(im)
+        if max_side is not None and max(rgb.size) > max_side:
+            s = max_side / max(rgb.size)
+            size = (max(1, round(rgb.size[0] * s)), max(1, round(rgb.size[1] * s)))
+            rgb = rgb.resize(size, Image.Resampling.BILINEAR)
+        out = io.BytesIO()
+        rgb.save(out, "JPEG", quality=pil_quality(quality))
+        return out.getvalue(), (rgb.size[1], rgb.size[0]), upright, True
 
 
 __all__ = [
@@ -376,7 +409,9 @@ __all__ = [
     "decode",
     "decode_into",
     "jpeg_for_pack",
+    "jpeg_for_pack_bytes",
     "load_resized",
+    "load_resized_bytes",
     "open_image",
     "open_regular",
     "pil_quality",

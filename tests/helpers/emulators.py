@@ -3,7 +3,8 @@ benchmark), beside :mod:`.local_server`'s S3 server. Not used by imgpack itself.
 
 * :class:`AzuriteServer`: Microsoft's Azure Storage emulator (the ``azurite`` npm
   package, installed by :func:`install_azurite` into ``.test-servers/azurite`` of the
-  repository), blob service only, with an account and a random key of its own, so every
+  repository, or the tree ``IMGPACK_AZURITE_DIR`` names, run by the node binary
+  ``IMGPACK_NODE`` names or node on PATH), blob service only, with an account and a random key of its own, so every
   request's SharedKey signature is checked.
 * :class:`GCSXMLServer`: ``rclone serve s3`` without keys. obstore's GCS client speaks
   GCS's XML API (``GET/PUT/HEAD/DELETE /BUCKET/KEY``, ``?list-type=2`` listings, S3-style
@@ -38,24 +39,54 @@ AZURITE_DIR = REPO / ".test-servers" / "azurite"
 AZURE_API_VERSION = "2021-08-06"
 
 
-def azurite_binary() -> Path:
-    """``azurite-blob`` of the repository's ``.test-servers/azurite`` (or
-    ``IMGPACK_AZURITE_DIR``); UsageError naming the command that installs it."""
-    root = Path(os.environ.get("IMGPACK_AZURITE_DIR") or AZURITE_DIR)
+def azurite_dir() -> Path:
+    """Where azurite is installed: ``IMGPACK_AZURITE_DIR`` (a tree with
+    ``node_modules/azurite``, e.g. a copy carried to a machine without npm), else the
+    repository's ``.test-servers/azurite``."""
+    return Path(os.environ.get("IMGPACK_AZURITE_DIR") or AZURITE_DIR)
+
+
+def azurite_command() -> list[str]:
+    """The command that runs Azurite's blob service: ``IMGPACK_NODE`` (a node binary)
+    with azurite's ``blob/main.js`` when set, else the ``azurite-blob`` script (node
+    found on PATH by its ``#!/usr/bin/env node``). UsageError naming what is missing."""
+    root = azurite_dir()
     exe = root / "node_modules" / ".bin" / "azurite-blob"
-    if not exe.is_file():
+    main = root / "node_modules" / "azurite" / "dist" / "src" / "blob" / "main.js"
+    if not exe.is_file() and not main.is_file():
         raise UsageError(
             f"azurite is missing from {root}: python3 dev.py test installs it (npm install "
-            f"--prefix {root} azurite@{AZURITE_VERSION})"
+            f"--prefix {root} azurite@{AZURITE_VERSION}), or set IMGPACK_AZURITE_DIR to a "
+            "tree holding node_modules/azurite"
         )
-    return exe
+    node = os.environ.get("IMGPACK_NODE")
+    if node:
+        if not (os.path.isfile(node) and os.access(node, os.X_OK)):
+            raise UsageError(f"IMGPACK_NODE {node}: not an executable file (a node binary)")
+        return [node, str(main)]
+    if shutil.which("node") is None:
+        raise UsageError(
+            "node is not on PATH (azurite is a node program): install node, or set "
+            "IMGPACK_NODE to a node binary"
+        )
+    return [str(exe)]
 
 
-def install_azurite(root: Path = AZURITE_DIR) -> str | None:
-    """Install azurite (pinned) into ``root`` with npm unless it is there; None when done,
-    else why it could not be (no node or npm on PATH, npm failed)."""
+def install_azurite(root: Path | None = None) -> str | None:
+    """Install azurite (pinned) into ``root`` (default :func:`azurite_dir`) with npm
+    unless it is there; None when done (or when ``IMGPACK_AZURITE_DIR`` names a tree
+    that holds it, whatever its version), else why it could not be (no node or npm on
+    PATH, npm failed, nothing in ``IMGPACK_AZURITE_DIR``)."""
+    given = root is None and bool(os.environ.get("IMGPACK_AZURITE_DIR"))
+    root = azurite_dir() if root is None else root
     exe = root / "node_modules" / ".bin" / "azurite-blob"
     stamp = root / "node_modules" / "azurite" / "package.json"
+    if given:
+        if not stamp.is_file():
+            return f"IMGPACK_AZURITE_DIR {root}: no node_modules/azurite in it"
+        if not os.environ.get("IMGPACK_NODE") and shutil.which("node") is None:
+            return "node is not on PATH and IMGPACK_NODE is not set (azurite is a node program)"
+        return None
     if exe.is_file() and stamp.is_file() and f'"{AZURITE_VERSION}"' in stamp.read_text():
         return None
     npm, node = shutil.which("npm"), shutil.which("node")
@@ -123,7 +154,7 @@ class AzuriteServer(_Process):
     def start(self, timeout: float = 30.0) -> AzuriteServer:
         self.data.mkdir(parents=True, exist_ok=True)
         cmd = [
-            str(azurite_binary()),
+            *azurite_command(),
             "--blobHost",
             "127.0.0.1",
             "--blobPort",

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,20 +241,22 @@ class Fetched:
 
 _open: dict[Any, Any] = {}  # (pid, kind, where) -> the worker's open container
 _OPEN_MAX = 8
+_open_lock = threading.RLock()  # make() may open a store through cached() too
 
 
 def cached(key: Any, make: Any) -> Any:
     """The worker's open handle for ``key``, made by ``make()`` at first use."""
     full = (os.getpid(), *key)
-    handle = _open.get(full)
-    if handle is None:
-        for k in [k for k in _open if k[0] != os.getpid()]:
-            del _open[k]  # the parent's, inherited by fork: never used here
-        while len(_open) >= _OPEN_MAX:
-            old = _open.pop(next(iter(_open)))
-            with contextlib.suppress(Exception):
-                old.close()
-        handle = _open[full] = make()
+    with _open_lock:  # the parent lists a bucket's shards on several threads
+        handle = _open.get(full)
+        if handle is None:
+            for k in [k for k in _open if k[0] != os.getpid()]:
+                del _open[k]  # the parent's, inherited by fork: never used here
+            while len(_open) >= _OPEN_MAX:
+                old = _open.pop(next(iter(_open)))
+                with contextlib.suppress(Exception):
+                    old.close()
+            handle = _open[full] = make()
     return handle
 
 

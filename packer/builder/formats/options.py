@@ -25,6 +25,9 @@ class SourceOptions:
     label_column: str | None = None
     label_field: str | None = None
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    # the read-ahead of a bucket object's listing (tar headers and labels), in bytes;
+    # a tuning knob tests pass (a block smaller than their small shards)
+    _read_ahead: int = 4 << 20
 
     def validate(self) -> None:
         if not 1 <= self.max_image_bytes <= 1 << 40:

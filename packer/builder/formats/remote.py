@@ -25,7 +25,7 @@ from .common import SUFFIX_KIND, Container, Fetched, SourceSpec, cached, expand_
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 4 << 20  # read-ahead of a RangeFile
+_BLOCK = 4 << 20  # read-ahead of a RangeFile (two blocks are kept)
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -113,9 +113,10 @@ class RangeFile(io.RawIOBase):
     """A read-only, seekable file over one object, by ranged GETs with a read-ahead
     block: what pyarrow, zipfile and tarfile read a bucket's objects through."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, block: int = _BLOCK) -> None:
         super().__init__()
         self.url = url
+        self.block = block
         self.prefix, self.name = _split(url)
         self.store = _store(self.prefix)
         size = self.store.head(self.name)
@@ -125,6 +126,8 @@ class RangeFile(io.RawIOBase):
         self.pos = 0
         self._buf = b""
         self._buf_at = 0
+        self._prev = b""  # the block read before, kept: reads step back into it
+        self._prev_at = 0
         self._spool: Any = None  # a server without ranged reads: the object, fetched once
 
     def readable(self) -> bool:
@@ -187,12 +190,18 @@ class RangeFile(io.RawIOBase):
             return b""
         end = self.pos + n
         if not (self._buf_at <= self.pos and end <= self._buf_at + len(self._buf)):
-            if n >= _BLOCK:
+            if self._prev_at <= self.pos and end <= self._prev_at + len(self._prev):
+                # the block before: a label member read just after the next header
+                self._buf, self._prev = self._prev, self._buf
+                self._buf_at, self._prev_at = self._prev_at, self._buf_at
+            elif n >= self.block:
                 data = self.read_range(self.pos, n)
                 self.pos += len(data)
                 return data
-            self._buf_at = self.pos
-            self._buf = self.read_range(self.pos, max(n, _BLOCK))
+            else:
+                self._prev, self._prev_at = self._buf, self._buf_at
+                self._buf_at = self.pos
+                self._buf = self.read_range(self.pos, max(n, self.block))
         i = self.pos - self._buf_at
         data = self._buf[i : i + n]
         self.pos += len(data)
@@ -204,8 +213,8 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
-def open_range(url: str) -> RangeFile:
-    return RangeFile(url)
+def open_range(url: str, block: int = _BLOCK) -> RangeFile:
+    return RangeFile(url, block)
 
 
 def read_objects(c: Container, keys: list[str]) -> list[Fetched]:

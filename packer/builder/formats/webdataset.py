@@ -6,9 +6,10 @@ first dot of its base name, as WebDataset groups them); its image is the member 
 extension ``jpg``, ``jpeg``, ``png`` or ``webp`` (that preference), its label the
 ``cls`` member, or with ``--label-field NAME`` that field of the ``json`` member.
 
-The shard is never unpacked: listing reads the member headers (tarfile over the open
-file or the object, seeking over the data) and the small label members; a worker reads
-its images' bytes at their offsets. Never read, each skipped with its location and
+The shard is never unpacked: listing reads the member headers, seeking over the data
+(:func:`plain_members` reads the header blocks of a shard of plain ustar, GNU or PAX
+headers itself; tarfile reads any other), and the small label members; a worker reads
+its images' bytes at their offsets, a run of nearby members in one read. Never read, each skipped with its location and
 reason: a member whose name leads outside the shard (``../x.jpg``, ``/etc/x.jpg``), a
 link or device member, an image over the per-image cap, a member cut short by the end
 of the shard; a header that cannot be parsed ends that shard's listing (what came
@@ -20,11 +21,13 @@ from __future__ import annotations
 import os
 import re
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..._fs import loads_json
 from ...errors import InputError
+from ...sources.scan import printable
 from .common import (
     MAX_LABEL_BYTES,
     Container,
@@ -40,21 +43,26 @@ from .options import SourceOptions
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+_LIST_THREADS = 16  # bucket shards listed at once
 _TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, UnicodeError, OSError, OverflowError)
+
+
+_DRIVE = re.compile(r"[A-Za-z]:")
+_CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 def unsafe_name(name: str) -> str | None:
     """Why a member name must not be used, or None."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
-        return "a member name that is not valid UTF-8; not read"
-    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # tarfile's surrogate escapes of undecodable bytes
+            return "a member name that is not valid UTF-8; not read"
+    if name.startswith("/") or "\\" in name or _DRIVE.match(name):
         return "a member name leading outside the shard (absolute path); not read"
-    parts = name.split("/")
-    if ".." in parts:
+    if ".." in name and ".." in name.split("/"):
         return "a member name leading outside the shard (path traversal '..'); not read"
-    if any(ord(ch) < 32 for ch in name):
+    if _CONTROL.search(name):
         return "a member name with control characters; not read"
     return None
 
@@ -62,12 +70,12 @@ def unsafe_name(name: str) -> str | None:
 class _Shard:
     """One open shard: ``read_at(offset, n)`` and its size."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, read_ahead: int = 4 << 20) -> None:
         self.where = where
         if "://" in where:
             from .remote import open_range
 
-            self.f: Any = open_range(where)
+            self.f: Any = open_range(where, read_ahead)
             self.size = self.f.size
         else:
             self.f = open(where, "rb")  # noqa: SIM115 (closed by close())
@@ -78,12 +86,21 @@ class _Shard:
             return self.f.read_range(offset, n)
         return os.pread(self.f.fileno(), n, offset)
 
+    def small(self, offset: int, n: int) -> bytes:
+        """Bytes ``[offset, offset + n)`` (fewer at the end) for the listing: a header
+        or a label, by one pread (a mapping's unmap cost more than the reads), or
+        through the object's read-ahead (one request a block, not one a read)."""
+        if "://" in self.where:
+            self.f.seek(offset)
+            return self.f.read(n)
+        return os.pread(self.f.fileno(), n, offset)
+
     def close(self) -> None:
         self.f.close()
 
 
 def _label_of(
-    shard: _Shard, members: dict[str, tarfile.TarInfo], opts: SourceOptions
+    shard: _Shard, members: dict[str, Any], opts: SourceOptions
 ) -> tuple[Any, str | None]:
     """(label text or None, why the sample must be skipped or None)."""
     ext = "json" if opts.label_field else "cls"
@@ -94,7 +111,7 @@ def _label_of(
         return None, f"its {ext} member is {m.size:,} bytes, over {MAX_LABEL_BYTES:,}; not read"
     if m.offset_data + m.size > shard.size:
         return None, f"its {ext} member is cut short by the end of the shard"
-    raw = shard.read_at(m.offset_data, m.size)
+    raw = shard.small(m.offset_data, m.size)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -140,6 +157,173 @@ class _HeadersOnly:
         return self._f.tell()
 
 
+def _tarfile_members(c: Container, shard: _Shard, skipped: list[dict[str, str]]) -> Iterator[Any]:
+    """The shard's members as tarfile reads their headers (every kind of member and
+    header, and every fault: a fault is a skip naming where it came, and ends the
+    shard)."""
+    shard.f.seek(0)  # tarfile starts where the file is
+    try:
+        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
+    except _TAR_ERRORS as e:
+        skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
+        return
+    last = ""
+    while True:
+        try:
+            m = tf.next()
+        except _TAR_ERRORS as e:
+            after = f" after member {last}" if last else ""
+            skipped.append(
+                {
+                    "path": c.name,
+                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
+                }
+            )
+            return
+        if m is None:
+            # tarfile ends quietly at a header cut short: what follows must be zeros
+            rest = shard.size - tf.offset
+            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
+            if tail.strip(b"\0"):
+                after = f" after member {last}" if last else ""
+                skipped.append(
+                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
+                     f"{rest:,} bytes left); the rest of the shard is skipped"}
+                )  # fmt: skip
+            return
+        tf.members = []  # headers only, one at a time: a shard of a million members is fine
+        last = m.name
+        yield m
+
+
+class _Member:
+    """A regular member or a folder, as :func:`plain_members` lists it (the
+    attributes of a ``tarfile.TarInfo`` the listing uses)."""
+
+    __slots__ = ("_dir", "name", "offset_data", "size")
+
+    def __init__(self, name: str, offset_data: int, size: int, is_dir: bool) -> None:
+        self.name, self.offset_data, self.size, self._dir = name, offset_data, size, is_dir
+
+    def isdir(self) -> bool:
+        return self._dir
+
+    def isfile(self) -> bool:
+        return not self._dir
+
+    def issym(self) -> bool:
+        return False
+
+    def islnk(self) -> bool:
+        return False
+
+
+_MAGICS = (b"ustar\x0000", b"ustar  \x00")  # POSIX (ustar, pax), GNU
+_PAX_IGNORED = {b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname", b"comment"}
+
+
+def _octal(field: bytes) -> int | None:
+    """A header's octal number field, or None for anything else (base-256: a size of
+    8 GiB or more; stray characters)."""
+    text = field.split(b"\0", 1)[0].strip()
+    if not text.isdigit():  # no sign, no underscore, no space inside
+        return None if text else 0
+    try:
+        return int(text, 8)
+    except ValueError:  # an 8 or a 9
+        return None
+
+
+def _pax(data: bytes) -> tuple[str | None, int | None] | None:
+    """(path, size) of a PAX extended header's records, or None for anything this
+    lister leaves to tarfile (another keyword, a malformed record, non-UTF-8)."""
+    name = size = None
+    pos = 0
+    while pos < len(data):
+        sp = data.find(b" ", pos, pos + 20)
+        if sp < 0 or not data[pos:sp].isdigit():
+            return None
+        n = int(data[pos:sp])
+        rec = data[sp + 1 : pos + n]
+        if n <= 0 or pos + n > len(data) or not rec.endswith(b"\n") or b"=" not in rec:
+            return None
+        key, _, value = rec[:-1].partition(b"=")
+        if key == b"path":
+            try:
+                name = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif key == b"size":
+            if not value.isdigit():
+                return None
+            size = int(value)
+        elif key not in _PAX_IGNORED:
+            return None
+        pos += n
+    return name, size
+
+
+class NotPlain(Exception):
+    """A shard :func:`plain_members` leaves to tarfile."""
+
+
+def plain_members(shard: _Shard) -> Iterator[_Member]:
+    """The members of a shard made only of regular files and folders under ustar,
+    GNU or PAX (path, size) headers, read straight from the header blocks (tarfile's
+    parsing of each header was most of a listing's time), ending in zero blocks, one by
+    one as the listing goes (a label read next to its header is in the read-ahead);
+    :class:`NotPlain` at anything else (a link, a long-name or global header, a bad
+    checksum, a member cut short, bytes after the end): :func:`_tarfile_members` then
+    reads the shard again, with every check and skip."""
+    size, pos = shard.size, 0
+    pax: tuple[str | None, int | None] | None = None
+    while True:
+        h = shard.small(pos, 512)
+        if len(h) != 512:
+            raise NotPlain
+        if not h.strip(b"\0"):  # the end: what follows must be zeros
+            if pax or shard.small(pos, 1024).strip(b"\0"):
+                raise NotPlain
+            return
+        magic = h[257:265]
+        if magic not in _MAGICS or _octal(h[148:156]) != 256 + sum(h[:148]) + sum(h[156:]):
+            raise NotPlain
+        n = _octal(h[124:136])
+        kind = h[156:157]
+        if n is None or pos + 512 + n > size:
+            raise NotPlain
+        if kind == b"x":
+            if pax is not None or n > MAX_HEADER_BYTES:
+                raise NotPlain
+            pax = _pax(shard.small(pos + 512, n))
+            if pax is None:
+                raise NotPlain
+            pos += 512 + -(-n // 512) * 512
+            continue
+        if kind not in (b"0", b"\0", b"5"):
+            raise NotPlain
+        prefix = h[345:500].split(b"\0", 1)[0]
+        if prefix and magic != _MAGICS[0]:
+            raise NotPlain
+        try:
+            name = h[:100].split(b"\0", 1)[0].decode("utf-8")
+            if prefix:
+                name = prefix.decode("utf-8") + "/" + name
+        except UnicodeDecodeError:
+            raise NotPlain from None
+        is_dir = kind == b"5" or (kind == b"\0" and name.endswith("/"))
+        if pax is not None:
+            name = pax[0] if pax[0] is not None else name
+            n = pax[1] if pax[1] is not None else n
+            pax = None
+            if pos + 512 + n > size:
+                raise NotPlain
+        if is_dir:
+            name = name.rstrip("/")
+        yield _Member(name, pos + 512, n, is_dir)
+        pos += 512 + (0 if is_dir else -(-n // 512) * 512)
+
+
 def _index_shard(
     c: Container,
     shard: _Shard,
@@ -147,21 +331,36 @@ def _index_shard(
     found: list[Any],
     skipped: list[dict[str, str]],
 ) -> None:
+    got: list[Any] = []
+    why: list[dict[str, str]] = []
     try:
-        tf = tarfile.open(fileobj=_HeadersOnly(shard.f), mode="r:")  # noqa: SIM115 (the shard's, closed with it)
-    except _TAR_ERRORS as e:
-        skipped.append({"path": c.name, "reason": f"not a tar file ({one_line(e)}); shard skipped"})
-        return
+        _index_members(c, shard, opts, plain_members(shard), got, why)
+    except NotPlain:
+        got, why = [], []
+        _index_members(c, shard, opts, _tarfile_members(c, shard, why), got, why)
+    found += got
+    skipped += why
+
+
+def _index_members(
+    c: Container,
+    shard: _Shard,
+    opts: SourceOptions,
+    listed: Iterator[Any],
+    found: list[Any],
+    skipped: list[dict[str, str]],
+) -> None:
     key: str | None = None
-    members: dict[str, tarfile.TarInfo] = {}
-    last = ""
+    members: dict[str, Any] = {}
     used: set[str] = set()  # locations of this shard's samples: a repeated name is one skip
+
+    at = member_location(c.name, "")  # "NAME member ", once a shard
 
     def finish() -> None:
         if key is None:
             return
         img = next((members[e] for e in IMAGE_EXTS if e in members), None)
-        where = member_location(c.name, img.name if img else key)
+        where = at + printable(img.name if img else key)
         if img is None:
             skipped.append(
                 {
@@ -188,31 +387,7 @@ def _index_shard(
         else:
             found.append((where, (c, (img.offset_data, img.size)), label))
 
-    while True:
-        try:
-            m = tf.next()
-        except _TAR_ERRORS as e:
-            after = f" after member {last}" if last else ""
-            skipped.append(
-                {
-                    "path": c.name,
-                    "reason": f"unreadable{after} ({one_line(e)}); the rest of the shard is skipped",
-                }
-            )
-            break
-        if m is None:
-            # tarfile ends quietly at a header cut short: what follows must be zeros
-            rest = shard.size - tf.offset
-            tail = shard.read_at(tf.offset, min(rest, 1024)) if rest > 0 else b""
-            if tail.strip(b"\0"):
-                after = f" after member {last}" if last else ""
-                skipped.append(
-                    {"path": c.name, "reason": f"unreadable{after} (a member header cut short: "
-                     f"{rest:,} bytes left); the rest of the shard is skipped"}
-                )  # fmt: skip
-            break
-        tf.members = []  # headers only, one at a time: a shard of a million members is fine
-        last = m.name
+    for m in listed:
         if m.isdir():
             continue
         why = unsafe_name(m.name)
@@ -252,13 +427,31 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
             stamp = object_stamp(item)
         else:
             stamp = file_stamp(item)
-        c = Container("tar", item, name, opts.max_image_bytes, "", stamp)
-        containers.append(c)
-        shard = _Shard(item)
+        containers.append(Container("tar", item, name, opts.max_image_bytes, "", stamp))
+
+    def index_one(c: Container) -> tuple[list[Any], list[dict[str, str]]]:
+        got: list[Any] = []
+        why: list[dict[str, str]] = []
+        shard = _Shard(c.where, opts._read_ahead)
         try:
-            _index_shard(c, shard, opts, found, skipped)
+            _index_shard(c, shard, opts, got, why)
         finally:
             shard.close()
+        return got, why
+
+    # a bucket's shards listed side by side (each a round trip per read-ahead block);
+    # the results joined in shard order
+    threads = min(_LIST_THREADS, len(containers)) if "://" in items[0] else 1
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="imgpack-tar-list") as ex:
+            parts = list(ex.map(index_one, containers))
+    else:
+        parts = [index_one(c) for c in containers]
+    for got, why in parts:
+        found += got
+        skipped += why
     root = Path(items[0]) if "://" in items[0] else Path(items[0]).resolve()
     where = (
         items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
