@@ -86,10 +86,12 @@ def decode_all(
         return (t_first or [time.perf_counter()])[0], resumed
 
     with open(work / JOURNAL, "a", encoding="utf-8") as journal:
+        unsynced: list[int] = []  # images of chunks journaled but not yet fsynced
 
         def record(res: _ChunkResult, sync: bool = True) -> None:
             """Journal one finished chunk (its line fsynced, or with ``sync`` False left
-            for the next record's fsync), then report it."""
+            for the next record's fsync), then report it: ``progress`` hears of a chunk
+            only once its line is fsynced (what a rerun would keep)."""
             t = time.perf_counter()
             chunk, skips, sizes, sha, chunk_times = res[:5]
             rec = {"chunk": chunk, "skips": skips, "sizes": sizes, "sha": sha}
@@ -98,6 +100,7 @@ def decode_all(
             if chunk_times is not None:  # None from the GPU path: no worker split
                 times["chunks"].append(chunk_times)
             journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            unsynced.append(len(sizes))
             if sync:
                 journal.flush()
                 os.fsync(journal.fileno())
@@ -106,8 +109,11 @@ def decode_all(
             done[chunk] = rec
             if not t_first:
                 t_first.append(time.perf_counter())
-            if progress:
-                progress(len(sizes))
+            if sync:
+                reported = list(unsynced)
+                unsynced.clear()
+                for n in reported if progress else ():
+                    progress(n)
 
         if device is not None:  # --device cuda: batched on the GPU, the rest on the workers
             from .gpu import decode_chunks_batched
