@@ -1,0 +1,148 @@
+"""The dense pass's GPU path makes the host wait at most a fixed number of times per
+batch (not per image or per instance), and its outputs are those of the code before
+that change (golden digests), counted on the CPU with tests/helpers/sync_count.py."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as cocomask
+
+from helpers import fake_dense
+from helpers.sync_count import SyncCounter
+from packer.augment import dense as D
+from packer.loading.dense_pass import DenseSetup, run_batch
+
+MEAN_FILL = (124, 116, 104)
+B = 8
+
+
+def lsj(size: int = 1024) -> D.Compose:
+    """examples/train_detection.py's ``--data-augmentation lsj``."""
+    return D.Compose(
+        [
+            D.ScaleJitter((size, size)),
+            D.FixedSizeCrop((size, size), fill=MEAN_FILL),
+            D.RandomHorizontalFlip(0.5),
+            D.SanitizeBoundingBoxes(),
+        ]
+    )
+
+
+def _records(sizes: list[tuple[int, int]], seed: int, m: int = 5) -> fake_dense.FakeColumns:
+    """``m`` boxes an image (one tiny, one in a corner), their masks as COCO RLE."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i, (h, w) in enumerate(sizes):
+        x = np.sort(rng.uniform(0, w, (m, 2)), 1)
+        y = np.sort(rng.uniform(0, h, (m, 2)), 1)
+        x[:, 1] = np.maximum(x[:, 1], x[:, 0] + 2).clip(max=w)
+        y[:, 1] = np.maximum(y[:, 1], y[:, 0] + 2).clip(max=h)
+        x[0] = (w - 3.0, w - 2.6)  # under a pixel after most scales
+        y[1] = (h - 40.0, h)  # at the bottom: FixedSizeCrop drops it where it crops
+        boxes = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1).astype(np.float32)
+        rles = []
+        for x1, y1, x2, y2 in boxes.tolist():
+            mk = np.zeros((h, w), np.uint8, order="F")
+            mk[int(y1) : int(np.ceil(y2)), int(x1) : int(np.ceil(x2))] = 1
+            rles.append(cocomask.encode(mk)["counts"])
+        records.append(
+            {
+                "image_id": 1000 + i,
+                "boxes": boxes,
+                "labels": rng.integers(0, 3, m).astype(np.int64),
+                "iscrowd": (np.arange(m) == 2).astype(np.uint8),
+                "area": ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])),
+                "masks_rle": rles,
+                "size": (h, w),
+            }
+        )
+    return fake_dense.FakeColumns(records, True, False, False)
+
+
+def _batch(seed: int, size: int = 640) -> tuple[list[torch.Tensor], fake_dense.FakeColumns]:
+    """B images of COCO's sizes (``size`` the longer side), 5 boxes each."""
+    sizes = [(size * 3 // 4 + 7 * i, size) if i % 2 else (size, size * 2 // 3 + 5 * i)
+             for i in range(B)]  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    images = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in sizes]
+    return images, _records(sizes, seed)
+
+
+def _run(seed: int, masks: bool, targets: str, size: int = 120, count: bool = False):
+    """One batch through LSJ at ``size * 8 // 5`` (COCO's 640 to 1024, scaled down so
+    the CPU runs it in a fraction of a second)."""
+    images, cols = _batch(seed, size)
+    setup = DenseSetup(cols, lsj(size * 8 // 5), targets, 32, 0, 255, masks)
+    records = cols.read(np.arange(B))
+    gen = torch.Generator()
+    gen.manual_seed(seed + 11)
+    counter = SyncCounter()
+    if count:
+        SyncCounter.device(images)
+        with counter:
+            out = run_batch(images, records, setup, gen)
+    else:
+        out = run_batch(images, records, setup, gen)
+    return out, counter
+
+
+def _digest(out) -> str:
+    """sha256 of the targets (every tensor's dtype, shape and bytes) and the images' shape."""
+    images, targets = out
+    h = hashlib.sha256(repr((images.dtype, tuple(images.shape))).encode())
+
+    def add(t) -> None:
+        if isinstance(t, torch.Tensor):
+            h.update(repr((t.dtype, tuple(t.shape))).encode())
+            h.update(t.contiguous().numpy().tobytes())
+        elif isinstance(t, dict):
+            for k in sorted(t):
+                h.update(k.encode())
+                add(t[k])
+        elif isinstance(t, list):
+            for v in t:
+                add(v)
+        else:
+            h.update(repr(t).encode())
+
+    add(targets)
+    return h.hexdigest()[:16]
+
+
+CASES = [(s, m, t) for s in (0, 1, 2) for m in (True, False) for t in ("padded", "dicts")]
+
+# _digest of _run(*case) by the code before the host syncs were cut (d6c5bc1).
+GOLDEN = {
+    (0, True, "padded"): "cf8ce5b353d04c32",
+    (0, True, "dicts"): "410364245ccb1dcf",
+    (0, False, "padded"): "ad974a51b9151671",
+    (0, False, "dicts"): "b760899ab6750f90",
+    (1, True, "padded"): "1372b3e7984880e2",
+    (1, True, "dicts"): "f169eccf4d7d4fc1",
+    (1, False, "padded"): "50c5a03c5bb6117f",
+    (1, False, "dicts"): "64a8e69485a54169",
+    (2, True, "padded"): "d5fc8488263e12f2",
+    (2, True, "dicts"): "0e6501fc29963e5e",
+    (2, False, "padded"): "bfaa43615886a06d",
+    (2, False, "dicts"): "0ec2ed3e370dda20",
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_targets_are_those_of_the_code_before(case) -> None:
+    assert _digest(_run(*case)[0]) == GOLDEN[case]
+
+
+def test_the_golden_batches_drop_boxes() -> None:
+    """The cases above exercise FixedSizeCrop's and SanitizeBoundingBoxes' selection."""
+    (_, targets), _ = _run(0, True, "padded")
+    assert 0 < int(targets["counts"].min()) < 5
+
+
+if __name__ == "__main__":  # prints GOLDEN (from the code before the change)
+    for case in CASES:
+        print(f"    {case!r}: {_digest(_run(*case)[0])!r},")
