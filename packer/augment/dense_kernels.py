@@ -134,8 +134,8 @@ def horizontal_flip(s: Sample, flip_map: object = None) -> Sample:
     _, w = s.size
     boxes = s.boxes
     if boxes is not None:
-        boxes = boxes.clone()
-        boxes[:, [2, 0]] = s.boxes[:, [0, 2]].sub(w).neg()
+        boxes = boxes.clone()  # x1, x2 = W - x2, W - x1 (strided views: no index copy)
+        boxes[:, 0::2] = s.boxes[:, 0::2].sub(w).neg().flip(-1)
     kp = s.keypoints
     if kp is not None:
         kp = kp.clone()
