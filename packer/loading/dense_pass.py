@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as nnf
 
 from ..errors import UsageError
+from ..imaging.resize import to_device
 from ..pack.kinds import StorageKind
 from .order import batch_seed
 from .producer import _Pass
@@ -252,13 +253,20 @@ class StoredSize:
 # ---------------------------------------------------------------- one batch
 
 
+def _host(a: Any, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype)
+
+
 def _tensor(a: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype).to(device, non_blocking=True)
+    return _host(a, dtype).to(device, non_blocking=True)
 
 
 def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> Any:
     """One image (uint8 [3, H, W] on the device) and its record (``DenseColumns.read``)
-    as a :class:`packer.augment.dense.Sample` on the image's device."""
+    as a :class:`packer.augment.dense.Sample`: pixels (image, masks) on the image's
+    device, the host targets (boxes, labels, keypoints, iscrowd, area) on the CPU,
+    where the ops compute them and decide which boxes to drop without waiting for the
+    device; :func:`collate` moves them at the end, in one copy per dtype."""
     from ..augment.dense_sample import Sample
 
     dev = image.device
@@ -270,15 +278,15 @@ def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> An
         m = decode_masks(rec["masks_rle"], size)
         masks = _tensor(m.reshape(-1, *size), torch.uint8, dev)
     if "keypoints" in rec:
-        keypoints = _tensor(rec["keypoints"], torch.float32, dev)
+        keypoints = _host(rec["keypoints"], torch.float32)
     extras = {
-        "iscrowd": _tensor(rec["iscrowd"], torch.int64, dev),
-        "area": _tensor(rec["area"], torch.float32, dev),
+        "iscrowd": _host(rec["iscrowd"], torch.int64),
+        "area": _host(rec["area"], torch.float32),
     }
     return Sample(
         image,
-        boxes=_tensor(np.reshape(rec["boxes"], (-1, 4)), torch.float32, dev),
-        labels=_tensor(rec["labels"], torch.int64, dev),
+        boxes=_host(np.reshape(rec["boxes"], (-1, 4)), torch.float32),
+        labels=_host(rec["labels"], torch.int64),
         masks=masks,
         keypoints=keypoints,
         extras=extras,
@@ -305,9 +313,12 @@ def with_areas(s: Any, setup: DenseSetup) -> Any:
 
 def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torch.Tensor, Any]:
     """``(images, targets)`` of transformed samples, as the module's docstring says."""
-    from ..augment.dense_batch import collate_padded, detection_target
+    from ..augment.dense_batch import collate_padded, detection_target, on_device
 
     samples = [with_areas(s, setup) for s in samples]
+    dev = samples[0].image.device
+    if not (setup.semantic or setup.targets == "padded"):
+        samples = on_device(samples, dev)  # collate_padded pads them on the host first
     sizes = {s.size for s in samples}
     d = 1 if len(sizes) == 1 else setup.size_divisible
     if setup.semantic or setup.targets == "padded":
@@ -317,7 +328,7 @@ def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torc
         images = out.pop("images")
         if setup.semantic:
             return images, out["semantic"]
-        out["image_ids"] = torch.tensor(ids, dtype=torch.int64).to(images.device)
+        out["image_ids"] = to_device(torch.tensor(ids, dtype=torch.int64), images.device)
         return images, out
     h = -(-max(s.size[0] for s in samples) // d) * d
     w = -(-max(s.size[1] for s in samples) // d) * d
