@@ -161,8 +161,14 @@ def pad_image(
         raise ArgumentError(
             f"pad: fill has {len(fill)} values for an image of {img.shape[-3]} channels"
         )
+    value = _fill_value(tuple(fill), img.dtype, img.device)
+    if min(pads) >= 0:  # two kernels: the fill, then the image into it
+        h, w = img.shape[-2:]
+        out = img.new_empty((*img.shape[:-2], top + h + bottom, left + w + right))
+        out[...] = value
+        out[..., top : top + h, left : left + w] = img
+        return out
     out = nnf.pad(img, pads, mode="constant", value=0.0)
-    value = to_device(torch.tensor(fill).to(img.dtype).reshape(-1, 1, 1), img.device)
     if top > 0:
         out[..., :top, :] = value
     if left > 0:
@@ -172,6 +178,24 @@ def pad_image(
     if right > 0:
         out[..., :, -right:] = value
     return out
+
+
+_FILLS: dict[tuple, torch.Tensor] = {}
+
+
+def _fill_value(fill: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One value per channel, [C, 1, 1] on ``device``: copied there once per fill (the
+    detection recipes pad every image with the same mean colour), per CUDA stream (a
+    value is used on the stream that copied it)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (fill, dtype, device, stream)
+    value = _FILLS.get(key)
+    if value is None:
+        if len(_FILLS) >= 64:
+            _FILLS.clear()
+        value = to_device(torch.tensor(fill).to(dtype).reshape(-1, 1, 1), device)
+        _FILLS[key] = value
+    return value
 
 
 def crop_pixels(img: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
