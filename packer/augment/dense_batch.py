@@ -84,8 +84,9 @@ def area(s: Sample) -> torch.Tensor:
     return (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
 
 
-def detection_target(s: Sample, image_id: int) -> dict:
-    """One image's target dict as torchvision's detection models take it."""
+def detection_target(s: Sample, image_id: int, areas: torch.Tensor | None = None) -> dict:
+    """One image's target dict as torchvision's detection models take it (``areas``:
+    its ``area`` when known, else :func:`area`)."""
     if s.boxes is None or s.labels is None:
         raise ArgumentError("detection_target: the sample needs boxes and labels")
     m = s.boxes.shape[0]
@@ -94,7 +95,7 @@ def detection_target(s: Sample, image_id: int) -> dict:
         "boxes": s.boxes,
         "labels": s.labels.to(torch.int64),
         "image_id": int(image_id),
-        "area": area(s),
+        "area": area(s) if areas is None else areas,
         "iscrowd": (
             iscrowd.to(torch.int64)
             if iscrowd is not None

@@ -257,26 +257,52 @@ def _host(a: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(np.ascontiguousarray(a)).to(dtype)
 
 
-def _tensor(a: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return _host(a, dtype).to(device, non_blocking=True)
+def _pixels(rec: dict[str, Any], setup: DenseSetup) -> np.ndarray | None:
+    """The record's masks as uint8: the semantic mask [H, W], the instance masks [M, H,
+    W] (decoded), or None (none, or ``DenseConfig.masks`` False)."""
+    if setup.semantic:
+        return np.asarray(rec["semantic"], dtype=np.uint8)
+    if "masks_rle" in rec and setup.masks:
+        size = tuple(int(v) for v in rec["size"])
+        return decode_masks(rec["masks_rle"], size).reshape(-1, *size)
+    return None
 
 
-def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> Any:
+def upload_pixels(arrays: list[np.ndarray | None], device: torch.device) -> list[Any]:
+    """The batch's masks on ``device`` in one copy: written into one (pinned, on CUDA)
+    host buffer, copied without making the host wait, each a view of the result (a
+    copy per image from pageable memory may make the host wait for the stream)."""
+    sizes = [0 if a is None else a.size for a in arrays]
+    pin = device.type == "cuda" and torch.cuda.is_available()
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
+    flat = buf.numpy()
+    offset = 0
+    for a, n in zip(arrays, sizes):
+        if a is not None:
+            flat[offset : offset + n] = a.reshape(-1)
+        offset += n
+    moved = buf.to(device, non_blocking=True) if pin else buf.to(device)
+    parts = moved.split(sizes)
+    return [None if a is None else p.view(a.shape) for a, p in zip(arrays, parts)]
+
+
+def to_sample(
+    image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup, pixels: Any = False
+) -> Any:
     """One image (uint8 [3, H, W] on the device) and its record (``DenseColumns.read``)
     as a :class:`packer.augment.dense.Sample`: pixels (image, masks) on the image's
     device, the host targets (boxes, labels, keypoints, iscrowd, area) on the CPU,
     where the ops compute them and decide which boxes to drop without waiting for the
-    device; :func:`collate` moves them at the end, in one copy per dtype."""
+    device; :func:`collate` moves them at the end, in one copy per dtype. ``pixels``:
+    the record's masks already on the device (:func:`upload_pixels`), or False to
+    upload them here."""
     from ..augment.dense_sample import Sample
 
-    dev = image.device
+    if pixels is False:
+        pixels = upload_pixels([_pixels(rec, setup)], image.device)[0]
     if setup.semantic:
-        return Sample(image, semantic=_tensor(rec["semantic"], torch.uint8, dev))
-    masks = keypoints = None
-    if "masks_rle" in rec and setup.masks:
-        size = tuple(int(v) for v in rec["size"])
-        m = decode_masks(rec["masks_rle"], size)
-        masks = _tensor(m.reshape(-1, *size), torch.uint8, dev)
+        return Sample(image, semantic=pixels)
+    keypoints = None
     if "keypoints" in rec:
         keypoints = _host(rec["keypoints"], torch.float32)
     extras = {
@@ -287,7 +313,7 @@ def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> An
         image,
         boxes=_host(np.reshape(rec["boxes"], (-1, 4)), torch.float32),
         labels=_host(rec["labels"], torch.int64),
-        masks=masks,
+        masks=pixels,
         keypoints=keypoints,
         extras=extras,
     )
@@ -335,8 +361,7 @@ def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torc
     images = torch.stack([_pad(s.image, h, w, setup.fill) for s in samples])
     targets = []
     for s, i in zip(samples, ids):
-        t = detection_target(s, i)
-        t["area"] = s.extras["area"]
+        t = detection_target(s, i, s.extras["area"])
         if "masks" in t:
             t["masks"] = _pad(t["masks"], h, w, 0)
         targets.append(t)
@@ -351,7 +376,9 @@ def run_batch(
 ) -> tuple[torch.Tensor, Any]:
     """One batch: each image with its record through the op, then :func:`collate`.
     ``gen`` is seeded for the batch by the caller; images draw from it in order."""
-    samples = [to_sample(img, rec, setup) for img, rec in zip(images, records)]
+    dev = images[0].device if images else torch.device("cpu")
+    pixels = upload_pixels([_pixels(rec, setup) for rec in records], dev)
+    samples = [to_sample(img, rec, setup, px) for img, rec, px in zip(images, records, pixels)]
     if setup.op is not None:
         samples = [setup.op(s, gen) for s in samples]
     return collate(samples, [int(r["image_id"]) for r in records], setup)
@@ -399,11 +426,12 @@ class DensePass(_Pass):
         if self.kind.decoded:
             return list(self.pack.decode(idx, self.device))
         n = len(idx)
-        images = torch.empty((n, *self.shape), dtype=torch.uint8)
+        pin = self.device.type == "cuda"  # then one copy that does not wait for the stream
+        images = torch.empty((n, *self.shape), dtype=torch.uint8, pin_memory=pin)
         for f in self.submit(idx, images.numpy().reshape(n, -1)):
             bt.add(READ, f.result())
         bt.mark()
-        return list(images.to(self.device, non_blocking=False).unbind(0))
+        return list(images.to(self.device, non_blocking=pin).unbind(0))
 
     def run(self) -> None:
         st = self.stats
