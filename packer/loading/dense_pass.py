@@ -272,6 +272,8 @@ def upload_pixels(arrays: list[np.ndarray | None], device: torch.device) -> list
     """The batch's masks on ``device`` in one copy: written into one (pinned, on CUDA)
     host buffer, copied without making the host wait, each a view of the result (a
     copy per image from pageable memory may make the host wait for the stream)."""
+    if all(a is None for a in arrays):
+        return [None] * len(arrays)
     sizes = [0 if a is None else a.size for a in arrays]
     pin = device.type == "cuda" and torch.cuda.is_available()
     buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
@@ -281,7 +283,7 @@ def upload_pixels(arrays: list[np.ndarray | None], device: torch.device) -> list
         if a is not None:
             flat[offset : offset + n] = a.reshape(-1)
         offset += n
-    moved = buf.to(device, non_blocking=True) if pin else buf.to(device)
+    moved = buf.to(device, non_blocking=True)  # pinned on CUDA; a no-op on the CPU
     parts = moved.split(sizes)
     return [None if a is None else p.view(a.shape) for a, p in zip(arrays, parts)]
 
