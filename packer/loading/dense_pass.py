@@ -257,23 +257,67 @@ def _host(a: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(np.ascontiguousarray(a)).to(dtype)
 
 
-def _pixels(rec: dict[str, Any], setup: DenseSetup) -> np.ndarray | None:
-    """The record's masks as uint8: the semantic mask [H, W], the instance masks [M, H,
-    W] (decoded), or None (none, or ``DenseConfig.masks`` False)."""
+def mask_runs(masks_rle: Any, size: Any) -> list[np.ndarray]:
+    """``packer.pack.dense.mask_runs``: each instance mask's checked run lengths."""
+    return _dense_module().mask_runs(masks_rle, size)
+
+
+def _pixels(rec: dict[str, Any], setup: DenseSetup) -> Any:
+    """The record's masks: the semantic mask uint8 [H, W], the instance masks as
+    ``(runs, (h, w))`` (:func:`mask_runs`, decoded on the device by
+    :func:`upload_pixels`), or None (none, or ``DenseConfig.masks`` False)."""
     if setup.semantic:
         return np.asarray(rec["semantic"], dtype=np.uint8)
     if "masks_rle" in rec and setup.masks:
         size = tuple(int(v) for v in rec["size"])
-        return decode_masks(rec["masks_rle"], size).reshape(-1, *size)
+        return mask_runs(rec["masks_rle"], size), size
     return None
 
 
-def upload_pixels(arrays: list[np.ndarray | None], device: torch.device) -> list[Any]:
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto ``device`` without making the host wait (pinned on CUDA)."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def _decode_runs(items: list[Any], device: torch.device) -> list[Any]:
+    """Instance masks uint8 [M, h, w] on ``device`` from their run lengths (column-major
+    0s then 1s, as COCO's RLE and pycocotools' decoder): the batch's runs copied in one
+    go, expanded by one ``repeat_interleave`` of a known length (no host wait), each
+    image's masks transposed to rows. Equal to ``pycocotools.mask.decode``."""
+    runs = [r for it in items if it is not None for r in it[0]]
+    counts = np.concatenate([np.zeros(0, np.int64), *runs])
+    values = np.concatenate(
+        [np.zeros(0, np.uint8), *((np.arange(len(r)) & 1).astype(np.uint8) for r in runs)]
+    )
+    total = int(counts.sum())
+    flat = torch.repeat_interleave(
+        _upload(torch.from_numpy(values), device),
+        _upload(torch.from_numpy(counts), device),
+        output_size=total,
+    )
+    out, offset = [], 0
+    for it in items:
+        if it is None:
+            out.append(None)
+            continue
+        m, (h, w) = len(it[0]), it[1]
+        part = flat[offset : offset + m * h * w].view(m, w, h)
+        out.append(part.transpose(1, 2).contiguous())
+        offset += m * h * w
+    return out
+
+
+def upload_pixels(arrays: list[Any], device: torch.device) -> list[Any]:
     """The batch's masks on ``device`` in one copy: written into one (pinned, on CUDA)
     host buffer, copied without making the host wait, each a view of the result (a
-    copy per image from pageable memory may make the host wait for the stream)."""
+    copy per image from pageable memory may make the host wait for the stream).
+    Instance masks (``(runs, size)`` of :func:`_pixels`) are decoded there."""
     if all(a is None for a in arrays):
         return [None] * len(arrays)
+    if any(isinstance(a, tuple) for a in arrays):
+        return _decode_runs(arrays, device)
     sizes = [0 if a is None else a.size for a in arrays]
     pin = device.type == "cuda" and torch.cuda.is_available()
     buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
