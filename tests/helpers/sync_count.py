@@ -9,7 +9,8 @@ the counter (a ``TorchFunctionMode``), on device tensors:
 
 * ``syncs``: ``item``, ``tolist``, ``__bool__`` / ``__int__`` / ``__float__`` /
   ``__index__``, ``numpy``, ``cpu`` / ``to("cpu")``, ``nonzero``, ``masked_select``,
-  indexing with a bool tensor (its count comes from the device), and ``torch.tensor``
+  indexing with a bool tensor (its count comes from the device), ``repeat_interleave``
+  without ``output_size``, and ``torch.tensor``
   / ``as_tensor`` of device values; also a *blocking* upload (``.to(device)`` of a
   host tensor without ``non_blocking=True``: torch syncs the stream after it) and
   indexing a device tensor with a Python list (a blocking upload of the index);
@@ -129,6 +130,8 @@ class SyncCounter(TorchFunctionMode):
         if dev_in:
             if name in _SYNC_METHODS and name not in _SYNC_RESULT:
                 self._sync(name)
+            if name == "repeat_interleave" and kwargs.get("output_size") is None:
+                self._sync("repeat_interleave without output_size")
             if name in ("__getitem__", "__setitem__") and len(args) > 1:
                 idx = args[1] if isinstance(args[1], tuple) else (args[1],)
                 for i in idx:
