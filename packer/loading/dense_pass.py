@@ -9,7 +9,11 @@ decoded at their stored size, in one batched call) and the targets of the same r
 (``DenseColumns.read``), moves them to the device, and runs the dense transform
 (:mod:`packer.augment.dense` ops: a :class:`packer.augment.dense.Compose` of them) on
 each image with all its fields at once, drawing from a generator seeded per batch by
-:func:`packer.loading.order.batch_seed` (so a resumed run redraws the same). Then:
+:func:`packer.loading.order.batch_seed` (so a resumed run redraws the same). Boxes,
+labels, keypoints and extras stay on the CPU through the ops (a few floats: which boxes
+are dropped is then known to the host without waiting for the device) and move to the
+device once a batch; instance masks are decoded on the device from their run lengths.
+The host waits for the device nowhere per image. Then:
 
 * ``targets="dicts"`` (detection, the default): a list of one dict per image as
   torchvision's detection models and references take them
