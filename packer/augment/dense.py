@@ -30,7 +30,13 @@ from dataclasses import replace
 
 import torch
 
-from ..imaging.resize import ArgumentError, check_antialias, interpolation_mode, size_pair
+from ..imaging.resize import (
+    ArgumentError,
+    check_antialias,
+    interpolation_mode,
+    size_pair,
+    to_device,
+)
 from . import dense_kernels as K
 from .dense_compose import ColorOnly, Compose, DenseOp, Params, as_dense_op
 from .dense_kernels import Sample
@@ -236,7 +242,7 @@ class RandomIoUCrop(DenseOp):
         p = dict(params)
         within = p.pop("within")
         out = K.crop(s, **p)
-        keep = within.to(out.boxes.device)[:, None]
+        keep = to_device(within, out.boxes.device)[:, None]  # host boxes: no copy at all
         return replace(out, boxes=torch.where(keep, out.boxes, torch.zeros_like(out.boxes)))
 
 

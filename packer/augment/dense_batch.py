@@ -10,19 +10,56 @@ detection and segmentation models take.
   of 32), boxes [B, N, 4] and labels [B, N] padded to the most boxes, ``counts`` [B],
   ``valid`` [B, N], masks, keypoints and semantic masks padded likewise.
 
-Everything stays on the samples' device; shapes come from the host, so nothing here
-makes the host wait for the device.
+Everything ends on the images' device (host targets, boxes and the like left on the
+CPU by the dense pass, are moved there: :func:`on_device`, one copy per dtype); shapes
+come from the host, so nothing here makes the host wait for the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as nnf
 
-from ..imaging.resize import ArgumentError
+from ..imaging.resize import ArgumentError, to_device
 from .dense_kernels import Sample
+
+_TARGETS = ("boxes", "labels", "keypoints")
+
+
+def on_device(samples: Sequence[Sample], device: torch.device) -> list[Sample]:
+    """``samples`` with their host targets (boxes, labels, keypoints, extras on the
+    CPU beside images elsewhere) on ``device``: all of one dtype in one copy that does
+    not make the host wait (pinned), each field a view of it."""
+    samples = list(samples)
+    if device.type == "cpu":
+        return samples
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for s in samples:
+        for t in (*(getattr(s, f) for f in _TARGETS), *s.extras.values()):
+            if t is not None and t.device != device:
+                groups.setdefault(t.dtype, []).append(t)
+    moved: dict[int, torch.Tensor] = {}
+    for ts in groups.values():
+        flat = to_device(torch.cat([t.reshape(-1) for t in ts]), device)
+        for t, part in zip(ts, flat.split([t.numel() for t in ts])):
+            moved[id(t)] = part.view(t.shape)
+    if not moved:
+        return samples
+
+    def get(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else moved.get(id(t), t)
+
+    return [
+        replace(
+            s,
+            **{f: get(getattr(s, f)) for f in _TARGETS},
+            extras={k: get(v) for k, v in s.extras.items()},
+        )
+        for s in samples
+    ]
 
 
 def _check(samples: Sequence[Sample], where: str) -> None:
@@ -47,8 +84,9 @@ def area(s: Sample) -> torch.Tensor:
     return (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
 
 
-def detection_target(s: Sample, image_id: int) -> dict:
-    """One image's target dict as torchvision's detection models take it."""
+def detection_target(s: Sample, image_id: int, areas: torch.Tensor | None = None) -> dict:
+    """One image's target dict as torchvision's detection models take it (``areas``:
+    its ``area`` when known, else :func:`area`)."""
     if s.boxes is None or s.labels is None:
         raise ArgumentError("detection_target: the sample needs boxes and labels")
     m = s.boxes.shape[0]
@@ -57,7 +95,7 @@ def detection_target(s: Sample, image_id: int) -> dict:
         "boxes": s.boxes,
         "labels": s.labels.to(torch.int64),
         "image_id": int(image_id),
-        "area": area(s),
+        "area": area(s) if areas is None else areas,
         "iscrowd": (
             iscrowd.to(torch.int64)
             if iscrowd is not None
@@ -128,7 +166,7 @@ def collate_padded(
     dev = samples[0].image.device
     out: dict[str, torch.Tensor] = {
         "images": torch.stack([_pad_to(s.image, hmax, wmax, fill) for s in samples]),
-        "image_sizes": torch.tensor([s.size for s in samples], dtype=torch.int64).to(dev),
+        "image_sizes": torch.tensor([s.size for s in samples], dtype=torch.int64),
     }
     if all(s.semantic is not None for s in samples):
         out["semantic"] = torch.stack(
@@ -138,10 +176,10 @@ def collate_padded(
     if any(c is None for c in counts):
         if any(c is not None for c in counts):
             raise ArgumentError("collate_padded: some samples have instances and some none")
-        return out
+        return _moved(out, dev)
     n = max(counts)
-    out["counts"] = torch.tensor(counts, dtype=torch.int64).to(dev)
-    out["valid"] = torch.arange(n).expand(len(samples), n).lt(torch.tensor(counts)[:, None]).to(dev)
+    out["counts"] = torch.tensor(counts, dtype=torch.int64)
+    out["valid"] = torch.arange(n).expand(len(samples), n).lt(torch.tensor(counts)[:, None])
     if all(s.boxes is not None for s in samples):
         out["boxes"] = _stack_padded([s.boxes for s in samples], n, 0.0)
     if all(s.labels is not None for s in samples):
@@ -156,4 +194,10 @@ def collate_padded(
     for key in samples[0].extras:
         if all(key in s.extras for s in samples):
             out[key] = _stack_padded([s.extras[key] for s in samples], n, 0)
-    return out
+    return _moved(out, dev)
+
+
+def _moved(out: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of ``out`` on ``dev``; those made on the host (counts, host
+    targets padded there) copied without making the host wait."""
+    return {k: to_device(v, dev) for k, v in out.items()}

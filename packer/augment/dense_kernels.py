@@ -21,7 +21,9 @@ draws them). The rules are torchvision's on ``tv_tensors``:
 
 Boxes are dropped only by :func:`sanitize` (and :func:`fixed_size_crop`, as the
 detection reference's ``FixedSizeCrop``), with their labels, masks, keypoints and
-extras; that boolean selection makes the host wait for the device once per call.
+extras; that selection makes the host wait for the device once per call when the
+boxes are on the device, never when they are host targets (on the CPU beside device
+pixels, as the dense pass keeps them: :data:`~packer.augment.dense_sample.PIXEL_FIELDS`).
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ def horizontal_flip(s: Sample, flip_map: object = None) -> Sample:
     _, w = s.size
     boxes = s.boxes
     if boxes is not None:
-        boxes = boxes.clone()
-        boxes[:, [2, 0]] = s.boxes[:, [0, 2]].sub(w).neg()
+        boxes = boxes.clone()  # x1, x2 = W - x2, W - x1 (strided views: no index copy)
+        boxes[:, 0::2] = s.boxes[:, 0::2].sub(w).neg().flip(-1)
     kp = s.keypoints
     if kp is not None:
         kp = kp.clone()

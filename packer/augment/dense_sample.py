@@ -17,9 +17,18 @@ from ..imaging.resize import ArgumentError, to_device
 FillArg = float | Sequence[float] | None
 
 
+# The fields on the image's device; the others (boxes, labels, keypoints, extras) may
+# also stay on the CPU beside a CUDA image: their arithmetic is a few floats, and the
+# boxes dropped (FixedSizeCrop, SanitizeBoundingBoxes) are then known to the host
+# without waiting for the device (the dense pass keeps them there, and moves them in
+# one copy per batch at the end).
+PIXEL_FIELDS = frozenset({"image", "masks", "semantic"})
+
+
 @dataclass(frozen=True)
 class Sample:
-    """One image and its targets, all on one device.
+    """One image and its targets, on the image's device (boxes, labels, keypoints and
+    extras may instead be on the CPU: host targets, see :data:`PIXEL_FIELDS`).
 
     ``image`` uint8 [C, H, W]; ``boxes`` float32 [M, 4] XYXY pixels; ``labels`` [M]
     (int); ``masks`` uint8 [M, H, W]; ``semantic`` uint8 [H, W]; ``keypoints`` float32
@@ -96,8 +105,11 @@ def check_sample(s: Sample) -> None:
     if len(set(counts.values())) > 1:
         raise ArgumentError(f"Sample: per-instance fields disagree on M: {counts}")
     for name, t in [*((n, v[0]) for n, v in want.items()), *s.extras.items()]:
-        if t is not None and t.device != img.device:
-            raise ArgumentError(f"Sample: {name} is on {t.device}, the image on {img.device}")
+        if t is None or t.device == img.device:
+            continue
+        if t.device.type == "cpu" and name not in PIXEL_FIELDS:
+            continue  # host targets (:data:`PIXEL_FIELDS`)
+        raise ArgumentError(f"Sample: {name} is on {t.device}, the image on {img.device}")
 
 
 # ---------------------------------------------------------------- helpers
@@ -149,8 +161,14 @@ def pad_image(
         raise ArgumentError(
             f"pad: fill has {len(fill)} values for an image of {img.shape[-3]} channels"
         )
+    value = _fill_value(tuple(fill), img.dtype, img.device)
+    if min(pads) >= 0:  # two kernels: the fill, then the image into it
+        h, w = img.shape[-2:]
+        out = img.new_empty((*img.shape[:-2], top + h + bottom, left + w + right))
+        out[...] = value
+        out[..., top : top + h, left : left + w] = img
+        return out
     out = nnf.pad(img, pads, mode="constant", value=0.0)
-    value = to_device(torch.tensor(fill).to(img.dtype).reshape(-1, 1, 1), img.device)
     if top > 0:
         out[..., :top, :] = value
     if left > 0:
@@ -160,6 +178,24 @@ def pad_image(
     if right > 0:
         out[..., :, -right:] = value
     return out
+
+
+_FILLS: dict[tuple, torch.Tensor] = {}
+
+
+def _fill_value(fill: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One value per channel, [C, 1, 1] on ``device``: copied there once per fill (the
+    detection recipes pad every image with the same mean colour), per CUDA stream (a
+    value is used on the stream that copied it)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (fill, dtype, device, stream)
+    value = _FILLS.get(key)
+    if value is None:
+        if len(_FILLS) >= 64:
+            _FILLS.clear()
+        value = to_device(torch.tensor(fill).to(dtype).reshape(-1, 1, 1), device)
+        _FILLS[key] = value
+    return value
 
 
 def crop_pixels(img: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
@@ -191,17 +227,29 @@ def resize_nearest(m: torch.Tensor, size: tuple[int, int], mode: str = "nearest"
 
 
 def select(s: Sample, keep: torch.Tensor) -> Sample:
-    """The instances where ``keep`` (bool [M]) holds, in every per-instance field."""
+    """The instances where ``keep`` (bool [M]) holds, in every per-instance field.
+
+    A ``keep`` on the CPU (from host boxes) costs the host no wait: the fields on the
+    device take its indices, copied without a wait. A ``keep`` on the device costs one
+    wait (its count), not one per field. Nothing is copied when every instance stays."""
+    idx = keep.nonzero().flatten()  # on the device: the one wait (how many are kept)
+    if idx.numel() == keep.numel():
+        return s
+    on: dict[torch.device, torch.Tensor] = {idx.device: idx}
 
     def take(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[keep]
+        if t is None:
+            return None
+        i = on.get(t.device)
+        if i is None:
+            i = on[t.device] = to_device(idx, t.device)
+        return t.index_select(0, i)
 
-    extras = {k: v[keep] for k, v in s.extras.items()}
     return replace(
         s,
         boxes=take(s.boxes),
         labels=take(s.labels),
         masks=take(s.masks),
         keypoints=take(s.keypoints),
-        extras=extras,
+        extras={k: take(v) for k, v in s.extras.items()},
     )

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as nnf
 
-from ..imaging.resize import ArgumentError
+from ..imaging.resize import ArgumentError, to_device
 from .dense_sample import FillArg, Sample, clamp_boxes, hide_outside, masks_apply, vec
 from .warps import affine as affine_images
 from .warps import interpolation_mode as warp_interpolation
@@ -93,7 +93,7 @@ def _warp_targets(s: Sample, angle: float, translate, scale, shear, center) -> t
     fwd = affine_matrix(ctr, angle, translate, scale, shear, inverted=False)
     boxes = s.boxes
     if boxes is not None and boxes.numel():
-        corners = boxes[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]
+        corners = boxes[:, to_device(_CORNERS, boxes.device)]  # no blocking index copy
         moved = _move_points(corners, fwd)
         lo, hi = torch.aminmax(moved, dim=1)
         boxes = clamp_boxes(torch.cat([lo, hi], dim=1), h, w)
@@ -103,6 +103,9 @@ def _warp_targets(s: Sample, angle: float, translate, scale, shear, center) -> t
         kp[..., :2] = _move_points(kp[..., :2].contiguous(), fwd)
         kp = hide_outside(kp, h, w)
     return boxes, kp
+
+
+_CORNERS = torch.tensor([[0, 1], [2, 1], [2, 3], [0, 3]])  # a box's (x, y) corners
 
 
 def _shear_pair(shear: float | Sequence[float]) -> list[float]:

@@ -9,7 +9,11 @@ decoded at their stored size, in one batched call) and the targets of the same r
 (``DenseColumns.read``), moves them to the device, and runs the dense transform
 (:mod:`packer.augment.dense` ops: a :class:`packer.augment.dense.Compose` of them) on
 each image with all its fields at once, drawing from a generator seeded per batch by
-:func:`packer.loading.order.batch_seed` (so a resumed run redraws the same). Then:
+:func:`packer.loading.order.batch_seed` (so a resumed run redraws the same). Boxes,
+labels, keypoints and extras stay on the CPU through the ops (a few floats: which boxes
+are dropped is then known to the host without waiting for the device) and move to the
+device once a batch; instance masks are decoded on the device from their run lengths.
+The host waits for the device nowhere per image. Then:
 
 * ``targets="dicts"`` (detection, the default): a list of one dict per image as
   torchvision's detection models and references take them
@@ -37,6 +41,7 @@ import torch
 import torch.nn.functional as nnf
 
 from ..errors import UsageError
+from ..imaging.resize import to_device
 from ..pack.kinds import StorageKind
 from .order import batch_seed
 from .producer import _Pass
@@ -252,34 +257,113 @@ class StoredSize:
 # ---------------------------------------------------------------- one batch
 
 
-def _tensor(a: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype).to(device, non_blocking=True)
+def _host(a: Any, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype)
 
 
-def to_sample(image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup) -> Any:
-    """One image (uint8 [3, H, W] on the device) and its record (``DenseColumns.read``)
-    as a :class:`packer.augment.dense.Sample` on the image's device."""
-    from ..augment.dense_sample import Sample
+def mask_runs(masks_rle: Any, size: Any) -> list[np.ndarray]:
+    """``packer.pack.dense.mask_runs``: each instance mask's checked run lengths."""
+    return _dense_module().mask_runs(masks_rle, size)
 
-    dev = image.device
+
+def _pixels(rec: dict[str, Any], setup: DenseSetup) -> Any:
+    """The record's masks: the semantic mask uint8 [H, W], the instance masks as
+    ``(runs, (h, w))`` (:func:`mask_runs`, decoded on the device by
+    :func:`upload_pixels`), or None (none, or ``DenseConfig.masks`` False)."""
     if setup.semantic:
-        return Sample(image, semantic=_tensor(rec["semantic"], torch.uint8, dev))
-    masks = keypoints = None
+        return np.asarray(rec["semantic"], dtype=np.uint8)
     if "masks_rle" in rec and setup.masks:
         size = tuple(int(v) for v in rec["size"])
-        m = decode_masks(rec["masks_rle"], size)
-        masks = _tensor(m.reshape(-1, *size), torch.uint8, dev)
+        return mask_runs(rec["masks_rle"], size), size
+    return None
+
+
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto ``device`` without making the host wait (pinned on CUDA)."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def _decode_runs(items: list[Any], device: torch.device) -> list[Any]:
+    """Instance masks uint8 [M, h, w] on ``device`` from their run lengths (column-major
+    0s then 1s, as COCO's RLE and pycocotools' decoder): the batch's runs copied in one
+    go, expanded by one ``repeat_interleave`` of a known length (no host wait), each
+    image's masks transposed to rows. Equal to ``pycocotools.mask.decode``."""
+    runs = [r for it in items if it is not None for r in it[0]]
+    counts = np.concatenate([np.zeros(0, np.int64), *runs])
+    values = np.concatenate(
+        [np.zeros(0, np.uint8), *((np.arange(len(r)) & 1).astype(np.uint8) for r in runs)]
+    )
+    total = int(counts.sum())
+    flat = torch.repeat_interleave(
+        _upload(torch.from_numpy(values), device),
+        _upload(torch.from_numpy(counts), device),
+        output_size=total,
+    )
+    out, offset = [], 0
+    for it in items:
+        if it is None:
+            out.append(None)
+            continue
+        m, (h, w) = len(it[0]), it[1]
+        part = flat[offset : offset + m * h * w].view(m, w, h)
+        out.append(part.transpose(1, 2).contiguous())
+        offset += m * h * w
+    return out
+
+
+def upload_pixels(arrays: list[Any], device: torch.device) -> list[Any]:
+    """The batch's masks on ``device`` in one copy: written into one (pinned, on CUDA)
+    host buffer, copied without making the host wait, each a view of the result (a
+    copy per image from pageable memory may make the host wait for the stream).
+    Instance masks (``(runs, size)`` of :func:`_pixels`) are decoded there."""
+    if all(a is None for a in arrays):
+        return [None] * len(arrays)
+    if any(isinstance(a, tuple) for a in arrays):
+        return _decode_runs(arrays, device)
+    sizes = [0 if a is None else a.size for a in arrays]
+    pin = device.type == "cuda" and torch.cuda.is_available()
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
+    flat = buf.numpy()
+    offset = 0
+    for a, n in zip(arrays, sizes):
+        if a is not None:
+            flat[offset : offset + n] = a.reshape(-1)
+        offset += n
+    moved = buf.to(device, non_blocking=True)  # pinned on CUDA; a no-op on the CPU
+    parts = moved.split(sizes)
+    return [None if a is None else p.view(a.shape) for a, p in zip(arrays, parts)]
+
+
+def to_sample(
+    image: torch.Tensor, rec: dict[str, Any], setup: DenseSetup, pixels: Any = False
+) -> Any:
+    """One image (uint8 [3, H, W] on the device) and its record (``DenseColumns.read``)
+    as a :class:`packer.augment.dense.Sample`: pixels (image, masks) on the image's
+    device, the host targets (boxes, labels, keypoints, iscrowd, area) on the CPU,
+    where the ops compute them and decide which boxes to drop without waiting for the
+    device; :func:`collate` moves them at the end, in one copy per dtype. ``pixels``:
+    the record's masks already on the device (:func:`upload_pixels`), or False to
+    upload them here."""
+    from ..augment.dense_sample import Sample
+
+    if pixels is False:
+        pixels = upload_pixels([_pixels(rec, setup)], image.device)[0]
+    if setup.semantic:
+        return Sample(image, semantic=pixels)
+    keypoints = None
     if "keypoints" in rec:
-        keypoints = _tensor(rec["keypoints"], torch.float32, dev)
+        keypoints = _host(rec["keypoints"], torch.float32)
     extras = {
-        "iscrowd": _tensor(rec["iscrowd"], torch.int64, dev),
-        "area": _tensor(rec["area"], torch.float32, dev),
+        "iscrowd": _host(rec["iscrowd"], torch.int64),
+        "area": _host(rec["area"], torch.float32),
     }
     return Sample(
         image,
-        boxes=_tensor(np.reshape(rec["boxes"], (-1, 4)), torch.float32, dev),
-        labels=_tensor(rec["labels"], torch.int64, dev),
-        masks=masks,
+        boxes=_host(np.reshape(rec["boxes"], (-1, 4)), torch.float32),
+        labels=_host(rec["labels"], torch.int64),
+        masks=pixels,
         keypoints=keypoints,
         extras=extras,
     )
@@ -305,9 +389,12 @@ def with_areas(s: Any, setup: DenseSetup) -> Any:
 
 def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torch.Tensor, Any]:
     """``(images, targets)`` of transformed samples, as the module's docstring says."""
-    from ..augment.dense_batch import collate_padded, detection_target
+    from ..augment.dense_batch import collate_padded, detection_target, on_device
 
     samples = [with_areas(s, setup) for s in samples]
+    dev = samples[0].image.device
+    if not (setup.semantic or setup.targets == "padded"):
+        samples = on_device(samples, dev)  # collate_padded pads them on the host first
     sizes = {s.size for s in samples}
     d = 1 if len(sizes) == 1 else setup.size_divisible
     if setup.semantic or setup.targets == "padded":
@@ -317,15 +404,14 @@ def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torc
         images = out.pop("images")
         if setup.semantic:
             return images, out["semantic"]
-        out["image_ids"] = torch.tensor(ids, dtype=torch.int64).to(images.device)
+        out["image_ids"] = to_device(torch.tensor(ids, dtype=torch.int64), images.device)
         return images, out
     h = -(-max(s.size[0] for s in samples) // d) * d
     w = -(-max(s.size[1] for s in samples) // d) * d
     images = torch.stack([_pad(s.image, h, w, setup.fill) for s in samples])
     targets = []
     for s, i in zip(samples, ids):
-        t = detection_target(s, i)
-        t["area"] = s.extras["area"]
+        t = detection_target(s, i, s.extras["area"])
         if "masks" in t:
             t["masks"] = _pad(t["masks"], h, w, 0)
         targets.append(t)
@@ -340,7 +426,9 @@ def run_batch(
 ) -> tuple[torch.Tensor, Any]:
     """One batch: each image with its record through the op, then :func:`collate`.
     ``gen`` is seeded for the batch by the caller; images draw from it in order."""
-    samples = [to_sample(img, rec, setup) for img, rec in zip(images, records)]
+    dev = images[0].device if images else torch.device("cpu")
+    pixels = upload_pixels([_pixels(rec, setup) for rec in records], dev)
+    samples = [to_sample(img, rec, setup, px) for img, rec, px in zip(images, records, pixels)]
     if setup.op is not None:
         samples = [setup.op(s, gen) for s in samples]
     return collate(samples, [int(r["image_id"]) for r in records], setup)
@@ -388,11 +476,12 @@ class DensePass(_Pass):
         if self.kind.decoded:
             return list(self.pack.decode(idx, self.device))
         n = len(idx)
-        images = torch.empty((n, *self.shape), dtype=torch.uint8)
+        pin = self.device.type == "cuda"  # then one copy that does not wait for the stream
+        images = torch.empty((n, *self.shape), dtype=torch.uint8, pin_memory=pin)
         for f in self.submit(idx, images.numpy().reshape(n, -1)):
             bt.add(READ, f.result())
         bt.mark()
-        return list(images.to(self.device, non_blocking=False).unbind(0))
+        return list(images.to(self.device, non_blocking=pin).unbind(0))
 
     def run(self) -> None:
         st = self.stats

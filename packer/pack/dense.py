@@ -407,23 +407,34 @@ def rle_counts(counts: bytes, size: tuple[int, int]) -> np.ndarray:
     return cnts
 
 
-def decode_masks(masks_rle: Sequence[bytes], size: Sequence[int]) -> np.ndarray:
-    """Instance masks uint8 [M, h, w] of 0/1 from COCO compressed RLE counts of an
-    ``(h, w)`` frame (pycocotools), each checked first (:func:`rle_counts`;
-    PackFormatError for one that does not cover its frame)."""
+def mask_runs(masks_rle: Sequence[bytes], size: Sequence[int]) -> list[np.ndarray]:
+    """The run lengths of each instance mask (:func:`rle_counts`: column-major runs of
+    0s then 1s alternately, summing to ``h * w``), checked as :func:`decode_masks`
+    checks them (PackFormatError for a frame outside the reader's bounds or a run
+    list that does not cover it). The loader decodes them on its device."""
     h, w = (int(v) for v in size)
     if (
         not (0 <= h <= MAX_FRAME_SIDE and 0 <= w <= MAX_FRAME_SIDE)
         or h * w > DEFAULT_MAX_FRAME_PIXELS
     ):
         raise PackFormatError(f"a mask frame of {w}x{h} is outside the reader's bounds")
-    if not masks_rle:
-        return np.zeros((0, h, w), dtype=np.uint8)
+    runs = []
     for i, c in enumerate(masks_rle):
         try:
-            rle_counts(c, (h, w))
+            runs.append(rle_counts(c, (h, w)))
         except ValueError as e:
             raise PackFormatError(f"instance mask {i}: {e}; the pack is damaged") from None
+    return runs
+
+
+def decode_masks(masks_rle: Sequence[bytes], size: Sequence[int]) -> np.ndarray:
+    """Instance masks uint8 [M, h, w] of 0/1 from COCO compressed RLE counts of an
+    ``(h, w)`` frame (pycocotools), each checked first (:func:`rle_counts`;
+    PackFormatError for one that does not cover its frame)."""
+    h, w = (int(v) for v in size)
+    mask_runs(masks_rle, (h, w))
+    if not masks_rle:
+        return np.zeros((0, h, w), dtype=np.uint8)
     import warnings
 
     from ..sources.annotations.model import coco_mask
