@@ -110,7 +110,9 @@ def test_interrupted_build_keeps_work_and_resumes(image_tree: Path, tmp_path: Pa
     with pytest.raises(KeyboardInterrupt):
         build(image_tree, tmp_path / "p", BuildConfig(size=(8, 8), workers=1), progress=ctrl_c)
     assert not (tmp_path / "p").exists()
-    assert build(image_tree, tmp_path / "p", BuildConfig(size=(8, 8), workers=1)).resumed == 3
+    # every reported chunk is kept (those journaled with it in one fsync too)
+    resumed = build(image_tree, tmp_path / "p", BuildConfig(size=(8, 8), workers=1)).resumed
+    assert 3 <= resumed < 13
 
 
 def test_changed_inputs_restart_instead_of_mixing(image_tree: Path, tmp_path: Path) -> None:

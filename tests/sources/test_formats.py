@@ -349,9 +349,9 @@ def test_killed_source_build_resumes_byte_identical(
     assert p.returncode == -9, (tmp_path / "log.txt").read_text()
     assert not dst.exists()
     journal = (work_dir_for(dst) / "journal.jsonl").read_text().splitlines()
-    assert len(journal) == 5
+    assert 5 <= len(journal) <= 16  # chunks that arrived together: journaled, then reported
     r = build(src, dst, BuildConfig(size=(24, 24), workers=1))
-    assert r.resumed == 5  # one image a chunk for 16 images
+    assert r.resumed == len(journal)  # one image a chunk for 16 images
     assert digests(dst) == digests(ref)
 
 
