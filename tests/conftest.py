@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,9 +134,9 @@ def _write_groups(items: list[pytest.Item]) -> None:
     os.replace(tmp, Path(where) / f"{worker}.json")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # pytest -p no:xdist runs too
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadgroup":
+    if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
@@ -172,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker computes with one thread (and so do the interpreters it
     starts, unless a test says otherwise): two workers on two cores each running two
     OpenMP threads spend the machine's time waiting on each other."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("dist") == "loadgroup":
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("dist", None) == "loadgroup":
         import tempfile
 
         os.environ[_GROUPS_ENV] = tempfile.mkdtemp(prefix="imgpack-xdist-groups-")
@@ -249,33 +250,23 @@ def write_cut_jpeg(path: Path, keep: float = 0.6, **save: object) -> Path:
     return path
 
 
-@pytest.fixture
-def image_tree(tmp_path: Path) -> Path:
-    """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""
-    root = tmp_path / "imgs"
-    specs = {
-        "cat": [
-            ("a.jpg", (64, 48)),
-            ("b.JPG", (30, 60)),
-            ("c.png", (50, 50)),
-            ("d.jpeg", (80, 20)),
-        ],
-        "dog": [
-            ("e.jpg", (64, 64)),
-            ("nested/f.png", (33, 47)),
-            ("g.webp", (40, 40)),
-            ("h.bmp", (20, 30)),
-        ],
-        "zebra": [
-            ("i.jpg", (100, 75)),
-            ("j.gif", (25, 25)),
-            ("k.tiff", (36, 24)),
-            ("l m.jpg", (41, 31)),
-            ("-dash.jpg", (32, 32)),
-        ],
-    }
+# image_tree and packed serve about 500 and 250 tests: each worker writes the tree and
+# builds its pack once (the templates below), and a test gets its own copy of them in its
+# tmp_path (fresh files, fresh times), as if made there. A tree that another fixture has
+# changed before ``packed`` (``photos``) is built, as before.
+IMAGE_TREE = {
+    "cat": [("a.jpg", (64, 48)), ("b.JPG", (30, 60)), ("c.png", (50, 50)), ("d.jpeg", (80, 20))],
+    "dog": [("e.jpg", (64, 64)), ("nested/f.png", (33, 47)), ("g.webp", (40, 40)), ("h.bmp", (20, 30))],
+    "zebra": [("i.jpg", (100, 75)), ("j.gif", (25, 25)), ("k.tiff", (36, 24)),
+              ("l m.jpg", (41, 31)), ("-dash.jpg", (32, 32))],
+}  # fmt: skip
+PACKED = BuildConfig(size=(32, 24), workers=1)
+
+
+def write_image_tree(root: Path) -> Path:
+    """The ImageFolder tree of ``image_tree`` written at ``root``."""
     seed = 0
-    for cls, files in specs.items():
+    for cls, files in IMAGE_TREE.items():
         for name, size in files:
             write_image(root / cls / name, size, seed=seed)
             seed += 1
@@ -283,11 +274,51 @@ def image_tree(tmp_path: Path) -> Path:
     return root
 
 
+def _copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, copy_function=shutil.copy)  # new times, as if written now
+    return dst
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def image_tree_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_image_tree(tmp_path_factory.mktemp("image-tree-template") / "imgs")
+
+
+@pytest.fixture(scope="session")
+def packed_template(image_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("packed-template") / "pack"
+    build(image_tree_template, dst, PACKED)
+    return dst
+
+
 @pytest.fixture
-def packed(image_tree: Path, tmp_path: Path) -> Path:
-    """image_tree built at 32x24, crop, one worker."""
+def image_tree(tmp_path: Path, image_tree_template: Path) -> Path:
+    """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""
+    return _copy_tree(image_tree_template, tmp_path / "imgs")
+
+
+@pytest.fixture
+def packed(
+    image_tree: Path, tmp_path: Path, image_tree_template: Path, packed_template: Path
+) -> Path:
+    """image_tree built at 32x24, crop, one worker: the template's pack copied, its
+    manifest's ``source_root`` this test's tree (what a build here writes)."""
     dst = tmp_path / "pack"
-    build(image_tree, dst, BuildConfig(size=(32, 24), workers=1))
+    if _files(image_tree) != _files(image_tree_template):
+        build(image_tree, dst, PACKED)
+        return dst
+    _copy_tree(packed_template, dst)
+    manifest = dst / "imgpack.json"
+    old = f'"source_root":{json.dumps(str(image_tree_template))}'
+    text = manifest.read_text()
+    assert text.count(old) == 1, text  # the builder's manifest changed: update this
+    manifest.write_text(text.replace(old, f'"source_root":{json.dumps(str(image_tree))}'))
     return dst
 
 
@@ -336,12 +367,20 @@ def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-@pytest.fixture
-def photos(tmp_path: Path, image_tree: Path) -> Path:
-    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs of assorted
-    sizes (the inputs the GPU takes) + a broken one."""
+@pytest.fixture(scope="session")
+def photos_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("photos-template")
     for i in range(20):
-        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+        write_image(root / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+    return root
+
+
+@pytest.fixture
+def photos(tmp_path: Path, image_tree: Path, photos_template: Path) -> Path:
+    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs of assorted
+    sizes (the inputs the GPU takes; written once a worker, copied) + a broken one."""
+    for i in range(20):
+        shutil.copy(photos_template / f"p{i:02d}.jpg", image_tree / "zebra" / f"p{i:02d}.jpg")
     (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
     return image_tree
 
