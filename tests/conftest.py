@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -123,14 +124,17 @@ def _write_groups(items: list[pytest.Item]) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not where or not worker:
         return
-    groups = {}
+    groups, weights = {}, {}
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})  # fmt: skip
         if names:
             groups[item.nodeid] = "_".join(names)
+        weight = _weight(item)
+        if weight != 1:
+            weights[item.nodeid] = weight
     tmp = Path(where) / f"{worker}.json.tmp"
-    tmp.write_text(json.dumps(groups))
+    tmp.write_text(json.dumps({"groups": groups, "weights": weights}))
     os.replace(tmp, Path(where) / f"{worker}.json")
 
 
@@ -141,16 +145,49 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadGroupScheduling
 
     where = os.environ[_GROUPS_ENV]  # set in pytest_configure, before the workers start
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, Any]] = {}
+
+    unit_weight: dict[str, int] = {}
+
+    def read(key: str) -> dict[str, Any]:
+        if not found:
+            files = sorted(Path(where).glob("*.json"))
+            found.update(json.loads(files[0].read_text()) if files else {"groups": {}})
+        return found.get(key, {})
+
+    class _HeaviestFirst(OrderedDict):
+        """The work queue: the unit of most weight goes out first (then the one of most
+        tests, then the first collected), so that no long unit starts last and keeps one
+        worker busy while the others have finished."""
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if last:
+                return super().popitem(last=True)
+            weights = read("weights")
+            for k, unit in self.items():
+                if k not in unit_weight:
+                    unit_weight[k] = sum(weights.get(n, 1) for n in unit)
+            key = max(self, key=lambda k: (unit_weight[k], len(self[k])))
+            return key, self.pop(key)
 
     class _Groups(LoadGroupScheduling):
+        def __init__(self, config: pytest.Config, log: Any) -> None:
+            super().__init__(config, log)
+            self.workqueue = _HeaviestFirst()
+
         def _split_scope(self, nodeid: str) -> str:
-            if not found:
-                files = sorted(Path(where).glob("*.json"))
-                found.update(json.loads(files[0].read_text()) if files else {"": ""})
-            return found.get(nodeid) or nodeid
+            return read("groups").get(nodeid) or nodeid
 
     return _Groups(config, log)
+
+
+# a test's weight in the scheduler's order (a unit's is its tests' sum): a test marked
+# slow (more than a few seconds) or ray counts as SLOW_WEIGHT quick ones
+SLOW_WEIGHT = 20
+
+
+def _weight(item: pytest.Item) -> int:
+    return SLOW_WEIGHT if item.get_closest_marker("slow") or item.get_closest_marker("ray") else 1
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
