@@ -89,6 +89,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_fused_kernels_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     import torch
