@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -122,34 +124,70 @@ def _write_groups(items: list[pytest.Item]) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not where or not worker:
         return
-    groups = {}
+    groups, weights = {}, {}
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})  # fmt: skip
         if names:
             groups[item.nodeid] = "_".join(names)
+        weight = _weight(item)
+        if weight != 1:
+            weights[item.nodeid] = weight
     tmp = Path(where) / f"{worker}.json.tmp"
-    tmp.write_text(json.dumps(groups))
+    tmp.write_text(json.dumps({"groups": groups, "weights": weights}))
     os.replace(tmp, Path(where) / f"{worker}.json")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # pytest -p no:xdist runs too
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadgroup":
+    if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     where = os.environ[_GROUPS_ENV]  # set in pytest_configure, before the workers start
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, Any]] = {}
+
+    unit_weight: dict[str, int] = {}
+
+    def read(key: str) -> dict[str, Any]:
+        if not found:
+            files = sorted(Path(where).glob("*.json"))
+            found.update(json.loads(files[0].read_text()) if files else {"groups": {}})
+        return found.get(key, {})
+
+    class _HeaviestFirst(OrderedDict):
+        """The work queue: the unit of most weight goes out first (then the one of most
+        tests, then the first collected), so that no long unit starts last and keeps one
+        worker busy while the others have finished."""
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if last:
+                return super().popitem(last=True)
+            weights = read("weights")
+            for k, unit in self.items():
+                if k not in unit_weight:
+                    unit_weight[k] = sum(weights.get(n, 1) for n in unit)
+            key = max(self, key=lambda k: (unit_weight[k], len(self[k])))
+            return key, self.pop(key)
 
     class _Groups(LoadGroupScheduling):
+        def __init__(self, config: pytest.Config, log: Any) -> None:
+            super().__init__(config, log)
+            self.workqueue = _HeaviestFirst()
+
         def _split_scope(self, nodeid: str) -> str:
-            if not found:
-                files = sorted(Path(where).glob("*.json"))
-                found.update(json.loads(files[0].read_text()) if files else {"": ""})
-            return found.get(nodeid) or nodeid
+            return read("groups").get(nodeid) or nodeid
 
     return _Groups(config, log)
+
+
+# a test's weight in the scheduler's order (a unit's is its tests' sum): a test marked
+# slow (more than a few seconds) or ray counts as SLOW_WEIGHT quick ones
+SLOW_WEIGHT = 20
+
+
+def _weight(item: pytest.Item) -> int:
+    return SLOW_WEIGHT if item.get_closest_marker("slow") or item.get_closest_marker("ray") else 1
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
@@ -172,7 +210,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker computes with one thread (and so do the interpreters it
     starts, unless a test says otherwise): two workers on two cores each running two
     OpenMP threads spend the machine's time waiting on each other."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("dist") == "loadgroup":
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("dist", None) == "loadgroup":
         import tempfile
 
         os.environ[_GROUPS_ENV] = tempfile.mkdtemp(prefix="imgpack-xdist-groups-")
@@ -249,33 +287,23 @@ def write_cut_jpeg(path: Path, keep: float = 0.6, **save: object) -> Path:
     return path
 
 
-@pytest.fixture
-def image_tree(tmp_path: Path) -> Path:
-    """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""
-    root = tmp_path / "imgs"
-    specs = {
-        "cat": [
-            ("a.jpg", (64, 48)),
-            ("b.JPG", (30, 60)),
-            ("c.png", (50, 50)),
-            ("d.jpeg", (80, 20)),
-        ],
-        "dog": [
-            ("e.jpg", (64, 64)),
-            ("nested/f.png", (33, 47)),
-            ("g.webp", (40, 40)),
-            ("h.bmp", (20, 30)),
-        ],
-        "zebra": [
-            ("i.jpg", (100, 75)),
-            ("j.gif", (25, 25)),
-            ("k.tiff", (36, 24)),
-            ("l m.jpg", (41, 31)),
-            ("-dash.jpg", (32, 32)),
-        ],
-    }
+# image_tree and packed serve about 500 and 250 tests: each worker writes the tree and
+# builds its pack once (the templates below), and a test gets its own copy of them in its
+# tmp_path (fresh files, fresh times), as if made there. A tree that another fixture has
+# changed before ``packed`` (``photos``) is built, as before.
+IMAGE_TREE = {
+    "cat": [("a.jpg", (64, 48)), ("b.JPG", (30, 60)), ("c.png", (50, 50)), ("d.jpeg", (80, 20))],
+    "dog": [("e.jpg", (64, 64)), ("nested/f.png", (33, 47)), ("g.webp", (40, 40)), ("h.bmp", (20, 30))],
+    "zebra": [("i.jpg", (100, 75)), ("j.gif", (25, 25)), ("k.tiff", (36, 24)),
+              ("l m.jpg", (41, 31)), ("-dash.jpg", (32, 32))],
+}  # fmt: skip
+PACKED = BuildConfig(size=(32, 24), workers=1)
+
+
+def write_image_tree(root: Path) -> Path:
+    """The ImageFolder tree of ``image_tree`` written at ``root``."""
     seed = 0
-    for cls, files in specs.items():
+    for cls, files in IMAGE_TREE.items():
         for name, size in files:
             write_image(root / cls / name, size, seed=seed)
             seed += 1
@@ -283,11 +311,51 @@ def image_tree(tmp_path: Path) -> Path:
     return root
 
 
+def _copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, copy_function=shutil.copy)  # new times, as if written now
+    return dst
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def image_tree_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_image_tree(tmp_path_factory.mktemp("image-tree-template") / "imgs")
+
+
+@pytest.fixture(scope="session")
+def packed_template(image_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("packed-template") / "pack"
+    build(image_tree_template, dst, PACKED)
+    return dst
+
+
 @pytest.fixture
-def packed(image_tree: Path, tmp_path: Path) -> Path:
-    """image_tree built at 32x24, crop, one worker."""
+def image_tree(tmp_path: Path, image_tree_template: Path) -> Path:
+    """ImageFolder tree: 3 classes, 13 images of mixed sizes and formats, plus a non-image."""
+    return _copy_tree(image_tree_template, tmp_path / "imgs")
+
+
+@pytest.fixture
+def packed(
+    image_tree: Path, tmp_path: Path, image_tree_template: Path, packed_template: Path
+) -> Path:
+    """image_tree built at 32x24, crop, one worker: the template's pack copied, its
+    manifest's ``source_root`` this test's tree (what a build here writes)."""
     dst = tmp_path / "pack"
-    build(image_tree, dst, BuildConfig(size=(32, 24), workers=1))
+    if _files(image_tree) != _files(image_tree_template):
+        build(image_tree, dst, PACKED)
+        return dst
+    _copy_tree(packed_template, dst)
+    manifest = dst / "imgpack.json"
+    old = f'"source_root":{json.dumps(str(image_tree_template))}'
+    text = manifest.read_text()
+    assert text.count(old) == 1, text  # the builder's manifest changed: update this
+    manifest.write_text(text.replace(old, f'"source_root":{json.dumps(str(image_tree))}'))
     return dst
 
 
@@ -336,12 +404,20 @@ def batched_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-@pytest.fixture
-def photos(tmp_path: Path, image_tree: Path) -> Path:
-    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs of assorted
-    sizes (the inputs the GPU takes) + a broken one."""
+@pytest.fixture(scope="session")
+def photos_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("photos-template")
     for i in range(20):
-        write_image(image_tree / "zebra" / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+        write_image(root / f"p{i:02d}.jpg", (40 + 9 * i, 30 + 5 * i), seed=50 + i)
+    return root
+
+
+@pytest.fixture
+def photos(tmp_path: Path, image_tree: Path, photos_template: Path) -> Path:
+    """image_tree (PNG, WebP, BMP, GIF, TIFF, JPEG, a text file) + 20 JPEGs of assorted
+    sizes (the inputs the GPU takes; written once a worker, copied) + a broken one."""
+    for i in range(20):
+        shutil.copy(photos_template / f"p{i:02d}.jpg", image_tree / "zebra" / f"p{i:02d}.jpg")
     (image_tree / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
     return image_tree
 

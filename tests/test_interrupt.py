@@ -40,6 +40,7 @@ def _alive(pid: int) -> bool:
     return processes.start_time(pid) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["pytest", "dev.py"])
 def test_ctrl_c_stops_the_session_and_its_server(tmp_path: Path, runner: str) -> None:
     pid_file = tmp_path / "server.pid"
@@ -66,6 +67,7 @@ def test_ctrl_c_stops_the_session_and_its_server(tmp_path: Path, runner: str) ->
     assert not _alive(server), out
 
 
+@pytest.mark.slow
 def test_a_killed_session_leaves_nothing_after_the_next(tmp_path: Path) -> None:
     pid_file = tmp_path / "server.pid"
     proc = _start([*PYTEST, str(HELPER)], pid_file)

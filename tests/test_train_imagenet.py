@@ -37,6 +37,7 @@ def run(*args: str) -> str:
     return r.stdout
 
 
+@pytest.mark.slow
 def test_train_two_epochs_on_cpu_then_resume(tmp_path: Path) -> None:
     pack = tmp_path / "pack64"
     build(ROOT / "sample_data", pack, BuildConfig(size=(64, 64), workers=1))

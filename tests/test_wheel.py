@@ -25,6 +25,24 @@ def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.Comple
     )
 
 
+# ``python -m packer.examples.NAME --help`` for each NAME given, in this interpreter:
+# {name: [exit code, what it printed]}
+_HELPS = """
+import contextlib, io, json, runpy, sys
+out = {}
+for name in sys.argv[1:]:
+    buf, code = io.StringIO(), 0
+    sys.argv = [name, "--help"]
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_module(f"packer.examples.{name}", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            code = e.code or 0
+    out[name] = [code, buf.getvalue()]
+print(json.dumps(out))
+"""
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("wheel")
@@ -134,11 +152,15 @@ def test_installed_examples_run_with_python_m(
     py = env_dir / "bin" / "python"
     shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
     assert {"train_imagenet", "demo_stream", "train_sets_ddp"} <= set(shipped)
+    # each example's `python -m packer.examples.NAME --help` (runpy, as -m runs it), all
+    # in one installed interpreter: one import of torch, not one an example
+    r = _run([py, "-c", _HELPS, *shipped], tmp_path, env)
+    assert r.returncode == 0, r.stderr
     helps = {}
-    for name in shipped:
-        r = _run([py, "-m", f"packer.examples.{name}", "--help"], tmp_path, env)
-        assert r.returncode == 0 and "usage:" in r.stdout, (name, r.stderr)
-        helps[name] = r.stdout
+    for name, (code, out) in json.loads(r.stdout.splitlines()[-1]).items():
+        assert code == 0 and "usage:" in out, (name, code, out, r.stderr)
+        helps[name] = out
+    assert sorted(helps) == shipped
     # every example imported from the installed copy (one interpreter for them all)
     imports = "; ".join(f"import packer.examples.{n}" for n in shipped)
     files = "; ".join(f"print(packer.examples.{n}.__file__)" for n in shipped)

@@ -226,6 +226,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_kernel_modes_under_the_interpreter() -> None:
     """Each mode of the CUDA kernel (FILT), run by Triton's CPU interpreter, against the
     CPU path; and the fused recipe's crop with a mode."""

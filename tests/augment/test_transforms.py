@@ -303,6 +303,7 @@ def test_imports_standalone_with_torch_only(monkeypatch: pytest.MonkeyPatch) -> 
     assert torch.equal(resize.resized_crop(x, boxes, 8), T.resized_crop(x, boxes, 8))
 
 
+@pytest.mark.slow
 def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """The CUDA kernel's logic, run by Triton's CPU interpreter against the matmul path."""
     pytest.importorskip("triton")

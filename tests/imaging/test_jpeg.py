@@ -210,6 +210,7 @@ def test_vectorised_spans_equal_the_kernels_rule():
     assert len(order) == 0 and launches == []
 
 
+@pytest.mark.slow
 def test_ragged_kernel_matches_the_padded_route_in_the_interpreter():
     # the CUDA kernel that reads each image where nvjpeg left it (a table of addresses),
     # run by Triton's interpreter on the CPU

@@ -113,6 +113,7 @@ def test_no_compiler_says_why_and_changes_nothing(tmp_path):
     assert not list(tmp_path.glob("imgpack/*.so"))  # nothing half-made left behind
 
 
+@pytest.mark.slow
 def test_the_helper_is_compiled_once_and_cached_per_user(tmp_path):
     code = "from packer.imaging import nvbatch; nvbatch.library(); print('ok')"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))

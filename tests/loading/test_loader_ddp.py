@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -31,6 +32,7 @@ def _worker(rank: int, world: int, pack: str, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_split_every_epoch(packed: Path, tmp_path: Path) -> None:
     import socket
 

@@ -95,6 +95,7 @@ def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> No
     # tests left free in this process's heap (seen: 39 MiB held where 75 are expected)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 def test_dropped_loaders_hand_their_memory_back(tmp_path: Path) -> None:
     """RSS, in a child whose glibc keeps 2 malloc arenas: with one arena per thread (8 per
@@ -206,6 +207,7 @@ _EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_exit_mid_epoch_is_clean(packed: Path, tmp_path: Path) -> None:
     script = tmp_path / "exit_mid_epoch.py"
     script.write_text(_EXIT_SCRIPT)

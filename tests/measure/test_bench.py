@@ -31,6 +31,7 @@ def run(*args: str) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_quick_cpu_measures_every_point_and_writes_plots(tmp_path: Path) -> None:
     out = tmp_path / "res"
     with warnings.catch_warnings():  # its timed passes name their epochs: no PackLoader warning

@@ -210,6 +210,7 @@ def test_verify_source_missing_or_a_file_is_bad_usage(src: Path, tmp_path: Path)
     assert _cli("verify", tmp_path / "pk", "--no-speed", "-q")[0] == 0
 
 
+@pytest.mark.slow
 def test_sigterm_during_verify_is_like_ctrl_c_and_leaves_no_trace(
     src: Path, tmp_path: Path
 ) -> None:
@@ -258,6 +259,7 @@ def test_trace_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["t.json.gz"]
 
 
+@pytest.mark.slow
 def test_verify_trace_on_cpu_is_quiet(src: Path, tmp_path: Path) -> None:
     assert _build(src, tmp_path / "pk")[0] == 0
     env = {k: v for k, v in subprocess_env().items() if k != "KINETO_LOG_LEVEL"}

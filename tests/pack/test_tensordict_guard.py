@@ -73,6 +73,7 @@ def _copy(packed: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("order", ["packer-first", "tensordict-first", "submodules"])
 def test_import_packer_alone_guards_every_tensordict_entry(

@@ -81,6 +81,7 @@ def test_loading_imports_nothing_named_in_the_pack(packed: Path) -> None:
     assert "evil_module_xyz" not in sys.modules
 
 
+@pytest.mark.slow
 def test_two_readers_share_one_pack(packed: Path) -> None:
     code = (
         "import packer,sys; p=packer.load(sys.argv[1]); "

@@ -69,6 +69,7 @@ def test_build_to_bucket_then_load_gives_the_local_sets_images(
     s.store.close()
 
 
+@pytest.mark.slow
 def test_killed_upload_resumes_and_skips_uploaded_shards(s3: S3Server, tmp_path: Path) -> None:
     src = write_src(tmp_path / "src", {"cat": 3, "dog": 3})
     url = new_url()
@@ -191,6 +192,7 @@ def test_cache_evicts_the_least_recently_used_shard_nobody_holds(
         packer.load(url, cache_limit=0)
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_cache_and_download_each_shard_once(
     s3: S3Server, tmp_path: Path
 ) -> None:

@@ -103,6 +103,7 @@ def _sources(url: str, cache: Path) -> list[str]:
         s.store.close()
 
 
+@pytest.mark.slow
 def test_two_concurrent_appends_from_two_machines_never_break_the_set(
     s3: S3Server, tmp_path: Path
 ) -> None:
@@ -149,6 +150,7 @@ def test_two_concurrent_appends_from_two_machines_never_break_the_set(
     assert not list((bucket_path(s3, url) / ".imgpack-lease").glob("*"))  # released
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_turned_away_while_the_first_holds_the_lease(
     s3: S3Server, tmp_path: Path
 ) -> None:
@@ -172,6 +174,7 @@ def test_a_second_writer_is_turned_away_while_the_first_holds_the_lease(
     assert len(_sources(url, tmp_path / "check")) == 10
 
 
+@pytest.mark.slow
 def test_a_killed_writers_lease_on_this_machine_does_not_block_the_rerun(
     s3: S3Server, tmp_path: Path
 ) -> None:
