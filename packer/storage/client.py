@@ -612,21 +612,40 @@ class ObjectStore:
             raise _Final(NoRanges(where)) from None
         want = f"bytes {start}-{start + length - 1}/"
         req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{start + length - 1}"})
+        # no redirect is followed (a signed URL is for this server only; another host may
+        # be plain http or not ours): a redirect is a server without ranges
+        opener = urllib.request.build_opener(_no_redirect_handler())
         t = self.retry.first_byte_timeout
-        try:
-            with urllib.request.urlopen(req, timeout=t) as r:
-                got = r.headers.get("Content-Range") or ""
-                if r.status not in (200, 206) or not got.startswith(want):
-                    raise _Final(NoRanges(where))
-                data = r.read(length + 1)
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                raise NotFound(where) from None
-            raise OSError(f"HTTP {e.code} {e.reason}") from None  # retried; no URL in it
-        except urllib.error.URLError as e:
-            raise OSError(f"no answer ({e.reason})") from None
-        except http.client.HTTPException as e:  # an answer cut short: retried
-            raise OSError(f"the answer broke off ({type(e).__name__})") from None
+
+        def fetch() -> bytes:
+            try:
+                with opener.open(req, timeout=t) as r:
+                    got = r.headers.get("Content-Range") or ""
+                    size = r.headers.get("Content-Length")
+                    if (
+                        r.status not in (200, 206)
+                        or not got.startswith(want)
+                        or (size is not None and size.strip() != str(length))
+                    ):
+                        raise _Final(NoRanges(where))
+                    return r.read(length + 1)
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code == 404:
+                    raise NotFound(where) from None
+                if 300 <= e.code < 400:
+                    raise _Final(NoRanges(where)) from None
+                # the status alone: the server's reason phrase may quote the signed URL
+                raise OSError(f"HTTP {e.code}") from None  # retried
+            except urllib.error.URLError as e:
+                reason = e.reason if isinstance(e.reason, OSError) else type(e).__name__
+                raise OSError(f"no answer ({reason})") from None
+            except http.client.HTTPException as e:  # an answer cut short: retried
+                raise OSError(f"the answer broke off ({type(e).__name__})") from None
+
+        # the whole read bounded as an upload is (a server trickling bytes ends), on a
+        # thread waited for in slices (Ctrl-C and cancel() end the wait at once)
+        data = self._blocking(fetch, t + length / self.retry.min_rate)
         if len(data) != length:
             raise OSError(f"{len(data):,} bytes of the {length:,} asked for")
         return data
@@ -779,6 +798,16 @@ _SIGNED = re.compile(
     r"(?i)([?&](?:sig|signature|x-goog-signature|x-amz-signature|x-amz-security-token"
     r"|x-amz-credential|x-goog-credential)=)[^&\s\"'<>)]*"
 )
+
+
+def _no_redirect_handler() -> Any:
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # the 3xx is raised as an HTTPError
+
+    return NoRedirect
 
 
 def _names_no_bucket(e: BaseException) -> bool:

@@ -25,6 +25,7 @@ BODY = bytes(range(256)) * 40  # 10,240 bytes
 class _Handler(http.server.BaseHTTPRequestHandler):
     mode = "200-range"
     seen: ClassVar[list[str]] = []
+    stop = threading.Event()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -38,6 +39,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_response(403)
             self.end_headers()
             return
+        if mode == "redirect" and "other" not in self.path:
+            self.send_response(302)
+            self.send_header("Location", "/other" + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if mode == "echo":  # a reason phrase quoting the signed URL
+            self.send_response(500, "bad " + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if mode == "whole":
             data, cr = BODY, None
         elif mode == "shifted":
@@ -47,10 +59,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(206 if mode == "206" else 200)
         if cr:
             self.send_header("Content-Range", cr)
-        self.send_header("Content-Length", str(len(data)))
+        extra = 50 if mode == "long-length" else 0  # more than Content-Range says
+        self.send_header("Content-Length", str(len(data) + extra))
         self.send_header("ETag", '"e"')
         self.send_header("Last-Modified", "Sun, 29 Nov 2026 05:00:00 GMT")
         self.end_headers()
+        if mode == "trickle":  # a byte at a time, slower than any bound allows
+            for i in range(len(data)):
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+                if _Handler.stop.wait(0.05):
+                    return
+            return
         self.wfile.write(data)
 
 
@@ -67,11 +87,13 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[client.Ob
     monkeypatch.setattr(client.RETRY, "attempts", 2)
     monkeypatch.setattr(client.RETRY, "backoff", 0.01)
     _Handler.seen = []
+    _Handler.stop = threading.Event()
     s = open_store(parse_url("s3://bkt/p"))
     s._range_200 = True  # as the one-byte probe finds against such a server
     try:
         yield s
     finally:
+        _Handler.stop.set()
         server.shutdown()
         server.server_close()
 
@@ -95,3 +117,34 @@ def test_a_refusal_names_the_status_not_the_signed_url(store: client.ObjectStore
     with pytest.raises(StorageError, match="HTTP 403") as e:
         store.get_range("o.bin", start=100, length=1000)
     assert "Signature" not in str(e.value) and "test-key-id" not in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["long-length", "redirect"])
+def test_a_wrong_length_or_a_redirect_is_no_ranges(store: client.ObjectStore, mode: str) -> None:
+    # a Content-Length other than the range's, or a redirect (never followed: a signed
+    # URL is for its server only), is not the range asked for
+    _Handler.mode = mode
+    with pytest.raises(NoRanges, match=r"s3://bkt/p/o\.bin"):
+        store.get_range("o.bin", start=100, length=1000)
+    assert not any("other" in p for p in _Handler.seen)
+
+
+def test_no_part_of_the_signed_url_shows_in_errors_or_logs(
+    store: client.ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    _Handler.mode = "echo"
+    with caplog.at_level("DEBUG"), pytest.raises(StorageError, match="HTTP 500") as e:
+        store.get_range("o.bin", start=100, length=1000)
+    for text in (str(e.value), repr(e.value), caplog.text, repr(store)):
+        assert "X-Amz" not in text and "?" not in text and "test-key-id" not in text, text
+
+
+def test_a_trickling_server_is_bounded(
+    store: client.ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a byte every 50 ms: the read ends by its bound (first byte + size at min_rate),
+    # not when the last byte arrives (50 s)
+    monkeypatch.setattr(client.RETRY, "first_byte_timeout", 0.3)
+    _Handler.mode = "trickle"
+    with pytest.raises(StorageError, match=r"no answer in 0\.3"):
+        store.get_range("o.bin", start=100, length=1000)
