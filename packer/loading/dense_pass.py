@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from ..errors import UsageError
+from ..errors import PackFormatError, UsageError
 from ..imaging.resize import to_device
 from ..pack.kinds import StorageKind
 from .order import batch_seed
@@ -274,7 +274,10 @@ def _pixels(rec: dict[str, Any], setup: DenseSetup) -> Any:
         return np.asarray(rec["semantic"], dtype=np.uint8)
     if "masks_rle" in rec and setup.masks:
         size = tuple(int(v) for v in rec["size"])
-        return mask_runs(rec["masks_rle"], size), size
+        try:
+            return mask_runs(rec["masks_rle"], size), size
+        except PackFormatError as e:  # named by its image (the source's id, else index)
+            raise PackFormatError(f"image {rec.get('image_id', '?')}: {e}") from None
     return None
 
 

@@ -402,6 +402,10 @@ def rle_counts(counts: bytes, size: tuple[int, int]) -> np.ndarray:
     cnts[2::2] = np.cumsum(x[2::2])
     if cnts.min() < 0:
         raise ValueError("an RLE with a negative run")
+    if int(cnts.max()) > h * w:
+        # each run at most the frame (h * w from the pack's sizes): runs of up to 2**62
+        # would add up past int64 and wrap round to exactly h * w
+        raise ValueError(f"an RLE run of {int(cnts.max())} pixels for a {w}x{h} mask")
     if int(cnts.sum()) != h * w:
         raise ValueError(f"an RLE of {int(cnts.sum())} pixels for a {w}x{h} mask")
     return cnts
