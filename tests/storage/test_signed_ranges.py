@@ -52,11 +52,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if mode == "whole":
             data, cr = BODY, None
+        elif mode == "206-whole":  # status 206, the whole object and its Content-Range
+            data, cr = BODY, f"bytes 0-{len(BODY) - 1}/{len(BODY)}"
         elif mode == "shifted":
             data, cr = BODY[a + 1 : b + 2], f"bytes {a + 1}-{b + 1}/{len(BODY)}"
         else:
             data, cr = BODY[a : b + 1], f"bytes {a}-{b}/{len(BODY)}"
-        self.send_response(206 if mode == "206" else 200)
+        self.send_response(206 if mode.startswith("206") else 200)
         if cr:
             self.send_header("Content-Range", cr)
         extra = 50 if mode == "long-length" else 0  # more than Content-Range says
@@ -105,7 +107,7 @@ def test_the_range_asked_for_is_taken(store: client.ObjectStore, mode: str) -> N
     assert "X-Amz-Signature=" in _Handler.seen[-1]  # a URL the client signed
 
 
-@pytest.mark.parametrize("mode", ["whole", "shifted"])
+@pytest.mark.parametrize("mode", ["whole", "shifted", "206-whole"])
 def test_anything_but_that_range_is_no_ranges(store: client.ObjectStore, mode: str) -> None:
     _Handler.mode = mode
     with pytest.raises(NoRanges, match=r"s3://bkt/p/o\.bin"):
