@@ -617,6 +617,9 @@ class ObjectStore:
         opener = urllib.request.build_opener(_no_redirect_handler())
         t = self.retry.first_byte_timeout
 
+        bound = t + length / self.retry.min_rate
+        end = time.monotonic() + bound
+
         def fetch() -> bytes:
             try:
                 with opener.open(req, timeout=t) as r:
@@ -628,7 +631,15 @@ class ObjectStore:
                         or (size is not None and size.strip() != str(length))
                     ):
                         raise _Final(NoRanges(where))
-                    return r.read(length + 1)
+                    out = bytearray()
+                    while len(out) <= length:  # in pieces: the thread ends by the bound
+                        piece = r.read1(min(self.chunk, length + 1 - len(out)))
+                        if not piece:
+                            break
+                        out += piece
+                        if time.monotonic() > end or self._cancel.is_set():
+                            raise TimeoutError(f"no answer in {bound:g} s")
+                    return bytes(out)
             except urllib.error.HTTPError as e:
                 e.close()
                 if e.code == 404:
@@ -645,7 +656,7 @@ class ObjectStore:
 
         # the whole read bounded as an upload is (a server trickling bytes ends), on a
         # thread waited for in slices (Ctrl-C and cancel() end the wait at once)
-        data = self._blocking(fetch, t + length / self.retry.min_rate)
+        data = self._blocking(fetch, bound)
         if len(data) != length:
             raise OSError(f"{len(data):,} bytes of the {length:,} asked for")
         return data

@@ -150,3 +150,9 @@ def test_a_trickling_server_is_bounded(
     _Handler.mode = "trickle"
     with pytest.raises(StorageError, match=r"no answer in 0\.3"):
         store.get_range("o.bin", start=100, length=1000)
+    # and the requests' threads end too (each stops reading at its bound), not at the
+    # trickle's last byte
+    for thread in threading.enumerate():
+        if thread.name == "imgpack-storage":
+            thread.join(timeout=5)
+            assert not thread.is_alive()
