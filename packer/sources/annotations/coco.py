@@ -149,11 +149,10 @@ def _number_list(v: object, n: int | None = None) -> list[float] | None:
     return [float(x) for x in v]
 
 
-def _compressed_total(s: str) -> int | None:
-    """The pixels a COCO compressed RLE string covers (pycocotools' ``rleFrString``),
-    or None where it is damaged: checked here because pycocotools decodes counts that
-    overrun the mask's size without a check."""
-    total = 0
+def _compressed_counts(s: str) -> list[int] | None:
+    """The runs of a COCO compressed RLE string (pycocotools' ``rleFrString``), or None
+    where it is damaged: checked here because pycocotools decodes counts that overrun
+    the mask's size without a check."""
     counts: list[int] = []
     p, n = 0, len(s)
     while p < n:
@@ -176,8 +175,25 @@ def _compressed_total(s: str) -> int | None:
         if x < 0:
             return None
         counts.append(x)
-        total += x
-    return total
+    return counts
+
+
+def _rle_string(counts: list[int]) -> bytes:
+    """``counts`` as pycocotools' ``rleToString`` writes them: each number in as few
+    characters as it needs (a string padded with empty continuation characters, which
+    pycocotools reads, is stored so; the pack's reader takes no number of more than 12
+    characters)."""
+    out = bytearray()
+    for i, x in enumerate(counts):
+        if i > 2:
+            x -= counts[i - 2]
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = x != -1 if c & 0x10 else x != 0
+            out.append((c | 0x20 if more else c) + 48)
+    return bytes(out)
 
 
 def _segmentation(seg: object, size: tuple[int, int]) -> tuple[bytes | None, str | None]:
@@ -217,12 +233,12 @@ def _segmentation(seg: object, size: tuple[int, int]) -> tuple[bytes | None, str
             rle = mask.frPyObjects({"size": [h, w], "counts": counts}, h, w)
             return bytes(rle["counts"]), None
         if isinstance(counts, str):
-            total = _compressed_total(counts)
-            if total is None:
+            runs = _compressed_counts(counts)
+            if runs is None:
                 return None, "a compressed RLE whose counts string is damaged"
-            if total != h * w:
-                return None, f"a compressed RLE of {total} pixels, not the image's {h * w}"
-            return counts.encode("ascii"), None
+            if sum(runs) != h * w:
+                return None, f"a compressed RLE of {sum(runs)} pixels, not the image's {h * w}"
+            return _rle_string(runs), None
         return None, "an RLE whose counts are neither a list nor a string"
     return None, f"a segmentation of type {type(seg).__name__}, neither polygons nor an RLE"
 
