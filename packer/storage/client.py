@@ -597,9 +597,11 @@ class ObjectStore:
     def _signed_range(self, key: str, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)`` by a ranged GET of a signed URL (made by the
         client, valid a few minutes, never shown), for a server that answers a ranged
-        read with status 200: taken when the answer's Content-Range is exactly the range
-        asked for and its body that long; else NoRanges (the server sent the whole
-        object). The URL's signature is never logged nor put in an error."""
+        read with status 200: taken when the answer's Content-Range and Content-Length
+        are exactly the range asked for and its body that long; else NoRanges (the server
+        sent the whole object, another range, or a redirect, never followed). Bounded as
+        an upload is, on a thread (:meth:`_blocking`). No part of the URL is logged or put
+        in an error (a refusal is named by its HTTP status alone)."""
         import datetime
         import http.client
         import urllib.error
