@@ -59,8 +59,8 @@ _worker: _WorkerState | None = None
 
 def _die_with_parent(build_pid: int | None = None) -> None:
     """End this worker when the build's process dies (so a killed build leaves no
-    writers): a daemon thread waits on a pidfd of that process (``build_pid``; default
-    this worker's parent) and SIGKILLs this worker when it ends.
+    writers; Linux): a daemon thread waits on a pidfd of that process (``build_pid``;
+    default this worker's parent) and SIGKILLs this worker when it ends.
 
     Not ``PR_SET_PDEATHSIG``: its "parent" is the *thread* that created the process,
     and the GPU build starts its CPU workers on a pipeline thread (a reader's first
@@ -69,18 +69,23 @@ def _die_with_parent(build_pid: int | None = None) -> None:
     decode; one killed holding the task queue's lock left its sibling waiting for the
     lock until the build's 30 s bound killed it (docs/RELIABILITY.md, "Pool shutdown").
     """
+    if not sys.platform.startswith("linux"):
+        return
     pid = os.getppid() if build_pid is None else build_pid
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # the build is gone already
         os.kill(os.getpid(), signal.SIGKILL)
         return
-    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): poll the parent
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll the parent
         fd = None
 
     def watch() -> None:
         if fd is not None:
-            select.select([fd], [], [])  # readable once the whole process has ended
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not poller.poll():  # readable once the whole process has ended
+                pass
         else:
             parent = os.getppid()
             while os.getppid() == parent and _alive(pid):
