@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +303,7 @@ def start_pool(
         workers,
         mp_context=ctx,
         initializer=_worker_init,
-        initargs=(str(rows_path), spec, store, method == "fork"),
+        initargs=(str(rows_path), spec, store, method == "fork", os.getpid()),
     )
     for _ in range(workers):  # processes start as tasks arrive
         pool.submit(_warm_up)
@@ -348,35 +349,74 @@ class LazyPool:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def finish_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> None:
+def finish_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> dict[str, int]:
     """The end of a build whose tasks are all done: the workers exit on the executor's
     sentinels. One still alive ``timeout`` seconds later is stuck, not working (seen
     once in the suite: a worker waiting forever for the task queue's lock, which a dead
-    sibling held), and is killed rather than left to hang the build's last step."""
-    release_pool(pool, timeout)()
+    sibling held), and is killed rather than left to hang the build's last step.
+    Returns :func:`release_pool`'s counts."""
+    return release_pool(pool, timeout)()
 
 
-def release_pool(pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0) -> Callable[[], None]:
+def release_pool(
+    pool: ProcessPoolExecutor | LazyPool, timeout: float = 30.0
+) -> Callable[[], dict[str, int]]:
     """:func:`finish_pool` in two halves: the workers are told to exit now (the
     executor's sentinels, sent by its own thread) and this returns at once; the returned
     call waits for them (killing one still alive ``timeout`` seconds after the release).
     A build releases its pool when the last chunk is in and waits only after the pack is
-    in place, so the workers' exits overlap the final fsync, manifest and rename."""
+    in place, so the workers' exits overlap the final fsync, manifest and rename.
+
+    Once a worker has died (by a signal: no worker of a finished build exits so), the
+    others are killed at once, not at the bound: the dead one may have held the task
+    queue's lock, which they would wait for forever. The call returns
+    ``{"died": ..., "killed": ...}``: workers that ended by a signal before this
+    killed any, and workers it killed (``BuildResult.extra["workers_died"]``,
+    ``["workers_killed"]``; both 0 in a sound build)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
 
-    def wait() -> None:
-        for p in procs:
+    def wait() -> dict[str, int]:
+        left = procs
+        while left and not _any_died(procs) and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                p.join(max(0.0, deadline - time.monotonic()))
+                mp_wait([p.sentinel for p in left], max(0.0, deadline - time.monotonic()))
+            left = [p for p in left if _alive(p)]
+        died = sum(1 for p in procs if _died(p))
+        killed = 0
         for p in procs:
             with contextlib.suppress(Exception):
                 if p.is_alive():
                     p.kill()
-                    p.join(5)
+                    killed += 1
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(5)
+        return {"died": died, "killed": killed}
 
     return wait
+
+
+def _alive(p: Any) -> bool:
+    try:
+        return bool(p.is_alive())
+    except Exception:
+        return False
+
+
+def _died(p: Any) -> bool:
+    """Ended by a signal (a negative exit code): killed wherever it was, perhaps holding
+    the task queue's lock (an exit of its own releases it)."""
+    try:
+        code = p.exitcode
+    except Exception:
+        return False
+    return code is not None and code < 0
+
+
+def _any_died(procs: list[Any]) -> bool:
+    return any(_died(p) for p in procs)
 
 
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:

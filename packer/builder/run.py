@@ -315,6 +315,7 @@ def _build_locked(
     fingerprint = holder[0]
     assert fingerprint is not None
     t_decoded = time.perf_counter()
+    ended = {"died": 0, "killed": 0}
     try:
         result = _finalize(
             plan, dst, work, config, state, block, resumed, t0, fingerprint, device, times,
@@ -322,7 +323,7 @@ def _build_locked(
         )  # fmt: skip
     finally:
         t = time.perf_counter()
-        reap()
+        ended = reap() or _nothing()
         times["pool_join"] = time.perf_counter() - t
         timeline.mark("pool_joined")
     t_end = time.perf_counter()
@@ -334,12 +335,16 @@ def _build_locked(
         "decode_s": round(t_decoded - t0, 3),
         "finalize_s": round(t_end - t_decoded, 3),
         **_time_split(times, workers, t_pool, t_prepared, t_decoded, t_end),
+        # pool workers that ended by a signal at the build's end, and those its bound
+        # killed (packer.builder.chunks.release_pool): 0 and 0 in a sound build
+        "workers_died": ended["died"],
+        "workers_killed": ended["killed"],
     }
     return result
 
 
-def _nothing() -> None:
-    pass
+def _nothing() -> dict[str, int]:
+    return {"died": 0, "killed": 0}
 
 
 def _mark_chunks(timeline: Timeline, t_first: float, chunks: list[dict[str, Any]]) -> None:

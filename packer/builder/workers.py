@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
 import threading
@@ -56,11 +57,52 @@ class _WorkerState:
 _worker: _WorkerState | None = None
 
 
-def _die_with_parent() -> None:
-    """Linux: end this worker when the parent dies (so a killed build leaves no writers)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _die_with_parent(build_pid: int | None = None) -> None:
+    """End this worker when the build's process dies (so a killed build leaves no
+    writers; Linux): a daemon thread waits on a pidfd of that process (``build_pid``;
+    default this worker's parent) and SIGKILLs this worker when it ends.
+
+    Not ``PR_SET_PDEATHSIG``: its "parent" is the *thread* that created the process,
+    and the GPU build starts its CPU workers on a pipeline thread (a reader's first
+    non-JPEG: :class:`packer.builder.chunks.LazyPool`). With spawn (after the process
+    used a bucket) every worker was killed as that thread ended at the end of the
+    decode; one killed holding the task queue's lock left its sibling waiting for the
+    lock until the build's 30 s bound killed it (docs/RELIABILITY.md, "Pool shutdown").
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    pid = os.getppid() if build_pid is None else build_pid
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # the build is gone already
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll the parent
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not poller.poll():  # readable once the whole process has ended
+                pass
+        else:
+            parent = os.getppid()
+            while os.getppid() == parent and _alive(pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="imgpack-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _worker_init(
@@ -68,9 +110,10 @@ def _worker_init(
     spec: ResizeSpec,
     store: tuple[str, int, int | None] = ("raw", 3, None),
     forked: bool = False,
+    build_pid: int | None = None,
 ) -> None:
     global _worker
-    _die_with_parent()
+    _die_with_parent(build_pid)
     if forked:
         _close_work_dir_fds(os.path.dirname(rows_path))
     # The parent handles Ctrl-C and SIGTERM and then kills its workers; a worker

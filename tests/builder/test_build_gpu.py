@@ -310,8 +310,13 @@ def _same(a: Path, b: Path) -> bool:
     return all((a / f).read_bytes() == (b / f).read_bytes() for f in FILES)
 
 
-def _our_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("imgpack-")]
+def _our_threads(before: set[threading.Thread]) -> list[str]:
+    """The threads alive now that were not before the build (``before``: the threads
+    then), whatever their names: what the build left running. Not every ``imgpack-``
+    thread alive: another component's (a loader that an earlier test on this process
+    dropped without close(): its ``imgpack-gather`` threads end when its pool is
+    collected) are not the build's."""
+    return [t.name for t in threading.enumerate() if t not in before]
 
 
 def _row(pack: Path, rel: str) -> bytes:
@@ -376,13 +381,39 @@ def test_an_error_in_any_stage_ends_the_build_and_the_rerun_is_identical(
     else:
         mod, name = STAGES[stage]
         monkeypatch.setattr(mod, name, _nth(2, getattr(mod, name), err))
+    before = set(threading.enumerate())
     with pytest.raises(err, match="injected"):
         build(photos, tmp_path / "out", cfg, progress=progress)
-    assert _our_threads() == []
+    assert _our_threads(before) == []
     monkeypatch.undo()
     setting()
     build(photos, tmp_path / "out", cfg)
     assert _same(tmp_path / "out", tmp_path / "ref")
+
+
+def test_a_loaders_threads_alive_beside_a_failed_build_are_not_counted_as_its(
+    photos: Path, tmp_path: Path, batched_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's flake: a loader that an earlier test on this process left open had
+    its ``imgpack-gather`` threads alive when a build failed, and they were counted as
+    the build's. Here one is open on purpose: the build still leaves no thread of its
+    own, and the loader's are there, untouched, until it is closed."""
+    cfg = BuildConfig(size=(16, 12), workers=1, device="cuda", _gpu=GpuTuning(group_images=4))
+    build(photos, tmp_path / "ref", cfg)
+    loader = packer.PackLoader(tmp_path / "ref", 4, device="cpu")
+    try:
+        next(iter(loader))
+        gather = [t for t in threading.enumerate() if t.name.startswith("imgpack-gather")]
+        assert gather
+        mod, name = STAGES["reader"]
+        monkeypatch.setattr(mod, name, _nth(2, getattr(mod, name), Boom))
+        before = set(threading.enumerate())
+        with pytest.raises(Boom, match="injected"):
+            build(photos, tmp_path / "out", cfg)
+        assert _our_threads(before) == []
+        assert all(t.is_alive() for t in gather)
+    finally:
+        loader.close()
 
 
 def test_journal_in_order_one_thread_one_sync_per_group_rows_on_disk_first(
@@ -497,13 +528,14 @@ def test_a_write_failing_mid_group_journals_no_chunk_of_that_group(
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(os, "pwrite", pwrite)
+    before = set(threading.enumerate())
     with pytest.raises(Boom):
         build(photos, tmp_path / "out", cfg)
     monkeypatch.setattr(os, "pwrite", real_pwrite)
     journal = work_dir_for(tmp_path / "out") / "journal.jsonl"
     chunks = [json.loads(line)["chunk"] for line in journal.read_text().splitlines()]
     assert not {8, 9, 10, 11} & set(chunks) and set(range(8)) <= set(chunks)
-    assert _our_threads() == []
+    assert _our_threads(before) == []
     build(photos, tmp_path / "out", cfg)
     assert _same(tmp_path / "out", tmp_path / "ref")
 
@@ -658,9 +690,10 @@ def test_interrupted_anywhere_then_rerun_is_byte_identical(
     cfg = BuildConfig(size=(16, 12), workers=2, device="cuda", _gpu=GpuTuning(group_images=4))
     build(photos, tmp_path / "ref", cfg)
     stop = _nth(stop_at, lambda n: None, KeyboardInterrupt)
+    before = set(threading.enumerate())
     with pytest.raises(KeyboardInterrupt):
         build(photos, tmp_path / "out", cfg, progress=stop)
-    assert _our_threads() == []
+    assert _our_threads(before) == []
     r = build(photos, tmp_path / "out", cfg)
     assert r.resumed >= stop_at
     assert _same(tmp_path / "out", tmp_path / "ref")
