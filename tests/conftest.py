@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -298,6 +299,22 @@ IMAGE_TREE = {
               ("l m.jpg", (41, 31)), ("-dash.jpg", (32, 32))],
 }  # fmt: skip
 PACKED = BuildConfig(size=(32, 24), workers=1)
+
+
+def pack_digests(pack: Path, *drop: str) -> dict[str, str]:
+    """SHA-256 of each file of ``pack`` by relative path, the manifest's ``build.created``
+    (and the ``build`` keys ``drop`` names) left out: two builds of the same images
+    compare equal."""
+    out = {}
+    for f in sorted(p for p in pack.rglob("*") if p.is_file()):
+        data = f.read_bytes()
+        if f.name == "imgpack.json":
+            m = json.loads(data)
+            for k in ("created", *drop):
+                del m["build"][k]
+            data = json.dumps(m, sort_keys=True).encode()
+        out[str(f.relative_to(pack))] = hashlib.sha256(data).hexdigest()
+    return out
 
 
 def write_image_tree(root: Path) -> Path:

@@ -5,14 +5,13 @@ its chunks, not the build."""
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import subprocess_env, write_image
+from conftest import pack_digests, subprocess_env, write_image
 from packer.builder.run import TEST_DEATH_ENV, BuildConfig, build
 from packer.builder.tail import MIN_PART_ROWS, PARTS, cut_tail, hash_rows, run_with_tail
 from packer.pack.writer import block_rows_for
@@ -31,18 +30,6 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
             continue
         write_image(root / f"c{i % 2}" / f"{i:05d}.jpg", (12 + i % 5, 10), seed=i, quality=80)
     return root
-
-
-def _digests(pack: Path) -> dict[str, str]:
-    out = {}
-    for f in sorted(p for p in pack.rglob("*") if p.is_file()):
-        data = f.read_bytes()
-        if f.name == "imgpack.json":
-            m = json.loads(data)
-            del m["build"]["created"]
-            data = json.dumps(m, sort_keys=True).encode()
-        out[str(f.relative_to(pack))] = hashlib.sha256(data).hexdigest()
-    return out
 
 
 def test_cut_tail_cuts_the_last_wave_only() -> None:
@@ -75,7 +62,7 @@ def test_a_cut_tail_builds_the_same_bytes_as_whole_chunks(tree: Path, tmp_path: 
     assert cut.extra["parent"]["tail_parts"] >= 2 * 2  # the last two chunks, cut
     assert "tail_parts" not in whole.extra["parent"]
     assert len(cut.skipped) == len(whole.skipped) == 1
-    assert _digests(tmp_path / "cut") == _digests(tmp_path / "whole")
+    assert pack_digests(tmp_path / "cut") == pack_digests(tmp_path / "whole")
 
 
 def test_a_worker_dying_in_the_tail_costs_its_chunk_not_the_build(
@@ -95,7 +82,7 @@ def test_a_worker_dying_in_the_tail_costs_its_chunk_not_the_build(
     assert (tmp_path / "died").exists()  # a part of the last chunk killed its worker
     build(tree, tmp_path / "whole", BuildConfig(size=(8, 8), workers=1))
     assert int(p.stdout.split()[-1]) == N - 1
-    assert _digests(tmp_path / "p") == _digests(tmp_path / "whole")
+    assert pack_digests(tmp_path / "p") == pack_digests(tmp_path / "whole")
 
 
 def test_chunks_that_arrive_together_are_journaled_with_one_fsync(tmp_path: Path) -> None:

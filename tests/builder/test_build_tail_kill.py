@@ -5,28 +5,13 @@ of the cut chunks are skipped as in that build."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import subprocess_env, write_image
+from conftest import pack_digests, subprocess_env, write_image
 from packer.builder.run import BuildConfig, build
 from packer.pack.writer import block_rows_for
-
-
-def _digests(pack: Path) -> dict[str, str]:
-    out = {}
-    for f in sorted(p for p in pack.rglob("*") if p.is_file()):
-        data = f.read_bytes()
-        if f.name == "imgpack.json":
-            m = json.loads(data)
-            del m["build"]["created"]
-            data = json.dumps(m, sort_keys=True).encode()
-        out[str(f.relative_to(pack))] = hashlib.sha256(data).hexdigest()
-    return out
-
 
 N = 256 * 7 + 40  # chunks of 8 rows: the last wave is cut
 BLOCK = block_rows_for(N)
@@ -65,4 +50,4 @@ def test_a_parent_killed_in_the_tail_resumes_to_the_same_pack(tmp_path: Path) ->
     assert "tail_parts" not in one.extra["parent"]
     assert resumed.count == one.count == N - len(BAD)
     assert resumed.skipped == one.skipped and len(one.skipped) == len(BAD)
-    assert _digests(tmp_path / "k") == _digests(tmp_path / "one")
+    assert pack_digests(tmp_path / "k") == pack_digests(tmp_path / "one")

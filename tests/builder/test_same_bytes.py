@@ -9,14 +9,12 @@ depends on the machine or the clock (``build.created``, ``build.source_root``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import PIL
 import pytest
 
-from conftest import write_image
+from conftest import pack_digests, write_image
 from packer.builder.run import BuildConfig, build
 
 PILLOW = "13.0.0"
@@ -50,18 +48,6 @@ def _tree(root: Path) -> Path:
     return root
 
 
-def _digests(pack: Path) -> dict[str, str]:
-    out = {}
-    for f in sorted(p for p in pack.rglob("*") if p.is_file()):
-        data = f.read_bytes()
-        if f.name == "imgpack.json":
-            m = json.loads(data)
-            del m["build"]["created"], m["build"]["source_root"]
-            data = json.dumps(m, sort_keys=True).encode()
-        out[str(f.relative_to(pack))] = hashlib.sha256(data).hexdigest()
-    return out
-
-
 pytestmark = pytest.mark.skipif(
     PIL.__version__ != PILLOW, reason=f"digests recorded with Pillow {PILLOW}"
 )
@@ -75,4 +61,4 @@ pytestmark = pytest.mark.skipif(
 def test_same_bytes_as_before(tmp_path: Path, options: dict, expected: dict[str, str]) -> None:
     src = _tree(tmp_path / "src")
     build(src, tmp_path / "p", BuildConfig(size=(16, 12), workers=1, **options))
-    assert _digests(tmp_path / "p") == expected
+    assert pack_digests(tmp_path / "p", "source_root") == expected

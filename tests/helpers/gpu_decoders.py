@@ -9,6 +9,18 @@ from packer.errors import UsageError
 from packer.imaging import decoders as D
 
 
+def runnable(names: tuple[str, ...] = ("torchcodec", "torchvision", "nvimgcodec")) -> list[str]:
+    """Those of ``names`` (GPU decoders) that start on CUDA here, in that order."""
+    out = []
+    for name in names:
+        try:
+            D.get_decoder("cuda", prefer=name)
+        except UsageError:
+            continue
+        out.append(name)
+    return out
+
+
 def default_lanes() -> list[str]:
     """The labels of the CUDA default's lanes: ``NVBATCH_LANES`` batched nvImageCodec
     decoders where one builds here, else torchcodec and torchvision where both run, else
@@ -20,13 +32,7 @@ def default_lanes() -> list[str]:
         return ["nvimgcodec-batched(hw)"] * NVBATCH_LANES
     except UsageError:
         pass
-    names = []
-    for name in ("torchcodec", "torchvision", "nvimgcodec"):
-        try:
-            D.get_decoder("cuda", prefer=name)
-        except UsageError:
-            continue
-        names.append(name)
+    names = runnable()
     if {"torchcodec", "torchvision"} <= set(names):
         return ["torchcodec", "torchvision"]
     return names[:1]

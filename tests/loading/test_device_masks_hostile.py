@@ -16,23 +16,9 @@ from pycocotools import mask as coco
 from packer.errors import PackFormatError
 from packer.loading import dense_pass
 from packer.pack.dense import decode_masks, rle_counts
+from packer.sources.annotations.coco import _rle_string as _string  # any values
 
 SETUP = SimpleNamespace(semantic=False, masks=True)
-
-
-def _string(counts: list[int]) -> bytes:
-    """COCO's compressed RLE of ``counts`` (pycocotools' rleToString), any values."""
-    out = []
-    for i, x in enumerate(counts):
-        if i > 2:
-            x -= counts[i - 2]
-        more = True
-        while more:
-            c = x & 0x1F
-            x >>= 5
-            more = x != -1 if c & 0x10 else x != 0
-            out.append((c | 0x20 if more else c) + 48)
-    return bytes(out)
 
 
 def _wrapping() -> bytes:

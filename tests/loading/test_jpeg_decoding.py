@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import packer
-from helpers.gpu_decoders import default_lanes
+from helpers.gpu_decoders import default_lanes, runnable
 from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
@@ -326,14 +326,7 @@ def test_cuda_pitched_images_resize_as_contiguous() -> None:
 
 
 def _cuda_decoders() -> list[str]:
-    out = []
-    for name in ("nvimgcodec", "torchcodec", "torchvision"):
-        try:
-            D.get_decoder("cuda", prefer=name)
-        except UsageError:
-            continue
-        out.append(name)
-    return out
+    return runnable(("nvimgcodec", "torchcodec", "torchvision"))
 
 
 @pytest.mark.cuda

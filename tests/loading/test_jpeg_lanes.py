@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import packer
-from helpers.gpu_decoders import default_lanes
+from helpers.gpu_decoders import default_lanes, runnable
 from packer.builder.run import BuildConfig, build
 from packer.errors import PackFormatError, UsageError
 from packer.imaging import decoders as D
@@ -236,13 +236,7 @@ def test_cuda_lanes_cover_every_image_and_match_the_cpu(photos: Path) -> None:
     """The CUDA default where torchcodec and torchvision both run, and every pair of
     decoders that runs here: every image once an epoch, batches in order, pixels the
     CPU loader's within 2/255 mean (nvjpeg's chroma upsampling and resampling)."""
-    names = []
-    for name in ("torchcodec", "torchvision", "nvimgcodec"):
-        try:
-            D.get_decoder("cuda", prefer=name)
-        except UsageError:
-            continue
-        names.append(name)
+    names = runnable()
     if len(names) < 2:
         pytest.skip("fewer than two GPU decoders installed")
     ref = _epochs(photos, "device")
