@@ -175,7 +175,9 @@ def build(
                     plan, dst, work, config, progress, on_start, t0, device, early, timeline
                 )
                 result.path = given
-            timeline.mark("unlocked")
+            now = time.perf_counter()
+            timeline.mark("unlocked", now)
+            result.seconds = now - t0  # the whole call: the workers' exit and the unlock too
             result.extra["timeline"] = timeline.as_dict()
             result.extra["t0_monotonic"] = t0
             return result

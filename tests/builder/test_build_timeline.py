@@ -57,7 +57,7 @@ def test_a_pool_builds_timeline_holds_every_phase_in_order(
     for chain in (_POOL_PHASES[:5] + _POOL_PHASES[6:], _POOL_PHASES[4:6] + _POOL_PHASES[7:]):
         assert [tl[k] for k in chain] == sorted(tl[k] for k in chain), chain
     assert tl["pool_spawned"] >= 0
-    assert tl["unlocked"] <= r.seconds + 0.05
+    assert tl["unlocked"] <= round(r.seconds, 4)  # the call's time covers its last phase
     # one clock for every process: the call's reading lies between the caller's
     assert t <= r.extra["t0_monotonic"] <= time.perf_counter()
 
