@@ -560,6 +560,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=NONNEGATIVE, default=0, help="stop epochs after N")
     ap.add_argument("--seed", type=NONNEGATIVE, default=0)
     args = ap.parse_args(argv)
+    return check_paths(args)
+
+
+def check_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """The recipes' (this one's and train_segmentation's) data, checkpoint and output
+    arguments, checked together: packs or the reference data path, what --test-only
+    needs, an output folder that is not a file. ``args``, or Fail naming the flags."""
     if args.data_path_reference is not None and (args.data_path or args.val_pack):
         raise Fail("give the packs (--data-path, --val-pack) or --data-path-reference, not both")
     if args.data_path_reference is None:

@@ -57,6 +57,7 @@ from packer.examples.train_detection import (
     POSITIVE,
     POSITIVE_FLOAT,
     Fail,
+    check_paths,
     run_cli,
     save_atomic,
 )
@@ -356,18 +357,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=NONNEGATIVE, default=0, help="stop epochs after N")
     ap.add_argument("--seed", type=NONNEGATIVE, default=0)
     args = ap.parse_args(argv)
-    if args.data_path_reference is not None and (args.data_path or args.val_pack):
-        raise Fail("give the packs (--data-path, --val-pack) or --data-path-reference, not both")
-    if args.data_path_reference is None:
-        if args.test_only and args.val_pack is None:
-            raise Fail("--test-only needs --val-pack (or --data-path-reference)")
-        if not args.test_only and args.data_path is None:
-            raise Fail("give the train pack: --data-path PACK (or --data-path-reference)")
-    if args.test_only and args.resume is None and args.weights is None:
-        raise Fail("--test-only evaluates --resume CHECKPOINT (or --weights)")
-    if args.output_dir.exists() and not args.output_dir.is_dir():
-        raise Fail(f"--output-dir {args.output_dir} is a file; give a folder")
-    return args
+    return check_paths(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
