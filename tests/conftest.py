@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -299,6 +300,22 @@ IMAGE_TREE = {
               ("l m.jpg", (41, 31)), ("-dash.jpg", (32, 32))],
 }  # fmt: skip
 PACKED = BuildConfig(size=(32, 24), workers=1)
+
+
+# a build that SIGKILLs itself at its Nth progress report: argv SRC DST N WORKERS
+KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from packer.builder.run import BuildConfig, build
+    seen = 0
+    def progress(n):
+        global seen
+        seen += 1
+        if seen == int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+    if __name__ == "__main__":  # worker processes import this module
+        build(sys.argv[1], sys.argv[2], BuildConfig(size=(24, 24), workers=int(sys.argv[4])),
+              progress=progress)
+""")
 
 
 def pack_digests(pack: Path, *drop: str) -> dict[str, str]:

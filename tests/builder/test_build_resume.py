@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import packer
 import packer.builder.finalize
-from conftest import assert_same_pack, beside
+from conftest import KILL_SCRIPT, assert_same_pack, beside
 from packer.builder.run import BuildConfig, build, work_dir_for
 
 STEPS = ["data", "labels", "manifest", "assembled", "journal.jsonl", "plan.json", "aside", "moved"]
@@ -43,21 +42,6 @@ def test_crash_at_every_finalize_step_resumes_to_the_same_pack(
     assert r.count == 13
     assert_same_pack(dst, tmp_path / "ref")
     assert beside(dst) == ["pack"]  # no work folder, old pack or lock left
-
-
-KILL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys
-    from packer.builder.run import BuildConfig, build
-    seen = 0
-    def progress(n):
-        global seen
-        seen += 1
-        if seen == int(sys.argv[3]):
-            os.kill(os.getpid(), signal.SIGKILL)
-    if __name__ == "__main__":  # worker processes import this module
-        build(sys.argv[1], sys.argv[2], BuildConfig(size=(24, 24), workers=int(sys.argv[4])),
-              progress=progress)
-""")
 
 
 @pytest.mark.parametrize("kill_after, workers", [(1, 1), (5, 1), (12, 2)])

@@ -12,14 +12,13 @@ import struct
 import subprocess
 import sys
 import tarfile
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
-from conftest import cli_build, cli_run, one_error, subprocess_env
+from conftest import KILL_SCRIPT, cli_build, cli_run, one_error, subprocess_env
 from packer.builder.api import BuildConfig, build
 from packer.builder.formats.base import expand_braces
 from packer.builder.formats.options import SourceOptions
@@ -308,20 +307,6 @@ def test_a_source_rewritten_between_builds_of_one_process_is_read_anew(
 
 
 # ---------------------------------------------------------------- resume
-
-KILL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys
-    from packer.builder.run import BuildConfig, build
-    seen = 0
-    def progress(n):
-        global seen
-        seen += 1
-        if seen == int(sys.argv[3]):
-            os.kill(os.getpid(), signal.SIGKILL)
-    if __name__ == "__main__":  # worker processes import this module
-        build(sys.argv[1], sys.argv[2], BuildConfig(size=(24, 24), workers=int(sys.argv[4])),
-              progress=progress)
-""")
 
 
 @pytest.mark.parametrize("kind", ["parquet", "tar", "zip"])
