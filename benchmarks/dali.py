@@ -321,8 +321,36 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
     out["bare_failures"] = fails
 
 
-def decode_kwargs(d: str, device: str = "cuda") -> dict[str, Any]:
+def _tuning(d: str, batch: int, hw: tuple[int, int]) -> tuple[str, dict[str, Any]]:
+    """A ``--decodes`` value without its ``+`` suffixes, and the NvBatchDecoder keywords
+    they name: ``+pool`` (pooled allocations), ``+init`` (pre_init), ``+pre`` (the
+    engines' pool sized for ``batch`` images of ``hw``), ``+hufN`` (the CUDA decoder's
+    Huffman on the GPU above N pixels: nvImageCodec's hybrid_huffman_threshold)."""
+    way, *more = d.split("+")
+    tail = ""
+    if more and ":" in more[-1]:
+        more[-1], tail = more[-1].split(":", 1)
+        tail = ":" + tail
+    kw: dict[str, Any] = {}
+    for m in more:
+        if m == "pool":
+            kw["pools"] = True
+        elif m == "init":
+            kw["pre_init"] = True
+        elif m == "pre":
+            kw["preallocate"] = (batch, *hw)
+        elif m.startswith("huf"):
+            kw["options"] = f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={int(m[3:])}"
+        else:
+            raise SystemExit(f"--decodes {d}: unknown suffix +{m}")
+    return way + tail, kw
+
+
+def decode_kwargs(
+    d: str, device: str = "cuda", batch: int = 256, hw: tuple[int, int] = (1, 1)
+) -> dict[str, Any]:
     """The PackLoader keywords of one ``--decodes`` value (see ``--help``)."""
+    d, tuning = _tuning(d, batch, hw)
     kw: dict[str, Any] = {} if d == "auto" else {"decode": d}
     if d == "nvjpeg2":  # the default before the batched decoders: nvjpeg's two lanes
         kw["decode"] = ["torchcodec", "torchvision"]
@@ -338,7 +366,7 @@ def decode_kwargs(d: str, device: str = "cuda") -> dict[str, Any]:
         )
         kw["decode"] = nvimgcodec_batched(
             device, int(k), be, roi=roi, hw_load=int(load) / 100 if load else 1.0,
-            threads=int(threads or 0),
+            threads=int(threads or 0), **tuning,
         )  # fmt: skip
     if d.startswith("cpu-lane:"):  # the default lanes plus one CPU lane of K threads
         from packer.imaging.decoders_split import best_lanes, cpu_lane
@@ -370,7 +398,10 @@ def main() -> None:
         "nvbatch-hh65:K the engines' share fixed at 65%% as DALI's hw_decoder_load, "
         "nvbatch-hh65t16:K with 16 CPU threads) = K batched lanes; nvjpeg2 = nvjpeg's "
         "two lanes; cpu-lane:K = the default lanes plus one CPU lane of K threads; cpu = "
-        "every image on the loader's CPU threads alone; WAY@S = at sys.setswitchinterval(S)",
+        "every image on the loader's CPU threads alone; WAY@S = at sys.setswitchinterval(S); "
+        "an nvbatch way may end in +pool (pooled allocations), +init (pre_init), +pre (the "
+        "engines' pool sized for the batch and image size), +hufN (GPU Huffman above N "
+        "pixels), before :K, e.g. nvbatch-hh65t16+pool+pre:2",
     )
     ap.add_argument("--parts", default="bare,loaders")
     ap.add_argument(
@@ -403,7 +434,7 @@ def main() -> None:
         for d_full in a.decodes.split(","):
             d, _, si = d_full.partition("@")
             try:
-                kw = decode_kwargs(d)
+                kw = decode_kwargs(d, batch=a.batch, hw=(h, w))
                 loader = packer.PackLoader(pack, a.batch, device="cuda", image_size=224, **kw)
                 makers[f"imgpack {d_full}"] = _endless(lambda loader=loader: iter(loader))
                 if si:

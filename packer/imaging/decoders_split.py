@@ -148,13 +148,15 @@ def nvimgcodec_batched(
     roi: bool = False,
     hw_load: float = 1.0,
     threads: int = 0,
+    **tuning: object,
 ) -> list:
     """Batched nvImageCodec decoders (:class:`~packer.imaging.nvbatch.NvBatchDecoder`: one
     C call a batch, no Python per image) for a JPEG-pack loader's ``decode=``: ``lanes``
     of them on CUDA (a batch each at once), one on the CPU. UsageError saying why where
     they cannot run here (no nvImageCodec, no C compiler). ``roi``: each decodes only the
     crop boxes the loader draws. ``hw_load``, ``threads``: as
-    :class:`~packer.imaging.nvbatch.NvBatchDecoder`'s (with ``backends="hw+hybrid"``)."""
+    :class:`~packer.imaging.nvbatch.NvBatchDecoder`'s (with ``backends="hw+hybrid"``);
+    ``tuning``: its other keywords (``pools``, ``pre_init``, ``preallocate``, ``options``)."""
     from .decoders import Unavailable
     from .nvbatch import NvBatchDecoder
 
@@ -163,6 +165,7 @@ def nvimgcodec_batched(
         if device.type != "cuda":
             return [NvBatchDecoder(device, roi=roi)]
         opts = {"backends": backends, "roi": roi, "hw_load": hw_load, "threads": threads}
+        opts.update(tuning)
         return [NvBatchDecoder(device, **opts) for _ in range(max(1, lanes))]
     except Unavailable as e:
         raise UsageError(f"{e}; install imgpack[gpu] and a C compiler (cc)") from None

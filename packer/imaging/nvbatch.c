@@ -13,7 +13,16 @@
  *            status[i]: 1 decoded; 0 not decoded; -1 header unreadable; -2 size differs
  *            (got_hw[i] holds what the header says); -3 decode failed.
  *            Returns 0, or a negative nvImageCodec call failure (-100 - its status).
+ * nvb_pooled 1 where the pools below are in use.
  * nvb_close  frees everything.
+ *
+ * Memory (nvb_open's `cudart`): given the path of the CUDA runtime the process already
+ * loaded, nvImageCodec's device and pinned allocations go through pools here, as DALI's
+ * do, instead of its default cudaMalloc / cudaHostAlloc on each growth: device memory
+ * stream-ordered (cudaMallocAsync on the device's default pool, kept once freed), pinned
+ * blocks kept and handed out again once the stream that freed them is past them (an
+ * event). nvjpeg rounds each request up to `dev_pad` / `pin_pad` bytes, so a batch of a
+ * larger image reuses a block instead of reallocating. NULL or an empty path: defaults.
  *
  * Handles (code streams, images) are kept across calls and reused, as nvImageCodec
  * allows. Called through ctypes, which releases the GIL for the whole call. */
@@ -23,7 +32,170 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <nvimgcodec.h>
+
+/* the CUDA runtime calls the pools need, found in the library the process loaded */
+typedef int (*malloc_async_f)(void**, size_t, cudaStream_t);
+typedef int (*free_async_f)(void*, cudaStream_t);
+typedef int (*host_alloc_f)(void**, size_t, unsigned int);
+typedef int (*free_host_f)(void*);
+typedef int (*event_create_f)(void**, unsigned int);
+typedef int (*event_record_f)(void*, cudaStream_t);
+typedef int (*event_sync_f)(void*);
+typedef int (*event_destroy_f)(void*);
+typedef int (*default_pool_f)(void**, int);
+typedef int (*pool_set_f)(void*, int, void*);
+
+#define PINNED_KEPT 64 /* pinned blocks kept for reuse at most */
+
+typedef struct {
+    void* ptr;
+    size_t size;
+    void* event; /* recorded on the freeing stream; NULL: free for any stream now */
+    int busy;
+} pinned_block;
+
+typedef struct {
+    void* dl;
+    malloc_async_f malloc_async;
+    free_async_f free_async;
+    host_alloc_f host_alloc;
+    free_host_f free_host;
+    event_create_f event_create;
+    event_record_f event_record;
+    event_sync_f event_sync;
+    event_destroy_f event_destroy;
+    pthread_mutex_t lock;
+    pinned_block blocks[PINNED_KEPT];
+    nvimgcodecDeviceAllocator_t dev;
+    nvimgcodecPinnedAllocator_t pin;
+} pools_t;
+
+static int pool_dev_malloc(void* ctx, void** ptr, size_t size, cudaStream_t stream) {
+    pools_t* p = (pools_t*)ctx;
+    return p->malloc_async(ptr, size, stream);
+}
+
+static int pool_dev_free(void* ctx, void* ptr, size_t size, cudaStream_t stream) {
+    (void)size;
+    pools_t* p = (pools_t*)ctx;
+    return p->free_async(ptr, stream);
+}
+
+static int pool_pin_malloc(void* ctx, void** ptr, size_t size, cudaStream_t stream) {
+    (void)stream;
+    pools_t* p = (pools_t*)ctx;
+    pinned_block* best = NULL;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < PINNED_KEPT; i++) {
+        pinned_block* b = &p->blocks[i];
+        if (b->ptr && !b->busy && b->size >= size && (!best || b->size < best->size)) best = b;
+    }
+    if (best) best->busy = 1;
+    pthread_mutex_unlock(&p->lock);
+    if (best) {
+        if (best->event) p->event_sync(best->event); /* its last user's copies are done */
+        *ptr = best->ptr;
+        return 0;
+    }
+    int rc = p->host_alloc(ptr, size, 0);
+    if (rc != 0) return rc;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < PINNED_KEPT; i++) {
+        if (!p->blocks[i].ptr) {
+            p->blocks[i].ptr = *ptr;
+            p->blocks[i].size = size;
+            p->blocks[i].busy = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->lock); /* a block past PINNED_KEPT is freed for real later */
+    return 0;
+}
+
+static int pool_pin_free(void* ctx, void* ptr, size_t size, cudaStream_t stream) {
+    (void)size;
+    pools_t* p = (pools_t*)ctx;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < PINNED_KEPT; i++) {
+        pinned_block* b = &p->blocks[i];
+        if (b->ptr == ptr) {
+            if (!b->event) p->event_create(&b->event, 2 /* cudaEventDisableTiming */);
+            if (b->event) p->event_record(b->event, stream);
+            b->busy = 0;
+            pthread_mutex_unlock(&p->lock);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return p->free_host(ptr); /* not kept: nvjpeg frees it after its stream is done */
+}
+
+static void pools_close(pools_t* p) {
+    if (!p) return;
+    for (int i = 0; i < PINNED_KEPT; i++) {
+        pinned_block* b = &p->blocks[i];
+        if (b->event) {
+            p->event_sync(b->event);
+            p->event_destroy(b->event);
+        }
+        if (b->ptr) p->free_host(b->ptr);
+    }
+    pthread_mutex_destroy(&p->lock);
+    if (p->dl) dlclose(p->dl);
+    free(p);
+}
+
+/* The pools on `cudart`, or NULL (the defaults) where it or a call is missing. */
+static pools_t* pools_open(const char* cudart, int device_id, int64_t dev_pad, int64_t pin_pad) {
+    if (!cudart || !*cudart) return NULL;
+    pools_t* p = (pools_t*)calloc(1, sizeof(pools_t));
+    if (!p) return NULL;
+    p->dl = dlopen(cudart, RTLD_NOW | RTLD_LOCAL);
+    if (!p->dl) {
+        free(p);
+        return NULL;
+    }
+    p->malloc_async = (malloc_async_f)dlsym(p->dl, "cudaMallocAsync");
+    p->free_async = (free_async_f)dlsym(p->dl, "cudaFreeAsync");
+    p->host_alloc = (host_alloc_f)dlsym(p->dl, "cudaHostAlloc");
+    p->free_host = (free_host_f)dlsym(p->dl, "cudaFreeHost");
+    p->event_create = (event_create_f)dlsym(p->dl, "cudaEventCreateWithFlags");
+    p->event_record = (event_record_f)dlsym(p->dl, "cudaEventRecord");
+    p->event_sync = (event_sync_f)dlsym(p->dl, "cudaEventSynchronize");
+    p->event_destroy = (event_destroy_f)dlsym(p->dl, "cudaEventDestroy");
+    default_pool_f default_pool = (default_pool_f)dlsym(p->dl, "cudaDeviceGetDefaultMemPool");
+    pool_set_f pool_set = (pool_set_f)dlsym(p->dl, "cudaMemPoolSetAttribute");
+    if (!p->malloc_async || !p->free_async || !p->host_alloc || !p->free_host ||
+        !p->event_create || !p->event_record || !p->event_sync || !p->event_destroy) {
+        dlclose(p->dl);
+        free(p);
+        return NULL;
+    }
+    if (default_pool && pool_set && device_id >= 0) {
+        void* pool = NULL; /* keep what is freed in the pool: no cudaFree in the loop */
+        uint64_t keep = UINT64_MAX;
+        if (default_pool(&pool, device_id) == 0 && pool)
+            pool_set(pool, 4 /* cudaMemPoolAttrReleaseThreshold */, &keep);
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    p->dev.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DEVICE_ALLOCATOR;
+    p->dev.struct_size = sizeof(nvimgcodecDeviceAllocator_t);
+    p->dev.device_malloc = pool_dev_malloc;
+    p->dev.device_free = pool_dev_free;
+    p->dev.device_ctx = p;
+    p->dev.device_mem_padding = (size_t)(dev_pad > 0 ? dev_pad : 0);
+    p->pin.struct_type = NVIMGCODEC_STRUCTURE_TYPE_PINNED_ALLOCATOR;
+    p->pin.struct_size = sizeof(nvimgcodecPinnedAllocator_t);
+    p->pin.pinned_malloc = pool_pin_malloc;
+    p->pin.pinned_free = pool_pin_free;
+    p->pin.pinned_ctx = p;
+    p->pin.pinned_mem_padding = (size_t)(pin_pad > 0 ? pin_pad : 0);
+    return p;
+}
 
 typedef struct {
     nvimgcodecInstance_t instance;
@@ -33,12 +205,14 @@ typedef struct {
     nvimgcodecImage_t* images;
     int cap;
     int host; /* 1: outputs in host memory (the CPU backend) */
+    pools_t* pools; /* NULL: nvImageCodec's default allocations */
 } nvb_t;
 
 void nvb_close(void* handle);
 
 void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int threads,
-               const char* options, int* err) {
+               const char* options, const char* cudart, int64_t dev_pad, int64_t pin_pad,
+               int pre_init, int* err) {
     nvb_t* h = (nvb_t*)calloc(1, sizeof(nvb_t));
     if (!h || cap < 1) {
         free(h);
@@ -79,6 +253,7 @@ void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int thre
         nb++;
     }
     h->host = (backend_mask == 4);
+    if (!h->host) h->pools = pools_open(cudart, device_id, dev_pad, pin_pad);
     nvimgcodecExecutionParams_t ep;
     memset(&ep, 0, sizeof(ep));
     ep.struct_type = NVIMGCODEC_STRUCTURE_TYPE_EXECUTION_PARAMS;
@@ -87,6 +262,11 @@ void* nvb_open(int device_id, int backend_mask, float hw_load, int cap, int thre
     ep.device_id = h->host ? NVIMGCODEC_DEVICE_CPU_ONLY : device_id;
     ep.num_backends = nb;
     ep.backends = backends;
+    ep.pre_init = pre_init;
+    if (h->pools) {
+        ep.device_allocator = &h->pools->dev;
+        ep.pinned_allocator = &h->pools->pin;
+    }
     s = nvimgcodecDecoderCreate(h->instance, &h->decoder, &ep, options);
     if (s != NVIMGCODEC_STATUS_SUCCESS || !h->decoder) {
         nvb_close(h);
@@ -227,6 +407,8 @@ int nvb_decode(void* handle, int n, const uint64_t* ptrs, const int64_t* lengths
     return s == NVIMGCODEC_STATUS_SUCCESS ? 0 : -100 - (int)s;
 }
 
+int nvb_pooled(void* handle) { return handle && ((nvb_t*)handle)->pools ? 1 : 0; }
+
 void nvb_close(void* handle) {
     nvb_t* h = (nvb_t*)handle;
     if (!h) return;
@@ -240,5 +422,6 @@ void nvb_close(void* handle) {
     free(h->streams);
     if (h->decoder) nvimgcodecDecoderDestroy(h->decoder);
     if (h->instance) nvimgcodecInstanceDestroy(h->instance);
+    pools_close(h->pools); /* after the decoder: it frees into them */
     free(h);
 }

@@ -107,7 +107,10 @@ def library() -> ctypes.CDLL:
         i64p = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
         lib.nvb_open.restype = ctypes.c_void_p
         lib.nvb_open.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+                                 ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
+                                 ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+        lib.nvb_pooled.restype = ctypes.c_int
+        lib.nvb_pooled.argtypes = [ctypes.c_void_p]
         lib.nvb_decode.restype = ctypes.c_int
         lib.nvb_decode.argtypes = [
             ctypes.c_void_p, ctypes.c_int,
@@ -119,6 +122,33 @@ def library() -> ctypes.CDLL:
         lib.nvb_close.argtypes = [ctypes.c_void_p]
         _lib = lib
         return lib
+
+
+def loaded_cudart() -> str:
+    """The path of the CUDA runtime library this process has loaded (torch's), or ""
+    where none is mapped: the pools of ``nvbatch.c`` call into it, never another copy."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return ""
+    for line in maps.splitlines():
+        path = line.split(None, 5)[-1] if line.count(" ") >= 5 else ""
+        if "/libcudart.so" in path and Path(path).is_file():
+            return path
+    return ""
+
+
+def hw_options(batch: int, height: int, width: int) -> str:
+    """nvImageCodec options that size the hardware engines' memory pool up front for
+    batches of ``batch`` images of at most ``height`` x ``width`` (the pack knows its
+    largest), as DALI's ``preallocate_*_hint`` do, instead of growing it in the loop."""
+    if min(batch, height, width) < 1:
+        raise ValueError(f"batch, height and width must be >= 1, not {batch}, {height}, {width}")
+    m = "nvjpeg_hw_decoder"
+    return (
+        f"{m}:preallocate_batch_size={int(batch)} {m}:preallocate_width_hint={int(width)} "
+        f"{m}:preallocate_height_hint={int(height)}"
+    )
 
 
 def available() -> str | None:
@@ -141,7 +171,14 @@ class NvBatchDecoder(DecoderBase):
     1.0 adaptive (nvImageCodec moves work to the idle backend), below 1.0 fixed, as DALI's
     ``hw_decoder_load`` (0.65 by default there), the CUDA decoder taking the rest;
     ``threads``: nvImageCodec's CPU threads (0: its default), which the CUDA decoder's
-    Huffman decode runs on."""
+    Huffman decode runs on. ``pools``: nvImageCodec's device and pinned allocations come
+    from pools kept across batches (stream-ordered device memory, pinned blocks reused;
+    ``pools_mb`` = each request's rounding, device and pinned, DALI's paddings) instead of
+    a cudaMalloc / cudaHostAlloc each time its buffers grow; ``pooled`` says whether they
+    are in use (not where the process has no CUDA runtime loaded). ``pre_init``: its
+    decoders' resources made at creation, not in the first batch. ``preallocate``
+    ((batch, height, width)): the engines' pool sized for such batches up front
+    (:func:`hw_options`)."""
 
     name = "nvimgcodec"
     supports_roi = False  # its regions go through decode_kept (the loader's kept way)
@@ -158,6 +195,10 @@ class NvBatchDecoder(DecoderBase):
         capacity: int = 1024,
         threads: int = 0,
         hw_load: float = 1.0,
+        pools: bool = False,
+        pools_mb: tuple[int, int] = (16, 8),
+        pre_init: bool = False,
+        preallocate: tuple[int, int, int] | None = None,
         check_tail: bool | None = None,
     ) -> None:
         super().__init__(device, check_tail=check_tail)
@@ -170,6 +211,8 @@ class NvBatchDecoder(DecoderBase):
         self.roi_kept = bool(roi)
         if options is None:  # nvImageCodec decodes no region on the GPU with it on
             options = ":fancy_upsampling=0" if roi and cuda else ""
+        if preallocate is not None and cuda:
+            options = f"{options} {hw_options(*preallocate)}".strip()
         self.options = options
         if cuda and not torch.cuda.is_available():
             raise Unavailable("torch sees no CUDA device")
@@ -180,12 +223,14 @@ class NvBatchDecoder(DecoderBase):
         self._cap = int(capacity)
         h = self._lib.nvb_open(
             dev_id, _MASKS[self.backends], float(hw_load), self._cap, int(threads),
-            options.encode(),
+            options.encode(), (loaded_cudart() if pools and cuda else "").encode(),
+            int(pools_mb[0]) << 20, int(pools_mb[1]) << 20, int(bool(pre_init)),
             ctypes.byref(err),
         )  # fmt: skip
         if not h:
             raise Unavailable(f"nvImageCodec cannot decode JPEG here (status {err.value})")
         self._h = h
+        self.pooled = bool(self._lib.nvb_pooled(h))
         self._call = threading.Lock()  # one batch at a time: the handles are reused
 
     def __del__(self) -> None:
@@ -198,7 +243,8 @@ class NvBatchDecoder(DecoderBase):
         return "roi" if self.roi_kept else "full+crop"
 
     def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", backends={self.backends!r}, batched=True)"
+        pooled = ", pooled=True" if getattr(self, "pooled", False) else ""
+        return super().__repr__()[:-1] + f", backends={self.backends!r}, batched=True{pooled})"
 
     def decode_kept(
         self,
