@@ -443,14 +443,21 @@ def main() -> None:
             except Exception as e:
                 out.setdefault("loader_errors", {})[d_full] = repr(e)[:400]
         res: dict[str, list[float]] = {k: [] for k in makers}
+        # torch's allocator retries (a cudaFree of its whole cache, then again) per round:
+        # a round that falls far below the others with retries was starved of memory
+        retries: dict[str, list[int]] = {k: [] for k in makers}
         default_switch = sys.getswitchinterval()
         for _ in range(a.rounds):
             for k, m in makers.items():
                 sys.setswitchinterval(switch.get(k, default_switch))
+                before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 try:
                     res[k].append(rate(m, a.steps, a.warmup, a.batch))
                 finally:
                     sys.setswitchinterval(default_switch)
+                retries[k].append(torch.cuda.memory_stats().get("num_alloc_retries", 0) - before)
+        out["alloc_retries"] = retries
+        out["reserved_gb"] = torch.cuda.memory_reserved() / 2**30
         for d, loader in list(out.get("paths", {}).items()):
             out["paths"][d] = getattr(loader, "decode_path", None)
         out["loaders"] = {
@@ -474,6 +481,7 @@ def main() -> None:
             ratio = f"{v['median'] / base:.3f}x DALI" if base else ""
             runs = " ".join(f"{x:.0f}" for x in v["runs"])
             print(f"{k:28s} {v['median']:10.0f} img/s  {ratio}  [{runs}]")
+        print("allocator retries per round:", json.dumps(out.get("alloc_retries")))
         print(
             "paths:",
             json.dumps(out.get("paths")),

@@ -81,9 +81,44 @@ def node_share(lanes: int, cores: int | None = None, cpu_count: int | None = Non
     return max(1, cores // (ranks * max(1, lanes)))
 
 
-def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
+# Photos larger than this (median pixels) get nvjpeg's CUDA decoder beside the engines:
+# below it the engines alone outrun DALI's mixed decoder and feed ResNet-50 several times
+# over, and the CUDA decoder would only take SMs from the model; above it the engines
+# bind (docs/PERFORMANCE.md, "JPEG packs beside DALI", the rows of pooled allocations).
+ENGINES_ALONE_PIXELS = 1_000_000
+# the engines' share of a batch above it (DALI's hw_decoder_load), by the same rows:
+# 0.8 on 2 MP photos, 0.65 on 12 MP (where 0.8 starves the CUDA decoder's half and 0.5
+# the engines')
+LARGE_PIXELS = 4_000_000
+
+
+def engine_share(pixels: float) -> float:
+    """The hardware engines' share of each batch for photos of ``pixels`` (the pack's
+    median): 1.0 (the engines alone) up to :data:`ENGINES_ALONE_PIXELS`, 0.8 up to
+    :data:`LARGE_PIXELS`, 0.65 above, nvjpeg's CUDA decoder taking the rest."""
+    if pixels <= ENGINES_ALONE_PIXELS:
+        return 1.0
+    return 0.8 if pixels <= LARGE_PIXELS else 0.65
+
+
+def lane_tuning(batch: int, max_hw: tuple[int, int], pixels: float) -> dict[str, object]:
+    """:func:`nvimgcodec_batched`'s keywords for a pack whose largest image is
+    ``max_hw`` and median ``pixels``, read in batches of ``batch``: the engines' pool
+    sized for such batches up front, and the CUDA decoder beside the engines where the
+    photos are large (:func:`engine_share`)."""
+    share = engine_share(pixels)
+    out: dict[str, object] = {"preallocate": (max(1, batch), *(max(1, int(x)) for x in max_hw))}
+    if share < 1.0:
+        out.update(backends="hw+hybrid", hw_load=share)
+    return out
+
+
+def best_lanes(
+    device: torch.device | str, tuning: dict[str, object] | None = None, **opts: object
+) -> list[DecoderBase]:
     """The JPEG-pack loader's decoders on ``device``: on CUDA :data:`NVBATCH_LANES`
-    batched nvImageCodec decoders where they run (:func:`nvimgcodec_batched`), else every
+    batched nvImageCodec decoders where they run (:func:`nvimgcodec_batched`, with
+    ``tuning``: :func:`lane_tuning`'s keywords for the pack), else every
     one of :data:`MEASURED_LANES` that starts here (a batch each at once), else
     :func:`best_decoder`'s one; on the CPU the CPU decoder."""
     from .decoders import get_decoder
@@ -92,7 +127,7 @@ def best_lanes(device: torch.device | str, **opts: object) -> list[DecoderBase]:
     if device.type == "cuda":
         try:  # one C call a batch: where it runs, it wins (see NVBATCH_LANES)
             threads = node_share(NVBATCH_LANES)
-            return nvimgcodec_batched(device, NVBATCH_LANES, threads=threads)
+            return nvimgcodec_batched(device, NVBATCH_LANES, threads=threads, **(tuning or {}))
         except UsageError:
             pass
         lanes = []
@@ -184,6 +219,8 @@ def cpu_lane(device: torch.device | str, threads: int) -> DecoderBase:
 
 
 __all__ = [
+    "ENGINES_ALONE_PIXELS",
+    "LARGE_PIXELS",
     "MEASURED_LANES",
     "MEASURED_ORDER",
     "NVBATCH_LANES",
@@ -191,6 +228,8 @@ __all__ = [
     "best_decoder",
     "best_lanes",
     "cpu_lane",
+    "engine_share",
+    "lane_tuning",
     "nvimgcodec_batched",
     "nvimgcodec_lanes",
 ]

@@ -13,7 +13,8 @@
  *            status[i]: 1 decoded; 0 not decoded; -1 header unreadable; -2 size differs
  *            (got_hw[i] holds what the header says); -3 decode failed.
  *            Returns 0, or a negative nvImageCodec call failure (-100 - its status).
- * nvb_pooled 1 where the pools below are in use.
+ * nvb_pooled 1 where the pools below are in use (nvb_pools_*: the pools alone, tested on
+ *            the CPU against a stand-in runtime).
  * nvb_close  frees everything.
  *
  * Memory (nvb_open's `cudart`): given the path of the CUDA runtime the process already
@@ -406,6 +407,21 @@ int nvb_decode(void* handle, int n, const uint64_t* ptrs, const int64_t* lengths
     nvimgcodecFutureDestroy(future);
     return s == NVIMGCODEC_STATUS_SUCCESS ? 0 : -100 - (int)s;
 }
+
+/* The pools alone, for the CPU tests (a stand-in runtime library with the same calls):
+ * open, take and give back pinned and device blocks, close. */
+void* nvb_pools_open(const char* cudart, int64_t dev_pad, int64_t pin_pad) {
+    return pools_open(cudart, -1, dev_pad, pin_pad);
+}
+int nvb_pools_pinned(void* pools, void** ptr, size_t size, int give_back) {
+    return give_back ? pool_pin_free(pools, *ptr, size, NULL)
+                     : pool_pin_malloc(pools, ptr, size, NULL);
+}
+int nvb_pools_device(void* pools, void** ptr, size_t size, int give_back) {
+    return give_back ? pool_dev_free(pools, *ptr, size, NULL)
+                     : pool_dev_malloc(pools, ptr, size, NULL);
+}
+void nvb_pools_close(void* pools) { pools_close((pools_t*)pools); }
 
 int nvb_pooled(void* handle) { return handle && ((nvb_t*)handle)->pools ? 1 : 0; }
 

@@ -111,6 +111,14 @@ def library() -> ctypes.CDLL:
                                  ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]  # fmt: skip
         lib.nvb_pooled.restype = ctypes.c_int
         lib.nvb_pooled.argtypes = [ctypes.c_void_p]
+        lib.nvb_pools_open.restype = ctypes.c_void_p
+        lib.nvb_pools_open.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
+        for f in (lib.nvb_pools_pinned, lib.nvb_pools_device):
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                          ctypes.c_int]  # fmt: skip
+        lib.nvb_pools_close.restype = None
+        lib.nvb_pools_close.argtypes = [ctypes.c_void_p]
         lib.nvb_decode.restype = ctypes.c_int
         lib.nvb_decode.argtypes = [
             ctypes.c_void_p, ctypes.c_int,
@@ -195,9 +203,9 @@ class NvBatchDecoder(DecoderBase):
         capacity: int = 1024,
         threads: int = 0,
         hw_load: float = 1.0,
-        pools: bool = False,
+        pools: bool = True,
         pools_mb: tuple[int, int] = (16, 8),
-        pre_init: bool = False,
+        pre_init: bool = True,
         preallocate: tuple[int, int, int] | None = None,
         check_tail: bool | None = None,
     ) -> None:

@@ -243,7 +243,23 @@ def _label(dec: Any) -> str:
     return str(dec.name)
 
 
-def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
+def lane_tuning_for(pack: Any, batch: int) -> dict[str, Any] | None:
+    """The default lanes' tuning for ``pack`` read in batches of ``batch``
+    (:func:`~packer.imaging.decoders_split.lane_tuning`), from its stored sizes; None
+    where the pack records none (a set gives its own)."""
+    sizes = getattr(pack, "sizes", None)
+    if sizes is None or len(sizes) == 0:
+        return None
+    from ..imaging.decoders_split import lane_tuning
+
+    hw = np.asarray(sizes).reshape(-1, 2)
+    pixels = float(np.median(hw[:, 0].astype(np.float64) * hw[:, 1]))
+    return lane_tuning(batch, (int(hw[:, 0].max()), int(hw[:, 1].max())), pixels)
+
+
+def decoding_for(
+    decode: Any, device: torch.device, tuning: dict[str, Any] | None = None
+) -> Decoding | None:
     """The :class:`Decoding` of a JPEG-pack loader's ``decode=`` on ``device``, or None
     where it decodes image by image on its threads (``decode="cpu"``; "auto" on the CPU).
 
@@ -253,7 +269,7 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
     UsageError saying how to install it), a decoder object (``get_decoder(...)``,
     on ``device``'s type), or a list or tuple of names and decoder objects: several
     decoders, a batch each at once. Made here, on the caller's thread: it imports its
-    library.
+    library. ``tuning``: the default lanes' (:func:`lane_tuning_for`).
     """
     if isinstance(decode, (list, tuple)):
         if not decode:
@@ -290,7 +306,7 @@ def decoding_for(decode: Any, device: torch.device) -> Decoding | None:
             return Decoding(None, device)
         from ..imaging.decoders_split import best_lanes
 
-        first, *more = best_lanes(device, pitched=True)
+        first, *more = best_lanes(device, tuning, pitched=True)
         return Decoding(first, more=more)
     return Decoding(get_decoder(device, prefer=decode, **_pitched(decode)))
 

@@ -397,9 +397,10 @@ class PackLoader:
         # the threads (made here, on the caller's thread: a decoder imports its library)
         self._decoding = None
         if self._crop is not None:
-            from .jpeg_pass import decoding_for
+            from .jpeg_pass import decoding_for, lane_tuning_for
 
-            self._decoding = decoding_for(decode, self.device)
+            tuning = lane_tuning_for(pack, batch_size) if self.device.type == "cuda" else None
+            self._decoding = decoding_for(decode, self.device, tuning)
             if self._decoding is not None and self.device.type == "cuda":
                 from ..imaging.cuda_queues import warn_once
 
