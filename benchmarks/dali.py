@@ -323,7 +323,8 @@ def bare(pack: Any, batch: int, rounds: int, out: dict) -> None:
 
 def _tuning(d: str, batch: int, hw: tuple[int, int]) -> tuple[str, dict[str, Any]]:
     """A ``--decodes`` value without its ``+`` suffixes, and the NvBatchDecoder keywords
-    they name: ``+pool`` (pooled allocations), ``+init`` (pre_init), ``+pre`` (the
+    they name: ``+pool`` (pooled allocations, the default), ``+nopool`` (nvImageCodec's
+    own, no pre_init), ``+init`` (pre_init), ``+pre`` (the
     engines' pool sized for ``batch`` images of ``hw``), ``+hufN`` (the CUDA decoder's
     Huffman on the GPU above N pixels: nvImageCodec's hybrid_huffman_threshold)."""
     way, *more = d.split("+")
@@ -335,6 +336,9 @@ def _tuning(d: str, batch: int, hw: tuple[int, int]) -> tuple[str, dict[str, Any
     for m in more:
         if m == "pool":
             kw["pools"] = True
+        elif m == "nopool":  # nvImageCodec's own allocations, as before the pools
+            kw["pools"] = False
+            kw["pre_init"] = False
         elif m == "init":
             kw["pre_init"] = True
         elif m == "pre":
@@ -399,7 +403,7 @@ def main() -> None:
         "nvbatch-hh65t16:K with 16 CPU threads) = K batched lanes; nvjpeg2 = nvjpeg's "
         "two lanes; cpu-lane:K = the default lanes plus one CPU lane of K threads; cpu = "
         "every image on the loader's CPU threads alone; WAY@S = at sys.setswitchinterval(S); "
-        "an nvbatch way may end in +pool (pooled allocations), +init (pre_init), +pre (the "
+        "an nvbatch way may end in +pool (pooled allocations, the default), +nopool, +init (pre_init), +pre (the "
         "engines' pool sized for the batch and image size), +hufN (GPU Huffman above N "
         "pixels), before :K, e.g. nvbatch-hh65t16+pool+pre:2",
     )
