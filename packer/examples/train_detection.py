@@ -242,7 +242,9 @@ def pack_batches(loader: Any, masks: bool) -> Iterator[tuple[list, list]]:
         counts = t["counts"].tolist()
         sizes = t["image_sizes"].tolist()
         for i, (c, (h, w)) in enumerate(zip(counts, sizes)):
-            images.append(x[i, :, :h, :w].float().div_(255))
+            # as torchvision's ToDtype(float32, scale=True), the reference's: the same
+            # floats, not only the same pixels (x / 255 rounds differently in the last bit)
+            images.append(x[i, :, :h, :w].float().mul_(1.0 / 255))
             d = {
                 "boxes": t["boxes"][i, :c],
                 "labels": t["labels"][i, :c] + 1,

@@ -33,6 +33,7 @@ ROWS = {
     "dj": "| d. loader alone (jpeg pack), LSJ 64, batch 2 / reference on 0 workers |",
     "dr": "| d. loader alone (raw pack), LSJ 64, batch 2 / reference on 0 workers |",
     "e1": "| e. bbox mAP, same weights, pack vs reference data path |",
+    "ec": "| e. bbox mAP, same weights, the pack decoded on the CPU vs reference |",
     "e2": "| e. mean IoU, same weights, pack vs reference data path |",
 }
 
@@ -77,6 +78,12 @@ def test_every_part_runs_and_the_ratios_are_the_measured_ones(work: Path) -> Non
     assert m["images"] == [4, 4] and u["pixels"][0] == u["pixels"][1] > 0
     assert 0 <= m["pack"] <= 100 and 0 <= u["pack"] <= 100 and m["trained_steps"] > 0
     assert _row(summary, ROWS["e1"])[2] == f"{m['pack'] - m['reference']:+.3f} points"
+    assert _row(summary, ROWS["ec"])[2] == f"{m['pack_cpu_decode'] - m['reference']:+.3f} points"
+    assert 0 <= m["pack_cpu_decode"] <= 100
+    # on the CPU both paths decode with libjpeg-turbo: the data paths' targets, sizes and
+    # images agree, so the same weights score the same
+    assert m["pack_cpu_decode"] == m["pack"] == m["reference"], m
+    assert m["cpu_decode_same_detections"] is True and m["detections"][1] > 0, m
     assert _row(summary, ROWS["e2"])[2] == f"{u['pack'] - u['reference']:+.3f} points"
     assert r["summary"] == [_row(summary, label) for label in ROWS.values()]
     assert not list((work / "out").glob(".*tmp*"))  # the JSON written whole, then renamed
