@@ -184,6 +184,21 @@ def test_a_hostile_shard_gives_the_same_skips_as_on_disk(
     assert not _spools(tmp_path)
 
 
+def test_a_build_decoding_in_this_process_lets_go_of_its_spool(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """One worker: the build decodes here, through this process's open shards; the
+    spool's files are closed with it (else their disk stays taken until the process ends)."""
+    local, url, _ = _shards(tmp_path)
+    r = build(url, tmp_path / "pack", replace(CONFIG, workers=1))
+    assert r.count == 32 and not _spools(tmp_path)
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")]  # fmt: skip
+    assert not [h for h in held if ".imgpack-spool-" in h], held
+    build(local, tmp_path / "from_disk", replace(CONFIG, workers=1))
+    assert digests(tmp_path / "pack") == digests(tmp_path / "from_disk")
+
+
 def test_a_failed_build_removes_its_spool_and_a_killed_ones_is_removed_next(
     s3: S3Server, tmp_path: Path
 ) -> None:

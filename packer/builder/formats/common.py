@@ -263,6 +263,16 @@ def cached(key: Any, make: Any) -> Any:
     return handle
 
 
+def drop_cached(under: str) -> None:
+    """Close this process's handles whose key names a path under folder ``under`` (a
+    build's spool, removed: its files' disk is freed when nothing holds them open)."""
+    head = os.path.join(under, "")
+    with _open_lock:
+        for k in [k for k in _open if any(isinstance(x, str) and x.startswith(head) for x in k)]:
+            with contextlib.suppress(Exception):
+                _open.pop(k).close()
+
+
 def capped(data_len: int, cap: int) -> str | None:
     """The skip reason of an image of ``data_len`` bytes over the cap, or None."""
     if data_len > cap:

@@ -72,6 +72,9 @@ class Spool:
     def remove(self) -> None:
         if self._fd < 0:
             return
+        from .common import drop_cached
+
+        drop_cached(str(self.path))  # a build decoding here (one worker) held its shards
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._fd)
         self._fd = -1
