@@ -72,6 +72,17 @@ _counter = itertools.count()
 _PREFETCH_AHEAD_S = 3600.0  # a prefetched shard's LRU stamp, this far past its fetch
 
 
+def _kept_locks() -> int:
+    """How many kept shards' ``.use`` locks (one descriptor each) a reader without a
+    limit holds at most: a quarter of this process's descriptors, 64 to 4,096."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, soft // 4))
+
+
 def default_cache_dir() -> Path:
     """``$IMGPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/imgpack``, else ``~/.cache/imgpack``."""
     if os.environ.get("IMGPACK_CACHE_DIR"):
@@ -168,6 +179,7 @@ class RemoteShards(ShardStore):
         # shards fetched whose .use lock this reader keeps while it keeps them mapped
         # (keeps_released): a next fetch is a count
         self._kept: set[int] = set()
+        self.kept_locks = _kept_locks()
         self._paths = [root / e.name for e in index.shards]
 
     @property
@@ -203,11 +215,12 @@ class RemoteShards(ShardStore):
     def keeps_released(self) -> bool:
         """With no limit this reader never evicts: a shard it let go of stays mapped, so
         the next epoch neither checks, opens nor maps it again (it is the bytes the
-        index's hash checked). It keeps the shard's ``.use`` lock as long as it keeps
-        the mapping (until :meth:`close`): the file is in use, so another process
-        with a limit never deletes it (which would free no disk while it is mapped),
-        and a later ``fetch`` of it is a count (no lock, stat or request: a warm
-        epoch costs no system call per shard)."""
+        index's hash checked), and a later ``fetch`` of it is a count (no lock, stat
+        or request: a warm epoch costs no system call per shard). It keeps the
+        shard's ``.use`` lock with the mapping (until :meth:`close`; for at most
+        :attr:`kept_locks` shards, one descriptor each): the file is in use, so
+        another process with a limit does not delete it (which would free no disk
+        while it is mapped)."""
         return self.limit is None
 
     def kept(self, k: int) -> bool:
@@ -253,8 +266,11 @@ class RemoteShards(ShardStore):
             if left < 0:
                 return
             self._pins[k] = left
-            # a kept shard keeps its lock (keeps_released); any other lets go at 0
-            fd = self._use_fds.pop(k, None) if left == 0 and k not in self._kept else None
+            # a kept shard keeps its lock (keeps_released), up to kept_locks of them;
+            # any other lets go at 0 (a kept one past the cap is still read from its
+            # mapping: another process deleting the file frees its disk when we close)
+            keep = k in self._kept and len(self._use_fds) <= self.kept_locks
+            fd = self._use_fds.pop(k, None) if left == 0 and not keep else None
         if fd is not None:
             os.close(fd)  # drops the shared lock: the shard may now be evicted
 
@@ -265,8 +281,10 @@ class RemoteShards(ShardStore):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.prefetch_depth, "imgpack-prefetch")
             for k in list(ks)[: self.prefetch_depth]:
-                if k in self._use_fds or (k in self._queued and not self._queued[k].done()):
-                    continue  # held by this reader (present, or being fetched) or queued
+                if k in self._use_fds or k in self._kept:
+                    continue  # held or kept by this reader (present, or being fetched)
+                if k in self._queued and not self._queued[k].done():
+                    continue
                 if self._present(k):
                     continue
                 self._queued[k] = self._pool.submit(self._prefetch_one, k)

@@ -77,6 +77,31 @@ def test_a_warm_next_epoch_takes_no_lock_stat_or_request_a_shard(
     assert not s.store._use_fds  # the locks kept go with the store
 
 
+def test_kept_locks_are_capped_and_past_the_cap_a_kept_shard_is_still_a_count(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One descriptor a kept lock: a set of more shards than a process may open files is
+    fine; a kept shard past the cap lets go of its lock, and is still read from its
+    mapping without a lock or a request."""
+    src = write_src(tmp_path / "src", {"cat": 5, "dog": 5})
+    url = new_url()
+    build(src, url, RAW)  # 5 shards
+    build(src, tmp_path / "ref", RAW)
+    s = packer.load(url)
+    s.store.kept_locks = 2
+    remote = packer.PackLoader(s, 3, **KW)
+    local = packer.PackLoader(packer.load(tmp_path / "ref"), 3, **KW)
+    _epoch(remote, 0)
+    assert len(s.store._use_fds) <= 3 and all(s.store.kept(k) for k in range(5))
+    calls = _counting(monkeypatch)
+    xa, ya = _epoch(remote, 1)
+    xb, yb = _epoch(local, 1)
+    assert xa.equal(xb) and ya.equal(yb)
+    assert calls == {"lock": 0, "present": 0, "request": 0}
+    s.store.close()
+    assert not s.store._use_fds
+
+
 def test_a_changed_set_is_seen_at_the_next_load_not_inside_a_loader(
     s3: S3Server, tmp_path: Path
 ) -> None:
