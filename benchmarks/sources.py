@@ -18,9 +18,11 @@ status 200 and the range's bytes (a Content-Range); the client reads such ranges
 a signed URL (packer/storage/client.py), so each worker reads its members, not whole
 shards. The server runs without ETags (``--etag-hash ""``): with them, rclone reads the
 whole object for its MD5 at every request, ranged ones included, which bounded the
-figure (a real store keeps an object's ETag). One more build, untimed, goes through a counting proxy (tests/helpers/
+figure (a real store keeps an object's ETag). The build spools each shard beside DST by
+one streamed GET while it lists them, and the workers read the spool
+(packer/builder/formats/spool.py). One more build, untimed, goes through a counting proxy (tests/helpers/
 counting_proxy.py): the bytes the server sent while the shards were listed and while
-the workers built, each over the shards' bytes (1.0: once).
+the workers built, each over the shards' bytes (1.0 in all: once).
 
 ``--rss-gb G``: one parquet build of about G GB of shards (the set's shards hard-linked
 under new names: no disk but the links; a symbolic link where hard links fail), 32² rows
@@ -206,7 +208,7 @@ def table(
     if wire:
         rows.append(f"| S3 tars: bytes sent while listing / while building, x the shards' "
                     f"{wire['shard_bytes'] / 1e6:.1f} MB | {wire['listing_x']} / "
-                    f"{wire['building_x']} | | | building ~1.0 (each shard once) |")  # fmt: skip
+                    f"{wire['building_x']} | | | listing + building ~1.0 (each shard once) |")  # fmt: skip
     for k, v in rss.items():
         rows.append(f"| peak RSS, {k} build | parent {v['parent']:.0f} MB, largest worker "
                     f"{v['largest_worker']:.0f} MB | | | |")  # fmt: skip

@@ -108,7 +108,28 @@ def build(
     Raises PackerError subclasses for unusable input; broken images are skipped
     and listed in the result. Interrupted builds resume when rerun.
     ``plan``: the labelled images to pack, already listed (a shard of a set).
+    A bucket's tar shards are spooled beside DST while it runs, and removed when it
+    ends (:mod:`packer.builder.formats.spool`; their removal is in ``seconds``).
     """
+    from .formats.spool import spool_area
+
+    with spool_area(dst) as spools:
+        result = _build(src, dst, config, progress, on_start, plan)
+        t = time.perf_counter()
+        spools.remove()
+        result.seconds += time.perf_counter() - t
+    return result
+
+
+def _build(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    config: BuildConfig,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int, int], None] | None,
+    plan: _Labels | None,
+) -> BuildResult:
+    """:func:`build`, inside its spool area."""
     t0 = time.perf_counter()
     timeline = Timeline(t0)  # the phases' ends, for benchmarks (packer.builder.timeline)
     config.validate()

@@ -139,6 +139,18 @@ class Units:
                 self.space.unmap(u)  # its file may be evicted once released
             src.release(k)
 
+    def warm(self, us: Sequence[int]) -> bool:
+        """Whether every unit of ``us`` is on local disk or a remote shard this process
+        keeps fetched and mapped for good (a store without a limit: ``kept``): a pass
+        over them then holds them all up front, as on local disk, with no work a batch."""
+        for u in us:
+            src, k = self.units[u]
+            if k is not None and src.store.remote:
+                kept = getattr(src.store, "kept", None)
+                if not (src.store.keeps_released and kept is not None and kept(k)):
+                    return False
+        return True
+
     def held(self, u: int) -> bool:
         return self._holds.get(u, 0) > 0
 
@@ -200,8 +212,9 @@ def _is_set(obj: Any) -> bool:
 
 class Schedule:
     """One pass's use of the units: ``before(b)`` holds what batch ``b`` reads (and
-    prefetches ahead), ``after(b)`` lets go of what no later batch reads. On local disk
-    every unit the pass reads is held at its start and kept (``keep``)."""
+    prefetches ahead), ``after(b)`` lets go of what no later batch reads. On local disk,
+    and over remote shards this process keeps (:meth:`Units.warm`), every unit the pass
+    reads is held at its start and kept (``keep``)."""
 
     def __init__(
         self, units: Units, order: np.ndarray, batch_size: int, start: int, depth: int
@@ -229,7 +242,8 @@ class Schedule:
         self.upcoming = sorted(self.first, key=lambda u: (self.first[u], u))
         self.depth = depth
         self.nbatches = nb
-        self.keep = not units.remote
+        # local disk, or a warm remote set's next pass: every unit held at the start
+        self.keep = not units.remote or units.warm(self.upcoming)
         self.holding: set[int] = set()
         self.lock = threading.Lock()
 

@@ -72,6 +72,17 @@ _counter = itertools.count()
 _PREFETCH_AHEAD_S = 3600.0  # a prefetched shard's LRU stamp, this far past its fetch
 
 
+def _kept_locks() -> int:
+    """How many kept shards' ``.use`` locks (one descriptor each) a reader without a
+    limit holds at most: a quarter of this process's descriptors, 64 to 4,096."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, soft // 4))
+
+
 def default_cache_dir() -> Path:
     """``$IMGPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/imgpack``, else ``~/.cache/imgpack``."""
     if os.environ.get("IMGPACK_CACHE_DIR"):
@@ -165,6 +176,11 @@ class RemoteShards(ShardStore):
         self._pool: ThreadPoolExecutor | None = None
         self._queued: dict[int, Future[None]] = {}
         self._closed = False
+        # shards fetched whose .use lock this reader keeps while it keeps them mapped
+        # (keeps_released): a next fetch is a count
+        self._kept: set[int] = set()
+        self.kept_locks = _kept_locks()
+        self._paths = [root / e.name for e in index.shards]
 
     @property
     def client(self) -> ObjectStore:
@@ -199,14 +215,26 @@ class RemoteShards(ShardStore):
     def keeps_released(self) -> bool:
         """With no limit this reader never evicts: a shard it let go of stays mapped, so
         the next epoch neither checks, opens nor maps it again (it is the bytes the
-        index's hash checked; a process with a limit sharing the cache may still
-        delete the file, and its blocks are then freed when this reader closes)."""
+        index's hash checked), and a later ``fetch`` of it is a count (no lock, stat
+        or request: a warm epoch costs no system call per shard). It keeps the
+        shard's ``.use`` lock with the mapping (until :meth:`close`; for at most
+        :attr:`kept_locks` shards, one descriptor each): the file is in use, so
+        another process with a limit does not delete it (which would free no disk
+        while it is mapped)."""
         return self.limit is None
+
+    def kept(self, k: int) -> bool:
+        """Whether shard ``k`` is fetched, checked and kept by this reader for good
+        (:attr:`keeps_released`): a fetch of it is a count."""
+        return k in self._kept
 
     def fetch(self, k: int) -> Path:
         with self._mutex:
             if self._closed:
                 raise RuntimeError("the remote set was closed")
+            if k in self._kept:  # fetched and still locked by this reader: a count
+                self._pins[k] += 1
+                return self._paths[k]
             lock = self._shard_locks.setdefault(k, threading.Lock())
         with lock:
             with self._mutex:
@@ -214,7 +242,10 @@ class RemoteShards(ShardStore):
                 self._pins[k] = held + 1
             if not held:
                 self._first_fetch(k)
-        return self.root / self._name(k)
+                if self.keeps_released:
+                    with self._mutex:
+                        self._kept.add(k)
+        return self._paths[k]
 
     def _first_fetch(self, k: int) -> None:
         try:
@@ -235,7 +266,11 @@ class RemoteShards(ShardStore):
             if left < 0:
                 return
             self._pins[k] = left
-            fd = self._use_fds.pop(k, None) if left == 0 else None
+            # a kept shard keeps its lock (keeps_released), up to kept_locks of them;
+            # any other lets go at 0 (a kept one past the cap is still read from its
+            # mapping: another process deleting the file frees its disk when we close)
+            keep = k in self._kept and len(self._use_fds) <= self.kept_locks
+            fd = self._use_fds.pop(k, None) if left == 0 and not keep else None
         if fd is not None:
             os.close(fd)  # drops the shared lock: the shard may now be evicted
 
@@ -246,6 +281,8 @@ class RemoteShards(ShardStore):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.prefetch_depth, "imgpack-prefetch")
             for k in list(ks)[: self.prefetch_depth]:
+                if k in self._use_fds or k in self._kept:
+                    continue  # held or kept by this reader (present, or being fetched)
                 if k in self._queued and not self._queued[k].done():
                     continue
                 if self._present(k):
@@ -259,6 +296,7 @@ class RemoteShards(ShardStore):
             fds = list(self._use_fds.values())
             self._use_fds.clear()
             self._pins.clear()
+            self._kept.clear()
         if pool is not None:
             if isinstance(self._client, ObjectStore):
                 self._client.cancel()  # prefetches in flight end now (they were hints)

@@ -682,9 +682,11 @@ class ObjectStore:
         progress: Callable[[int], None] | None = None,
         etag: str | None = None,
         max_bytes: int | None = None,
+        sync: bool = True,
     ) -> int:
         """Stream the object into the new file ``path`` (created, truncated on each try,
-        fsynced); returns its size. DiskFullError for a full disk (never retried).
+        fsynced unless ``sync`` is False: a scratch copy); returns its size.
+        DiskFullError for a full disk (never retried).
         ``etag``: the object must still have this ETag (as listed), else InputError.
         ``max_bytes``: TooLarge for an object larger (by its size, then as counted)."""
         key = self.url.key(*parts)
@@ -729,7 +731,8 @@ class ObjectStore:
                         if progress:
                             progress(len(chunk))
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise _Final(

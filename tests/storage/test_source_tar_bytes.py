@@ -1,4 +1,5 @@
-"""WebDataset tars read from a bucket: each shard's bytes cross the network about once
+"""WebDataset tars read from a bucket in place (no spool: ``spool_bytes=0``; the spool is
+tests/storage/test_source_tar_spool.py): each shard's bytes cross the network about once
 while the workers build (not once per worker), whatever the server answers a ranged
 read with; the output equals the build from the same tars on disk; a killed build
 resumes byte-identical. The bytes are counted on the wire by a proxy between the
@@ -59,7 +60,7 @@ def test_bucket_tars_cross_the_network_once_while_workers_build(
     local, url, total = _shards(s3, tmp_path)
     # a read-ahead far smaller than a shard, as 4 MiB is next to real shards: a label
     # read after its shard's headers were all read would fetch the shard again
-    config = replace(CONFIG, sources=SourceOptions(_read_ahead=8192))
+    config = replace(CONFIG, sources=SourceOptions(_read_ahead=8192, spool_bytes=0))
     proxy = CountingProxy(s3.port)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)

@@ -37,7 +37,9 @@ class Container:
     """One file or object a source's images are read from (or, kind ``object``, the
     bucket prefix whose objects are images). ``where``: a local path or an
     ``s3://`` (``gs://``, ``az://``) URL; ``name``: what locations call it; ``column``:
-    a table's image column; ``stamp``: size and mtime (or ETag) when it was listed."""
+    a table's image column; ``stamp``: size and mtime (or ETag) when it was listed;
+    ``local``: a bucket object's copy in the build's spool (:mod:`.spool`), read
+    instead of ``where`` (not part of the fingerprint: the same object)."""
 
     kind: str
     where: str
@@ -45,6 +47,7 @@ class Container:
     cap: int
     column: str = ""
     stamp: str = ""
+    local: str = ""
 
 
 Ref = tuple[Container, Any]
@@ -258,6 +261,16 @@ def cached(key: Any, make: Any) -> Any:
                     old.close()
             handle = _open[full] = make()
     return handle
+
+
+def drop_cached(under: str) -> None:
+    """Close this process's handles whose key names a path under folder ``under`` (a
+    build's spool, removed: its files' disk is freed when nothing holds them open)."""
+    head = os.path.join(under, "")
+    with _open_lock:
+        for k in [k for k in _open if any(isinstance(x, str) and x.startswith(head) for x in k)]:
+            with contextlib.suppress(Exception):
+                _open.pop(k).close()
 
 
 def capped(data_len: int, cap: int) -> str | None:

@@ -217,6 +217,34 @@ def open_range(url: str, block: int = _BLOCK) -> RangeFile:
     return RangeFile(url, block)
 
 
+def spool_object(url: str, path: str, stamp: str) -> None:
+    """The object at ``url`` fetched whole by one streamed GET into the new file
+    ``path`` (a build's spool, :mod:`.spool`): the object listed with ``stamp``
+    (``size:ETag``; the ETag asked for with If-Match where the listing gave one), else
+    InputError naming it."""
+    from ...errors import DiskFullError
+    from ...storage.client import TooLarge
+
+    prefix, name = _split(url)
+    size_text, _, etag = stamp.partition(":")
+    size = int(size_text)
+    changed = InputError(f"{url}: changed since it was listed; run the same command again")
+    try:
+        got = _store(prefix).download(
+            Path(path), name, etag=etag or None, max_bytes=size, sync=False
+        )
+    except TooLarge:
+        raise changed from None
+    except DiskFullError:
+        raise DiskFullError(
+            f"{os.path.dirname(path)}: the disk is full while fetching {url} into the "
+            "build's spool; free space, or give a smaller SourceOptions.spool_bytes (0: "
+            "read the shards in place)"
+        ) from None
+    if got != size:
+        raise changed
+
+
 def read_objects(c: Container, keys: list[str]) -> list[Fetched]:
     """Image objects ``keys`` under bucket prefix ``c``, each capped."""
     from ...storage.client import NotFound, TooLarge

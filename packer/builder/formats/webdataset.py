@@ -9,7 +9,10 @@ extension ``jpg``, ``jpeg``, ``png`` or ``webp`` (that preference), its label th
 The shard is never unpacked: listing reads the member headers, seeking over the data
 (:func:`plain_members` reads the header blocks of a shard of plain ustar, GNU or PAX
 headers itself; tarfile reads any other), and the small label members; a worker reads
-its images' bytes at their offsets, a run of nearby members in one read. Never read, each skipped with its location and
+its images' bytes at their offsets, a run of nearby members in one read. A bucket's
+shard is first fetched whole by one streamed GET into the build's spool beside DST
+(:mod:`.spool`, bounded), then listed and read there as a shard on disk; past the
+spool's bound, in place by ranged reads. Never read, each skipped with its location and
 reason: a member whose name leads outside the shard (``../x.jpg``, ``/etc/x.jpg``), a
 link or device member, an image over the per-image cap, a member cut short by the end
 of the shard; a header that cannot be parsed ends that shard's listing (what came
@@ -419,29 +422,41 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     containers: list[Container] = []
     bases = [os.path.basename(i) for i in items]
     unique = len(set(bases)) == len(bases)
-    for item, base in zip(items, bases):
-        name = base if unique else item
-        if "://" in item:
-            from .remote import object_stamp
+    names = [base if unique else item for item, base in zip(items, bases)]
+    bucket = "://" in items[0]
+    if bucket:
+        from .remote import object_stamp
+        from .spool import plan_spool
 
-            stamp = object_stamp(item)
-        else:
-            stamp = file_stamp(item)
-        containers.append(Container("tar", item, name, opts.max_image_bytes, "", stamp))
+        stamps = [object_stamp(item) for item in items]
+        # a bucket's shards fetched whole, once, into the build's spool (as far as its
+        # bound allows): listed there, and read there by the workers
+        local = plan_spool(names, [int(s.split(":", 1)[0]) for s in stamps], opts)
+    else:
+        stamps = [file_stamp(item) for item in items]
+        local = [""] * len(items)
+    for item, name, stamp, copy in zip(items, names, stamps, local):
+        containers.append(Container("tar", item, name, opts.max_image_bytes, "", stamp, copy))
 
     def index_one(c: Container) -> tuple[list[Any], list[dict[str, str]]]:
         got: list[Any] = []
         why: list[dict[str, str]] = []
-        shard = _Shard(c.where, opts._read_ahead)
+        if c.local:
+            from .remote import spool_object
+
+            spool_object(c.where, c.local, c.stamp)
+            shard = _Shard(c.local)
+        else:
+            shard = _Shard(c.where, opts._read_ahead)
         try:
             _index_shard(c, shard, opts, got, why)
         finally:
             shard.close()
         return got, why
 
-    # a bucket's shards listed side by side (each a round trip per read-ahead block);
-    # the results joined in shard order
-    threads = min(_LIST_THREADS, len(containers)) if "://" in items[0] else 1
+    # a bucket's shards fetched and listed side by side (a spooled one by one streamed
+    # GET, another a round trip per read-ahead block); the results joined in shard order
+    threads = min(_LIST_THREADS, len(containers)) if bucket else 1
     if threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -452,7 +467,7 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     for got, why in parts:
         found += got
         skipped += why
-    root = Path(items[0]) if "://" in items[0] else Path(items[0]).resolve()
+    root = Path(items[0]) if bucket else Path(items[0]).resolve()
     where = (
         items[0] if len(items) == 1 else f"{os.path.dirname(items[0]) or '.'} ({len(items)} shards)"
     )
@@ -464,6 +479,16 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     )  # fmt: skip
 
 
+def _open_shard(c: Container) -> _Shard:
+    """A worker's shard: its copy in the build's spool, or (none, or gone) the shard."""
+    if c.local:
+        try:
+            return _Shard(c.local)
+        except OSError:
+            pass
+    return _Shard(c.where)
+
+
 _SPAN_GAP = 64 << 10  # members this close are read in one request (headers, padding)
 _SPAN_MAX = 64 << 20  # the most one request reads
 
@@ -471,7 +496,7 @@ _SPAN_MAX = 64 << 20  # the most one request reads
 def read_tar_members(c: Container, positions: list[tuple[int, int]]) -> list[Fetched]:
     """The bytes of the members at ``positions`` ((offset, size)) of shard ``c``: a run of
     nearby members in one read (one request from a bucket), each capped."""
-    shard: _Shard = cached(("tar", c.where, c.stamp), lambda: _Shard(c.where))
+    shard: _Shard = cached(("tar", c.where, c.stamp, c.local), lambda: _open_shard(c))
     out: list[Fetched | None] = [None] * len(positions)
     spans: list[list[int]] = []  # indices into positions, read together
     for i, (offset, size) in enumerate(positions):
