@@ -397,12 +397,15 @@ def run_batch(
     records: list[dict[str, Any]],
     setup: DenseSetup,
     gen: torch.Generator | None,
+    batched: bool = True,
 ) -> tuple[torch.Tensor, Any]:
     """One batch: each image with its record through the op, then :func:`collate`.
-    ``gen`` is seeded for the batch by the caller; images draw from it in order."""
+    ``gen`` is seeded for the batch by the caller; images draw from it in order. Where
+    the op has a batched path (:mod:`packer.loading.dense_batched`) and ``batched``, the
+    whole batch goes through it at once, with the same draws and outputs."""
     dev = images[0].device if images else torch.device("cpu")
     items = [_pixels(rec, setup) for rec in records]
-    plan = plan_of(setup.op) if images else None
+    plan = plan_of(setup.op) if images and batched else None
     if plan is not None:  # the whole batch at once (packer.loading.dense_batched)
         out = run_batched(images, records, items, setup, gen, plan)
         if out is not None:
