@@ -118,6 +118,12 @@ class _Axis:
     def __post_init__(self) -> None:
         self.size = self.size or self.n
 
+    @property
+    def covered(self) -> bool:
+        """Every output pixel has a source pixel (no fill)."""
+        first, last = self.off, self.off + self.sign * (self.size - 1)
+        return min(first, last) >= 0 and max(first, last) < self.n
+
     def crop(self, first: int, size: int) -> None:
         self.off += self.sign * first
         self.size = size
@@ -303,6 +309,14 @@ class Geometry:
     @property
     def sizes(self) -> list[tuple[int, int]]:
         return [(y.size, x.size) for y, x in zip(self.ys, self.xs)]
+
+    def fills(self, canvas_h: int, canvas_w: int) -> tuple[bool, bool]:
+        """(whether some pixel is the ops' fill, whether some image is smaller than the
+        canvas): the fills the batch needs at all."""
+        need_pad = any(y.size < canvas_h for y in self.ys) or any(
+            x.size < canvas_w for x in self.xs
+        )
+        return any(not a.covered for a in (*self.ys, *self.xs)), need_pad
 
     @property
     def resampled(self) -> bool:
@@ -513,10 +527,18 @@ def _padded(images: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(images))
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "nested tensors are a prototype"
-        nested = torch.nested.as_nested_tensor(list(images))
-    return nested.to_padded_tensor(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "nested tensors are a prototype"
+            nested = torch.nested.as_nested_tensor(list(images))
+        return nested.to_padded_tensor(0)
+    except (RuntimeError, NotImplementedError):  # a build without them: one copy each
+        c = images[0].shape[0]
+        h, w = max(i.shape[-2] for i in images), max(i.shape[-1] for i in images)
+        out = images[0].new_zeros((len(images), c, h, w))
+        for k, i in enumerate(images):
+            out[k, :, : i.shape[-2], : i.shape[-1]] = i
+        return out
 
 
 @dataclass
@@ -602,20 +624,40 @@ def run(
         pixels = src.permute(0, 2, 3, 1)[b[:, None, None], sy[:, :, None], sx[:, None, :]]
         pixels = pixels.permute(0, 3, 1, 2)
     c = src.shape[1]
-    content = cy[:, :, None] & cx[:, None, :]
-    inside = iny[:, :, None] & inx[:, None, :]
-    background = torch.where(
-        inside[:, None], _fill_tensor(plan.fill, c, dev), torch.tensor(pad_fill, dtype=torch.uint8)
-    )
-    out_images = torch.where(content[:, None], pixels, background).contiguous()
+    flags = geo.fills(ch, cw)
+    axes = (cy, cx, iny, inx)
+    fill = _fill_tensor(plan.fill, c, dev)
+    out_images = _fill_in(pixels, axes, fill, _u8(pad_fill), flags)
     masks = semantic = None
     if planes is not None:
         my, mx = _nearest_mask(ty, vy, plan), _nearest_mask(tx, vx, plan)
         if planes.column_major:
-            masks = _instance_masks(planes, targets, my, mx, content, inside, plan, dev)
+            masks = _instance_masks(planes, targets, my, mx, axes, plan, flags, dev)
         else:
-            semantic = _semantic(planes, my, mx, content, inside, plan, pad_semantic, dev)
+            semantic = _semantic(planes, my, mx, axes, plan, pad_semantic, flags, dev)
     return Out(out_images, out_sizes, targets, masks, semantic)
+
+
+def _u8(v: int) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.uint8)  # a host scalar: no copy to the device
+
+
+def _fill_in(x: torch.Tensor, axes: tuple, fill, pad, flags: tuple[bool, bool]) -> torch.Tensor:
+    """``x`` [N, (C,) H, W] with the ops' ``fill`` where an image's pixel has no source
+    (a pad) and ``pad`` beyond the image on the canvas; ``axes``: (content y [N, H],
+    content x [N, W], inside y, inside x); ``flags``: whether either occurs at all."""
+    need_fill, need_pad = flags
+    if not (need_fill or need_pad):
+        return x.contiguous()
+    cy, cx, iny, inx = axes
+    extra = (None,) * (x.ndim - 3)
+    content = (cy[:, :, None] & cx[:, None, :])[(slice(None), *extra)]
+    if need_fill and need_pad:
+        inside = (iny[:, :, None] & inx[:, None, :])[(slice(None), *extra)]
+        other = torch.where(inside, fill, pad)
+    else:
+        other = fill if need_fill else pad
+    return torch.where(content, x, other).contiguous()
 
 
 def _nearest_mask(tab: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -623,7 +665,7 @@ def _nearest_mask(tab: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tenso
     return _nearest(tab, v, "nearest-exact" if plan.mode == "nearest-exact" else "nearest")
 
 
-def _instance_masks(planes, targets, my, mx, content, inside, plan, dev) -> torch.Tensor:
+def _instance_masks(planes, targets, my, mx, axes, plan, flags, dev) -> torch.Tensor:
     rows = targets.row
     img = targets.image
     heights = torch.tensor([s[0] for s in planes.sizes] or [0], dtype=torch.int64)
@@ -634,25 +676,14 @@ def _instance_masks(planes, targets, my, mx, content, inside, plan, dev) -> torc
     starts = base_d[:, None] + mx.index_select(0, img_d) * h_d[:, None]
     hmax = max([s[0] for s in planes.sizes] or [1])
     cols = _gather_planes(planes.flat, starts, my.index_select(0, img_d), hmax)  # [R, W, H]
-    m = cols.transpose(1, 2)
-    keep = content.index_select(0, img_d)
-    fill = torch.where(
-        inside.index_select(0, img_d),
-        torch.tensor(plan.mask_fill, dtype=torch.uint8),
-        torch.tensor(0, dtype=torch.uint8),
-    )
-    return torch.where(keep, m, fill).contiguous()
+    per_row = tuple(a.index_select(0, img_d) for a in axes)
+    return _fill_in(cols.transpose(1, 2), per_row, _u8(plan.mask_fill), _u8(0), flags)
 
 
-def _semantic(planes, my, mx, content, inside, plan, pad_semantic, dev) -> torch.Tensor:
-    widths = torch.tensor([s[1] for s in planes.sizes], dtype=torch.int64)
-    base = to_device(torch.tensor(planes.base, dtype=torch.int64), dev)
-    starts = base[:, None] + my * to_device(widths, dev)[:, None]
+def _semantic(planes, my, mx, axes, plan, pad_semantic, flags, dev) -> torch.Tensor:
+    host = torch.tensor([planes.base, [s[1] for s in planes.sizes]], dtype=torch.int64)
+    base, widths = to_device(host, dev).unbind(0)
+    starts = base[:, None] + my * widths[:, None]
     wmax = max(s[1] for s in planes.sizes)
     m = _gather_planes(planes.flat, starts, mx, wmax)  # [B, H, W]
-    fill = torch.where(
-        inside,
-        torch.tensor(plan.semantic_fill, dtype=torch.uint8),
-        torch.tensor(pad_semantic, dtype=torch.uint8),
-    )
-    return torch.where(content, m, fill).contiguous()
+    return _fill_in(m, axes, _u8(plan.semantic_fill), _u8(pad_semantic), flags)
