@@ -13,7 +13,9 @@ each image with all its fields at once, drawing from a generator seeded per batc
 labels, keypoints and extras stay on the CPU through the ops (a few floats: which boxes
 are dropped is then known to the host without waiting for the device) and move to the
 device once a batch; instance masks are decoded on the device from their run lengths.
-The host waits for the device nowhere per image. Then:
+The host waits for the device nowhere per image. A transform with a batched path
+(flips, LSJ, resizes, pads: :mod:`packer.loading.dense_batched`) runs over the whole
+batch at once instead, with the same draws and outputs. Then:
 
 * ``targets="dicts"`` (detection, the default): a list of one dict per image as
   torchvision's detection models and references take them

@@ -243,3 +243,17 @@ def test_the_per_image_path_grows_with_the_batch() -> None:
             run_batch(images, cols.read(np.arange(b)), setup, torch.Generator(), batched=False)
         counts.append(counter.ops)
     assert counts[1] > counts[0] + 100, counts
+
+
+def test_images_padded_one_by_one_where_nested_tensors_fail(monkeypatch) -> None:
+    """A torch build whose nested tensors refuse uint8 (or any): the same batch."""
+    op = _recipes()["lsj"]
+    (want, want_t), _ = _both(op, SIZES, 4)
+
+    def refuse(*a, **k):
+        raise NotImplementedError("no nested tensors here")
+
+    monkeypatch.setattr(torch.nested, "as_nested_tensor", refuse)
+    (got, got_t), _ = _both(op, SIZES, 4)
+    assert torch.equal(got, want)
+    _same_targets(got_t, want_t)
