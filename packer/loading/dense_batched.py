@@ -91,7 +91,7 @@ def _host_targets(records: list[dict[str, Any]]) -> DB.Targets | None:
     keypoints = None
     if has_kp == {True}:
         kps = [np.asarray(r["keypoints"], np.float32) for r in records]
-        k = max([kp.shape[1] for kp in kps if kp.ndim == 3 and kp.shape[0]] or [0])
+        k = max([kp.shape[1] for kp in kps if kp.ndim == 3] or [0])
         kps = [kp.reshape(-1, k, 3) for kp in kps]
         keypoints = torch.from_numpy(np.concatenate(kps)) if k else torch.zeros(sum(counts), 0, 3)
     return DB.Targets(

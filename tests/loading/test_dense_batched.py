@@ -257,3 +257,27 @@ def test_images_padded_one_by_one_where_nested_tensors_fail(monkeypatch) -> None
     (got, got_t), _ = _both(op, SIZES, 4)
     assert torch.equal(got, want)
     _same_targets(got_t, want_t)
+
+
+def test_a_batch_without_any_instance() -> None:
+    """No image of the batch holds a box: empty targets of the right shapes, as the
+    per-image path (keypoints [0, K, 3], masks [0, H, W])."""
+    sizes = SIZES[:3]
+    images, cols = _inputs(sizes, 6)
+    for rec in cols.records:
+        rec.update(
+            boxes=np.zeros((0, 4), np.float32),
+            labels=np.zeros(0, np.int64),
+            iscrowd=np.zeros(0, np.uint8),
+            area=np.zeros(0, np.float32),
+            keypoints=np.zeros((0, fake_dense.K, 3), np.float32),
+            masks_rle=[],
+        )
+    records = cols.read(np.arange(len(sizes)))
+    for targets in ("dicts", "padded"):
+        setup = DenseSetup(cols, _recipes()["lsj"], targets, 32, 0, 255, True)
+        got = run_batch(images, records, setup, torch.Generator().manual_seed(0))
+        want = run_batch(images, records, setup, torch.Generator().manual_seed(0), batched=False)
+        _same_images(got[0], want[0])
+        _same_targets(got[1], want[1])
+    assert got[1]["keypoints"].shape == (3, 0, fake_dense.K, 3)
