@@ -442,10 +442,12 @@ def _fixed_size_crop(o, ps, cur, ys, xs, host: _Host | None) -> None:
 # ---------------------------------------------------------------- device tables
 
 
-def _tables(axes: list[_Axis], canvas: int, device: torch.device) -> torch.Tensor:
-    """int64 [B, 6] (start, length, n, off, sign, size) per image, on ``device``."""
-    rows = [[a.start, a.length, a.n, a.off, a.sign, a.size] for a in axes]
-    return to_device(torch.tensor(rows, dtype=torch.int64).reshape(-1, 6), device)
+def _tables(geo: Geometry, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 [B, 6] (start, length, n, off, sign, size) per image for y and for x, on
+    ``device`` in one copy."""
+    rows = [[a.start, a.length, a.n, a.off, a.sign, a.size] for a in (*geo.ys, *geo.xs)]
+    both = to_device(torch.tensor(rows, dtype=torch.int64).reshape(2, -1, 6), device)
+    return both[0], both[1]
 
 
 def _positions(tab: torch.Tensor, canvas: int) -> tuple[torch.Tensor, ...]:
@@ -567,16 +569,11 @@ class Out:
     semantic: torch.Tensor | None
 
 
-def _gather_planes(
-    flat: torch.Tensor, line_start: torch.Tensor, within: torch.Tensor, line_max: int
-) -> torch.Tensor:
-    """out[r, i, j] = flat[line_start[r, i] + within[r, j]]: the lines (a row of a
-    row-major plane) read whole by one index into overlapping windows of ``flat``, then
-    the pixels in them by one gather: [R, I, J], no index as large as the output."""
-    windows = flat.unfold(0, line_max, 1)  # a view: window k = flat[k : k + line_max]
-    lines = windows[line_start]  # [R, I, line_max]
-    r, i = line_start.shape
-    return lines.gather(2, within[:, None, :].expand(r, i, within.shape[1]))
+def _lines(flat: torch.Tensor, starts: torch.Tensor, line_max: int) -> torch.Tensor:
+    """[*starts.shape, line_max]: ``flat[k : k + line_max]`` for each k of ``starts``,
+    read by one ``index_select`` of overlapping windows of ``flat`` (a view)."""
+    windows = flat.unfold(0, line_max, 1)
+    return windows.index_select(0, starts.reshape(-1)).view(*starts.shape, line_max)
 
 
 def run(
@@ -603,7 +600,7 @@ def run(
     cw = -(-max(s[1] for s in out_sizes) // d) * d
     src = _padded(images)
     dev = src.device
-    ty, tx = _tables(geo.ys, ch, dev), _tables(geo.xs, cw, dev)
+    ty, tx = _tables(geo, dev)
     vy, cy, iny = _positions(ty, ch)
     vx, cx, inx = _positions(tx, cw)
     if geo.resampled:
@@ -666,18 +663,34 @@ def _nearest_mask(tab: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tenso
 
 
 def _instance_masks(planes, targets, my, mx, axes, plan, flags, dev) -> torch.Tensor:
+    """Every kept instance's mask on the canvas [R, H, W]: each output column is a
+    source column (a line of the column-major plane, or the zeros after the last plane
+    where it has none), transposed, then each output row a row of that (or a zero row):
+    two ``index_select`` and a copy, no index as large as the output."""
     rows = targets.row
     img = targets.image
+    r = int(rows.shape[0])
     heights = torch.tensor([s[0] for s in planes.sizes] or [0], dtype=torch.int64)
     base = torch.tensor(planes.base or [0], dtype=torch.int64)
     host = torch.cat([img, base.index_select(0, rows), heights.index_select(0, rows)])
-    img_d, base_d, h_d = to_device(host, dev).view(3, rows.shape[0]).unbind(0)
-    # column x of plane r starts at base + x * h (column-major), then y within it
-    starts = base_d[:, None] + mx.index_select(0, img_d) * h_d[:, None]
-    hmax = max([s[0] for s in planes.sizes] or [1])
-    cols = _gather_planes(planes.flat, starts, my.index_select(0, img_d), hmax)  # [R, W, H]
+    img_d, base_d, h_d = to_device(host, dev).view(3, r).unbind(0)
     per_row = tuple(a.index_select(0, img_d) for a in axes)
-    return _fill_in(cols.transpose(1, 2), per_row, _u8(plan.mask_fill), _u8(0), flags)
+    cy, cx = per_row[0], per_row[1]
+    hmax = max([s[0] for s in planes.sizes] or [1])
+    zeros = planes.flat.shape[0] - hmax  # the slack after the last plane: zeros
+    # column x of plane r starts at base + x * h (column-major), then y within it
+    starts = torch.where(cx, base_d[:, None] + mx.index_select(0, img_d) * h_d[:, None], zeros)
+    cols = _lines(planes.flat, starts, hmax)  # [R, W, hmax]
+    t = cols.new_empty((r, hmax + 1, cols.shape[1]))
+    t[:, hmax].zero_()  # the row an output row without a source reads
+    t[:, :hmax].copy_(cols.transpose(1, 2))
+    ys = torch.where(cy, my.index_select(0, img_d), hmax)
+    ys = ys + torch.arange(r, device=ys.device)[:, None] * (hmax + 1)
+    w = cols.shape[1]
+    out = t.view(r * (hmax + 1), w).index_select(0, ys.reshape(-1)).view(r, ys.shape[1], w)
+    if plan.mask_fill != 0 and flags[0]:  # the pads' own mask value
+        return _fill_in(out, per_row, _u8(plan.mask_fill), _u8(0), flags)
+    return out
 
 
 def _semantic(planes, my, mx, axes, plan, pad_semantic, flags, dev) -> torch.Tensor:
@@ -685,5 +698,6 @@ def _semantic(planes, my, mx, axes, plan, pad_semantic, flags, dev) -> torch.Ten
     base, widths = to_device(host, dev).unbind(0)
     starts = base[:, None] + my * widths[:, None]
     wmax = max(s[1] for s in planes.sizes)
-    m = _gather_planes(planes.flat, starts, mx, wmax)  # [B, H, W]
+    lines = _lines(planes.flat, starts, wmax)  # [B, H, wmax]: the rows
+    m = lines.gather(2, mx[:, None, :].expand(-1, lines.shape[1], -1))  # [B, H, W]
     return _fill_in(m, axes, _u8(plan.semantic_fill), _u8(pad_semantic), flags)

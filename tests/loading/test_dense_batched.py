@@ -40,6 +40,9 @@ def _recipes() -> dict[str, D.Compose]:
         "zoom": D.Compose(zoom),
         "pad": D.Compose(pad),
         "flip-only": flip,
+        "zoom-fills": D.Compose(
+            [D.RandomZoomOut(5, (1.0, 1.5), 1.0, mask_fill=1, semantic_fill=7), flip]
+        ),  # masks and semantic masks padded with their own values
     }
 
 
@@ -118,7 +121,7 @@ def test_batched_without_masks_and_without_keypoints() -> None:
         assert ("masks" in bt[0]) is masks and ("keypoints" in bt[0]) is keypoints
 
 
-@pytest.mark.parametrize("name", ["lsj", "hflip", "zoom", "resize"])
+@pytest.mark.parametrize("name", ["lsj", "hflip", "zoom", "resize", "zoom-fills"])
 def test_batched_semantic_masks_are_the_per_image_path(name: str) -> None:
     ops = [o for o in _recipes()[name].ops if not isinstance(o, D.SanitizeBoundingBoxes)]
     op = D.Compose(ops)
