@@ -4,9 +4,9 @@ pass on the host (issue 46's dense pass: O(1) torch calls a batch, not O(images)
 
 :func:`batched_ops` says whether an op (a :class:`~packer.augment.dense.Compose`) has a
 batched path: every op one of :data:`BATCHED` (exact types), at most one resampling op
-(ScaleJitter, Resize, RandomResizedCrop; bilinear or nearest) and it before any op that
-moves pixels, one image fill (and mask fills) for every op that pads. Others (IoU crop,
-affine, rotation, colour ops, bicubic, ...) keep the per-image path.
+(ScaleJitter, Resize, RandomResize, RandomResizedCrop; bilinear or nearest) and it before
+any op that moves pixels, one image fill (and mask fills) for every op that pads. Others
+(IoU crop, affine, rotation, colour ops, bicubic, ...) keep the per-image path.
 
 :func:`run` takes the batch's images, host targets and masks (flat buffers, as the dense
 pass decodes them) and returns the transformed batch on a common canvas (:class:`Out`).
@@ -35,7 +35,7 @@ from . import dense as D
 from .dense_compose import Compose
 from .dense_kernels import flip_permutation, resize_output_size
 
-RESAMPLERS = (D.ScaleJitter, D.Resize, D.RandomResizedCrop)
+RESAMPLERS = (D.ScaleJitter, D.Resize, D.RandomResize, D.RandomResizedCrop)
 PADDERS = (D.Pad, D.PadTo, D.PadToMultiple, D.RandomZoomOut, D.FixedSizeCrop)
 BATCHED = (*RESAMPLERS, *PADDERS, D.RandomHorizontalFlip, D.SanitizeBoundingBoxes)
 MODES = ("bilinear", "nearest", "nearest-exact")
@@ -158,6 +158,8 @@ def _out_size(o: Any, p: dict, size: tuple[int, int]) -> tuple[int, int]:
         return p["size"]
     if isinstance(o, D.Resize):
         return resize_output_size(h, w, o.size, o.max_size)
+    if isinstance(o, D.RandomResize):
+        return resize_output_size(h, w, p["size"])
     if isinstance(o, (D.RandomResizedCrop, D.FixedSizeCrop)):
         return o.size
     if isinstance(o, D.Pad):

@@ -132,13 +132,17 @@ def test_batched_semantic_masks_are_the_per_image_path(name: str) -> None:
 
 
 def test_the_segmentation_recipe_is_batched_and_the_same() -> None:
-    """examples/train_segmentation.py's train preset: resize, flip, FixedSizeCrop."""
-    op = D.Compose([D.Resize(40), D.RandomHorizontalFlip(0.5),
-                    D.FixedSizeCrop(32, fill=0, semantic_fill=255)])  # fmt: skip
+    """examples/train_segmentation.py's train preset: RandomResize, flip, FixedSizeCrop."""
+    import argparse
+
+    from packer.examples import train_segmentation as TS
+
+    op = TS.pack_pipeline(argparse.Namespace(base_size=40, crop_size=32), True)
     assert batched_ops(op) is not None
-    (bi, bs), (pi, ps) = _both(op, SIZES, 3, semantic=True)
-    _same_images(bi, pi)
-    assert torch.equal(bs, ps)
+    for seed in range(3):
+        (bi, bs), (pi, ps) = _both(op, SIZES, seed, semantic=True)
+        _same_images(bi, pi)
+        assert torch.equal(bs, ps)
 
 
 def test_every_box_falls_out_and_images_without_boxes() -> None:
