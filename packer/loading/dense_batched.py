@@ -104,6 +104,27 @@ def _host_targets(records: list[dict[str, Any]]) -> DB.Targets | None:
     )
 
 
+def _agree(images: list[torch.Tensor], records: list[dict[str, Any]], items: list[Any],
+           semantic: bool) -> bool:  # fmt: skip
+    """Every record's fields agree with its image (masks of its size, one label, mask
+    and keypoint row per box): else the per-image path, whose checks name the field."""
+    for img, rec, it in zip(images, records, items):
+        hw = (int(img.shape[-2]), int(img.shape[-1]))
+        if semantic:
+            if it is not None and tuple(it.shape) != hw:
+                return False
+            continue
+        m = int(np.size(rec["boxes"])) // 4
+        if np.size(rec["labels"]) != m or np.size(rec["iscrowd"]) != m:
+            return False
+        kp = rec.get("keypoints")
+        if kp is not None and (np.ndim(kp) != 3 or np.shape(kp)[0] != m) and np.size(kp):
+            return False
+        if it is not None and (len(it[0]) != m or tuple(it[1]) != hw):
+            return False
+    return True
+
+
 def _cat(arrays: list[Any], dtype: Any) -> np.ndarray:
     return np.concatenate([np.zeros(0, dtype), *(np.asarray(a).astype(dtype) for a in arrays)])
 
@@ -138,9 +159,11 @@ def run_batched(
     plan: DB.Plan,
 ) -> tuple[torch.Tensor, Any] | None:
     """One batch through ``plan`` and collated, or None where this batch needs the
-    per-image path (records that disagree on masks or keypoints). ``items``: each
+    per-image path (records that disagree on masks or keypoints, or with their image). ``items``: each
     record's masks (``dense_pass._pixels``); ``setup``: the pass's ``DenseSetup``."""
     dev = images[0].device
+    if not _agree(images, records, items, setup.semantic):
+        return None
     planes = _planes(items, setup, dev)
     if planes is False:
         return None

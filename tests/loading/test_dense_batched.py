@@ -311,3 +311,21 @@ def test_cuda_batches_are_the_cpu_batches(name: str) -> None:
             lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, got[1]
         )
         _same_targets(moved, want[1])
+
+
+def test_records_that_disagree_with_their_image_are_refused_naming_the_field() -> None:
+    """A semantic mask or instance masks of another size than the image, or fewer masks
+    than boxes: the per-image path's clear error, never a silent gather."""
+    from packer.imaging.resize import ArgumentError
+
+    op = _recipes()["lsj"]
+    images, cols = _inputs(SIZES[:2], 8, semantic=True)
+    cols.records[1]["semantic"] = cols.records[1]["semantic"][:-1]
+    setup = DenseSetup(cols, D.Compose(op.ops[:-1]), "dicts", 32, 0, 255, True)
+    with pytest.raises(ArgumentError, match=r"semantic must be a uint8 tensor \[\d+, \d+\]"):
+        run_batch(images, cols.read(np.arange(2)), setup, torch.Generator())
+    images, cols = _inputs(SIZES[:3], 8)
+    cols.records[2]["masks_rle"] = cols.records[2]["masks_rle"][:-1]
+    setup = DenseSetup(cols, op, "dicts", 32, 0, 255, True)
+    with pytest.raises(ArgumentError, match="per-instance fields disagree on M"):
+        run_batch(images, cols.read(np.arange(3)), setup, torch.Generator())
