@@ -4,8 +4,8 @@ pass on the host (issue 46's dense pass: O(1) torch calls a batch, not O(images)
 
 :func:`batched_ops` says whether an op (a :class:`~packer.augment.dense.Compose`) has a
 batched path: every op one of :data:`BATCHED` (exact types), at most one resampling op
-(ScaleJitter, Resize, RandomResize, RandomResizedCrop; bilinear or nearest) and it before
-any op that moves pixels, one image fill (and mask fills) for every op that pads. Others
+(ScaleJitter, Resize, RandomResize, RandomResizedCrop; bilinear or nearest) and only
+flips before it, one image fill (and mask fills) for every op that pads. Others
 (IoU crop, affine, rotation, colour ops, bicubic, ...) keep the per-image path.
 
 :func:`run` takes the batch's images, host targets and masks (flat buffers, as the dense
@@ -83,7 +83,7 @@ def batched_ops(op: Any) -> Plan | None:
             if resampled or moved or mode not in MODES:
                 return None
             resampled, aa = True, bool(o.antialias)
-        if isinstance(o, (*PADDERS, D.RandomHorizontalFlip)):
+        if isinstance(o, PADDERS):  # flips may come first: they mirror the source
             moved = True
         if isinstance(o, PADDERS):
             fills.add(_fills(o))
@@ -106,7 +106,9 @@ class _Size:
 @dataclass
 class _Axis:
     """One image's axis: output pixel o (< size) reads v = off + sign * o of the crop
-    [start, start + length) of the source resized to n pixels (fill outside [0, n))."""
+    [start, start + length) of the source resized to n pixels (fill outside [0, n));
+    the source being the image flipped where ``pre_sign`` is -1 (flips before the
+    resize)."""
 
     start: int
     length: int
@@ -114,6 +116,8 @@ class _Axis:
     off: int = 0
     sign: int = 1
     size: int = 0
+    pre_off: int = 0  # source pixel i is the image's pre_off + pre_sign * i (flips first)
+    pre_sign: int = 1
 
     def __post_init__(self) -> None:
         self.size = self.size or self.n
@@ -321,6 +325,11 @@ class Geometry:
         return any(not a.covered for a in (*self.ys, *self.xs)), need_pad
 
     @property
+    def mirrored(self) -> bool:
+        """Some image is read mirrored (a flip before its resize)."""
+        return any(a.pre_sign != 1 for a in (*self.ys, *self.xs))
+
+    @property
     def resampled(self) -> bool:
         return any(a.n != a.length for a in (*self.ys, *self.xs))
 
@@ -392,8 +401,9 @@ def _resample(o, ps, cur, ys, xs, host: _Host | None) -> None:
             size = p["size"] if isinstance(o, D.ScaleJitter) else _out_size(o, p, (h, w))
         crops.append((top, left, ch, cw))
         outs.append(tuple(size))
-        ys[i] = _Axis(top, ch, size[0])
-        xs[i] = _Axis(left, cw, size[1])
+        # the axes so far are flips of the image (no resize, no pad before this one)
+        ys[i] = _Axis(top, ch, size[0], pre_off=ys[i].off, pre_sign=ys[i].sign)
+        xs[i] = _Axis(left, cw, size[1], pre_off=xs[i].off, pre_sign=xs[i].sign)
     if host is None:
         return
     full = [c == (0, 0, h, w) for c, (h, w) in zip(crops, cur)]
@@ -445,34 +455,47 @@ def _fixed_size_crop(o, ps, cur, ys, xs, host: _Host | None) -> None:
 
 
 def _tables(geo: Geometry, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """int64 [B, 6] (start, length, n, off, sign, size) per image for y and for x, on
-    ``device`` in one copy."""
-    rows = [[a.start, a.length, a.n, a.off, a.sign, a.size] for a in (*geo.ys, *geo.xs)]
-    both = to_device(torch.tensor(rows, dtype=torch.int64).reshape(2, -1, 6), device)
+    """int64 [B, 8] (start, length, n, off, sign, size, pre_off, pre_sign) per image for
+    y and for x, on ``device`` in one copy."""
+    rows = [
+        [a.start, a.length, a.n, a.off, a.sign, a.size, a.pre_off, a.pre_sign]
+        for a in (*geo.ys, *geo.xs)
+    ]
+    both = to_device(torch.tensor(rows, dtype=torch.int64).reshape(2, -1, 8), device)
     return both[0], both[1]
 
 
 def _positions(tab: torch.Tensor, canvas: int) -> tuple[torch.Tensor, ...]:
     """(v int64 [B, canvas] clamped into [0, n), content bool [B, canvas], inside bool)."""
     o = torch.arange(canvas, device=tab.device)
-    _, _, n, off, sign, size = tab.unbind(1)
+    n, off, sign, size = tab[:, 2:6].unbind(1)
     v = off[:, None] + sign[:, None] * o
     inside = o < size[:, None]
     content = inside & (v >= 0) & (v < n[:, None])
     return v.clamp(min=0).minimum(n[:, None] - 1), content, inside
 
 
-def _nearest(tab: torch.Tensor, v: torch.Tensor, mode: str) -> torch.Tensor:
+def _nearest(tab: torch.Tensor, v: torch.Tensor, mode: str, mirror: bool) -> torch.Tensor:
     """Source pixel of each position: torch's nearest rule for a resize of length ->
     n (float32 scale), as :func:`packer.imaging.resize.filter_weights`."""
     start, length, n = tab[:, 0:1], tab[:, 1:2], tab[:, 2:3]
     scale = length.to(torch.float32) / n.to(torch.float32)
     pos = v.to(torch.float32)
     pos = (pos + 0.5 if mode == "nearest-exact" else pos) * scale
-    return start + torch.minimum(pos.floor().to(torch.int64), length - 1)
+    return _mirrored(tab, start + torch.minimum(pos.floor().to(torch.int64), length - 1), mirror)
 
 
-def _weights(tab: torch.Tensor, v: torch.Tensor, k: int, aa: bool) -> tuple:
+def _mirrored(tab: torch.Tensor, index: torch.Tensor, mirror: bool) -> torch.Tensor:
+    """Pixels of the source as the image's (``pre_off + pre_sign * i``: flips before the
+    resize read the image mirrored, with the same weights); ``mirror``: some image is."""
+    if not mirror:
+        return index
+    extra = (None,) * (index.ndim - 1)
+    pre_off, pre_sign = tab[(slice(None), 6, *extra)], tab[(slice(None), 7, *extra)]
+    return pre_off + pre_sign * index
+
+
+def _weights(tab: torch.Tensor, v: torch.Tensor, k: int, aa: bool, mirror: bool) -> tuple:
     """Bilinear windows (index, weight) [B, canvas, k] of positions ``v``, as
     :func:`packer.imaging.resize.filter_weights` computes them for one image."""
     start, length = tab[:, 0, None, None], tab[:, 1, None, None]
@@ -485,7 +508,7 @@ def _weights(tab: torch.Tensor, v: torch.Tensor, k: int, aa: bool) -> tuple:
     w = (1.0 - ((j - centre + 0.5) / stretch).abs()).clamp(min=0.0)
     w = torch.where(j < length_f, w, 0.0)
     w = w / w.sum(-1, keepdim=True).clamp(min=1e-12)
-    return start + torch.minimum(j.to(torch.int64), length - 1), w
+    return _mirrored(tab, start + torch.minimum(j.to(torch.int64), length - 1), mirror), w
 
 
 def _dense(index: torch.Tensor, weight: torch.Tensor, in_size: int) -> torch.Tensor:
@@ -609,17 +632,19 @@ def run(
         hk = taps(max(a.length / a.n for a in geo.ys), plan.mode, plan.antialias)
         wk = taps(max(a.length / a.n for a in geo.xs), plan.mode, plan.antialias)
         if plan.mode == "bilinear":
-            iy, wy = _weights(ty, vy, hk, plan.antialias)
-            ix, wx = _weights(tx, vx, wk, plan.antialias)
+            iy, wy = _weights(ty, vy, hk, plan.antialias, geo.mirrored)
+            ix, wx = _weights(tx, vx, wk, plan.antialias, geo.mirrored)
         else:
-            iy, ix = _nearest(ty, vy, plan.mode)[..., None], _nearest(tx, vx, plan.mode)[..., None]
+            iy = _nearest(ty, vy, plan.mode, geo.mirrored)[..., None]
+            ix = _nearest(tx, vx, plan.mode, geo.mirrored)[..., None]
             wy, wx = torch.ones(iy.shape, device=dev), torch.ones(ix.shape, device=dev)
         ry = _dense(iy, wy * cy[..., None], src.shape[-2])
         rx = _dense(ix, wx * cx[..., None], src.shape[-1])
         pixels = _products(src, ry, rx, overshoots(plan.mode))
     else:
         b = torch.arange(src.shape[0], device=dev)
-        sy, sx = ty[:, 0:1] + vy, tx[:, 0:1] + vx  # crops without a resize
+        sy = _mirrored(ty, ty[:, 0:1] + vy, geo.mirrored)  # crops without a resize
+        sx = _mirrored(tx, tx[:, 0:1] + vx, geo.mirrored)
         pixels = src.permute(0, 2, 3, 1)[b[:, None, None], sy[:, :, None], sx[:, None, :]]
         pixels = pixels.permute(0, 3, 1, 2)
     c = src.shape[1]
@@ -629,7 +654,10 @@ def run(
     out_images = _fill_in(pixels, axes, fill, _u8(pad_fill), flags)
     masks = semantic = None
     if planes is not None:
-        my, mx = _nearest_mask(ty, vy, plan), _nearest_mask(tx, vx, plan)
+        my, mx = (
+            _nearest_mask(ty, vy, plan, geo.mirrored),
+            _nearest_mask(tx, vx, plan, geo.mirrored),
+        )
         if planes.column_major:
             masks = _instance_masks(planes, targets, my, mx, axes, plan, flags, dev)
         else:
@@ -659,9 +687,9 @@ def _fill_in(x: torch.Tensor, axes: tuple, fill, pad, flags: tuple[bool, bool]) 
     return torch.where(content, x, other).contiguous()
 
 
-def _nearest_mask(tab: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+def _nearest_mask(tab: torch.Tensor, v: torch.Tensor, plan: Plan, mirror: bool) -> torch.Tensor:
     """Masks' source pixels: nearest-exact where the image's mode is, else nearest."""
-    return _nearest(tab, v, "nearest-exact" if plan.mode == "nearest-exact" else "nearest")
+    return _nearest(tab, v, "nearest-exact" if plan.mode == "nearest-exact" else "nearest", mirror)
 
 
 def _instance_masks(planes, targets, my, mx, axes, plan, flags, dev) -> torch.Tensor:

@@ -40,6 +40,9 @@ def _recipes() -> dict[str, D.Compose]:
         "zoom": D.Compose(zoom),
         "pad": D.Compose(pad),
         "flip-only": flip,
+        "flip-lsj": D.Compose([D.RandomHorizontalFlip(0.5), *lsj, D.SanitizeBoundingBoxes()]),
+        "flips-rrc": D.Compose([flip, flip, D.RandomResizedCrop(28, scale=(0.2, 1.0))]),
+        "flip-nearest": D.Compose([flip, D.RandomResize(20, 60, interpolation="nearest"), flip]),
         "zoom-fills": D.Compose(
             [D.RandomZoomOut(5, (1.0, 1.5), 1.0, mask_fill=1, semantic_fill=7), flip]
         ),  # masks and semantic masks padded with their own values
@@ -121,7 +124,7 @@ def test_batched_without_masks_and_without_keypoints() -> None:
         assert ("masks" in bt[0]) is masks and ("keypoints" in bt[0]) is keypoints
 
 
-@pytest.mark.parametrize("name", ["lsj", "hflip", "zoom", "resize", "zoom-fills"])
+@pytest.mark.parametrize("name", ["lsj", "hflip", "zoom", "resize", "zoom-fills", "flip-lsj"])
 def test_batched_semantic_masks_are_the_per_image_path(name: str) -> None:
     ops = [o for o in _recipes()[name].ops if not isinstance(o, D.SanitizeBoundingBoxes)]
     op = D.Compose(ops)
@@ -182,11 +185,11 @@ def test_flips_swap_keypoints_by_the_categories_flip_map() -> None:
         D.Compose([D.RandomRotation(10)]),
         D.Compose([D.ColorOnly(ColorJitter(brightness=0.2)), D.RandomHorizontalFlip()]),
         D.Compose([D.RandomResizedCrop(16, interpolation="bicubic")]),
-        D.Compose([D.RandomHorizontalFlip(), D.Resize(20)]),  # resample after a flip
+        D.Compose([D.Pad((1, 1, 1, 1)), D.Resize(20)]),  # resample after a pad
         D.Compose([D.ScaleJitter((20, 20)), D.Resize(20)]),  # two resamples
         D.Compose([D.RandomZoomOut(fill=1), D.FixedSizeCrop(20, fill=2)]),  # two fills
     ],
-    ids=["iou", "affine", "rotation", "colour", "bicubic", "flip-resize", "two", "fills"],
+    ids=["iou", "affine", "rotation", "colour", "bicubic", "pad-resize", "two", "fills"],
 )
 def test_ops_without_a_batched_path_keep_the_per_image_path(op) -> None:
     assert batched_ops(op) is None
@@ -329,3 +332,13 @@ def test_records_that_disagree_with_their_image_are_refused_naming_the_field() -
     setup = DenseSetup(cols, op, "dicts", 32, 0, 255, True)
     with pytest.raises(ArgumentError, match="per-instance fields disagree on M"):
         run_batch(images, cols.read(np.arange(3)), setup, torch.Generator())
+
+
+def test_a_flip_then_a_resize_to_the_same_size_mirrors_the_source() -> None:
+    """No resampling left (the size kept) but the source mirrored: a gather, exact."""
+    sizes = [(30, 30)] * 3
+    op = D.Compose([D.RandomHorizontalFlip(1.0), D.Resize((30, 30))])
+    assert batched_ops(op) is not None
+    (bi, bt), (pi, pt) = _both(op, sizes, 0)
+    assert torch.equal(bi, pi)
+    _same_targets(bt, pt)
