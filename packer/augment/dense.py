@@ -53,6 +53,7 @@ __all__ = [
     "RandomAffine",
     "RandomHorizontalFlip",
     "RandomIoUCrop",
+    "RandomResize",
     "RandomResizedCrop",
     "RandomRotation",
     "RandomZoomOut",
@@ -419,6 +420,37 @@ class Resize(DenseOp):
 
     def apply(self, s: Sample, params: Params) -> Sample:
         return K.resize(s, self.size, self.interpolation, self.antialias, self.max_size)
+
+
+class RandomResize(DenseOp):
+    """torchvision's RandomResize: the shorter side to ``randint(min_size, max_size)``
+    (max excluded; one draw, ``torch.randint``), as :class:`Resize` with that size (the
+    segmentation reference's RandomResize(lo, hi) is ``RandomResize(lo, hi + 1)``)."""
+
+    def __init__(
+        self,
+        min_size: int,
+        max_size: int,
+        interpolation: object = "bilinear",
+        antialias: bool | None = True,
+    ) -> None:
+        for name, v in (("min_size", min_size), ("max_size", max_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ArgumentError(f"RandomResize: {name} must be a positive int, not {v!r}")
+        if max_size <= min_size:
+            raise ArgumentError(
+                f"RandomResize: max_size {max_size} must exceed min_size {min_size} (excluded)"
+            )
+        self.min_size, self.max_size = min_size, max_size
+        self.interpolation = interpolation_mode(interpolation, "RandomResize")
+        self.antialias = check_antialias(self.interpolation, antialias, "RandomResize")
+
+    def sample_params(self, s: Sample, generator: torch.Generator | None = None) -> Params:
+        size = torch.randint(self.min_size, self.max_size, (1,), generator=generator)
+        return dict(size=int(size))
+
+    def apply(self, s: Sample, params: Params) -> Sample:
+        return K.resize(s, params["size"], self.interpolation, self.antialias)
 
 
 class FixedSizeCrop(DenseOp):

@@ -23,8 +23,8 @@ Params = dict[str, Any] | None
 DENSE_OPS = frozenset(
     {
         "FixedSizeCrop", "Pad", "PadTo", "PadToMultiple", "RandomAffine",
-        "RandomHorizontalFlip", "RandomIoUCrop", "RandomResizedCrop", "RandomRotation",
-        "RandomZoomOut", "Resize", "SanitizeBoundingBoxes", "ScaleJitter",
+        "RandomHorizontalFlip", "RandomIoUCrop", "RandomResize", "RandomResizedCrop",
+        "RandomRotation", "RandomZoomOut", "Resize", "SanitizeBoundingBoxes", "ScaleJitter",
     }
 )  # fmt: skip
 

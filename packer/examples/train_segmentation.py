@@ -88,31 +88,14 @@ FOLDER_PAIRS = (
 # ---------------------------------------------------------------- the presets
 
 
-def _random_resize_op() -> type:
-    from packer.augment import dense as D
-
-    class RandomResize(D.DenseOp):
-        """The reference's RandomResize: the shorter side to ``randint(lo, hi)``."""
-
-        def __init__(self, lo: int, hi: int) -> None:
-            self.lo, self.hi = lo, hi
-
-        def sample_params(self, s: Any, generator: torch.Generator | None = None) -> Any:
-            return {"size": int(torch.randint(self.lo, self.hi + 1, (1,), generator=generator))}
-
-        def apply(self, s: Any, params: Any) -> Any:
-            return D.Resize(params["size"]).apply(s, None)
-
-    return RandomResize
-
-
 def pack_pipeline(args: argparse.Namespace, train: bool) -> Any:
     """SegmentationPresetTrain / Eval as packer.augment.dense ops."""
     from packer.augment import dense as D
 
     if not train:
         return D.Resize(args.base_size)
-    resize = _random_resize_op()(int(0.5 * args.base_size), int(2.0 * args.base_size))
+    # the reference's RandomResize(lo, hi) draws randint(lo, hi) with hi included
+    resize = D.RandomResize(int(0.5 * args.base_size), int(2.0 * args.base_size) + 1)
     crop = D.FixedSizeCrop(args.crop_size, fill=0, semantic_fill=IGNORE)
     return D.Compose([resize, D.RandomHorizontalFlip(0.5), crop])
 

@@ -13,7 +13,9 @@ each image with all its fields at once, drawing from a generator seeded per batc
 labels, keypoints and extras stay on the CPU through the ops (a few floats: which boxes
 are dropped is then known to the host without waiting for the device) and move to the
 device once a batch; instance masks are decoded on the device from their run lengths.
-The host waits for the device nowhere per image. Then:
+The host waits for the device nowhere per image. A transform with a batched path
+(flips, LSJ, resizes, pads: :mod:`packer.loading.dense_batched`) runs over the whole
+batch at once instead, with the same draws and outputs. Then:
 
 * ``targets="dicts"`` (detection, the default): a list of one dict per image as
   torchvision's detection models and references take them
@@ -43,6 +45,7 @@ import torch.nn.functional as nnf
 from ..errors import PackFormatError, UsageError
 from ..imaging.resize import to_device
 from ..pack.kinds import StorageKind
+from .dense_batched import decode_flat, plan_of, run_batched, upload_flat
 from .order import batch_seed
 from .producer import _Pass
 from .stats import AUGMENT, COPY, READ
@@ -281,62 +284,32 @@ def _pixels(rec: dict[str, Any], setup: DenseSetup) -> Any:
     return None
 
 
-def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor onto ``device`` without making the host wait (pinned on CUDA)."""
-    if device.type == "cuda" and not t.is_pinned():
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
-
-
 def _decode_runs(items: list[Any], device: torch.device) -> list[Any]:
-    """Instance masks uint8 [M, h, w] on ``device`` from their run lengths (column-major
-    0s then 1s, as COCO's RLE and pycocotools' decoder): the batch's runs copied in one
-    go, expanded by one ``repeat_interleave`` of a known length (no host wait), each
-    image's masks transposed to rows. Equal to ``pycocotools.mask.decode``."""
-    runs = [r for it in items if it is not None for r in it[0]]
-    counts = np.concatenate([np.zeros(0, np.int64), *runs])
-    values = np.concatenate(
-        [np.zeros(0, np.uint8), *((np.arange(len(r)) & 1).astype(np.uint8) for r in runs)]
-    )
-    total = int(counts.sum())
-    flat = torch.repeat_interleave(
-        _upload(torch.from_numpy(values), device),
-        _upload(torch.from_numpy(counts), device),
-        output_size=total,
-    )
-    out, offset = [], 0
-    for it in items:
+    """:func:`decode_flat`, each image's masks uint8 [M, h, w] (transposed to rows).
+    Equal to ``pycocotools.mask.decode``."""
+    flat, bases = decode_flat(items, device)
+    out = []
+    for it, offset in zip(items, bases):
         if it is None:
             out.append(None)
             continue
         m, (h, w) = len(it[0]), it[1]
         part = flat[offset : offset + m * h * w].view(m, w, h)
         out.append(part.transpose(1, 2).contiguous())
-        offset += m * h * w
     return out
 
 
 def upload_pixels(arrays: list[Any], device: torch.device) -> list[Any]:
-    """The batch's masks on ``device`` in one copy: written into one (pinned, on CUDA)
-    host buffer, copied without making the host wait, each a view of the result (a
-    copy per image from pageable memory may make the host wait for the stream).
-    Instance masks (``(runs, size)`` of :func:`_pixels`) are decoded there."""
+    """The batch's masks on ``device`` in one copy (:func:`upload_flat`), each a view of
+    the result. Instance masks (``(runs, size)`` of :func:`_pixels`) are decoded there."""
     if all(a is None for a in arrays):
         return [None] * len(arrays)
     if any(isinstance(a, tuple) for a in arrays):
         return _decode_runs(arrays, device)
-    sizes = [0 if a is None else a.size for a in arrays]
-    pin = device.type == "cuda" and torch.cuda.is_available()
-    buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin)
-    flat = buf.numpy()
-    offset = 0
-    for a, n in zip(arrays, sizes):
-        if a is not None:
-            flat[offset : offset + n] = a.reshape(-1)
-        offset += n
-    moved = buf.to(device, non_blocking=True)  # pinned on CUDA; a no-op on the CPU
-    parts = moved.split(sizes)
-    return [None if a is None else p.view(a.shape) for a, p in zip(arrays, parts)]
+    moved, bases = upload_flat(arrays, device)
+    return [
+        None if a is None else moved[b : b + a.size].view(a.shape) for a, b in zip(arrays, bases)
+    ]
 
 
 def to_sample(
@@ -426,11 +399,20 @@ def run_batch(
     records: list[dict[str, Any]],
     setup: DenseSetup,
     gen: torch.Generator | None,
+    batched: bool = True,
 ) -> tuple[torch.Tensor, Any]:
     """One batch: each image with its record through the op, then :func:`collate`.
-    ``gen`` is seeded for the batch by the caller; images draw from it in order."""
+    ``gen`` is seeded for the batch by the caller; images draw from it in order. Where
+    the op has a batched path (:mod:`packer.loading.dense_batched`) and ``batched``, the
+    whole batch goes through it at once, with the same draws and outputs."""
     dev = images[0].device if images else torch.device("cpu")
-    pixels = upload_pixels([_pixels(rec, setup) for rec in records], dev)
+    items = [_pixels(rec, setup) for rec in records]
+    plan = plan_of(setup.op) if images and batched else None
+    if plan is not None:  # the whole batch at once (packer.loading.dense_batched)
+        out = run_batched(images, records, items, setup, gen, plan)
+        if out is not None:
+            return out
+    pixels = upload_pixels(items, dev)
     samples = [to_sample(img, rec, setup, px) for img, rec, px in zip(images, records, pixels)]
     if setup.op is not None:
         samples = [setup.op(s, gen) for s in samples]

@@ -1,0 +1,263 @@
+"""The dense pass's batched path: a batch whose transform has one
+(:func:`packer.augment.dense_batched.batched_ops`: flips, LSJ's ScaleJitter and
+FixedSizeCrop, resizes, pads, sanitize) runs it over the whole batch at once, with a
+fixed number of torch calls however many images and boxes it holds, and collates it
+into the same ``(images, targets)`` as :func:`packer.loading.dense_pass.collate` of the
+per-image path: the targets' values the same bits, the masks identical, the images
+within the rounding of one product.
+
+The records' boxes, labels, keypoints and iscrowd are stacked on the host (one row per
+instance, with its image), moved there by every op at once, and copied to the device
+once per dtype; instance masks are decoded into one buffer and gathered from it by one
+index (:func:`packer.loading.dense_pass.decode_flat`); semantic masks likewise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..augment import dense_batched as DB
+from ..imaging.resize import to_device
+
+
+def plan_of(op: Any) -> DB.Plan | None:
+    """The batched plan of the dense pass's op, or None (no op, or one without)."""
+    return None if op is None else DB.batched_ops(op)
+
+
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto ``device`` without making the host wait (pinned on CUDA)."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def decode_flat(items: list[Any], device: torch.device, slack: int = 0) -> tuple:
+    """Instance masks on ``device`` from their run lengths (column-major 0s then 1s, as
+    COCO's RLE and pycocotools' decoder), the batch's in one buffer: ``(flat, bases)``,
+    image ``i``'s masks [M, w, h] (column-major) from ``flat[bases[i]]``, and ``slack``
+    zeros after the last. The runs are copied in one go and expanded by one
+    ``repeat_interleave`` of a known length (no host wait)."""
+    runs = [r for it in items if it is not None for r in it[0]]
+    counts = np.concatenate([np.zeros(0, np.int64), *runs, np.array([slack], np.int64)])
+    values = np.concatenate(
+        [np.zeros(0, np.uint8), *((np.arange(len(r)) & 1).astype(np.uint8) for r in runs),
+         np.zeros(1, np.uint8)]
+    )  # fmt: skip
+    total = int(counts.sum())
+    flat = torch.repeat_interleave(
+        _upload(torch.from_numpy(values), device),
+        _upload(torch.from_numpy(counts), device),
+        output_size=total,
+    )
+    bases, offset = [], 0
+    for it in items:
+        bases.append(offset)
+        if it is not None:
+            offset += len(it[0]) * it[1][0] * it[1][1]
+    return flat, bases
+
+
+def upload_flat(arrays: list[Any], device: torch.device, slack: int = 0) -> tuple:
+    """The batch's masks (uint8 arrays, or None) on ``device`` in one copy: ``(flat,
+    bases)``, array ``i`` from ``flat[bases[i]]``, ``slack`` bytes after the last: one
+    (pinned, on CUDA) host buffer copied without making the host wait (a copy per
+    image from pageable memory may make the host wait for the stream)."""
+    sizes = [0 if a is None else a.size for a in arrays]
+    pin = device.type == "cuda" and torch.cuda.is_available()
+    buf = torch.zeros(sum(sizes) + slack, dtype=torch.uint8, pin_memory=pin)
+    flat = buf.numpy()
+    bases, offset = [], 0
+    for a, n in zip(arrays, sizes):
+        bases.append(offset)
+        if a is not None:
+            flat[offset : offset + n] = a.reshape(-1)
+        offset += n
+    return buf.to(device, non_blocking=True), bases  # pinned on CUDA; a no-op on the CPU
+
+
+def _host_targets(records: list[dict[str, Any]]) -> DB.Targets | None:
+    """The records' instances stacked: one row each, with its image (None where the
+    records disagree on keypoints: the per-image path handles those)."""
+    has_kp = {"keypoints" in r for r in records}
+    if len(has_kp) > 1:
+        return None
+    boxes = [np.reshape(np.asarray(r["boxes"], np.float32), (-1, 4)) for r in records]
+    counts = [len(b) for b in boxes]
+    image = torch.from_numpy(np.repeat(np.arange(len(records)), counts).astype(np.int64))
+    keypoints = None
+    if has_kp == {True}:
+        kps = [np.asarray(r["keypoints"], np.float32) for r in records]
+        k = max([kp.shape[1] for kp in kps if kp.ndim == 3] or [0])
+        kps = [kp.reshape(-1, k, 3) for kp in kps]
+        keypoints = torch.from_numpy(np.concatenate(kps)) if k else torch.zeros(sum(counts), 0, 3)
+    return DB.Targets(
+        boxes=torch.from_numpy(np.concatenate([np.zeros((0, 4), np.float32), *boxes])),
+        image=image,
+        row=torch.arange(sum(counts)),
+        labels=torch.from_numpy(_cat([r["labels"] for r in records], np.int64)),
+        keypoints=keypoints,
+        extras={"iscrowd": torch.from_numpy(_cat([r["iscrowd"] for r in records], np.int64))},
+    )
+
+
+def _agree(images: list[torch.Tensor], records: list[dict[str, Any]], items: list[Any],
+           semantic: bool) -> bool:  # fmt: skip
+    """Every record's fields agree with its image (masks of its size, one label, mask
+    and keypoint row per box): else the per-image path, whose checks name the field."""
+    for img, rec, it in zip(images, records, items):
+        hw = (int(img.shape[-2]), int(img.shape[-1]))
+        if semantic:
+            if it is not None and tuple(it.shape) != hw:
+                return False
+            continue
+        m = int(np.size(rec["boxes"])) // 4
+        if np.size(rec["labels"]) != m or np.size(rec["iscrowd"]) != m:
+            return False
+        kp = rec.get("keypoints")
+        if kp is not None and (np.ndim(kp) != 3 or np.shape(kp)[0] != m) and np.size(kp):
+            return False
+        if it is not None and (len(it[0]) != m or tuple(it[1]) != hw):
+            return False
+    return True
+
+
+def _cat(arrays: list[Any], dtype: Any) -> np.ndarray:
+    return np.concatenate([np.zeros(0, dtype), *(np.asarray(a).astype(dtype) for a in arrays)])
+
+
+def _planes(items: list[Any], setup: Any, dev: torch.device) -> Any:
+    """The batch's masks (``dense_pass._pixels`` of each record) as
+    :class:`~packer.augment.dense_batched.Planes`, None when it has none, or False where
+    only some records have them (the per-image path)."""
+    if all(i is None for i in items):
+        return None
+    if any(i is None for i in items):
+        return False
+    if setup.semantic:
+        slack = max(a.shape[1] for a in items)
+        flat, bases = upload_flat(items, dev, slack)
+        return DB.Planes(flat, bases, [tuple(a.shape) for a in items], False)
+    slack = max(size[0] for _, size in items)
+    flat, image_bases = decode_flat(items, dev, slack)
+    base, sizes = [], []
+    for (runs, (h, w)), b in zip(items, image_bases):
+        base.extend(b + j * h * w for j in range(len(runs)))
+        sizes.extend([(h, w)] * len(runs))
+    return DB.Planes(flat, base, sizes, True)
+
+
+def run_batched(
+    images: list[torch.Tensor],
+    records: list[dict[str, Any]],
+    items: list[Any],
+    setup: Any,
+    gen: torch.Generator | None,
+    plan: DB.Plan,
+) -> tuple[torch.Tensor, Any] | None:
+    """One batch through ``plan`` and collated, or None where this batch needs the
+    per-image path (records that disagree on masks or keypoints, or with their image). ``items``: each
+    record's masks (``dense_pass._pixels``); ``setup``: the pass's ``DenseSetup``."""
+    dev = images[0].device
+    if not _agree(images, records, items, setup.semantic):
+        return None
+    planes = _planes(items, setup, dev)
+    if planes is False:
+        return None
+    ids = [int(r["image_id"]) for r in records]
+    if setup.semantic:
+        out = DB.run(plan, images, None, planes, gen, setup.size_divisible, setup.fill,
+                     setup.semantic_fill)  # fmt: skip
+        return out.images, out.semantic
+    targets = _host_targets(records)
+    if targets is None:
+        return None
+    out = DB.run(plan, images, targets, planes, gen, setup.size_divisible, setup.fill,
+                 setup.semantic_fill)  # fmt: skip
+    t = out.targets
+    b = len(images)
+    counts = torch.bincount(t.image, minlength=b).tolist()
+    if out.masks is not None:  # COCO's segment area: the transformed masks' pixels
+        area = out.masks.flatten(1).sum(1, dtype=torch.int64).to(torch.float32)
+    else:
+        bx = t.boxes
+        area = (bx[:, 2] - bx[:, 0]) * (bx[:, 3] - bx[:, 1])
+    if setup.targets == "padded":
+        return out.images, _padded(out, counts, area, ids, dev)
+    return out.images, _dicts(out, counts, area, ids, dev)
+
+
+def _moved(parts: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
+    """Host tensors onto ``dev``: one copy per dtype, each a view of it."""
+    out: dict[str, torch.Tensor] = {k: v for k, v in parts.items() if v.device == dev}
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for k, v in parts.items():
+        if k not in out:
+            by_dtype.setdefault(v.dtype, []).append(k)
+    for keys in by_dtype.values():
+        flat = to_device(torch.cat([parts[k].reshape(-1) for k in keys]), dev)
+        for k, piece in zip(keys, flat.split([parts[k].numel() for k in keys])):
+            out[k] = piece.view(parts[k].shape)
+    return out
+
+
+def _dicts(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> list[dict]:
+    t = out.targets
+    parts = {"boxes": t.boxes, "labels": t.labels, "area": area, "iscrowd": t.extras["iscrowd"]}
+    if t.keypoints is not None:
+        parts["keypoints"] = t.keypoints
+    moved = _moved(parts, dev)
+    if out.masks is not None:
+        moved["masks"] = out.masks
+    split = {k: v.split(counts) for k, v in moved.items()}
+    tail = [k for k in ("masks", "keypoints") if k in split]
+    return [
+        {
+            "boxes": split["boxes"][i],
+            "labels": split["labels"][i],
+            "image_id": image_id,
+            "area": split["area"][i],
+            "iscrowd": split["iscrowd"][i],
+            **{k: split[k][i] for k in tail},
+        }
+        for i, image_id in enumerate(ids)
+    ]
+
+
+def _padded(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> dict:
+    """:func:`packer.augment.dense_batch.collate_padded`'s dict (plus ``image_ids``)."""
+    t = out.targets
+    b, n = len(counts), max(counts)
+    slot = t.image * n + torch.cat([torch.arange(c) for c in counts] or [torch.zeros(0)]).long()
+
+    slots = {slot.device: slot}
+
+    def pad(rows: torch.Tensor, value: float) -> torch.Tensor:
+        if rows.device not in slots:
+            slots[rows.device] = to_device(slot, rows.device)
+        full = rows.new_full((b * n, *rows.shape[1:]), value)
+        full.index_copy_(0, slots[rows.device], rows)
+        return full.view(b, n, *rows.shape[1:])
+
+    host = {
+        "image_sizes": torch.tensor(out.sizes, dtype=torch.int64).reshape(b, 2),
+        "counts": torch.tensor(counts, dtype=torch.int64),
+        "valid": torch.arange(n).expand(b, n).lt(torch.tensor(counts)[:, None]),
+        "boxes": pad(t.boxes, 0.0),
+        "labels": pad(t.labels, -1),
+        "iscrowd": pad(t.extras["iscrowd"], 0),
+        "image_ids": torch.tensor(ids, dtype=torch.int64),
+    }
+    if t.keypoints is not None:
+        host["keypoints"] = pad(t.keypoints, 0.0)
+    if area.device.type == "cpu" and dev.type != "cpu":
+        host["area"] = pad(area, 0.0)
+    result = _moved(host, dev)
+    if "area" not in result:
+        result["area"] = pad(area, 0.0)
+    if out.masks is not None:
+        result["masks"] = pad(out.masks, 0)
+    return result
