@@ -205,7 +205,8 @@ def test_ops_without_a_batched_path_keep_the_per_image_path(op) -> None:
 def uploads_marked(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU ``to_device`` hands back the host tensor; a CUDA run's is a device
     tensor, and every op on it a launch: count those too."""
-    import packer.augment.dense_batched as augment_side
+    import packer.augment.dense_batched_masks as masks_side
+    import packer.augment.dense_batched_resample as resample_side
     import packer.loading.dense_batched as loading_side
 
     def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -213,7 +214,7 @@ def uploads_marked(monkeypatch: pytest.MonkeyPatch) -> None:
         SyncCounter.device(out)
         return out
 
-    for mod in (augment_side, loading_side):
+    for mod in (resample_side, masks_side, loading_side):
         monkeypatch.setattr(mod, "to_device", upload)
 
 
