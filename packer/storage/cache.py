@@ -252,7 +252,12 @@ class RemoteShards(ShardStore):
             # held before looking: from here on no process can evict the shard
             fd = _lock(self.meta / f"{self._name(k)}.use", shared=True, timeout=LOCK_TIMEOUT)
             with self._mutex:
-                self._use_fds[k] = fd
+                closed = self._closed  # while this waited: the lock is not the store's
+                if not closed:
+                    self._use_fds[k] = fd
+            if closed:
+                os.close(fd)
+                raise RuntimeError("the remote set was closed")
             os.utime(fd)  # the LRU stamp
             if not self._present(k):
                 self._download(k, demand=True)

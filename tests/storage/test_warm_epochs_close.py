@@ -1,0 +1,91 @@
+"""A warm remote set's kept ``.use`` locks (:class:`packer.storage.cache.RemoteShards`)
+and its close: no lock descriptor outlives :meth:`close` (a fetch that was waiting for
+its lock when the set closed lets go of it; close twice; a set past its kept-lock cap),
+and a garbage-collected set lets go of them without close."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3_server as fx
+from s3_server import RAW, new_url, write_src
+
+import packer
+from helpers.local_server import S3Server
+from packer.builder.api import build
+from packer.storage import cache
+
+s3, s3_server = fx.s3, fx.s3_server  # the fixtures
+
+
+def _use_fds() -> list[str]:
+    """The cache ``.use`` files this process has open."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".use"):
+            out.append(target)
+    return out
+
+
+def _set(tmp_path: Path) -> str:
+    src = write_src(tmp_path / "src", {"cat": 5, "dog": 5})
+    url = new_url()
+    build(src, url, RAW)  # 5 shards of 2 images
+    return url
+
+
+def test_a_fetch_waiting_for_its_lock_when_the_set_closes_lets_go_of_it(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = packer.load(_set(tmp_path))
+    s.store.fetch(0)
+    s.store.release(0)
+    real = cache._lock
+
+    def close_meanwhile(*args: Any, **kwargs: Any) -> int:
+        fd = real(*args, **kwargs)  # taken just as another thread closes the set
+        monkeypatch.setattr(cache, "_lock", real)
+        s.store.close()
+        return fd
+
+    monkeypatch.setattr(cache, "_lock", close_meanwhile)
+    with pytest.raises(RuntimeError, match="the remote set was closed"):
+        s.store.fetch(1)
+    assert _use_fds() == [] and not s.store._use_fds and not s.store.kept(1)
+    assert s.store.downloads == 1  # shard 1 not fetched after the close
+
+
+def test_kept_locks_past_the_cap_close_twice_and_gc_leave_no_descriptor(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    url = _set(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    s = packer.load(url)
+    s.store.kept_locks = 2
+    loader = packer.PackLoader(s, 3, device="cpu", order="shards")
+    for e in range(2):
+        loader.set_epoch(e)
+        assert len(list(loader)) == 4
+    assert len(_use_fds()) <= 3 and all(s.store.kept(k) for k in range(5))
+    loader.close()
+    s.store.close()
+    s.store.close()  # again: nothing
+    assert _use_fds() == []
+    with pytest.raises(RuntimeError, match="the remote set was closed"):
+        s.store.fetch(0)
+    # never closed: its locks go with it
+    s = packer.load(url)
+    loader = packer.PackLoader(s, 3, device="cpu", order="shards")
+    assert len(list(loader)) == 4 and len(_use_fds()) == 5
+    del s, loader
+    gc.collect()
+    assert _use_fds() == []
+    assert len(os.listdir("/proc/self/fd")) <= before + 2  # at most the client's sockets
