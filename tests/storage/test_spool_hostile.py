@@ -66,3 +66,16 @@ def test_a_second_build_to_the_same_dst_keeps_the_first_ones_spool(tmp_path: Pat
     finally:
         first.remove()
     assert os.listdir(tmp_path) == []
+
+
+def test_the_folders_made_for_the_spool_go_with_it_unless_used(tmp_path: Path) -> None:
+    """A DST in folders that do not exist yet: a build that fails leaves none behind (as
+    a build from local files, which makes them only for its work); one that wrote there
+    keeps them."""
+    assert _plan(tmp_path / "a" / "b" / "pack", ["x.tar"])[0]
+    assert os.listdir(tmp_path) == []
+    dst = tmp_path / "c" / "d" / "pack"
+    with spool.spool_area(dst):
+        assert spool.plan_spool(["x.tar"], [10], SourceOptions())[0]
+        dst.mkdir()  # the build's output
+    assert os.listdir(dst.parent) == ["pack"]

@@ -116,12 +116,19 @@ class Spools:
 
     def __init__(self) -> None:
         self.made: list[Spool] = []
+        self.dirs: list[Path] = []  # DST's missing parents made for them, deepest first
 
     def remove(self) -> None:
-        """Remove every spool made so far (again: nothing)."""
+        """Remove every spool made so far (again: nothing), and the folders made for
+        them that nothing else went into since (a failed build's DST folder)."""
         while self.made:
             with contextlib.suppress(OSError):
                 self.made.pop().remove()
+        while self.dirs:
+            try:
+                os.rmdir(self.dirs.pop(0))
+            except OSError:
+                self.dirs.clear()  # not empty (DST, its work folder): it and those above stay
 
 
 @contextlib.contextmanager
@@ -146,7 +153,9 @@ def plan_spool(names: Sequence[str], sizes: Sequence[int], opts: SourceOptions) 
         return [""] * len(names)
     dst, spools = area
     try:
+        missing = [d for d in (dst.parent, *dst.parent.parents) if not d.exists()]
         dst.parent.mkdir(parents=True, exist_ok=True)
+        spools.dirs[:0] = missing
         free = shutil.disk_usage(dst.parent).free
     except OSError as e:
         log.info("%s: no spool for the bucket's shards (%s)", dst.parent, e.strerror)
