@@ -89,3 +89,33 @@ def test_kept_locks_past_the_cap_close_twice_and_gc_leave_no_descriptor(
     gc.collect()
     assert _use_fds() == []
     assert len(os.listdir("/proc/self/fd")) <= before + 2  # at most the client's sockets
+
+
+def test_a_forked_child_reads_the_kept_shards_and_its_close_keeps_the_parents_locks(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """A child forked after the first epoch reads the kept shards from the inherited
+    mappings (no fetch); its close (or exit) closes its copies of the lock descriptors,
+    which leaves the parent's locks held: a limited reader still cannot evict them."""
+    s = packer.load(_set(tmp_path))
+    loader = packer.PackLoader(s, 3, device="cpu", order="shards", shuffle=False)
+    first = [x.clone() for x, _ in loader]
+    pid = os.fork()
+    if pid == 0:  # the child: a pass, then close
+        code = 1
+        try:
+            again = [x for x, _ in loader]
+            same = all(a.equal(b) for a, b in zip(first, again, strict=True))
+            code = 0 if same and s.store.downloads == 5 else 2
+            s.store.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    held = [cache._try_lock(s.store.meta / f"{s.store._name(k)}.use") for k in range(5)]
+    assert held == [None] * 5  # every shard still locked by the parent
+    s.store.close()
+    free = [cache._try_lock(s.store.meta / f"{s.store._name(k)}.use") for k in range(5)]
+    assert None not in free
+    for fd in free:
+        os.close(fd)  # type: ignore[arg-type]
