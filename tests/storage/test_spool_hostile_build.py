@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -72,8 +73,8 @@ def test_ctrl_c_while_the_shards_are_fetched_leaves_no_spool(
     real = remote.spool_object
     fetched: list[str] = []
 
-    def interrupted(url: str, path: str, stamp: str) -> None:
-        real(url, path, stamp)
+    def interrupted(url: str, path: str, stamp: str, stop: object = None) -> None:
+        real(url, path, stamp, stop)  # type: ignore[arg-type]
         fetched.append(path)
         if len(fetched) == 2:
             raise KeyboardInterrupt
@@ -84,3 +85,36 @@ def test_ctrl_c_while_the_shards_are_fetched_leaves_no_spool(
         build(f"{prefix}/train-{{000000..{len(files) - 1:06d}}}.tar", dst, CONFIG)
     assert fetched and not any(os.path.exists(p) for p in fetched)
     assert not (tmp_path / "out").exists() or not _spools(tmp_path / "out")
+
+
+def test_ctrl_c_ends_the_fetches_in_flight_not_after_their_shards(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards are fetched side by side: Ctrl-C (or a shard refused) while the others
+    are in flight stops them at their next piece (the pool would wait for each whole
+    shard: minutes for large ones), and a fetch told to stop reads nothing more."""
+    files = write_shards(tree(tmp_path / "src", n=4), tmp_path / "shards", maxcount=4)
+    prefix = _upload(files, [f.name for f in files])
+    real = remote.spool_object
+    told: list[bool] = []
+    in_flight = threading.Barrier(len(files))  # every fetch started, then Ctrl-C
+
+    def first_interrupted(url: str, path: str, stamp: str, stop: object = None) -> None:
+        in_flight.wait(30)
+        if url.endswith("000000.tar"):
+            raise KeyboardInterrupt
+        told.append(stop.wait(30))  # type: ignore[attr-defined]  # set by the interrupt
+        real(url, path, stamp, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(remote, "spool_object", first_interrupted)
+    dst = tmp_path / "out" / "pack"
+    with pytest.raises(KeyboardInterrupt):
+        build(f"{prefix}/train-{{000000..{len(files) - 1:06d}}}.tar", dst, CONFIG)
+    assert told == [True] * (len(files) - 1)
+    assert not (tmp_path / "out").exists() or not _spools(tmp_path / "out")
+    # a fetch told to stop: SpoolStopped, nothing written
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(remote.SpoolStopped):
+        real(f"{prefix}/{files[1].name}", str(tmp_path / "copy"), "1:", stop)
+    assert not (tmp_path / "copy").exists()
