@@ -119,3 +119,27 @@ def test_a_forked_child_reads_the_kept_shards_and_its_close_keeps_the_parents_lo
     assert None not in free
     for fd in free:
         os.close(fd)  # type: ignore[arg-type]
+
+
+def test_the_kept_lock_cap_is_the_processs_across_readers(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two readers without a limit (train and val, or a set opened twice) share the
+    process's cap: each taking a quarter of the descriptors would run the process out
+    of them with four; past the cap a kept shard is still a count (its mapping)."""
+    monkeypatch.setattr(cache, "_kept_locks", lambda: 3)
+    url = _set(tmp_path)
+    sets = [packer.load(url), packer.load(url)]
+    loaders = [packer.PackLoader(s, 3, device="cpu", order="shards") for s in sets]
+    for e in range(2):
+        for loader in loaders:
+            loader.set_epoch(e)
+            assert len(list(loader)) == 4
+    assert len(_use_fds()) <= 3
+    assert all(s.store.kept(k) for s in sets for k in range(5))
+    sets[0].store.close()  # its share of the cap goes back
+    loaders[1].set_epoch(2)
+    assert len(list(loaders[1])) == 4
+    assert len(_use_fds()) <= 3
+    sets[1].store.close()
+    assert _use_fds() == [] and cache._kept_held == 0
