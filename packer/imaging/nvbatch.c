@@ -124,11 +124,22 @@ static int pool_pin_free(void* ctx, void* ptr, size_t size, cudaStream_t stream)
     for (int i = 0; i < PINNED_KEPT; i++) {
         pinned_block* b = &p->blocks[i];
         if (b->ptr == ptr) {
-            if (!b->event) p->event_create(&b->event, 2 /* cudaEventDisableTiming */);
-            if (b->event) p->event_record(b->event, stream);
+            if (!b->event && p->event_create(&b->event, 2 /* cudaEventDisableTiming */) != 0)
+                b->event = NULL; /* a failed call's output is not an event */
+            if (b->event && p->event_record(b->event, stream) == 0) {
+                b->busy = 0;
+                pthread_mutex_unlock(&p->lock);
+                return 0;
+            }
+            /* nothing marks where `stream` is past the block: its next user could be
+             * handed it while this stream still copies from it. Not kept: freed below
+             * (cudaFreeHost waits for the device), its slot free for a new block. */
+            if (b->event) p->event_destroy(b->event);
+            b->event = NULL;
+            b->ptr = NULL;
+            b->size = 0;
             b->busy = 0;
-            pthread_mutex_unlock(&p->lock);
-            return 0;
+            break;
         }
     }
     pthread_mutex_unlock(&p->lock);

@@ -73,14 +73,36 @@ _PREFETCH_AHEAD_S = 3600.0  # a prefetched shard's LRU stamp, this far past its 
 
 
 def _kept_locks() -> int:
-    """How many kept shards' ``.use`` locks (one descriptor each) a reader without a
-    limit holds at most: a quarter of this process's descriptors, 64 to 4,096."""
+    """How many kept shards' ``.use`` locks (one descriptor each) the readers without a
+    limit of this process hold at most, all together (two sets, train and val, share
+    it): a quarter of this process's descriptors, 64 to 4,096."""
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return 4096
     return max(64, min(4096, soft // 4))
+
+
+# kept locks held now by every reader of this process (bounded by _kept_locks())
+_kept_held = 0
+_kept_mutex = threading.Lock()
+
+
+def _take_kept_slot() -> bool:
+    global _kept_held
+    with _kept_mutex:
+        if _kept_held >= _kept_locks():
+            return False
+        _kept_held += 1
+        return True
+
+
+def _give_kept_slots(n: int) -> None:
+    global _kept_held
+    if n:
+        with _kept_mutex:
+            _kept_held = max(0, _kept_held - n)
 
 
 def default_cache_dir() -> Path:
@@ -180,6 +202,7 @@ class RemoteShards(ShardStore):
         # (keeps_released): a next fetch is a count
         self._kept: set[int] = set()
         self.kept_locks = _kept_locks()
+        self._kept_held: set[int] = set()  # kept shards whose lock is kept (counted)
         self._paths = [root / e.name for e in index.shards]
 
     @property
@@ -252,7 +275,12 @@ class RemoteShards(ShardStore):
             # held before looking: from here on no process can evict the shard
             fd = _lock(self.meta / f"{self._name(k)}.use", shared=True, timeout=LOCK_TIMEOUT)
             with self._mutex:
-                self._use_fds[k] = fd
+                closed = self._closed  # while this waited: the lock is not the store's
+                if not closed:
+                    self._use_fds[k] = fd
+            if closed:
+                os.close(fd)
+                raise RuntimeError("the remote set was closed")
             os.utime(fd)  # the LRU stamp
             if not self._present(k):
                 self._download(k, demand=True)
@@ -269,8 +297,14 @@ class RemoteShards(ShardStore):
             # a kept shard keeps its lock (keeps_released), up to kept_locks of them;
             # any other lets go at 0 (a kept one past the cap is still read from its
             # mapping: another process deleting the file frees its disk when we close)
-            keep = k in self._kept and len(self._use_fds) <= self.kept_locks
-            fd = self._use_fds.pop(k, None) if left == 0 and not keep else None
+            # (the process's count, across readers, too: :func:`_kept_locks`)
+            fd = None
+            if left == 0 and k not in self._kept_held and k in self._use_fds:
+                keep = k in self._kept and len(self._use_fds) <= self.kept_locks
+                if keep and _take_kept_slot():
+                    self._kept_held.add(k)
+                else:
+                    fd = self._use_fds.pop(k)
         if fd is not None:
             os.close(fd)  # drops the shared lock: the shard may now be evicted
 
@@ -297,6 +331,8 @@ class RemoteShards(ShardStore):
             self._use_fds.clear()
             self._pins.clear()
             self._kept.clear()
+            held, self._kept_held = len(self._kept_held), set()
+        _give_kept_slots(held)
         if pool is not None:
             if isinstance(self._client, ObjectStore):
                 self._client.cancel()  # prefetches in flight end now (they were hints)

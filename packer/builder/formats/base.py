@@ -71,6 +71,31 @@ __all__ = [
 ]
 
 
+_NAME_MAX = 255  # bytes of one name in a path (Linux, macOS); longer: no such file
+
+
+def _check_name_lengths(text: str, patterns: bool) -> None:
+    """InputError for a local path with a name longer than a file system allows (every
+    stat of it raises ENAMETOOLONG, which Path.exists/is_dir do not turn into False);
+    with ``patterns``, names with brace or glob characters are left to their expansion."""
+    for part in Path(text).parts:
+        if patterns and ("{" in part or glob.has_magic(part)):
+            continue
+        if len(os.fsencode(part)) > _NAME_MAX:
+            raise InputError(
+                f"{text}: the name {part[:40]}... is {len(os.fsencode(part)):,} bytes, over "
+                f"the {_NAME_MAX} a file name can have; check the path"
+            )
+
+
+def _quietly(check: Any) -> bool:
+    """``check()``, False where it raises OSError (a pattern's text too long to stat)."""
+    try:
+        return bool(check())
+    except OSError:
+        return False
+
+
 def source_spec(src: Any) -> SourceSpec | None:
     """What kind of source ``src`` is (a str, a path, or a list of them: files, globs,
     brace ranges, a ``save_to_disk`` folder, a bucket URL), or None: a folder of images,
@@ -84,9 +109,11 @@ def source_spec(src: Any) -> SourceSpec | None:
         from .remote import bucket_spec
 
         return bucket_spec(texts[0])
-    if len(texts) == 1 and is_saved_dataset(Path(texts[0])):
+    for t in texts:  # a pattern's parts are checked once expanded
+        _check_name_lengths(t, patterns=True)
+    if len(texts) == 1 and _quietly(lambda: is_saved_dataset(Path(texts[0]))):
         return SourceSpec("arrow", (texts[0],))
-    if len(texts) == 1 and (Path(texts[0]) / "dataset_dict.json").is_file():
+    if len(texts) == 1 and _quietly(lambda: (Path(texts[0]) / "dataset_dict.json").is_file()):
         splits = sorted(p.name for p in Path(texts[0]).iterdir() if is_saved_dataset(p))
         raise UsageError(
             f"{texts[0]}: a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); "
@@ -105,6 +132,8 @@ def source_spec(src: Any) -> SourceSpec | None:
                 names += found
             else:
                 names.append(e)
+    for n in names:
+        _check_name_lengths(n, patterns=False)
     kinds = {_kind_of_name(n) for n in names}
     if kinds == {None}:
         if len(names) == 1:

@@ -17,6 +17,7 @@ import logging
 import os
 import posixpath
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -217,11 +218,16 @@ def open_range(url: str, block: int = _BLOCK) -> RangeFile:
     return RangeFile(url, block)
 
 
-def spool_object(url: str, path: str, stamp: str) -> None:
+class SpoolStopped(Exception):
+    """A spool fetch ended by its build (:func:`spool_object`'s ``stop``)."""
+
+
+def spool_object(url: str, path: str, stamp: str, stop: threading.Event | None = None) -> None:
     """The object at ``url`` fetched whole by one streamed GET into the new file
     ``path`` (a build's spool, :mod:`.spool`): the object listed with ``stamp``
     (``size:ETag``; the ETag asked for with If-Match where the listing gave one), else
-    InputError naming it."""
+    InputError naming it. ``stop`` set (the build failed or was interrupted meanwhile):
+    SpoolStopped at the next piece received, the request dropped."""
     from ...errors import DiskFullError
     from ...storage.client import TooLarge
 
@@ -229,9 +235,15 @@ def spool_object(url: str, path: str, stamp: str) -> None:
     size_text, _, etag = stamp.partition(":")
     size = int(size_text)
     changed = InputError(f"{url}: changed since it was listed; run the same command again")
+
+    def check(_: int) -> None:
+        if stop is not None and stop.is_set():
+            raise SpoolStopped(url)
+
+    check(0)
     try:
         got = _store(prefix).download(
-            Path(path), name, etag=etag or None, max_bytes=size, sync=False
+            Path(path), name, etag=etag or None, max_bytes=size, sync=False, progress=check
         )
     except TooLarge:
         raise changed from None

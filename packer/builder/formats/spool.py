@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SPOOL_BYTES = 64 << 30
 _PREFIX = ".imgpack-spool-"
+# a spool folder that cannot be made beside DST (read-only, full, DST's name too long
+# for the spool's): the shards are read in place
+_NO_SPOOL = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
 
 # where the build running on this thread may spool (DST), and the spools it made
 _AREA: contextvars.ContextVar[tuple[Path, Spools] | None] = contextvars.ContextVar(
@@ -66,7 +69,9 @@ class Spool:
 
     def file(self, i: int, name: str) -> str:
         """The spool file of the ``i``-th shard (``name`` kept for people looking)."""
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[-80:]
+        # ASCII only: 80 characters of a hostile key stay within a file name's 255 bytes
+        safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in name)
+        safe = safe[-80:]
         return str(self.path / f"{i:06d}-{safe}")
 
     def remove(self) -> None:
@@ -82,12 +87,19 @@ class Spool:
 
 def remove_stale(dst: Path) -> None:
     """Remove the spools beside ``dst`` that no living build holds (a killed build's)."""
-    pattern = os.path.join(glob.escape(str(dst.parent)), f".{glob.escape(dst.name)}{_PREFIX}*")
+    # exactly mkdtemp's names (8 of its characters): a folder of the user's named alike
+    # (``.pack.imgpack-spool-notes``) is not a spool
+    pattern = os.path.join(
+        glob.escape(str(dst.parent)), f".{glob.escape(dst.name)}{_PREFIX}" + "[a-z0-9_]" * 8
+    )
     for path in glob.glob(pattern):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
             continue  # not a folder (a link, a file): not ours to remove
+        if os.fstat(fd).st_uid != os.getuid():
+            os.close(fd)
+            continue  # another user's: not ours to remove
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -104,12 +116,19 @@ class Spools:
 
     def __init__(self) -> None:
         self.made: list[Spool] = []
+        self.dirs: list[Path] = []  # DST's missing parents made for them, deepest first
 
     def remove(self) -> None:
-        """Remove every spool made so far (again: nothing)."""
+        """Remove every spool made so far (again: nothing), and the folders made for
+        them that nothing else went into since (a failed build's DST folder)."""
         while self.made:
             with contextlib.suppress(OSError):
                 self.made.pop().remove()
+        while self.dirs:
+            try:
+                os.rmdir(self.dirs.pop(0))
+            except OSError:
+                self.dirs.clear()  # not empty (DST, its work folder): it and those above stay
 
 
 @contextlib.contextmanager
@@ -134,7 +153,9 @@ def plan_spool(names: Sequence[str], sizes: Sequence[int], opts: SourceOptions) 
         return [""] * len(names)
     dst, spools = area
     try:
+        missing = [d for d in (dst.parent, *dst.parent.parents) if not d.exists()]
         dst.parent.mkdir(parents=True, exist_ok=True)
+        spools.dirs[:0] = missing
         free = shutil.disk_usage(dst.parent).free
     except OSError as e:
         log.info("%s: no spool for the bucket's shards (%s)", dst.parent, e.strerror)
@@ -151,7 +172,7 @@ def plan_spool(names: Sequence[str], sizes: Sequence[int], opts: SourceOptions) 
             try:
                 spool = Spool(dst)
             except OSError as e:
-                if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
+                if e.errno not in _NO_SPOOL:
                     raise
                 log.info("%s: no spool for the bucket's shards (%s)", dst.parent, e.strerror)
                 return [""] * len(names)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import tarfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -438,13 +439,15 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
     for item, name, stamp, copy in zip(items, names, stamps, local):
         containers.append(Container("tar", item, name, opts.max_image_bytes, "", stamp, copy))
 
+    stop = threading.Event()
+
     def index_one(c: Container) -> tuple[list[Any], list[dict[str, str]]]:
         got: list[Any] = []
         why: list[dict[str, str]] = []
         if c.local:
             from .remote import spool_object
 
-            spool_object(c.where, c.local, c.stamp)
+            spool_object(c.where, c.local, c.stamp, stop)
             shard = _Shard(c.local)
         else:
             shard = _Shard(c.where, opts._read_ahead)
@@ -461,7 +464,11 @@ def index_tars(items: tuple[str, ...], opts: SourceOptions, config: Any) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(threads, thread_name_prefix="imgpack-tar-list") as ex:
-            parts = list(ex.map(index_one, containers))
+            try:
+                parts = list(ex.map(index_one, containers))
+            except BaseException:  # Ctrl-C, a shard refused: the fetches in flight end
+                stop.set()  # now, not when each has its whole shard (the pool waits)
+                raise
     else:
         parts = [index_one(c) for c in containers]
     for got, why in parts:
