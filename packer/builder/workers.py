@@ -181,13 +181,12 @@ def _start_method() -> str:
     forced = os.environ.get("IMGPACK_BUILD_START")
     if forced in ("fork", "forkserver"):
         return forced
-    # workers that read a bucket (packer.sources): a child forked from this process cannot
-    # use its object-store client, and a fork server started earlier has an older
-    # environment than the client's settings now: fresh interpreters
+    # this process has used its object-store client (a bucket listed, a file uploaded): a
+    # child forked from it cannot use the client, whatever the workers are about to read
+    # (a bucket source is known as one only once it is listed), and a fork server started
+    # earlier has an older environment than the client's settings now: fresh interpreters
     client = sys.modules.get("packer.storage.client")
-    if "packer.builder.formats.remote" in sys.modules and (
-        getattr(client, "_RUNTIME_PID", None) == os.getpid()
-    ):
+    if getattr(client, "_RUNTIME_PID", None) == os.getpid():
         return "spawn"
     torch = sys.modules.get("torch")
     cuda = False

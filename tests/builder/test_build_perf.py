@@ -99,11 +99,33 @@ def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:
 
 
 def test_start_method_falls_back_when_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.storage.client as client
+
     monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(client, "_RUNTIME_PID", None)  # no object storage used here
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
     assert pbw._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 3)
     assert pbw._start_method() == "forkserver"
+
+
+def test_workers_start_fresh_once_this_process_used_object_storage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that has used its object-store client (uploaded a file, say) builds with
+    fresh interpreters, whatever the source: a forked worker could not read a bucket, and
+    a bucket source is known as one only after the pool started (it is listed later)."""
+    import sys
+
+    import packer.storage.client as client
+
+    monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
+    monkeypatch.delitem(sys.modules, "packer.builder.formats.remote", raising=False)
+    monkeypatch.setattr(client, "_RUNTIME_PID", None)
+    assert pbw._start_method() in ("fork", "forkserver")
+    client._check_not_forked("s3://b/k")  # the client ran here
+    assert pbw._start_method() == "spawn"
 
 
 def test_planar_copy_matches_numpy_transpose(image_tree: Path) -> None:
