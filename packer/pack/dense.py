@@ -29,441 +29,82 @@ labels are category indices, every RLE is checked to cover exactly its frame bef
 pycocotools decodes it (pycocotools writes past its buffer otherwise), and a PNG's
 header must give its image's size before a pixel is decoded. Anything else is a
 :class:`~packer.errors.PackFormatError` naming the pack and the file.
+
+The parts: ``dense_record`` (the file names, the manifest's record, the files' checks),
+``dense_write`` (writing the columns), ``dense_masks`` (RLE, checked). This module reads.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._fs import write_atomic
 from ..errors import PackFormatError
-from ..imaging.limits import DEFAULT_MAX_PIXELS
-from .layout import DATA_DIR
-
-DENSE_VERSION = 1
-DEFAULT_MAX_INSTANCES = 100_000  # the reader's cap on one image's instances
-MAX_KEYPOINTS = 1024  # the reader's cap on K
-MAX_FRAME_SIDE = 65536
-# a frame's h * w: the reader's bound on a stored image (pycocotools counts in uint32)
-DEFAULT_MAX_FRAME_PIXELS = DEFAULT_MAX_PIXELS
-DEFAULT_MAX_RLE_BYTES = 64 << 20  # one instance's RLE
-SEMANTIC_STORES = ("rows", "png")
-
-OFFSETS = "dense_offsets.memmap"
-FRAMES = "dense_frames.memmap"
-IMAGE_IDS = "dense_image_ids.memmap"
-BOXES = "dense_boxes.memmap"
-LABELS = "dense_labels.memmap"
-ISCROWD = "dense_iscrowd.memmap"
-AREA = "dense_area.memmap"
-KEYPOINTS = "dense_keypoints.memmap"
-RLE_OFFSETS = "dense_rle_offsets.memmap"
-RLE = "dense_rle.memmap"
-SEMANTIC = "dense_semantic.memmap"
-PNG_OFFSETS = "dense_png_offsets.memmap"
-PNG = "dense_png.memmap"
-ALL_FILES = (
-    OFFSETS,
+from .dense_masks import decode_masks, encode_masks, mask_runs, rle_counts
+from .dense_record import (
+    ALL_FILES,
+    AREA,
+    BOXES,
+    DEFAULT_MAX_FRAME_PIXELS,
+    DEFAULT_MAX_INSTANCES,
+    DEFAULT_MAX_RLE_BYTES,
     FRAMES,
     IMAGE_IDS,
-    BOXES,
-    LABELS,
     ISCROWD,
-    AREA,
     KEYPOINTS,
-    RLE_OFFSETS,
-    RLE,
-    SEMANTIC,
-    PNG_OFFSETS,
+    LABELS,
+    MAX_FRAME_SIDE,
+    OFFSETS,
     PNG,
+    PNG_OFFSETS,
+    RLE,
+    RLE_OFFSETS,
+    SEMANTIC,
+    DenseRecord,
+    check_dense_files,
+    parse_record,
+    record_files,
+    verify_dense,
 )
+from .dense_write import DenseArrays, encode_png, write_dense
+from .layout import DATA_DIR
 
-
-def _sha(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-# ---------------------------------------------------------------- the manifest's record
-
-
-@dataclass(frozen=True)
-class DenseRecord:
-    """The manifest's ``"dense"`` object. ``categories``: the
-    :class:`~packer.sources.annotations.CategoryMap`; ``count``: N; ``instances``: M;
-    ``keypoints``: K (0: none); ``masks``: instance masks stored; ``semantic``: None,
-    ``"rows"`` or ``"png"``; ``ignore_index``: the semantic masks' ignore value;
-    ``dropped``: boxes the build's resize left outside the stored image; ``files``:
-    ``{name: (bytes, sha256)}``; ``source``: what the columns were read from (format,
-    annotation file), for ``imgpack verify``."""
-
-    categories: Any
-    count: int
-    instances: int
-    keypoints: int = 0
-    masks: bool = False
-    semantic: str | None = None
-    ignore_index: int = 255
-    dropped: int = 0
-    files: Mapping[str, tuple[int, str]] = field(default_factory=dict)
-    source: Mapping[str, Any] = field(default_factory=dict)
-    version: int = DENSE_VERSION
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "categories": self.categories.to_json(),
-            "count": self.count,
-            "instances": self.instances,
-            "keypoints": self.keypoints,
-            "masks": self.masks,
-            "semantic": self.semantic,
-            "ignore_index": self.ignore_index,
-            "dropped": self.dropped,
-            "files": {k: {"bytes": b, "sha256": s} for k, (b, s) in sorted(self.files.items())},
-            "source": dict(self.source),
-        }
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def parse_record(obj: Any, count: int) -> DenseRecord:
-    """The manifest's ``"dense"`` object, every field checked (ValueError naming it;
-    :meth:`Manifest.from_json` words it as a PackFormatError)."""
-    from ..errors import InputError
-    from ..sources.annotations.model import CategoryMap
-
-    def want(ok: bool, what: str) -> None:
-        if not ok:
-            raise ValueError(f"field 'dense.{what}'; rebuild the pack")
-
-    want(isinstance(obj, dict), "is not an object")
-    v = obj.get("version")
-    want(_is_int(v) and v >= 1, "version must be a positive integer")
-    if v > DENSE_VERSION:
-        raise ValueError(
-            f"dense targets of version {v}, this imgpack reads up to {DENSE_VERSION}; "
-            "upgrade imgpack"
-        )
-    try:
-        cats = CategoryMap.from_json(obj.get("categories"), "dense.categories")
-    except InputError as e:
-        raise ValueError(f"{e}; rebuild the pack") from None
-    want(obj.get("count") == count and _is_int(obj.get("count")), f"count must be {count}")
-    m = obj.get("instances")
-    want(_is_int(m) and 0 <= m <= 1 << 40, "instances must be an integer >= 0")
-    k = obj.get("keypoints", 0)
-    want(_is_int(k) and 0 <= k <= MAX_KEYPOINTS, f"keypoints must be 0 to {MAX_KEYPOINTS}")
-    masks = obj.get("masks", False)
-    want(isinstance(masks, bool), "masks must be true or false")
-    sem = obj.get("semantic")
-    want(sem is None or sem in SEMANTIC_STORES, f"semantic must be null or {SEMANTIC_STORES}")
-    ign = obj.get("ignore_index", 255)
-    want(_is_int(ign) and 0 <= ign <= 255, "ignore_index must be 0 to 255")
-    dropped = obj.get("dropped", 0)
-    want(_is_int(dropped) and dropped >= 0, "dropped must be an integer >= 0")
-    files = obj.get("files")
-    want(isinstance(files, dict), "files must be an object")
-    out: dict[str, tuple[int, str]] = {}
-    for name, rec in files.items():
-        want(name in ALL_FILES, f"files names {name!r}, not a dense file")
-        ok = (
-            isinstance(rec, dict)
-            and _is_int(rec.get("bytes"))
-            and 0 <= rec["bytes"] <= 1 << 50
-            and isinstance(rec.get("sha256"), str)
-            and len(rec["sha256"]) == 64
-        )
-        want(ok, f"files.{name} must be {{'bytes': n, 'sha256': hex}}")
-        out[name] = (rec["bytes"], rec["sha256"])
-    need = {OFFSETS, FRAMES, IMAGE_IDS, BOXES, LABELS, ISCROWD, AREA}
-    if k:
-        need.add(KEYPOINTS)
-    if masks:
-        need |= {RLE_OFFSETS, RLE}
-    if sem == "rows":
-        need.add(SEMANTIC)
-    elif sem == "png":
-        need |= {PNG_OFFSETS, PNG}
-    want(set(out) == need, f"files must list exactly {sorted(need)}")
-    source = obj.get("source", {})
-    want(isinstance(source, dict), "source must be an object")
-    return DenseRecord(cats, count, m, k, masks, sem, ign, dropped, out, source, v)
-
-
-def record_files(m: Any) -> set[str]:
-    """The dense files a manifest lists (none for a pack without dense targets)."""
-    rec = getattr(m, "dense", None)
-    return set(rec.files) if rec is not None else set()
-
-
-def check_dense_files(root: Path, m: Any) -> None:
-    """Each dense file of the manifest ``m`` present, a regular file inside the pack, of
-    its recorded size, and the sizes consistent with N, M and K (PackFormatError)."""
-    rec = getattr(m, "dense", None)
-    if rec is None:
-        return
-    data = Path(root) / DATA_DIR
-    real_root = Path(root).resolve()
-    for name, (size, _sha) in rec.files.items():
-        path = data / name
-        rel = f"{DATA_DIR}/{name}"
-        if path.is_symlink() or not path.is_file():
-            raise PackFormatError(f"{root}: {rel} is missing or not a regular file")
-        if not path.resolve().is_relative_to(real_root):
-            raise PackFormatError(f"{root}: {rel} points outside the pack; refusing it")
-        got = path.stat().st_size
-        if got != size:
-            raise PackFormatError(
-                f"{root}: {rel} is {got:,} bytes, the manifest says {size:,}; the pack is "
-                "damaged or truncated"
-            )
-    n, mm, k = rec.count, rec.instances, rec.keypoints
-    want = {
-        OFFSETS: (n + 1) * 8,
-        FRAMES: n * 16,
-        IMAGE_IDS: n * 8,
-        BOXES: mm * 16,
-        LABELS: mm * 8,
-        ISCROWD: mm,
-        AREA: mm * 4,
-        KEYPOINTS: mm * k * 12,
-        RLE_OFFSETS: (mm + 1) * 8,
-        PNG_OFFSETS: (n + 1) * 8,
-    }
-    if rec.semantic == "rows":
-        want[SEMANTIC] = n * m.image_shape[1] * m.image_shape[2]
-    for name, (size, _sha) in rec.files.items():
-        if name in want and want[name] != size:
-            raise PackFormatError(
-                f"{root}: {DATA_DIR}/{name} is {size:,} bytes for {n} images and {mm} "
-                f"instances; it must be {want[name]:,}. The pack is damaged, rebuild it"
-            )
-
-
-def verify_dense(root: Path, m: Any) -> tuple[bool, str]:
-    """Every dense file hashed against the manifest's SHA-256 (``imgpack verify``)."""
-    rec = getattr(m, "dense", None)
-    if rec is None:
-        return True, "no dense targets"
-    bad = []
-    for name, (_size, sha) in sorted(rec.files.items()):
-        h = hashlib.sha256()
-        with open(Path(root) / DATA_DIR / name, "rb") as f:
-            for chunk in iter(lambda: f.read(8 << 20), b""):
-                h.update(chunk)
-        if h.hexdigest() != sha:
-            bad.append(name)
-    if bad:
-        return False, (
-            f"checksum mismatch in {', '.join(bad)}: the dense targets changed since the "
-            "build; rebuild the pack"
-        )
-    return True, f"{rec.instances} instances in {len(rec.files)} files, SHA-256 match"
-
+# what other modules import from here (the format's parts live in dense_record,
+# dense_write and dense_masks)
+__all__ = [
+    "BOXES",
+    "DEFAULT_MAX_INSTANCES",
+    "FRAMES",
+    "LABELS",
+    "OFFSETS",
+    "PNG",
+    "PNG_OFFSETS",
+    "RLE",
+    "RLE_OFFSETS",
+    "DenseArrays",
+    "DenseColumns",
+    "DenseRecord",
+    "check_dense_files",
+    "decode_masks",
+    "dense_files_for",
+    "dense_of",
+    "encode_masks",
+    "encode_png",
+    "mask_runs",
+    "parse_record",
+    "record_files",
+    "rle_counts",
+    "verify_dense",
+    "write_dense",
+]
 
 # ---------------------------------------------------------------- writing
-
-
-@dataclass
-class DenseArrays:
-    """The columns of N images, in pack order, before they are written (the build's
-    :mod:`packer.builder.dense` fills them). ``masks``: M RLE counts (or None);
-    ``semantic``: N uint8 [h, w] arrays (or None)."""
-
-    offsets: np.ndarray  # int64 [N+1]
-    frames: np.ndarray  # int64 [N, 2]
-    image_ids: np.ndarray  # int64 [N]
-    boxes: np.ndarray  # float32 [M, 4]
-    labels: np.ndarray  # int64 [M]
-    iscrowd: np.ndarray  # uint8 [M]
-    area: np.ndarray  # float32 [M]
-    keypoints: np.ndarray | None = None  # float32 [M, K, 3]
-    masks: list[bytes] | None = None
-    semantic: list[np.ndarray] | None = None
-
-
-def _ragged(items: Sequence[bytes]) -> tuple[np.ndarray, bytes]:
-    lengths = np.fromiter((len(b) for b in items), dtype=np.int64, count=len(items))
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
-    return offsets, b"".join(items)
-
-
-def encode_png(mask: np.ndarray) -> bytes:
-    """A uint8 [h, w] mask as a grey PNG (deterministic bytes)."""
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(mask, dtype=np.uint8), mode="L").save(buf, "PNG")
-    return buf.getvalue()
-
-
-def write_dense(
-    data_dir: Path,
-    cols: DenseArrays,
-    categories: Any,
-    *,
-    semantic: str | None,
-    ignore_index: int = 255,
-    dropped: int = 0,
-    source: Mapping[str, Any] | None = None,
-) -> DenseRecord:
-    """Write ``cols`` into ``data_dir`` (each file whole or not at all) and return the
-    manifest's record of them. ``semantic``: how semantic masks are stored beside this
-    pack's images (``"rows"`` [N, H, W] or ``"png"``; the kind's answer), None for none."""
-    n = int(cols.frames.shape[0])
-    m = int(cols.boxes.shape[0])
-    blobs: dict[str, bytes] = {
-        OFFSETS: np.ascontiguousarray(cols.offsets, "<i8").tobytes(),
-        FRAMES: np.ascontiguousarray(cols.frames, "<i8").tobytes(),
-        IMAGE_IDS: np.ascontiguousarray(cols.image_ids, "<i8").tobytes(),
-        BOXES: np.ascontiguousarray(cols.boxes, "<f4").tobytes(),
-        LABELS: np.ascontiguousarray(cols.labels, "<i8").tobytes(),
-        ISCROWD: np.ascontiguousarray(cols.iscrowd, np.uint8).tobytes(),
-        AREA: np.ascontiguousarray(cols.area, "<f4").tobytes(),
-    }
-    k = 0
-    if cols.keypoints is not None:
-        k = int(cols.keypoints.shape[1])
-        blobs[KEYPOINTS] = np.ascontiguousarray(cols.keypoints, "<f4").tobytes()
-    if cols.masks is not None:
-        off, data = _ragged(cols.masks)
-        blobs[RLE_OFFSETS], blobs[RLE] = off.tobytes(), data
-    sem_store = None
-    if cols.semantic is not None:
-        sem_store = semantic or "rows"
-        if sem_store == "rows":
-            blobs[SEMANTIC] = b"".join(
-                np.ascontiguousarray(s, np.uint8).tobytes() for s in cols.semantic
-            )
-        else:
-            off, data = _ragged([encode_png(s) for s in cols.semantic])
-            blobs[PNG_OFFSETS], blobs[PNG] = off.tobytes(), data
-    files = {}
-    for name, data in blobs.items():
-        write_atomic(Path(data_dir) / name, data)
-        files[name] = (len(data), _sha(data))
-    return DenseRecord(
-        categories=categories,
-        count=n,
-        instances=m,
-        keypoints=k,
-        masks=cols.masks is not None,
-        semantic=sem_store,
-        ignore_index=ignore_index,
-        dropped=dropped,
-        files=files,
-        source=dict(source or {}),
-    )
-
-
 # ---------------------------------------------------------------- RLE, checked
-
-
-def rle_counts(counts: bytes, size: tuple[int, int]) -> np.ndarray:
-    """The run lengths of a COCO compressed RLE string (pycocotools' ``rleFrString``,
-    vectorized), checked to be non-negative runs covering exactly ``h * w`` pixels.
-    ValueError otherwise: pycocotools' decoder trusts the runs and writes past its
-    buffer when they add up to more."""
-    h, w = size
-    a = np.frombuffer(bytes(counts), dtype=np.uint8).astype(np.int64)
-    if a.size == 0:
-        if h * w == 0:
-            return np.zeros(0, np.int64)
-        raise ValueError("an empty RLE")
-    a -= 48
-    if a.min() < 0 or a.max() > 63:
-        raise ValueError("an RLE holds a character outside '0'..'o'")
-    more = (a & 0x20) != 0
-    if more[-1]:
-        raise ValueError("an RLE ends inside a number")
-    ends = np.flatnonzero(~more)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    lens = ends - starts + 1
-    if lens.max() > 12:
-        raise ValueError("an RLE number of more than 12 characters")
-    pos = np.arange(a.size) - np.repeat(starts, lens)
-    x = np.add.reduceat((a & 0x1F) << (5 * pos), starts)
-    neg = (a[ends] & 0x10) != 0
-    x = np.where(neg, x - (np.int64(1) << (5 * lens)), x)
-    cnts = x.copy()  # from the third on, each run is a delta of the one two before
-    cnts[1::2] = np.cumsum(x[1::2])
-    cnts[2::2] = np.cumsum(x[2::2])
-    if cnts.min() < 0:
-        raise ValueError("an RLE with a negative run")
-    if int(cnts.max()) > h * w:
-        # each run at most the frame (h * w from the pack's sizes): runs of up to 2**62
-        # would add up past int64 and wrap round to exactly h * w
-        raise ValueError(f"an RLE run of {int(cnts.max())} pixels for a {w}x{h} mask")
-    if int(cnts.sum()) != h * w:
-        raise ValueError(f"an RLE of {int(cnts.sum())} pixels for a {w}x{h} mask")
-    return cnts
-
-
-def mask_runs(masks_rle: Sequence[bytes], size: Sequence[int]) -> list[np.ndarray]:
-    """The run lengths of each instance mask (:func:`rle_counts`: column-major runs of
-    0s then 1s alternately, summing to ``h * w``), checked as :func:`decode_masks`
-    checks them (PackFormatError for a frame outside the reader's bounds or a run
-    list that does not cover it). The loader decodes them on its device."""
-    h, w = (int(v) for v in size)
-    if (
-        not (0 <= h <= MAX_FRAME_SIDE and 0 <= w <= MAX_FRAME_SIDE)
-        or h * w > DEFAULT_MAX_FRAME_PIXELS
-    ):
-        raise PackFormatError(f"a mask frame of {w}x{h} is outside the reader's bounds")
-    runs = []
-    for i, c in enumerate(masks_rle):
-        try:
-            runs.append(rle_counts(c, (h, w)))
-        except ValueError as e:
-            raise PackFormatError(f"instance mask {i}: {e}; the pack is damaged") from None
-    return runs
-
-
-def decode_masks(masks_rle: Sequence[bytes], size: Sequence[int]) -> np.ndarray:
-    """Instance masks uint8 [M, h, w] of 0/1 from COCO compressed RLE counts of an
-    ``(h, w)`` frame (pycocotools), each checked first (:func:`rle_counts`;
-    PackFormatError for one that does not cover its frame)."""
-    h, w = (int(v) for v in size)
-    mask_runs(masks_rle, (h, w))
-    if not masks_rle:
-        return np.zeros((0, h, w), dtype=np.uint8)
-    import warnings
-
-    from ..sources.annotations.model import coco_mask
-
-    rles = [{"size": [h, w], "counts": bytes(c)} for c in masks_rle]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        out = coco_mask().decode(rles)
-    return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=np.uint8)
-
-
-def encode_masks(masks: np.ndarray) -> list[bytes]:
-    """uint8 [M, h, w] 0/1 masks as COCO compressed RLE counts (pycocotools)."""
-    if masks.shape[0] == 0:
-        return []
-    import warnings
-
-    from ..sources.annotations.model import coco_mask
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        rles = coco_mask().encode(np.asfortranarray(masks.transpose(1, 2, 0).astype(np.uint8)))
-    return [bytes(r["counts"]) for r in rles]
-
-
 # ---------------------------------------------------------------- reading
 
 
