@@ -18,6 +18,10 @@ EXEMPT = ("examples",)  # folders under packer/ whose files are read whole, as s
 ALLOWED: dict[str, str] = {
     "storage/client.py": "split pending",
     "builder/formats/webdataset.py": "split pending",
+    "storage/cache.py": (
+        "split pending: the locks, the kept-lock count and eviction share the module's "
+        "globals, which the warm-epoch tests count through it"
+    ),
     "loading/loader.py": (
         "split pending: one concept (PackLoader: its 30 arguments' documentation and "
         "checks, its public methods, a pass's config); the next seam is its pass "
