@@ -1,0 +1,67 @@
+"""tests/helpers/forked.py: a command run in a fork of the test process answers as
+``subprocess.run([sys.executable, ...], capture_output=True, text=True)`` does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import subprocess_env
+from helpers.forked import run_cli, run_code, run_script
+
+CASES = {
+    "exit 0": "print('out'); import sys; print('err', file=sys.stderr)",
+    "exit 3": "import sys; sys.exit(3)",
+    "exit text": "import sys; sys.exit('bye')",
+    "raises": "raise ValueError('boom')",
+    "C-level writes": "import os; os.write(1, b'fd1'); os.write(2, b'fd2')",
+    "argv": "import sys; print(sys.argv)",
+    "env and cwd": "import os; print(os.environ['FORKED_X'], os.getcwd())",
+    "logging warning": "import logging; logging.getLogger('x').warning('careful')",
+    "user warning": "import warnings; warnings.warn('w1')",
+    "stdin empty": "import sys; print(repr(sys.stdin.read()))",
+    "atexit": "import atexit; atexit.register(print, 'bye')",
+    "sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT)",
+}
+
+
+@pytest.mark.parametrize("code", CASES.values(), ids=CASES.keys())
+def test_a_forked_command_answers_as_a_fresh_interpreter(tmp_path: Path, code: str) -> None:
+    env = subprocess_env(FORKED_X="seen")
+    want = subprocess.run(
+        [sys.executable, "-c", code, "a b", "c"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    got = run_code(code, ["a b", "c"], env=env, cwd=tmp_path, timeout=60)
+    assert (got.returncode, got.stdout) == (want.returncode, want.stdout)
+    # a traceback's file names differ (<string> lines alike): compare its last line
+    assert got.stderr.strip().splitlines()[-1:] == want.stderr.strip().splitlines()[-1:]
+    assert got.args[:2] == [sys.executable, "-c"]
+
+
+def test_the_child_never_returns_into_the_test(tmp_path: Path) -> None:
+    marker = tmp_path / "m"
+    r = run_code(f"open({str(marker)!r}, 'w').write(str(__import__('os').getpid()))")
+    assert r.returncode == 0, r.stderr
+    assert int(marker.read_text()) != os.getpid()
+
+
+def test_input_and_timeout(tmp_path: Path) -> None:
+    r = run_code("import sys; print(sys.stdin.read().upper())", input="abc")
+    assert r.stdout == "ABC\n"
+    with pytest.raises(subprocess.TimeoutExpired, match="timed out after 0.2 seconds"):
+        run_code("import time; time.sleep(30)", timeout=0.2)
+
+
+def test_a_script_and_the_cli(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:], sys.path[0])\nsys.exit(4)\n")
+    r = run_script(script, ["x"])
+    assert (r.returncode, r.stdout) == (4, f"['x'] {tmp_path}\n")
+    r = run_cli(["info", tmp_path / "missing"])
+    assert r.returncode == 2 and r.stderr.startswith("Error:"), r.stderr
+    assert "Traceback" not in r.stderr
