@@ -1,5 +1,5 @@
 """Every Python block of README.md runs as written on a CPU machine (issue 43), each in a
-fresh interpreter, in a folder holding the packs the README builds before it (from
+process of its own (a fork of this one: tests/helpers/forked.py), in a folder holding the packs the README builds before it (from
 sample_data/); and the README's local object-storage commands (rclone serve s3, the four
 variables, the S3 build example) work as documented.
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, subprocess_env
+from helpers.forked import run_code
 from packer.builder.api import BuildConfig, build
 
 pytestmark = pytest.mark.slow
@@ -69,6 +70,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fork of this process (no fresh import of torch)."""
+    return run_code(code, cwd=cwd, env=env, timeout=300)
+
+
+def run_fresh_python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fresh interpreter: the object-storage block (a fork of a
+    process that used object storage cannot use its client)."""
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=300,
@@ -161,13 +169,14 @@ def test_readme_object_storage_commands_run_against_a_local_server(tmp_path: Pat
             line = line.split("  #")[0].strip()
             words = shlex.split(line)
             assert words[0] == "imgpack", line
+            # fresh interpreters: object storage (a fork cannot use the client)
             r = subprocess.run(
                 [sys.executable, "-m", "packer", *words[1:]], cwd=tmp_path, env=env,
                 capture_output=True, text=True, timeout=300,
             )  # fmt: skip
             assert r.returncode == 0, f"{line}:\n{r.stderr[-3000:]}"
         (code,) = [c for _, c in blocks("python") if "s3://" in c]
-        r = run_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env)
+        r = run_fresh_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.split()[-2:] == ["36", "1"]
     finally:

@@ -108,7 +108,15 @@ def run_forked(
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``main()`` in a forked child with ``sys.argv = argv``; ``args`` is what the
-    returned CompletedProcess (and a TimeoutExpired) names as the command."""
+    returned CompletedProcess (and a TimeoutExpired) names as the command. Where this
+    process holds a CUDA context (a fork could not use it), ``args`` runs in a fresh
+    interpreter instead."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return subprocess.run(
+            args, env=None if env is None else dict(env), cwd=cwd, input=input,
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         stdin = tempfile.TemporaryFile()
         try:
