@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import subprocess_env
-from helpers.forked import run_cli, run_code, run_script
+from helpers.forked import run_cli, run_code, run_script, start_script
 
 CASES = {
     "exit 0": "print('out'); import sys; print('err', file=sys.stderr)",
@@ -53,7 +53,7 @@ def test_the_child_never_returns_into_the_test(tmp_path: Path) -> None:
 def test_input_and_timeout(tmp_path: Path) -> None:
     r = run_code("import sys; print(sys.stdin.read().upper())", input="abc")
     assert r.stdout == "ABC\n"
-    with pytest.raises(subprocess.TimeoutExpired, match="timed out after 0.2 seconds"):
+    with pytest.raises(subprocess.TimeoutExpired, match=r"timed out after 0\.2 seconds"):
         run_code("import time; time.sleep(30)", timeout=0.2)
 
 
@@ -65,3 +65,24 @@ def test_a_script_and_the_cli(tmp_path: Path) -> None:
     r = run_cli(["info", tmp_path / "missing"])
     assert r.returncode == 2 and r.stderr.startswith("Error:"), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_started_children_run_at_once_and_can_be_killed(tmp_path: Path) -> None:
+    """start_script: two children at once (each waits for the other's file), as
+    subprocess.Popen; kill() ends one still running, reaped (-9)."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "while not os.path.exists(sys.argv[2]):\n"
+        "    time.sleep(0.01)\n"
+        "print(os.environ['WHO'])\n"
+    )
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = start_script(script, [a, b], env=subprocess_env(WHO="A"))
+    pb = start_script(script, [b, a], env=subprocess_env(WHO="B"))
+    ra, rb = pa.wait(timeout=60), pb.wait(timeout=60)
+    assert (ra.returncode, ra.stdout, rb.returncode, rb.stdout) == (0, "A\n", 0, "B\n")
+    stuck = start_script(script, [tmp_path / "c", tmp_path / "never"])
+    stuck.kill()
+    assert stuck.wait().returncode == -9

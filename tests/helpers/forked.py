@@ -101,46 +101,105 @@ def run_forked(
     argv: list[str],
     args: list[str],
     *,
-    path0: str | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | str | None = None,
-    input: str | None = None,
     timeout: float | None = None,
+    **kw: object,
 ) -> subprocess.CompletedProcess[str]:
-    """``main()`` in a forked child with ``sys.argv = argv``; ``args`` is what the
-    returned CompletedProcess (and a TimeoutExpired) names as the command. Where this
-    process holds a CUDA context (a fork could not use it), ``args`` runs in a fresh
-    interpreter instead."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return subprocess.run(
-            args, env=None if env is None else dict(env), cwd=cwd, input=input,
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        stdin = tempfile.TemporaryFile()
-        try:
+    """``main()`` in a forked child with ``sys.argv = argv``, waited for; ``args`` is
+    what the returned CompletedProcess (and a TimeoutExpired) names as the command."""
+    return Forked(main, argv, args, **kw).wait(timeout)  # type: ignore[arg-type]
+
+
+def start_script(script: Path | str, args: Sequence[object] = (), **kw: object) -> Forked:
+    """``python SCRIPT ARGS`` started in a fork, not waited for (``.wait()``): several
+    at once, as ``subprocess.Popen`` starts them."""
+    argv = [str(script), *map(str, args)]
+
+    def main() -> None:
+        runpy.run_path(str(script), run_name="__main__")
+
+    path0 = str(Path(script).resolve().parent)
+    return Forked(main, argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
+
+
+class Forked:
+    """A forked child running ``main()``, started at once; ``wait()`` gives what
+    ``subprocess.run(..., capture_output=True, text=True)`` would. Where this process
+    holds a CUDA context (a fork could not use it), ``args`` runs in a fresh
+    interpreter instead (subprocess.Popen)."""
+
+    def __init__(
+        self,
+        main: Callable[[], object],
+        argv: list[str],
+        args: list[str],
+        *,
+        path0: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        input: str | None = None,
+    ) -> None:
+        self.args = args
+        self.returncode: int | None = None
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __del__)
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115
+        self._popen: subprocess.Popen[bytes] | None = None
+        with tempfile.TemporaryFile() as stdin:
             if input is not None:
                 stdin.write(input.encode())
                 stdin.seek(0)
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                self._popen = subprocess.Popen(
+                    args, stdin=stdin if input is not None else subprocess.DEVNULL,
+                    stdout=self._out, stderr=self._err, cwd=cwd,
+                    env=None if env is None else dict(env),
+                )  # fmt: skip
+                self.pid = self._popen.pid
+                return
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:  # the child: never returns
-                _child(main, argv, path0, env, cwd, stdin.fileno(), out.fileno(), err.fileno(), input is None)
-        finally:
-            stdin.close()
-        code = _wait(pid, timeout, args)
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(
-            args, code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
-        )
+                fds = (stdin.fileno(), self._out.fileno(), self._err.fileno())
+                _child(main, argv, path0, env, cwd, *fds, input is None)
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Its exit code and outputs; past ``timeout`` it is SIGKILLed, reaped, and
+        TimeoutExpired raised."""
+        if self.returncode is None:
+            try:
+                if self._popen is not None:
+                    self.returncode = self._popen.wait(timeout)
+                else:
+                    self.returncode = _wait(self.pid, timeout, self.args)
+            except subprocess.TimeoutExpired:
+                if self._popen is not None:
+                    self._popen.kill()
+                    self._popen.wait()
+                self.returncode = -signal.SIGKILL
+                raise
+        outs = []
+        for f in (self._out, self._err):
+            f.seek(0)
+            outs.append(f.read().decode(errors="replace"))
+        return subprocess.CompletedProcess(self.args, self.returncode, *outs)
+
+    def kill(self) -> None:
+        """SIGKILL it, and reap it (nothing when it has ended)."""
+        if self.returncode is None:
+            with _suppress():
+                os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+
+    def __del__(self) -> None:
+        self._out.close()
+        self._err.close()
 
 
 def _wait(pid: int, timeout: float | None, args: list[str]) -> int:
     """The child's exit code as subprocess gives it (-N when signal N ended it); past
-    ``timeout`` it is SIGKILLed and TimeoutExpired raised."""
+    ``timeout`` it is SIGKILLed, reaped and TimeoutExpired raised."""
     fd = os.pidfd_open(pid)
     try:
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -170,7 +229,7 @@ def _child(
         code = _fresh(stdin, stdout, stderr, devnull, argv, path0, env, cwd)
         if code == 0:
             code = _run(main)
-    except BaseException:  # noqa: BLE001: the child never returns into pytest
+    except BaseException:  # the child never returns into pytest
         with _suppress():
             traceback.print_exc()
     finally:
@@ -253,7 +312,7 @@ def _run(main: Callable[[], object]) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # as Python: ended by SIGINT
         os.kill(os.getpid(), signal.SIGINT)
         code = 130
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         sys.__excepthook__(*sys.exc_info())
         code = 1
     import threading
