@@ -80,9 +80,14 @@ def run_script(
 
 
 def run_code(
-    code: str, args: Sequence[object] = (), **kw: object
+    code: str, args: Sequence[object] = (), *, timeout: float | None = None, **kw: object
 ) -> subprocess.CompletedProcess[str]:
     """``python -c CODE ARGS`` in a fork."""
+    return start_code(code, args, **kw).wait(timeout)
+
+
+def start_code(code: str, args: Sequence[object] = (), **kw: object) -> Forked:
+    """``python -c CODE ARGS`` started in a fork, not waited for (``.wait()``)."""
     argv = ["-c", *map(str, args)]
 
     def main() -> None:
@@ -93,7 +98,7 @@ def run_code(
         sys.modules["__main__"] = module
         exec(compile(code, "<string>", "exec"), module.__dict__)
 
-    return run_forked(main, argv, [sys.executable, "-c", code, *argv[1:]], path0="", **kw)  # type: ignore[arg-type]
+    return Forked(main, argv, [sys.executable, "-c", code, *argv[1:]], path0="", **kw)  # type: ignore[arg-type]
 
 
 def run_forked(
