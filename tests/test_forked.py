@@ -86,3 +86,23 @@ def test_started_children_run_at_once_and_can_be_killed(tmp_path: Path) -> None:
     stuck = start_script(script, [tmp_path / "c", tmp_path / "never"])
     stuck.kill()
     assert stuck.wait().returncode == -9
+
+
+def test_a_handler_made_here_before_writes_to_the_childs_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A module imported by this process before the fork made its logging handler on
+    the sys.stderr of then (pytest's capture, as lightning's): the child's records go to
+    the child's stderr, as in a fresh interpreter, not into this test's output."""
+    import logging
+
+    logger = logging.getLogger("forked-test-handler")
+    handler = logging.StreamHandler()  # on sys.stderr as it is now
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        r = run_code("import logging; logging.getLogger('forked-test-handler').error('said')")
+    finally:
+        logger.removeHandler(handler)
+    assert r.returncode == 0 and r.stderr == "said\n", r
+    assert "said" not in capfd.readouterr().err

@@ -48,6 +48,10 @@ _DEFAULT_FILTERS = (
 )
 
 
+# the streams this process wrote to before the fork, flushed at the child's exit
+_STALE: list[object] = []
+
+
 def run_module(
     module: str, args: Sequence[object], **kw: object
 ) -> subprocess.CompletedProcess[str]:
@@ -242,6 +246,9 @@ def _child(
             sys.stdout.flush()
         with _suppress():
             sys.stderr.flush()
+        for stream in _STALE:
+            with _suppress():
+                stream.flush()  # type: ignore[attr-defined]
         os._exit(code)
 
 
@@ -261,11 +268,29 @@ def _fresh(
         stdin = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
+    # what this process wrote to before (pytest's capture files): a module imported
+    # here earlier may hold them (a logging handler made at import): its writes go to
+    # this child's files too, not into the test's captured output
+    old = {"out": (sys.stdout, sys.__stdout__), "err": (sys.stderr, sys.__stderr__)}
+    for key, fd in (("out", stdout), ("err", stderr)):
+        for stream in old[key]:
+            _STALE.append(stream)
+            with _suppress():
+                if stream.fileno() > 2:
+                    os.dup2(fd, stream.fileno())
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True
     )
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if type(handler) is logging.StreamHandler:
+                for key, new in (("out", sys.stdout), ("err", sys.stderr)):
+                    if any(handler.stream is o for o in old[key]):
+                        with _suppress():
+                            handler.setStream(new)  # type: ignore[arg-type]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
