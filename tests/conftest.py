@@ -540,7 +540,8 @@ def ray_cluster() -> Any:
 # not at the session's end. A ray test scheduled after that would find it stopped:
 # the count makes sure none is.
 _RAY_CLUSTERS: list[Any] = []
-_ray_done: list[str] = []
+_ray_items: set[str] = set()
+_ray_done: set[str] = set()
 
 
 def _stop_ray_clusters() -> None:
@@ -548,11 +549,18 @@ def _stop_ray_clusters() -> None:
         _RAY_CLUSTERS.pop().stop()
 
 
+def ray_tests_left() -> bool:
+    """Whether this process has ``ray`` tests still to run (the one being torn down
+    counted as run): a fixture need not warm the cluster for none."""
+    return bool(_ray_items - _ray_done)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    yield
     if item.get_closest_marker("ray"):
-        _ray_done.append(item.nodeid)
-        ray_items = {i.nodeid for i in item.session.items if i.get_closest_marker("ray")}
-        if ray_items <= set(_ray_done):
-            _stop_ray_clusters()
+        if not _ray_items:
+            _ray_items.update(i.nodeid for i in item.session.items if i.get_closest_marker("ray"))
+        _ray_done.add(item.nodeid)
+    yield
+    if item.get_closest_marker("ray") and not ray_tests_left():
+        _stop_ray_clusters()

@@ -106,3 +106,20 @@ def test_a_handler_made_here_before_writes_to_the_childs_stderr(
         logger.removeHandler(handler)
     assert r.returncode == 0 and r.stderr == "said\n", r
     assert "said" not in capfd.readouterr().err
+
+
+def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork of a process that used object storage could not use its client: the
+    command then runs in a fresh interpreter (pytest not imported there); before that,
+    in a fork (this process's modules already imported)."""
+    import packer.storage.client as client
+
+    code = "import sys; print('pytest' in sys.modules)"
+    monkeypatch.setattr(client, "_RUNTIME_PID", None)
+    r = run_code(code)
+    assert (r.returncode, r.stdout) == (0, "True\n"), r
+    monkeypatch.setattr(client, "_RUNTIME_PID", os.getpid())
+    r = run_code(code)
+    assert (r.returncode, r.stdout) == (0, "False\n"), r

@@ -12,13 +12,14 @@ fresh interpreter, not the worker's (pytest's capture and its SIGINT/SIGTERM hoo
 ``SystemExit`` and uncaught exceptions end it as Python ends: the code, or the
 traceback on stderr and exit 1. The child never returns into pytest (``os._exit``).
 
-What a fork cannot be, and so where tests keep ``subprocess``: start-up and import
-tests (what a fresh interpreter imports, its time), tests of a variable read at import,
-of signals, kills and resumes of a process group, of the installed wheel, and of object
-storage (a process forked from one that used obstore cannot use its client:
-packer.storage.client._check_not_forked). A test that monkeypatches something would
-see its patch in the child: such tests keep ``subprocess`` as well. Also: the worker
-computes with one torch thread (tests/conftest.py), and so does the child.
+Where this process holds a CUDA context or has used object storage (obstore's runtime
+threads are not in a fork: packer.storage.client._check_not_forked), the command runs
+in a fresh interpreter instead (:func:`forkable`). What a fork cannot be, and so where tests keep
+``subprocess``: start-up and import tests (what a fresh interpreter imports, its time),
+tests of a variable read at import, of signals, kills and resumes of a process group,
+of the installed wheel. A test that monkeypatches something would see its patch in the
+child: such tests keep ``subprocess`` as well. Also: the worker computes with one torch
+thread (tests/conftest.py), and so does the child.
 """
 
 from __future__ import annotations
@@ -130,11 +131,23 @@ def start_script(script: Path | str, args: Sequence[object] = (), **kw: object) 
     return Forked(main, argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
 
 
+def forkable() -> bool:
+    """Whether a fork of this process can do what a fresh interpreter would: not where
+    it holds a CUDA context, nor where it has used object storage (obstore's runtime
+    threads, started at its first request, are not in a fork: the product's own test,
+    packer.storage.client._check_not_forked, which its build workers follow too)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    client = sys.modules.get("packer.storage.client")
+    return getattr(client, "_RUNTIME_PID", None) is None
+
+
 class Forked:
     """A forked child running ``main()``, started at once; ``wait()`` gives what
     ``subprocess.run(..., capture_output=True, text=True)`` would. Where this process
-    holds a CUDA context (a fork could not use it), ``args`` runs in a fresh
-    interpreter instead (subprocess.Popen)."""
+    cannot be forked for it (:func:`forkable`), ``args`` runs in a fresh interpreter
+    instead (subprocess.Popen)."""
 
     def __init__(
         self,
@@ -156,8 +169,7 @@ class Forked:
             if input is not None:
                 stdin.write(input.encode())
                 stdin.seek(0)
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_initialized():
+            if not forkable():
                 self._popen = subprocess.Popen(
                     args, stdin=stdin if input is not None else subprocess.DEVNULL,
                     stdout=self._out, stderr=self._err, cwd=cwd,
