@@ -108,18 +108,27 @@ def test_a_handler_made_here_before_writes_to_the_childs_stderr(
     assert "said" not in capfd.readouterr().err
 
 
-def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A fork of a process that used object storage could not use its client: the
-    command then runs in a fresh interpreter (pytest not imported there); before that,
-    in a fork (this process's modules already imported)."""
-    import packer.storage.client as client
+_AFTER_STORAGE = """
+import sys, types
+sys.path[:0] = sys.argv[1:]
+from helpers.forked import run_code
+from packer.storage import client
+sys.modules["forked_marker"] = types.ModuleType("forked_marker")
+code = "import sys; print('forked_marker' in sys.modules)"
+print(run_code(code).stdout.strip())
+client._check_not_forked("test")  # what the client does at its first request
+print(run_code(code).stdout.strip())
+"""
 
-    code = "import sys; print('pytest' in sys.modules)"
-    monkeypatch.setattr(client, "_RUNTIME_PID", None)
-    r = run_code(code)
-    assert (r.returncode, r.stdout) == (0, "True\n"), r
-    monkeypatch.setattr(client, "_RUNTIME_PID", os.getpid())
-    r = run_code(code)
-    assert (r.returncode, r.stdout) == (0, "False\n"), r
+
+def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter() -> None:
+    """A fork of a process that used object storage could not use its client: the
+    command then runs in a fresh interpreter (this process's modules not there);
+    before that, in a fork (they are)."""
+    tests = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _AFTER_STORAGE, tests], env=subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False"], r.stdout
