@@ -115,20 +115,21 @@ from helpers.forked import run_code
 from packer.storage import client
 sys.modules["forked_marker"] = types.ModuleType("forked_marker")
 code = "import sys; print('forked_marker' in sys.modules)"
-print(run_code(code).stdout.strip())
+print(run_code(code, storage=True).stdout.strip())
 client._check_not_forked("test")  # what the client does at its first request
-print(run_code(code).stdout.strip())
+print(run_code(code, storage=True).stdout.strip())
+print(run_code(code).stdout.strip())  # a command that uses no object storage: forked
 """
 
 
 def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter() -> None:
-    """A fork of a process that used object storage could not use its client: the
-    command then runs in a fresh interpreter (this process's modules not there);
-    before that, in a fork (they are)."""
+    """A fork of a process that used object storage could not use its client: a
+    command that uses it then runs in a fresh interpreter (this process's modules not
+    there); before that, and a command that does not use it, in a fork (they are)."""
     tests = str(Path(__file__).resolve().parent)
     r = subprocess.run(
         [sys.executable, "-c", _AFTER_STORAGE, tests], env=subprocess_env(),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False"], r.stdout
+    assert r.stdout.split() == ["True", "False", "True"], r.stdout

@@ -69,9 +69,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``python -c CODE`` in a fork of this process (no fresh import of torch)."""
-    return run_code(code, cwd=cwd, env=env, timeout=300)
+def run_python(
+    code: str, cwd: Path, env: dict[str, str], storage: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fork of this process (no fresh import of torch);
+    ``storage``: the code uses object storage (helpers.forked.forkable)."""
+    return run_code(code, cwd=cwd, env=env, timeout=300, storage=storage)
 
 
 def block_env(**extra: str) -> dict[str, str]:
@@ -161,10 +164,10 @@ def test_readme_object_storage_commands_run_against_a_local_server(tmp_path: Pat
             words = shlex.split(line)
             assert words[0] == "imgpack", line
             # forked (a fresh interpreter where this process has loaded obstore)
-            r = run_cli(words[1:], cwd=tmp_path, env=env, timeout=300)
+            r = run_cli(words[1:], cwd=tmp_path, env=env, timeout=300, storage=True)
             assert r.returncode == 0, f"{line}:\n{r.stderr[-3000:]}"
         (code,) = [c for _, c in blocks("python") if "s3://" in c]
-        r = run_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env)
+        r = run_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env, storage=True)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.split()[-2:] == ["36", "1"]
     finally:

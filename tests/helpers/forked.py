@@ -12,9 +12,10 @@ fresh interpreter, not the worker's (pytest's capture and its SIGINT/SIGTERM hoo
 ``SystemExit`` and uncaught exceptions end it as Python ends: the code, or the
 traceback on stderr and exit 1. The child never returns into pytest (``os._exit``).
 
-Where this process holds a CUDA context or has used object storage (obstore's runtime
-threads are not in a fork: packer.storage.client._check_not_forked), the command runs
-in a fresh interpreter instead (:func:`forkable`). What a fork cannot be, and so where tests keep
+Where this process holds a CUDA context, or for a command that uses object storage
+(``storage=True``) where this process has used it (obstore's runtime threads are not in
+a fork: packer.storage.client._check_not_forked), the command runs in a fresh
+interpreter instead (:func:`forkable`). What a fork cannot be, and so where tests keep
 ``subprocess``: start-up and import tests (what a fresh interpreter imports, its time),
 tests of a variable read at import, of signals, kills and resumes of a process group,
 of the installed wheel. A test that monkeypatches something would see its patch in the
@@ -131,16 +132,16 @@ def start_script(script: Path | str, args: Sequence[object] = (), **kw: object) 
     return Forked(main, argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
 
 
-def forkable() -> bool:
+def forkable(storage: bool = False) -> bool:
     """Whether a fork of this process can do what a fresh interpreter would: not where
-    it holds a CUDA context, nor where it has used object storage (obstore's runtime
-    threads, started at its first request, are not in a fork: the product's own test,
-    packer.storage.client._check_not_forked, which its build workers follow too)."""
+    it holds a CUDA context, nor, for a command that uses object storage (``storage``),
+    where this process has used it (obstore's runtime threads, started at its first
+    request, are not in a fork: packer.storage.client._check_not_forked refuses)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return False
     client = sys.modules.get("packer.storage.client")
-    return getattr(client, "_RUNTIME_PID", None) is None
+    return not storage or getattr(client, "_RUNTIME_PID", None) is None
 
 
 class Forked:
@@ -159,6 +160,7 @@ class Forked:
         env: Mapping[str, str] | None = None,
         cwd: Path | str | None = None,
         input: str | None = None,
+        storage: bool = False,
     ) -> None:
         self.args = args
         self.returncode: int | None = None
@@ -169,7 +171,7 @@ class Forked:
             if input is not None:
                 stdin.write(input.encode())
                 stdin.seek(0)
-            if not forkable():
+            if not forkable(storage):
                 self._popen = subprocess.Popen(
                     args, stdin=stdin if input is not None else subprocess.DEVNULL,
                     stdout=self._out, stderr=self._err, cwd=cwd,
