@@ -520,12 +520,47 @@ def stderr_until(proc: subprocess.Popen[str], needle: str) -> str:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Any:
     """A two-node Ray cluster on 127.0.0.1 (tests/ray_cluster.py), started once per
-    session (about 10 s) with this process connected as its driver; stopped by PID."""
+    session (about 10 s) with this process connected as its driver; stopped by PID
+    after the session's last ``ray`` test (pytest_runtest_teardown below), else at the
+    session's end."""
     from ray_cluster import Cluster
 
     cluster = Cluster(subprocess_env())
+    _RAY_CLUSTERS.append(cluster)
     try:
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
+        _stop_ray_clusters()
+
+
+# The cluster's nodes, their warm workers and the driver's threads take CPU while idle
+# (about 2 CPU-seconds a minute): once this process has run every ``ray`` test of the
+# session (under --dist loadgroup they all run on one worker), the cluster stops then,
+# not at the session's end. A ray test scheduled after that would find it stopped:
+# the count makes sure none is.
+_RAY_CLUSTERS: list[Any] = []
+_ray_items: set[str] = set()
+_ray_done: set[str] = set()
+
+
+def _stop_ray_clusters() -> None:
+    while _RAY_CLUSTERS:
+        _RAY_CLUSTERS.pop().stop()
+
+
+def ray_tests_left() -> bool:
+    """Whether this process has ``ray`` tests still to run (the one being torn down
+    counted as run): a fixture need not warm the cluster for none."""
+    return bool(_ray_items - _ray_done)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if item.get_closest_marker("ray"):
+        if not _ray_items:
+            _ray_items.update(i.nodeid for i in item.session.items if i.get_closest_marker("ray"))
+        _ray_done.add(item.nodeid)
+    yield
+    if item.get_closest_marker("ray") and not ray_tests_left():
+        _stop_ray_clusters()

@@ -1,7 +1,8 @@
 """Every Python block of README.md runs as written on a CPU machine (issue 43), each in a
-fresh interpreter, in a folder holding the packs the README builds before it (from
-sample_data/); and the README's local object-storage commands (rclone serve s3, the four
-variables, the S3 build example) work as documented.
+process of its own (a fork of this one: tests/helpers/forked.py), in a folder holding
+the packs the README builds before it (from sample_data/); and the README's local
+object-storage commands (rclone serve s3, the four variables, the S3 build example)
+work as documented.
 
 Only the epoch counts are shrunk (``range(90)``, ``max_epochs=90``), so a block's whole
 loop runs in seconds; nothing else of a block is changed."""
@@ -14,13 +15,13 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, subprocess_env
+from helpers.forked import run_cli, run_code
 from packer.builder.api import BuildConfig, build
 
 pytestmark = pytest.mark.slow
@@ -68,11 +69,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+def run_python(
+    code: str, cwd: Path, env: dict[str, str], storage: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fork of this process (no fresh import of torch);
+    ``storage``: the code uses object storage (helpers.forked.forkable)."""
+    return run_code(code, cwd=cwd, env=env, timeout=300, storage=storage)
 
 
 def block_env(**extra: str) -> dict[str, str]:
@@ -161,13 +163,11 @@ def test_readme_object_storage_commands_run_against_a_local_server(tmp_path: Pat
             line = line.split("  #")[0].strip()
             words = shlex.split(line)
             assert words[0] == "imgpack", line
-            r = subprocess.run(
-                [sys.executable, "-m", "packer", *words[1:]], cwd=tmp_path, env=env,
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+            # forked (a fresh interpreter where this process has loaded obstore)
+            r = run_cli(words[1:], cwd=tmp_path, env=env, timeout=300, storage=True)
             assert r.returncode == 0, f"{line}:\n{r.stderr[-3000:]}"
         (code,) = [c for _, c in blocks("python") if "s3://" in c]
-        r = run_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env)
+        r = run_python(code + "\nprint(len(train), len(loader))\n", tmp_path, env, storage=True)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.split()[-2:] == ["36", "1"]
     finally:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import torch
 
 import packer
 from conftest import subprocess_env
+from helpers.forked import run_script
 from packer.builder.run import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,14 +24,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def run(*args: str) -> str:
+    """``python examples/train_imagenet.py ARGS`` in a process of its own: a fork of this
+    one (tests/helpers/forked.py), torch already imported."""
     env = subprocess_env(OMP_NUM_THREADS="2")
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "examples/train_imagenet.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_script(ROOT / "examples/train_imagenet.py", args, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 

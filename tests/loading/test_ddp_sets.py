@@ -5,8 +5,6 @@ every image of the set exactly once, ids checked from the pixels the ranks recei
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 
 import packer
 from conftest import subprocess_env, write_image
+from helpers.forked import start_script
 from packer.builder.api import BuildConfig, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +28,10 @@ def _torchrun(nproc: int, *args: str) -> dict:
     from helpers.local_server import free_port
 
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "train_sets_ddp.py"), *args],
+    procs = [  # each a fork of this process (tests/helpers/forked.py): torch imported
+        start_script(
+            ROOT / "examples" / "train_sets_ddp.py",
+            args,
             env=subprocess_env(
                 OMP_NUM_THREADS="1",
                 RANK=str(rank),
@@ -40,23 +40,18 @@ def _torchrun(nproc: int, *args: str) -> dict:
                 LOCAL_WORLD_SIZE=str(nproc),
                 **rendezvous,
             ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         for rank in range(nproc)
     ]
     outs = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(out)
+            r = p.wait(timeout=240)
+            assert r.returncode == 0, r.stderr[-3000:]
+            outs.append(r.stdout)
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+            p.kill()
     return json.loads(outs[0].strip().splitlines()[-1])
 
 

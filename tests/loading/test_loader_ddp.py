@@ -40,7 +40,14 @@ def test_two_ranks_split_every_epoch(packed: Path, tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     world = 2
-    mp.spawn(_worker, args=(world, str(packed), port, str(tmp_path)), nprocs=world, join=True)
+    # forked ranks (torch already imported here), not spawned fresh interpreters
+    mp.start_processes(
+        _worker,
+        args=(world, str(packed), port, str(tmp_path)),
+        nprocs=world,
+        join=True,
+        start_method="fork",
+    )
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for epoch in range(2):
         counts = [results[r][epoch][0] for r in range(world)]

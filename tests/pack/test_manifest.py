@@ -6,8 +6,6 @@ import json
 import os
 import pickle
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import packer
 from conftest import cli_build as _build
 from conftest import cli_run as _cli
 from conftest import subprocess_env, write_image
+from helpers.forked import run_script
 from packer.cli import cli
 from packer.errors import PackFormatError, UsageError
 from packer.measure.verify import VerifyConfig, verify
@@ -324,13 +323,8 @@ def special_meta_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[s
         packs.append(str(pack))
     script = root / "load.py"
     script.write_text(_SPECIAL_META)
-    p = subprocess.run(
-        [sys.executable, str(script), *packs],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # a fork of this process (tests/helpers/forked.py), killed past the timeout
+    p = run_script(script, packs, env=subprocess_env(), timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()
     assert len(lines) == len(cases), p.stdout

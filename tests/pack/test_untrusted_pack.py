@@ -4,13 +4,13 @@ checked before anything reads them; readers share one pack."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import packer
+from helpers.forked import start_code
 from packer.errors import PackFormatError
 
 
@@ -87,11 +87,9 @@ def test_two_readers_share_one_pack(packed: Path) -> None:
         "import packer,sys; p=packer.load(sys.argv[1]); "
         "print(int(p.images.sum()), p.labels.tolist()[-1])"
     )
-    outs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(packed)], stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(2)  # two interpreters (each imports torch: seconds on two cores)
-    ]
-    results = {o.communicate()[0] for o in outs}
-    assert len(results) == 1 and all(o.returncode == 0 for o in outs)
+    # two processes at once, each a fork of this one (tests/helpers/forked.py): a fresh
+    # interpreter each imported torch, seconds on two cores
+    outs = [start_code(code, [packed]) for _ in range(2)]
+    results = [o.wait(timeout=120) for o in outs]
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    assert len({r.stdout for r in results}) == 1 and results[0].stdout.strip()

@@ -17,7 +17,7 @@ import pytest
 import s3_server as fx
 from s3_server import RAW, bucket_path, new_url, write_src
 
-from conftest import write_image
+from conftest import ray_tests_left, write_image
 from helpers.local_server import S3Server
 from packer.builder import upload
 from packer.builder.api import build
@@ -70,7 +70,8 @@ def nodes_env(ray_cluster: Any, s3_server: S3Server) -> Iterator[Any]:
         yield ray_cluster
     finally:
         join(ray_cluster, None)
-        ray_cluster.warm()  # the job's workers are new: warm as the session's were
+        if ray_tests_left():  # the job's workers are new: warm as the session's were
+            ray_cluster.warm()
 
 
 @pytest.fixture

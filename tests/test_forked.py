@@ -1,0 +1,135 @@
+"""tests/helpers/forked.py: a command run in a fork of the test process answers as
+``subprocess.run([sys.executable, ...], capture_output=True, text=True)`` does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import subprocess_env
+from helpers.forked import run_cli, run_code, run_script, start_script
+
+CASES = {
+    "exit 0": "print('out'); import sys; print('err', file=sys.stderr)",
+    "exit 3": "import sys; sys.exit(3)",
+    "exit text": "import sys; sys.exit('bye')",
+    "raises": "raise ValueError('boom')",
+    "C-level writes": "import os; os.write(1, b'fd1'); os.write(2, b'fd2')",
+    "argv": "import sys; print(sys.argv)",
+    "env and cwd": "import os; print(os.environ['FORKED_X'], os.getcwd())",
+    "logging warning": "import logging; logging.getLogger('x').warning('careful')",
+    "user warning": "import warnings; warnings.warn('w1')",
+    "stdin empty": "import sys; print(repr(sys.stdin.read()))",
+    "atexit": "import atexit; atexit.register(print, 'bye')",
+    "sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT)",
+}
+
+
+@pytest.mark.parametrize("code", CASES.values(), ids=CASES.keys())
+def test_a_forked_command_answers_as_a_fresh_interpreter(tmp_path: Path, code: str) -> None:
+    env = subprocess_env(FORKED_X="seen")
+    want = subprocess.run(
+        [sys.executable, "-c", code, "a b", "c"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    got = run_code(code, ["a b", "c"], env=env, cwd=tmp_path, timeout=60)
+    assert (got.returncode, got.stdout) == (want.returncode, want.stdout)
+    # a traceback's file names differ (<string> lines alike): compare its last line
+    assert got.stderr.strip().splitlines()[-1:] == want.stderr.strip().splitlines()[-1:]
+    assert got.args[:2] == [sys.executable, "-c"]
+
+
+def test_the_child_never_returns_into_the_test(tmp_path: Path) -> None:
+    marker = tmp_path / "m"
+    r = run_code(f"open({str(marker)!r}, 'w').write(str(__import__('os').getpid()))")
+    assert r.returncode == 0, r.stderr
+    assert int(marker.read_text()) != os.getpid()
+
+
+def test_input_and_timeout(tmp_path: Path) -> None:
+    r = run_code("import sys; print(sys.stdin.read().upper())", input="abc")
+    assert r.stdout == "ABC\n"
+    with pytest.raises(subprocess.TimeoutExpired, match=r"timed out after 0\.2 seconds"):
+        run_code("import time; time.sleep(30)", timeout=0.2)
+
+
+def test_a_script_and_the_cli(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:], sys.path[0])\nsys.exit(4)\n")
+    r = run_script(script, ["x"])
+    assert (r.returncode, r.stdout) == (4, f"['x'] {tmp_path}\n")
+    r = run_cli(["info", tmp_path / "missing"])
+    assert r.returncode == 2 and r.stderr.startswith("Error:"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_started_children_run_at_once_and_can_be_killed(tmp_path: Path) -> None:
+    """start_script: two children at once (each waits for the other's file), as
+    subprocess.Popen; kill() ends one still running, reaped (-9)."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "while not os.path.exists(sys.argv[2]):\n"
+        "    time.sleep(0.01)\n"
+        "print(os.environ['WHO'])\n"
+    )
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = start_script(script, [a, b], env=subprocess_env(WHO="A"))
+    pb = start_script(script, [b, a], env=subprocess_env(WHO="B"))
+    ra, rb = pa.wait(timeout=60), pb.wait(timeout=60)
+    assert (ra.returncode, ra.stdout, rb.returncode, rb.stdout) == (0, "A\n", 0, "B\n")
+    stuck = start_script(script, [tmp_path / "c", tmp_path / "never"])
+    stuck.kill()
+    assert stuck.wait().returncode == -9
+
+
+def test_a_handler_made_here_before_writes_to_the_childs_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A module imported by this process before the fork made its logging handler on
+    the sys.stderr of then (pytest's capture, as lightning's): the child's records go to
+    the child's stderr, as in a fresh interpreter, not into this test's output."""
+    import logging
+
+    logger = logging.getLogger("forked-test-handler")
+    handler = logging.StreamHandler()  # on sys.stderr as it is now
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        r = run_code("import logging; logging.getLogger('forked-test-handler').error('said')")
+    finally:
+        logger.removeHandler(handler)
+    assert r.returncode == 0 and r.stderr == "said\n", r
+    assert "said" not in capfd.readouterr().err
+
+
+_AFTER_STORAGE = """
+import sys, types
+sys.path[:0] = sys.argv[1:]
+from helpers.forked import run_code
+from packer.storage import client
+sys.modules["forked_marker"] = types.ModuleType("forked_marker")
+code = "import sys; print('forked_marker' in sys.modules)"
+print(run_code(code, storage=True).stdout.strip())
+client._check_not_forked("test")  # what the client does at its first request
+print(run_code(code, storage=True).stdout.strip())
+print(run_code(code).stdout.strip())  # a command that uses no object storage: forked
+"""
+
+
+def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter() -> None:
+    """A fork of a process that used object storage could not use its client: a
+    command that uses it then runs in a fresh interpreter (this process's modules not
+    there); before that, and a command that does not use it, in a fork (they are)."""
+    tests = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _AFTER_STORAGE, tests], env=subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "True"], r.stdout
