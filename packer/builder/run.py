@@ -217,7 +217,7 @@ def _listing_pool(src: Any, dst: Any, config: BuildConfig) -> ProcessPoolExecuto
     other thread; a bucket's client not yet used here: a worker forked later could not
     use its own, and is spawned, ~1 s for 16). None otherwise: the pool starts after
     the listing, as before."""
-    from .workers import _start_method
+    from .workers import _start_method, client_used_here
 
     if config.device not in ("cpu", "auto") or config.engine != "local":
         return None
@@ -226,6 +226,8 @@ def _listing_pool(src: Any, dst: Any, config: BuildConfig) -> ProcessPoolExecuto
         return None  # a folder (or a save_to_disk folder): its own early pool, after
     if isinstance(dst, str) and "://" in dst:
         return None
+    if any("://" in t for t in texts) and client_used_here():
+        return None  # its workers read the bucket: forked from here they could not
     if _start_method() != "fork":
         return None
     target = Path(os.path.abspath(dst))

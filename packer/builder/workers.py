@@ -170,6 +170,13 @@ def _close_work_dir_fds(work: str) -> None:
                     os.close(int(name))
 
 
+def client_used_here() -> bool:
+    """Whether this process has used its object-store client (its runtime's threads live
+    here): a child forked from it could not use the client."""
+    client = sys.modules.get("packer.storage.client")
+    return getattr(client, "_RUNTIME_PID", None) == os.getpid()
+
+
 def _start_method() -> str:
     """How decode workers start. ``fork`` (Linux) when it is safe: this process runs
     no other thread and no CUDA context, so a child cannot inherit a lock held
@@ -181,12 +188,10 @@ def _start_method() -> str:
     forced = os.environ.get("IMGPACK_BUILD_START")
     if forced in ("fork", "forkserver"):
         return forced
-    # this process has used its object-store client (a bucket listed, a file uploaded): a
-    # child forked from it cannot use the client, whatever the workers are about to read
-    # (a bucket source is known as one only once it is listed), and a fork server started
-    # earlier has an older environment than the client's settings now: fresh interpreters
-    client = sys.modules.get("packer.storage.client")
-    if getattr(client, "_RUNTIME_PID", None) == os.getpid():
+    # workers that read a bucket (packer.sources): a child forked from this process cannot
+    # use its object-store client, and a fork server started earlier has an older
+    # environment than the client's settings now: fresh interpreters
+    if "packer.builder.formats.remote" in sys.modules and client_used_here():
         return "spawn"
     torch = sys.modules.get("torch")
     cuda = False

@@ -99,33 +99,11 @@ def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:
 
 
 def test_start_method_falls_back_when_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import packer.storage.client as client
-
     monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
-    monkeypatch.setattr(client, "_RUNTIME_PID", None)  # no object storage used here
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
     assert pbw._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 3)
     assert pbw._start_method() == "forkserver"
-
-
-def test_workers_start_fresh_once_this_process_used_object_storage(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A process that has used its object-store client (uploaded a file, say) builds with
-    fresh interpreters, whatever the source: a forked worker could not read a bucket, and
-    a bucket source is known as one only after the pool started (it is listed later)."""
-    import sys
-
-    import packer.storage.client as client
-
-    monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
-    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
-    monkeypatch.delitem(sys.modules, "packer.builder.formats.remote", raising=False)
-    monkeypatch.setattr(client, "_RUNTIME_PID", None)
-    assert pbw._start_method() in ("fork", "forkserver")
-    client._check_not_forked("s3://b/k")  # the client ran here
-    assert pbw._start_method() == "spawn"
 
 
 def test_planar_copy_matches_numpy_transpose(image_tree: Path) -> None:
@@ -155,3 +133,30 @@ def test_same_bytes_whether_workers_fork_or_come_from_the_server(
         build(image_tree, tmp_path / method, BuildConfig(size=(24, 24), workers=2))
         out[method] = (tmp_path / method / "_tensordict" / "images.memmap").read_bytes()
     assert out["fork"] == out["forkserver"]
+
+
+def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A bucket source's workers read the bucket: forked early from a process that has
+    used its object-store client (an upload, say), they could not; such a build starts its
+    pool after the listing, when the workers are spawned. A local source keeps its early
+    pool."""
+    import packer.storage.client as client
+    from packer.builder import run
+    from packer.builder.config import BuildConfig
+
+    import sys
+
+    monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
+    # the bucket's readers not imported yet, as at a build's start
+    monkeypatch.delitem(sys.modules, "packer.builder.formats.remote", raising=False)
+    started: list[object] = []
+    monkeypatch.setattr(run, "_early_pool", lambda config, dst: started.append(dst) or "pool")
+    config = BuildConfig(size=(8, 8), workers=2)
+    monkeypatch.setattr(client, "_RUNTIME_PID", None)
+    assert run._listing_pool("s3://b/imgs", tmp_path / "a", config) == "pool"
+    client._check_not_forked("s3://b/k")  # the client ran here
+    assert run._listing_pool("s3://b/imgs", tmp_path / "b", config) is None
+    assert run._listing_pool(str(tmp_path / "x.tar"), tmp_path / "c", config) == "pool"
