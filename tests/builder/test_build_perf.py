@@ -142,11 +142,11 @@ def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage
     used its object-store client (an upload, say), they could not; such a build starts its
     pool after the listing, when the workers are spawned. A local source keeps its early
     pool."""
+    import sys
+
     import packer.storage.client as client
     from packer.builder import run
     from packer.builder.config import BuildConfig
-
-    import sys
 
     monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
