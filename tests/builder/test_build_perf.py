@@ -100,6 +100,7 @@ def test_forked_worker_closes_the_work_folder_lock(tmp_path: Path) -> None:
 
 def test_start_method_falls_back_when_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(pbw, "client_used_here", lambda: False)  # no object storage here
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
     assert pbw._start_method() in ("fork", "forkserver")  # forkserver only with CUDA up
     monkeypatch.setattr(pbw.threading, "active_count", lambda: 3)
@@ -135,6 +136,14 @@ def test_same_bytes_whether_workers_fork_or_come_from_the_server(
     assert out["fork"] == out["forkserver"]
 
 
+def test_client_used_here_follows_the_client_runtime() -> None:
+    """``client_used_here`` is true once this process's client ran (its runtime's pid)."""
+    import packer.storage.client as client
+
+    client._check_not_forked("s3://b/k")
+    assert pbw.client_used_here()
+
+
 def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -144,7 +153,6 @@ def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage
     pool."""
     import sys
 
-    import packer.storage.client as client
     from packer.builder import run
     from packer.builder.config import BuildConfig
 
@@ -155,8 +163,8 @@ def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage
     started: list[object] = []
     monkeypatch.setattr(run, "_early_pool", lambda config, dst: started.append(dst) or "pool")
     config = BuildConfig(size=(8, 8), workers=2)
-    monkeypatch.setattr(client, "_RUNTIME_PID", None)
+    monkeypatch.setattr(pbw, "client_used_here", lambda: False)
     assert run._listing_pool("s3://b/imgs", tmp_path / "a", config) == "pool"
-    client._check_not_forked("s3://b/k")  # the client ran here
+    monkeypatch.setattr(pbw, "client_used_here", lambda: True)  # the client ran here
     assert run._listing_pool("s3://b/imgs", tmp_path / "b", config) is None
     assert run._listing_pool(str(tmp_path / "x.tar"), tmp_path / "c", config) == "pool"

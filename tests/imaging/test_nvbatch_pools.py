@@ -138,8 +138,6 @@ def test_the_engines_pool_options():
 @pytest.mark.cuda
 @needs_helper
 def test_pooled_decodes_give_the_same_pixels_on_cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     rng = np.random.default_rng(1)
     datas = []
     for h, w in [(375, 500), (1200, 1600), (77, 101)]:
