@@ -6,57 +6,22 @@ from __future__ import annotations
 
 import ctypes
 import io
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from helpers.fake_cudart import SOURCE, build, counts
 from packer.imaging import decoders_split, nvbatch
 from packer.loading.jpeg_pass import lane_tuning_for
 
 needs_helper = pytest.mark.skipif(nvbatch.available() is not None, reason=str(nvbatch.available()))
 
-FAKE = r"""
-#include <stdlib.h>
-#include <stddef.h>
-static int n[8]; /* device allocs, device frees, host allocs, host frees, syncs, records */
-int cudaMallocAsync(void** p, size_t s, void* st) { *p = malloc(s); n[0]++; return 0; }
-int cudaFreeAsync(void* p, void* st) { free(p); n[1]++; return 0; }
-int cudaHostAlloc(void** p, size_t s, unsigned f) { *p = malloc(s); n[2]++; return 0; }
-int cudaFreeHost(void* p) { free(p); n[3]++; return 0; }
-int cudaEventCreateWithFlags(void** e, unsigned f) { *e = malloc(1); return 0; }
-int cudaEventRecord(void* e, void* st) { n[5]++; return 0; }
-int cudaEventSynchronize(void* e) { n[4]++; return 0; }
-int cudaEventDestroy(void* e) { free(e); return 0; }
-void counts(int* out) { for (int i = 0; i < 6; i++) out[i] = n[i]; }
-"""
-
-
-def _build(tmp_path, source: str, name: str) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler")
-    src = tmp_path / f"{name}.c"
-    src.write_text(source)
-    so = tmp_path / f"{name}.so"
-    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
-    return str(so)
-
-
-def _counts(lib) -> dict[str, int]:
-    out = (ctypes.c_int * 6)()
-    lib.counts(out)
-    keys = ("dev_alloc", "dev_free", "host_alloc", "host_free", "syncs", "records")
-    return dict(zip(keys, out))
-
 
 @needs_helper
 def test_pinned_blocks_are_reused_after_their_stream_and_freed_at_close(tmp_path):
-    path = _build(tmp_path, FAKE, "fakecudart")
-    fake = ctypes.CDLL(path)
+    path, fake = build(tmp_path, "fakecudart")
     lib = nvbatch.library()
     pools = lib.nvb_pools_open(path.encode(), 16 << 20, 8 << 20)
     assert pools
@@ -66,38 +31,38 @@ def test_pinned_blocks_are_reused_after_their_stream_and_freed_at_close(tmp_path
     assert lib.nvb_pools_pinned(pools, ctypes.byref(b), 10, 0) == 0
     assert a.value != b.value
     assert lib.nvb_pools_pinned(pools, ctypes.byref(a), 1000, 1) == 0  # given back
-    assert _counts(fake)["records"] == 1  # marked on the stream that gave it back
+    assert counts(fake)["records"] == 1  # marked on the stream that gave it back
     # a smaller request takes the kept block, once its stream is past it
     assert lib.nvb_pools_pinned(pools, ctypes.byref(c), 500, 0) == 0
     assert c.value == a.value
-    got = _counts(fake)
+    got = counts(fake)
     assert got["host_alloc"] == 2 and got["syncs"] == 1
     # a larger one than any kept block is a new allocation
     d = ctypes.c_void_p()
     assert lib.nvb_pools_pinned(pools, ctypes.byref(d), 5000, 0) == 0
-    assert d.value not in (a.value, b.value) and _counts(fake)["host_alloc"] == 3
+    assert d.value not in (a.value, b.value) and counts(fake)["host_alloc"] == 3
     lib.nvb_pools_close(pools)
-    assert _counts(fake)["host_free"] == 3  # every block, busy or kept, at close
+    assert counts(fake)["host_free"] == 3  # every block, busy or kept, at close
 
 
 @needs_helper
 def test_device_blocks_are_stream_ordered(tmp_path):
-    path = _build(tmp_path, FAKE, "fakecudart2")
-    fake = ctypes.CDLL(path)
+    path, fake = build(tmp_path, "fakecudart2")
     lib = nvbatch.library()
     pools = lib.nvb_pools_open(path.encode(), 0, 0)
     p = ctypes.c_void_p()
     assert lib.nvb_pools_device(pools, ctypes.byref(p), 4096, 0) == 0 and p.value
     assert lib.nvb_pools_device(pools, ctypes.byref(p), 4096, 1) == 0
-    got = _counts(fake)
+    got = counts(fake)
     assert got["dev_alloc"] == 1 and got["dev_free"] == 1 and got["host_alloc"] == 0
     lib.nvb_pools_close(pools)
 
 
 @needs_helper
 def test_a_runtime_missing_a_call_leaves_the_defaults(tmp_path):
-    missing = FAKE.replace("int cudaFreeHost(void* p) { free(p); n[3]++; return 0; }", "")
-    path = _build(tmp_path, missing, "partial")
+    cut = "int cudaFreeHost(void* p) { free(p); INC(3); return 0; }"
+    assert cut in SOURCE
+    path, _ = build(tmp_path, "partial", SOURCE.replace(cut, ""))
     lib = nvbatch.library()
     assert not lib.nvb_pools_open(path.encode(), 0, 0)
     assert not lib.nvb_pools_open(str(tmp_path / "absent.so").encode(), 0, 0)
