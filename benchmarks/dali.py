@@ -451,6 +451,12 @@ def main() -> None:
         # a round that falls far below the others with retries was starved of memory
         retries: dict[str, list[int]] = {k: [] for k in makers}
         default_switch = sys.getswitchinterval()
+        # each imgpack round's loader.stats() (since the previous call): a slow round says
+        # which stage took the time
+        round_stats: dict[str, list[list[str]]] = {k: [] for k in makers if k != "dali"}
+        loaders = {f"imgpack {d}": ld for d, ld in out.get("paths", {}).items()}
+        for ld in loaders.values():
+            ld.stats()
         for _ in range(a.rounds):
             for k, m in makers.items():
                 sys.setswitchinterval(switch.get(k, default_switch))
@@ -460,6 +466,9 @@ def main() -> None:
                 finally:
                     sys.setswitchinterval(default_switch)
                 retries[k].append(torch.cuda.memory_stats().get("num_alloc_retries", 0) - before)
+                if k in loaders:
+                    round_stats[k].append(loaders[k].stats().summary()[:2])
+        out["round_stats"] = round_stats
         out["alloc_retries"] = retries
         out["reserved_gb"] = torch.cuda.memory_reserved() / 2**30
         for d, loader in list(out.get("paths", {}).items()):
@@ -486,6 +495,9 @@ def main() -> None:
             runs = " ".join(f"{x:.0f}" for x in v["runs"])
             print(f"{k:28s} {v['median']:10.0f} img/s  {ratio}  [{runs}]")
         print("allocator retries per round:", json.dumps(out.get("alloc_retries")))
+        for k, per in out.get("round_stats", {}).items():
+            for r, lines in enumerate(per):
+                print(f"{k} round {r + 1}: " + " | ".join(lines))
         print(
             "paths:",
             json.dumps(out.get("paths")),

@@ -470,7 +470,16 @@ class Det:
         self.ref_dl: Any = None
         self.info: dict[str, Any] = {}
 
-    def _pack_loader(self, batch: int, pack: Path | None = None) -> Any:
+    def extra_feed(self, threads: int) -> Callable[[], Any]:
+        """The pack's feed through a second loader of ``threads`` threads (the
+        ``--frcnn-threads`` ways)."""
+        from packer.examples import train_detection as TD
+
+        loader = self._pack_loader(self.a.batch, threads=threads)
+        it = endless(lambda: TD.pack_batches(loader, False))
+        return lambda: next(it)
+
+    def _pack_loader(self, batch: int, pack: Path | None = None, threads: int | None = None) -> Any:
         from packer.examples import train_detection as TD
 
         p = packer.load(pack or self.packs["det_train"])
@@ -482,7 +491,7 @@ class Det:
             batch,
             device=self.device,
             seed=self.a.seed,
-            num_threads=self.a.threads,
+            num_threads=threads or self.a.threads,
             indices=rows,
             drop_last=True,
             dense=dense,
@@ -559,6 +568,22 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         "resident": (det.step, det.resident, None),
         "pack": (det.step, det.pack_feed, None),
     }
+    # the loader's threads share the GIL with a step that is mostly Python: the same
+    # pack at a shorter switch interval, and through a loader of fewer threads
+    default_si = sys.getswitchinterval()
+    for si in a.switch:
+        ways[f"pack, switch {si * 1000:g} ms"] = (det.step, det.pack_feed, None)
+    for t in a.frcnn_threads:
+        ways[f"pack, {t} threads"] = (det.step, det.extra_feed(t), None)
+    for k, (st, fd, bf) in list(ways.items()):
+        si = float(k.split("switch ")[1].split(" ms")[0]) / 1000 if "switch " in k else default_si
+
+        def before(si: float = si, bf: Callable | None = bf) -> None:
+            sys.setswitchinterval(si)
+            if bf is not None:
+                bf()
+
+        ways[k] = (st, fd, before)
     if with_ref:
         it = det.ref_iter()
         prefetched = a.workers * 2 if a.workers else 0
@@ -567,8 +592,15 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         ways = {"reference": ways.pop("reference"), **ways}
     warm(ways, a.warm, failed)
     sync(det.device)
-    ways = {k: ways[k] for k in ("resident", "pack", "reference") if k in ways}
-    rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed)
+    order = ("resident", "pack", "reference")
+    ways = {
+        **{k: ways[k] for k in order if k in ways},
+        **{k: v for k, v in ways.items() if k not in order},
+    }
+    try:
+        rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed)
+    finally:
+        sys.setswitchinterval(default_si)
     det.close_reference()
     m = {k: med(v) for k, v in rates.items()}
     res["frcnn"] = {
@@ -1035,6 +1067,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-amp", dest="amp", action="store_false", help="no bf16 autocast")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--switch",
+        default="",
+        help="frcnn: also the pack at these sys.setswitchinterval values (s, comma-separated)",
+    )
+    ap.add_argument(
+        "--frcnn-threads",
+        default="",
+        help="frcnn: also the pack through loaders of these num_threads (comma-separated)",
+    )
+    ap.add_argument(
         "--time-limit", type=float, default=0, help="parts not started by then are skipped (s)"
     )
     ap.add_argument(
@@ -1048,6 +1090,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if not parts <= set(PARTS):
         ap.error(f"--parts: {', '.join(sorted(parts - set(PARTS)))} not one of {', '.join(PARTS)}")
     a.parts = parts
+    a.switch = [float(x) for x in a.switch.split(",") if x]
+    a.frcnn_threads = [int(x) for x in a.frcnn_threads.split(",") if x]
     if a.toy:
         a.det_model, a.seg_model = (
             "fasterrcnn_mobilenet_v3_large_320_fpn",

@@ -109,6 +109,19 @@ def fits(max_scale: tuple[float, float], mode: str = "bilinear") -> bool:
     )
 
 
+def rows_fit(scales: np.ndarray, mode: str = "bilinear") -> np.ndarray:
+    """:func:`fits` of each row of ``scales`` float [B, 2] (crop / output length per
+    axis) at once: bool [B]."""
+    scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
+    if KERNEL != "dot":
+        return np.ones(len(scales), dtype=bool)
+    half = _HALF[mode]
+    span = np.maximum(
+        _spans(DOT_TILE[0], scales[:, 0], half), _spans(DOT_TILE[1], scales[:, 1], half)
+    )
+    return span <= 256
+
+
 def filter_code(mode: str, antialias: bool) -> int:
     """The kernels' FILT code of ``mode`` (a name of ``resize.INTERPOLATIONS``)."""
     return FILTERS[(mode, bool(antialias))]
@@ -211,6 +224,7 @@ def resample_ragged(
     launches: list[tuple[int, int, float, float]] | None = None,
     mode: str = "bilinear",
     antialias: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Images of different sizes -> uint8 [B, C, oh, ow], each cropped, resized, flipped.
 
@@ -222,10 +236,13 @@ def resample_ragged(
     ``max_scale``. A launch fills every SM until its last tile starts, and a model's
     kernel queued meanwhile on another stream waits for all of it: small launches keep
     that wait short. ``mode``, ``antialias``: the interpolation, as :func:`resample`'s
-    (``launches`` from :func:`ragged_order` assume bilinear's patches).
+    (``launches`` from :func:`ragged_order` assume bilinear's patches). ``out``: uint8
+    [N, C, oh, ow] the rows are written to (each at its table's output row; the others
+    are left as they are), instead of a new [B, C, oh, ow].
     """
     b = table.shape[0]
-    out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
+    if out is None:
+        out = torch.empty((b, channels, oh, ow), dtype=torch.uint8, device=device)
     if b == 0:
         return out
     if launches is None:

@@ -196,6 +196,30 @@ for size in [(12, 16), (30, 20), (6, 4)]:
     for a0, z0, sh, sw in launches:  # a launch's rows all need its patch, no larger
         assert spans(order[a0:z0]) == {(R._span(16, sh), R._span(16, sw))}, (size, launches)
     assert len(launches) >= len(spans(np.arange(n)))
+# boxes beyond the kernel's patch (~15x downscale) beside ones within it: the kernel takes
+# the others, each big box is resized alone from its own box; no padded copy of the batch
+wide = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in
+        [(40, 90), (20, 26), (36, 80), (17, 31)]]
+wboxes = torch.tensor([[2, 3, 36, 86], [1, 2, 12, 20], [0, 0, 36, 80], [3, 4, 10, 9]])
+wflip = torch.tensor([False, True, True, False])
+ref = J.resize_batch(*J.pad_batch(wide), (4, 5), boxes=wboxes, flip=wflip)
+fits = R.rows_fit(wboxes[:, 2:].numpy() / np.array([4, 5]))
+assert fits.tolist() == [False, True, False, True]
+called = []
+real = R.resample_ragged
+def counted(t, *a, **k):
+    called.append(sorted(t[:, 8].tolist()))
+    return real(t, *a, **k)
+def no_pad(imgs):
+    raise AssertionError("padded the whole batch")
+R.resample_ragged, pad = counted, J.pad_batch
+import packer.imaging.jpeg_crop as C
+C._ragged_kernels, C.pad_batch = (lambda d: R), no_pad
+got = C.resize_images(wide, (4, 5), boxes=wboxes, flip=wflip)
+C.pad_batch = pad
+assert called == [[1, 3]], called
+d = (got.int() - ref.int()).abs()
+assert d.max() <= 1 and d.float().mean() < 0.1, d.max()
 print("ok")
 """
 
@@ -237,3 +261,20 @@ def test_cuda_resize_images_reads_images_in_place(datas):
     c = resize_images(imgs, (24, 20), mode="crop")
     d = resize_batch(*pad_batch(imgs), (24, 20), mode="crop")
     assert (c.int() - d.int()).abs().max() <= 1
+
+
+@pytest.mark.cuda
+def test_cuda_resize_images_takes_boxes_beyond_the_kernels_patch_alone():
+    # a 12 MP photo's near-whole crop to 224 is an ~18x downscale, beyond the kernel's
+    # patch: those boxes are resized alone, the others by the kernel, as the padded route
+    g = torch.Generator().manual_seed(3)
+    shapes = [(400, 900), (60, 80), (300, 700), (50, 70)]
+    imgs = [
+        torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8).cuda() for h, w in shapes
+    ]
+    boxes = torch.tensor([[10, 20, 380, 860], [5, 5, 40, 50], [0, 0, 300, 700], [1, 2, 30, 40]])
+    flip = torch.tensor([True, False, False, True])
+    a = resize_images(imgs, (20, 24), boxes=boxes, flip=flip)
+    b = resize_batch(*pad_batch(imgs), (20, 24), boxes=boxes, flip=flip)
+    d = (a.int() - b.int()).abs()
+    assert a.is_cuda and d.max() <= 1 and d.float().mean() < 0.1
