@@ -115,11 +115,7 @@ def rows_fit(scales: np.ndarray, mode: str = "bilinear") -> np.ndarray:
     scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
     if KERNEL != "dot":
         return np.ones(len(scales), dtype=bool)
-    half = _HALF[mode]
-    span = np.maximum(
-        _spans(DOT_TILE[0], scales[:, 0], half), _spans(DOT_TILE[1], scales[:, 1], half)
-    )
-    return span <= 256
+    return _square_spans(scales, _HALF[mode]) <= 256
 
 
 def filter_code(mode: str, antialias: bool) -> int:
@@ -191,18 +187,30 @@ def resample(
     return out
 
 
+def _square_spans(scales: np.ndarray, half: int = 1) -> np.ndarray:
+    """The ragged kernel's input patch side for each row of ``scales`` float [B, 2]: the
+    larger of its two axes' spans. One side for both axes keeps the kernel's compiled
+    variants to five (16 to 256), each compiled in a loader's first batches; pairs
+    gave up to 25, the rarer ones compiled mid-epoch (a second each: a 12 MP pass's
+    first rounds ran at a fifth of their rate)."""
+    return np.maximum(
+        _spans(DOT_TILE[0], scales[:, 0], half), _spans(DOT_TILE[1], scales[:, 1], half)
+    )
+
+
 def ragged_order(scales: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, float, float]]]:
     """Launch plan of :func:`resample_ragged` for boxes of ``scales`` float [B, 2] (box
     height / oh, width / ow each): the order of the table's rows (grouped by the input
-    patch their tiles need: a batch's largest box no longer sets every image's), and the
+    patch their tiles need, :func:`_square_spans`: a batch's largest box no longer sets
+    every image's), and the
     launches (first row, end row, scale per axis), each of at most :data:`RAGGED_CHUNK`
     rows (0: a group in one)."""
     scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
     b = len(scales)
-    spans = np.stack([_spans(DOT_TILE[0], scales[:, 0]), _spans(DOT_TILE[1], scales[:, 1])], 1)
-    order = np.lexsort((spans[:, 1], spans[:, 0]))
+    spans = _square_spans(scales)
+    order = np.argsort(spans, kind="stable")
     key = spans[order]
-    ends = [*(np.flatnonzero((key[1:] != key[:-1]).any(1)) + 1).tolist(), b]
+    ends = [*(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), b]
     launches: list[tuple[int, int, float, float]] = []
     start = 0
     for end in ends if b else []:  # each group of one patch, in slices
@@ -252,6 +260,7 @@ def resample_ragged(
     filt, half = filter_code(mode, antialias), _HALF[mode]
     for a, z, sc_h, sc_w in launches:
         grid, sy, sx, warps = _dot_launch(z - a, oh, ow, (sc_h, sc_w), half)
+        sy = sx = max(sy, sx)  # square patches: _square_spans
         resample_ragged_kernel[grid](
             table[a:z],
             out,

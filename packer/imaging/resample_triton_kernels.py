@@ -316,7 +316,9 @@ def resample_dot_kernel(
     )
 
 
-@triton.jit
+# the table's slices start at any row (72 bytes each): one compiled kernel whatever their
+# alignment, not two (a compile is ~1 s, paid mid-epoch when a new slice offset appears)
+@triton.jit(do_not_specialize_on_alignment=["table_ptr"])
 def resample_ragged_kernel(
     table_ptr,
     out_ptr,

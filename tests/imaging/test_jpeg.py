@@ -190,11 +190,11 @@ for size in [(12, 16), (30, 20), (6, 4)]:
     e = R.resample_ragged(torch.from_numpy(table[order]), 3, *size, sc, torch.device("cpu"), launches)
     d = (b.int() - e.int()).abs()
     assert d.max() <= 1 and d.float().mean() < 0.01, (size, d.max())
-    def spans(rows):
-        return {(R._span(16, float(y)), R._span(16, float(x))) for y, x in scales[rows]}
+    def spans(rows):  # square patches: the larger axis's span
+        return {max(R._span(16, float(y)), R._span(16, float(x))) for y, x in scales[rows]}
 
     for a0, z0, sh, sw in launches:  # a launch's rows all need its patch, no larger
-        assert spans(order[a0:z0]) == {(R._span(16, sh), R._span(16, sw))}, (size, launches)
+        assert spans(order[a0:z0]) == {max(R._span(16, sh), R._span(16, sw))}, (size, launches)
     assert len(launches) >= len(spans(np.arange(n)))
 # boxes beyond the kernel's patch (~15x downscale) beside ones within it: the kernel takes
 # the others, each big box is resized alone from its own box; no padded copy of the batch
@@ -278,3 +278,35 @@ def test_cuda_resize_images_takes_boxes_beyond_the_kernels_patch_alone():
     b = resize_batch(*pad_batch(imgs), (20, 24), boxes=boxes, flip=flip)
     d = (a.int() - b.int()).abs()
     assert a.is_cuda and d.max() <= 1 and d.float().mean() < 0.1
+
+
+def test_ragged_launches_need_at_most_five_compiled_kernels(monkeypatch):
+    # every new (SY, SX) is a Triton compile (~1 s) paid when it first appears, often
+    # mid-epoch: the launches of RandomResizedCrop boxes over 12 MP photos use square
+    # patches (five sizes) and one kernel whatever the table slice's alignment
+    pytest.importorskip("triton")
+    import packer.imaging.resample_triton as R
+
+    seen = set()
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(table, out, oh, ow, **k):
+                seen.add((k["SY"], k["SX"]))
+
+            return launch
+
+    monkeypatch.setattr(R, "resample_ragged_kernel", Kernel())
+    rng = np.random.default_rng(0)
+    area = rng.uniform(0.08, 1.0, 4000) * 4000 * 3000
+    ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), 4000))
+    w = np.minimum(np.sqrt(area * ratio), 4000)
+    h = np.minimum(np.sqrt(area / ratio), 3000)
+    scales = np.stack([h / 224, w / 224], 1)
+    scales = scales[R.rows_fit(scales)]
+    _, launches = R.ragged_order(scales)
+    table = torch.zeros((len(scales), 9), dtype=torch.int64)
+    R.resample_ragged(table, 3, 224, 224, tuple(scales.max(0)), torch.device("cpu"), launches)
+    assert len(seen) <= 5 and all(sy == sx for sy, sx in seen), sorted(seen)
+    monkeypatch.undo()
+    assert "table_ptr" in R.resample_ragged_kernel.do_not_specialize_on_alignment
