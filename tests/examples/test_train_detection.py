@@ -320,3 +320,21 @@ def test_mask_rcnn_trains_on_the_packs_masks_and_reports_segm(
     text = _main(capsys, "--data-path", data["train"], "--val-pack", data["val"], "-b", "2",
                  "--output-dir", data["root"] / "mask_run", "--epochs", "1", *model)  # fmt: skip
     assert re.search(r"^epoch 0: .*\| bbox mAP [\d.]+, segm mAP [\d.]+$", text, re.M), text
+
+
+def test_the_val_pack_decodes_on_the_cpu_unless_asked(data: dict[str, Path]) -> None:
+    """Evaluation reads the reference's pixels (libjpeg-turbo) whatever the training
+    device, so the same weights give the reference path's mAP; ``--val-decode device``
+    keeps the training device's decoder."""
+    base = ["--val-pack", str(data["val"]), "--test-only", "--weights", "x", *MODEL]
+    args = T.parse(base)
+    assert args.val_decode == "cpu"
+    # asked for CUDA: the val loader still decodes on the CPU (no CUDA needed for it)
+    _, val = T.pack_loaders(args, torch.device("cuda"))
+    assert val.device.type == "cpu"
+    args = T.parse([*base, "--val-decode", "device"])
+    _, val = T.pack_loaders(args, torch.device("cpu"))
+    assert val.device.type == "cpu"
+    batches = list(T.on_device(T.pack_batches(val, False), torch.device("meta")))
+    assert batches and all(im.device.type == "meta" for ims, _ in batches for im in ims)
+    assert all(t["boxes"].device.type == "meta" for _, ts in batches for t in ts)
