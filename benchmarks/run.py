@@ -81,6 +81,9 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "dali": ("the JPEG-pack loader beside DALI's ResNet-50 pipeline on the same files (needs "
              "nvidia-dali: ../shared/gpu/wheels.sh --with-dali), nvImageCodec bare",
              [PY, "-m", "benchmarks.dali", "--work", "{work}/dali"]),
+    "crop": ("the JPEG loader's crop kernel on 12 MP and 2 MP photos: single patches vs the "
+             "parts kernel, first-call compiles and ms a batch",
+             [PY, "-m", "benchmarks.crop_parts"]),
     "maxside": ("what build --max-side does to the JPEG loader's rate and the crops' pixels",
                 [PY, "-m", "benchmarks.max_side", "--device", "cuda", "--work", "{work}/maxside"]),
     "stats": ("what PackLoader.stats() costs: the loader with stats on vs off, alternating",

@@ -128,8 +128,8 @@ def resize_images(
 
     On CUDA with Triton (``mode`` "crop"/"stretch" or ``boxes``) one kernel reads every
     image where it lies, through a table of addresses: no padded batch is made or
-    copied; a box beyond the kernel's patch (a downscale over ~15x) is resized alone
-    from its own box by the dense products. Otherwise (the CPU, "pad") the images are padded first. Same result either
+    copied, whatever the downscale (a box of many times the output goes through the
+    kernel's parts loop). Otherwise (the CPU, "pad") the images are padded first. Same result either
     way (the kernels' rounding: at most 1/255 apart). ``sizes``: their (h, w), if known.
     """
     # a decoder's kept batch (decoders_nvimgcodec.KeptBatch): its addresses, no tensors
@@ -152,46 +152,24 @@ def resize_images(
     if kernels is None:
         imgs = images.tensors() if rows is not None else images  # type: ignore[union-attr]
         return resize_batch(*pad_batch(imgs), out_size, boxes=boxes, flip=flip)
-    scales = np.stack([bh / oh, bw / ow], 1)
-    # A box beyond the kernel's patch (a 12 MP photo's near-whole crop to 224: ~18x) is
-    # resized alone by the dense products from its own box; the rest of the batch keeps
-    # the kernel. (Before, one such box sent the whole batch through a padded copy of
-    # every image: 2.3 GB at 64 x 12 MP, seconds a batch when memory ran short.)
-    ok = kernels.rows_fit(scales)
-    fl = np.zeros(n, dtype=np.int64) if flip is None else flip.reshape(n).cpu().numpy()
-    out = torch.empty((n, 3, oh, ow), dtype=torch.uint8, device=dev)
-    small = np.flatnonzero(ok)
-    if len(small):
-        table = np.empty((len(small), 9), dtype=np.int64)
-        if rows is not None:
-            table[:, [0, 6, 7]] = np.asarray(rows)[small]
-        else:
-            for j, i in enumerate(small.tolist()):
-                table[j, 0], table[j, 6], table[j, 7] = _planes(images[i], i, dev)
-        table[:, 1:5] = bn[small]
-        table[:, 5] = fl[small]
-        table[:, 8] = small
-        launches = None
-        if kernels.RAGGED_GROUP:
-            order, launches = kernels.ragged_order(scales[small])
-            table = table[order]
-        t = torch.from_numpy(table)
-        if dev.type == "cuda":
-            t = t.pin_memory().to(dev, non_blocking=True)
-        sub = scales[small].max(0)
-        kernels.resample_ragged(
-            t, 3, oh, ow, (float(sub[0]), float(sub[1])), dev, launches, out=out
-        )
-    big = np.flatnonzero(~ok)
-    if len(big):
-        imgs = images.tensors() if rows is not None else images  # type: ignore[union-attr]
-        for i in big.tolist():
-            top, left, h, w = bn[i].tolist()
-            view = imgs[i][None, :, top : top + h, left : left + w]
-            whole = torch.tensor([[0, 0, h, w]], dtype=torch.int64)
-            f = torch.from_numpy(fl[i : i + 1].astype(bool))
-            out[i] = resized_crop(view, whole, out_size, flip=f, backend="matmul")[0]
-    return out
+    table = np.empty((n, 9), dtype=np.int64)
+    if rows is not None:
+        table[:, [0, 6, 7]] = rows
+    else:
+        for i, x in enumerate(images):
+            table[i, 0], table[i, 6], table[i, 7] = _planes(x, i, dev)
+    table[:, 1:5] = bn
+    table[:, 5] = 0 if flip is None else flip.reshape(n).cpu().numpy()
+    table[:, 8] = np.arange(n)
+    launches = None
+    if kernels.RAGGED_GROUP:
+        order, launches = kernels.ragged_order(np.stack([bh / oh, bw / ow], 1))
+        table = table[order]
+    t = torch.from_numpy(table)
+    if dev.type == "cuda":
+        t = t.pin_memory().to(dev, non_blocking=True)
+    scale = (float(bh.max()) / oh, float(bw.max()) / ow)
+    return kernels.resample_ragged(t, 3, oh, ow, scale, dev, launches)
 
 
 def _planes(x: torch.Tensor, i: int, dev: torch.device) -> tuple[int, int, int]:

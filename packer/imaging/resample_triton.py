@@ -32,9 +32,15 @@ if __package__:
         resample_dot_kernel,
         resample_kernel,
         resample_ragged_kernel,
+        resample_ragged_parts_kernel,
     )
 else:  # imported standalone, beside resample_triton_kernels.py (as resize.py may)
-    from resample_triton_kernels import resample_dot_kernel, resample_kernel, resample_ragged_kernel
+    from resample_triton_kernels import (
+        resample_dot_kernel,
+        resample_kernel,
+        resample_ragged_kernel,
+        resample_ragged_parts_kernel,
+    )
 
 # Tile of one program (output rows, columns, warps) for each kernel, and which kernel.
 # (docs/PERFORMANCE.md, section "Figures behind the code", row "crop kernel tiles")
@@ -51,6 +57,13 @@ RAGGED_CHUNK = 8
 # Group the ragged kernel's rows by the input patch their tiles need (ragged_order), so a
 # batch's largest box no longer sets every image's patch.
 RAGGED_GROUP = True
+# Bilinear boxes whose square patch (_square_spans) is at least PARTS_FROM go through
+# resample_ragged_parts_kernel, their patch in PART x PART parts: one compile serves any
+# downscale. A single-patch kernel takes a compile per patch size (on the 2-core CI
+# machine 2-7 s up to 128, 72 s for 256: a 12 MP pass's first batch waited that long),
+# and none exists beyond 256 (~15x).
+PARTS_FROM = 128
+PART = 64
 
 # (interpolation, antialias) -> the kernels' FILT code; the half width of each
 # filter at scale 1 sets the input patch (resize.py's _HALF, mirrored).
@@ -107,15 +120,6 @@ def fits(max_scale: tuple[float, float], mode: str = "bilinear") -> bool:
         or max(_span(DOT_TILE[0], max_scale[0], half), _span(DOT_TILE[1], max_scale[1], half))
         <= 256
     )
-
-
-def rows_fit(scales: np.ndarray, mode: str = "bilinear") -> np.ndarray:
-    """:func:`fits` of each row of ``scales`` float [B, 2] (crop / output length per
-    axis) at once: bool [B]."""
-    scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
-    if KERNEL != "dot":
-        return np.ones(len(scales), dtype=bool)
-    return _square_spans(scales, _HALF[mode]) <= 256
 
 
 def filter_code(mode: str, antialias: bool) -> int:
@@ -189,25 +193,28 @@ def resample(
 
 def _square_spans(scales: np.ndarray, half: int = 1) -> np.ndarray:
     """The ragged kernel's input patch side for each row of ``scales`` float [B, 2]: the
-    larger of its two axes' spans. One side for both axes keeps the kernel's compiled
-    variants to five (16 to 256), each compiled in a loader's first batches; pairs
-    gave up to 25, the rarer ones compiled mid-epoch (a second each: a 12 MP pass's
-    first rounds ran at a fifth of their rate)."""
+    larger of its two axes' spans. One side for both axes keeps the compiled kernels
+    to four (16, 32, 64, and the parts kernel from :data:`PARTS_FROM`), each compiled
+    in a loader's first batches; pairs of sides gave up to 25, the rarer ones compiled
+    mid-epoch."""
     return np.maximum(
         _spans(DOT_TILE[0], scales[:, 0], half), _spans(DOT_TILE[1], scales[:, 1], half)
     )
 
 
-def ragged_order(scales: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, float, float]]]:
+def ragged_order(
+    scales: np.ndarray, parts_from: int | None = None
+) -> tuple[np.ndarray, list[tuple[int, int, float, float]]]:
     """Launch plan of :func:`resample_ragged` for boxes of ``scales`` float [B, 2] (box
     height / oh, width / ow each): the order of the table's rows (grouped by the input
     patch their tiles need, :func:`_square_spans`: a batch's largest box no longer sets
     every image's), and the
     launches (first row, end row, scale per axis), each of at most :data:`RAGGED_CHUNK`
-    rows (0: a group in one)."""
+    rows (0: a group in one). The rows from ``parts_from`` (:data:`PARTS_FROM`) are one
+    group: the parts kernel's."""
     scales = np.asarray(scales, dtype=np.float64).reshape(-1, 2)
     b = len(scales)
-    spans = _square_spans(scales)
+    spans = np.minimum(_square_spans(scales), PARTS_FROM if parts_from is None else parts_from)
     order = np.argsort(spans, kind="stable")
     key = spans[order]
     ends = [*(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), b]
@@ -233,6 +240,7 @@ def resample_ragged(
     mode: str = "bilinear",
     antialias: bool = True,
     out: torch.Tensor | None = None,
+    parts_from: int | None = None,
 ) -> torch.Tensor:
     """Images of different sizes -> uint8 [B, C, oh, ow], each cropped, resized, flipped.
 
@@ -246,7 +254,8 @@ def resample_ragged(
     that wait short. ``mode``, ``antialias``: the interpolation, as :func:`resample`'s
     (``launches`` from :func:`ragged_order` assume bilinear's patches). ``out``: uint8
     [N, C, oh, ow] the rows are written to (each at its table's output row; the others
-    are left as they are), instead of a new [B, C, oh, ow].
+    are left as they are), instead of a new [B, C, oh, ow]. ``parts_from``: the square
+    patch from which bilinear launches take the parts kernel (:data:`PARTS_FROM`).
     """
     b = table.shape[0]
     if out is None:
@@ -261,6 +270,12 @@ def resample_ragged(
     for a, z, sc_h, sc_w in launches:
         grid, sy, sx, warps = _dot_launch(z - a, oh, ow, (sc_h, sc_w), half)
         sy = sx = max(sy, sx)  # square patches: _square_spans
+        if filt == 0 and sy >= (PARTS_FROM if parts_from is None else parts_from):
+            resample_ragged_parts_kernel[grid](
+                table[a:z], out, oh, ow, C=channels, T=PART, BLOCK_H=block_h,
+                BLOCK_W=block_w, num_warps=4,
+            )  # fmt: skip
+            continue
         resample_ragged_kernel[grid](
             table[a:z],
             out,

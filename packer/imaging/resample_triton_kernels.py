@@ -367,3 +367,95 @@ def resample_ragged_kernel(
         BLOCK_W,
         FILT,
     )
+
+
+@triton.jit
+def _triangle_part(o0, n_out, length, flip, c0, BLOCK: tl.constexpr, T: tl.constexpr):
+    """Bilinear (antialiased) weights [BLOCK, T] of output positions o0.. over the T
+    inputs from ``first + c0``, not yet normalized: ``_dense_weights``' FILT 0 rule,
+    one part of its span."""
+    o = o0 + tl.arange(0, BLOCK)
+    o = tl.minimum(o, n_out - 1)
+    o = tl.where(flip != 0, n_out - 1 - o, o)
+    scale = length.to(tl.float32) / n_out
+    lo = tl.where(flip != 0, tl.maximum(n_out - o0 - BLOCK, 0), o0)
+    support = tl.maximum(scale, 1.0)
+    centre = scale * (o.to(tl.float32) + 0.5)
+    first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
+    j = first + c0 + tl.arange(0, T).to(tl.float32)
+    w = tl.maximum(1.0 - tl.abs((j[None, :] - centre[:, None] + 0.5) / support), 0.0)
+    w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
+    return first.to(tl.int32), w
+
+
+@triton.jit
+def _triangle_sums(o0, n_out, length, flip, parts, BLOCK: tl.constexpr, T: tl.constexpr):
+    """Each output's weight total over ``parts`` parts of T inputs (the normalizer)."""
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for p in range(parts):
+        _, w = _triangle_part(o0, n_out, length, flip, p * T, BLOCK, T)
+        total += tl.sum(w, axis=1)
+    return tl.maximum(total, 1e-12)
+
+
+@triton.jit(do_not_specialize_on_alignment=["table_ptr"])
+def resample_ragged_parts_kernel(
+    table_ptr,
+    out_ptr,
+    oh,
+    ow,
+    C: tl.constexpr,
+    T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # resample_ragged_kernel's bilinear tile for any downscale: the input patch is taken
+    # in T x T parts, a loop bounded at run time by the box's own scale, so one compiled
+    # kernel serves every box (the single-patch kernel needs one compile per patch size,
+    # over a minute for 256 x 256, and stops at 256).
+    b = tl.program_id(0)
+    row = table_ptr + b * 9
+    x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
+    top = tl.load(row + 1).to(tl.int32)
+    left = tl.load(row + 2).to(tl.int32)
+    bh = tl.load(row + 3).to(tl.int32)
+    bw = tl.load(row + 4).to(tl.int32)
+    flip = tl.load(row + 5).to(tl.int32)
+    ih = tl.load(row + 6)
+    iw = tl.load(row + 7)
+    dst = tl.load(row + 8)
+    i0 = tl.program_id(1) * BLOCK_H
+    j0 = tl.program_id(2) * BLOCK_W
+    sy = bh.to(tl.float32) / oh
+    sx = bw.to(tl.float32) / ow
+    # inputs the tile's windows span (as resample_triton._span, without the power of 2)
+    ny = tl.ceil((BLOCK_H - 1) * sy + 2.0 * tl.maximum(sy, 1.0)).to(tl.int32) + 2
+    nx = tl.ceil((BLOCK_W - 1) * sx + 2.0 * tl.maximum(sx, 1.0)).to(tl.int32) + 2
+    py = (ny + T - 1) // T
+    px = (nx + T - 1) // T
+    norm_y = _triangle_sums(i0, oh, bh, 0, py, BLOCK_H, T)
+    norm_x = _triangle_sums(j0, ow, bw, flip, px, BLOCK_W, T)
+    i = i0 + tl.arange(0, BLOCK_H)
+    j = j0 + tl.arange(0, BLOCK_W)
+    m_out = (i < oh)[:, None] & (j < ow)[None, :]
+    out_base = out_ptr + dst * (C * oh * ow)
+    d = out_base + i[:, None] * ow + j[None, :]
+    plane = ih * iw
+    for c in tl.static_range(C):
+        acc = tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.float32)
+        for qy in range(py):
+            fy, wy = _triangle_part(i0, oh, bh, 0, qy * T, BLOCK_H, T)
+            wy = (wy / norm_y[:, None]).to(tl.float16)
+            ry = fy + qy * T + tl.arange(0, T)
+            h = tl.zeros((T, BLOCK_W), dtype=tl.float32)
+            for qx in range(px):
+                fx, wx = _triangle_part(j0, ow, bw, flip, qx * T, BLOCK_W, T)
+                wxt = tl.trans(wx / norm_x[:, None]).to(tl.float16)
+                rx = fx + qx * T + tl.arange(0, T)
+                m_in = (ry < bh)[:, None] & (rx < bw)[None, :]
+                src = x_base + c * plane + (top + ry)[:, None] * iw + (left + rx)[None, :]
+                x = tl.load(src, mask=m_in, other=0).to(tl.float16)
+                h += tl.dot(x, wxt)
+            acc += tl.dot(wy, h.to(tl.float16))
+        y = tl.minimum(tl.maximum(acc + 0.5, 0.0), 255.0)
+        tl.store(d + c * (oh * ow), y.to(tl.uint8), mask=m_out)
