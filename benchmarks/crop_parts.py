@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="4000x3000:64,1600x1200:256", help="WxH:batch,...")
     ap.add_argument(
         "--ways",
-        default="128,off",
+        default="256,128,off",
         help="parts_from values; off = never (the first way's first call compiles the "
         "small patches too)",
     )

@@ -59,10 +59,11 @@ RAGGED_CHUNK = 8
 RAGGED_GROUP = True
 # Bilinear boxes whose square patch (_square_spans) is at least PARTS_FROM go through
 # resample_ragged_parts_kernel, their patch in PART x PART parts: one compile serves any
-# downscale. A single-patch kernel takes a compile per patch size (on the 2-core CI
-# machine 2-7 s up to 128, 72 s for 256: a 12 MP pass's first batch waited that long),
-# and none exists beyond 256 (~15x).
-PARTS_FROM = 128
+# downscale. A single-patch kernel takes a compile per patch size (for sm_90 on the
+# 2-core CI machine 2-7 s up to 128, 72 s for 256; on the H200 a 12 MP pass's first
+# batches waited 35-53 s), and none exists beyond 256 (~15x). 128 keeps its single
+# patch: its speed is measured, the parts kernel's on the GPU not yet.
+PARTS_FROM = 256
 PART = 64
 
 # (interpolation, antialias) -> the kernels' FILT code; the half width of each
@@ -194,7 +195,7 @@ def resample(
 def _square_spans(scales: np.ndarray, half: int = 1) -> np.ndarray:
     """The ragged kernel's input patch side for each row of ``scales`` float [B, 2]: the
     larger of its two axes' spans. One side for both axes keeps the compiled kernels
-    to four (16, 32, 64, and the parts kernel from :data:`PARTS_FROM`), each compiled
+    to five (16 to 128, and the parts kernel from :data:`PARTS_FROM`), each compiled
     in a loader's first batches; pairs of sides gave up to 25, the rarer ones compiled
     mid-epoch."""
     return np.maximum(
