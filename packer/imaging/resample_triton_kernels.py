@@ -316,6 +316,20 @@ def resample_dot_kernel(
     )
 
 
+@triton.jit
+def _table_row(table_ptr, b):
+    """Row ``b`` of a ragged table: (image address, top, left, height, width, flip,
+    plane height, row pitch, output row)."""
+    row = table_ptr + b * 9
+    x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
+    top = tl.load(row + 1).to(tl.int32)
+    left = tl.load(row + 2).to(tl.int32)
+    bh = tl.load(row + 3).to(tl.int32)
+    bw = tl.load(row + 4).to(tl.int32)
+    flip = tl.load(row + 5).to(tl.int32)
+    return x_base, top, left, bh, bw, flip, tl.load(row + 6), tl.load(row + 7), tl.load(row + 8)
+
+
 # the table's slices start at any row (72 bytes each): one compiled kernel whatever their
 # alignment, not two (a compile is ~1 s, paid mid-epoch when a new slice offset appears)
 @triton.jit(do_not_specialize_on_alignment=["table_ptr"])
@@ -334,17 +348,7 @@ def resample_ragged_kernel(
     # Images of different sizes, each in its own allocation: row b of the int64
     # table is (address, top, left, height, width, flip, image height, image width,
     # output row) of a contiguous uint8 [C, H, W]. No padded copy of the batch is made.
-    b = tl.program_id(0)
-    row = table_ptr + b * 9
-    x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
-    top = tl.load(row + 1).to(tl.int32)
-    left = tl.load(row + 2).to(tl.int32)
-    bh = tl.load(row + 3).to(tl.int32)
-    bw = tl.load(row + 4).to(tl.int32)
-    flip = tl.load(row + 5).to(tl.int32)
-    ih = tl.load(row + 6)
-    iw = tl.load(row + 7)
-    dst = tl.load(row + 8)
+    x_base, top, left, bh, bw, flip, ih, iw, dst = _table_row(table_ptr, tl.program_id(0))
     _dot_tile(
         x_base,
         out_ptr + dst * (C * oh * ow),
@@ -413,17 +417,7 @@ def resample_ragged_parts_kernel(
     # in T x T parts, a loop bounded at run time by the box's own scale, so one compiled
     # kernel serves every box (the single-patch kernel needs one compile per patch size,
     # over a minute for 256 x 256, and stops at 256).
-    b = tl.program_id(0)
-    row = table_ptr + b * 9
-    x_base = tl.load(row).to(tl.pointer_type(tl.uint8))
-    top = tl.load(row + 1).to(tl.int32)
-    left = tl.load(row + 2).to(tl.int32)
-    bh = tl.load(row + 3).to(tl.int32)
-    bw = tl.load(row + 4).to(tl.int32)
-    flip = tl.load(row + 5).to(tl.int32)
-    ih = tl.load(row + 6)
-    iw = tl.load(row + 7)
-    dst = tl.load(row + 8)
+    x_base, top, left, bh, bw, flip, ih, iw, dst = _table_row(table_ptr, tl.program_id(0))
     i0 = tl.program_id(1) * BLOCK_H
     j0 = tl.program_id(2) * BLOCK_W
     sy = bh.to(tl.float32) / oh
