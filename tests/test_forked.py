@@ -133,3 +133,42 @@ def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter()
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "False", "True"], r.stdout
+
+
+_PROBE = """
+import os, sys, triton
+import packer
+@triton.jit
+def kernel(x):
+    pass
+packer._probe_runs = getattr(packer, "_probe_runs", 0) + 1  # a module global, set here
+print(type(kernel).__name__, os.environ["TRITON_INTERPRET"], os.getcwd(), sys.argv)
+print(packer._probe_runs, os.getppid())
+sys.stderr.write("err")
+sys.exit(3)
+"""
+
+
+@pytest.mark.xdist_group("triton-interpreter")  # the zygote the kernel tests use
+def test_interpreted_runs_are_forks_of_one_interpreter_each_on_its_own(tmp_path: Path) -> None:
+    """tests/helpers/interpreted.py: ``python -c CODE`` under TRITON_INTERPRET=1 answers
+    as subprocess.run does (exit code, stdout, stderr, folder, argv), the kernels are
+    the interpreter's, and each run is a child of one zygote that sees none of another
+    run's changes."""
+    pytest.importorskip("triton")
+    from helpers.interpreted import run_interpreted
+
+    env = subprocess_env(TRITON_INTERPRET="1")
+    a, b = (run_interpreted(_PROBE, env, cwd=tmp_path) for _ in range(2))
+    for r in (a, b):
+        assert (r.returncode, r.stderr) == (3, "err"), r.stderr
+        first, second = r.stdout.splitlines()
+        assert first == f"InterpretedFunction 1 {tmp_path} ['-c']"
+        assert second.split()[0] == "1"  # not 2: the first run's global stayed in it
+    parents = {r.stdout.split()[-1] for r in (a, b)}
+    assert len(parents) == 1 and parents != {str(os.getpid())}  # one zygote, not this
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_interpreted("import time; time.sleep(60)", env, timeout=0.5)
+    assert run_interpreted("print('after')", env).stdout == "after\n"
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        run_interpreted("pass", subprocess_env())
