@@ -172,3 +172,43 @@ def test_interpreted_runs_are_forks_of_one_interpreter_each_on_its_own(tmp_path:
     assert run_interpreted("print('after')", env).stdout == "after\n"
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         run_interpreted("pass", subprocess_env())
+
+
+_ZYGOTE = """
+import os, sys, types
+sys.path[:0] = sys.argv[1:]
+sys.modules["before"] = types.ModuleType("before")
+import helpers.forked as F
+F.start_zygote()
+sys.modules["after"] = types.ModuleType("after")
+from packer.storage import client
+client._check_not_forked("test")  # this process has used its client now
+code = ("import os, sys; from packer.storage import client; client._check_not_forked('x'); "
+        "print('before' in sys.modules, 'after' in sys.modules, os.getppid(), "
+        "os.environ['Z'], os.getcwd(), sys.stdin.read()); sys.exit(5)")
+r = F.run_code(code, storage=True, env={**os.environ, "Z": "z"}, cwd="/", input="in")
+print(r.returncode, r.stdout.strip(), F._ZYGOTE.pid, os.getpid())
+try:
+    F.run_code("import time; time.sleep(30)", storage=True, timeout=0.3)
+except Exception as e:
+    print(type(e).__name__)
+print(F.run_code("import sys; print(sys.argv[1:])", ["a"], storage=True).stdout.strip())
+"""
+
+
+def test_where_object_storage_was_used_the_command_is_forked_from_the_zygote() -> None:
+    """With a zygote forked at the session's start (tests/conftest.py), a command that
+    uses object storage, where this process has used it, runs as a fork of the zygote:
+    the modules of then (not those this process imported since), a client of its own,
+    its own environment, folder, stdin, exit code, timeout."""
+    tests = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _ZYGOTE, tests], env=subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    first, timeout, argv = r.stdout.splitlines()
+    code, before, after, parent, z, cwd, stdin, zygote, owner = first.split()
+    assert (code, before, after, z, cwd, stdin) == ("5", "True", "False", "z", "/", "in")
+    assert parent == zygote != owner  # the zygote's child, not this process's
+    assert (timeout, argv) == ("TimeoutExpired", "['a']")
