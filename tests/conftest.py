@@ -61,6 +61,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import processes
 
     processes.reap_leftovers()  # what a killed session left running
+    # before any test used object storage: the commands a test process cannot fork
+    # itself for are forked from here (tests/helpers/forked.py); not in the controller
+    # of pytest-xdist's workers, which runs no test
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("dist", "no") == "no":
+        from helpers.forked import start_zygote
+
+        start_zygote()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_interrupt)
         signal.signal(signal.SIGTERM, _on_interrupt)

@@ -19,6 +19,7 @@ import click
 import pytest
 
 from conftest import cli_run, one_error
+from helpers.source_ast import nodes, parse
 from packer.builder.config import BuildConfig
 from packer.builder.dense import DenseOptions
 from packer.builder.formats.options import SourceOptions
@@ -64,9 +65,9 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def _strings(path: Path) -> list[tuple[int, str]]:
     """(line, text) of each string in ``path`` but docstrings: a plain constant, or an
     f-string with ``{}`` for each placeholder (so a flag split over parts is one text)."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     docs = _docstrings(tree)
-    inside = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    inside = {id(v) for n in nodes(path) if isinstance(n, ast.JoinedStr) for v in n.values}
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
@@ -227,7 +228,7 @@ def test_no_test_patches_a_module_constant() -> None:
     tests = Path(__file__).resolve().parent
     found = []
     for path in sorted(tests.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in nodes(path):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import packer
+from helpers.source_ast import nodes, parse
 
 
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
@@ -50,7 +51,7 @@ def test_no_module_imports_upward() -> None:
         rel = path.relative_to(root).as_posix()
         if rel in ("__init__.py", "__main__.py", "cli.py") or rel.startswith("examples/"):
             continue  # the examples are programs on top: they use packer as a user does
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if isinstance(node, ast.ImportFrom):
                 names = {a.name for a in node.names}
                 pkg = path.parent if node.level == 1 else path.parent.parent
@@ -99,7 +100,7 @@ _PEERS = {
 def _imports_of(path, module: str, is_pkg: bool):
     import ast
 
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in nodes(path):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = module.split(".") if is_pkg else module.split(".")[:-1]
             base = base[: len(base) - (node.level - 1)]
@@ -142,7 +143,7 @@ def test_one_lazy_getattr_serves_every_package() -> None:
     root = Path(packer.__file__).parent
     own = []
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse(path)
         if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
             own.append(path.relative_to(root).as_posix())
     assert own == [], own  # _lazy.py makes its __getattr__ inside lazy_getattr

@@ -133,3 +133,82 @@ def test_where_object_storage_was_used_the_command_runs_in_a_fresh_interpreter()
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "False", "True"], r.stdout
+
+
+_PROBE = """
+import os, sys, triton
+import packer
+@triton.jit
+def kernel(x):
+    pass
+packer._probe_runs = getattr(packer, "_probe_runs", 0) + 1  # a module global, set here
+print(type(kernel).__name__, os.environ["TRITON_INTERPRET"], os.getcwd(), sys.argv)
+print(packer._probe_runs, os.getppid())
+sys.stderr.write("err")
+sys.exit(3)
+"""
+
+
+@pytest.mark.xdist_group("triton-interpreter")  # the zygote the kernel tests use
+def test_interpreted_runs_are_forks_of_one_interpreter_each_on_its_own(tmp_path: Path) -> None:
+    """tests/helpers/interpreted.py: ``python -c CODE`` under TRITON_INTERPRET=1 answers
+    as subprocess.run does (exit code, stdout, stderr, folder, argv), the kernels are
+    the interpreter's, and each run is a child of one zygote that sees none of another
+    run's changes."""
+    pytest.importorskip("triton")
+    from helpers.interpreted import run_interpreted
+
+    env = subprocess_env(TRITON_INTERPRET="1")
+    a, b = (run_interpreted(_PROBE, env, cwd=tmp_path) for _ in range(2))
+    for r in (a, b):
+        assert (r.returncode, r.stderr) == (3, "err"), r.stderr
+        first, second = r.stdout.splitlines()
+        assert first == f"InterpretedFunction 1 {tmp_path} ['-c']"
+        assert second.split()[0] == "1"  # not 2: the first run's global stayed in it
+    parents = {r.stdout.split()[-1] for r in (a, b)}
+    assert len(parents) == 1 and parents != {str(os.getpid())}  # one zygote, not this
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_interpreted("import time; time.sleep(60)", env, timeout=0.5)
+    assert run_interpreted("print('after')", env).stdout == "after\n"
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        run_interpreted("pass", subprocess_env())
+
+
+_ZYGOTE = """
+import os, sys, types
+sys.path[:0] = sys.argv[1:]
+sys.modules["before"] = types.ModuleType("before")
+import helpers.forked as F
+F.start_zygote()
+sys.modules["after"] = types.ModuleType("after")
+from packer.storage import client
+client._check_not_forked("test")  # this process has used its client now
+code = ("import os, sys; from packer.storage import client; client._check_not_forked('x'); "
+        "print('before' in sys.modules, 'after' in sys.modules, os.getppid(), "
+        "os.environ['Z'], os.getcwd(), sys.stdin.read()); sys.exit(5)")
+r = F.run_code(code, storage=True, env={**os.environ, "Z": "z"}, cwd="/", input="in")
+print(r.returncode, r.stdout.strip(), F._ZYGOTE.pid, os.getpid())
+try:
+    F.run_code("import time; time.sleep(30)", storage=True, timeout=0.3)
+except Exception as e:
+    print(type(e).__name__)
+print(F.run_code("import sys; print(sys.argv[1:])", ["a"], storage=True).stdout.strip())
+"""
+
+
+def test_where_object_storage_was_used_the_command_is_forked_from_the_zygote() -> None:
+    """With a zygote forked at the session's start (tests/conftest.py), a command that
+    uses object storage, where this process has used it, runs as a fork of the zygote:
+    the modules of then (not those this process imported since), a client of its own,
+    its own environment, folder, stdin, exit code, timeout."""
+    tests = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _ZYGOTE, tests], env=subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    first, timeout, argv = r.stdout.splitlines()
+    code, before, after, parent, z, cwd, stdin, zygote, owner = first.split()
+    assert (code, before, after, z, cwd, stdin) == ("5", "True", "False", "z", "/", "in")
+    assert parent == zygote != owner  # the zygote's child, not this process's
+    assert (timeout, argv) == ("TimeoutExpired", "['a']")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import packer
+from helpers.source_ast import nodes, parse
 
 ROOT = Path(packer.__file__).parent
 
@@ -36,10 +37,10 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     mods = {_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, path in mods.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse(path)
         is_pkg = path.name == "__init__.py"
         skip = _type_checking_lines(tree)
-        for node in ast.walk(tree):
+        for node in nodes(path):
             if getattr(node, "lineno", None) in skip:
                 continue
             if isinstance(node, ast.Import):

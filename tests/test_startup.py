@@ -189,6 +189,20 @@ def test_a_cpu_build_and_its_workers_never_import_torch(
     assert (tmp_path / "p" / "_tensordict" / "images.memmap").read_bytes() == same
 
 
+def test_a_shard_task_and_a_sets_upload_import_no_torch(tmp_path: Path) -> None:
+    """What a Ray shard task imports (packer.builder.ray_engine: the shard's build and its
+    upload) and what fetches a set's shards (packer.storage.cache, .remote) load no torch:
+    the pack set's reader imports it when a set is opened (each of a cluster's workers
+    imported it, 2-3 CPU-seconds, before its first shard)."""
+    env, seen = _fake_torch_env(tmp_path)
+    code = "import packer.builder.ray_engine, packer.builder.upload, packer.storage.remote"
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert not seen.exists(), f"processes that imported torch: {seen.read_text().split()}"
+
+
 def _watch_scan(monkeypatch: pytest.MonkeyPatch, fail: Exception | None = None) -> list[int]:
     """``plan_labels`` (the scan) wrapped to note how many worker processes are up as
     it starts; with ``fail``, the scan raises it."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import CUDA_SKIP_REASON, REPO
+from helpers.source_ast import nodes
 
 TESTS = REPO / "tests"
 
@@ -53,9 +54,8 @@ def other_cuda_skips(path: Path, root: Path = REPO) -> list[str]:
     a skipif on it (a module-level alias such as ``needs_cuda = pytest.mark.skipif(...)``
     included), ``pytest.skip`` under an ``if`` on it, ``pytest.importorskip`` of a CUDA
     module."""
-    tree = ast.parse(path.read_text(), str(path))
     found = []
-    for node in ast.walk(tree):
+    for node in nodes(path):
         where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Call) and (
             (_is_call_to(node, "skipif") and node.args and _needs_cuda(node.args[0]))

@@ -25,12 +25,13 @@ def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.Comple
     )
 
 
-# ``python -m packer.examples.NAME --help`` for each NAME given, in this interpreter:
-# {name: [exit code, what it printed]}
+# ``python -m packer.examples.NAME --help`` for each NAME given, then ``import
+# packer.examples.NAME`` of each, in this interpreter: {"helps": {name: [exit code, what
+# it printed]}, "files": {name: the imported module's __file__}}
 _HELPS = """
-import contextlib, io, json, runpy, sys
-out = {}
-for name in sys.argv[1:]:
+import contextlib, importlib, io, json, runpy, sys
+names, out = sys.argv[1:], {}
+for name in names:
     buf, code = io.StringIO(), 0
     sys.argv = [name, "--help"]
     with contextlib.redirect_stdout(buf):
@@ -39,7 +40,8 @@ for name in sys.argv[1:]:
         except SystemExit as e:
             code = e.code or 0
     out[name] = [code, buf.getvalue()]
-print(json.dumps(out))
+files = {name: importlib.import_module(f"packer.examples.{name}").__file__ for name in names}
+print(json.dumps({"helps": out, "files": files}))
 """
 
 
@@ -152,21 +154,18 @@ def test_installed_examples_run_with_python_m(
     py = env_dir / "bin" / "python"
     shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
     assert {"train_imagenet", "demo_stream", "train_sets_ddp"} <= set(shipped)
-    # each example's `python -m packer.examples.NAME --help` (runpy, as -m runs it), all
-    # in one installed interpreter: one import of torch, not one an example
+    # each example's `python -m packer.examples.NAME --help` (runpy, as -m runs it), then
+    # its import, all in one installed interpreter: one import of torch, not one an example
     r = _run([py, "-c", _HELPS, *shipped], tmp_path, env)
     assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout.splitlines()[-1])
     helps = {}
-    for name, (code, out) in json.loads(r.stdout.splitlines()[-1]).items():
+    for name, (code, out) in done["helps"].items():
         assert code == 0 and "usage:" in out, (name, code, out, r.stderr)
         helps[name] = out
     assert sorted(helps) == shipped
-    # every example imported from the installed copy (one interpreter for them all)
-    imports = "; ".join(f"import packer.examples.{n}" for n in shipped)
-    files = "; ".join(f"print(packer.examples.{n}.__file__)" for n in shipped)
-    r = _run([py, "-c", f"{imports}; {files}"], tmp_path, env)
-    assert r.returncode == 0, r.stderr
-    printed = r.stdout.split()
+    # every example imported from the installed copy
+    printed = [done["files"][n] for n in shipped]
     assert len(printed) == len(shipped), r.stdout
     assert all(f.startswith(f"{env_dir}") for f in printed), r.stdout
     assert "--val-resize-size" in helps["train_imagenet"]

@@ -287,14 +287,17 @@ def start_pool(
     rows_path: Path,
     spec: ResizeSpec,
     store: tuple[str, int, int | None] = ("raw", 3, None),
+    reads_bucket: bool = True,
 ) -> ProcessPoolExecutor:
     """A process pool whose workers boot now, while this process prepares the work dir.
+    ``reads_bucket``: whether they will read object storage (their start method:
+    :func:`packer.builder.workers._start_method`).
 
     concurrent.futures rather than multiprocessing.Pool: when a worker dies,
     multiprocessing.Pool loses its task and waits forever; this pool breaks,
     and every pending task raises BrokenProcessPool.
     """
-    method = _start_method()
+    method = _start_method(reads_bucket)
     ctx = mp.get_context(method)
     if ctx.get_start_method() == "forkserver":
         # the fork server imports the decoder once; each worker forks from it ready to go

@@ -62,6 +62,7 @@ from .workers import _WORKER_STEPS as _WORKER_STEPS
 from .workers import TEST_DEATH_ENV as TEST_DEATH_ENV
 from .workers import _close_work_dir_fds as _close_work_dir_fds
 from .workers import _decode_paths as _decode_paths
+from .workers import reads_object_storage
 
 __all__ = ["BuildConfig", "BuildResult", "build", "default_workers", "dest_lock", "work_dir_for"]
 
@@ -240,11 +241,14 @@ def _early_pool(config: BuildConfig, dst: Path) -> ProcessPoolExecutor | None:
     """The CPU build's worker pool, started before the scan so that its processes boot
     while the tree is listed: ``config.workers`` (or every core), writing into DST's
     work folder (:func:`work_dir_for`; the workers open the rows file at their first
-    chunk). None for one worker (the build decodes in this process)."""
+    chunk). None for one worker (the build decodes in this process). A folder's workers
+    read files; a source's are started here only where :func:`_listing_pool` found
+    they fork (this process has not used its object-store client)."""
     workers = config.workers or default_workers()
     if workers <= 1:
         return None
-    return start_pool(workers, work_dir_for(dst) / ROWS_FILE, config.spec, store_options(config))
+    rows = work_dir_for(dst) / ROWS_FILE
+    return start_pool(workers, rows, config.spec, store_options(config), reads_bucket=False)
 
 
 def _build_locked(
@@ -280,8 +284,10 @@ def _build_locked(
     times: dict[str, Any] = {"chunks": [], "wait": 0.0, "journal": 0.0, "journal_fsyncs": 0}
 
     # started first: its processes boot while this one fingerprints and preallocates
+    bucket = reads_object_storage(scan)  # else they fork, whatever this process did before
+
     def new_pool() -> ProcessPoolExecutor:
-        return start_pool(workers, work / ROWS_FILE, spec, store_options(config))
+        return start_pool(workers, work / ROWS_FILE, spec, store_options(config), bucket)
 
     t = time.perf_counter()
     times["plan"] = t - t0

@@ -177,12 +177,21 @@ def client_used_here() -> bool:
     return getattr(client, "_RUNTIME_PID", None) == os.getpid()
 
 
-def _start_method() -> str:
+def reads_object_storage(scan: Any) -> bool:
+    """Whether a build's workers read object storage: its source's containers (a
+    :class:`packer.builder.formats.common.SourceScan`'s) include a URL. A folder, or a
+    parquet, tar or zip file on disk, is read from disk."""
+    return any("://" in c.where for c in getattr(scan, "containers", ()))
+
+
+def _start_method(reads_bucket: bool = True) -> str:
     """How decode workers start. ``fork`` (Linux) when it is safe: this process runs
     no other thread and no CUDA context, so a child cannot inherit a lock held
     mid-operation; workers then start in milliseconds with the decoder already
     imported. Otherwise a fork server (boots a clean interpreter once, ~0.5 s for 16
-    workers) or spawn. ``IMGPACK_BUILD_START`` overrides it, for benchmarks."""
+    workers) or spawn. ``reads_bucket``: whether the workers will read object storage
+    (:func:`reads_object_storage`; False for a folder's build). ``IMGPACK_BUILD_START``
+    overrides it, for benchmarks."""
     if not sys.platform.startswith("linux"):
         return "spawn"
     forced = os.environ.get("IMGPACK_BUILD_START")
@@ -190,8 +199,10 @@ def _start_method() -> str:
         return forced
     # workers that read a bucket (packer.sources): a child forked from this process cannot
     # use its object-store client, and a fork server started earlier has an older
-    # environment than the client's settings now: fresh interpreters
-    if "packer.builder.formats.remote" in sys.modules and client_used_here():
+    # environment than the client's settings now: fresh interpreters. Workers that read
+    # files only are forked as ever, even where this process has used its client (an
+    # upload before, a pack set's shards sent to a bucket): they never touch it.
+    if reads_bucket and "packer.builder.formats.remote" in sys.modules and client_used_here():
         return "spawn"
     torch = sys.modules.get("torch")
     cuda = False

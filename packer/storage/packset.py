@@ -23,10 +23,9 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import PackFormatError, UsageError
 from ..pack.files import check_files
@@ -34,8 +33,14 @@ from ..pack.index import SetIndex, ShardEntry, read_index, read_shard_manifest, 
 from ..pack.jpeg import check_stored_sizes, read_max_pixels
 from ..pack.kind import pack_dir
 from ..pack.kinds import kind_of
-from ..pack.reader import ImagePack, JpegPack, open_pack
 from ..pack.schema import DATA_DIR, LABELS_FILE, SIZES_FILE, TARGETS_FILE, Manifest
+
+if TYPE_CHECKING:
+    from ..pack.reader import ImagePack, JpegPack
+
+# torch and the pack reader (tensordict) are imported when a set is opened, not with this
+# module: what fetches shards (packer.storage.cache, a Ray shard task's upload) imports it
+# for ShardStore, and a build's processes never import torch (issue 45.11)
 
 
 class ShardStore:
@@ -169,6 +174,8 @@ class PackSet:
                 hw = _small_field(data / SIZES_FILE, "int64", m.count, (2,), where)
                 check_stored_sizes(hw, m, root / entry.name, self.max_pixels)
                 sizes.append(hw)
+        import torch
+
         from ..pack.parse import check_label_arrays
 
         self.labels = torch.from_numpy(np.concatenate(labels) if labels else np.empty(0, np.int64))
@@ -231,6 +238,8 @@ class PackSet:
             self._pins[k] = self._pins.get(k, 0) + 1
         pack = self._open.get(k)
         if pack is None:
+            from ..pack.reader import open_pack
+
             try:
                 check_files(path, self.manifests[k])
                 pack = open_pack(path, self.manifests[k], max_pixels=self.max_pixels)
@@ -279,6 +288,8 @@ def open_set(path: str | os.PathLike[str], max_pixels: int | None = None) -> Pac
     """Open the pack set at ``path``: the index, then each shard checked against it and
     mapped. Raises PackFormatError naming the shard for a missing, changed or foreign
     one, and naming the field for a bad index. ``max_pixels``: as :func:`open_pack`'s."""
+    from ..pack.reader import open_pack
+
     root = Path(path)
     index = read_index(root)
     manifests: list[Manifest] = []

@@ -3,12 +3,10 @@ Triton's CPU interpreter against the batched torch ops (CI has no GPU)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from conftest import REPO, subprocess_env
+from helpers.interpreted import run_interpreted
 
 _CODE = r"""
 import sys, torch
@@ -90,18 +88,12 @@ print("ok")
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("triton-interpreter")  # one zygote (helpers.interpreted)
 def test_fused_kernels_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     import torch
 
     if torch.cuda.is_available():  # the compiled kernels run in the CUDA tests there
         pytest.skip("a GPU is present: the CUDA tests run the compiled kernels")
-    r = subprocess.run(
-        [sys.executable, "-c", _CODE],
-        env=subprocess_env(TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    r = run_interpreted(_CODE, subprocess_env(TRITON_INTERPRET="1"), cwd=REPO, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

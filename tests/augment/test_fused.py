@@ -4,9 +4,6 @@ interpreter; on CUDA against the op-by-op path)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -14,6 +11,7 @@ import packer
 import packer.transforms as T
 from aug_checks import photo_like
 from conftest import REPO, subprocess_env
+from helpers.interpreted import run_interpreted
 from packer.augment import fused, policy_apply
 
 
@@ -166,18 +164,12 @@ print("ok")
 """
 
 
+@pytest.mark.xdist_group("triton-interpreter")  # one zygote (helpers.interpreted)
 def test_fused_kernels_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     if torch.cuda.is_available():  # the compiled kernels run in the CUDA test there
         pytest.skip("a GPU is present: the CUDA tests run the compiled kernels")
-    r = subprocess.run(
-        [sys.executable, "-c", _CODE],
-        env=subprocess_env(TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    r = run_interpreted(_CODE, subprocess_env(TRITON_INTERPRET="1"), cwd=REPO, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 

@@ -7,9 +7,6 @@ under Triton's interpreter, compiled in the CUDA tests."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torchvision.transforms import v2
@@ -18,6 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 import packer.transforms as T
 from conftest import REPO, subprocess_env
+from helpers.interpreted import run_interpreted
 from packer.errors import UsageError
 
 # (mode, antialias) torchvision's resize takes for uint8 tensors.
@@ -227,18 +225,12 @@ print("ok")
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("triton-interpreter")  # one zygote (helpers.interpreted)
 def test_kernel_modes_under_the_interpreter() -> None:
     """Each mode of the CUDA kernel (FILT), run by Triton's CPU interpreter, against the
     CPU path; and the fused recipe's crop with a mode."""
     pytest.importorskip("triton")
-    r = subprocess.run(
-        [sys.executable, "-c", _CODE],
-        env=subprocess_env(TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    r = run_interpreted(_CODE, subprocess_env(TRITON_INTERPRET="1"), cwd=REPO, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 

@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import packer
+from helpers.source_ast import nodes
 
 ROOT = Path(packer.__file__).parent
 
@@ -24,14 +25,13 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in paths}
     for mod, path in paths.items():
         is_pkg = path.name == "__init__.py"
-        tree = ast.parse(path.read_text(encoding="utf-8"))
         skip = {
             id(n)
-            for node in ast.walk(tree)
+            for node in nodes(path)
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
             for n in ast.walk(node)
         }
-        for node in ast.walk(tree):
+        for node in nodes(path):
             if id(node) in skip:
                 continue
             if isinstance(node, ast.ImportFrom):

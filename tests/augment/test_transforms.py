@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 import packer.transforms as T
 from conftest import subprocess_env
+from helpers.interpreted import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -304,6 +304,7 @@ def test_imports_standalone_with_torch_only(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("triton-interpreter")  # one zygote (helpers.interpreted)
 def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """The CUDA kernel's logic, run by Triton's CPU interpreter against the matmul path."""
     pytest.importorskip("triton")
@@ -321,10 +322,7 @@ def test_triton_kernel_under_the_interpreter(tmp_path: Path) -> None:
         "    assert d.max() <= 1 and d.float().mean() < 0.1, (R.KERNEL, size)\n"
         "print('ok')\n"
     )
-    env = subprocess_env(TRITON_INTERPRET="1")
-    r = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
+    r = run_interpreted(code, subprocess_env(TRITON_INTERPRET="1"), timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 

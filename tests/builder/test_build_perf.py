@@ -168,3 +168,39 @@ def test_no_early_pool_forked_for_a_bucket_once_this_process_used_object_storage
     monkeypatch.setattr(pbw, "client_used_here", lambda: True)  # the client ran here
     assert run._listing_pool("s3://b/imgs", tmp_path / "b", config) is None
     assert run._listing_pool(str(tmp_path / "x.tar"), tmp_path / "c", config) == "pool"
+
+
+def test_workers_that_read_files_fork_where_this_process_used_object_storage(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only workers that read a bucket need a fresh interpreter once this process has used
+    its object-store client (an upload, a pack set's shards sent to a bucket): a folder's
+    build, or a tar's on disk, forks its workers as before (issue 45.11: spawned workers
+    cost a fresh interpreter each, 0.3 CPU-s, at every build of such a process)."""
+    import multiprocessing
+    import sys
+
+    import packer.builder.formats.remote  # noqa: F401 (a bucket was read here)
+    from packer.builder.formats.common import Container, SourceScan
+
+    monkeypatch.delenv("IMGPACK_BUILD_START", raising=False)
+    monkeypatch.setattr(pbw.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(pbw, "client_used_here", lambda: True)  # the client ran here
+    assert "packer.builder.formats.remote" in sys.modules
+    assert pbw._start_method() == "spawn"
+    assert pbw._start_method(reads_bucket=False) == "fork"
+    url, tar = "s3://b/imgs", str(tmp_path / "a.tar")
+    bucket = SourceScan(Path(url), [], [], containers=(Container("object", url, url, 1),))
+    tar = SourceScan(tmp_path, [], [], containers=(Container("tar", tar, "a.tar", 1),))
+    assert pbw.reads_object_storage(bucket) and not pbw.reads_object_storage(tar)
+    assert not pbw.reads_object_storage(plan_labels(image_tree, BuildConfig(size=(8, 8))).scan)
+    methods: list[str] = []
+    real = multiprocessing.get_context
+
+    def spied(method: str | None = None) -> object:
+        methods.append(str(method))
+        return real(method)
+
+    monkeypatch.setattr(multiprocessing, "get_context", spied)
+    r = build(image_tree, tmp_path / "p", BuildConfig(size=(16, 16), workers=2))
+    assert r.count == 13 and methods == ["fork"]

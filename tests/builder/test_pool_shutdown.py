@@ -34,7 +34,7 @@ def test_cpu_workers_started_on_a_pipeline_thread_outlive_it(
     "parent" is the creating thread): with spawn (any process that used a bucket) or
     fork they were SIGKILLed as the readers ended, one holding the task queue's lock,
     and its sibling waited for the lock until the 30 s bound killed it."""
-    monkeypatch.setattr(packer.builder.chunks, "_start_method", lambda: method)
+    monkeypatch.setattr(packer.builder.chunks, "_start_method", lambda *a: method)
     cfg = BuildConfig(size=(24, 20), workers=2, device="cuda")
     r = build(photos, tmp_path / "gpu", cfg)
     assert r.count == 33
@@ -144,7 +144,7 @@ def test_a_killed_builds_workers_end_with_it(tmp_path: Path, method: str) -> Non
         env.pop("IMGPACK_BUILD_START")
         script.write_text(_ORPHANING.replace(
             "from packer.builder.chunks import start_pool",
-            "import packer.builder.chunks as c\nc._start_method = lambda: 'spawn'\n"
+            "import packer.builder.chunks as c\nc._start_method = lambda *a: 'spawn'\n"
             "from packer.builder.chunks import start_pool",
         ))  # fmt: skip
     proc = subprocess.Popen(

@@ -14,8 +14,10 @@ traceback on stderr and exit 1. The child never returns into pytest (``os._exit`
 
 Where this process holds a CUDA context, or for a command that uses object storage
 (``storage=True``) where this process has used it (obstore's runtime threads are not in
-a fork: packer.storage.client._check_not_forked), the command runs in a fresh
-interpreter instead (:func:`forkable`). What a fork cannot be, and so where tests keep
+a fork: packer.storage.client._check_not_forked), the command runs in a fork of the
+*zygote* instead: a fork of this process made at the session's start, before any test
+(:func:`start_zygote`, called by tests/conftest.py), which forks such commands on
+request; where there is none, in a fresh interpreter (:func:`forkable`). What a fork cannot be, and so where tests keep
 ``subprocess``: start-up and import tests (what a fresh interpreter imports, its time),
 tests of a variable read at import, of signals, kills and resumes of a process group,
 of the installed wheel. A test that monkeypatches something would see its patch in the
@@ -55,16 +57,13 @@ _STALE: list[object] = []
 
 
 def run_module(
-    module: str, args: Sequence[object], **kw: object
+    module: str, args: Sequence[object], *, timeout: float | None = None, **kw: object
 ) -> subprocess.CompletedProcess[str]:
     """``python -m MODULE ARGS`` in a fork: as ``subprocess.run(..., capture_output=True,
     text=True)`` would return it."""
     argv = [module, *map(str, args)]  # runpy sets argv[0] to the module's file
-
-    def main() -> None:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-    return run_forked(main, argv, [sys.executable, "-m", *argv], path0="", **kw)  # type: ignore[arg-type]
+    args_ = [sys.executable, "-m", *argv]
+    return Forked(("module", module), argv, args_, path0="", **kw).wait(timeout)  # type: ignore[arg-type]
 
 
 def run_cli(args: Sequence[object], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -73,16 +72,10 @@ def run_cli(args: Sequence[object], **kw: object) -> subprocess.CompletedProcess
 
 
 def run_script(
-    script: Path | str, args: Sequence[object] = (), **kw: object
+    script: Path | str, args: Sequence[object] = (), *, timeout: float | None = None, **kw: object
 ) -> subprocess.CompletedProcess[str]:
     """``python SCRIPT ARGS`` in a fork."""
-    argv = [str(script), *map(str, args)]
-
-    def main() -> None:
-        runpy.run_path(str(script), run_name="__main__")
-
-    path0 = str(Path(script).resolve().parent)
-    return run_forked(main, argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
+    return start_script(script, args, **kw).wait(timeout)
 
 
 def run_code(
@@ -95,16 +88,8 @@ def run_code(
 def start_code(code: str, args: Sequence[object] = (), **kw: object) -> Forked:
     """``python -c CODE ARGS`` started in a fork, not waited for (``.wait()``)."""
     argv = ["-c", *map(str, args)]
-
-    def main() -> None:
-        import types
-
-        module = types.ModuleType("__main__")
-        module.__dict__["__builtins__"] = __builtins__
-        sys.modules["__main__"] = module
-        exec(compile(code, "<string>", "exec"), module.__dict__)
-
-    return Forked(main, argv, [sys.executable, "-c", code, *argv[1:]], path0="", **kw)  # type: ignore[arg-type]
+    args_ = [sys.executable, "-c", code, *argv[1:]]
+    return Forked(("code", code), argv, args_, path0="", **kw)  # type: ignore[arg-type]
 
 
 def run_forked(
@@ -124,12 +109,31 @@ def start_script(script: Path | str, args: Sequence[object] = (), **kw: object) 
     """``python SCRIPT ARGS`` started in a fork, not waited for (``.wait()``): several
     at once, as ``subprocess.Popen`` starts them."""
     argv = [str(script), *map(str, args)]
+    path0 = str(Path(script).resolve().parent)
+    return Forked(("script", str(script)), argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
+
+
+def _main_of(spec: tuple[str, str] | Callable[[], object]) -> Callable[[], object]:
+    """What the child runs: ``("module", NAME)`` as ``python -m``, ``("script", PATH)`` as
+    ``python PATH``, ``("code", CODE)`` as ``python -c``; a callable as it is."""
+    if callable(spec):
+        return spec
+    kind, target = spec
 
     def main() -> None:
-        runpy.run_path(str(script), run_name="__main__")
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "script":
+            runpy.run_path(target, run_name="__main__")
+        else:
+            import types
 
-    path0 = str(Path(script).resolve().parent)
-    return Forked(main, argv, [sys.executable, *argv], path0=path0, **kw)  # type: ignore[arg-type]
+            module = types.ModuleType("__main__")
+            module.__dict__["__builtins__"] = __builtins__
+            sys.modules["__main__"] = module
+            exec(compile(target, "<string>", "exec"), module.__dict__)
+
+    return main
 
 
 def forkable(storage: bool = False) -> bool:
@@ -145,14 +149,16 @@ def forkable(storage: bool = False) -> bool:
 
 
 class Forked:
-    """A forked child running ``main()``, started at once; ``wait()`` gives what
+    """A forked child running ``main`` (a callable, or a ``(kind, target)`` that
+    :func:`_main_of` makes one of), started at once; ``wait()`` gives what
     ``subprocess.run(..., capture_output=True, text=True)`` would. Where this process
-    cannot be forked for it (:func:`forkable`), ``args`` runs in a fresh interpreter
-    instead (subprocess.Popen)."""
+    cannot be forked for it (:func:`forkable`), a ``(kind, target)`` runs in a fork of
+    the zygote (:func:`start_zygote`) where there is one, else ``args`` in a fresh
+    interpreter (subprocess.Popen)."""
 
     def __init__(
         self,
-        main: Callable[[], object],
+        main: Callable[[], object] | tuple[str, str],
         argv: list[str],
         args: list[str],
         *,
@@ -167,10 +173,18 @@ class Forked:
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __del__)
         self._err = tempfile.TemporaryFile()  # noqa: SIM115
         self._popen: subprocess.Popen[bytes] | None = None
+        self._zygote: _Zygote | None = None
         with tempfile.TemporaryFile() as stdin:
             if input is not None:
                 stdin.write(input.encode())
                 stdin.seek(0)
+            if not forkable(storage) and not callable(main) and _usable_zygote() is not None:
+                self._zygote = _usable_zygote()
+                fds = (stdin.fileno(), self._out.fileno(), self._err.fileno())
+                request = {"main": main, "argv": argv, "path0": path0, "cwd": str(cwd or os.getcwd()),
+                           "env": dict(os.environ if env is None else env), "devnull": input is None}  # fmt: skip
+                self.pid = self._zygote.start(request, fds)  # type: ignore[union-attr]
+                return
             if not forkable(storage):
                 self._popen = subprocess.Popen(
                     args, stdin=stdin if input is not None else subprocess.DEVNULL,
@@ -184,7 +198,7 @@ class Forked:
             pid = os.fork()
             if pid == 0:  # the child: never returns
                 fds = (stdin.fileno(), self._out.fileno(), self._err.fileno())
-                _child(main, argv, path0, env, cwd, *fds, input is None)
+                _child(_main_of(main), argv, path0, env, cwd, *fds, input is None)
         self.pid = pid
 
     def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
@@ -194,6 +208,8 @@ class Forked:
             try:
                 if self._popen is not None:
                     self.returncode = self._popen.wait(timeout)
+                elif self._zygote is not None:
+                    self.returncode = self._zygote.wait(self.pid, timeout, self.args)
                 else:
                     self.returncode = _wait(self.pid, timeout, self.args)
             except subprocess.TimeoutExpired:
@@ -218,6 +234,141 @@ class Forked:
     def __del__(self) -> None:
         self._out.close()
         self._err.close()
+
+
+# ---- the zygote: a fork of this test process made at the session's start, before any
+# test used object storage (tests/conftest.py calls start_zygote), that forks the
+# commands this process cannot fork itself (it has used its object-store client, or
+# holds a CUDA context): a fresh interpreter for them imported torch again, 3-5
+# CPU-seconds each (issue 45, item 12). Requests go over a socket pair (SOCK_SEQPACKET,
+# the child's three fds passed along); the zygote reports each child's PID, then its
+# exit status. It ends when this process's end of the socket closes.
+_ZYGOTE: _Zygote | None = None
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        import socket
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            try:
+                _zygote_main(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid, self.sock, self.owner = pid, ours, os.getpid()
+        self.ended: dict[int, int] = {}  # child pid -> exit code, reported not yet waited
+
+    def _receive(self, timeout: float | None) -> bool:
+        """One report from the zygote into ``ended`` (False: none within ``timeout``)."""
+        import pickle
+
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return False
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise RuntimeError("the test zygote ended")
+        what, pid, value = pickle.loads(data)
+        if what == "exit":
+            self.ended[pid] = value
+        else:
+            self._started = pid
+        return True
+
+    def start(self, request: dict[str, object], fds: tuple[int, int, int]) -> int:
+        import pickle
+        import socket
+
+        self._started: int | None = None
+        socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
+        while self._started is None:
+            self._receive(None)
+        return self._started
+
+    def wait(self, pid: int, timeout: float | None, args: list[str]) -> int:
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.ended:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not self._receive(left) and end is not None and time.monotonic() >= end:
+                with _suppress():
+                    os.kill(pid, signal.SIGKILL)
+                while pid not in self.ended:
+                    self._receive(None)
+                self.ended.pop(pid)
+                raise subprocess.TimeoutExpired(args, timeout or 0)
+        return self.ended.pop(pid)
+
+
+def start_zygote() -> None:
+    """Fork this process's zygote (once): call it before any test runs."""
+    global _ZYGOTE
+    if _ZYGOTE is None and sys.platform.startswith("linux"):
+        _ZYGOTE = _Zygote()
+        import processes
+
+        record = processes.track(_ZYGOTE.pid)
+
+        def stop(z: _Zygote = _ZYGOTE) -> None:
+            z.sock.close()  # it ends
+            with _suppress():
+                os.waitpid(z.pid, 0)
+            processes.untrack(record)
+
+        atexit.register(stop)
+
+
+def _usable_zygote() -> _Zygote | None:
+    z = _ZYGOTE
+    if z is None or z.owner != os.getpid():  # a fork of the owner: not its zygote
+        return None
+    try:
+        done, _ = os.waitpid(z.pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return None if done else z
+
+
+def _zygote_main(sock: object) -> None:
+    """The zygote's loop: fork a child per request, report its PID and later its exit."""
+    import pickle
+    import socket
+
+    assert isinstance(sock, socket.socket)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the session's Ctrl-C is its owner's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    children: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        ready, _, _ = select.select([sock, *children], [], [])
+        for fd in ready:
+            if fd is sock:
+                data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+                if not data:
+                    return  # the test process closed its end
+                request = pickle.loads(data)
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    for pidfd in children:
+                        os.close(pidfd)
+                    _child(_main_of(request["main"]), request["argv"], request["path0"],
+                           request["env"], request["cwd"], *fds, request["devnull"])  # fmt: skip
+                for f in fds:
+                    os.close(f)
+                children[os.pidfd_open(pid)] = pid
+                sock.send(pickle.dumps(("started", pid, None)))
+            else:
+                pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                sock.send(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
 
 
 def _wait(pid: int, timeout: float | None, args: list[str]) -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +13,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from conftest import subprocess_env
+from helpers.interpreted import run_interpreted
 from packer.errors import PackFormatError
 from packer.imaging.jpeg import (
     decode_batch,
@@ -240,17 +239,12 @@ def test_vectorised_spans_equal_the_kernels_rule():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("triton-interpreter")  # one zygote (helpers.interpreted)
 def test_ragged_kernel_matches_the_padded_route_in_the_interpreter():
     # the CUDA kernel that reads each image where nvjpeg left it (a table of addresses),
     # run by Triton's interpreter on the CPU
     pytest.importorskip("triton")
-    r = subprocess.run(
-        [sys.executable, "-c", RAGGED],
-        env=subprocess_env(TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_interpreted(RAGGED, subprocess_env(TRITON_INTERPRET="1"), timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 

@@ -20,6 +20,7 @@ from s3_server import JPEG, RAW, bucket_path, built, new_url, write_src
 
 import packer
 from conftest import subprocess_env
+from helpers.forked import start_script
 from helpers.local_server import S3Server
 from packer.builder.api import BuildConfig, build
 from packer.cli import cli
@@ -214,12 +215,12 @@ def test_two_processes_share_one_cache_and_download_each_shard_once(
     env = subprocess_env(
         **{k: os.environ[k] for k in os.environ if k.startswith(("AWS_", "IMGPACK_"))}
     )
-    procs = [
-        subprocess.Popen([sys.executable, str(script), url], env=env, stdout=subprocess.PIPE)
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0]
+    # two processes at once: forks (of the session's zygote, where this one has used
+    # object storage), each its own process, its own client and the one cache
+    procs = [start_script(script, [url], env=env, storage=True) for _ in range(2)]
+    done = [p.wait(120) for p in procs]
+    assert [r.returncode for r in done] == [0, 0], [r.stderr for r in done]
+    outs = [r.stdout for r in done]
     assert outs[0] == outs[1] and int(outs[0]) > 0
     s = packer.load(url)
     log = (s.path / META_DIR / "downloads.log").read_text().split("\n")[:-1]
