@@ -8,11 +8,11 @@ the disk before a power loss is redone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -370,59 +370,147 @@ def release_pool(
     Once a worker has died (by a signal: no worker of a finished build exits so), the
     others are killed at once, not at the bound: the dead one may have held the task
     queue's lock, which they would wait for forever. The call returns
-    ``{"died": ..., "killed": ...}``: workers that ended by a signal before this
-    killed any, and workers it killed (``BuildResult.extra["workers_died"]``,
-    ``["workers_killed"]``; both 0 in a sound build)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
+    ``{"died": ..., "killed": ...}``: workers that ended by a signal, not killed by
+    this call, and workers it killed (``BuildResult.extra["workers_died"]``,
+    ``["workers_killed"]``; both 0 in a sound build). When it returns every worker has
+    ended, and the executor's own thread, which reaps them, has recorded their exit
+    codes (``Process.exitcode``; a bound of :data:`_REAP_WAIT_S`): see :class:`_Worker`.
+    """
+    executor = getattr(pool, "_pool", pool)  # a LazyPool's executor (None: never started)
+    manager = getattr(executor, "_executor_manager_thread", None)  # gone after shutdown
+    workers = [_Worker(p) for p in (getattr(pool, "_processes", None) or {}).values()]
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
 
+    def dead() -> bool:  # a worker ended by a signal (the executor: "broken") may hold the lock
+        return bool(getattr(executor, "_broken", False)) or any(w.died() for w in workers)
+
     def wait() -> dict[str, int]:
-        left = procs
-        while left and not _any_died(procs) and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                mp_wait([p.sentinel for p in left], max(0.0, deadline - time.monotonic()))
-            left = [p for p in left if _alive(p)]
-        died = sum(1 for p in procs if _died(p))
-        killed = 0
-        for p in procs:
-            with contextlib.suppress(Exception):
-                if p.is_alive():
-                    p.kill()
-                    killed += 1
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.join(5)
-        return {"died": died, "killed": killed}
+        try:
+            left = [w for w in workers if not w.ended()]
+            while left and not dead():
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                step = deadline - now
+                if any(w.ended() and w.exit_code() is None for w in workers):
+                    # its status not readable yet (a fork server's child; or reaped by
+                    # the executor's thread, not recorded yet): look again soon
+                    step = min(step, _STATUS_POLL_S)
+                mp_wait([w.sentinel for w in left if w.sentinel is not None], step)
+                left = [w for w in left if not w.ended()]
+            killed = [w for w in workers if not w.ended() and w.kill()]
+            if killed:  # SIGKILL ends them at once
+                mp_wait([w.sentinel for w in killed if w.sentinel is not None], _REAP_WAIT_S)
+            if manager is not None and workers:
+                manager.join(_REAP_WAIT_S)  # it reaps them and records their exit codes
+            died = sum(1 for w in workers if w not in killed and w.died())
+            return {"died": died, "killed": len(killed)}
+        finally:
+            for w in workers:
+                w.close()
 
     return wait
 
 
-def _alive(p: Any) -> bool:
-    try:
-        return bool(p.is_alive())
-    except Exception:
-        return False
+_STATUS_POLL_S = 0.05  # an ended worker's exit code, recorded by another thread
+_REAP_WAIT_S = 10.0  # SIGKILLed workers' ends; the executor's thread's, once they ended
 
 
-def _died(p: Any) -> bool:
-    """Ended by a signal (a negative exit code): killed wherever it was, perhaps holding
-    the task queue's lock (an exit of its own releases it)."""
-    try:
-        code = p.exitcode
-    except Exception:
-        return False
-    return code is not None and code < 0
+class _Worker:
+    """A pool worker, watched without reaping it. The executor's own thread joins
+    (reaps) its workers, and any ``Process.start()`` of this process polls (reaps)
+    every ended child; ``Process.is_alive()``/``join()``/``kill()`` here raced them:
+    the reaper had the exit status and had not recorded it yet, so waitpid said ECHILD
+    and is_alive() said "alive" (the wait spun to the bound, counted a sound worker
+    killed, and the kill went to a pid that may be another process's by then; a test
+    saw a killed worker "alive" after its join). So: ended = the sentinel (ready once
+    the worker has exited, whoever reaps it); the kill goes through a pidfd opened at
+    the release, while the worker had not ended (its sentinel not ready just after),
+    so it can only ever reach this worker; the exit code is the one recorded by
+    whoever reaped it, else read without reaping (``waitid(WNOWAIT)``)."""
 
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+        self.fd: int | None = None
+        try:
+            self.sentinel: int | None = proc.sentinel
+        except (ValueError, AttributeError):  # closed: ended long ago
+            self.sentinel = None
+            return
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # gone already, or no pidfd (not Linux 5.3+)
+            return
+        if self.ended():  # ended before the pidfd: the pid may be another process's
+            os.close(fd)
+        else:
+            self.fd = fd
 
-def _any_died(procs: list[Any]) -> bool:
-    return any(_died(p) for p in procs)
+    def ended(self) -> bool:
+        if self.sentinel is None:
+            return True
+        try:
+            return bool(mp_wait([self.sentinel], 0))
+        except (OSError, ValueError):
+            return True
+
+    def exit_code(self) -> int | None:
+        """The exit code (negative: the signal) of an ended worker; None while unknown
+        (running, or reaped by another thread that has not recorded it yet)."""
+        code = getattr(getattr(self.proc, "_popen", None), "returncode", None)
+        if code is not None or self.fd is None:
+            return code
+        try:  # our child (fork, spawn): its status, left for the reaper
+            info = os.waitid(os.P_PIDFD, self.fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (AttributeError, OSError):  # a fork server's child, or reaped by now
+            return None
+        if info is None:
+            return None
+        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            return -info.si_status
+        return info.si_status
+
+    def died(self) -> bool:
+        """Ended by a signal (a negative exit code): killed wherever it was, perhaps
+        holding the task queue's lock (an exit of its own releases it)."""
+        code = self.exit_code() if self.ended() else None
+        return code is not None and code < 0
+
+    def kill(self) -> bool:
+        """SIGKILL this worker (never another process that took its pid); whether it
+        was sent to a running worker."""
+        if self.fd is not None:
+            try:
+                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                return False
+            except OSError:
+                pass
+            else:
+                return True
+        if self.ended():
+            return False
+        try:  # no pidfd: by its pid, which is its own while its sentinel is not ready
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them
-    for p in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(Exception):
-            p.kill()
+    # (killed through a pidfd: never a pid the executor's thread has reaped meanwhile)
+    for w in [_Worker(p) for p in list((getattr(pool, "_processes", None) or {}).values())]:
+        try:
+            if not w.ended():
+                w.kill()
+        finally:
+            w.close()
     pool.shutdown(wait=True, cancel_futures=True)
