@@ -12,7 +12,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from . import workers as build_workers
 from .config import BuildConfig
 from .tail import run_with_tail
 from .workdir import JOURNAL, ROWS_FILE, WorkState
+from .worker_handle import WorkerHandle
 from .workers import (
     CHUNKS_DIR,
     _chunk_file,
@@ -374,15 +374,16 @@ def release_pool(
     this call, and workers it killed (``BuildResult.extra["workers_died"]``,
     ``["workers_killed"]``; both 0 in a sound build). When it returns every worker has
     ended, and the executor's own thread, which reaps them, has recorded their exit
-    codes (``Process.exitcode``; a bound of :data:`_REAP_WAIT_S`): see :class:`_Worker`.
+    codes (``Process.exitcode``; a bound of :data:`_REAP_WAIT_S`); this never reaps,
+    polls or signals one by its pid (:class:`packer.builder.worker_handle.WorkerHandle`).
     """
     executor = getattr(pool, "_pool", pool)  # a LazyPool's executor (None: never started)
     manager = getattr(executor, "_executor_manager_thread", None)  # gone after shutdown
-    workers = [_Worker(p) for p in (getattr(pool, "_processes", None) or {}).values()]
+    workers = [WorkerHandle(p) for p in (getattr(pool, "_processes", None) or {}).values()]
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
 
-    def dead() -> bool:  # a worker ended by a signal (the executor: "broken") may hold the lock
+    def dead() -> bool:  # one ended by a signal (the executor: "broken"): it may hold the lock
         return bool(getattr(executor, "_broken", False)) or any(w.died() for w in workers)
 
     def wait() -> dict[str, int]:
@@ -417,97 +418,12 @@ _STATUS_POLL_S = 0.05  # an ended worker's exit code, recorded by another thread
 _REAP_WAIT_S = 10.0  # SIGKILLed workers' ends; the executor's thread's, once they ended
 
 
-class _Worker:
-    """A pool worker, watched without reaping it. The executor's own thread joins
-    (reaps) its workers, and any ``Process.start()`` of this process polls (reaps)
-    every ended child; ``Process.is_alive()``/``join()``/``kill()`` here raced them:
-    the reaper had the exit status and had not recorded it yet, so waitpid said ECHILD
-    and is_alive() said "alive" (the wait spun to the bound, counted a sound worker
-    killed, and the kill went to a pid that may be another process's by then; a test
-    saw a killed worker "alive" after its join). So: ended = the sentinel (ready once
-    the worker has exited, whoever reaps it); the kill goes through a pidfd opened at
-    the release, while the worker had not ended (its sentinel not ready just after),
-    so it can only ever reach this worker; the exit code is the one recorded by
-    whoever reaped it, else read without reaping (``waitid(WNOWAIT)``)."""
-
-    def __init__(self, proc: Any) -> None:
-        self.proc = proc
-        self.fd: int | None = None
-        try:
-            self.sentinel: int | None = proc.sentinel
-        except (ValueError, AttributeError):  # closed: ended long ago
-            self.sentinel = None
-            return
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):  # gone already, or no pidfd (not Linux 5.3+)
-            return
-        if self.ended():  # ended before the pidfd: the pid may be another process's
-            os.close(fd)
-        else:
-            self.fd = fd
-
-    def ended(self) -> bool:
-        if self.sentinel is None:
-            return True
-        try:
-            return bool(mp_wait([self.sentinel], 0))
-        except (OSError, ValueError):
-            return True
-
-    def exit_code(self) -> int | None:
-        """The exit code (negative: the signal) of an ended worker; None while unknown
-        (running, or reaped by another thread that has not recorded it yet)."""
-        code = getattr(getattr(self.proc, "_popen", None), "returncode", None)
-        if code is not None or self.fd is None:
-            return code
-        try:  # our child (fork, spawn): its status, left for the reaper
-            info = os.waitid(os.P_PIDFD, self.fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (AttributeError, OSError):  # a fork server's child, or reaped by now
-            return None
-        if info is None:
-            return None
-        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
-            return -info.si_status
-        return info.si_status
-
-    def died(self) -> bool:
-        """Ended by a signal (a negative exit code): killed wherever it was, perhaps
-        holding the task queue's lock (an exit of its own releases it)."""
-        code = self.exit_code() if self.ended() else None
-        return code is not None and code < 0
-
-    def kill(self) -> bool:
-        """SIGKILL this worker (never another process that took its pid); whether it
-        was sent to a running worker."""
-        if self.fd is not None:
-            try:
-                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
-            except ProcessLookupError:  # it ended meanwhile
-                return False
-            except OSError:
-                pass
-            else:
-                return True
-        if self.ended():
-            return False
-        try:  # no pidfd: by its pid, which is its own while its sentinel is not ready
-            os.kill(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            return False
-        return True
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
-
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them
     # (killed through a pidfd: never a pid the executor's thread has reaped meanwhile)
-    for w in [_Worker(p) for p in list((getattr(pool, "_processes", None) or {}).values())]:
+    for p in list((getattr(pool, "_processes", None) or {}).values()):
+        w = WorkerHandle(p)
         try:
             if not w.ended():
                 w.kill()
