@@ -76,6 +76,7 @@ _STAGE_RANK = {
     "errors": 0,
     "_version": 0,
     "_lazy": 0,  # the one lazy module __getattr__ (standard library only)
+    "_interrupts": 0,  # steps an interrupt must not split (standard library only)
     "_fs": 0.5,  # the ground floor: file and process helpers, on errors alone
     "sources": 1,
     "imaging": 2,  # the codec: decoders, the resize core, normalize

@@ -8,7 +8,6 @@ the disk before a power loss is redone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -31,6 +30,7 @@ from . import workers as build_workers
 from .config import BuildConfig
 from .tail import run_with_tail
 from .workdir import JOURNAL, ROWS_FILE, WorkState
+from .worker_handle import WorkerHandle
 from .workers import (
     CHUNKS_DIR,
     _chunk_file,
@@ -373,59 +373,63 @@ def release_pool(
     Once a worker has died (by a signal: no worker of a finished build exits so), the
     others are killed at once, not at the bound: the dead one may have held the task
     queue's lock, which they would wait for forever. The call returns
-    ``{"died": ..., "killed": ...}``: workers that ended by a signal before this
-    killed any, and workers it killed (``BuildResult.extra["workers_died"]``,
-    ``["workers_killed"]``; both 0 in a sound build)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
+    ``{"died": ..., "killed": ...}``: workers that ended by a signal, not killed by
+    this call, and workers it killed (``BuildResult.extra["workers_died"]``,
+    ``["workers_killed"]``; both 0 in a sound build). When it returns every worker has
+    ended, and the executor's own thread, which reaps them, has recorded their exit
+    codes (``Process.exitcode``; a bound of :data:`_REAP_WAIT_S`); this never reaps,
+    polls or signals one by its pid (:class:`packer.builder.worker_handle.WorkerHandle`).
+    """
+    executor = getattr(pool, "_pool", pool)  # a LazyPool's executor (None: never started)
+    manager = getattr(executor, "_executor_manager_thread", None)  # gone after shutdown
+    workers = [WorkerHandle(p) for p in (getattr(pool, "_processes", None) or {}).values()]
     pool.shutdown(wait=False)
     deadline = time.monotonic() + timeout
 
+    def dead() -> bool:  # one ended by a signal (the executor: "broken"): it may hold the lock
+        return bool(getattr(executor, "_broken", False)) or any(w.died() for w in workers)
+
     def wait() -> dict[str, int]:
-        left = procs
-        while left and not _any_died(procs) and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                mp_wait([p.sentinel for p in left], max(0.0, deadline - time.monotonic()))
-            left = [p for p in left if _alive(p)]
-        died = sum(1 for p in procs if _died(p))
-        killed = 0
-        for p in procs:
-            with contextlib.suppress(Exception):
-                if p.is_alive():
-                    p.kill()
-                    killed += 1
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.join(5)
-        return {"died": died, "killed": killed}
+        try:
+            left = [w for w in workers if not w.ended()]
+            while left and not dead():
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                step = deadline - now
+                if any(w.ended() and w.exit_code() is None for w in workers):
+                    # its status not readable yet (a fork server's child; or reaped by
+                    # the executor's thread, not recorded yet): look again soon
+                    step = min(step, _STATUS_POLL_S)
+                mp_wait([w.sentinel for w in left if w.sentinel is not None], step)
+                left = [w for w in left if not w.ended()]
+            killed = [w for w in workers if not w.ended() and w.kill()]
+            if killed:  # SIGKILL ends them at once
+                mp_wait([w.sentinel for w in killed if w.sentinel is not None], _REAP_WAIT_S)
+            if manager is not None and workers:
+                manager.join(_REAP_WAIT_S)  # it reaps them and records their exit codes
+            died = sum(1 for w in workers if w not in killed and w.died())
+            return {"died": died, "killed": len(killed)}
+        finally:
+            for w in workers:
+                w.close()
 
     return wait
 
 
-def _alive(p: Any) -> bool:
-    try:
-        return bool(p.is_alive())
-    except Exception:
-        return False
-
-
-def _died(p: Any) -> bool:
-    """Ended by a signal (a negative exit code): killed wherever it was, perhaps holding
-    the task queue's lock (an exit of its own releases it)."""
-    try:
-        code = p.exitcode
-    except Exception:
-        return False
-    return code is not None and code < 0
-
-
-def _any_died(procs: list[Any]) -> bool:
-    return any(_died(p) for p in procs)
+_STATUS_POLL_S = 0.05  # an ended worker's exit code, recorded by another thread
+_REAP_WAIT_S = 10.0  # SIGKILLed workers' ends; the executor's thread's, once they ended
 
 
 def stop_pool(pool: ProcessPoolExecutor | LazyPool) -> None:
     """End the workers now, whatever they are doing (Ctrl-C, a dead sibling, an error)."""
     # the executor has no terminate(); its process table is the only handle on them
+    # (killed through a pidfd: never a pid the executor's thread has reaped meanwhile)
     for p in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(Exception):
-            p.kill()
+        w = WorkerHandle(p)
+        try:
+            if not w.ended():
+                w.kill()
+        finally:
+            w.close()
     pool.shutdown(wait=True, cancel_futures=True)

@@ -62,8 +62,25 @@ def cli() -> None:
 def main() -> None:
     """The ``imgpack`` script. The process ends when the command does: what start-up
     built is frozen out of the garbage collector's last pass (``gc.freeze``), so the exit
-    does not trace every object of the imported libraries (about 20 ms of a build's)."""
+    does not trace every object of the imported libraries (about 20 ms of a build's).
+
+    Interrupted (exit 130), it exits 130 whatever the timing: SIGINT and SIGTERM stay
+    ignored from the interrupt on (:func:`packer.cli.output.handle_errors`), and
+    CPython's note of an interrupt it thinks nobody caught is cleared (below)."""
+    from . import output
+
+    output.process_entry = True
     try:
         cli(prog_name="imgpack")
+    except SystemExit as e:
+        if e.code == output.EXIT_INTERRUPTED:
+            # A KeyboardInterrupt that ends a string exec/eval (dataclasses, namedtuple
+            # and typing make their methods so, at import: the interrupt often lands in
+            # one) sets a process-wide flag that handle_errors catching it does not
+            # clear; under `python -m packer` the interpreter then ends by SIGINT after
+            # the exit (return code -2, not 130). The next string exec clears it, and
+            # no interrupt can set it again: its signals are ignored now.
+            exec("pass")  # a constant: clears the flag (see above)
+        raise
     finally:
         gc.freeze()

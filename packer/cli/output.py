@@ -4,14 +4,16 @@ an ``Error:`` line or a note and an exit code, the progress bar, and the result 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -47,14 +49,17 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     The fields a library message names are shown as their flags (:mod:`packer.cli.flags`).
 
     An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) exits 130
-    with what it left for this command (:data:`INTERRUPTED`).
+    with what it left for this command (:data:`INTERRUPTED`), whatever arrives after it:
+    one interrupt per run (:func:`_interrupt_once`), and a process that ends by it
+    ignores SIGINT and SIGTERM from then on (:func:`packer.cli.main`).
     """
     left = INTERRUPTED.get(fn.__name__, "Nothing was changed.")
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _interrupt_once(signal.SIGINT):
+                return fn(*args, **kwargs)
         except PackerError as e:
             click.echo(f"Error: {cli_message(e)}", err=True)
             sys.exit(e.exit_code)
@@ -71,19 +76,91 @@ def sigterm_as_interrupt(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return fn(*args, **kwargs)  # signal handlers can only be set from the main thread
-
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, interrupt)
-        try:
+        with _interrupt_once(signal.SIGTERM):
             return fn(*args, **kwargs)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     return wrapper
+
+
+# Set by packer.cli.main, the process's entry: a command ended by an interrupt ends the
+# process (exit 130), so its signals stay ignored (not handed back) once it is caught.
+process_entry = False
+# One interrupt per command run, shared by the SIGINT and SIGTERM handlers: the first
+# raises KeyboardInterrupt; later ones are ignored while it unwinds (the temporary
+# folders removed, the workers stopped), so a second signal neither cuts a cleanup short
+# nor ends the process other than by exit 130 (before, one arriving after the SIGTERM
+# handler was handed back killed it, and a second Ctrl-C ended it by SIGINT). One that
+# Python swallowed (raised in a __del__) is delivered again (_unraisable).
+_run: dict[str, Any] = {"active": False, "interrupted": False, "lost": False, "exc": None}
+_run_lock = threading.Lock()  # "active" and "lost" against the thread delivering again
+_guards = 0
+_unraisable_before: list[Any] = []
+_AGAIN_S = 0.05  # how often a swallowed interrupt is delivered again until one is raised
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    if _run["interrupted"] or not _run["active"]:
+        return  # the interrupt of this run is unwinding: let its cleanups finish
+    _run.update(interrupted=True, lost=False, sig=signum, exc=KeyboardInterrupt())
+    raise _run["exc"]
+
+
+def _unraisable(unraisable: Any) -> None:
+    """The run's interrupt raised where Python swallows exceptions (a ``__del__``, a
+    weakref callback: "Exception ignored in ...") is delivered again, from a thread,
+    until one is raised at an ordinary step of the main thread (before, the command ran
+    on to exit 0, and with one interrupt per run no later signal would have stopped
+    it)."""
+    if unraisable.exc_value is None or unraisable.exc_value is not _run["exc"]:
+        _unraisable_before[-1](unraisable)  # not ours: as Python reports it
+        return
+    with _run_lock:  # ours: not reported (it is not lost), delivered again
+        _run["lost"] = True
+        if _run.get("again") is None or not _run["again"].is_alive():
+            _run["again"] = threading.Thread(target=_deliver_again, daemon=True)
+            _run["again"].start()
+    _run["interrupted"] = False  # last: no step of this hook can raise it now
+
+
+def _deliver_again() -> None:
+    while True:
+        with _run_lock:
+            if not (_run["active"] and _run["lost"]):
+                return
+            os.kill(os.getpid(), _run["sig"])
+        time.sleep(_AGAIN_S)
+
+
+@contextlib.contextmanager
+def _interrupt_once(sig: signal.Signals) -> Iterator[None]:
+    """While the block runs (main thread), ``sig`` raises KeyboardInterrupt unless an
+    interrupt of this run already has (:func:`_interrupt`, :func:`_unraisable`). On the
+    way out the previous handler is back, except when the run was interrupted in the
+    process's entry: then ``sig`` stays ignored until the process has exited 130."""
+    global _guards
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    if _guards == 0:  # a new run (in-process callers run several)
+        _run.update(active=True, interrupted=False, lost=False, exc=None)
+        _unraisable_before.append(sys.unraisablehook)
+        sys.unraisablehook = _unraisable
+    previous = signal.signal(sig, _interrupt)
+    _guards += 1
+    ending = False
+    try:
+        yield
+    except KeyboardInterrupt:
+        ending = process_entry
+        raise
+    finally:
+        _guards -= 1
+        if _guards == 0:
+            with _run_lock:  # nothing is delivered again from here on
+                _run["active"] = False
+            sys.unraisablehook = _unraisable_before.pop()
+        # (signal.signal runs a pending handler first: ours, which ignores it now)
+        signal.signal(sig, signal.SIG_IGN if ending else previous)
 
 
 class Bar:

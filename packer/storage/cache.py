@@ -30,10 +30,15 @@ Rules:
   so a killed run leaves no stale lock, only ``.part`` files that the next fetch removes.
 * Beyond ``limit`` bytes of big files, the least recently used shards nobody holds lose
   their big file (small files stay). A download first reserves its bytes
-  (``<shard>.reserved``, under ``evict.lock``, while it holds the ``.fetch`` lock), and
-  every evictor counts the reservations: concurrent downloads stay under the limit
-  together. A reservation whose ``.fetch`` lock is free is a killed run's and is removed. A fetch on demand that cannot make room (every
-  cached shard is held) goes over the limit and logs a warning; a prefetch does not.
+  (``<shard>.reserved``, under ``evict.lock``, while it holds the ``.fetch`` lock; a
+  reader without a limit too), renames its file into place, then removes the
+  reservation; every evictor reads the reservations, then the files (under
+  ``evict.lock``), and counts a shard found both ways once: a download in flight or
+  just ended is counted once, never missed (it was, when the files came first and it
+  ended between the reads), so concurrent downloads stay under the limit together. A
+  reservation whose ``.fetch`` lock is free is a killed run's and is removed. A fetch
+  on demand that cannot make room (every cached shard is held) goes over the limit and
+  logs a warning; a prefetch does not.
 * :attr:`RemoteShards.prefetch_depth` (:data:`PREFETCH_DEPTH`) shards are fetched ahead
   on background threads; a prefetch that fails is retried, and raises, on demand.
 """
@@ -456,11 +461,11 @@ class RemoteShards(ShardStore):
         out.sort()
         return out
 
-    def reserved(self, but: str) -> int:
-        """Bytes of big files being downloaded now (by any process), except shard ``but``'s:
-        each download writes ``<shard>.reserved`` under its ``.fetch`` lock; one whose lock
-        is free is a killed run's, removed here."""
-        total = 0
+    def reservations(self, but: str) -> dict[str, int]:
+        """{shard name: bytes} of big files being downloaded now (by any process), except
+        shard ``but``'s: each download writes ``<shard>.reserved`` under its ``.fetch``
+        lock; one whose lock is free is a killed run's, removed here."""
+        out = {}
         for r in self.meta.glob("*.reserved"):
             name = r.name[: -len(".reserved")]
             if name == but:
@@ -473,10 +478,10 @@ class RemoteShards(ShardStore):
                     os.close(fd)
                 continue
             try:
-                total += int(r.read_text() or 0)
+                out[name] = int(r.read_text() or 0)
             except (OSError, ValueError):
                 pass
-        return total
+        return out
 
     def cached_bytes(self) -> int:
         return sum(c[3] for c in self.cached())
@@ -486,11 +491,19 @@ class RemoteShards(ShardStore):
         under :attr:`limit` beside the downloads in flight, and reserve them (the caller
         holds shard ``k``'s ``.fetch`` lock and removes the reservation). Whether to download:
         when they fit, or when ``demand`` (then over the limit, with a warning)."""
-        if self.limit is None:
-            return True
         with flocked(self.meta / "evict.lock"):
+            if self.limit is None:  # reserved all the same: counted by readers with one
+                (self.meta / f"{self._name(k)}.reserved").write_text(str(need))
+                return True
+            # the reservations first, then the files: a download ends outside this lock
+            # (its file in place, then its reservation gone), and a reservation appears
+            # and a file goes only under it, so a download not seen reserved has its
+            # file in place when the files are read; one seen both ways is its file
+            reserved = self.reservations(but=self._name(k))
             entries = self.cached()
-            total = sum(e[3] for e in entries) + self.reserved(but=self._name(k))
+            files = {e[1] for e in entries}
+            total = sum(e[3] for e in entries)
+            total += sum(n for name, n in reserved.items() if name not in files)
             for _used, name, path, size in entries:
                 if total + need <= self.limit:
                     break

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._interrupts import temporary_folder
 from ..timing import resolve_device
 from .config import BenchConfig, BenchResult, count_points
 from .loading import prepare_data, run_loading, run_training
@@ -78,8 +77,9 @@ def run_bench(
         # its tables read as bus bandwidth; on the CPU every "copy" is a memcpy in RAM
         result.skip("transfer", "all", TRANSFER_ON_CPU)
     if wants_data:
-        with tempfile.TemporaryDirectory(prefix="imgpack-bench-") as tmp:
-            paths = prepare_data(cfg, Path(tmp), result)
+        # made and removed whole, whenever an interrupt comes (packer/_interrupts.py)
+        with temporary_folder("imgpack-bench-") as tmp:
+            paths = prepare_data(cfg, tmp, result)
             if "loading" in cfg.sections:
                 run_loading(cfg, paths, device, workers, result, tick)
             if "training" in cfg.sections and cuda:
