@@ -59,10 +59,10 @@ RAGGED_CHUNK = 8
 RAGGED_GROUP = True
 # Bilinear boxes whose square patch (_square_spans) is at least PARTS_FROM go through
 # resample_ragged_parts_kernel, their patch in PART x PART parts: one compile serves any
-# downscale. A single-patch kernel takes a compile per patch size (for sm_90 on the
-# 2-core CI machine 2-7 s up to 128, 72 s for 256; on the H200 a 12 MP pass's first
-# batches waited 35-53 s), and none exists beyond 256 (~15x). 128 keeps its single
-# patch: its speed is measured, the parts kernel's on the GPU not yet.
+# downscale. A single-patch kernel takes a compile per patch size, the 256 one's far the
+# longest (docs/PERFORMANCE.md, section "JPEG packs beside DALI", row "the crop kernel's
+# compile"), and none exists beyond 256 (~15x). 128 keeps its single patch: its speed
+# is measured, the parts kernel's on the GPU not yet.
 PARTS_FROM = 256
 PART = 64
 

@@ -68,7 +68,10 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
         for it in iters:  # let every producer fill its queue: 4 batches of 384 KiB each
             while not it._pass.queue.full():
                 it._pass.stop.wait(0.001)
-        assert threading.active_count() >= threads + 40 * 3
+        # each loader runs its producer and at least one gather thread (the pool starts
+        # its second thread only when the first is busy at the second submit: under
+        # load it may not be, so 3 a loader is not certain)
+        assert threading.active_count() >= threads + 40 * 2
         held.append(_rss_mb() - rss)
         assert _tensor_mb() > tensors + 40 * 4 * 0.375
         started = [t for t in threading.enumerate() if t not in before]
