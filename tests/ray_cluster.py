@@ -1,8 +1,8 @@
 """A real two-node Ray cluster on 127.0.0.1 for the tests (``ray start --head`` plus
 ``ray start --address``), each node with its own temp folder, free ports and one CPU,
-no dashboard. Each node's ``ray start --block`` leads its own process group, so a node
-is killed (SIGKILL: its raylet and agents; its workers exit with the raylet) or stopped
-by that PID alone."""
+no dashboard, no log monitor. Each node's ``ray start --block`` leads its own process
+group, so a node is killed (SIGKILL: its raylet and agents; its workers exit with the
+raylet) or stopped by that PID alone."""
 
 from __future__ import annotations
 
@@ -38,10 +38,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ports() -> list[str]:
-    base = random.randint(30000, 45000)  # worker ports: a range, not one free port
+def _ports(gcs: int) -> list[str]:
+    """The ports of a node's components; ``gcs``, the head's port, is never in the
+    workers' range (Ray refuses to start where it is)."""
+    base = gcs
+    while base <= gcs <= base + 100:
+        base = random.randint(30000, 45000)  # worker ports: a range, not one free port
     out = ["--min-worker-port", str(base), "--max-worker-port", str(base + 100)]
-    taken = set(range(base, base + 101))  # Ray refuses a component port in that range
+    taken = {gcs, *range(base, base + 101)}  # Ray refuses a component port in that range
     for flag in (
         "--node-manager-port",
         "--object-manager-port",
@@ -99,7 +103,11 @@ class Cluster:
         tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
         self.dirs.append(tmp)
         cmd = [self.ray, "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1"]
-        cmd += ["--temp-dir", tmp, "--disable-usage-stats", *args, *_ports()]
+        # no log monitor: the driver is started with log_to_driver=False, so the one
+        # process that tails the workers' logs for it (a Python process a node, polling)
+        # had nothing to do
+        cmd += ["--temp-dir", tmp, "--disable-usage-stats", "--include-log-monitor", "false"]
+        cmd += [*args, *_ports(self.port)]
         log = open(os.path.join(tmp, "start.log"), "wb")  # noqa: SIM115 (the node's lifetime)
         proc = subprocess.Popen(
             cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

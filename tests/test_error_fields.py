@@ -19,7 +19,7 @@ import click
 import pytest
 
 from conftest import cli_run, one_error
-from helpers.source_ast import nodes, parse
+from helpers.source_ast import nodes
 from packer.builder.config import BuildConfig
 from packer.builder.dense import DenseOptions
 from packer.builder.formats.options import SourceOptions
@@ -52,10 +52,10 @@ def _library_files() -> list[Path]:
             and not p.is_relative_to(skip[1])]  # fmt: skip
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
+def _docstrings(path: Path) -> set[int]:
     kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     out = set()
-    for node in ast.walk(tree):
+    for node in nodes(path):  # ast.walk's nodes, walked once a file (helpers.source_ast)
         body = getattr(node, "body", None) if isinstance(node, kinds) else None
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             out.add(id(body[0].value))
@@ -65,11 +65,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def _strings(path: Path) -> list[tuple[int, str]]:
     """(line, text) of each string in ``path`` but docstrings: a plain constant, or an
     f-string with ``{}`` for each placeholder (so a flag split over parts is one text)."""
-    tree = parse(path)
-    docs = _docstrings(tree)
+    docs = _docstrings(path)
     inside = {id(v) for n in nodes(path) if isinstance(n, ast.JoinedStr) for v in n.values}
     out = []
-    for node in ast.walk(tree):
+    for node in nodes(path):
         if isinstance(node, ast.JoinedStr):
             text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
             out.append((node.lineno, text))

@@ -55,17 +55,17 @@ def other_cuda_skips(path: Path, root: Path = REPO) -> list[str]:
     included), ``pytest.skip`` under an ``if`` on it, ``pytest.importorskip`` of a CUDA
     module."""
     found = []
+    rel = path.relative_to(root)  # once a file, not once a node
     for node in nodes(path):
-        where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Call) and (
             (_is_call_to(node, "skipif") and node.args and _needs_cuda(node.args[0]))
             or (_is_call_to(node, "importorskip") and "cuda" in _src(node).lower())
         ):
-            found.append(f"{where}: {_src(node)}")
+            found.append(f"{rel}:{node.lineno}: {_src(node)}")
         elif isinstance(node, ast.If) and _needs_cuda(node.test):
             body = ast.Module(body=node.body, type_ignores=[])
             if any(_is_call_to(n, "skip", "xfail") for n in ast.walk(body)):
-                found.append(f"{where}: if {_src(node.test)}: pytest.skip(...)")
+                found.append(f"{rel}:{node.lineno}: if {_src(node.test)}: pytest.skip(...)")
     return found
 
 

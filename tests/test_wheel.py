@@ -26,22 +26,32 @@ def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.Comple
 
 
 # ``python -m packer.examples.NAME --help`` for each NAME given, then ``import
-# packer.examples.NAME`` of each, in this interpreter: {"helps": {name: [exit code, what
-# it printed]}, "files": {name: the imported module's __file__}}
+# packer.examples.NAME`` of each, then ``python -m packer.examples.demo_stream PACK``, all
+# in this interpreter (runpy, as -m runs a module): {"helps": {name: [exit code, what it
+# printed]}, "files": {name: the imported module's __file__}, "demo": [exit code, what
+# it printed]}. One interpreter importing torch, not one per example and one more for
+# the demo (a fresh interpreter importing torch and tensordict costs about 5 CPU-seconds).
 _HELPS = """
 import contextlib, importlib, io, json, runpy, sys
-names, out = sys.argv[1:], {}
-for name in names:
+pack, names, out = sys.argv[1], sys.argv[2:], {}
+
+
+def run(name, args):
     buf, code = io.StringIO(), 0
-    sys.argv = [name, "--help"]
+    sys.argv = [name, *args]
     with contextlib.redirect_stdout(buf):
         try:
             runpy.run_module(f"packer.examples.{name}", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             code = e.code or 0
-    out[name] = [code, buf.getvalue()]
+    return [code, buf.getvalue()]
+
+
+for name in names:
+    out[name] = run(name, ["--help"])
 files = {name: importlib.import_module(f"packer.examples.{name}").__file__ for name in names}
-print(json.dumps({"helps": out, "files": files}))
+demo = run("demo_stream", [pack])
+print(json.dumps({"helps": out, "files": files, "demo": demo}))
 """
 
 
@@ -154,9 +164,15 @@ def test_installed_examples_run_with_python_m(
     py = env_dir / "bin" / "python"
     shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
     assert {"train_imagenet", "demo_stream", "train_sets_ddp"} <= set(shipped)
+    for i in range(4):
+        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
+    r = _run([env_dir / "bin" / "imgpack", "build", tmp_path / "imgs", tmp_path / "pack",
+              "--size", "16", "--workers", "1", "-q"], tmp_path, env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
     # each example's `python -m packer.examples.NAME --help` (runpy, as -m runs it), then
-    # its import, all in one installed interpreter: one import of torch, not one an example
-    r = _run([py, "-c", _HELPS, *shipped], tmp_path, env)
+    # its import, then `python -m packer.examples.demo_stream PACK`, all in one installed
+    # interpreter: one import of torch, not one an example
+    r = _run([py, "-c", _HELPS, tmp_path / "pack", *shipped], tmp_path, env)
     assert r.returncode == 0, r.stderr
     done = json.loads(r.stdout.splitlines()[-1])
     helps = {}
@@ -170,10 +186,6 @@ def test_installed_examples_run_with_python_m(
     assert all(f.startswith(f"{env_dir}") for f in printed), r.stdout
     assert "--val-resize-size" in helps["train_imagenet"]
     assert "--train-crop-size" in helps["train_imagenet"]
-    for i in range(4):
-        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
-    r = _run([env_dir / "bin" / "imgpack", "build", tmp_path / "imgs", tmp_path / "pack",
-              "--size", "16", "--workers", "1", "-q"], tmp_path, env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    r = _run([py, "-m", "packer.examples.demo_stream", tmp_path / "pack"], tmp_path, env)
-    assert r.returncode == 0 and "epoch 1:" in r.stdout, r.stderr
+    # the demo streamed the pack
+    code, out = done["demo"]
+    assert code == 0 and "epoch 1:" in out, (code, out, r.stderr)

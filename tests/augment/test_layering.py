@@ -5,6 +5,7 @@ the ops on them, fused above the ops, Compose on top), and the codec below never
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import packer
@@ -20,8 +21,15 @@ def _module(path: Path) -> str:
 
 def _graph() -> dict[str, set[str]]:
     """packer's modules -> the packer modules each imports anywhere in its file (the
-    ``TYPE_CHECKING`` blocks aside; a package's ``__init__`` importing its children aside)."""
-    paths = {_module(p): p for p in ROOT.rglob("*.py")}
+    ``TYPE_CHECKING`` blocks aside; a package's ``__init__`` importing its children aside).
+    Made once while the files are unchanged (three tests read it), a copy each call."""
+    files = tuple(sorted((str(p), p.read_text(encoding="utf-8")) for p in ROOT.rglob("*.py")))
+    return {m: set(targets) for m, targets in _graph_of(files).items()}
+
+
+@functools.cache
+def _graph_of(files: tuple[tuple[str, str], ...]) -> dict[str, set[str]]:
+    paths = {_module(Path(p)): Path(p) for p, _ in files}
     graph: dict[str, set[str]] = {m: set() for m in paths}
     for mod, path in paths.items():
         is_pkg = path.name == "__init__.py"

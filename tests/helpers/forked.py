@@ -154,7 +154,11 @@ class Forked:
     ``subprocess.run(..., capture_output=True, text=True)`` would. Where this process
     cannot be forked for it (:func:`forkable`), a ``(kind, target)`` runs in a fork of
     the zygote (:func:`start_zygote`) where there is one, else ``args`` in a fresh
-    interpreter (subprocess.Popen)."""
+    interpreter (subprocess.Popen). ``zygote``: there in any case, for a command whose
+    outcome depends on state that this process's earlier tests may have set up and a
+    fresh interpreter would not have (torch's profiler, initialised at its first use and
+    reading its variables then), the zygote holding this process's state as the session
+    started."""
 
     def __init__(
         self,
@@ -167,6 +171,7 @@ class Forked:
         cwd: Path | str | None = None,
         input: str | None = None,
         storage: bool = False,
+        zygote: bool = False,
     ) -> None:
         self.args = args
         self.returncode: int | None = None
@@ -178,14 +183,15 @@ class Forked:
             if input is not None:
                 stdin.write(input.encode())
                 stdin.seek(0)
-            if not forkable(storage) and not callable(main) and _usable_zygote() is not None:
+            elsewhere = zygote or not forkable(storage)
+            if elsewhere and not callable(main) and _usable_zygote() is not None:
                 self._zygote = _usable_zygote()
                 fds = (stdin.fileno(), self._out.fileno(), self._err.fileno())
                 request = {"main": main, "argv": argv, "path0": path0, "cwd": str(cwd or os.getcwd()),
                            "env": dict(os.environ if env is None else env), "devnull": input is None}  # fmt: skip
                 self.pid = self._zygote.start(request, fds)  # type: ignore[union-attr]
                 return
-            if not forkable(storage):
+            if elsewhere:
                 self._popen = subprocess.Popen(
                     args, stdin=stdin if input is not None else subprocess.DEVNULL,
                     stdout=self._out, stderr=self._err, cwd=cwd,

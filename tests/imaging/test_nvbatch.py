@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ from PIL import Image
 
 pytest.importorskip("nvidia.nvimgcodec")
 
+from helpers.forked import run_code
 from packer.errors import PackFormatError
 from packer.imaging import nvbatch
 
@@ -96,16 +95,23 @@ def test_batches_larger_than_one_call_are_split(files):
     assert all(torch.equal(out[k], out[k + 4]) for k in range(4))
 
 
+# Each command below runs in a fork of this test process (tests/helpers/forked.py: no
+# fresh import of torch, about 3 CPU-seconds a process), its nvbatch as a fresh
+# interpreter's: no helper loaded and no failure remembered (this process has loaded its
+# own at import, above). The compiler ($CC) and the cache folder ($XDG_CACHE_HOME) are
+# read from the child's environment at the call.
+_FRESH = "from packer.imaging import nvbatch\nnvbatch._lib = nvbatch._why = None\n"
+
+
 def test_no_compiler_says_why_and_changes_nothing(tmp_path):
-    code = (
-        "from packer.imaging import nvbatch; "
+    code = _FRESH + (
         "from packer.imaging.decoders_split import nvimgcodec_batched; "
         "print(nvbatch.available()); "
         "import packer.errors as E\n"
         "try:\n nvimgcodec_batched('cpu')\nexcept E.UsageError as e:\n print('usage:', e)"
     )
     env = dict(os.environ, CC=str(tmp_path / "no-such-cc"), XDG_CACHE_HOME=str(tmp_path))
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    got = run_code(code, env=env, timeout=120)
     assert got.returncode == 0, got.stderr
     lines = got.stdout.strip().splitlines()
     assert "compiling the batched nvImageCodec helper failed" in lines[0]
@@ -115,13 +121,16 @@ def test_no_compiler_says_why_and_changes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_the_helper_is_compiled_once_and_cached_per_user(tmp_path):
-    code = "from packer.imaging import nvbatch; nvbatch.library(); print('ok')"
+    code = _FRESH + "nvbatch.library(); print('ok')"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    made = []
     for _ in range(2):
-        got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        got = run_code(code, env=env, timeout=120)
         assert got.stdout.strip() == "ok", got.stderr
+        made.append({p.name: p.stat().st_ino for p in (tmp_path / "imgpack").glob("*.so")})
     sos = list((tmp_path / "imgpack").glob("nvbatch-*.so"))
     assert len(sos) == 1
+    assert made[0] == made[1]  # the second process loaded the first one's file
     assert (tmp_path / "imgpack").stat().st_mode & 0o077 == 0  # this user's alone
     assert not list((tmp_path / "imgpack").glob(".nvbatch-*"))
 
