@@ -1056,7 +1056,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--settle", type=int, default=6, help="untimed steps per way at each round's start"
     )
-    ap.add_argument("--resident", type=int, default=4, help="resident batches cycled")
+    ap.add_argument("--resident", type=int, default=16, help="resident batches cycled")
     ap.add_argument("--map-steps", type=int, default=250, help="more detection steps before mAP")
     ap.add_argument("--miou-steps", type=int, default=150, help="more DeepLabV3 steps before mIoU")
     ap.add_argument("--map-seconds", type=float, default=60, help="at most, for --map-steps")
