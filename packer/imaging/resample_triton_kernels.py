@@ -182,13 +182,8 @@ def _dense_weights(
     o = tl.where(flip != 0, n_out - 1 - o, o)
     scale = length.to(tl.float32) / n_out
     lo = tl.where(flip != 0, tl.maximum(n_out - o0 - BLOCK, 0), o0)
-    if FILT == 0:  # bilinear, antialiased: the original expressions, byte for byte
-        support = tl.maximum(scale, 1.0)
-        centre = scale * (o.to(tl.float32) + 0.5)
-        first = tl.maximum(tl.floor(scale * (lo.to(tl.float32) + 0.5) - support + 0.5), 0.0)
-        j = first + tl.arange(0, SPAN).to(tl.float32)
-        w = tl.maximum(1.0 - tl.abs((j[None, :] - centre[:, None] + 0.5) / support), 0.0)
-        w = tl.where(j[None, :] < length.to(tl.float32), w, 0.0)
+    if FILT == 0:  # bilinear, antialiased: the parts kernel's rule over the whole span
+        first, w = _triangle_part(o0, n_out, length, flip, 0, BLOCK, SPAN)
         w = w / tl.maximum(tl.sum(w, axis=1), 1e-12)[:, None]
     elif FILT == 1 or FILT == 2:  # one input per output
         src = _nearest(o, scale, length, FILT)
