@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import shutil
 import statistics
@@ -287,12 +288,13 @@ def rounds(
     settle: int,
     device: torch.device,
     failed: dict[str, str],
+    after: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
     """Every way once per round, in order: {way: img/s per round}. A way is (step, feed,
     before): ``before()`` then ``settle`` steps run untimed ahead of its round, so the
     batches a loader queued while the other ways ran are not timed (its queue is as a
-    steady run leaves it). A way that raises is left out of the later rounds, its error
-    in ``failed`` (the others' figures stand)."""
+    steady run leaves it); ``after(name)`` after each timing. A way that raises is left
+    out of the later rounds, its error in ``failed`` (the others' figures stand)."""
     rates: dict[str, list[float]] = {k: [] for k in ways}
     for r in range(n_rounds):
         for name, (step, feed, before) in ways.items():
@@ -304,6 +306,8 @@ def rounds(
                 for _ in range(settle):
                     step(*feed())
                 rates[name].append(timed(step, feed, steps, device))
+                if after is not None:
+                    after(name)
             except Exception as e:  # the reference's workers out of shared memory, ...
                 failed[name] = f"{type(e).__name__}: {str(e).strip()[:300]}"
                 traceback.print_exc()
@@ -513,6 +517,22 @@ class Det:
     def pack_feed(self) -> Any:
         return next(self.pack_it)
 
+    def snapshot(self) -> dict[str, Any]:
+        """The model's, optimizer's and LR schedule's state, copied (on the device)."""
+        return _clone(
+            {
+                "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+            }
+        )
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Back to :meth:`snapshot`'s state (copied in: the snapshot stays as it was)."""
+        self.model.load_state_dict(snap["model"])
+        self.opt.load_state_dict(_clone(snap["opt"]))
+        self.sched.load_state_dict(snap["sched"])
+
     def ref_iter(self) -> Iterator[Any]:
         """The recipe's reference data path over the train split, endless."""
         if self._ref_it is None:
@@ -569,17 +589,31 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         "pack": (det.step, det.pack_feed, None),
     }
     # the loader's threads share the GIL with a step that is mostly Python: the same
-    # pack at a shorter switch interval, and through a loader of fewer threads
+    # pack, and the resident step, at other switch intervals; and the pack through
+    # loaders of fewer threads
     default_si = sys.getswitchinterval()
     for si in a.switch:
+        ways[f"resident, switch {si * 1000:g} ms"] = (det.step, det.resident, None)
         ways[f"pack, switch {si * 1000:g} ms"] = (det.step, det.pack_feed, None)
     for t in a.frcnn_threads:
         ways[f"pack, {t} threads"] = (det.step, det.extra_feed(t), None)
+    if a.frcnn_beside:
+        # the resident batches, while a batch of the pack is taken (and dropped) each
+        # step: the loader's work beside the step without its batches' content
+        def beside() -> Any:
+            det.pack_feed()
+            return det.resident()
+
+        ways["resident, the pack's loader working beside"] = (det.step, beside, None)
+    start: list[Any] = []  # the weights every timing starts from (--same-start)
+
     for k, (st, fd, bf) in list(ways.items()):
         si = float(k.split("switch ")[1].split(" ms")[0]) / 1000 if "switch " in k else default_si
 
         def before(si: float = si, bf: Callable | None = bf) -> None:
             sys.setswitchinterval(si)
+            if start:
+                det.restore(start[0])
             if bf is not None:
                 bf()
 
@@ -592,20 +626,42 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         ways = {"reference": ways.pop("reference"), **ways}
     warm(ways, a.warm, failed)
     sync(det.device)
+    if a.same_start:
+        # a detector's step time follows its weights (proposals kept, boxes sampled) and
+        # a run that trains on drifts, or diverges, between timings: each timing starts
+        # from the weights the warm-up left, so the ways differ in their feed alone
+        start.append(det.snapshot())
     order = ("resident", "pack", "reference")
     ways = {
         **{k: ways[k] for k in order if k in ways},
         **{k: v for k, v in ways.items() if k not in order},
     }
+    losses: dict[str, list[float]] = {k: [] for k in ways}
+
+    def after(name: str) -> None:
+        losses[name].append(det.loss())
+
     try:
-        rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed)
+        rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed, after=after)
     finally:
         sys.setswitchinterval(default_si)
     det.close_reference()
-    m = {k: med(v) for k, v in rates.items()}
+    # a timing whose loss went non-finite ran a different model (no proposals): left out
+    bad = {k: [r for r, x in enumerate(v) if not math.isfinite(x)] for k, v in losses.items()}
+    kept = {k: [x for r, x in enumerate(v) if r not in bad.get(k, [])] for k, v in rates.items()}
+    m = {k: med(v) for k, v in kept.items()}
+    paired = [
+        p / r
+        for i, (p, r) in enumerate(zip(rates["pack"], rates["resident"]))
+        if i not in bad["pack"] and i not in bad["resident"]
+    ]
     res["frcnn"] = {
         "img_s": m,
         "rounds": rates,
+        "losses": losses,
+        "non_finite": bad,
+        "paired_ratios": paired,
+        "same_start": a.same_start,
         "failed": failed,
         "batch": a.batch,
         "loss": det.loss(),
@@ -614,7 +670,9 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
     }
     table(
         f"{a.det_model}, bf16={a.amp}, batch {a.batch}, LSJ {a.lsj}, {a.steps} steps x "
-        f"{a.rounds} rounds (median img/s; last loss {det.loss():.3f})",
+        f"{a.rounds} rounds (median img/s; each timing from the same weights: "
+        f"{a.same_start}; timings with a non-finite loss left out: "
+        f"{sum(len(v) for v in bad.values())})",
         m,
         "resident",
         failed,
@@ -625,6 +683,14 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
             "a. Faster R-CNN fed by a pack (LSJ on the device) / resident",
             f"{pack:,.1f} / {resident:,.1f} img/s",
             ratio(pack, resident, ".3f"),
+            ">= 0.98",
+        )
+    )
+    summary.append(
+        (
+            "a. the same, the median of each round's pack / resident",
+            f"{len(paired)} rounds",
+            ratio(med(paired), 1.0, ".3f"),
             ">= 0.98",
         )
     )
@@ -1072,7 +1138,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--switch",
         default="",
-        help="frcnn: also the pack at these sys.setswitchinterval values (s, comma-separated)",
+        help="frcnn: also the pack and the resident step at these sys.setswitchinterval "
+        "values (s, comma-separated)",
+    )
+    ap.add_argument(
+        "--frcnn-beside",
+        action="store_true",
+        help="frcnn: also the resident step with the pack's loader working beside it "
+        "(a batch taken and dropped each step)",
+    )
+    ap.add_argument(
+        "--same-start",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="frcnn: every timing starts from the weights the warm-up left (default on)",
     )
     ap.add_argument(
         "--frcnn-threads",

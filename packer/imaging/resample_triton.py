@@ -59,11 +59,12 @@ RAGGED_CHUNK = 8
 RAGGED_GROUP = True
 # Bilinear boxes whose square patch (_square_spans) is at least PARTS_FROM go through
 # resample_ragged_parts_kernel, their patch in PART x PART parts: one compile serves any
-# downscale. A single-patch kernel takes a compile per patch size, the 256 one's far the
-# longest (docs/PERFORMANCE.md, section "JPEG packs beside DALI", row "the crop kernel's
-# compile"), and none exists beyond 256 (~15x). 128 keeps its single patch: its speed
-# is measured, the parts kernel's on the GPU not yet.
-PARTS_FROM = 256
+# downscale. A single-patch kernel takes a compile per patch size, the large ones' far
+# the longest (docs/PERFORMANCE.md, section "JPEG packs beside DALI", row "the crop
+# kernel's compile"), and none exists beyond 256 (~15x). From 128 the parts kernel is
+# also the faster on the GPU; from 64 it is not (same section, row "the crop kernel on
+# large photos").
+PARTS_FROM = 128
 PART = 64
 
 # (interpolation, antialias) -> the kernels' FILT code; the half width of each
@@ -195,7 +196,7 @@ def resample(
 def _square_spans(scales: np.ndarray, half: int = 1) -> np.ndarray:
     """The ragged kernel's input patch side for each row of ``scales`` float [B, 2]: the
     larger of its two axes' spans. One side for both axes keeps the compiled kernels
-    to five (16 to 128, and the parts kernel from :data:`PARTS_FROM`), each compiled
+    to four (16 to 64, and the parts kernel from :data:`PARTS_FROM`), each compiled
     in a loader's first batches; pairs of sides gave up to 25, the rarer ones compiled
     mid-epoch."""
     return np.maximum(

@@ -27,6 +27,7 @@ TOY = ["--device", "cpu", "--toy", "--images", "12", "--val-images", "4", "--seg
        "--miou-steps", "1", "--workers", "0", "--threads", "1"]  # fmt: skip
 ROWS = {
     "a": "| a. Faster R-CNN fed by a pack (LSJ on the device) / resident |",
+    "ap": "| a. the same, the median of each round's pack / resident |",
     "b1": "| b. the same model fed by the reference data path (img/s) |",
     "b2": "| b. imgpack / reference data path, same model |",
     "c": "| c. DeepLabV3 fed by a pack, 48² crops / resident |",
@@ -69,6 +70,9 @@ def test_every_part_runs_and_the_ratios_are_the_measured_ones(work: Path) -> Non
             assert r[part]["img_s"][way] == statistics.median(rates), (part, way)
     fr, dl, ld = r["frcnn"]["img_s"], r["deeplab"]["img_s"], r["loader"]["img_s"]
     assert _row(summary, ROWS["a"])[2] == f"{fr['pack'] / fr['resident']:.3f}"
+    rounds = r["frcnn"]["rounds"]
+    assert r["frcnn"]["paired_ratios"] == [rounds["pack"][0] / rounds["resident"][0]]
+    assert _row(summary, ROWS["ap"])[1:3] == ["1 rounds", f"{r['frcnn']['paired_ratios'][0]:.3f}"]
     assert _row(summary, ROWS["b2"])[2] == f"{fr['pack'] / fr['reference']:.2f}x"
     assert _row(summary, ROWS["c"])[2] == f"{dl['pack'] / dl['resident']:.3f}"
     ref = ld["reference data path"]
@@ -137,3 +141,21 @@ def test_parts_past_the_time_limit_are_skipped(work: Path) -> None:
     assert re.search(
         r"^\| loader: SKIPPED \| not run: \d+ s > --time-limit 0 s \| - \| - \|$", text, re.M
     )
+
+
+@pytest.mark.slow
+def test_every_detection_timing_starts_from_the_same_weights(work: Path) -> None:
+    """A detector's step time follows its weights, and a run that trains on between
+    timings drifts (or diverges): by default every timing restarts from the weights the
+    warm-up left. One resident batch, one settle and one timed step a timing: from the
+    same weights, each round's last loss is the same; trained on, it is not."""
+    two = ["--parts", "frcnn", "--rounds", "2", "--warm", "1"]
+    code, text, r = _run(work, work / "same", *two)
+    assert code == 0 and r["frcnn"]["same_start"] is True, text
+    res = r["frcnn"]["losses"]["resident"]
+    assert len(res) == 2 and res[0] == res[1], res
+    assert r["frcnn"]["non_finite"] == {"resident": [], "pack": []}
+    code, text, r = _run(work, work / "drift", *two, "--no-same-start")
+    assert code == 0 and r["frcnn"]["same_start"] is False, text
+    res = r["frcnn"]["losses"]["resident"]
+    assert len(res) == 2 and res[0] != res[1], res
