@@ -3,9 +3,10 @@ tests of the CUDA kernels on a machine without a GPU (issue 45, item 12).
 
 The variable is read as a kernel module is imported (``triton.jit`` then makes an
 interpreted function), so these tests ran a fresh interpreter each, which imported torch
-and triton again: about 3 CPU-seconds a test. Here one fresh interpreter per test process
-(the *zygote*), started with the variable set, imports torch and triton once (no kernel
-module: each child imports those itself, as a fresh interpreter would) and serves the
+and triton again: about 3 CPU-seconds a test (and torchvision, which packer.augment
+imports: 1.6 more). Here one fresh interpreter per test process (the *zygote*), started
+with the variable set, imports torch, torchvision and triton once (no kernel module and
+nothing of packer: each child imports those itself, as a fresh interpreter would) and serves the
 runs; each run is a fork of it (:func:`helpers.forked.run_code`: the child's own argv,
 environment, folder, fds, signals and exit code, its module globals its own), so one
 run's patches (``K.TILE = ...``) never reach the next.
@@ -31,7 +32,7 @@ _FORKED = Path(__file__).resolve().parent / "forked.py"
 # ["timeout"]
 _ZYGOTE = """
 import importlib.util, json, subprocess, sys
-import numpy, torch, triton  # noqa: F401 (imported once, inherited by every run)
+import numpy, torch, torchvision, triton  # noqa: F401 (imported once, inherited by every run)
 spec = importlib.util.spec_from_file_location("imgpack_test_forked", sys.argv[1])
 forked = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(forked)
