@@ -20,7 +20,11 @@ run, 2 s of it dynamo. Their zygote imports ``torch`` and ``torch._dynamo`` only
 torchvision, no triton: a run that needs them imports them, as a fresh interpreter
 would), nothing of packer or tensordict (it checks), with the run's own environment (one
 zygote an environment): what those tests look at, packer's and tensordict's imports and
-their side effects, happens in the child as in a fresh interpreter.
+their side effects, happens in the child as in a fresh interpreter. With ``exit``
+(the tests of a process's exit), the child ends as ``python -c`` ends, not by
+``os._exit``: its non-daemon threads joined, the atexit functions the zygote's imports
+registered (kept, in their order) and its own, the interpreter's finalization and the
+C runtime's exit.
 
 A zygote reads one JSON request a line on its stdin and answers one a line on its
 stdout; it ends when its stdin closes (this process's exit) and is recorded with
@@ -44,22 +48,57 @@ INTERPRETER_IMPORTS = ("numpy", "torch", "torchvision", "triton")
 FRESH_IMPORTS = ("torch", "torch._dynamo")
 
 # a zygote: its imports (argv[2]), then one forked run per request line ({"code", "args",
-# "env", "cwd", "timeout"}) answered with [code, out, err] or ["timeout"]
+# "env", "cwd", "timeout", "exit"}) answered with [code, out, err] or ["timeout"]; with
+# "exit", the child returns from run_exiting into this loop's SystemExit: the
+# interpreter's own exit, not os._exit
 _ZYGOTE = """
-import importlib, importlib.util, json, subprocess, sys
+import atexit, importlib, importlib.util, json, os, subprocess, sys, tempfile
+registered = []  # what the imports register with atexit, in order
+register = atexit.register
+def record(func, *args, **kwargs):
+    registered.append((func, args, kwargs))
+    return register(func, *args, **kwargs)
+atexit.register = record
 for name in sys.argv[2].split(","):
     importlib.import_module(name)  # imported once, inherited by every run
+atexit.register = register
 ours = sorted(m for m in sys.modules if m.split(".")[0] in ("packer", "tensordict"))
 assert not ours, f"the zygote imported {ours}"
 spec = importlib.util.spec_from_file_location("imgpack_test_forked", sys.argv[1])
 forked = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(forked)
 sys.argv = sys.argv[:1]
+
+
+def run_exiting(req):
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: runs the code, then ends as python -c CODE ends
+        forked._fresh(0, out.fileno(), err.fileno(), True, ["-c", *req["args"]], "",
+                      req["env"], req["cwd"])
+        atexit._clear()  # what the imports registered, as a fresh interpreter has it
+        for func, args, kwargs in registered:
+            atexit.register(func, *args, **kwargs)
+        forked._main_of(("code", req["code"]))()
+        sys.exit(0)  # its exception or SystemExit, or this, ends the loop below
+    code = forked._wait(pid, req["timeout"], [sys.executable, "-c", req["code"]])
+    outs = []
+    for f in (out, err):
+        f.seek(0)
+        outs.append(f.read().decode(errors="replace"))
+        f.close()
+    return subprocess.CompletedProcess([], code, *outs)
+
+
 for line in sys.stdin:
     req = json.loads(line)
     try:
-        r = forked.run_code(req["code"], req["args"], env=req["env"], cwd=req["cwd"],
-                            timeout=req["timeout"])
+        if req["exit"]:
+            r = run_exiting(req)
+        else:
+            r = forked.run_code(req["code"], req["args"], env=req["env"], cwd=req["cwd"],
+                                timeout=req["timeout"])
         answer = [r.returncode, r.stdout, r.stderr]
     except subprocess.TimeoutExpired:
         answer = ["timeout"]
@@ -106,13 +145,14 @@ def _run(
     env: dict[str, str],
     cwd: Path | str | None,
     timeout: float,
+    exit: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     zygote = _zygotes.get(key)
     if zygote is None or zygote.poll() is not None:
         zygote = _zygotes[key] = _start(env, imports)
     assert zygote.stdin is not None and zygote.stdout is not None
     req = {"code": code, "args": [str(a) for a in args], "env": env,
-           "cwd": str(cwd or os.getcwd()), "timeout": timeout}  # fmt: skip
+           "cwd": str(cwd or os.getcwd()), "timeout": timeout, "exit": exit}  # fmt: skip
     zygote.stdin.write(json.dumps(req) + "\n")
     zygote.stdin.flush()
     line = zygote.stdout.readline()
@@ -144,10 +184,14 @@ def run_fresh(
     env: dict[str, str],
     cwd: Path | str | None = None,
     timeout: float = 120,
+    exit: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``python -c CODE ARGS`` with ``env`` in ``cwd``, as ``subprocess.run(...,
     capture_output=True, text=True, timeout=timeout)`` would return it; run by a fork
     of a zygote that imported torch and torch._dynamo and nothing of packer or
-    tensordict, started with ``env``."""
+    tensordict, started with ``env``. ``exit``: the child ends as the interpreter ends
+    (its non-daemon threads joined, its atexit functions, the interpreter's finalization
+    and the C runtime's exit), not by ``os._exit`` after its atexit functions, for the
+    tests of what a process's exit does."""
     key = ("fresh", tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
-    return _run(key, FRESH_IMPORTS, code, args, env, cwd, timeout)
+    return _run(key, FRESH_IMPORTS, code, args, env, cwd, timeout, exit)
