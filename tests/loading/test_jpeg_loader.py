@@ -152,7 +152,6 @@ def test_image_size_is_checked_by_name(grey: Path, size: object, message: str) -
     assert x.shape == (4, 3, 6, 5)
 
 
-@pytest.mark.xdist_group("fresh-interpreter")  # one zygote (helpers.interpreted.run_fresh)
 def test_decoders_are_imported_before_any_loader_thread_runs(grey: Path, tmp_path: Path) -> None:
     """A loader thread importing a decoder held the module's import lock; garbage
     collection inside that import ran a dead loader's finalizer, which waited for its
