@@ -16,11 +16,13 @@ so one run's patches (``K.TILE = ...``) never reach the next.
 The import tests (tensordict's loaders guarded by ``import packer`` alone, the
 environment ``import packer`` leaves, the public names resolving) each started an
 interpreter that imported torch and torch._dynamo (tensordict imports it): 4-5 CPU-s a
-run, 2 s of it dynamo. Their zygote imports ``torch`` and ``torch._dynamo`` only (no
-torchvision, no triton: a run that needs them imports them, as a fresh interpreter
-would), nothing of packer or tensordict (it checks), with the run's own environment (one
-zygote an environment): what those tests look at, packer's and tensordict's imports and
-their side effects, happens in the child as in a fresh interpreter. With ``exit``
+run, 2 s of it dynamo. Their zygote imports ``torch`` and ``torch._dynamo`` only (and
+what dynamo imports, triton among them; not torchvision: a run that needs it imports
+it, as a fresh interpreter would), nothing of packer or tensordict (it checks), started
+with the run's environment (one zygote for each value of the variables that shape those
+imports; the child runs with its request's whole environment): what those tests look
+at, packer's and tensordict's imports and their side effects, happens in the child as
+in a fresh interpreter. With ``exit``
 (the tests of a process's exit), the child ends as ``python -c`` ends, not by
 ``os._exit``: its non-daemon threads joined, the atexit functions the zygote's imports
 registered (kept, in their order) and its own, the interpreter's finalization and the
@@ -107,8 +109,12 @@ for line in sys.stdin:
 """
 
 # the zygotes of this process: one under the interpreter; for run_fresh, one for each
-# environment (what pytest sets per test left out)
+# value of the variables that shape an interpreter's start and its imports of torch,
+# dynamo and triton (a child runs with its request's whole environment: what it imports
+# reads the rest; the tests' process gains variables as it runs, NCCL_NVLS_ENABLE,
+# PYNVIMGCODEC_VERBOSITY, ..., which made a zygote each)
 _zygotes: dict[object, subprocess.Popen[str]] = {}
+_SHAPING = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "MKL_", "LD_")
 
 
 def _start(env: dict[str, str], imports: Sequence[str]) -> subprocess.Popen[str]:
@@ -189,9 +195,10 @@ def run_fresh(
     """``python -c CODE ARGS`` with ``env`` in ``cwd``, as ``subprocess.run(...,
     capture_output=True, text=True, timeout=timeout)`` would return it; run by a fork
     of a zygote that imported torch and torch._dynamo and nothing of packer or
-    tensordict, started with ``env``. ``exit``: the child ends as the interpreter ends
+    tensordict, started with ``env`` (or one that differs from it only in variables
+    that do not shape those imports). ``exit``: the child ends as the interpreter ends
     (its non-daemon threads joined, its atexit functions, the interpreter's finalization
     and the C runtime's exit), not by ``os._exit`` after its atexit functions, for the
     tests of what a process's exit does."""
-    key = ("fresh", tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
+    key = ("fresh", tuple(sorted((k, v) for k, v in env.items() if k.startswith(_SHAPING))))
     return _run(key, FRESH_IMPORTS, code, args, env, cwd, timeout, exit)
