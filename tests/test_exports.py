@@ -8,10 +8,15 @@ import sys
 import pytest
 
 import packer
+from conftest import subprocess_env
+from helpers.interpreted import run_fresh
 from helpers.source_ast import nodes, parse
 
 
+@pytest.mark.xdist_group("fresh-interpreter")  # one zygote (helpers.interpreted.run_fresh)
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
+    """In a fork of an interpreter that has imported torch and nothing of packer
+    (tests/helpers/interpreted.py): the names import torch, 4.8 CPU-s a fresh one."""
     code = (
         "import packer, types\n"
         "for name in packer.__all__:\n"
@@ -21,7 +26,7 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
         "assert issubclass(packer.InputError, packer.PackerError)\n"
         "assert 'configure_cuda_queues' in packer.__all__ and callable(packer.configure_cuda_queues)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = run_fresh(code, env=subprocess_env())
     assert r.returncode == 0, r.stderr
 
 

@@ -212,3 +212,39 @@ def test_where_object_storage_was_used_the_command_is_forked_from_the_zygote() -
     assert (code, before, after, z, cwd, stdin) == ("5", "True", "False", "z", "/", "in")
     assert parent == zygote != owner  # the zygote's child, not this process's
     assert (timeout, argv) == ("TimeoutExpired", "['a']")
+
+
+_EXITS = """
+import atexit, sys, threading, time
+class Last:
+    def __del__(self):
+        sys.stdout.write("finalized\\n")  # the interpreter's finalization clears this module
+keep = Last()
+atexit.register(lambda: sys.stdout.write("atexit\\n"))
+threading.Thread(target=lambda: (time.sleep(0.2), sys.stdout.write("joined\\n"))).start()
+print("packer" in sys.modules, "torch" in sys.modules, sys.argv)
+if sys.argv[1] == "fail":
+    raise ValueError("uncaught")
+"""
+
+
+@pytest.mark.xdist_group("fresh-interpreter")  # the zygote the import and exit tests use
+def test_fresh_runs_are_forks_that_end_as_the_interpreter_ends(tmp_path: Path) -> None:
+    """tests/helpers/interpreted.run_fresh: a fork of an interpreter that has imported
+    torch and not packer; with ``exit``, the child ends as ``python -c`` ends (threads
+    joined, atexit, the finalization that clears the modules: a module global's
+    __del__ runs), its exit code and traceback as Python gives them; without, as
+    helpers.forked ends (os._exit after atexit: no finalization)."""
+    from helpers.interpreted import run_fresh
+
+    env = subprocess_env()
+    r = run_fresh(_EXITS, ["fall-off"], env=env, cwd=tmp_path, exit=True)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.splitlines() == [
+        "False True ['-c', 'fall-off']", "joined", "atexit", "finalized"
+    ]  # fmt: skip
+    r = run_fresh(_EXITS, ["fail"], env=env, exit=True)  # (a SystemExit: the exit tests')
+    assert r.returncode == 1 and "ValueError: uncaught" in r.stderr, r.stderr
+    assert r.stdout.splitlines()[-1] == "finalized", r.stdout
+    r = run_fresh(_EXITS, ["fall-off"], env=env)
+    assert r.returncode == 0 and r.stdout.splitlines()[1:] == ["joined", "atexit"], r.stdout

@@ -13,16 +13,26 @@ from pathlib import Path
 import pytest
 
 import processes
-from conftest import REPO, subprocess_env
+from conftest import _GROUPS_ENV, REPO, subprocess_env
 
 HELPER = REPO / "tests" / "interrupt_session.py"
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
 
 
+def _session_env(**extra: str) -> dict[str, str]:
+    """The environment of a session started from a shell: not the variables that make
+    this process a pytest-xdist worker (the helper session took them for its own: it
+    imported torch and forked a zygote, as a worker does, 2-4 s a session)."""
+    env = subprocess_env(**extra)
+    for k in [k for k in env if k.startswith("PYTEST_XDIST_") or k == _GROUPS_ENV]:
+        del env[k]
+    return env
+
+
 def _start(cmd: list[str], pid_file: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=subprocess_env(IMGPACK_TEST_SERVER_PID=str(pid_file)),
+        env=_session_env(IMGPACK_TEST_SERVER_PID=str(pid_file)),
     )  # fmt: skip
 
 
@@ -81,7 +91,7 @@ def test_a_killed_session_leaves_nothing_after_the_next(tmp_path: Path) -> None:
     assert _alive(server)  # left running, recorded
     # the next session (here: one that collects nothing) stops it as it starts
     r = subprocess.run(
-        [*PYTEST, str(HELPER), "-k", "no_such_test"], cwd=REPO, env=subprocess_env(),
+        [*PYTEST, str(HELPER), "-k", "no_such_test"], cwd=REPO, env=_session_env(),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 5, r.stdout + r.stderr  # no tests ran

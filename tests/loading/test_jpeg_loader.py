@@ -156,12 +156,14 @@ def test_decoders_are_imported_before_any_loader_thread_runs(grey: Path, tmp_pat
     """A loader thread importing a decoder held the module's import lock; garbage
     collection inside that import ran a dead loader's finalizer, which waited for its
     threads, themselves waiting for the lock: a hang. The loader imports its decoders
-    on the calling thread before any of its threads starts (in a fresh interpreter)."""
-    import subprocess
-    import sys
+    on the calling thread before any of its threads starts (in a fresh interpreter: a
+    fork of one that has imported torch and torch._dynamo, which the loader's first
+    import of tensordict imports on the calling thread too, and nothing of packer,
+    torchvision or tensordict)."""
     import textwrap
 
     from conftest import subprocess_env
+    from helpers.interpreted import run_fresh
 
     code = textwrap.dedent(
         """
@@ -180,13 +182,7 @@ def test_decoders_are_imported_before_any_loader_thread_runs(grey: Path, tmp_pat
         print(sorted({(t, n) for t, n in seen if t != "MainThread"}))
         """
     )
-    p = subprocess.run(
-        [sys.executable, "-c", code, str(grey)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = run_fresh(code, [grey], env=subprocess_env(), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     imported, on_threads = p.stdout.splitlines()[-2:]
     assert imported == "True"  # not vacuous: the decoders were imported in this run

@@ -11,48 +11,22 @@ import torch
 
 import packer
 
-pl = pytest.importorskip("lightning.pytorch")
-
-
-class Tiny(pl.LightningModule):
-    def __init__(self, loader: packer.PackLoader) -> None:
-        super().__init__()
-        self.loader = loader
-        self.net = torch.nn.Linear(3, 3)
-        self.seen: list[tuple[int, list[int]]] = []  # (epoch, labels of the batch)
-
-    def train_dataloader(self) -> packer.PackLoader:
-        return self.loader
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        self.seen.append((self.current_epoch, y.tolist()))
-        return torch.nn.functional.cross_entropy(self.net(x.float().mean((2, 3))), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def _trainer(tmp_path: Path, max_epochs: int = 3, **kw) -> pl.Trainer:
-    return pl.Trainer(
-        max_epochs=max_epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        **kw,
-    )
-
 
 @pytest.fixture(autouse=True)
 def quiet():
+    pytest.importorskip("lightning.pytorch")  # here, not at collection: every worker collects
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@pytest.fixture
+def lm():
+    """tests/loading/lightning_models.py (lightning imported with it)."""
+    import lightning_models
+
+    return lightning_models
 
 
 def _by_epoch(seen: list[tuple[int, list[int]]]) -> list[list[int]]:
@@ -62,10 +36,10 @@ def _by_epoch(seen: list[tuple[int, list[int]]]) -> list[list[int]]:
     return out
 
 
-def test_trainer_epochs_match_a_hand_loop(packed: Path, tmp_path: Path) -> None:
+def test_trainer_epochs_match_a_hand_loop(lm, packed: Path, tmp_path: Path) -> None:
     pack = packer.load(packed)
-    model = Tiny(packer.PackLoader(pack, 4, device="cpu", seed=5))
-    _trainer(tmp_path).fit(model)
+    model = lm.Tiny(packer.PackLoader(pack, 4, device="cpu", seed=5))
+    lm.trainer(tmp_path).fit(model)
     got = _by_epoch(model.seen)
     hand = packer.PackLoader(pack, 4, device="cpu", seed=5)
     want = []
@@ -79,69 +53,24 @@ def test_trainer_epochs_match_a_hand_loop(packed: Path, tmp_path: Path) -> None:
     assert model.loader.epoch == 3  # advanced once per epoch, not more
 
 
-class SaveAt(pl.Callback):
-    def __init__(self, path: Path, epoch: int, batch: int) -> None:
-        self.path, self.epoch, self.batch = path, epoch, batch
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
-            trainer.save_checkpoint(self.path)
-
-
-def test_trainer_resumes_mid_epoch(packed: Path, tmp_path: Path) -> None:
+def test_trainer_resumes_mid_epoch(lm, packed: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "mid.ckpt"
-    full = Tiny(packer.PackLoader(packed, 2, device="cpu", seed=1))
-    _trainer(tmp_path, callbacks=[SaveAt(ckpt, epoch=1, batch=2)]).fit(full)
+    full = lm.Tiny(packer.PackLoader(packed, 2, device="cpu", seed=1))
+    lm.trainer(tmp_path, callbacks=[lm.SaveAt(ckpt, epoch=1, batch=2)]).fit(full)
     assert ckpt.exists()
     saved_at = 7 + 3  # 7 batches in epoch 0, then 3 in epoch 1
-    resumed = Tiny(packer.PackLoader(packed, 2, device="cpu", seed=1))
-    _trainer(tmp_path).fit(resumed, ckpt_path=ckpt)
+    resumed = lm.Tiny(packer.PackLoader(packed, 2, device="cpu", seed=1))
+    lm.trainer(tmp_path).fit(resumed, ckpt_path=ckpt)
     assert resumed.seen == full.seen[saved_at:]
     assert len(resumed.seen) == 4 + 7
 
 
-class Evaluated(Tiny):
-    """Tiny with every loader hook: val, test and predict each stream the pack in order."""
-
-    def __init__(self, pack: Path, val_shuffle: bool = False) -> None:
-        super().__init__(packer.PackLoader(pack, 4, device="cpu", seed=5))
-        self.pack, self.val_shuffle = pack, val_shuffle
-        self.val_seen: list[list[int]] = []  # labels of each validation run (sanity check not)
-        self.test_seen: list[int] = []
-
-    def _eval_loader(self, shuffle: bool = False) -> packer.PackLoader:
-        return packer.PackLoader(self.pack, 4, device="cpu", shuffle=shuffle)
-
-    def val_dataloader(self) -> packer.PackLoader:
-        return self._eval_loader(self.val_shuffle)
-
-    def test_dataloader(self) -> packer.PackLoader:
-        return self._eval_loader()
-
-    def predict_dataloader(self) -> packer.PackLoader:
-        return self._eval_loader()
-
-    def on_validation_epoch_start(self) -> None:
-        if not self.trainer.sanity_checking:
-            self.val_seen.append([])
-
-    def validation_step(self, batch, batch_idx):
-        if not self.trainer.sanity_checking:
-            self.val_seen[-1] += batch[1].tolist()
-
-    def test_step(self, batch, batch_idx):
-        self.test_seen += batch[1].tolist()
-
-    def predict_step(self, batch, batch_idx):
-        return self.net(batch[0].float().mean((2, 3))), batch[1]
-
-
 def test_trainer_validates_tests_and_predicts_from_pack_loaders(
-    packed: Path, tmp_path: Path
+    lm, packed: Path, tmp_path: Path
 ) -> None:
     labels = packer.load(packed).labels.tolist()  # 13 images, streamed in order by each hook
-    model = Evaluated(packed)
-    trainer = _trainer(tmp_path)
+    model = lm.Evaluated(packed)
+    trainer = lm.trainer(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model)
@@ -174,10 +103,12 @@ def test_lightning_reads_whether_a_pack_loader_shuffles(packed: Path) -> None:
     assert [len(b) for b in dropped.batch_sampler] == [4, 4, 4] == [4] * len(dropped)
 
 
-def test_trainer_warns_of_a_shuffled_val_loader_truthfully(packed: Path, tmp_path: Path) -> None:
+def test_trainer_warns_of_a_shuffled_val_loader_truthfully(
+    lm, packed: Path, tmp_path: Path
+) -> None:
     from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-    model = Evaluated(packed, val_shuffle=True)
+    model = lm.Evaluated(packed, val_shuffle=True)
     with pytest.warns(PossibleUserWarning, match="val_dataloader`'s sampler has shuffling"):
-        _trainer(tmp_path, max_epochs=1).fit(model)
+        lm.trainer(tmp_path, max_epochs=1).fit(model)
     assert sorted(model.val_seen[0]) == sorted(packer.load(packed).labels.tolist())

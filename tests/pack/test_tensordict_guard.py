@@ -2,8 +2,11 @@
 
 Each import order runs in a fresh interpreter that imports only ``packer`` and
 ``tensordict``: a test process has long since imported ``packer.pack.reader``, which
-would hide a hook installed only there. Each child has a timeout, so a hang (a FIFO
-read forever) fails the test instead of the suite.
+would hide a hook installed only there. The interpreter is a fork of one that has
+imported torch and torch._dynamo, which tensordict imports, and nothing of packer or
+tensordict (tests/helpers/interpreted.py: 4.4 CPU-s a run before, 2 of them dynamo).
+Each child has a timeout, so a hang (a FIFO read forever) fails the test instead of the
+suite.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import subprocess_env
+from helpers.interpreted import run_fresh
 
 ENTRIES = (
     "tensordict.load_memmap",
@@ -74,6 +78,7 @@ def _copy(packed: Path, dst: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("fresh-interpreter")  # one zygote (helpers.interpreted.run_fresh)
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("order", ["packer-first", "tensordict-first", "submodules"])
 def test_import_packer_alone_guards_every_tensordict_entry(
@@ -98,13 +103,7 @@ def test_import_packer_alone_guards_every_tensordict_entry(
     cases = [(e, str(pickled)) for e in ENTRIES]
     cases += [("tensordict.load_memmap", str(fifo)), ("tensordict.load", str(zero))]
     cases += [("tensordict.load_memmap", str(packed))]
-    p = subprocess.run(
-        [sys.executable, "-c", _CHILD, order, json.dumps(cases)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = run_fresh(_CHILD, [order, json.dumps(cases)], env=subprocess_env(), timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     refs, *outs = (json.loads(line) for line in p.stdout.strip().splitlines())
     # tensordict binds its reader by name in several modules: none is left unguarded

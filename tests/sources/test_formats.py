@@ -19,15 +19,14 @@ import pytest
 from source_data import digests, hf_dataset, in_order, tree, write_shards, write_zip
 
 from conftest import KILL_SCRIPT, cli_build, cli_run, one_error, subprocess_env
+from helpers.optional import needs
 from packer.builder.api import BuildConfig, build
 from packer.builder.formats.base import expand_braces
 from packer.builder.formats.options import SourceOptions
 from packer.builder.run import work_dir_for
 from packer.errors import InputError, UsageError
 
-pytest.importorskip("pyarrow")
-datasets = pytest.importorskip("datasets")
-pytest.importorskip("webdataset")
+pytestmark = needs("pyarrow", "datasets", "webdataset")
 
 RAW = BuildConfig(size=(16, 12), workers=1)
 MANIFEST_NAMES = ("sources",)  # what names the images: a location in the source
@@ -620,6 +619,7 @@ def test_tar_member_name_not_utf8_is_skipped_and_printable(tmp_path: Path) -> No
 
 
 def test_truncated_arrow_file_keeps_the_rows_before(folder: Path, tmp_path: Path) -> None:
+    import datasets
     from source_data import image_features
 
     rows = in_order(folder)
@@ -638,6 +638,8 @@ def test_truncated_arrow_file_keeps_the_rows_before(folder: Path, tmp_path: Path
 
 
 def test_a_dataset_dict_names_its_splits(folder: Path, tmp_path: Path) -> None:
+    import datasets
+
     ds = hf_dataset(folder)
     datasets.DatasetDict({"train": ds, "test": ds.select(range(4))}).save_to_disk(
         str(tmp_path / "dd")

@@ -119,8 +119,14 @@ def test_pack_dataset_in_forked_dataloader_workers(
     ds = packer.PackDataset(s)
     cold = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1)
     # a forked worker cannot run the client its parent started: a clear error, no hang
+    it = iter(cold)
     with pytest.raises(UsageError, match="forked from one that used object storage"):
-        next(iter(cold))
+        next(it)
+    # its worker stopped now, as its __del__ would: the iterator is kept alive by the
+    # error's traceback until a later garbage collection, which ran __del__ inside an
+    # import, and there its stop never reached the worker (torch waited out the 5 s
+    # join timeout, then terminated it)
+    it._shutdown_workers()
     for _ in packer.PackLoader(s, 8, device="cpu"):  # every shard now cached
         pass
     warm = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1)

@@ -16,15 +16,14 @@ import s3_server as fx
 from s3_server import BUCKET
 
 from helpers.local_server import S3Server
+from helpers.optional import needs
 from packer.builder.api import BuildConfig, build
 from packer.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sources"))
 from source_data import digests, hf_dataset, tree, write_shards, write_zip
 
-pytest.importorskip("pyarrow")
-pytest.importorskip("datasets")
-pytest.importorskip("webdataset")
+pytestmark = needs("pyarrow", "datasets", "webdataset")
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 CONFIG = BuildConfig(size=(16, 12), workers=2)

@@ -22,6 +22,7 @@ from s3_server import BUCKET
 
 from helpers.counting_proxy import CountingProxy
 from helpers.local_server import S3Server
+from helpers.optional import needs
 from packer.builder.api import BuildConfig, build
 from packer.builder.formats.options import SourceOptions
 from packer.builder.formats.remote import spool_object
@@ -30,7 +31,7 @@ from packer.errors import InputError, UsageError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sources"))
 from source_data import digests, tree, write_shards
 
-pytest.importorskip("webdataset")
+pytestmark = needs("webdataset")
 
 s3, s3_server = fx.s3, fx.s3_server  # the fixtures
 CONFIG = BuildConfig(size=(16, 12), workers=3)
