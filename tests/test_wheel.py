@@ -25,33 +25,42 @@ def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.Comple
     )
 
 
-# ``python -m packer.examples.NAME --help`` for each NAME given, then ``import
-# packer.examples.NAME`` of each, then ``python -m packer.examples.demo_stream PACK``, all
-# in this interpreter (runpy, as -m runs a module): {"helps": {name: [exit code, what it
-# printed]}, "files": {name: the imported module's __file__}, "demo": [exit code, what
-# it printed]}. One interpreter importing torch, not one per example and one more for
-# the demo (a fresh interpreter importing torch and tensordict costs about 5 CPU-seconds).
+# In one installed interpreter (a fresh one importing torch and tensordict costs about 5
+# CPU-seconds; one, not one a check): ``python -m packer.examples.NAME --help`` for each
+# NAME given (runpy, as -m runs a module), then ``import packer.examples.NAME`` of each,
+# then ``python -m packer.examples.demo_stream PACK``, then the installed ``imgpack verify
+# PACK`` (its console script, run as the interpreter runs a script), then
+# ``nvbatch.available()``: {"helps": {name: [exit code, what it printed]}, "files": {name:
+# the imported module's __file__}, "demo": [exit code, what it printed], "verify": [exit
+# code, stdout, stderr], "nvbatch": [the module's __file__, what available() said]}.
 _HELPS = """
 import contextlib, importlib, io, json, runpy, sys
-pack, names, out = sys.argv[1], sys.argv[2:], {}
+imgpack, pack, names, out = sys.argv[1], sys.argv[2], sys.argv[3:], {}
 
 
-def run(name, args):
-    buf, code = io.StringIO(), 0
-    sys.argv = [name, *args]
-    with contextlib.redirect_stdout(buf):
+def run(name, args, script=None):
+    buf, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [script or name, *args]
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         try:
-            runpy.run_module(f"packer.examples.{name}", run_name="__main__", alter_sys=True)
+            if script:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module(f"packer.examples.{name}", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             code = e.code or 0
-    return [code, buf.getvalue()]
+    sys.stderr.write(err.getvalue())
+    return [code, buf.getvalue(), err.getvalue()]
 
 
 for name in names:
-    out[name] = run(name, ["--help"])
+    out[name] = run(name, ["--help"])[:2]
 files = {name: importlib.import_module(f"packer.examples.{name}").__file__ for name in names}
-demo = run("demo_stream", [pack])
-print(json.dumps({"helps": out, "files": files, "demo": demo}))
+demo = run("demo_stream", [pack])[:2]
+verify = run("imgpack", ["verify", pack, "--device", "cpu", "--batch-size", "2", "--json"], imgpack)
+from packer.imaging import nvbatch
+nv = [nvbatch.__file__, nvbatch.available()]
+print(json.dumps({"helps": out, "files": files, "demo": demo, "verify": verify, "nvbatch": nv}))
 """
 
 
@@ -110,32 +119,55 @@ def test_wheel_holds_every_package(installed: tuple[Path, dict[str, str]]) -> No
         assert not list((site / "packer").rglob(rig)), f"a test rig ships in the wheel: {rig}"
 
 
+@pytest.fixture(scope="module")
+def checked(
+    installed: tuple[Path, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess, subprocess.CompletedProcess, dict]:
+    """From a folder outside the repository: the installed ``imgpack build`` of four
+    images, then :data:`_HELPS` on its pack in one installed interpreter; (the folder,
+    the build, the interpreter's run, what it printed)."""
+    env_dir, env = installed
+    tmp = tmp_path_factory.mktemp("checked")
+    out = tmp / "elsewhere"
+    out.mkdir()
+    for i in range(4):
+        write_image(tmp / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
+    imgpack = env_dir / "bin" / "imgpack"
+    built = _run([imgpack, "build", tmp / "imgs", out / "pack", "--size", "16", "--workers",
+                  "1", "--json"], out, env)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
+    env = {**env, "XDG_CACHE_HOME": str(tmp / "cache")}  # nvbatch's compile cache
+    r = _run([env_dir / "bin" / "python", "-c", _HELPS, imgpack, out / "pack", *shipped], out, env)
+    assert r.returncode == 0, r.stderr
+    return out, built, r, json.loads(r.stdout.splitlines()[-1])
+
+
 def test_wheel_ships_the_batched_decoders_c_source(
-    installed: tuple[Path, dict[str, str]], tmp_path: Path
+    installed: tuple[Path, dict[str, str]], checked: tuple[Path, object, object, dict]
 ) -> None:
     """Issue 44: nvbatch.c travels in the wheel, and where nvImageCodec and a compiler
     are there, the installed package compiles and loads it."""
-    env_dir, env = installed
+    env_dir, _ = installed
     site = next((env_dir / "lib").glob("python*/site-packages"))
     src = site / "packer" / "imaging" / "nvbatch.c"
     assert src.is_file() and src.read_bytes() == (REPO / "packer/imaging/nvbatch.c").read_bytes()
-    env = {**env, "XDG_CACHE_HOME": str(tmp_path)}
-    code = "from packer.imaging import nvbatch; print(nvbatch.available())"
-    r = _run([env_dir / "bin" / "python", "-c", code], tmp_path, env)
-    assert r.returncode == 0, r.stderr
+    # the installed package's nvbatch answered (in :data:`_HELPS`'s interpreter)
+    module, why = checked[3]["nvbatch"]
+    assert Path(module).is_relative_to(site), module
     try:
         import nvidia.nvimgcodec  # noqa: F401
     except ImportError:
-        return  # the installed package says why it cannot, and that is all
-    assert r.stdout.strip() == "None", r.stdout
+        assert isinstance(why, str) and why, why  # it says why it cannot, and that is all
+        return
+    assert why is None, why
 
 
 def test_installed_cli_builds_and_verifies_outside_the_repo(
-    installed: tuple[Path, dict[str, str]], tmp_path: Path
+    installed: tuple[Path, dict[str, str]], checked: tuple[Path, object, object, dict]
 ) -> None:
     env_dir, env = installed
-    out = tmp_path / "elsewhere"
-    out.mkdir()
+    out, built, _, done = checked
     r = _run([env_dir / "bin" / "python", "-c", "import packer, sys; print(packer.__file__)"],
              out, env)  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -143,38 +175,26 @@ def test_installed_cli_builds_and_verifies_outside_the_repo(
     imgpack = env_dir / "bin" / "imgpack"
     r = _run([imgpack, "--help"], out, env)
     assert r.returncode == 0 and "build" in r.stdout, r.stderr
-    for i in range(4):
-        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
-    r = _run([imgpack, "build", tmp_path / "imgs", out / "pack", "--size", "16", "--workers",
-              "1", "--json"], out, env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["count"] == 4
-    r = _run([imgpack, "verify", out / "pack", "--device", "cpu", "--batch-size", "2",
-              "--json"], out, env)  # fmt: skip
-    assert r.returncode == 0, r.stderr + r.stdout
+    # the installed `imgpack build --json` (its own process) and `imgpack verify --json`
+    assert json.loads(built.stdout)["count"] == 4
+    code, stdout, stderr = done["verify"]
+    assert code == 0, stderr + stdout
+    assert json.loads(stdout), stdout
 
 
 def test_installed_examples_run_with_python_m(
-    installed: tuple[Path, dict[str, str]], tmp_path: Path
+    installed: tuple[Path, dict[str, str]], checked: tuple[Path, object, object, dict]
 ) -> None:
     """Issue 43: the README's `python -m packer.examples.train_imagenet` works for a pip
     user (no repository): every example is in the wheel and answers --help; the demo
     streams a pack, from a folder outside the repository."""
-    env_dir, env = installed
-    py = env_dir / "bin" / "python"
+    env_dir, _ = installed
     shipped = sorted(p.stem for p in (REPO / "packer" / "examples").glob("[!_]*.py"))
     assert {"train_imagenet", "demo_stream", "train_sets_ddp"} <= set(shipped)
-    for i in range(4):
-        write_image(tmp_path / "imgs" / ("a" if i % 2 else "b") / f"{i}.jpg", seed=i)
-    r = _run([env_dir / "bin" / "imgpack", "build", tmp_path / "imgs", tmp_path / "pack",
-              "--size", "16", "--workers", "1", "-q"], tmp_path, env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
     # each example's `python -m packer.examples.NAME --help` (runpy, as -m runs it), then
     # its import, then `python -m packer.examples.demo_stream PACK`, all in one installed
-    # interpreter: one import of torch, not one an example
-    r = _run([py, "-c", _HELPS, tmp_path / "pack", *shipped], tmp_path, env)
-    assert r.returncode == 0, r.stderr
-    done = json.loads(r.stdout.splitlines()[-1])
+    # interpreter (the fixture's): one import of torch, not one an example
+    _, _, r, done = checked
     helps = {}
     for name, (code, out) in done["helps"].items():
         assert code == 0 and "usage:" in out, (name, code, out, r.stderr)
