@@ -6,8 +6,6 @@ import ctypes
 import gc
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -108,30 +106,31 @@ def test_dropped_mid_epoch_loaders_free_threads_and_memory(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+@pytest.mark.xdist_group("fresh-interpreter")  # one zygote (helpers.interpreted.run_fresh)
 def test_dropped_loaders_hand_their_memory_back(tmp_path: Path) -> None:
     """RSS, in a child whose glibc keeps 2 malloc arenas: with one arena per thread (8 per
     core), freed batches stay in arenas that later threads may not reuse, so RSS after a
     cycle depends on the core count (seen on 16 cores: +86, +159, +180 MiB with nothing
     referenced). With the arena count fixed, a leak still shows as growth by about one
-    cycle's batches each cycle; what the allocator keeps does not grow."""
+    cycle's batches each cycle; what the allocator keeps does not grow. The child is a
+    fork of an interpreter that imported torch and nothing of packer
+    (helpers.interpreted.run_fresh: a fresh one importing torch and tensordict took 4 of
+    its 7 CPU-s); its arena limit is glibc's ``mallopt(M_ARENA_MAX, 2)``, what
+    ``MALLOC_ARENA_MAX=2`` sets as a process starts, set before its first thread."""
     from packer.measure.bench.synth import make_random_pack
 
     path = make_random_pack(tmp_path / "r", 256, 64)
     code = textwrap.dedent(
         f"""
-        import json, sys
+        import ctypes, json, sys, threading
+        assert threading.active_count() == 1  # no thread yet: every later one is limited
+        assert ctypes.CDLL(None).mallopt(-8, 2) == 1  # M_ARENA_MAX
         sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
         import packer, test_loader_lifetime as t
         print(json.dumps(t._cycles(packer.load({str(path)!r}))))
         """
     )
-    p = subprocess.run(
-        [sys.executable, "-c", code],
-        env=subprocess_env(MALLOC_ARENA_MAX="2"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_fresh(code, env=subprocess_env(), timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     held, after = json.loads(p.stdout.strip().splitlines()[-1])
     assert min(held) > 40, held
