@@ -9,9 +9,6 @@ the range (1 level).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -19,6 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from aug_checks import mad, per_image, photo_like
 from conftest import subprocess_env
+from helpers.interpreted import run_fresh
 from packer.augment import functional as F
 from packer.augment import params as PR
 from packer.augment import warps as W
@@ -329,11 +327,15 @@ def test_affine_matrix_is_the_same_from_numpy_and_from_tensors() -> None:
     assert np.allclose(from_numpy, from_torch.numpy(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.xdist_group("fresh-interpreter")  # one zygote (helpers.interpreted.run_fresh)
 def test_importing_an_augment_module_first_works() -> None:
     # packer.transforms re-exports these modules, which build on its helpers: the
-    # package loads it first, so no import order can hit a half-made module.
+    # package loads it first, so no import order can hit a half-made module. In a fork of
+    # an interpreter that imported torch and nothing of packer (helpers.interpreted: a
+    # fresh one took 2.4 CPU-s, most of it torch's import).
     code = (
         "import packer.augment.geometry as g, packer.transforms as T\n"
         "assert T.RandomAffine is g.RandomAffine and T.ColorJitter.__module__ == 'packer.augment.color'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env(), timeout=120)
+    r = run_fresh(code, env=subprocess_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
