@@ -248,3 +248,7 @@ def test_fresh_runs_are_forks_that_end_as_the_interpreter_ends(tmp_path: Path) -
     assert r.stdout.splitlines()[-1] == "finalized", r.stdout
     r = run_fresh(_EXITS, ["fall-off"], env=env)
     assert r.returncode == 0 and r.stdout.splitlines()[1:] == ["joined", "atexit"], r.stdout
+    # the zygote's loop catches its own runs' timeouts: never the child's own exception
+    timeout = "import subprocess\nraise subprocess.TimeoutExpired(['x'], 1)"
+    r = run_fresh(timeout, env=env, exit=True)
+    assert r.returncode == 1 and "TimeoutExpired" in r.stderr, (r.returncode, r.stdout)

@@ -26,10 +26,11 @@ def _run(cmd: list[object], cwd: Path, env: dict[str, str]) -> subprocess.Comple
 
 
 # In one installed interpreter (a fresh one importing torch and tensordict costs about 5
-# CPU-seconds; one, not one a check): ``python -m packer.examples.NAME --help`` for each
-# NAME given (runpy, as -m runs a module), then ``import packer.examples.NAME`` of each,
-# then ``python -m packer.examples.demo_stream PACK``, then the installed ``imgpack verify
-# PACK`` (its console script, run as the interpreter runs a script), then
+# CPU-seconds; one, not one a check): first the installed ``imgpack verify PACK`` (its
+# console script, run as the interpreter runs a script, before anything else is
+# imported, as a user's command runs), then ``python -m packer.examples.NAME --help`` for
+# each NAME given (runpy, as -m runs a module), then ``import packer.examples.NAME`` of
+# each, then ``python -m packer.examples.demo_stream PACK``, then
 # ``nvbatch.available()``: {"helps": {name: [exit code, what it printed]}, "files": {name:
 # the imported module's __file__}, "demo": [exit code, what it printed], "verify": [exit
 # code, stdout, stderr], "nvbatch": [the module's __file__, what available() said]}.
@@ -53,11 +54,11 @@ def run(name, args, script=None):
     return [code, buf.getvalue(), err.getvalue()]
 
 
+verify = run("imgpack", ["verify", pack, "--device", "cpu", "--batch-size", "2", "--json"], imgpack)
 for name in names:
     out[name] = run(name, ["--help"])[:2]
 files = {name: importlib.import_module(f"packer.examples.{name}").__file__ for name in names}
 demo = run("demo_stream", [pack])[:2]
-verify = run("imgpack", ["verify", pack, "--device", "cpu", "--batch-size", "2", "--json"], imgpack)
 from packer.imaging import nvbatch
 nv = [nvbatch.__file__, nvbatch.available()]
 print(json.dumps({"helps": out, "files": files, "demo": demo, "verify": verify, "nvbatch": nv}))

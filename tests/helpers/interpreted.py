@@ -93,6 +93,7 @@ def run_exiting(req):
     return subprocess.CompletedProcess([], code, *outs)
 
 
+ZYGOTE = os.getpid()
 for line in sys.stdin:
     req = json.loads(line)
     try:
@@ -103,6 +104,8 @@ for line in sys.stdin:
                                 timeout=req["timeout"])
         answer = [r.returncode, r.stdout, r.stderr]
     except subprocess.TimeoutExpired:
+        if os.getpid() != ZYGOTE:  # a run_exiting child's own: uncaught, as in python -c
+            raise
         answer = ["timeout"]
     sys.stdout.write(json.dumps(answer) + "\\n")
     sys.stdout.flush()
@@ -114,7 +117,7 @@ for line in sys.stdin:
 # reads the rest; the tests' process gains variables as it runs, NCCL_NVLS_ENABLE,
 # PYNVIMGCODEC_VERBOSITY, ..., which made a zygote each)
 _zygotes: dict[object, subprocess.Popen[str]] = {}
-_SHAPING = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "MKL_", "LD_")
+_SHAPING = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "MKL_", "LD_", "MALLOC_", "GLIBC_")
 
 
 def _start(env: dict[str, str], imports: Sequence[str]) -> subprocess.Popen[str]:

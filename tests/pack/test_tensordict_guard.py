@@ -124,17 +124,22 @@ def test_import_packer_alone_guards_every_tensordict_entry(
 
 
 def test_import_packer_installs_the_hook_without_importing_torch() -> None:
+    # also, in a process where torch is not yet imported, ``import packer`` sets no CUDA
+    # queue variable (the forked environment test runs with torch already imported)
     code = (
-        "import sys, packer\n"
+        "import os, sys, packer\n"
         "from packer.pack.guard import installed\n"
-        "print(installed(), 'torch' in sys.modules, 'tensordict' in sys.modules)"
+        "print(installed(), 'torch' in sys.modules, 'tensordict' in sys.modules,\n"
+        "      'CUDA_DEVICE_MAX_CONNECTIONS' in os.environ)"
     )
+    env = subprocess_env()
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     p = subprocess.run(
         [sys.executable, "-c", code],
-        env=subprocess_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["True", "False", "False"]
+    assert p.stdout.split() == ["True", "False", "False", "False"]
