@@ -605,6 +605,12 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
             return det.resident()
 
         ways["resident, the pack's loader working beside"] = (det.step, beside, None)
+    if with_ref:
+        it = det.ref_iter()
+        prefetched = a.workers * 2 if a.workers else 0
+        ways["reference"] = (det.step, lambda: next(it), lambda: drain(it, prefetched))
+        # its workers forked first, while the pack loader's threads wait on a full queue
+        ways = {"reference": ways.pop("reference"), **ways}
     start: list[Any] = []  # the weights every timing starts from (--same-start)
 
     for k, (st, fd, bf) in list(ways.items()):
@@ -618,12 +624,6 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
                 bf()
 
         ways[k] = (st, fd, before)
-    if with_ref:
-        it = det.ref_iter()
-        prefetched = a.workers * 2 if a.workers else 0
-        ways["reference"] = (det.step, lambda: next(it), lambda: drain(it, prefetched))
-        # its workers forked first, while the pack loader's threads wait on a full queue
-        ways = {"reference": ways.pop("reference"), **ways}
     warm(ways, a.warm, failed)
     sync(det.device)
     if a.same_start:
