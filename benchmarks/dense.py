@@ -30,6 +30,10 @@ a round times what that way makes, not what it queued while the others ran. Part
 * ``loader``: the loaders alone (no model): ``--loader-batch`` (32) images with LSJ
   ``--lsj`` (1024) from the JPEG pack (and a raw one), each batch as the model takes it
   (``pack_batches``), vs the reference data path on ``--workers`` cores.
+* ``host``: the dense pass's host time a batch (the producer thread's work: read, decode
+  call, draws, the batched transform's torch calls, collate) for the detection loader's
+  settings, made ``--host-groups`` batches a pass (``DenseConfig.group``), in this
+  thread, each figure the median of ``--host-passes`` passes, the groups alternated.
 * ``map``: COCO mAP (pycocotools, bbox AP@[.5:.95]) of the same weights through the val
   pack and through the reference data path (the recipe's ``predictions`` and
   ``coco_map``, each path against its own ground truth: the pack's targets, the JSON);
@@ -54,6 +58,7 @@ Prints one table per part and a summary last; writes ``bench_dense.json`` under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
@@ -77,7 +82,7 @@ from packer.measure.timing import resolve_device, sync
 from ._common import ROOT, machine
 
 JSON = "bench_dense.json"
-PARTS = ("frcnn", "ref", "deeplab", "loader", "map")
+PARTS = ("frcnn", "ref", "deeplab", "loader", "map", "host")
 # the images' (w, h) before scaling to --max-side: COCO's common shapes
 SHAPES_WH = ((640, 480), (480, 640), (640, 427), (427, 640), (640, 512), (500, 375))
 
@@ -239,7 +244,7 @@ def build_packs(a: argparse.Namespace, procs: int, parts: set[str]) -> dict[str,
         "seg_val": lambda: (data / "seg" / "val", seg(classes=out["seg_train"])),
     }
     needs = set()
-    if parts & {"frcnn", "ref", "loader", "map"}:
+    if parts & {"frcnn", "ref", "loader", "map", "host"}:
         needs |= {"det_train"}
     if "map" in parts:
         needs |= {"det_val", "seg_train", "seg_val"}
@@ -261,17 +266,33 @@ def build_packs(a: argparse.Namespace, procs: int, parts: set[str]) -> dict[str,
 
 
 def timed(
-    step: Callable[[Any, Any], Any], feed: Callable[[], Any], steps: int, device: torch.device
+    step: Callable[[Any, Any], Any],
+    feed: Callable[[], Any],
+    steps: int,
+    device: torch.device,
+    fed: list[float] | None = None,
+    each: list[list[float]] | None = None,
 ) -> float:
-    """img/s of ``steps`` of ``step(*feed())``, the device synchronized at both ends."""
+    """img/s of ``steps`` of ``step(*feed())``, the device synchronized at both ends;
+    ``fed`` gets the host's ms a step inside ``feed()`` (taking the batch, and any wait
+    for the device there); ``each`` the host's ms of every step, feed included (a step
+    whose host runs ahead of the device is not synchronized: these are the host's)."""
     sync(device)
     t0 = time.perf_counter()
-    n = 0
+    n, in_feed, ms = 0, 0.0, []
     for _ in range(steps):
+        f0 = time.perf_counter()
         x, y = feed()
+        f1 = time.perf_counter()
+        in_feed += f1 - f0
         step(x, y)
+        ms.append((time.perf_counter() - f0) * 1e3)
         n += len(x)
     sync(device)
+    if fed is not None:
+        fed.append(in_feed / steps * 1e3)
+    if each is not None:
+        each.append(ms)
     return n / (time.perf_counter() - t0)
 
 
@@ -289,12 +310,16 @@ def rounds(
     device: torch.device,
     failed: dict[str, str],
     after: Callable[[str], None] | None = None,
+    fed: dict[str, list[float]] | None = None,
+    each: dict[str, list[list[float]]] | None = None,
 ) -> dict[str, list[float]]:
     """Every way once per round, in order: {way: img/s per round}. A way is (step, feed,
     before): ``before()`` then ``settle`` steps run untimed ahead of its round, so the
     batches a loader queued while the other ways ran are not timed (its queue is as a
     steady run leaves it); ``after(name)`` after each timing. A way that raises is left
-    out of the later rounds, its error in ``failed`` (the others' figures stand)."""
+    out of the later rounds, its error in ``failed`` (the others' figures stand).
+    ``fed``: {way: the host's ms a step in its feed, per round}; ``each``: {way: per
+    round, the host's ms of each step} (:func:`timed`)."""
     rates: dict[str, list[float]] = {k: [] for k in ways}
     for r in range(n_rounds):
         for name, (step, feed, before) in ways.items():
@@ -305,7 +330,9 @@ def rounds(
                     before()
                 for _ in range(settle):
                     step(*feed())
-                rates[name].append(timed(step, feed, steps, device))
+                into = None if fed is None else fed.setdefault(name, [])
+                per = None if each is None else each.setdefault(name, [])
+                rates[name].append(timed(step, feed, steps, device, into, per))
                 if after is not None:
                     after(name)
             except Exception as e:  # the reference's workers out of shared memory, ...
@@ -332,9 +359,23 @@ def endless(make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         yield from make()
 
 
-def cycle_resident(batches: list[Any]) -> Callable[[], Any]:
-    it = itertools.cycle(batches)
-    return lambda: next(it)
+class Cycle:
+    """Resident batches, one after another without end; ``reset()`` starts over from
+    the first (so every timing of a way can run the same batches)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+        self.reset()
+
+    def reset(self) -> None:
+        self._it = itertools.cycle(self.batches)
+
+    def __call__(self) -> Any:
+        return next(self._it)
+
+
+def cycle_resident(batches: list[Any]) -> Cycle:
+    return Cycle(batches)
 
 
 def _clone(obj: Any) -> Any:
@@ -474,22 +515,28 @@ class Det:
         self.ref_dl: Any = None
         self.info: dict[str, Any] = {}
 
-    def extra_feed(self, threads: int) -> Callable[[], Any]:
-        """The pack's feed through a second loader of ``threads`` threads (the
-        ``--frcnn-threads`` ways)."""
+    def extra_feed(self, threads: int | None = None, group: int | None = None) -> Callable[[], Any]:
+        """The pack's feed through a second loader of ``threads`` threads or making
+        ``group`` batches a pass (the ``--frcnn-threads`` and ``--frcnn-groups`` ways)."""
         from packer.examples import train_detection as TD
 
-        loader = self._pack_loader(self.a.batch, threads=threads)
+        loader = self._pack_loader(self.a.batch, threads=threads, group=group)
         it = endless(lambda: TD.pack_batches(loader, False))
         return lambda: next(it)
 
-    def _pack_loader(self, batch: int, pack: Path | None = None, threads: int | None = None) -> Any:
+    def _pack_loader(
+        self,
+        batch: int,
+        pack: Path | None = None,
+        threads: int | None = None,
+        group: int | None = None,
+    ) -> Any:
         from packer.examples import train_detection as TD
 
         p = packer.load(pack or self.packs["det_train"])
         rows = torch.arange(len(p)).repeat(1000)  # no epoch ends inside a round
         # the recipe's train loader (pack_loaders), streaming the rows over and over
-        dense = DenseConfig(TD.pack_pipeline(self.args), "padded", masks=self.masks)
+        dense = DenseConfig(TD.pack_pipeline(self.args), "padded", masks=self.masks, group=group)
         return packer.PackLoader(
             p,
             batch,
@@ -596,7 +643,9 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         ways[f"resident, switch {si * 1000:g} ms"] = (det.step, det.resident, None)
         ways[f"pack, switch {si * 1000:g} ms"] = (det.step, det.pack_feed, None)
     for t in a.frcnn_threads:
-        ways[f"pack, {t} threads"] = (det.step, det.extra_feed(t), None)
+        ways[f"pack, {t} threads"] = (det.step, det.extra_feed(threads=t), None)
+    for g in a.frcnn_groups:
+        ways[f"pack, {g} batch(es) a pass"] = (det.step, det.extra_feed(group=g), None)
     if a.frcnn_beside:
         # the resident batches, while a batch of the pack is taken (and dropped) each
         # step: the loader's work beside the step without its batches' content
@@ -605,6 +654,21 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
             return det.resident()
 
         ways["resident, the pack's loader working beside"] = (det.step, beside, None)
+    if a.frcnn_sync and det.device.type == "cuda":
+        # the host waiting for the device as it takes each batch (what a consumer that
+        # reads the batch's shapes off the device does): that wait alone, on both feeds
+        def synced(feed: Callable[[], Any]) -> Callable[[], Any]:
+            def take() -> Any:
+                got = feed()
+                torch.cuda.current_stream(det.device).synchronize()
+                return got
+
+            return take
+
+        ways["resident, host waits for the device each batch"] = (
+            det.step, synced(det.resident), None)  # fmt: skip
+        ways["pack, host waits for the device each batch"] = (
+            det.step, synced(det.pack_feed), None)  # fmt: skip
     if with_ref:
         it = det.ref_iter()
         prefetched = a.workers * 2 if a.workers else 0
@@ -620,6 +684,7 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
             sys.setswitchinterval(si)
             if start:
                 det.restore(start[0])
+                det.resident.reset()  # the same weights and the same resident batches
             if bf is not None:
                 bf()
 
@@ -637,12 +702,16 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         **{k: v for k, v in ways.items() if k not in order},
     }
     losses: dict[str, list[float]] = {k: [] for k in ways}
+    fed: dict[str, list[float]] = {}
+    each: dict[str, list[list[float]]] = {}
 
     def after(name: str) -> None:
         losses[name].append(det.loss())
 
     try:
-        rates = rounds(ways, a.rounds, a.steps, a.settle, det.device, failed, after=after)
+        rates = rounds(
+            ways, a.rounds, a.steps, a.settle, det.device, failed, after=after, fed=fed, each=each
+        )
     finally:
         sys.setswitchinterval(default_si)
     det.close_reference()
@@ -661,6 +730,8 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         "losses": losses,
         "non_finite": bad,
         "paired_ratios": paired,
+        "feed_ms_a_step": fed,
+        "step_ms": each,
         "same_start": a.same_start,
         "failed": failed,
         "batch": a.batch,
@@ -677,6 +748,16 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         "resident",
         failed,
     )
+    # a robust figure beside the timings' img/s: the median of every step's host time
+    # (the step is host-bound: a few slow steps, a collection or a clock dip, weigh less)
+    step_med = {k: med([x for r, v in enumerate(t) if r not in bad.get(k, []) for x in v])
+                for k, t in each.items()}  # fmt: skip
+    print("host ms a step: inside the feed (taking the batch), median of the timings; "
+          "the whole step, median of every step; its img/s / resident's:")  # fmt: skip
+    for k, v in fed.items():
+        sm, base = step_med.get(k, float("nan")), step_med.get("resident", float("nan"))
+        print(f"  {k}: {med(v):.2f}; {sm:.2f}; {ratio(base, sm, '.3f')}")
+    res["frcnn"]["step_ms_median"] = step_med
     pack, resident = m["pack"], m["resident"]
     summary.append(
         (
@@ -691,6 +772,15 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
             "a. the same, the median of each round's pack / resident",
             f"{len(paired)} rounds",
             ratio(med(paired), 1.0, ".3f"),
+            ">= 0.98",
+        )
+    )
+    sm_pack, sm_res = step_med.get("pack", float("nan")), step_med.get("resident", float("nan"))
+    summary.append(
+        (
+            "a. the same, resident's median step / the pack's (host ms of every step)",
+            f"{sm_res:.1f} / {sm_pack:.1f} ms",
+            ratio(sm_res, sm_pack, ".3f"),
             ">= 0.98",
         )
     )
@@ -861,6 +951,59 @@ def part_deeplab(a: argparse.Namespace, seg: Seg, res: dict, summary: list) -> N
             ">= 0.98",
         )
     )
+
+
+# ---------------------------------------------------------------- the pass's host time
+
+
+def part_host(a: argparse.Namespace, det: Det, res: dict, summary: list) -> None:
+    """Host ms a batch of the dense pass's work, by batches a pass (see the docstring)."""
+    from packer.examples import train_detection as TD
+    from packer.loading.dense_pass import dense_setup
+    from packer.loading.dense_producer import run_batches
+    from packer.loading.order import batch_seed
+
+    p = packer.load(det.packs["det_train"])
+    dense = DenseConfig(TD.pack_pipeline(det.args), "padded", masks=det.masks)
+    setup = dense_setup(p, None, None, None, dense)[0]
+    dev, b = det.device, a.batch
+    cuda = dev.type == "cuda"
+    stream = torch.cuda.Stream(dev) if cuda else None
+    ms: dict[int, list[float]] = {k: [] for k in a.host_groups}
+    first = 0
+    for _ in range(2):  # the groups alternated, twice
+        for k in a.host_groups:
+            gens = [torch.Generator() for _ in range(k)]
+            for rep in range(a.host_passes + 1):
+                idx = np.arange(first * b, (first + k) * b) % len(p)
+                t0 = time.perf_counter()
+                records = setup.columns.read(idx)
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    images = list(p.decode(idx, dev))
+                    for j, g in enumerate(gens):
+                        g.manual_seed(batch_seed(a.seed, 0, 0, first + j))
+                    run_batches(images, records, setup, [(b, g) for g in gens])
+                if rep:  # the first pass of a group size warms it
+                    ms[k].append((time.perf_counter() - t0) / k * 1e3)
+                first += k
+                if cuda and rep % 4 == 3:
+                    sync(dev)  # the device keeps up; the host's time is what is measured
+            sync(dev)
+    m = {k: med(v) for k, v in ms.items()}
+    res["host"] = {"ms_a_batch": m, "each": ms, "batch": b, "passes": a.host_passes}
+    print(f"\nThe dense pass's host ms a batch (batch {b}, {a.host_passes} passes x 2 a size):")
+    print("| batches a pass | host ms a batch | / one a pass |\n| --- | --- | --- |")
+    for k, v in m.items():
+        print(f"| {k} | {v:.2f} | {ratio(v, m.get(1, float('nan')), '.2f')} |")
+    if 1 in m and 4 in m:
+        summary.append(
+            (
+                "f. the dense pass's host ms a batch, 4 batches a pass / 1",
+                f"{m[4]:.2f} / {m[1]:.2f} ms",
+                ratio(m[4], m[1], ".2f"),
+                "report",
+            )
+        )
 
 
 # ---------------------------------------------------------------- the loaders alone
@@ -1148,6 +1291,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(a batch taken and dropped each step)",
     )
     ap.add_argument(
+        "--frcnn-sync",
+        action="store_true",
+        help="frcnn: also the resident step and the pack with the host waiting for the "
+        "device as each batch is taken (CUDA)",
+    )
+    ap.add_argument(
         "--same-start",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1158,6 +1307,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="frcnn: also the pack through loaders of these num_threads (comma-separated)",
     )
+    ap.add_argument(
+        "--frcnn-groups",
+        default="",
+        help="frcnn: also the pack through loaders making these many batches a pass "
+        "(DenseConfig.group; comma-separated)",
+    )
+    ap.add_argument(
+        "--host-groups", default="1,2,4,8", help="host: batches a pass (comma-separated)"
+    )
+    ap.add_argument("--host-passes", type=int, default=12, help="host: passes a size, each time")
     ap.add_argument(
         "--time-limit", type=float, default=0, help="parts not started by then are skipped (s)"
     )
@@ -1174,6 +1333,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.parts = parts
     a.switch = [float(x) for x in a.switch.split(",") if x]
     a.frcnn_threads = [int(x) for x in a.frcnn_threads.split(",") if x]
+    a.frcnn_groups = [int(x) for x in a.frcnn_groups.split(",") if x]
+    a.host_groups = [int(x) for x in a.host_groups.split(",") if x]
     if a.toy:
         a.det_model, a.seg_model = (
             "fasterrcnn_mobilenet_v3_large_320_fpn",
@@ -1210,7 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
     res["data"] = make_data(a, procs)
     print(f"data: {res['data']}", flush=True)
     packs = build_packs(a, procs, a.parts)
-    det = Det(a, packs, device) if a.parts & {"frcnn", "ref", "loader", "map"} else None
+    det = Det(a, packs, device) if a.parts & {"frcnn", "ref", "loader", "map", "host"} else None
     seg = Seg(a, packs, device) if a.parts & {"deeplab", "map"} else None
 
     def part(name: str, fn: Callable[[], None], key: str | None = None) -> None:
@@ -1248,6 +1409,8 @@ def main(argv: list[str] | None = None) -> int:
         part("loader", lambda: part_loader(a, det, res, summary))
     if "map" in a.parts:
         part("map", lambda: part_map(a, det, seg, res, summary))
+    if "host" in a.parts:
+        part("host", lambda: part_host(a, det, res, summary))
     for obj in (det, seg):
         if obj is not None:
             obj.loader.close()

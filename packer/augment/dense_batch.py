@@ -11,8 +11,11 @@ detection and segmentation models take.
   ``valid`` [B, N], masks, keypoints and semantic masks padded likewise.
 
 Everything ends on the images' device (host targets, boxes and the like left on the
-CPU by the dense pass, are moved there: :func:`on_device`, one copy per dtype); shapes
-come from the host, so nothing here makes the host wait for the device.
+CPU by the dense pass, are moved there: :func:`on_device`, one copy per dtype), but for
+a padded batch's shapes: ``image_sizes`` and ``counts`` (and the loader's ``image_ids``)
+stay on the host, as torchvision's ``ImageList.image_sizes``, so cutting the batch into
+images and their boxes by them makes the host wait for nothing. Shapes come from the
+host, so nothing here makes the host wait for the device.
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def collate_padded(
 
     Returns ``images`` uint8 [B, C, H, W] (bottom/right padded with ``fill`` to the
     largest image, rounded up to ``size_divisible``), ``image_sizes`` int64 [B, 2] (h, w
-    before padding), ``counts`` int64 [B], ``valid`` bool [B, N] (N = the most
+    before padding) and ``counts`` int64 [B], both on the host (the shapes: slicing by
+    them makes no host wait), ``valid`` bool [B, N] (N = the most
     instances), ``boxes`` float32 [B, N, 4] (zeros beyond a count), ``labels`` int64
     [B, N] (``label_pad``), and, where every sample has them, ``masks`` uint8 [B, N, H,
     W], ``keypoints`` float32 [B, N, K, 3] (zeros), ``semantic`` uint8 [B, H, W]
@@ -166,8 +170,8 @@ def collate_padded(
     dev = samples[0].image.device
     out: dict[str, torch.Tensor] = {
         "images": torch.stack([_pad_to(s.image, hmax, wmax, fill) for s in samples]),
-        "image_sizes": torch.tensor([s.size for s in samples], dtype=torch.int64),
     }
+    shapes = {"image_sizes": torch.tensor([s.size for s in samples], dtype=torch.int64)}
     if all(s.semantic is not None for s in samples):
         out["semantic"] = torch.stack(
             [_pad_to(s.semantic, hmax, wmax, semantic_fill) for s in samples]
@@ -176,9 +180,9 @@ def collate_padded(
     if any(c is None for c in counts):
         if any(c is not None for c in counts):
             raise ArgumentError("collate_padded: some samples have instances and some none")
-        return _moved(out, dev)
+        return {**_moved(out, dev), **shapes}
     n = max(counts)
-    out["counts"] = torch.tensor(counts, dtype=torch.int64)
+    shapes["counts"] = torch.tensor(counts, dtype=torch.int64)
     out["valid"] = torch.arange(n).expand(len(samples), n).lt(torch.tensor(counts)[:, None])
     if all(s.boxes is not None for s in samples):
         out["boxes"] = _stack_padded([s.boxes for s in samples], n, 0.0)
@@ -194,10 +198,10 @@ def collate_padded(
     for key in samples[0].extras:
         if all(key in s.extras for s in samples):
             out[key] = _stack_padded([s.extras[key] for s in samples], n, 0)
-    return _moved(out, dev)
+    return {**_moved(out, dev), **shapes}
 
 
 def _moved(out: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor of ``out`` on ``dev``; those made on the host (counts, host
+    """Every tensor of ``out`` on ``dev``; those made on the host (``valid``, host
     targets padded there) copied without making the host wait."""
     return {k: to_device(v, dev) for k, v in out.items()}

@@ -60,7 +60,7 @@ def run(
     images: Sequence[torch.Tensor],
     targets: Targets | None,
     planes: Planes | None,
-    gen: torch.Generator | None,
+    gen: torch.Generator | Sequence[tuple[int, torch.Generator | None]] | None,
     divisible: int = 32,
     pad_fill: int = 0,
     pad_semantic: int = 255,
@@ -69,9 +69,18 @@ def run(
     on the host, images resampled (or gathered) in one go, masks gathered in one go;
     every image on a canvas of the largest output size (rounded up to ``divisible``
     when the sizes differ), padded with ``pad_fill`` (masks 0, semantic masks
-    ``pad_semantic``). The host waits for the device nowhere."""
+    ``pad_semantic``). The host waits for the device nowhere. ``gen`` may also be
+    ``[(n, generator), ...]``: the first n images draw from the first generator, the
+    next from the second, ... (several batches made at once, each with its own draws;
+    each image's output does not depend on the others')."""
     sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
-    params = draw(plan, sizes, gen)
+    if isinstance(gen, (list, tuple)):
+        params, at = [], 0
+        for n, g in gen:
+            params += draw(plan, sizes[at : at + n], g)
+            at += n
+    else:
+        params = draw(plan, sizes, gen)
     geo = apply(plan, params, sizes, targets)
     out_sizes = geo.sizes
     d = 1 if len(set(out_sizes)) == 1 else divisible

@@ -238,20 +238,21 @@ class PackData:
 def pack_batches(loader: Any, masks: bool) -> Iterator[tuple[list, list]]:
     """A padded dense batch as the detection models take it: a list of float images
     [3, h, w] in [0, 1] at each image's own size, and target dicts (labels + 1: the
-    models' background is 0)."""
+    models' background is 0). The batch is converted whole and cut into views by its
+    shapes, which the loader keeps on the host: a fixed few device ops a batch and no
+    wait for the device (the training step's kernels still queued)."""
     for x, t in loader:
-        images, targets = [], []
+        # as torchvision's ToDtype(float32, scale=True), the reference's: the same
+        # floats, not only the same pixels (x / 255 rounds differently in the last bit)
+        xf = x.float().mul_(1.0 / 255)
+        labels = t["labels"] + 1
         counts = t["counts"].tolist()
         sizes = t["image_sizes"].tolist()
+        ids = t["image_ids"].tolist()
+        images, targets = [], []
         for i, (c, (h, w)) in enumerate(zip(counts, sizes)):
-            # as torchvision's ToDtype(float32, scale=True), the reference's: the same
-            # floats, not only the same pixels (x / 255 rounds differently in the last bit)
-            images.append(x[i, :, :h, :w].float().mul_(1.0 / 255))
-            d = {
-                "boxes": t["boxes"][i, :c],
-                "labels": t["labels"][i, :c] + 1,
-                "image_id": int(t["image_ids"][i]),
-            }
+            images.append(xf[i, :, :h, :w])
+            d = {"boxes": t["boxes"][i, :c], "labels": labels[i, :c], "image_id": ids[i]}
             if masks and "masks" in t:
                 d["masks"] = t["masks"][i, :c, :h, :w]
             targets.append(d)

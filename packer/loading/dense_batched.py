@@ -161,6 +161,23 @@ def run_batched(
     """One batch through ``plan`` and collated, or None where this batch needs the
     per-image path (records that disagree on masks or keypoints, or with their image). ``items``: each
     record's masks (``dense_pass._pixels``); ``setup``: the pass's ``DenseSetup``."""
+    out = run_grouped(images, records, items, setup, [(len(images), gen)], plan)
+    return None if out is None else out[0]
+
+
+def run_grouped(
+    images: list[torch.Tensor],
+    records: list[dict[str, Any]],
+    items: list[Any],
+    setup: Any,
+    gens: list[tuple[int, torch.Generator | None]],
+    plan: DB.Plan,
+) -> list[tuple[torch.Tensor, Any]] | None:
+    """Several batches through ``plan`` at once, collated one by one: ``gens`` gives each
+    batch's size and generator, in order (``images``, ``records`` and ``items`` hold the
+    batches one after another). Each batch is what :func:`run_batched` makes of it alone
+    (the same draws, pixels and targets; its own canvas), while the torch calls a pass
+    makes, a fixed number, are made once for them all. None as :func:`run_batched`."""
     dev = images[0].device
     if not _agree(images, records, items, setup.semantic):
         return None
@@ -168,26 +185,74 @@ def run_batched(
     if planes is False:
         return None
     ids = [int(r["image_id"]) for r in records]
+    bounds = np.cumsum([0] + [n for n, _ in gens]).tolist()
     if setup.semantic:
-        out = DB.run(plan, images, None, planes, gen, setup.size_divisible, setup.fill,
+        out = DB.run(plan, images, None, planes, gens, setup.size_divisible, setup.fill,
                      setup.semantic_fill)  # fmt: skip
-        return out.images, out.semantic
+        return [
+            (part.images, part.semantic)
+            for part in _parts(out, bounds, [0] * len(bounds), setup.size_divisible)
+        ]
     targets = _host_targets(records)
     if targets is None:
         return None
-    out = DB.run(plan, images, targets, planes, gen, setup.size_divisible, setup.fill,
+    out = DB.run(plan, images, targets, planes, gens, setup.size_divisible, setup.fill,
                  setup.semantic_fill)  # fmt: skip
     t = out.targets
-    b = len(images)
-    counts = torch.bincount(t.image, minlength=b).tolist()
+    counts = torch.bincount(t.image, minlength=len(images)).tolist()
     if out.masks is not None:  # COCO's segment area: the transformed masks' pixels
         area = out.masks.flatten(1).sum(1, dtype=torch.int64).to(torch.float32)
     else:
         bx = t.boxes
         area = (bx[:, 2] - bx[:, 0]) * (bx[:, 3] - bx[:, 1])
-    if setup.targets == "padded":
-        return out.images, _padded(out, counts, area, ids, dev)
-    return out.images, _dicts(out, counts, area, ids, dev)
+    rows = np.cumsum([0, *counts]).tolist()  # the rows run image by image
+    row_bounds = [rows[b] for b in bounds]
+    made = []
+    for k, part in enumerate(_parts(out, bounds, row_bounds, setup.size_divisible)):
+        lo, hi, r0, r1 = bounds[k], bounds[k + 1], row_bounds[k], row_bounds[k + 1]
+        collate = _padded if setup.targets == "padded" else _dicts
+        made.append((part.images, collate(part, counts[lo:hi], area[r0:r1], ids[lo:hi], dev)))
+    return made
+
+
+def _cut(t: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``t`` [..., H, W] cut to [..., h, w] (a copy: a batch's own, contiguous)."""
+    return t if tuple(t.shape[-2:]) == (h, w) else t[..., :h, :w].contiguous()
+
+
+def _parts(out: DB.Out, bounds: list[int], rows: list[int], divisible: int) -> list[DB.Out]:
+    """Batch ``k`` of ``out``: images ``bounds[k]:bounds[k + 1]``, target rows
+    ``rows[k]:rows[k + 1]``, on its own canvas (the largest of its images, rounded up to
+    ``divisible`` when their sizes differ: what it would have alone)."""
+    if len(bounds) == 2:
+        return [out]
+    parts = []
+    t = out.targets
+    for lo, hi, r0, r1 in zip(bounds, bounds[1:], rows, rows[1:]):
+        sizes = out.sizes[lo:hi]
+        d = 1 if len(set(sizes)) == 1 else divisible
+        h = -(-max(s[0] for s in sizes) // d) * d
+        w = -(-max(s[1] for s in sizes) // d) * d
+        part = None
+        if t is not None:
+            part = DB.Targets(
+                boxes=t.boxes[r0:r1],
+                image=t.image[r0:r1] - lo,
+                row=t.row[r0:r1],
+                labels=None if t.labels is None else t.labels[r0:r1],
+                keypoints=None if t.keypoints is None else t.keypoints[r0:r1],
+                extras={k: v[r0:r1] for k, v in t.extras.items()},
+            )
+        parts.append(
+            DB.Out(
+                _cut(out.images[lo:hi], h, w),
+                sizes,
+                part,
+                None if out.masks is None else _cut(out.masks[r0:r1], h, w),
+                None if out.semantic is None else _cut(out.semantic[lo:hi], h, w),
+            )
+        )
+    return parts
 
 
 def _moved(parts: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
@@ -242,14 +307,16 @@ def _padded(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> dict:
         full.index_copy_(0, slots[rows.device], rows)
         return full.view(b, n, *rows.shape[1:])
 
-    host = {
+    shapes = {  # on the host (collate_padded's): slicing by them waits for nothing
         "image_sizes": torch.tensor(out.sizes, dtype=torch.int64).reshape(b, 2),
         "counts": torch.tensor(counts, dtype=torch.int64),
+        "image_ids": torch.tensor(ids, dtype=torch.int64),
+    }
+    host = {
         "valid": torch.arange(n).expand(b, n).lt(torch.tensor(counts)[:, None]),
         "boxes": pad(t.boxes, 0.0),
         "labels": pad(t.labels, -1),
         "iscrowd": pad(t.extras["iscrowd"], 0),
-        "image_ids": torch.tensor(ids, dtype=torch.int64),
     }
     if t.keypoints is not None:
         host["keypoints"] = pad(t.keypoints, 0.0)
@@ -260,4 +327,4 @@ def _padded(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> dict:
         result["area"] = pad(area, 0.0)
     if out.masks is not None:
         result["masks"] = pad(out.masks, 0)
-    return result
+    return {**result, **shapes}

@@ -3,8 +3,8 @@
 
 A pack is dense when :func:`dense_columns` finds its targets (through
 ``packer.pack.dense.dense_of``, the reading contract; a build without that module, or
-a pack without targets, is a plain pack). Per batch, the :class:`DensePass` strategy
-reads the images (a raw pack's rows gathered by the threads, or a JPEG pack's images
+a pack without targets, is a plain pack). Per batch, the
+:class:`packer.loading.dense_producer.DensePass` strategy reads the images (a raw pack's rows gathered by the threads, or a JPEG pack's images
 decoded at their stored size, in one batched call) and the targets of the same rows
 (``DenseColumns.read``), moves them to the device, and runs the dense transform
 (:mod:`packer.augment.dense` ops: a :class:`packer.augment.dense.Compose` of them) on
@@ -15,7 +15,8 @@ are dropped is then known to the host without waiting for the device) and move t
 device once a batch; instance masks are decoded on the device from their run lengths.
 The host waits for the device nowhere per image. A transform with a batched path
 (flips, LSJ, resizes, pads: :mod:`packer.loading.dense_batched`) runs over the whole
-batch at once instead, with the same draws and outputs. Then:
+batch at once instead, with the same draws and outputs, and several batches through
+one pass where ``DenseConfig.group`` says (each the batch it would be alone). Then:
 
 * ``targets="dicts"`` (detection, the default): a list of one dict per image as
   torchvision's detection models and references take them
@@ -23,6 +24,8 @@ batch at once instead, with the same draws and outputs. Then:
   where the pack has them);
 * ``targets="padded"``: one dict of padded tensors with counts
   (:func:`packer.augment.dense_batch.collate_padded`), with ``image_ids`` int64 [B];
+  ``image_sizes``, ``counts`` and ``image_ids`` stay on the host (cutting the batch
+  into images by them makes the consumer wait for nothing), the rest on the device;
 * a semantic pack: the masks, uint8 [B, H, W] (255, the ignore value, in padding).
 
 Images are uint8 [B, 3, H, W]: stacked when every transformed image has one size,
@@ -32,7 +35,6 @@ each image's masks with it (boxes and keypoints do not move).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import sys
 from dataclasses import dataclass
@@ -43,12 +45,7 @@ import torch
 import torch.nn.functional as nnf
 
 from ..errors import PackFormatError, UsageError
-from ..imaging.resize import to_device
-from ..pack.kinds import StorageKind
 from .dense_batched import decode_flat, plan_of, run_batched, upload_flat
-from .order import batch_seed
-from .producer import _Pass
-from .stats import AUGMENT, COPY, READ
 
 TARGET_MODES = ("dicts", "padded")
 
@@ -64,7 +61,14 @@ class DenseConfig:
     it; ``fill``: the images' padding value; ``semantic_fill``: the semantic masks'
     (the ignore value); ``masks``: False leaves a detection pack's instance masks unread
     (not decoded, copied or transformed, absent from the targets), as torchvision's
-    reference leaves them out of a box model's targets."""
+    reference leaves them out of a box model's targets; ``group``: batches made together
+    (decoded in one call, transformed in one pass, then handed out one by one: the same
+    batches, draws and outputs as one at a time), None for as many as make
+    :data:`GROUP_IMAGES` images (at most the loader's ``prefetch``), where the transform
+    has a batched path. A pass's host work is mostly a fixed count of torch calls, and
+    the producer thread holds the GIL for them beside a training step that wants it:
+    grouping shares that work (docs/PERFORMANCE.md, "Detection and segmentation fed by
+    packs")."""
 
     transform: Any = None
     targets: str = "dicts"
@@ -72,6 +76,11 @@ class DenseConfig:
     fill: int = 0
     semantic_fill: int = 255
     masks: bool = True
+    group: int | None = None
+
+
+# the images a pass makes when DenseConfig.group is None
+GROUP_IMAGES = 32
 
 
 def _dense_module() -> Any:
@@ -149,6 +158,7 @@ class DenseSetup:
     fill: int
     semantic_fill: int
     masks: bool = True
+    group: int | None = None
 
     @property
     def semantic(self) -> bool:
@@ -210,8 +220,11 @@ def dense_setup(
         op = _with_flip_maps(_as_op(op, where), columns.categories)
     if not isinstance(cfg.masks, bool):
         raise UsageError(f"DenseConfig.masks must be True or False, not {cfg.masks!r}")
+    g = cfg.group
+    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+        raise UsageError(f"DenseConfig.group must be a positive int or None, not {g!r}")
     setup = DenseSetup(
-        columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks
+        columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g
     )
     return setup, None
 
@@ -380,7 +393,7 @@ def collate(samples: list[Any], ids: list[int], setup: DenseSetup) -> tuple[torc
         images = out.pop("images")
         if setup.semantic:
             return images, out["semantic"]
-        out["image_ids"] = to_device(torch.tensor(ids, dtype=torch.int64), images.device)
+        out["image_ids"] = torch.tensor(ids, dtype=torch.int64)  # on the host, as the shapes
         return images, out
     h = -(-max(s.size[0] for s in samples) // d) * d
     w = -(-max(s.size[1] for s in samples) // d) * d
@@ -417,80 +430,3 @@ def run_batch(
     if setup.op is not None:
         samples = [setup.op(s, gen) for s in samples]
     return collate(samples, [int(r["image_id"]) for r in records], setup)
-
-
-class DenseItem:
-    """A dense batch handed to the consumer: ``(images, targets)`` and, on CUDA, the
-    event after its work on the producer's stream."""
-
-    def __init__(self, images: torch.Tensor, targets: Any, ready: Any) -> None:
-        self.images, self.targets, self.ready = images, targets, ready
-
-    def deliver(self, device: torch.device) -> tuple[torch.Tensor, Any]:
-        """The batch, the current stream made to wait for it (the GPU waits, not the host)."""
-        if self.ready is not None:
-            cur = torch.cuda.current_stream(device)
-            cur.wait_event(self.ready)
-            for t in _tensors((self.images, self.targets)):
-                t.record_stream(cur)
-        return self.images, self.targets
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
-
-
-class DensePass(_Pass):
-    """A dense pack's pass: images and targets read per batch, each image transformed
-    with its targets on the device (on CUDA on a side stream, then its event)."""
-
-    def __init__(self, cfg: Any, **kw: Any) -> None:
-        super().__init__(cfg, **kw)
-        self.setup: DenseSetup = cfg.dense
-        self.kind: StorageKind = cfg.kind
-        self.pack = cfg.pack
-
-    def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
-        """The batch's images, uint8 [3, h, w] each, on the device."""
-        if self.kind.decoded:
-            return list(self.pack.decode(idx, self.device))
-        n = len(idx)
-        pin = self.device.type == "cuda"  # then one copy that does not wait for the stream
-        images = torch.empty((n, *self.shape), dtype=torch.uint8, pin_memory=pin)
-        for f in self.submit(idx, images.numpy().reshape(n, -1)):
-            bt.add(READ, f.result())
-        bt.mark()
-        return list(images.to(self.device, non_blocking=pin).unbind(0))
-
-    def run(self) -> None:
-        st = self.stats
-        st.set_workers(read=self.num_threads)
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
-        gen = self.gen if self.gen is not None else torch.Generator()
-        seed, epoch, rank = self.seeds
-        for b, idx in self.batches():
-            bt = st.batch()
-            records = self.setup.columns.read(idx)
-            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                images = self._images(idx, bt)
-                self.read_done(b)
-                bt.lap(READ)
-                gen.manual_seed(batch_seed(seed, epoch, rank, b))
-                batch, targets = run_batch(images, records, self.setup, gen)
-                ready = None
-                if cuda:
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-                bt.lap(AUGMENT if self.setup.op is not None else COPY)
-            st.produced(bt)
-            if not self.put(DenseItem(batch, targets, ready)):
-                return
-        if stream is not None:
-            stream.synchronize()

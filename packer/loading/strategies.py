@@ -84,7 +84,7 @@ def choose(cfg: PassConfig) -> type:
     """The strategy of a pass: :class:`Resident`, or the :class:`_Pass` subclass whose
     ``run()`` the producer thread runs."""
     if cfg.dense is not None:
-        from .dense_pass import DensePass
+        from .dense_producer import DensePass
 
         return DensePass
     if cfg.resident:

@@ -121,3 +121,16 @@ def test_collate_padded_semantic_only() -> None:
 def test_bad_batches_are_refused(call, match) -> None:
     with pytest.raises(ArgumentError, match=match):
         call()
+
+
+def test_collate_padded_keeps_the_shapes_on_the_host() -> None:
+    # pixels on another device ("meta" stands for the GPU on a CPU-only machine), the
+    # host targets on the CPU, as the dense pass leaves them
+    meta = ("image", "masks", "semantic")
+    samples = [replace(s, **{k: getattr(s, k).to("meta") for k in meta}) for s in _batch(1)]
+    out = collate_padded(samples, size_divisible=32)
+    assert out["image_sizes"].device.type == "cpu" and out["counts"].device.type == "cpu"
+    assert out["counts"].tolist() == [s.count for s in samples]
+    moved = {k: v.device.type for k, v in out.items() if k not in ("image_sizes", "counts")}
+    assert set(moved.values()) == {"meta"}, moved
+    assert {"images", "boxes", "labels", "valid", "masks", "keypoints"} <= set(moved)

@@ -338,3 +338,46 @@ def test_the_val_pack_decodes_on_the_cpu_unless_asked(data: dict[str, Path]) -> 
     batches = list(T.on_device(T.pack_batches(val, False), torch.device("meta")))
     assert batches and all(im.device.type == "meta" for ims, _ in batches for im in ims)
     assert all(t["boxes"].device.type == "meta" for _, ts in batches for t in ts)
+
+
+def _padded_batch(b: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A padded batch as the loader yields it: pixels and targets on the device, the
+    shapes and ids on the host."""
+    from helpers.sync_count import SyncCounter
+
+    g = torch.Generator().manual_seed(b)
+    x = torch.randint(0, 256, (b, 3, 40, 48), generator=g, dtype=torch.uint8)
+    counts = [(i * 3) % 4 for i in range(b)]
+    t = {
+        "boxes": torch.rand(b, 3, 4, generator=g) * 30,
+        "labels": torch.randint(0, 5, (b, 3), generator=g),
+        "counts": torch.tensor(counts),
+        "image_sizes": torch.tensor([[40 - i % 3, 48 - 2 * (i % 2)] for i in range(b)]),
+        "image_ids": torch.arange(100, 100 + b),
+    }
+    SyncCounter.device(x, t["boxes"], t["labels"])
+    return x, t
+
+
+def test_pack_batches_cuts_a_batch_without_waiting_in_a_fixed_few_kernels() -> None:
+    """The train loop's cut of a padded batch into the model's lists: the same floats as
+    ToDtype(scale=True) per image, labels + 1, each image at its own size; no host wait
+    (the shapes are the loader's host ones) and device kernels that do not grow with the
+    batch (views cost none)."""
+    from helpers.sync_count import SyncCounter
+
+    kernels = {}
+    for b in (2, 8):
+        x, t = _padded_batch(b)
+        with SyncCounter() as c:
+            images, targets = next(T.pack_batches([(x, t)], False))
+        assert c.syncs == 0, c.where
+        kernels[b] = c.ops - c.op_names["__getitem__"]
+        for i, (im, d) in enumerate(zip(images, targets)):
+            h, w = t["image_sizes"][i].tolist()
+            n = int(t["counts"][i])
+            assert torch.equal(im, x[i, :, :h, :w].float().mul_(1.0 / 255))
+            assert torch.equal(d["boxes"], t["boxes"][i, :n])
+            assert torch.equal(d["labels"], t["labels"][i, :n] + 1)
+            assert d["image_id"] == 100 + i and isinstance(d["image_id"], int)
+    assert kernels[8] == kernels[2] <= 3, kernels

@@ -6,6 +6,8 @@ no host wait."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,10 @@ from helpers import fake_dense
 from helpers.sync_count import SyncCounter
 from packer.augment import dense as D
 from packer.augment.dense_batched import batched_ops
+from packer.imaging.resize import ArgumentError
 from packer.loading.dense_batched import run_batched
 from packer.loading.dense_pass import DenseSetup, _pixels, run_batch
+from packer.loading.dense_producer import run_batches
 from packer.transforms import ColorJitter
 
 MEAN = (124, 116, 104)
@@ -294,6 +298,93 @@ def test_a_batch_without_any_instance() -> None:
     assert got[1]["keypoints"].shape == (3, 0, fake_dense.K, 3)
 
 
+# ---------------------------------------------------------------- batches made together
+
+
+def _equal(a, b) -> None:
+    """The same objects: tensors equal bit for bit, of one shape, contiguous alike."""
+    if isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _equal(x, y)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _equal(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+        assert a.is_contiguous() == b.is_contiguous()
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+GROUPS = [3, 2, 1, 4]  # batch sizes made in one pass (SIZES' images, and a few more)
+
+
+@pytest.mark.parametrize("name", sorted(_recipes()))
+@pytest.mark.parametrize("targets", ["dicts", "padded", "semantic"])
+def test_batches_made_together_are_the_batches_made_alone(name: str, targets: str) -> None:
+    """Each batch of a group (run_batches: one decode, one pass) is what run_batch makes
+    of it alone with its own generator: images, masks and every target equal, on its
+    own canvas (the group's images differ in size, so a batch's canvas is cut from it)."""
+    sizes = [*SIZES, (33, 90), (70, 20), (44, 44), (29, 31)]
+    semantic = targets == "semantic"
+    images, cols = _inputs(sizes, 5, semantic=semantic)
+    setup = DenseSetup(cols, _recipes()[name], "dicts" if semantic else targets, 32, 0, 255, True)
+    records = cols.read(np.arange(len(sizes)))
+    gens = [(n, torch.Generator().manual_seed(40 + k)) for k, n in enumerate(GROUPS)]
+    at, alone = 0, []
+    try:
+        for k, n in enumerate(GROUPS):
+            g = torch.Generator().manual_seed(40 + k)
+            alone.append(run_batch(images[at : at + n], records[at : at + n], setup, g))
+            at += n
+    except ArgumentError as e:  # sanitize on semantic masks: refused alike
+        with pytest.raises(ArgumentError, match=re.escape(str(e))):
+            run_batches(images, records, setup, gens)
+        return
+    together = run_batches(images, records, setup, gens)
+    _equal(together, alone)  # test_a_group_shares_the_passs_torch_calls: in one pass
+
+
+def test_a_group_the_batched_path_declines_is_made_batch_by_batch() -> None:
+    """The first batch's records have keypoints and the second's none: one pass cannot
+    stack them, so each batch is made alone (each through the batched path), the same."""
+    images, cols = _inputs(SIZES, 2)
+    setup = DenseSetup(cols, _recipes()["lsj"], "dicts", 32, 0, 255, True)
+    records = cols.read(np.arange(len(SIZES)))
+    records[3:] = [{k: v for k, v in r.items() if k != "keypoints"} for r in records[3:]]
+    gens = [(3, torch.Generator().manual_seed(1)), (3, torch.Generator().manual_seed(2))]
+    together = run_batches(images, records, setup, gens)
+    alone = [
+        run_batch(images[:3], records[:3], setup, torch.Generator().manual_seed(1)),
+        run_batch(images[3:], records[3:], setup, torch.Generator().manual_seed(2)),
+    ]
+    _equal(together, alone)
+    assert "keypoints" in together[0][1][0] and "keypoints" not in together[1][1][0]
+
+
+def _group_ops(group: int, b: int = 4) -> SyncCounter:
+    sizes = [SIZES[i % len(SIZES)] for i in range(b * group)]
+    images, cols = _inputs(sizes, 0)
+    setup = DenseSetup(cols, _recipes()["lsj"], "padded", 32, 0, 255, False)
+    records = cols.read(np.arange(len(sizes)))
+    SyncCounter.device(images)
+    gens = [(b, torch.Generator().manual_seed(k)) for k in range(group)]
+    with SyncCounter() as counter:
+        run_batches(images, records, setup, gens)
+    return counter
+
+
+def test_a_group_shares_the_passs_torch_calls(uploads_marked: None) -> None:
+    """A pass's device calls are a fixed count: 4 batches made together make far fewer
+    than 4 passes (what the producer thread holds the GIL for, beside the step)."""
+    one, four = _group_ops(1), _group_ops(4)
+    assert four.syncs == 0, dict(four.where)
+    assert four.ops < 2 * one.ops, (one.ops, four.ops, four.op_names - one.op_names)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["lsj", "hflip", "rrc", "zoom-fills"])
 def test_cuda_batches_are_the_cpu_batches(name: str) -> None:
@@ -343,3 +434,22 @@ def test_a_flip_then_a_resize_to_the_same_size_mirrors_the_source() -> None:
     (bi, bt), (pi, pt) = _both(op, sizes, 0)
     assert torch.equal(bi, pi)
     _same_targets(bt, pt)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_padded_batch_keeps_its_shapes_on_the_host(batched) -> None:
+    """The pixels on another device ("meta" stands for the GPU here): the padded batch's
+    shapes and ids stay on the host, so a consumer cutting it into images (the detection
+    recipe's pack_batches) waits for nothing; the rest is on the device."""
+    images, cols = _inputs(SIZES, 0)
+    setup = DenseSetup(cols, _recipes()["lsj"], "padded", 32, 0, 255, True)
+    records = cols.read(np.arange(len(SIZES)))
+    gen = torch.Generator().manual_seed(3)
+    x, t = run_batch([i.to("meta") for i in images], records, setup, gen, batched=batched)
+    shapes = {"image_sizes", "counts", "image_ids"}
+    assert x.device.type == "meta"
+    assert {k: t[k].device.type for k in shapes} == dict.fromkeys(shapes, "cpu")
+    assert t["image_ids"].tolist() == [int(r["image_id"]) for r in records]
+    assert t["image_sizes"].tolist() == [[48, 48]] * len(SIZES)
+    rest = {k: v.device.type for k, v in t.items() if k not in shapes}
+    assert set(rest.values()) == {"meta"} and {"boxes", "labels", "valid", "masks"} <= set(rest)

@@ -250,12 +250,33 @@ def test_colour_ops_touch_images_only(fake, packs) -> None:
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+@pytest.mark.cuda
+def test_cutting_a_padded_cuda_batch_into_images_makes_no_host_wait(fake, packs) -> None:
+    """The detection recipe's cut (pack_batches) of a padded batch on the GPU: torch's
+    sync debug mode raises at any host wait."""
+    from packer.examples import train_detection as TD
+
+    pack, cols = _open(fake, packs, "jpeg")
+    images, out = next(iter(_loader(pack, bs=4, targets="padded", device="cuda")))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        cut, targets = next(TD.pack_batches([(images, out)], True))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [t["image_id"] for t in targets] == [1000, 1001, 1002, 1003]
+    assert all(i.is_cuda for i in cut) and all(t["boxes"].is_cuda for t in targets)
+    assert [len(t["labels"]) for t in targets] == [len(cols.records[i]["labels"]) for i in range(4)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_padded_batch_with_counts(fake, packs, device) -> None:
     pack, cols = _open(fake, packs, "jpeg")
     images, out = next(iter(_loader(pack, bs=4, targets="padded", device=device)))
-    assert images.device.type == device and out["image_ids"].device.type == device
-    assert all(t.device.type == device for t in out.values())
+    # the shapes (and ids) on the host, so cutting the batch by them waits for nothing
+    shapes = {"image_sizes", "counts", "image_ids"}
+    assert images.device.type == device
+    assert all(out[k].device.type == "cpu" for k in shapes)
+    assert all(t.device.type == device for k, t in out.items() if k not in shapes)
     images, out = images.cpu(), {k: v.cpu() for k, v in out.items()}
     b = images.shape[0]
     counts = [len(cols.records[i]["labels"]) for i in range(b)]
@@ -362,6 +383,74 @@ def test_resume_gives_the_same_targets(fake, packs) -> None:
     assert any(not torch.equal(a, b) for (_, a), (_, b) in zip(sorted(whole), sorted(other)))
 
 
+def _same(a, b) -> None:
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and a.is_contiguous() and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("targets", ["dicts", "padded"])
+def test_batches_made_in_groups_are_the_batches_made_one_by_one(fake, packs, targets) -> None:
+    """DenseConfig(group=...): the batches a pass makes together (the JPEG pack's images
+    of different sizes, each batch on its own canvas) are those made one at a time."""
+    pack, _ = _open(fake, packs, "jpeg")
+    op = D.Compose([D.RandomHorizontalFlip(), D.RandomResize(20, 40), D.SanitizeBoundingBoxes()])
+
+    def batches(group):
+        dense = DenseConfig(op, targets, group=group)
+        return list(_loader(pack, bs=2, shuffle=True, seed=3, dense=dense))
+
+    one = batches(1)
+    assert len(one) == -(-N // 2)
+    assert len({tuple(x.shape) for x, _ in one}) > 1  # the canvases differ
+    for group in (2, 3, None):
+        _same(batches(group), one)
+
+
+def test_a_resume_inside_a_group_gives_the_same_batches(fake, packs) -> None:
+    pack, _ = _open(fake, packs, "jpeg")
+    op = D.Compose([D.RandomHorizontalFlip(), D.RandomResize(20, 40)])
+
+    def loader():
+        dense = DenseConfig(op, "padded", group=3)
+        return _loader(pack, bs=2, shuffle=True, seed=7, dense=dense)
+
+    whole = list(loader())
+    first = loader()
+    it = iter(first)
+    next(it)  # one batch of the first group of three
+    state = first.state_dict()
+    it.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    _same(list(resumed), whole[1:])
+
+
+def test_how_many_batches_a_pass_makes_together(fake, packs) -> None:
+    from packer.loading.dense_pass import GROUP_IMAGES, dense_setup
+    from packer.loading.dense_producer import group_size
+
+    pack, _ = _open(fake, packs, "raw")
+    lsj = DenseConfig(D.Compose([D.ScaleJitter((32, 32)), D.FixedSizeCrop(32)]))
+    iou = DenseConfig(D.Compose([D.RandomIoUCrop()]))  # no batched path
+    setup = dense_setup(pack, None, None, None, lsj)[0]
+    assert group_size(setup, 8, 4) == GROUP_IMAGES // 8 == 4
+    assert group_size(setup, 8, 2) == 2  # at most the loader's prefetch
+    assert group_size(setup, GROUP_IMAGES, 4) == 1
+    assert group_size(dense_setup(pack, None, None, None, iou)[0], 8, 4) == 1
+    fixed = dense_setup(pack, None, None, None, DenseConfig(lsj.transform, group=3))[0]
+    assert group_size(fixed, 64, 1) == 3
+
+
 # ---------------------------------------------------------------- refusals
 
 
@@ -395,6 +484,10 @@ def test_a_torchvision_transform_is_refused_by_name(fake, packs, where) -> None:
         ({"dense": DenseConfig(size_divisible=0)}, r"size_divisible must be a positive int"),
         ({"dense": "padded"}, r"dense must be a DenseConfig, not str"),
         ({"dense": DenseConfig(masks="no")}, r"DenseConfig.masks must be True or False, not 'no'"),
+        (
+            {"dense": DenseConfig(group=0)},
+            r"DenseConfig.group must be a positive int or None, not 0",
+        ),
     ],
 )
 def test_bad_dense_arguments_are_refused(fake, packs, kw, match) -> None:

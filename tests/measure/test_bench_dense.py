@@ -24,10 +24,12 @@ TOY = ["--device", "cpu", "--toy", "--images", "12", "--val-images", "4", "--seg
        "--max-side", "64", "--lsj", "64", "--min-size", "48", "--crop", "48", "--batch", "2",
        "--seg-batch", "2", "--loader-batch", "2", "--loader-steps", "2", "--steps", "1",
        "--rounds", "1", "--warm", "0", "--settle", "1", "--resident", "1", "--map-steps", "1",
-       "--miou-steps", "1", "--workers", "0", "--threads", "1"]  # fmt: skip
+       "--miou-steps", "1", "--workers", "0", "--threads", "1", "--host-passes", "1",
+       "--host-groups", "1,4"]  # fmt: skip
 ROWS = {
     "a": "| a. Faster R-CNN fed by a pack (LSJ on the device) / resident |",
     "ap": "| a. the same, the median of each round's pack / resident |",
+    "as": "| a. the same, resident's median step / the pack's (host ms of every step) |",
     "b1": "| b. the same model fed by the reference data path (img/s) |",
     "b2": "| b. imgpack / reference data path, same model |",
     "c": "| c. DeepLabV3 fed by a pack, 48² crops / resident |",
@@ -36,6 +38,7 @@ ROWS = {
     "e1": "| e. bbox mAP, same weights, the recipe's val path (CPU decode) vs reference |",
     "ec": "| e. bbox mAP, same weights, the pack decoded on the GPU vs reference |",
     "e2": "| e. mean IoU, same weights, pack vs reference data path |",
+    "f": "| f. the dense pass's host ms a batch, 4 batches a pass / 1 |",
 }
 
 
@@ -73,6 +76,12 @@ def test_every_part_runs_and_the_ratios_are_the_measured_ones(work: Path) -> Non
     rounds = r["frcnn"]["rounds"]
     assert r["frcnn"]["paired_ratios"] == [rounds["pack"][0] / rounds["resident"][0]]
     assert _row(summary, ROWS["ap"])[1:3] == ["1 rounds", f"{r['frcnn']['paired_ratios'][0]:.3f}"]
+    steps = r["frcnn"]["step_ms"]
+    assert [len(steps[w]) for w in ("resident", "pack")] == [1, 1]  # a list a timing
+    assert all(len(t) == 1 and t[0] > 0 for t in steps["pack"])  # a figure a step (--steps 1)
+    sm = r["frcnn"]["step_ms_median"]
+    assert sm["pack"] == statistics.median(steps["pack"][0])
+    assert _row(summary, ROWS["as"])[2] == f"{sm['resident'] / sm['pack']:.3f}"
     assert _row(summary, ROWS["b2"])[2] == f"{fr['pack'] / fr['reference']:.2f}x"
     assert _row(summary, ROWS["c"])[2] == f"{dl['pack'] / dl['resident']:.3f}"
     ref = ld["reference data path"]
@@ -89,6 +98,9 @@ def test_every_part_runs_and_the_ratios_are_the_measured_ones(work: Path) -> Non
     assert m["pack_cpu_decode"] == m["pack"] == m["reference"], m
     assert m["cpu_decode_same_detections"] is True and m["detections"][1] > 0, m
     assert _row(summary, ROWS["e2"])[2] == f"{u['pack'] - u['reference']:+.3f} points"
+    host = r["host"]["ms_a_batch"]
+    assert sorted(host) == ["1", "4"] and all(len(v) == 2 for v in r["host"]["each"].values())
+    assert _row(summary, ROWS["f"])[2] == f"{host['4'] / host['1']:.2f}"
     assert r["summary"] == [_row(summary, label) for label in ROWS.values()]
     assert not list((work / "out").glob(".*tmp*"))  # the JSON written whole, then renamed
 

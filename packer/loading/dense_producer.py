@@ -1,0 +1,162 @@
+"""The dense pass's producer (:mod:`packer.loading.dense_pass` makes each batch):
+:class:`DensePass` reads a dense pack's images and targets, ``DenseConfig.group``
+batches at a time (:func:`group_size`): one read, one decode call and one pass of the
+batched transform for the group (:func:`run_batches`), then hands the batches out one
+by one, each with the event after the group's work on the producer's stream
+(:class:`DenseItem`). Each batch is the one it would be alone: its own seeded draws
+(:func:`packer.loading.order.batch_seed`), its own canvas."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..pack.kinds import StorageKind
+from .dense_batched import plan_of, run_grouped
+from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, run_batch
+from .order import batch_seed
+from .producer import _Pass
+from .stats import AUGMENT, COPY, READ, BatchTimes
+
+
+def run_batches(
+    images: list[torch.Tensor],
+    records: list[dict[str, Any]],
+    setup: DenseSetup,
+    gens: list[tuple[int, torch.Generator | None]],
+    batched: bool = True,
+) -> list[tuple[torch.Tensor, Any]]:
+    """Several batches at once (``gens``: each one's size and generator, in order, over
+    ``images`` and ``records``): each what :func:`run_batch` makes of it, through one
+    pass of the batched path where the op has one (:func:`dense_batched.run_grouped`),
+    else one by one."""
+    plan = plan_of(setup.op) if images and batched and len(gens) > 1 else None
+    if plan is not None:
+        items = [_pixels(rec, setup) for rec in records]
+        out = run_grouped(images, records, items, setup, gens, plan)
+        if out is not None:
+            return out
+    made, at = [], 0
+    for n, g in gens:
+        made.append(run_batch(images[at : at + n], records[at : at + n], setup, g, batched))
+        at += n
+    return made
+
+
+def group_size(setup: DenseSetup, batch_size: int, prefetch: int) -> int:
+    """Batches a dense pass makes together (``DenseConfig.group``; None: enough for
+    :data:`GROUP_IMAGES` images, at most ``prefetch``, 1 without a batched path)."""
+    if setup.group is not None:
+        return setup.group
+    if plan_of(setup.op) is None:
+        return 1
+    return max(1, min(prefetch, -(-GROUP_IMAGES // max(1, batch_size))))
+
+
+def _shares(bt: Any, k: int) -> list[Any]:
+    """A group's stage times as ``k`` batches' equal shares (the stats count batches)."""
+    if k == 1 or not isinstance(bt, BatchTimes):
+        return [bt] * k
+    each = BatchTimes(bt.clock)
+    each.times = [t / k for t in bt.times]
+    return [each] * k
+
+
+class DenseItem:
+    """A dense batch handed to the consumer: ``(images, targets)`` and, on CUDA, the
+    event after its work on the producer's stream."""
+
+    def __init__(self, images: torch.Tensor, targets: Any, ready: Any) -> None:
+        self.images, self.targets, self.ready = images, targets, ready
+
+    def deliver(self, device: torch.device) -> tuple[torch.Tensor, Any]:
+        """The batch, the current stream made to wait for it (the GPU waits, not the host)."""
+        if self.ready is not None:
+            cur = torch.cuda.current_stream(device)
+            cur.wait_event(self.ready)
+            for t in _tensors((self.images, self.targets)):
+                if t.device.type == "cuda":  # not the padded batch's host shapes
+                    t.record_stream(cur)
+        return self.images, self.targets
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
+class DensePass(_Pass):
+    """A dense pack's pass: images and targets read per batch, each image transformed
+    with its targets on the device (on CUDA on a side stream, then its event)."""
+
+    def __init__(self, cfg: Any, **kw: Any) -> None:
+        super().__init__(cfg, **kw)
+        self.setup: DenseSetup = cfg.dense
+        self.kind: StorageKind = cfg.kind
+        self.pack = cfg.pack
+        self.group = group_size(self.setup, cfg.batch_size, cfg.prefetch)
+
+    def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
+        """The batch's images, uint8 [3, h, w] each, on the device."""
+        if self.kind.decoded:
+            return list(self.pack.decode(idx, self.device))
+        n = len(idx)
+        pin = self.device.type == "cuda"  # then one copy that does not wait for the stream
+        images = torch.empty((n, *self.shape), dtype=torch.uint8, pin_memory=pin)
+        for f in self.submit(idx, images.numpy().reshape(n, -1)):
+            bt.add(READ, f.result())
+        bt.mark()
+        return list(images.to(self.device, non_blocking=pin).unbind(0))
+
+    def _groups(self) -> Any:
+        """:meth:`batches` ``self.group`` at a time (the last group may hold fewer)."""
+        group: list[tuple[int, np.ndarray]] = []
+        for b, idx in self.batches():
+            group.append((b, idx))
+            if len(group) == self.group:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    def run(self) -> None:
+        st = self.stats
+        st.set_workers(read=self.num_threads)
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        gens = [self.gen if self.gen is not None else torch.Generator()]
+        gens += [torch.Generator() for _ in range(self.group - 1)]
+        seed, epoch, rank = self.seeds
+        for group in self._groups():
+            bt = st.batch()
+            idx = np.concatenate([i for _, i in group])
+            records = self.setup.columns.read(idx)
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                images = self._images(idx, bt)
+                for b, _ in group:
+                    self.read_done(b)
+                bt.lap(READ)
+                for g, (b, _) in zip(gens, group):  # each batch its own draws, as alone
+                    g.manual_seed(batch_seed(seed, epoch, rank, b))
+                sizes = [(len(i), g) for (_, i), g in zip(group, gens)]
+                made = run_batches(images, records, self.setup, sizes)
+                ready = None
+                if cuda:
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                bt.lap(AUGMENT if self.setup.op is not None else COPY)
+            for share in _shares(bt, len(group)):
+                st.produced(share)
+            for batch, targets in made:
+                if not self.put(DenseItem(batch, targets, ready)):
+                    return
+        if stream is not None:
+            stream.synchronize()
