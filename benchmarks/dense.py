@@ -845,21 +845,29 @@ class Seg:
         self.num_classes = TS.PackData(packs["seg_train"], "train").num_classes
         torch.manual_seed(a.seed)
         self.model = TS.make_model(self.args, self.num_classes, device)
-        p = packer.load(packs["seg_train"])
+        self.loader = self.pack_loader()
+        self.it = iter(self.loader)
+        self.info: dict[str, Any] = {}
+        self.step: Any = None
+
+    def pack_loader(self, group: int | None = None) -> Any:
+        """The segmentation recipe's train loader over the pack, streaming its rows over
+        and over; ``group``: ``DenseConfig.group`` (the ``--seg-groups`` ways)."""
+        from packer.examples import train_segmentation as TS
+
+        a = self.a
+        p = packer.load(self.packs["seg_train"])
         rows = torch.arange(len(p)).repeat(1000)
-        self.loader = packer.PackLoader(
+        return packer.PackLoader(
             p,
             a.seg_batch,
-            device=device,
+            device=self.device,
             seed=a.seed,
             drop_last=True,
             indices=rows,
             num_threads=a.threads,
-            dense_transform=TS.pack_pipeline(self.args, True),
+            dense=DenseConfig(TS.pack_pipeline(self.args, True), group=group),
         )
-        self.it = iter(self.loader)
-        self.info: dict[str, Any] = {}
-        self.step: Any = None
 
     def make_step(self, model: torch.nn.Module, opt: Any, sched: Any = None) -> Callable:
         from packer.examples import train_segmentation as TS
@@ -923,6 +931,9 @@ def part_deeplab(a: argparse.Namespace, seg: Seg, res: dict, summary: list) -> N
     seg.setup()
     failed: dict[str, str] = {}
     ways = {"resident": (seg.step, seg.resident, None), "pack": (seg.step, seg.pack_feed, None)}
+    for g in a.seg_groups:
+        it = iter(seg.pack_loader(g))
+        ways[f"pack, {g} batch(es) a pass"] = (seg.step, lambda it=it: next(it), None)
     warm(ways, a.warm, failed)
     rates = rounds(ways, a.rounds, a.steps, a.settle, seg.device, failed)
     m = {k: med(v) for k, v in rates.items()}
@@ -1314,6 +1325,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(DenseConfig.group; comma-separated)",
     )
     ap.add_argument(
+        "--seg-groups",
+        default="",
+        help="deeplab: also the pack through loaders making these many batches a pass "
+        "(DenseConfig.group; comma-separated)",
+    )
+    ap.add_argument(
         "--host-groups", default="1,2,4,8", help="host: batches a pass (comma-separated)"
     )
     ap.add_argument("--host-passes", type=int, default=12, help="host: passes a size, each time")
@@ -1335,6 +1352,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.frcnn_threads = [int(x) for x in a.frcnn_threads.split(",") if x]
     a.frcnn_groups = [int(x) for x in a.frcnn_groups.split(",") if x]
     a.host_groups = [int(x) for x in a.host_groups.split(",") if x]
+    a.seg_groups = [int(x) for x in a.seg_groups.split(",") if x]
     if a.toy:
         a.det_model, a.seg_model = (
             "fasterrcnn_mobilenet_v3_large_320_fpn",

@@ -48,10 +48,13 @@ def run_batches(
 
 def group_size(setup: DenseSetup, batch_size: int, prefetch: int) -> int:
     """Batches a dense pass makes together (``DenseConfig.group``; None: enough for
-    :data:`GROUP_IMAGES` images, at most ``prefetch``, 1 without a batched path)."""
+    :data:`GROUP_IMAGES` images, at most ``prefetch``; 1 without a batched path, and 1 for
+    a semantic pack, whose models' steps are device-bound: the host work a group shares
+    matters little there, and two a pass was not shown to cost nothing (docs/PERFORMANCE.md,
+    "Detection and segmentation fed by packs"))."""
     if setup.group is not None:
         return setup.group
-    if plan_of(setup.op) is None:
+    if plan_of(setup.op) is None or setup.semantic:
         return 1
     return max(1, min(prefetch, -(-GROUP_IMAGES // max(1, batch_size))))
 

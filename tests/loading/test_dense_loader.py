@@ -436,6 +436,9 @@ def test_a_resume_inside_a_group_gives_the_same_batches(fake, packs) -> None:
 
 
 def test_how_many_batches_a_pass_makes_together(fake, packs) -> None:
+    from dataclasses import replace
+    from types import SimpleNamespace
+
     from packer.loading.dense_pass import GROUP_IMAGES, dense_setup
     from packer.loading.dense_producer import group_size
 
@@ -449,6 +452,9 @@ def test_how_many_batches_a_pass_makes_together(fake, packs) -> None:
     assert group_size(dense_setup(pack, None, None, None, iou)[0], 8, 4) == 1
     fixed = dense_setup(pack, None, None, None, DenseConfig(lsj.transform, group=3))[0]
     assert group_size(fixed, 64, 1) == 3
+    semantic = replace(setup, columns=SimpleNamespace(semantic=True))
+    assert semantic.semantic and group_size(semantic, 8, 4) == 1
+    assert group_size(replace(semantic, group=2), 8, 4) == 2
 
 
 # ---------------------------------------------------------------- refusals
