@@ -125,7 +125,9 @@ def _map(root: Path, rec: DenseRecord, name: str, dtype: Any, row: tuple[int, ..
     rows = size // item if item else 0
     if rows == 0:
         return np.zeros((0, *row), dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(rows, *row))
+    # a plain ndarray view of the map (which it keeps open): np.memmap's Python-level
+    # __getitem__ and __array_finalize__ ran for every slice, a dozen a record read
+    return np.asarray(np.memmap(path, dtype=dtype, mode="r", shape=(rows, *row)))
 
 
 def _check_offsets(off: np.ndarray, rows: int, end: int, where: str, cap: int | None) -> None:

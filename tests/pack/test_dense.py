@@ -77,6 +77,28 @@ def test_reads_every_field(built: Path) -> None:
         cols.read([3])
 
 
+def test_reading_records_runs_no_numpy_memmap_code(built: Path) -> None:
+    """The loader reads a batch's records on its producer thread, which holds the GIL
+    beside the training step: the columns are plain views of their maps, not np.memmap
+    objects whose Python-level __getitem__ / __array_finalize__ ran for every slice."""
+    import sys
+
+    cols = dense_of(packer.load(built))
+    called: list[str] = []
+
+    def seen(frame, event, arg) -> None:
+        if event == "call":
+            called.append(frame.f_code.co_filename)
+
+    sys.setprofile(seen)
+    try:
+        records = cols.read(list(range(3)))
+    finally:
+        sys.setprofile(None)
+    assert len(records) == 3 and called  # the profiler saw the read
+    assert not [f for f in called if f.endswith("memmap.py")]
+
+
 def test_the_manifest_records_files_and_the_category_map(built: Path) -> None:
     man = json.loads((built / "imgpack.json").read_text())
     d = man["dense"]
