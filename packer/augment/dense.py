@@ -44,6 +44,7 @@ from . import dense_kernels as K
 from .dense_compose import ColorOnly, Compose, DenseOp, Params, as_dense_op
 from .dense_kernels import Sample
 from .dense_sizes import (
+    _F32,
     FixedSizeCrop,
     Pad,
     PadTo,
@@ -51,6 +52,7 @@ from .dense_sizes import (
     RandomResize,
     Resize,
     SanitizeBoundingBoxes,
+    _rand,
 )
 from .warps import interpolation_mode as warp_interpolation
 
@@ -83,8 +85,9 @@ def _uniform(lo: float, hi: float, g: torch.Generator | None) -> float:
 
 
 def _coin(p: float, g: torch.Generator | None) -> bool:
-    """torchvision's ``_RandomApplyTransform``: apply unless ``torch.rand(1) >= p``."""
-    return not bool(torch.rand(1, generator=g) >= p)
+    """torchvision's ``_RandomApplyTransform``: apply unless ``torch.rand(1) >= p`` (the
+    comparison in float32, as torch's)."""
+    return bool(_rand(g) < _F32(p))
 
 
 def _prob(p: object, op: str) -> float:
@@ -279,9 +282,10 @@ class ScaleJitter(DenseOp):
     def sample_params(self, s: Sample, generator: torch.Generator | None = None) -> Params:
         h, w = s.size
         lo, hi = self.scale_range
-        scale = lo + torch.rand(1, generator=generator) * (hi - lo)
-        r = min(self.target_size[1] / h, self.target_size[0] / w) * scale
-        return dict(size=(max(int(h * r), 1), max(int(w * r), 1)))
+        # torchvision's float32 tensor arithmetic, on float32 scalars (the same bits)
+        scale = _F32(lo) + _rand(generator) * _F32(hi - lo)
+        r = _F32(min(self.target_size[1] / h, self.target_size[0] / w)) * scale
+        return dict(size=(max(int(_F32(h) * r), 1), max(int(_F32(w) * r), 1)))
 
     def apply(self, s: Sample, params: Params) -> Sample:
         return K.resize(s, params["size"], self.interpolation, self.antialias)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..imaging.resize import (
@@ -22,6 +23,15 @@ from ..imaging.resize import (
 from . import dense_kernels as K
 from .dense_compose import DenseOp, Params
 from .dense_kernels import Sample
+
+_F32 = np.float32  # torch computes a float32 tensor with a Python number in float32
+
+
+def _rand(g: torch.Generator | None) -> np.float32:
+    """torchvision's ``torch.rand(1)``, as a float32 scalar: the draw's arithmetic then
+    runs on the host's scalars (the same float32 operations, the same bits) rather than
+    as a handful of tensor ops an image (host time the loader's thread holds the GIL for)."""
+    return _F32(torch.rand(1, generator=g).item())
 
 
 class Resize(DenseOp):
@@ -89,8 +99,8 @@ class FixedSizeCrop(DenseOp):
         ch, cw = self.size
         top = left = 0
         if min(h, ch) != h or min(w, cw) != w:
-            r = torch.rand(1, generator=generator)
-            top, left = int(max(h - ch, 0) * r), int(max(w - cw, 0) * r)
+            r = _rand(generator)  # torchvision's float32 products, on scalars
+            top, left = int(_F32(max(h - ch, 0)) * r), int(_F32(max(w - cw, 0)) * r)
         return dict(top=top, left=left)
 
     def apply(self, s: Sample, params: Params) -> Sample:

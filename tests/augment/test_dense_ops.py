@@ -333,3 +333,56 @@ def test_color_only_runs_a_packer_compose_with_the_generator() -> None:
     out = op(s, torch.Generator().manual_seed(1))
     assert torch.equal(out.image[0], out.image[1]) and torch.equal(out.image[1], out.image[2])
     assert out.boxes is s.boxes and out.masks is s.masks
+
+
+def test_the_scalar_draws_are_torchvisions_tensor_draws_bit_for_bit() -> None:
+    """ScaleJitter, FixedSizeCrop and the flips' coin do torchvision's float32 tensor
+    arithmetic on float32 scalars (a handful of tensor ops an image less on the loader's
+    thread): over many draws and sizes, the same sizes, offsets and coins as torchvision's
+    own make_params and the tensor formulas."""
+    import numpy as np
+
+    from packer.augment.dense_batched_plan import _Size
+
+    # torch casts the Python number to float32 in a float32 comparison: so do the coins
+    assert bool(torch.tensor([np.float32(0.7)]) >= 0.7)
+    jitter, theirs = D.ScaleJitter((1024, 1024)), v2.ScaleJitter((1024, 1024))
+    crop = D.FixedSizeCrop((512, 384))
+    rng = np.random.default_rng(0)
+    for seed in range(600):
+        h, w = (int(v) for v in rng.integers(16, 900, 2))
+        got = jitter.sample_params(_Size(h, w), torch.Generator().manual_seed(seed))["size"]
+        torch.manual_seed(seed)
+        want = theirs.make_params([tv_tensors.Image(torch.empty(3, h, w, dtype=torch.uint8))])
+        assert got == want["size"], (seed, h, w)
+        g, r = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        offsets = crop.sample_params(_Size(h, w), g)
+        u = torch.rand(1, generator=r)
+        if h > 512 or w > 384:
+            assert offsets == {"top": int(max(h - 512, 0) * u), "left": int(max(w - 384, 0) * u)}
+        for p in (0.5, 0.7, 1 / 3, 0.123):
+            g, r = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            assert D._coin(p, g) == (not bool(torch.rand(1, generator=r) >= p))
+
+
+def test_the_lsj_draws_make_one_torch_call_a_draw() -> None:
+    """The draws run on the loader's producer thread, image by image: each is one call
+    to the generator (``rand`` and its ``item``), no tensor arithmetic."""
+    from torch.overrides import TorchFunctionMode
+
+    from packer.augment.dense_batched_plan import _Size
+
+    class Calls(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    for op in (D.ScaleJitter((64, 64)), D.FixedSizeCrop(32), D.RandomHorizontalFlip(0.5)):
+        with Calls() as calls:
+            op.sample_params(_Size(90, 70), g)
+        assert calls.names == ["rand", "item"], (type(op).__name__, calls.names)
