@@ -51,14 +51,18 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict:
 
 
 def _run(pack, group, bs=2) -> tuple[list[list[int]], BaseException | None]:
-    """The ids of each batch a pass yields, and the error that ended it (or None)."""
+    """The ids of each batch a pass yields (a semantic pack's: by position, in order), and
+    the error that ended it (or None)."""
     got: list[list[int]] = []
     ld = packer.PackLoader(
         pack, bs, shuffle=False, device="cpu", dense=DenseConfig(OP, "padded", group=group)
     )
     try:
-        for _, t in ld:
-            got.append(t["image_ids"].tolist())
+        for x, t in ld:
+            at = 1000 + sum(map(len, got))
+            got.append(
+                t["image_ids"].tolist() if isinstance(t, dict) else list(range(at, at + len(x)))
+            )
     except Exception as e:
         return got, e
     return got, None
@@ -88,13 +92,25 @@ def _mask_of_a_wrong_size(cols) -> None:
     rec["masks_rle"] = [empty] * len(rec["labels"])
 
 
+def _one_label_too_many(cols) -> None:
+    rec = cols.records[4]
+    rec["labels"] = np.concatenate([rec["labels"], [0]])
+
+
+def _semantic_of_a_wrong_size(cols) -> None:
+    cols.records[4]["semantic"] = cols.records[4]["semantic"][:-2]
+
+
 @pytest.mark.parametrize("store", ["raw", "jpeg"])
 @pytest.mark.parametrize(
     "damage, error, match",
     [
         (_damage_record, PackFormatError, "row 4 lies outside"),
         (_damage_mask, PackFormatError, "image 1004: instance mask 0"),
-        (_mask_of_a_wrong_size, ArgumentError, r"masks must be a uint8 tensor \[M, "),
+        # records that disagree with their image: the per-image path names the image
+        (_mask_of_a_wrong_size, ArgumentError, r"image 1004: Sample: masks must be .* \[1, "),
+        (_one_label_too_many, ArgumentError, r"image 1004: Sample: per-instance fields disagree"),
+        (_semantic_of_a_wrong_size, ArgumentError, r"image 1004: Sample: semantic must be"),
     ],
 )
 def test_a_batch_that_fails_in_a_group_fails_where_it_fails_alone(
@@ -102,7 +118,7 @@ def test_a_batch_that_fails_in_a_group_fails_where_it_fails_alone(
 ) -> None:
     """Image 4 (the third batch of 2) is damaged: alone, two batches then its error;
     in a group of 3 (or the default), the same two batches, then the same error."""
-    pack, cols = _open(fake, packs, store)
+    pack, cols = _open(fake, packs, store, semantic=damage is _semantic_of_a_wrong_size)
     damage(cols)
     alone, e = _run(pack, 1)
     assert alone == [[1000, 1001], [1002, 1003]]
