@@ -335,11 +335,20 @@ def to_sample(
     device; :func:`collate` moves them at the end, in one copy per dtype. ``pixels``:
     the record's masks already on the device (:func:`upload_pixels`), or False to
     upload them here."""
-    from ..augment.dense_sample import Sample
+    from ..imaging.resize import ArgumentError
 
     if pixels is False:
         pixels = upload_pixels([_pixels(rec, setup)], image.device)[0]
-    if setup.semantic:
+    try:
+        return _sample(image, rec, pixels, setup.semantic)
+    except ArgumentError as e:  # the record disagrees with its image: named by it
+        raise ArgumentError(f"image {rec.get('image_id', '?')}: {e}") from None
+
+
+def _sample(image: torch.Tensor, rec: dict[str, Any], pixels: Any, semantic: bool) -> Any:
+    from ..augment.dense_sample import Sample
+
+    if semantic:
         return Sample(image, semantic=pixels)
     keypoints = None
     if "keypoints" in rec:

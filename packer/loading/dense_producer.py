@@ -4,7 +4,8 @@ batches at a time (:func:`group_size`): one read, one decode call and one pass o
 batched transform for the group (:func:`run_batches`), then hands the batches out one
 by one, each with the event after the group's work on the producer's stream
 (:class:`DenseItem`). Each batch is the one it would be alone: its own seeded draws
-(:func:`packer.loading.order.batch_seed`), its own canvas."""
+(:func:`packer.loading.order.batch_seed`), its own canvas. A group that fails is made
+again batch by batch, so a damaged batch's error comes after the batches before it."""
 
 from __future__ import annotations
 
@@ -100,12 +101,19 @@ class DensePass(_Pass):
     """A dense pack's pass: images and targets read per batch, each image transformed
     with its targets on the device (on CUDA on a side stream, then its event)."""
 
+    @classmethod
+    def read_window(cls, cfg: Any) -> int:
+        # a group's batches are read together and their shards held until it is made
+        return group_size(cfg.dense, cfg.batch_size, cfg.prefetch)
+
     def __init__(self, cfg: Any, **kw: Any) -> None:
         super().__init__(cfg, **kw)
         self.setup: DenseSetup = cfg.dense
         self.kind: StorageKind = cfg.kind
         self.pack = cfg.pack
-        self.group = group_size(self.setup, cfg.batch_size, cfg.prefetch)
+        # no larger than the batches this pass makes (a generator is set up per batch)
+        left = max(1, self.nbatches - self.start)
+        self.group = min(group_size(self.setup, cfg.batch_size, cfg.prefetch), left)
 
     def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
         """The batch's images, uint8 [3, h, w] each, on the device."""
@@ -130,36 +138,62 @@ class DensePass(_Pass):
         if group:
             yield group
 
-    def run(self) -> None:
+    def _make(self, group: list[tuple[int, np.ndarray]], stream: Any, gens: list) -> list:
+        """The batches of ``group`` made together: a :class:`DenseItem` each."""
         st = self.stats
-        st.set_workers(read=self.num_threads)
+        bt = st.batch()
+        idx = np.concatenate([i for _, i in group])
+        records = self.setup.columns.read(idx)
+        seed, epoch, rank = self.seeds
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            images = self._images(idx, bt)
+            bt.lap(READ)
+            for g, (b, _) in zip(gens, group):  # each batch its own draws, as alone
+                g.manual_seed(batch_seed(seed, epoch, rank, b))
+            sizes = [(len(i), g) for (_, i), g in zip(group, gens)]
+            made = run_batches(images, records, self.setup, sizes)
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+            bt.lap(AUGMENT if self.setup.op is not None else COPY)
+        # the reads are let go once the group is made: a group that fails is read
+        # again batch by batch (see run)
+        for b, _ in group:
+            self.read_done(b)
+        for share in _shares(bt, len(group)):
+            st.produced(share)
+        return [DenseItem(batch, targets, ready) for batch, targets in made]
+
+    def _hand_out(self, items: list[DenseItem]) -> bool:
+        """Put ``items`` in order, each dropped here once put (a batch the consumer is
+        done with is not kept alive while the next group is made); False once stopped."""
+        while items:
+            if not self.put(items.pop(0)):
+                return False
+        return True
+
+    def run(self) -> None:
+        self.stats.set_workers(read=self.num_threads)
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         gens = [self.gen if self.gen is not None else torch.Generator()]
         gens += [torch.Generator() for _ in range(self.group - 1)]
-        seed, epoch, rank = self.seeds
         for group in self._groups():
-            bt = st.batch()
-            idx = np.concatenate([i for _, i in group])
-            records = self.setup.columns.read(idx)
-            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                images = self._images(idx, bt)
-                for b, _ in group:
-                    self.read_done(b)
-                bt.lap(READ)
-                for g, (b, _) in zip(gens, group):  # each batch its own draws, as alone
-                    g.manual_seed(batch_seed(seed, epoch, rank, b))
-                sizes = [(len(i), g) for (_, i), g in zip(group, gens)]
-                made = run_batches(images, records, self.setup, sizes)
-                ready = None
-                if cuda:
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-                bt.lap(AUGMENT if self.setup.op is not None else COPY)
-            for share in _shares(bt, len(group)):
-                st.produced(share)
-            for batch, targets in made:
-                if not self.put(DenseItem(batch, targets, ready)):
+            try:
+                items = self._make(group, stream, gens)
+            except Exception:
+                if len(group) == 1:
+                    raise
+                items = None
+            if items is not None:
+                if not self._hand_out(items):
+                    return
+                continue
+            # some batch of the group fails: the batches made one by one, those before it
+            # handed out, then its error raised, as without groups
+            for one in group:
+                if not self._hand_out(self._make([one], stream, gens)):
                     return
         if stream is not None:
             stream.synchronize()
