@@ -63,9 +63,12 @@ class DenseConfig:
     (not decoded, copied or transformed, absent from the targets), as torchvision's
     reference leaves them out of a box model's targets; ``group``: batches made together
     (decoded in one call, transformed in one pass, then handed out one by one: the same
-    batches, draws and outputs as one at a time), None for as many as make
-    :data:`GROUP_IMAGES` images (at most the loader's ``prefetch``) where the transform
-    has a batched path and the pack has boxes (a semantic pack: one a pass). A pass's host work is mostly a fixed count of torch calls, and
+    batches, draws, targets and masks as one at a time; the images the same on the CPU,
+    and on CUDA within the rounding of one product, its half-precision products taking
+    the group's padded shape), None for as many as make :data:`GROUP_IMAGES` images (at
+    most the loader's ``prefetch``) where the transform has a batched path and the pack
+    has boxes (a semantic pack: one a pass). A pass's host work is mostly a fixed count
+    of torch calls, and
     the producer thread holds the GIL for them beside a training step that wants it:
     grouping shares that work (docs/PERFORMANCE.md, "Detection and segmentation fed by
     packs")."""

@@ -4,7 +4,8 @@ batches at a time (:func:`group_size`): one read, one decode call and one pass o
 batched transform for the group (:func:`run_batches`), then hands the batches out one
 by one, each with the event after the group's work on the producer's stream
 (:class:`DenseItem`). Each batch is the one it would be alone: its own seeded draws
-(:func:`packer.loading.order.batch_seed`), its own canvas. A group that fails is made
+(:func:`packer.loading.order.batch_seed`), its own canvas (on CUDA its pixels within the
+rounding of one product: the half-precision products take the group's padded shape). A group that fails is made
 again batch by batch, so a damaged batch's error comes after the batches before it."""
 
 from __future__ import annotations

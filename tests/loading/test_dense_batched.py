@@ -408,6 +408,31 @@ def test_cuda_batches_are_the_cpu_batches(name: str) -> None:
         _same_targets(moved, want[1])
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["lsj", "hflip", "zoom-fills"])
+def test_cuda_batches_made_together_are_the_batches_made_alone(name: str) -> None:
+    """On a GPU a group's half-precision products take the group's padded shape: each
+    batch's targets and masks as alone, its images within one level."""
+    sizes = [*SIZES, (33, 90), (70, 20), (44, 44), (29, 31)]
+    images, cols = _inputs(sizes, 5)
+    records = cols.read(np.arange(len(sizes)))
+    setup = DenseSetup(cols, _recipes()[name], "padded", 32, 0, 255, True)
+    cuda = [i.cuda() for i in images]
+    gens = [(n, torch.Generator().manual_seed(40 + k)) for k, n in enumerate(GROUPS)]
+    together = run_batches(cuda, records, setup, gens)
+    at = 0
+    for k, n in enumerate(GROUPS):
+        g = torch.Generator().manual_seed(40 + k)
+        alone = run_batch(cuda[at : at + n], records[at : at + n], setup, g)
+        at += n
+        got = together[k]
+        assert got[0].shape == alone[0].shape and got[0].is_contiguous()
+        assert int((got[0].int() - alone[0].int()).abs().max()) <= 1
+        assert list(got[1]) == list(alone[1])
+        for key in got[1]:
+            assert torch.equal(got[1][key].cpu(), alone[1][key].cpu()), key
+
+
 def test_records_that_disagree_with_their_image_are_refused_naming_the_field() -> None:
     """A semantic mask or instance masks of another size than the image, or fewer masks
     than boxes: the per-image path's clear error, never a silent gather."""
