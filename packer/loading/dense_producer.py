@@ -11,6 +11,7 @@ again batch by batch, so a damaged batch's error comes after the batches before 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,15 @@ def _shares(bt: Any, k: int) -> list[Any]:
     each = BatchTimes(bt.clock)
     each.times = [t / k for t in bt.times]
     return [each] * k
+
+
+def _group_failed(k: int, e: BaseException) -> str:
+    why = (str(e).strip().splitlines() or [""])[0][:200]
+    return (
+        f"imgpack: a group of {k} dense batches failed ({type(e).__name__}: {why}) and was "
+        "made one batch at a time, each fine; if this repeats (the device's memory, say), "
+        "pass DenseConfig(group=1)"
+    )
 
 
 class DenseItem:
@@ -180,13 +190,14 @@ class DensePass(_Pass):
         stream = torch.cuda.Stream(self.device) if cuda else None
         gens = [self.gen if self.gen is not None else torch.Generator()]
         gens += [torch.Generator() for _ in range(self.group - 1)]
+        warned = False
         for group in self._groups():
             try:
                 items = self._make(group, stream, gens)
-            except Exception:
+            except Exception as e:
                 if len(group) == 1:
                     raise
-                items = None
+                items, failed = None, e
             if items is not None:
                 if not self._hand_out(items):
                     return
@@ -196,5 +207,8 @@ class DensePass(_Pass):
             for one in group:
                 if not self._hand_out(self._make([one], stream, gens)):
                     return
+            if not warned:  # every batch made alone: the group itself failed (memory?)
+                warned = True
+                warnings.warn(_group_failed(len(group), failed), RuntimeWarning, stacklevel=1)
         if stream is not None:
             stream.synchronize()

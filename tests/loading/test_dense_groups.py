@@ -229,3 +229,33 @@ def test_a_group_larger_than_the_pass_costs_only_the_pass(fake, packs, monkeypat
     got, e = _run(pack, 10**6)
     assert e is None and got == one and len(one) == 4
     assert len(made) <= len(one) + 1, len(made)  # the pass's own and one a batch at most
+
+
+def test_a_group_that_fails_while_its_batches_do_not_is_said_once(fake, packs, monkeypatch) -> None:
+    """The group itself fails (the device's memory, say) and each batch made alone does
+    not: every batch comes, the same as one a pass, and one warning says what happened
+    and what to pass."""
+    import packer.loading.dense_producer as producer
+
+    real = producer.run_grouped
+
+    def no_room_for_groups(images, records, items, setup, gens, plan):
+        if len(gens) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
+        return real(images, records, items, setup, gens, plan)
+
+    pack, _ = _open(fake, packs, "raw", masks=False)
+    alone, err = _run(pack, 1)
+    assert err is None and len(alone) == -(-N // 2)
+    monkeypatch.setattr(producer, "run_grouped", no_room_for_groups)
+    with pytest.warns(RuntimeWarning) as said:
+        got, err = _run(pack, 3)
+    assert err is None and got == alone
+    ours = [w for w in said if "dense batches failed" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in said]
+    assert re.search(
+        r"a group of 3 dense batches failed \(RuntimeError: CUDA out of memory\. Tried to "
+        r"allocate 2\.00 GiB\) and was made one batch at a time, each fine; .* "
+        r"DenseConfig\(group=1\)",
+        str(ours[0].message),
+    )
