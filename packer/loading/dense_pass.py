@@ -4,8 +4,9 @@
 A pack is dense when :func:`dense_columns` finds its targets (through
 ``packer.pack.dense.dense_of``, the reading contract; a build without that module, or
 a pack without targets, is a plain pack). Per batch, the
-:class:`packer.loading.dense_producer.DensePass` strategy reads the images (a raw pack's rows gathered by the threads, or a JPEG pack's images
-decoded at their stored size, in one batched call) and the targets of the same rows
+:class:`packer.loading.dense_producer.DensePass` strategy reads the images (a raw
+pack's rows gathered by the threads, or a JPEG pack's images decoded at their stored
+size, in one batched call) and the targets of the same rows
 (``DenseColumns.read``), moves them to the device, and runs the dense transform
 (:mod:`packer.augment.dense` ops: a :class:`packer.augment.dense.Compose` of them) on
 each image with all its fields at once, drawing from a generator seeded per batch by

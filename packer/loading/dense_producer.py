@@ -5,8 +5,9 @@ batched transform for the group (:func:`run_batches`), then hands the batches ou
 by one, each with the event after the group's work on the producer's stream
 (:class:`DenseItem`). Each batch is the one it would be alone: its own seeded draws
 (:func:`packer.loading.order.batch_seed`), its own canvas (on CUDA its pixels within the
-rounding of one product: the half-precision products take the group's padded shape). A group that fails is made
-again batch by batch, so a damaged batch's error comes after the batches before it."""
+rounding of one product: the half-precision products take the group's padded shape).
+A group that fails is made again batch by batch, so a damaged batch's error comes after
+the batches before it (and a group that fails while its batches do not is said once)."""
 
 from __future__ import annotations
 
