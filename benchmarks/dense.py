@@ -515,12 +515,14 @@ class Det:
         self.ref_dl: Any = None
         self.info: dict[str, Any] = {}
 
-    def extra_feed(self, threads: int | None = None, group: int | None = None) -> Callable[[], Any]:
+    def extra_feed(
+        self, threads: int | None = None, group: int | None = None, host: str = "thread"
+    ) -> Callable[[], Any]:
         """The pack's feed through a second loader of ``threads`` threads or making
         ``group`` batches a pass (the ``--frcnn-threads`` and ``--frcnn-groups`` ways)."""
         from packer.examples import train_detection as TD
 
-        loader = self._pack_loader(self.a.batch, threads=threads, group=group)
+        loader = self._pack_loader(self.a.batch, threads=threads, group=group, host=host)
         it = endless(lambda: TD.pack_batches(loader, False))
         return lambda: next(it)
 
@@ -530,13 +532,16 @@ class Det:
         pack: Path | None = None,
         threads: int | None = None,
         group: int | None = None,
+        host: str = "thread",
     ) -> Any:
         from packer.examples import train_detection as TD
 
         p = packer.load(pack or self.packs["det_train"])
         rows = torch.arange(len(p)).repeat(1000)  # no epoch ends inside a round
         # the recipe's train loader (pack_loaders), streaming the rows over and over
-        dense = DenseConfig(TD.pack_pipeline(self.args), "padded", masks=self.masks, group=group)
+        dense = DenseConfig(
+            TD.pack_pipeline(self.args), "padded", masks=self.masks, group=group, host=host
+        )
         return packer.PackLoader(
             p,
             batch,
@@ -646,6 +651,9 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         ways[f"pack, {t} threads"] = (det.step, det.extra_feed(threads=t), None)
     for g in a.frcnn_groups:
         ways[f"pack, {g} batch(es) a pass"] = (det.step, det.extra_feed(group=g), None)
+    if a.frcnn_process:
+        # the groups' host half in a worker process (DenseConfig.host)
+        ways["pack, host half in a process"] = (det.step, det.extra_feed(host="process"), None)
     if a.frcnn_beside:
         # the resident batches, while a batch of the pack is taken (and dropped) each
         # step: the loader's work beside the step without its batches' content
@@ -970,8 +978,8 @@ def part_deeplab(a: argparse.Namespace, seg: Seg, res: dict, summary: list) -> N
 def part_host(a: argparse.Namespace, det: Det, res: dict, summary: list) -> None:
     """Host ms a batch of the dense pass's work, by batches a pass (see the docstring)."""
     from packer.examples import train_detection as TD
-    from packer.loading.dense_pass import dense_setup
-    from packer.loading.dense_producer import run_batches
+    from packer.loading.dense_batched import drawn_group, group_on_device, plan_of
+    from packer.loading.dense_pass import _pixels, dense_setup
     from packer.loading.order import batch_seed
 
     p = packer.load(det.packs["det_train"])
@@ -980,7 +988,9 @@ def part_host(a: argparse.Namespace, det: Det, res: dict, summary: list) -> None
     dev, b = det.device, a.batch
     cuda = dev.type == "cuda"
     stream = torch.cuda.Stream(dev) if cuda else None
+    plan = plan_of(setup.op)
     ms: dict[int, list[float]] = {k: [] for k in a.host_groups}
+    kept: dict[int, list[float]] = {k: [] for k in a.host_groups}  # host="process"'s thread
     first = 0
     for _ in range(2):  # the groups alternated, twice
         for k in a.host_groups:
@@ -989,29 +999,56 @@ def part_host(a: argparse.Namespace, det: Det, res: dict, summary: list) -> None
                 idx = np.arange(first * b, (first + k) * b) % len(p)
                 t0 = time.perf_counter()
                 records = setup.columns.read(idx)
+                items = [_pixels(r, setup) for r in records]
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                    t1 = time.perf_counter()
                     images = list(p.decode(idx, dev))
+                    t2 = time.perf_counter()
                     for j, g in enumerate(gens):
                         g.manual_seed(batch_seed(a.seed, 0, 0, first + j))
-                    run_batches(images, records, setup, [(b, g) for g in gens])
+                    sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
+                    made = drawn_group(sizes, records, items, setup, [(b, g) for g in gens], plan)
+                    t3 = time.perf_counter()
+                    group_on_device(images, made, setup, plan)
+                t4 = time.perf_counter()
                 if rep:  # the first pass of a group size warms it
-                    ms[k].append((time.perf_counter() - t0) / k * 1e3)
+                    ms[k].append((t4 - t0) / k * 1e3)
+                    # with host="process" the thread reads and decodes, then launches
+                    kept[k].append(((t2 - t1) + (t4 - t3)) / k * 1e3)
                 first += k
                 if cuda and rep % 4 == 3:
                     sync(dev)  # the device keeps up; the host's time is what is measured
             sync(dev)
     m = {k: med(v) for k, v in ms.items()}
-    res["host"] = {"ms_a_batch": m, "each": ms, "batch": b, "passes": a.host_passes}
+    mk = {k: med(v) for k, v in kept.items()}
+    res["host"] = {
+        "ms_a_batch": m,
+        "each": ms,
+        "thread_ms_a_batch_with_a_host_process": mk,
+        "batch": b,
+        "passes": a.host_passes,
+    }
     print(f"\nThe dense pass's host ms a batch (batch {b}, {a.host_passes} passes x 2 a size):")
-    print("| batches a pass | host ms a batch | / one a pass |\n| --- | --- | --- |")
+    print(
+        "| batches a pass | host ms a batch | / one a pass | the thread's with "
+        "host='process' (decode call, kernels) |\n| --- | --- | --- | --- |"
+    )
     for k, v in m.items():
-        print(f"| {k} | {v:.2f} | {ratio(v, m.get(1, float('nan')), '.2f')} |")
+        print(f"| {k} | {v:.2f} | {ratio(v, m.get(1, float('nan')), '.2f')} | {mk[k]:.2f} |")
     if 1 in m and 4 in m:
         summary.append(
             (
                 "f. the dense pass's host ms a batch, 4 batches a pass / 1",
                 f"{m[4]:.2f} / {m[1]:.2f} ms",
                 ratio(m[4], m[1], ".2f"),
+                "report",
+            )
+        )
+        summary.append(
+            (
+                "f. the same, the producer thread's share with host='process' / all of it",
+                f"{mk[4]:.2f} / {m[4]:.2f} ms",
+                ratio(mk[4], m[4], ".2f"),
                 "report",
             )
         )
@@ -1323,6 +1360,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="frcnn: also the pack through loaders making these many batches a pass "
         "(DenseConfig.group; comma-separated)",
+    )
+    ap.add_argument(
+        "--frcnn-process",
+        action="store_true",
+        help="frcnn: also the pack with each group's host half made in a worker process "
+        "(DenseConfig(host='process'))",
     )
     ap.add_argument(
         "--seg-groups",

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .dense_batched_geometry import apply
+from .dense_batched_geometry import Geometry, apply
 from .dense_batched_masks import Planes, gather_masks
 from .dense_batched_plan import Plan, batched_ops, draw
 from .dense_batched_resample import axis_maps, fill_in, fill_tensor, padded, resample, u8
 from .dense_batched_targets import Targets
 
-__all__ = ["Out", "Plan", "Planes", "Targets", "batched_ops", "run"]
+__all__ = ["Drawn", "Out", "Plan", "Planes", "Targets", "batched_ops", "drawn", "on_device", "run"]
 
 
 @dataclass
@@ -53,6 +53,70 @@ class Out:
     targets: Targets | None
     masks: torch.Tensor | None
     semantic: torch.Tensor | None
+
+
+@dataclass
+class Drawn:
+    """The host half of :func:`run` (:func:`drawn`): the input ``sizes``, every image's
+    :class:`~packer.augment.dense_batched_geometry.Geometry` and output size, and the
+    ``canvas`` (h, w). Plain data: another process may make it."""
+
+    sizes: list[tuple[int, int]]
+    geo: Geometry
+    canvas: tuple[int, int]
+
+    @property
+    def out_sizes(self) -> list[tuple[int, int]]:
+        return self.geo.sizes
+
+
+def drawn(
+    plan: Plan,
+    sizes: Sequence[tuple[int, int]],
+    targets: Targets | None,
+    gen: torch.Generator | Sequence[tuple[int, torch.Generator | None]] | None,
+    divisible: int = 32,
+) -> Drawn:
+    """:func:`run`'s host half: the parameters drawn image by image, the geometry, the
+    ``targets`` moved with it (in place), the canvas."""
+    sizes = [(int(h), int(w)) for h, w in sizes]
+    if isinstance(gen, (list, tuple)):
+        params, at = [], 0
+        for n, g in gen:
+            params += draw(plan, sizes[at : at + n], g)
+            at += n
+    else:
+        params = draw(plan, sizes, gen)
+    geo = apply(plan, params, sizes, targets)
+    out_sizes = geo.sizes
+    d = 1 if len(set(out_sizes)) == 1 else divisible
+    ch = -(-max(s[0] for s in out_sizes) // d) * d
+    cw = -(-max(s[1] for s in out_sizes) // d) * d
+    return Drawn(sizes, geo, (ch, cw))
+
+
+def on_device(
+    plan: Plan,
+    images: Sequence[torch.Tensor],
+    made: Drawn,
+    targets: Targets | None,
+    planes: Planes | None,
+    pad_fill: int = 0,
+    pad_semantic: int = 255,
+) -> Out:
+    """:func:`run`'s device half: the images resampled (or gathered) and the masks
+    gathered by ``made`` (:func:`drawn` of these images)."""
+    ch, cw = made.canvas
+    src = padded(images)
+    dev = src.device
+    maps = axis_maps(made.geo, ch, cw, dev)
+    pixels = resample(plan, made.geo, maps, src)
+    fill = fill_tensor(plan.fill, src.shape[1], dev)
+    out_images = fill_in(pixels, maps.axes, fill, u8(pad_fill), maps.flags)
+    masks = semantic = None
+    if planes is not None:
+        masks, semantic = gather_masks(planes, targets, plan, maps, pad_semantic, dev)
+    return Out(out_images, made.out_sizes, targets, masks, semantic)
 
 
 def run(
@@ -72,27 +136,8 @@ def run(
     ``pad_semantic``). The host waits for the device nowhere. ``gen`` may also be
     ``[(n, generator), ...]``: the first n images draw from the first generator, the
     next from the second, ... (several batches made at once, each with its own draws;
-    each image's output does not depend on the others')."""
+    each image's output does not depend on the others'). :func:`drawn` then
+    :func:`on_device`."""
     sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
-    if isinstance(gen, (list, tuple)):
-        params, at = [], 0
-        for n, g in gen:
-            params += draw(plan, sizes[at : at + n], g)
-            at += n
-    else:
-        params = draw(plan, sizes, gen)
-    geo = apply(plan, params, sizes, targets)
-    out_sizes = geo.sizes
-    d = 1 if len(set(out_sizes)) == 1 else divisible
-    ch = -(-max(s[0] for s in out_sizes) // d) * d
-    cw = -(-max(s[1] for s in out_sizes) // d) * d
-    src = padded(images)
-    dev = src.device
-    maps = axis_maps(geo, ch, cw, dev)
-    pixels = resample(plan, geo, maps, src)
-    fill = fill_tensor(plan.fill, src.shape[1], dev)
-    out_images = fill_in(pixels, maps.axes, fill, u8(pad_fill), maps.flags)
-    masks = semantic = None
-    if planes is not None:
-        masks, semantic = gather_masks(planes, targets, plan, maps, pad_semantic, dev)
-    return Out(out_images, out_sizes, targets, masks, semantic)
+    made = drawn(plan, sizes, targets, gen, divisible)
+    return on_device(plan, images, made, targets, planes, pad_fill, pad_semantic)

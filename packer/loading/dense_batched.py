@@ -14,6 +14,7 @@ index (:func:`packer.loading.dense_pass.decode_flat`); semantic masks likewise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -104,12 +105,12 @@ def _host_targets(records: list[dict[str, Any]]) -> DB.Targets | None:
     )
 
 
-def _agree(images: list[torch.Tensor], records: list[dict[str, Any]], items: list[Any],
+def _agree(sizes: list[tuple[int, int]], records: list[dict[str, Any]], items: list[Any],
            semantic: bool) -> bool:  # fmt: skip
-    """Every record's fields agree with its image (masks of its size, one label, mask
-    and keypoint row per box): else the per-image path, whose checks name the field."""
-    for img, rec, it in zip(images, records, items):
-        hw = (int(img.shape[-2]), int(img.shape[-1]))
+    """Every record's fields agree with its image's (h, w) ``sizes`` (masks of its size,
+    one label, mask and keypoint row per box): else the per-image path, whose checks name
+    the field."""
+    for hw, rec, it in zip(sizes, records, items):
         if semantic:
             if it is not None and tuple(it.shape) != hw:
                 return False
@@ -131,12 +132,10 @@ def _cat(arrays: list[Any], dtype: Any) -> np.ndarray:
 
 def _planes(items: list[Any], setup: Any, dev: torch.device) -> Any:
     """The batch's masks (``dense_pass._pixels`` of each record) as
-    :class:`~packer.augment.dense_batched.Planes`, None when it has none, or False where
-    only some records have them (the per-image path)."""
+    :class:`~packer.augment.dense_batched.Planes`, None when it has none (every record
+    has them or none: :func:`drawn_group` checks)."""
     if all(i is None for i in items):
         return None
-    if any(i is None for i in items):
-        return False
     if setup.semantic:
         slack = max(a.shape[1] for a in items)
         flat, bases = upload_flat(items, dev, slack)
@@ -177,42 +176,92 @@ def run_grouped(
     batch's size and generator, in order (``images``, ``records`` and ``items`` hold the
     batches one after another). Each batch is what :func:`run_batched` makes of it alone
     (the same draws, pixels and targets; its own canvas), while the torch calls a pass
-    makes, a fixed number, are made once for them all. None as :func:`run_batched`."""
-    dev = images[0].device
-    if not _agree(images, records, items, setup.semantic):
+    makes, a fixed number, are made once for them all. None as :func:`run_batched`.
+    :func:`drawn_group` (the host's half) then :func:`group_on_device`."""
+    sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
+    made = drawn_group(sizes, records, items, setup, gens, plan)
+    return None if made is None else group_on_device(images, made, setup, plan)
+
+
+@dataclass
+class DrawnGroup:
+    """:func:`run_grouped`'s host half: what the records, the draws and the geometry
+    give before any pixel moves. Plain data (numpy, CPU tensors, numbers): a worker
+    process may make it for the producer (``DenseConfig.host="process"``)."""
+
+    drawn: DB.Drawn
+    items: list[Any]  # each record's masks (dense_pass._pixels), host
+    targets: DB.Targets | None  # moved by the geometry, sanitized
+    bounds: list[int]  # image bounds of the batches
+    rows: list[int]  # target-row bounds of the batches
+    counts: list[int]  # instances an image
+    area: torch.Tensor | None  # per row from the boxes (None: from the masks, on the device)
+    collated: list[dict[str, Any]]  # per batch, its targets' host half
+
+
+def drawn_group(
+    sizes: list[tuple[int, int]],
+    records: list[dict[str, Any]],
+    items: list[Any],
+    setup: Any,
+    gens: list[tuple[int, torch.Generator | None]],
+    plan: DB.Plan,
+) -> DrawnGroup | None:
+    """The host half of :func:`run_grouped` for images of (h, w) ``sizes``; None where
+    the batches need the per-image path (records that disagree with their images or with
+    each other on masks or keypoints)."""
+    if not _agree(sizes, records, items, setup.semantic):
         return None
-    planes = _planes(items, setup, dev)
-    if planes is False:
+    if any(i is None for i in items) and not all(i is None for i in items):
         return None
-    ids = [int(r["image_id"]) for r in records]
     bounds = np.cumsum([0] + [n for n, _ in gens]).tolist()
     if setup.semantic:
-        out = DB.run(plan, images, None, planes, gens, setup.size_divisible, setup.fill,
-                     setup.semantic_fill)  # fmt: skip
-        return [
-            (part.images, part.semantic)
-            for part in _parts(out, bounds, [0] * len(bounds), setup.size_divisible)
-        ]
+        made = DB.drawn(plan, sizes, None, gens, setup.size_divisible)
+        return DrawnGroup(made, items, None, bounds, [0] * len(bounds), [], None, [])
     targets = _host_targets(records)
     if targets is None:
         return None
-    out = DB.run(plan, images, targets, planes, gens, setup.size_divisible, setup.fill,
-                 setup.semantic_fill)  # fmt: skip
-    t = out.targets
-    counts = torch.bincount(t.image, minlength=len(images)).tolist()
-    if out.masks is not None:  # COCO's segment area: the transformed masks' pixels
-        area = out.masks.flatten(1).sum(1, dtype=torch.int64).to(torch.float32)
-    else:
-        bx = t.boxes
+    made = DB.drawn(plan, sizes, targets, gens, setup.size_divisible)
+    counts = torch.bincount(targets.image, minlength=len(sizes)).tolist()
+    area = None
+    if all(i is None for i in items):  # else COCO's segment area: the masks' pixels
+        bx = targets.boxes
         area = (bx[:, 2] - bx[:, 0]) * (bx[:, 3] - bx[:, 1])
     rows = np.cumsum([0, *counts]).tolist()  # the rows run image by image
     row_bounds = [rows[b] for b in bounds]
-    made = []
-    for k, part in enumerate(_parts(out, bounds, row_bounds, setup.size_divisible)):
+    ids = [int(r["image_id"]) for r in records]
+    collated = []
+    for k, part in enumerate(_target_parts(targets, bounds, row_bounds)):
         lo, hi, r0, r1 = bounds[k], bounds[k + 1], row_bounds[k], row_bounds[k + 1]
-        collate = _padded if setup.targets == "padded" else _dicts
-        made.append((part.images, collate(part, counts[lo:hi], area[r0:r1], ids[lo:hi], dev)))
-    return made
+        a = None if area is None else area[r0:r1]
+        host = _padded_host if setup.targets == "padded" else _dicts_host
+        collated.append(host(part, counts[lo:hi], a, ids[lo:hi], made.out_sizes[lo:hi]))
+    return DrawnGroup(made, items, targets, bounds, row_bounds, counts, area, collated)
+
+
+def group_on_device(
+    images: list[torch.Tensor], made: DrawnGroup, setup: Any, plan: DB.Plan
+) -> list[tuple[torch.Tensor, Any]]:
+    """The device half of :func:`run_grouped`: ``images`` (those ``made`` was drawn
+    for) resampled, the masks gathered, each batch cut to its canvas and its targets
+    moved (one copy per dtype a batch)."""
+    dev = images[0].device
+    planes = _planes(made.items, setup, dev)
+    out = DB.on_device(plan, images, made.drawn, made.targets, planes, setup.fill,
+                       setup.semantic_fill)  # fmt: skip
+    cut = _parts(out, made.bounds, made.rows, setup.size_divisible)
+    if setup.semantic:
+        return [(part.images, part.semantic) for part in cut]
+    area = made.area
+    if out.masks is not None:  # COCO's segment area: the transformed masks' pixels
+        area = out.masks.flatten(1).sum(1, dtype=torch.int64).to(torch.float32)
+    result = []
+    for k, part in enumerate(cut):
+        r0, r1 = made.rows[k], made.rows[k + 1]
+        on_dev = None if made.area is not None else area[r0:r1]
+        device = _padded_device if setup.targets == "padded" else _dicts_device
+        result.append((part.images, device(made.collated[k], part.masks, on_dev, dev)))
+    return result
 
 
 def _cut(t: torch.Tensor, h: int, w: int) -> torch.Tensor:
@@ -221,38 +270,46 @@ def _cut(t: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 
 def _parts(out: DB.Out, bounds: list[int], rows: list[int], divisible: int) -> list[DB.Out]:
-    """Batch ``k`` of ``out``: images ``bounds[k]:bounds[k + 1]``, target rows
+    """Batch ``k`` of ``out``: images ``bounds[k]:bounds[k + 1]``, masks of target rows
     ``rows[k]:rows[k + 1]``, on its own canvas (the largest of its images, rounded up to
-    ``divisible`` when their sizes differ: what it would have alone)."""
+    ``divisible`` when their sizes differ: what it would have alone); its targets are
+    :func:`_target_parts`'s."""
     if len(bounds) == 2:
         return [out]
     parts = []
-    t = out.targets
     for lo, hi, r0, r1 in zip(bounds, bounds[1:], rows, rows[1:]):
         sizes = out.sizes[lo:hi]
         d = 1 if len(set(sizes)) == 1 else divisible
         h = -(-max(s[0] for s in sizes) // d) * d
         w = -(-max(s[1] for s in sizes) // d) * d
-        part = None
-        if t is not None:
-            part = DB.Targets(
-                boxes=t.boxes[r0:r1],
-                image=t.image[r0:r1] - lo,
-                row=t.row[r0:r1],
-                labels=None if t.labels is None else t.labels[r0:r1],
-                keypoints=None if t.keypoints is None else t.keypoints[r0:r1],
-                extras={k: v[r0:r1] for k, v in t.extras.items()},
-            )
         parts.append(
             DB.Out(
                 _cut(out.images[lo:hi], h, w),
                 sizes,
-                part,
+                None,
                 None if out.masks is None else _cut(out.masks[r0:r1], h, w),
                 None if out.semantic is None else _cut(out.semantic[lo:hi], h, w),
             )
         )
     return parts
+
+
+def _target_parts(t: DB.Targets, bounds: list[int], rows: list[int]) -> list[DB.Targets]:
+    """Batch ``k``'s targets: rows ``rows[k]:rows[k + 1]``, their images counted from
+    the batch's first."""
+    if len(bounds) == 2:
+        return [t]
+    return [
+        DB.Targets(
+            boxes=t.boxes[r0:r1],
+            image=t.image[r0:r1] - lo,
+            row=t.row[r0:r1],
+            labels=None if t.labels is None else t.labels[r0:r1],
+            keypoints=None if t.keypoints is None else t.keypoints[r0:r1],
+            extras={k: v[r0:r1] for k, v in t.extras.items()},
+        )
+        for lo, r0, r1 in zip(bounds, rows, rows[1:])
+    ]
 
 
 def _moved(parts: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
@@ -269,15 +326,26 @@ def _moved(parts: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch
     return out
 
 
-def _dicts(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> list[dict]:
-    t = out.targets
-    parts = {"boxes": t.boxes, "labels": t.labels, "area": area, "iscrowd": t.extras["iscrowd"]}
+def _dicts_host(t: DB.Targets, counts: list[int], area, ids: list[int], sizes) -> dict:
+    """:func:`_dicts_device`'s host half: the targets' host tensors (``area`` None: the
+    masks' pixels, on the device)."""
+    parts = {"boxes": t.boxes, "labels": t.labels, "iscrowd": t.extras["iscrowd"]}
+    if area is not None:
+        parts["area"] = area
     if t.keypoints is not None:
         parts["keypoints"] = t.keypoints
-    moved = _moved(parts, dev)
-    if out.masks is not None:
-        moved["masks"] = out.masks
-    split = {k: v.split(counts) for k, v in moved.items()}
+    return {"parts": parts, "counts": counts, "ids": ids}
+
+
+def _dicts_device(host: dict, masks, area, dev) -> list[dict]:
+    """Per image a dict as torchvision's detection models take it, its tensors views of
+    one copy per dtype."""
+    moved = _moved(host["parts"], dev)
+    if area is not None:
+        moved["area"] = area
+    if masks is not None:
+        moved["masks"] = masks
+    split = {k: v.split(host["counts"]) for k, v in moved.items()}
     tail = [k for k in ("masks", "keypoints") if k in split]
     return [
         {
@@ -288,27 +356,23 @@ def _dicts(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> list[di
             "iscrowd": split["iscrowd"][i],
             **{k: split[k][i] for k in tail},
         }
-        for i, image_id in enumerate(ids)
+        for i, image_id in enumerate(host["ids"])
     ]
 
 
-def _padded(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> dict:
-    """:func:`packer.augment.dense_batch.collate_padded`'s dict (plus ``image_ids``)."""
-    t = out.targets
+def _padded_host(t: DB.Targets, counts: list[int], area, ids: list[int], sizes) -> dict:
+    """:func:`_padded_device`'s host half: the padded host tensors, the shapes, and each
+    row's slot in the padding (``area`` None: the masks' pixels, on the device)."""
     b, n = len(counts), max(counts)
     slot = t.image * n + torch.cat([torch.arange(c) for c in counts] or [torch.zeros(0)]).long()
 
-    slots = {slot.device: slot}
-
     def pad(rows: torch.Tensor, value: float) -> torch.Tensor:
-        if rows.device not in slots:
-            slots[rows.device] = to_device(slot, rows.device)
         full = rows.new_full((b * n, *rows.shape[1:]), value)
-        full.index_copy_(0, slots[rows.device], rows)
+        full.index_copy_(0, slot, rows)
         return full.view(b, n, *rows.shape[1:])
 
     shapes = {  # on the host (collate_padded's): slicing by them waits for nothing
-        "image_sizes": torch.tensor(out.sizes, dtype=torch.int64).reshape(b, 2),
+        "image_sizes": torch.tensor(sizes, dtype=torch.int64).reshape(b, 2),
         "counts": torch.tensor(counts, dtype=torch.int64),
         "image_ids": torch.tensor(ids, dtype=torch.int64),
     }
@@ -320,11 +384,29 @@ def _padded(out: DB.Out, counts: list[int], area, ids: list[int], dev) -> dict:
     }
     if t.keypoints is not None:
         host["keypoints"] = pad(t.keypoints, 0.0)
-    if area.device.type == "cpu" and dev.type != "cpu":
+    if area is not None:
         host["area"] = pad(area, 0.0)
-    result = _moved(host, dev)
-    if "area" not in result:
+    return {"host": host, "shapes": shapes, "slot": slot, "b": b, "n": n}
+
+
+def _padded_device(host: dict, masks, area, dev) -> dict:
+    """:func:`packer.augment.dense_batch.collate_padded`'s dict (plus ``image_ids``):
+    the host half moved (one copy per dtype), the masks and their areas padded on the
+    device."""
+    b, n = host["b"], host["n"]
+    slot = None
+
+    def pad(rows: torch.Tensor, value: float) -> torch.Tensor:
+        nonlocal slot
+        if slot is None:
+            slot = to_device(host["slot"], rows.device)
+        full = rows.new_full((b * n, *rows.shape[1:]), value)
+        full.index_copy_(0, slot, rows)
+        return full.view(b, n, *rows.shape[1:])
+
+    result = _moved(host["host"], dev)
+    if area is not None:
         result["area"] = pad(area, 0.0)
-    if out.masks is not None:
-        result["masks"] = pad(out.masks, 0)
-    return {**result, **shapes}
+    if masks is not None:
+        result["masks"] = pad(masks, 0)
+    return {**result, **host["shapes"]}

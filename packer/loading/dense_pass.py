@@ -72,7 +72,12 @@ class DenseConfig:
     of torch calls, and
     the producer thread holds the GIL for them beside a training step that wants it:
     grouping shares that work (docs/PERFORMANCE.md, "Detection and segmentation fed by
-    packs")."""
+    packs"); ``host``: "thread" (default) makes each group's host half (records, draws,
+    geometry, host targets) on the producer thread, "process" in a worker process
+    (:mod:`packer.loading.dense_host`), so the training process's GIL holds only the
+    decode call and the group's kernels: for a step that is mostly Python (a detector),
+    where the transform has a batched path and the pack is one local pack (else the
+    thread makes it)."""
 
     transform: Any = None
     targets: str = "dicts"
@@ -81,8 +86,10 @@ class DenseConfig:
     semantic_fill: int = 255
     masks: bool = True
     group: int | None = None
+    host: str = "thread"
 
 
+HOSTS = ("thread", "process")
 # the images a pass makes when DenseConfig.group is None
 GROUP_IMAGES = 32
 
@@ -163,6 +170,7 @@ class DenseSetup:
     semantic_fill: int
     masks: bool = True
     group: int | None = None
+    host: str = "thread"
 
     @property
     def semantic(self) -> bool:
@@ -227,9 +235,12 @@ def dense_setup(
     g = cfg.group
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
         raise UsageError(f"DenseConfig.group must be a positive int or None, not {g!r}")
+    if not isinstance(cfg.host, str) or cfg.host not in HOSTS:
+        raise UsageError(f"DenseConfig.host must be 'thread' or 'process', not {cfg.host!r}")
     setup = DenseSetup(
-        columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g
-    )
+        columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g,
+        cfg.host,
+    )  # fmt: skip
     return setup, None
 
 

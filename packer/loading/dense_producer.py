@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..pack.kinds import StorageKind
-from .dense_batched import plan_of, run_grouped
-from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, run_batch
+from .dense_batched import group_on_device, plan_of, run_grouped
+from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, dense_columns, run_batch
 from .order import batch_seed
 from .producer import _Pass
 from .stats import AUGMENT, COPY, READ, BatchTimes
@@ -185,31 +185,122 @@ class DensePass(_Pass):
                 return False
         return True
 
+    def _worker(self) -> Any:
+        """A :class:`packer.loading.dense_host.HostWorker` for this pass, or None where the
+        thread makes the groups (``host="thread"``, no batched path, a set)."""
+        if self.setup.host != "process" or plan_of(self.setup.op) is None:
+            return None
+        path = getattr(self.pack, "path", None)
+        if self.units is not None or path is None or dense_columns(self.pack) is None:
+            return None
+        from .dense_host import HostWorker
+
+        return HostWorker(path, self.setup)
+
+    def _make_drawn(self, group: list, made: Any, stream: Any) -> list | None:
+        """The batches of ``group`` from a worker's host half ``made``: the images read
+        and decoded here, the group's kernels launched; None where the images are not
+        the sizes the worker drew for (the thread then makes the group)."""
+        st = self.stats
+        bt = st.batch()
+        idx = np.concatenate([i for _, i in group])
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            images = self._images(idx, bt)
+            if [tuple(int(v) for v in i.shape[-2:]) for i in images] != made.drawn.sizes:
+                return None
+            bt.lap(READ)
+            done = group_on_device(images, made, self.setup, plan_of(self.setup.op))
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+            bt.lap(AUGMENT)
+        for b, _ in group:
+            self.read_done(b)
+        for share in _shares(bt, len(group)):
+            st.produced(share)
+        return [DenseItem(batch, targets, ready) for batch, targets in done]
+
+    def _make_any(self, group: list, stream: Any, gens: list, warned: list) -> list | None:
+        """The batches of ``group`` made on this thread (:meth:`_make`); a group that
+        fails is made again batch by batch and handed out as it goes (then None)."""
+        try:
+            return self._make(group, stream, gens)
+        except Exception as e:
+            if len(group) == 1:
+                raise
+            failed = e
+        # some batch of the group fails: the batches made one by one, those before it
+        # handed out, then its error raised, as without groups
+        for one in group:
+            if not self._hand_out(self._make([one], stream, gens)):
+                return None
+        if not warned:  # every batch made alone: the group itself failed (memory?)
+            warned.append(True)
+            warnings.warn(_group_failed(len(group), failed), RuntimeWarning, stacklevel=1)
+        return []
+
     def run(self) -> None:
         self.stats.set_workers(read=self.num_threads)
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         gens = [self.gen if self.gen is not None else torch.Generator()]
         gens += [torch.Generator() for _ in range(self.group - 1)]
-        warned = False
-        for group in self._groups():
+        warned: list[bool] = []
+        worker = self._worker()
+        if worker is None:
+            for group in self._groups():
+                items = self._make_any(group, stream, gens, warned)
+                if items is None or not self._hand_out(items):
+                    return
+        else:
             try:
-                items = self._make(group, stream, gens)
-            except Exception as e:
-                if len(group) == 1:
-                    raise
-                items, failed = None, e
-            if items is not None:
-                if not self._hand_out(items):
+                if not self._run_with(worker, stream, gens, warned):
                     return
-                continue
-            # some batch of the group fails: the batches made one by one, those before it
-            # handed out, then its error raised, as without groups
-            for one in group:
-                if not self._hand_out(self._make([one], stream, gens)):
-                    return
-            if not warned:  # every batch made alone: the group itself failed (memory?)
-                warned = True
-                warnings.warn(_group_failed(len(group), failed), RuntimeWarning, stacklevel=1)
+            finally:
+                worker.close()
         if stream is not None:
             stream.synchronize()
+
+    def _run_with(self, worker: Any, stream: Any, gens: list, warned: list) -> bool:
+        """The pass with ``worker`` making the groups' host halves, two groups ahead; a
+        group it could not make (an error, records the batched path declines) is made
+        here, as the thread would. False once stopped."""
+        groups = self._groups()
+        asked: list = []
+        alive = True
+
+        def ask() -> None:
+            group = next(groups, None)
+            if group is not None:
+                asked.append(group)
+                if alive:
+                    worker.submit(group, self.seeds)
+
+        ask()
+        ask()
+        while asked:
+            group = asked.pop(0)
+            ask()
+            made, status = None, "error"
+            if alive:
+                try:
+                    status, made = worker.result()
+                except (EOFError, OSError):  # the worker ended: this thread makes the rest
+                    alive = False
+                    warnings.warn(
+                        "imgpack: the dense loader's host worker ended; its producer thread "
+                        "makes the batches from here (DenseConfig(host='thread'))",
+                        RuntimeWarning,
+                        stacklevel=1,
+                    )
+                if status != "ok":
+                    made = None
+            items = None if made is None else self._make_drawn(group, made, stream)
+            if items is None:
+                items = self._make_any(group, stream, gens, warned)
+                if items is None:
+                    return False
+            if not self._hand_out(items):
+                return False
+        return True

@@ -39,6 +39,7 @@ ROWS = {
     "ec": "| e. bbox mAP, same weights, the pack decoded on the GPU vs reference |",
     "e2": "| e. mean IoU, same weights, pack vs reference data path |",
     "f": "| f. the dense pass's host ms a batch, 4 batches a pass / 1 |",
+    "f2": "| f. the same, the producer thread's share with host='process' / all of it |",
 }
 
 
@@ -101,6 +102,9 @@ def test_every_part_runs_and_the_ratios_are_the_measured_ones(work: Path) -> Non
     host = r["host"]["ms_a_batch"]
     assert sorted(host) == ["1", "4"] and all(len(v) == 2 for v in r["host"]["each"].values())
     assert _row(summary, ROWS["f"])[2] == f"{host['4'] / host['1']:.2f}"
+    kept = r["host"]["thread_ms_a_batch_with_a_host_process"]
+    assert 0 < kept["4"] < host["4"]  # a part of the pass's host time
+    assert _row(summary, ROWS["f2"])[2] == f"{kept['4'] / host['4']:.2f}"
     assert r["summary"] == [_row(summary, label) for label in ROWS.values()]
     assert not list((work / "out").glob(".*tmp*"))  # the JSON written whole, then renamed
 

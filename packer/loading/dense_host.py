@@ -1,0 +1,135 @@
+"""The dense pass's host half in a worker process (``DenseConfig(host="process")``).
+
+A detector's training step is mostly Python, and the loader's producer thread shares
+its GIL: the producer's host work (reading the records, drawing every image's
+parameters, the geometry, moving and sanitizing the boxes, the collate's host tensors)
+comes out of the step one for one (docs/PERFORMANCE.md, "Detection and segmentation fed
+by packs"). With ``host="process"`` a worker process makes that half of each group
+(:func:`packer.loading.dense_batched.drawn_group`) from its own view of the pack, a
+group or two ahead, while the producer thread reads and decodes the images and launches
+the group's kernels (:func:`packer.loading.dense_batched.group_on_device`): the same
+batches as the thread makes alone.
+
+The worker is forked (as torch's DataLoader forks its workers; spawned where the
+platform cannot fork), opens the pack by its path, and answers requests over a pipe: pickles between this package's own processes, never read from a
+pack's files. It ends when the pipe closes; :meth:`HostWorker.close` waits a moment,
+then stops it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from .dense_batched import drawn_group, plan_of
+from .dense_pass import DenseSetup, _pixels, dense_columns
+from .order import batch_seed
+
+_STOP = b""
+
+
+def _spec(setup: DenseSetup) -> dict[str, Any]:
+    """What a worker needs of the pass's setup besides the pack's columns."""
+    return {
+        "op": setup.op,
+        "targets": setup.targets,
+        "size_divisible": setup.size_divisible,
+        "fill": setup.fill,
+        "semantic_fill": setup.semantic_fill,
+        "masks": setup.masks,
+    }
+
+
+def _context() -> Any:
+    """Forked where the platform forks, as torch's DataLoader starts its workers: in
+    milliseconds, with torch imported, and without running the training script's
+    ``__main__`` again (a spawned interpreter would). The child never touches CUDA (a
+    forked child cannot) nor the parent's threads: it opens the pack afresh and computes
+    on the CPU, on one thread."""
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+class HostWorker:
+    """A worker process making groups' host halves for one pass's pack (``path``)."""
+
+    def __init__(self, path: str, setup: DenseSetup) -> None:
+        ctx = _context()
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_serve, args=(child, str(path), _spec(setup)), daemon=True,
+            name="imgpack-dense-host",
+        )  # fmt: skip
+        self.proc.start()
+        child.close()
+
+    def submit(self, group: list[tuple[int, np.ndarray]], seeds: tuple[int, int, int]) -> None:
+        """Ask for ``group``'s host half (its batches' numbers and rows, the pass's seeds)."""
+        batches = [(int(b), np.asarray(idx, dtype=np.int64)) for b, idx in group]
+        self.conn.send_bytes(pickle.dumps((batches, seeds), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def result(self) -> tuple[str, Any]:
+        """The next answer, in the order asked: ``("ok", DrawnGroup or None)`` or
+        ``("error", the exception's text)``. EOFError when the worker has ended."""
+        return pickle.loads(self.conn.recv_bytes())
+
+    def close(self, wait: float = 5.0) -> None:
+        """Ask the worker to end, wait ``wait`` seconds, then stop it."""
+        try:
+            self.conn.send_bytes(_STOP)
+        except (OSError, ValueError):
+            pass
+        self.conn.close()
+        self.proc.join(wait)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(wait)
+
+
+def _sizes_of(pack: Any) -> Any:
+    """Image ``i``'s (h, w) as the producer will hold it: a JPEG pack's stored size (its
+    frame header is checked against it before decoding), a raw pack's rows' size."""
+    sizes = getattr(pack, "sizes", None)
+    if sizes is not None:
+        table = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        return lambda idx: [tuple(int(v) for v in table[i]) for i in idx]
+    h, w = (int(v) for v in pack.images.shape[-2:])
+    return lambda idx: [(h, w)] * len(idx)
+
+
+def _serve(conn: Any, path: str, spec: dict[str, Any]) -> None:
+    """The worker's loop: a request in, its group's host half (or the error) out."""
+    import packer
+
+    torch.set_num_threads(1)
+    pack = packer.load(path)
+    setup = DenseSetup(dense_columns(pack), group=None, **spec)
+    plan = plan_of(setup.op)
+    sizes_of = _sizes_of(pack)
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if msg == _STOP:
+            return
+        batches, (seed, epoch, rank) = pickle.loads(msg)
+        try:
+            idx = np.concatenate([i for _, i in batches])
+            records = setup.columns.read(idx)
+            items = [_pixels(r, setup) for r in records]
+            gens = [
+                (len(i), torch.Generator().manual_seed(batch_seed(seed, epoch, rank, b)))
+                for b, i in batches
+            ]
+            reply: tuple[str, Any] = ("ok", drawn_group(sizes_of(idx), records, items, setup,
+                                                         gens, plan))  # fmt: skip
+        except Exception as e:  # the producer makes the group itself, and meets it there
+            reply = ("error", f"{type(e).__name__}: {e}")
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            return
