@@ -252,3 +252,23 @@ def test_fresh_runs_are_forks_that_end_as_the_interpreter_ends(tmp_path: Path) -
     timeout = "import subprocess\nraise subprocess.TimeoutExpired(['x'], 1)"
     r = run_fresh(timeout, env=env, exit=True)
     assert r.returncode == 1 and "TimeoutExpired" in r.stderr, (r.returncode, r.stdout)
+
+
+def test_a_forked_command_starts_its_own_fork_server(tmp_path: Path) -> None:
+    """This process has a multiprocessing fork server running (a build's workers start
+    from one where threads run): a forked command, as a fresh interpreter, starts its
+    own (it inherited the server's pid, not its child: os.waitpid refused it)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    here = ctx.Process(target=int)
+    here.start()
+    here.join()
+    assert here.exitcode == 0
+    code = (
+        "import multiprocessing as mp\n"
+        "p = mp.get_context('forkserver').Process(target=int)\n"
+        "p.start(); p.join(); print('exit', p.exitcode)\n"
+    )
+    r = run_code(code, cwd=tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, "exit 0"), r.stderr[-2000:]

@@ -102,10 +102,10 @@ def _sizes_of(pack: Any) -> Any:
 
 def _serve(conn: Any, path: str, spec: dict[str, Any]) -> None:
     """The worker's loop: a request in, its group's host half (or the error) out."""
-    import packer
+    from ..storage.open import load
 
     torch.set_num_threads(1)
-    pack = packer.load(path)
+    pack = load(path)
     setup = DenseSetup(dense_columns(pack), group=None, **spec)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)

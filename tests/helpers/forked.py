@@ -477,6 +477,11 @@ def _fresh(
     warnings.onceregistry.clear()  # type: ignore[attr-defined]
     warnings._filters_mutated()  # type: ignore[attr-defined]
     atexit._clear()
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is not None:  # this process's fork server is not the child's to use
+        server = forkserver._forkserver  # type: ignore[attr-defined]
+        server._forkserver_address = server._forkserver_alive_fd = None
+        server._forkserver_pid = None
     if "multiprocessing.util" in sys.modules:  # registered at its import, as it would be
         atexit.register(sys.modules["multiprocessing.util"]._exit_function)
     if env is not None:
