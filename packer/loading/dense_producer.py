@@ -270,12 +270,25 @@ class DensePass(_Pass):
         asked: list = []
         alive = True
 
+        def lost() -> None:  # the worker ended: this thread makes the rest, said once
+            nonlocal alive
+            alive = False
+            warnings.warn(
+                "imgpack: the dense loader's host worker ended; its producer thread "
+                "makes the batches from here (DenseConfig(host='thread'))",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+
         def ask() -> None:
             group = next(groups, None)
             if group is not None:
                 asked.append(group)
                 if alive:
-                    worker.submit(group, self.seeds)
+                    try:
+                        worker.submit(group, self.seeds)
+                    except (OSError, ValueError):  # its pipe closed between two requests
+                        lost()
 
         ask()
         ask()
@@ -286,17 +299,16 @@ class DensePass(_Pass):
             if alive:
                 try:
                     status, made = worker.result()
-                except (EOFError, OSError):  # the worker ended: this thread makes the rest
-                    alive = False
-                    warnings.warn(
-                        "imgpack: the dense loader's host worker ended; its producer thread "
-                        "makes the batches from here (DenseConfig(host='thread'))",
-                        RuntimeWarning,
-                        stacklevel=1,
-                    )
+                except (EOFError, OSError):
+                    lost()
                 if status != "ok":
                     made = None
-            items = None if made is None else self._make_drawn(group, made, stream)
+            items = None
+            if made is not None:
+                try:
+                    items = self._make_drawn(group, made, stream)
+                except Exception:  # the producer's half (decode, kernels) failed: made
+                    items = None  # again below, as the thread would, which meets it there
             if items is None:
                 items = self._make_any(group, stream, gens, warned)
                 if items is None:

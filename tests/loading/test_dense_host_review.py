@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_dense_host import LSJ, _equal, packs  # noqa: F401 (the packs fixture)
+from test_dense_host import LSJ, _equal
 
 import packer
 from helpers.dense_data import make_truth, write_coco
@@ -29,6 +29,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 WORKER = "imgpack-dense-host"
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """test_dense_host's COCO packs (instance masks, boxes) of 10 images: JPEG and raw."""
+    root = tmp_path_factory.mktemp("review")
+    write_coco(root / "coco", make_truth(10, ext=".jpg"))
+    dense = DenseOptions(format="coco", split="train2017")
+    out = {}
+    for store in ("jpeg", "raw"):
+        kw = {"store": store} if store == "jpeg" else {"size": (40, 48), "resize": "pad"}
+        cfg = BuildConfig(workers=1, dense=dense, **kw)
+        out[store] = packer.build_pack(root / "coco", root / store, cfg).path
+    return out
 
 
 def _loader(pack, host: str, group=3, bs=2, **kw) -> packer.PackLoader:
