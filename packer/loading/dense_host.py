@@ -10,61 +10,61 @@ group or two ahead, while the producer thread reads and decodes the images and l
 the group's kernels (:func:`packer.loading.dense_batched.group_on_device`): the same
 batches as the thread makes alone.
 
-The worker is forked (as torch's DataLoader forks its workers; spawned where the
-platform cannot fork), opens the pack by its path, and answers requests over a pipe: pickles between this package's own processes, never read from a
-pack's files. It ends when the pipe closes; :meth:`HostWorker.close` waits a moment,
-then stops it.
+The worker is forked (as torch's DataLoader forks its workers; where the platform
+cannot fork, the thread makes the groups) and reads the pack the loader holds: its
+mappings and dense columns, inherited, never the pack opened again by its path (which
+may lead elsewhere by then: a pack rebuilt in its place, a relative path after a
+chdir, or refuse it: a reader's bound given to ``packer.load``). It answers requests
+over a pipe: pickles between this package's own processes, never read from a pack's
+files. It ends when the pipe closes; :meth:`HostWorker.close` waits a
+moment, then stops it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import threading
 from typing import Any
 
 import numpy as np
 import torch
 
 from .dense_batched import drawn_group, plan_of
-from .dense_pass import DenseSetup, _pixels, dense_columns
+from .dense_pass import DenseSetup, _pixels
 from .order import batch_seed
 
 _STOP = b""
 
 
-def _spec(setup: DenseSetup) -> dict[str, Any]:
-    """What a worker needs of the pass's setup besides the pack's columns."""
-    return {
-        "op": setup.op,
-        "targets": setup.targets,
-        "size_divisible": setup.size_divisible,
-        "fill": setup.fill,
-        "semantic_fill": setup.semantic_fill,
-        "masks": setup.masks,
-    }
+def forkable() -> bool:
+    """Whether this platform forks (else the producer thread makes the groups)."""
+    return "fork" in mp.get_all_start_methods()
 
 
-def _context() -> Any:
-    """Forked where the platform forks, as torch's DataLoader starts its workers: in
-    milliseconds, with torch imported, and without running the training script's
-    ``__main__`` again (a spawned interpreter would). The child never touches CUDA (a
-    forked child cannot) nor the parent's threads: it opens the pack afresh and computes
-    on the CPU, on one thread."""
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+# one worker starts at a time: a worker forked while another's pipe is being set up
+# would hold that pipe's child end open, and hide that worker's end from the producer
+_STARTING = threading.Lock()
 
 
 class HostWorker:
-    """A worker process making groups' host halves for one pass's pack (``path``)."""
+    """A worker process making groups' host halves from ``pack`` and its pass's
+    ``setup`` (``setup.columns``: the pack's dense columns), inherited by the fork."""
 
-    def __init__(self, path: str, setup: DenseSetup) -> None:
-        ctx = _context()
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_serve, args=(child, str(path), _spec(setup)), daemon=True,
-            name="imgpack-dense-host",
-        )  # fmt: skip
-        self.proc.start()
-        child.close()
+    def __init__(self, pack: Any, setup: DenseSetup) -> None:
+        # forked, as torch's DataLoader starts its workers: in milliseconds, with torch
+        # imported, and without running the training script's ``__main__`` again (a
+        # spawned interpreter would). The child never touches CUDA (a forked child
+        # cannot) nor the parent's threads: it computes on the CPU, on one thread.
+        ctx = mp.get_context("fork")
+        with _STARTING:
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(
+                target=_serve, args=(child, pack, setup), daemon=True,
+                name="imgpack-dense-host",
+            )  # fmt: skip
+            self.proc.start()
+            child.close()
 
     def submit(self, group: list[tuple[int, np.ndarray]], seeds: tuple[int, int, int]) -> None:
         """Ask for ``group``'s host half (its batches' numbers and rows, the pass's seeds)."""
@@ -100,13 +100,9 @@ def _sizes_of(pack: Any) -> Any:
     return lambda idx: [(h, w)] * len(idx)
 
 
-def _serve(conn: Any, path: str, spec: dict[str, Any]) -> None:
+def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
     """The worker's loop: a request in, its group's host half (or the error) out."""
-    import packer
-
     torch.set_num_threads(1)
-    pack = packer.load(path)
-    setup = DenseSetup(dense_columns(pack), group=None, **spec)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)
     while True:

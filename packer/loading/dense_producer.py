@@ -20,7 +20,7 @@ import torch
 
 from ..pack.kinds import StorageKind
 from .dense_batched import group_on_device, plan_of, run_grouped
-from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, dense_columns, run_batch
+from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, run_batch
 from .order import batch_seed
 from .producer import _Pass
 from .stats import AUGMENT, COPY, READ, BatchTimes
@@ -190,12 +190,12 @@ class DensePass(_Pass):
         thread makes the groups (``host="thread"``, no batched path, a set)."""
         if self.setup.host != "process" or plan_of(self.setup.op) is None:
             return None
-        path = getattr(self.pack, "path", None)
-        if self.units is not None or path is None or dense_columns(self.pack) is None:
+        if self.units is not None:
             return None
-        from .dense_host import HostWorker
+        from .dense_host import HostWorker, forkable
 
-        return HostWorker(path, self.setup)
+        # the worker reads this pass's pack and columns (inherited), never its path again
+        return HostWorker(self.pack, self.setup) if forkable() else None
 
     def _make_drawn(self, group: list, made: Any, stream: Any) -> list | None:
         """The batches of ``group`` from a worker's host half ``made``: the images read
