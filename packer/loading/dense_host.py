@@ -16,7 +16,8 @@ mappings and dense columns, inherited, never the pack opened again by its path (
 may lead elsewhere by then: a pack rebuilt in its place, a relative path after a
 chdir, or refuse it: a reader's bound given to ``packer.load``). It answers requests
 over a pipe: pickles between this package's own processes, never read from a pack's
-files. It ends when the pipe closes; :meth:`HostWorker.close` waits a
+files. It leaves Ctrl-C (the process group's SIGINT) to the training process, which
+closes the pass; it ends when the pipe closes; :meth:`HostWorker.close` waits a
 moment, then stops it.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import signal
 import threading
 from typing import Any
 
@@ -102,6 +104,7 @@ def _sizes_of(pack: Any) -> Any:
 
 def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
     """The worker's loop: a request in, its group's host half (or the error) out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's
     torch.set_num_threads(1)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)
