@@ -27,6 +27,7 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -79,13 +80,23 @@ class HostWorker:
         return pickle.loads(self.conn.recv_bytes())
 
     def close(self, wait: float = 5.0) -> None:
-        """Ask the worker to end, wait ``wait`` seconds, then stop it."""
+        """Ask the worker to end, wait ``wait`` seconds, then stop it. The answers it
+        is still sending are read away meanwhile: closing this end does not unblock its
+        send where another process (forked while this worker lived) holds a copy."""
         try:
             self.conn.send_bytes(_STOP)
         except (OSError, ValueError):
             pass
+        deadline = time.monotonic() + wait
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            try:
+                if self.conn.poll(0.05):
+                    self.conn.recv_bytes()
+            except (EOFError, OSError):  # it has closed its end: it is ending
+                self.proc.join(max(0.0, deadline - time.monotonic()))
+                break
         self.conn.close()
-        self.proc.join(wait)
+        self.proc.join(max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(wait)

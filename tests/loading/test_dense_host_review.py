@@ -222,3 +222,27 @@ def test_the_readers_own_bound_holds_in_the_worker(packs, monkeypatch, capfd) ->
     assert _ours(said) == []
     _equal(got, thread)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_sending_an_answer_no_one_reads_ends_at_close(packs) -> None:
+    """The pass ends while its worker sends answers larger than the pipe holds (a COCO
+    group's masks), and another process forked later holds the pipe's end too (a second
+    pass's worker, zip(loader, loader); a DataLoader's workers): closing does not wait
+    on that copy of the pipe, the worker ends on its own, not killed."""
+    import numpy as np
+
+    from packer.loading.dense_host import HostWorker
+
+    pack = packer.load(packs["jpeg"])
+    setup = _loader(pack, "process")._dense
+    rows = np.arange(600) % 10  # an answer of about 0.7 MB
+    first = HostWorker(pack, setup)
+    later = HostWorker(pack, setup)  # holds first's end of its pipe (forked after it)
+    try:
+        first.submit([(0, rows)], (5, 0, 0))
+        first.submit([(1, rows)], (5, 0, 0))
+        first.close(wait=3.0)
+        assert first.proc.exitcode == 0  # ended, not killed after the wait
+    finally:
+        later.close()
+    assert not _workers()
