@@ -24,6 +24,7 @@ moment, then stops it.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import threading
@@ -48,6 +49,14 @@ def forkable() -> bool:
 # one worker starts at a time: a worker forked while another's pipe is being set up
 # would hold that pipe's child end open, and hide that worker's end from the producer
 _STARTING = threading.Lock()
+
+
+def _new_lock() -> None:  # a process forked while a thread held it gets it free
+    global _STARTING
+    _STARTING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 class HostWorker:

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from test_dense_host import LSJ, _equal
 
 import packer
@@ -246,3 +247,28 @@ def test_a_worker_sending_an_answer_no_one_reads_ends_at_close(packs) -> None:
     finally:
         later.close()
     assert not _workers()
+
+
+def test_a_loader_forked_while_a_worker_starts_starts_its_own(packs, tmp_path) -> None:
+    """A process forked (DataLoader-style) while a producer thread here starts its
+    worker: the child's passes start their own workers and finish, the same batches."""
+    import packer.loading.dense_host as DH
+
+    loader = _loader(packer.load(packs["raw"]), "process")
+    thread = list(_loader(packer.load(packs["raw"]), "thread"))
+    out = tmp_path / "forked.pt"
+
+    def child() -> None:
+        torch.save(list(loader), out)
+        os._exit(0)
+
+    ctx = mp.get_context("fork")
+    with DH._STARTING:  # as a producer thread starting a worker at the moment of the fork
+        p = ctx.Process(target=child)
+        p.start()
+    p.join(30)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    assert p.exitcode == 0
+    _equal(torch.load(out), thread)
