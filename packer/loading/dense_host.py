@@ -39,6 +39,7 @@ from .dense_pass import DenseSetup, _pixels
 from .order import batch_seed
 
 _STOP = b""
+_POLL_S = 0.1  # how often a wait for an answer looks at the pass's stop
 
 
 def forkable() -> bool:
@@ -83,9 +84,15 @@ class HostWorker:
         batches = [(int(b), np.asarray(idx, dtype=np.int64)) for b, idx in group]
         self.conn.send_bytes(pickle.dumps((batches, seeds), protocol=pickle.HIGHEST_PROTOCOL))
 
-    def result(self) -> tuple[str, Any]:
+    def result(self, stop: threading.Event | None = None) -> tuple[str, Any]:
         """The next answer, in the order asked: ``("ok", DrawnGroup or None)`` or
-        ``("error", the exception's text)``. EOFError when the worker has ended."""
+        ``("error", the exception's text)``; ``("stopped", None)`` once ``stop`` is set
+        (the pass's: it is not waited out). EOFError when the worker has ended."""
+        while not self.conn.poll(_POLL_S):
+            if stop is not None and stop.is_set():
+                return "stopped", None
+            if not self.proc.is_alive() and not self.conn.poll(0):
+                raise EOFError("the dense host worker ended")
         return pickle.loads(self.conn.recv_bytes())
 
     def close(self, wait: float = 5.0) -> None:

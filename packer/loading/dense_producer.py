@@ -298,9 +298,11 @@ class DensePass(_Pass):
             made, status = None, "error"
             if alive:
                 try:
-                    status, made = worker.result()
+                    status, made = worker.result(self.stop)
                 except (EOFError, OSError):
                     lost()
+                if status == "stopped":
+                    return False
                 if status != "ok":
                     made = None
             items = None

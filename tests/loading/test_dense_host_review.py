@@ -272,3 +272,39 @@ def test_a_loader_forked_while_a_worker_starts_starts_its_own(packs, tmp_path) -
         p.join()
     assert p.exitcode == 0
     _equal(torch.load(out), thread)
+
+
+def test_a_pass_stopped_while_its_worker_is_silent_ends_it(packs, monkeypatch) -> None:
+    """The worker answers once, then takes its requests without answering (a group that
+    takes long; a worker stuck): closing the loader mid-pass stops the producer's wait
+    for the answer and ends the worker, instead of leaving both behind."""
+    import time
+
+    import packer.loading.dense_host as DH
+
+    serve = DH._serve
+
+    class Silent:
+        def __init__(self, conn) -> None:
+            self.conn, self.n = conn, 0
+
+        def recv_bytes(self):
+            while True:
+                msg = self.conn.recv_bytes()
+                self.n += 1
+                if self.n == 1 or msg == DH._STOP:
+                    return msg
+
+        def send_bytes(self, b) -> None:
+            self.conn.send_bytes(b)
+
+    monkeypatch.setattr(DH, "_serve", lambda conn, *a: serve(Silent(conn), *a))
+    loader = _loader(packer.load(packs["raw"]), "process", group=1, prefetch=1)
+    it = iter(loader)
+    next(it)
+    (worker,) = _workers()
+    t0 = time.monotonic()
+    loader.close()
+    assert time.monotonic() - t0 < 5.0
+    worker.join(5)
+    assert worker.exitcode == 0  # it took the stop: not left behind, not killed
