@@ -23,6 +23,7 @@ moment, then stops it.
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -118,6 +119,32 @@ class HostWorker:
             self.proc.join(wait)
 
 
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor of an answer's array (the producer's side of :class:`_Pickler`)."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+class _Pickler(pickle.Pickler):
+    """The worker's answers: CPU tensors as numpy arrays. torch pickles a tensor's
+    storage as a ``torch.save`` archive, one ``torch.load`` each to read back: the
+    producer's unpickling of a group cost about what making it there costs."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, torch.Tensor)
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+        ):
+            return _tensor, (obj.detach().numpy(),)
+        return NotImplemented
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def _sizes_of(pack: Any) -> Any:
     """Image ``i``'s (h, w) as the producer will hold it: a JPEG pack's stored size (its
     frame header is checked against it before decoding), a raw pack's rows' size."""
@@ -156,6 +183,6 @@ def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
         except Exception as e:  # the producer makes the group itself, and meets it there
             reply = ("error", f"{type(e).__name__}: {e}")
         try:
-            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+            conn.send_bytes(_dumps(reply))
         except (BrokenPipeError, OSError):
             return

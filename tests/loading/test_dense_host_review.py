@@ -308,3 +308,26 @@ def test_a_pass_stopped_while_its_worker_is_silent_ends_it(packs, monkeypatch) -
     assert time.monotonic() - t0 < 5.0
     worker.join(5)
     assert worker.exitcode == 0  # it took the stop: not left behind, not killed
+
+
+def test_an_answer_carries_its_tensors_as_arrays(packs) -> None:
+    """The worker's answer holds its tensors as arrays: the producer rebuilds them
+    without torch's storage loader (a ``torch.load`` a storage, each a zip archive:
+    unpickling took about as long as making the group's host half on the thread)."""
+    import pickle
+
+    import numpy as np
+
+    from packer.loading.dense_host import HostWorker
+
+    pack = packer.load(packs["jpeg"])
+    setup = _loader(pack, "process")._dense
+    worker = HostWorker(pack, setup)
+    try:
+        worker.submit([(0, np.arange(4)), (1, np.arange(4, 8))], (5, 0, 0))
+        data = worker.conn.recv_bytes()  # the answer's bytes, as result() reads them
+    finally:
+        worker.close()
+    status, made = pickle.loads(data)
+    assert status == "ok" and made.collated[1]["host"]["boxes"].numel()
+    assert b"_load_from_bytes" not in data and b"_rebuild_tensor" not in data
