@@ -135,7 +135,10 @@ class _Pickler(pickle.Pickler):
             and obj.device.type == "cpu"
             and obj.layout == torch.strided
         ):
-            return _tensor, (obj.detach().numpy(),)
+            try:
+                return _tensor, (obj.detach().numpy(),)
+            except (TypeError, RuntimeError):  # a dtype numpy lacks: torch's own way
+                return NotImplemented
         return NotImplemented
 
 
@@ -178,11 +181,11 @@ def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
                 (len(i), torch.Generator().manual_seed(batch_seed(seed, epoch, rank, b)))
                 for b, i in batches
             ]
-            reply: tuple[str, Any] = ("ok", drawn_group(sizes_of(idx), records, items, setup,
-                                                         gens, plan))  # fmt: skip
+            made = drawn_group(sizes_of(idx), records, items, setup, gens, plan)
+            data = _dumps(("ok", made))
         except Exception as e:  # the producer makes the group itself, and meets it there
-            reply = ("error", f"{type(e).__name__}: {e}")
+            data = _dumps(("error", f"{type(e).__name__}: {e}"))
         try:
-            conn.send_bytes(_dumps(reply))
+            conn.send_bytes(data)
         except (BrokenPipeError, OSError):
             return
