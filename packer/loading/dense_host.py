@@ -10,83 +10,142 @@ group or two ahead, while the producer thread reads and decodes the images and l
 the group's kernels (:func:`packer.loading.dense_batched.group_on_device`): the same
 batches as the thread makes alone.
 
-The worker is forked (as torch's DataLoader forks its workers; spawned where the
-platform cannot fork), opens the pack by its path, and answers requests over a pipe: pickles between this package's own processes, never read from a
-pack's files. It ends when the pipe closes; :meth:`HostWorker.close` waits a moment,
-then stops it.
+The worker is forked (as torch's DataLoader forks its workers; where the platform
+cannot fork, the thread makes the groups) and reads the pack the loader holds: its
+mappings and dense columns, inherited, never the pack opened again by its path (which
+may lead elsewhere by then: a pack rebuilt in its place, a relative path after a
+chdir, or refuse it: a reader's bound given to ``packer.load``). It answers requests
+over a pipe: pickles between this package's own processes, never read from a pack's
+files. It leaves Ctrl-C (the process group's SIGINT) to the training process, which
+closes the pass; it ends when the pipe closes; :meth:`HostWorker.close` waits a
+moment, then stops it.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
+import os
 import pickle
+import signal
+import threading
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
 from .dense_batched import drawn_group, plan_of
-from .dense_pass import DenseSetup, _pixels, dense_columns
+from .dense_pass import DenseSetup, _pixels
 from .order import batch_seed
 
 _STOP = b""
+_POLL_S = 0.1  # how often a wait for an answer looks at the pass's stop
 
 
-def _spec(setup: DenseSetup) -> dict[str, Any]:
-    """What a worker needs of the pass's setup besides the pack's columns."""
-    return {
-        "op": setup.op,
-        "targets": setup.targets,
-        "size_divisible": setup.size_divisible,
-        "fill": setup.fill,
-        "semantic_fill": setup.semantic_fill,
-        "masks": setup.masks,
-    }
+def forkable() -> bool:
+    """Whether this platform forks (else the producer thread makes the groups)."""
+    return "fork" in mp.get_all_start_methods()
 
 
-def _context() -> Any:
-    """Forked where the platform forks, as torch's DataLoader starts its workers: in
-    milliseconds, with torch imported, and without running the training script's
-    ``__main__`` again (a spawned interpreter would). The child never touches CUDA (a
-    forked child cannot) nor the parent's threads: it opens the pack afresh and computes
-    on the CPU, on one thread."""
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+# one worker starts at a time: a worker forked while another's pipe is being set up
+# would hold that pipe's child end open, and hide that worker's end from the producer
+_STARTING = threading.Lock()
+
+
+def _new_lock() -> None:  # a process forked while a thread held it gets it free
+    global _STARTING
+    _STARTING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 class HostWorker:
-    """A worker process making groups' host halves for one pass's pack (``path``)."""
+    """A worker process making groups' host halves from ``pack`` and its pass's
+    ``setup`` (``setup.columns``: the pack's dense columns), inherited by the fork."""
 
-    def __init__(self, path: str, setup: DenseSetup) -> None:
-        ctx = _context()
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_serve, args=(child, str(path), _spec(setup)), daemon=True,
-            name="imgpack-dense-host",
-        )  # fmt: skip
-        self.proc.start()
-        child.close()
+    def __init__(self, pack: Any, setup: DenseSetup) -> None:
+        # forked, as torch's DataLoader starts its workers: in milliseconds, with torch
+        # imported, and without running the training script's ``__main__`` again (a
+        # spawned interpreter would). The child never touches CUDA (a forked child
+        # cannot) nor the parent's threads: it computes on the CPU, on one thread.
+        ctx = mp.get_context("fork")
+        with _STARTING:
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(
+                target=_serve, args=(child, pack, setup), daemon=True,
+                name="imgpack-dense-host",
+            )  # fmt: skip
+            self.proc.start()
+            child.close()
 
     def submit(self, group: list[tuple[int, np.ndarray]], seeds: tuple[int, int, int]) -> None:
         """Ask for ``group``'s host half (its batches' numbers and rows, the pass's seeds)."""
         batches = [(int(b), np.asarray(idx, dtype=np.int64)) for b, idx in group]
         self.conn.send_bytes(pickle.dumps((batches, seeds), protocol=pickle.HIGHEST_PROTOCOL))
 
-    def result(self) -> tuple[str, Any]:
+    def result(self, stop: threading.Event | None = None) -> tuple[str, Any]:
         """The next answer, in the order asked: ``("ok", DrawnGroup or None)`` or
-        ``("error", the exception's text)``. EOFError when the worker has ended."""
+        ``("error", the exception's text)``; ``("stopped", None)`` once ``stop`` is set
+        (the pass's: it is not waited out). EOFError when the worker has ended."""
+        while not self.conn.poll(_POLL_S):
+            if stop is not None and stop.is_set():
+                return "stopped", None
+            if not self.proc.is_alive() and not self.conn.poll(0):
+                raise EOFError("the dense host worker ended")
         return pickle.loads(self.conn.recv_bytes())
 
     def close(self, wait: float = 5.0) -> None:
-        """Ask the worker to end, wait ``wait`` seconds, then stop it."""
+        """Ask the worker to end, wait ``wait`` seconds, then stop it. The answers it
+        is still sending are read away meanwhile: closing this end does not unblock its
+        send where another process (forked while this worker lived) holds a copy."""
         try:
             self.conn.send_bytes(_STOP)
         except (OSError, ValueError):
             pass
+        deadline = time.monotonic() + wait
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            try:
+                if self.conn.poll(0.05):
+                    self.conn.recv_bytes()
+            except (EOFError, OSError):  # it has closed its end: it is ending
+                self.proc.join(max(0.0, deadline - time.monotonic()))
+                break
         self.conn.close()
-        self.proc.join(wait)
+        self.proc.join(max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(wait)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor of an answer's array (the producer's side of :class:`_Pickler`)."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+class _Pickler(pickle.Pickler):
+    """The worker's answers: CPU tensors as numpy arrays. torch pickles a tensor's
+    storage as a ``torch.save`` archive, one ``torch.load`` each to read back: the
+    producer's unpickling of a group cost about what making it there costs."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, torch.Tensor)
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+        ):
+            try:
+                return _tensor, (obj.detach().numpy(),)
+            except (TypeError, RuntimeError):  # a dtype numpy lacks: torch's own way
+                return NotImplemented
+        return NotImplemented
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def _sizes_of(pack: Any) -> Any:
@@ -100,13 +159,10 @@ def _sizes_of(pack: Any) -> Any:
     return lambda idx: [(h, w)] * len(idx)
 
 
-def _serve(conn: Any, path: str, spec: dict[str, Any]) -> None:
+def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
     """The worker's loop: a request in, its group's host half (or the error) out."""
-    from ..storage.open import load
-
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's
     torch.set_num_threads(1)
-    pack = load(path)
-    setup = DenseSetup(dense_columns(pack), group=None, **spec)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)
     while True:
@@ -125,11 +181,11 @@ def _serve(conn: Any, path: str, spec: dict[str, Any]) -> None:
                 (len(i), torch.Generator().manual_seed(batch_seed(seed, epoch, rank, b)))
                 for b, i in batches
             ]
-            reply: tuple[str, Any] = ("ok", drawn_group(sizes_of(idx), records, items, setup,
-                                                         gens, plan))  # fmt: skip
+            made = drawn_group(sizes_of(idx), records, items, setup, gens, plan)
+            data = _dumps(("ok", made))
         except Exception as e:  # the producer makes the group itself, and meets it there
-            reply = ("error", f"{type(e).__name__}: {e}")
+            data = _dumps(("error", f"{type(e).__name__}: {e}"))
         try:
-            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+            conn.send_bytes(data)
         except (BrokenPipeError, OSError):
             return

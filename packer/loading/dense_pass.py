@@ -76,8 +76,8 @@ class DenseConfig:
     geometry, host targets) on the producer thread, "process" in a worker process
     (:mod:`packer.loading.dense_host`), so the training process's GIL holds only the
     decode call and the group's kernels: for a step that is mostly Python (a detector),
-    where the transform has a batched path and the pack is one local pack (else the
-    thread makes it)."""
+    where the transform has a batched path, the pack is one local pack and the platform
+    forks (else the thread makes it)."""
 
     transform: Any = None
     targets: str = "dicts"

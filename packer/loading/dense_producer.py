@@ -20,7 +20,7 @@ import torch
 
 from ..pack.kinds import StorageKind
 from .dense_batched import group_on_device, plan_of, run_grouped
-from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, dense_columns, run_batch
+from .dense_pass import GROUP_IMAGES, DenseSetup, _pixels, run_batch
 from .order import batch_seed
 from .producer import _Pass
 from .stats import AUGMENT, COPY, READ, BatchTimes
@@ -190,12 +190,12 @@ class DensePass(_Pass):
         thread makes the groups (``host="thread"``, no batched path, a set)."""
         if self.setup.host != "process" or plan_of(self.setup.op) is None:
             return None
-        path = getattr(self.pack, "path", None)
-        if self.units is not None or path is None or dense_columns(self.pack) is None:
+        if self.units is not None:
             return None
-        from .dense_host import HostWorker
+        from .dense_host import HostWorker, forkable
 
-        return HostWorker(path, self.setup)
+        # the worker reads this pass's pack and columns (inherited), never its path again
+        return HostWorker(self.pack, self.setup) if forkable() else None
 
     def _make_drawn(self, group: list, made: Any, stream: Any) -> list | None:
         """The batches of ``group`` from a worker's host half ``made``: the images read
@@ -270,12 +270,25 @@ class DensePass(_Pass):
         asked: list = []
         alive = True
 
+        def lost() -> None:  # the worker ended: this thread makes the rest, said once
+            nonlocal alive
+            alive = False
+            warnings.warn(
+                "imgpack: the dense loader's host worker ended; its producer thread "
+                "makes the batches from here (DenseConfig(host='thread'))",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+
         def ask() -> None:
             group = next(groups, None)
             if group is not None:
                 asked.append(group)
                 if alive:
-                    worker.submit(group, self.seeds)
+                    try:
+                        worker.submit(group, self.seeds)
+                    except (OSError, ValueError):  # its pipe closed between two requests
+                        lost()
 
         ask()
         ask()
@@ -285,18 +298,19 @@ class DensePass(_Pass):
             made, status = None, "error"
             if alive:
                 try:
-                    status, made = worker.result()
-                except (EOFError, OSError):  # the worker ended: this thread makes the rest
-                    alive = False
-                    warnings.warn(
-                        "imgpack: the dense loader's host worker ended; its producer thread "
-                        "makes the batches from here (DenseConfig(host='thread'))",
-                        RuntimeWarning,
-                        stacklevel=1,
-                    )
+                    status, made = worker.result(self.stop)
+                except (EOFError, OSError):
+                    lost()
+                if status == "stopped":
+                    return False
                 if status != "ok":
                     made = None
-            items = None if made is None else self._make_drawn(group, made, stream)
+            items = None
+            if made is not None:
+                try:
+                    items = self._make_drawn(group, made, stream)
+                except Exception:  # the producer's half (decode, kernels) failed: made
+                    items = None  # again below, as the thread would, which meets it there
             if items is None:
                 items = self._make_any(group, stream, gens, warned)
                 if items is None:
