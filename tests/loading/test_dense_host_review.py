@@ -207,24 +207,6 @@ def test_a_relative_path_after_a_chdir_is_not_reopened(two_packs, monkeypatch) -
     _equal(got, thread)
 
 
-def test_the_readers_own_bound_holds_in_the_worker(packs, monkeypatch, capfd) -> None:
-    """A JPEG pack opened with packer.load(max_pixels=) above the default bound (here
-    the default is lowered below the test's images): the worker reads the pack the
-    loader holds, under the reader's bound, instead of failing to open it again."""
-    import packer.pack.jpeg as J
-
-    monkeypatch.setattr(J, "DEFAULT_MAX_PIXELS", 100)
-    with pytest.raises(PackFormatError, match="max_pixels"):
-        packer.load(packs["jpeg"])
-    thread = list(_loader(packer.load(packs["jpeg"], max_pixels=10**6), "thread"))
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        got = list(_loader(packer.load(packs["jpeg"], max_pixels=10**6), "process"))
-    assert _ours(said) == []
-    _equal(got, thread)
-    assert "Traceback" not in capfd.readouterr().err
-
-
 def test_a_worker_sending_an_answer_no_one_reads_ends_at_close(packs) -> None:
     """The pass ends while its worker sends answers larger than the pipe holds (a COCO
     group's masks), and another process forked later holds the pipe's end too (a second
