@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers import fake_dense
+from helpers.dense_batches import assert_same
 from helpers.sync_count import SyncCounter
 from packer.augment import dense as D
 from packer.augment.dense_batched import batched_ops
@@ -301,24 +302,6 @@ def test_a_batch_without_any_instance() -> None:
 # ---------------------------------------------------------------- batches made together
 
 
-def _equal(a, b) -> None:
-    """The same objects: tensors equal bit for bit, of one shape, contiguous alike."""
-    if isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _equal(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _equal(a[k], b[k])
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
-        assert a.is_contiguous() == b.is_contiguous()
-        assert torch.equal(a, b)
-    else:
-        assert a == b
-
-
 GROUPS = [3, 2, 1, 4]  # batch sizes made in one pass (SIZES' images, and a few more)
 
 
@@ -345,7 +328,7 @@ def test_batches_made_together_are_the_batches_made_alone(name: str, targets: st
             run_batches(images, records, setup, gens)
         return
     together = run_batches(images, records, setup, gens)
-    _equal(together, alone)  # test_a_group_shares_the_passs_torch_calls: in one pass
+    assert_same(together, alone)  # test_a_group_shares_the_passs_torch_calls: in one pass
 
 
 def test_a_group_the_batched_path_declines_is_made_batch_by_batch() -> None:
@@ -361,7 +344,7 @@ def test_a_group_the_batched_path_declines_is_made_batch_by_batch() -> None:
         run_batch(images[:3], records[:3], setup, torch.Generator().manual_seed(1)),
         run_batch(images[3:], records[3:], setup, torch.Generator().manual_seed(2)),
     ]
-    _equal(together, alone)
+    assert_same(together, alone)
     assert "keypoints" in together[0][1][0] and "keypoints" not in together[1][1][0]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import re
-import shutil
 import threading
 import weakref
 from dataclasses import replace
@@ -24,6 +23,7 @@ from test_loader_sets import _Fetching
 import packer
 from conftest import write_image
 from helpers import fake_dense
+from helpers.dense_batches import break_jpeg_end
 from packer.augment import dense as D
 from packer.builder.api import BuildConfig, build
 from packer.errors import PackFormatError
@@ -132,13 +132,7 @@ def test_a_batch_that_fails_in_a_group_fails_where_it_fails_alone(
 def test_a_damaged_jpeg_in_a_group_fails_where_it_fails_alone(fake, packs, tmp_path) -> None:
     """The end marker of image 4's JPEG overwritten: decoding the group fails, and the
     batches before image 4's come first, as without groups."""
-    shutil.copytree(packs["jpeg"], tmp_path / "bad")
-    pack = packer.load(tmp_path / "bad")
-    off, ln = int(pack.offsets[4]), int(pack.lengths[4])
-    data = tmp_path / "bad" / "_tensordict" / "jpeg.memmap"
-    raw = bytearray(data.read_bytes())
-    raw[off + ln - 2 : off + ln] = b"\x00\x00"
-    data.write_bytes(bytes(raw))
+    break_jpeg_end(packs["jpeg"], tmp_path / "bad", 4)
     pack, _ = _open(fake, {"jpeg": tmp_path / "bad"}, "jpeg")
     alone, e = _run(pack, 1)
     assert alone == [[1000, 1001], [1002, 1003]]

@@ -13,13 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import packer
-from helpers.dense_data import make_truth, write_coco, write_masks
+from helpers.dense_batches import assert_same, coco_packs
 from packer.augment import dense as D
-from packer.builder.config import BuildConfig
-from packer.builder.dense import DenseOptions
 from packer.errors import PackFormatError, UsageError
 from packer.loading.dense_pass import DenseConfig
 
@@ -37,19 +34,7 @@ HFLIP = D.Compose([D.RandomHorizontalFlip(), D.RandomResize(24, 40)])
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """COCO packs (instance masks, boxes; JPEG and raw) and a semantic pack, of 10 images."""
-    root = tmp_path_factory.mktemp("host")
-    truths = make_truth(10, ext=".jpg")
-    write_coco(root / "coco", truths)
-    dense = DenseOptions(format="coco", split="train2017")
-    out = {}
-    for store in ("jpeg", "raw"):
-        kw = {"store": store} if store == "jpeg" else {"size": (40, 48), "resize": "pad"}
-        cfg = BuildConfig(workers=1, dense=dense, **kw)
-        out[store] = packer.build_pack(root / "coco", root / store, cfg).path
-    write_masks(root / "seg", truths)
-    cfg = BuildConfig(store="jpeg", workers=1, dense=DenseOptions(format="masks"))
-    out["seg"] = packer.build_pack(root / "seg", root / "semantic", cfg).path
-    return out
+    return coco_packs(tmp_path_factory.mktemp("host"), semantic=True)
 
 
 def _batches(path: Path, host: str, op=LSJ, targets="padded", bs=2, group=2, **kw) -> list:
@@ -59,35 +44,20 @@ def _batches(path: Path, host: str, op=LSJ, targets="padded", bs=2, group=2, **k
     return list(loader)
 
 
-def _equal(a, b) -> None:
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _equal(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _equal(a[k], b[k])
-    elif isinstance(a, torch.Tensor):
-        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("store", ["jpeg", "raw"])
 @pytest.mark.parametrize("targets", ["padded", "dicts"])
 @pytest.mark.parametrize("op", [LSJ, HFLIP], ids=["lsj", "hflip"])
 def test_a_worker_makes_the_batches_the_thread_makes(packs, store, targets, op) -> None:
     thread = _batches(packs[store], "thread", op, targets)
     assert len(thread) == 5
-    _equal(_batches(packs[store], "process", op, targets), thread)
+    assert_same(_batches(packs[store], "process", op, targets), thread)
     assert not mp.active_children()  # the pass's worker has ended with it
 
 
 def test_semantic_masks_through_a_worker(packs) -> None:
     op = D.Compose([D.RandomResize(24, 40), D.FixedSizeCrop(24), D.RandomHorizontalFlip()])
     thread = _batches(packs["seg"], "thread", op, bs=3)
-    _equal(_batches(packs["seg"], "process", op, bs=3), thread)
+    assert_same(_batches(packs["seg"], "process", op, bs=3), thread)
 
 
 def test_the_host_half_is_made_outside_this_process(packs, monkeypatch) -> None:
@@ -162,7 +132,7 @@ def test_a_worker_that_dies_leaves_the_thread_to_finish(packs, monkeypatch) -> N
     thread = _batches(packs["raw"], "thread")
     with pytest.warns(RuntimeWarning, match=r"host worker ended; its producer thread makes"):
         got = _batches(packs["raw"], "process")
-    _equal(got, thread)
+    assert_same(got, thread)
     assert not mp.active_children()
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dense_host import LSJ, _equal
+from test_dense_host import LSJ
 
 import packer
+from helpers.dense_batches import assert_same, break_jpeg_end, coco_packs
 from helpers.dense_data import make_truth, write_coco
 from packer.builder.config import BuildConfig
 from packer.builder.dense import DenseOptions
@@ -35,15 +36,7 @@ WORKER = "imgpack-dense-host"
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """test_dense_host's COCO packs (instance masks, boxes) of 10 images: JPEG and raw."""
-    root = tmp_path_factory.mktemp("review")
-    write_coco(root / "coco", make_truth(10, ext=".jpg"))
-    dense = DenseOptions(format="coco", split="train2017")
-    out = {}
-    for store in ("jpeg", "raw"):
-        kw = {"store": store} if store == "jpeg" else {"size": (40, 48), "resize": "pad"}
-        cfg = BuildConfig(workers=1, dense=dense, **kw)
-        out[store] = packer.build_pack(root / "coco", root / store, cfg).path
-    return out
+    return coco_packs(tmp_path_factory.mktemp("review"))
 
 
 def _loader(pack, host: str, group=3, bs=2, **kw) -> packer.PackLoader:
@@ -73,13 +66,7 @@ def test_a_damaged_jpeg_fails_where_the_thread_fails(packs, tmp_path) -> None:
     """Image 4's JPEG truncated: the producer's decode of the group fails. The batches
     before image 4's come first, then its error, as with host="thread" (the worker made
     the group's host half; the producer met the error in its own half)."""
-    shutil.copytree(packs["jpeg"], tmp_path / "bad")
-    pack = packer.load(tmp_path / "bad")
-    off, ln = int(pack.offsets[4]), int(pack.lengths[4])
-    data = tmp_path / "bad" / "_tensordict" / "jpeg.memmap"
-    raw = bytearray(data.read_bytes())
-    raw[off + ln - 2 : off + ln] = b"\x00\x00"
-    data.write_bytes(bytes(raw))
+    break_jpeg_end(packs["jpeg"], tmp_path / "bad", 4)
     got = {}
     for host in ("thread", "process"):
         ids, e = _ids(_loader(packer.load(tmp_path / "bad"), host))
@@ -110,7 +97,7 @@ def test_a_group_the_device_cannot_hold_is_made_batch_by_batch(packs, monkeypatc
         ours = _ours(said)
         assert len(ours) == 1 and "a group of 3 dense batches failed" in ours[0], ours
     assert len(got["thread"]) == 5
-    _equal(got["process"], got["thread"])
+    assert_same(got["process"], got["thread"])
 
 
 def test_a_worker_killed_between_requests_leaves_the_thread_to_finish(packs) -> None:
@@ -128,7 +115,7 @@ def test_a_worker_killed_between_requests_leaves_the_thread_to_finish(packs) -> 
         rest = list(it)
     ours = _ours(said)
     assert len(ours) == 1 and "host worker ended" in ours[0], ours
-    _equal([first, *rest], thread)
+    assert_same([first, *rest], thread)
     assert not _workers()
 
 
@@ -148,7 +135,7 @@ def test_ctrl_c_reaches_the_worker_quietly(packs, capfd) -> None:
         warnings.simplefilter("always")
         rest = list(it)
     assert _ours(said) == []
-    _equal([first, *rest], thread)
+    assert_same([first, *rest], thread)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert not _workers()
@@ -189,7 +176,7 @@ def test_a_pack_replaced_at_its_path_is_not_read_by_the_worker(two_packs, tmp_pa
         warnings.simplefilter("always")
         got = list(loader)
     assert _ours(said) == []
-    _equal(got, thread)
+    assert_same(got, thread)
 
 
 def test_a_relative_path_after_a_chdir_is_not_reopened(two_packs, monkeypatch) -> None:
@@ -204,7 +191,7 @@ def test_a_relative_path_after_a_chdir_is_not_reopened(two_packs, monkeypatch) -
         warnings.simplefilter("always")
         got = list(loader)
     assert _ours(said) == []
-    _equal(got, thread)
+    assert_same(got, thread)
 
 
 def test_a_worker_sending_an_answer_no_one_reads_ends_at_close(packs) -> None:
@@ -253,7 +240,7 @@ def test_a_loader_forked_while_a_worker_starts_starts_its_own(packs, tmp_path) -
         p.kill()
         p.join()
     assert p.exitcode == 0
-    _equal(torch.load(out), thread)
+    assert_same(torch.load(out), thread)
 
 
 def test_a_pass_stopped_while_its_worker_is_silent_ends_it(packs, monkeypatch) -> None:

@@ -14,6 +14,7 @@ import torch
 import packer
 from conftest import write_image
 from helpers import fake_dense
+from helpers.dense_batches import assert_same
 from packer.augment import dense as D
 from packer.builder.run import BuildConfig, build
 from packer.errors import UsageError
@@ -383,21 +384,6 @@ def test_resume_gives_the_same_targets(fake, packs) -> None:
     assert any(not torch.equal(a, b) for (_, a), (_, b) in zip(sorted(whole), sorted(other)))
 
 
-def _same(a, b) -> None:
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, torch.Tensor):
-        assert a.shape == b.shape and a.is_contiguous() and torch.equal(a, b)
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("targets", ["dicts", "padded"])
 def test_batches_made_in_groups_are_the_batches_made_one_by_one(fake, packs, targets) -> None:
     """DenseConfig(group=...): the batches a pass makes together (the JPEG pack's images
@@ -413,7 +399,7 @@ def test_batches_made_in_groups_are_the_batches_made_one_by_one(fake, packs, tar
     assert len(one) == -(-N // 2)
     assert len({tuple(x.shape) for x, _ in one}) > 1  # the canvases differ
     for group in (2, 3, None):
-        _same(batches(group), one)
+        assert_same(batches(group), one, contiguous=True)
 
 
 def test_a_resume_inside_a_group_gives_the_same_batches(fake, packs) -> None:
@@ -432,7 +418,7 @@ def test_a_resume_inside_a_group_gives_the_same_batches(fake, packs) -> None:
     it.close()
     resumed = loader()
     resumed.load_state_dict(state)
-    _same(list(resumed), whole[1:])
+    assert_same(list(resumed), whole[1:], contiguous=True)
 
 
 def test_how_many_batches_a_pass_makes_together(fake, packs) -> None:
