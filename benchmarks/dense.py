@@ -374,10 +374,6 @@ class Cycle:
         return next(self._it)
 
 
-def cycle_resident(batches: list[Any]) -> Cycle:
-    return Cycle(batches)
-
-
 def _clone(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.clone()
@@ -557,7 +553,7 @@ class Det:
         """Channels-last picked, the optimizer made (SGD, the recipe's warm-up)."""
         if getattr(self, "step", None) is not None:
             return
-        feed = cycle_resident([_clone(next(self.pack_it)) for _ in range(self.a.resident)])
+        feed = Cycle([_clone(next(self.pack_it)) for _ in range(self.a.resident)])
         self.resident = feed
         cl, info = pick_channels_last(self.a, self.model, self.make_step, feed, self.device)
         self.info.update(info, channels_last=cl)
@@ -910,7 +906,7 @@ class Seg:
     def setup(self) -> None:
         if self.step is not None:
             return
-        self.resident = cycle_resident([_clone(next(self.it)) for _ in range(self.a.resident)])
+        self.resident = Cycle([_clone(next(self.it)) for _ in range(self.a.resident)])
 
         def probe(model: torch.nn.Module, opt: Any) -> Callable:
             return self.make_step(model, opt)

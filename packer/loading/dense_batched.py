@@ -367,9 +367,7 @@ def _padded_host(t: DB.Targets, counts: list[int], area, ids: list[int], sizes) 
     slot = t.image * n + torch.cat([torch.arange(c) for c in counts] or [torch.zeros(0)]).long()
 
     def pad(rows: torch.Tensor, value: float) -> torch.Tensor:
-        full = rows.new_full((b * n, *rows.shape[1:]), value)
-        full.index_copy_(0, slot, rows)
-        return full.view(b, n, *rows.shape[1:])
+        return _pad_rows(rows, slot, b, n, value)
 
     shapes = {  # on the host (collate_padded's): slicing by them waits for nothing
         "image_sizes": torch.tensor(sizes, dtype=torch.int64).reshape(b, 2),
@@ -394,19 +392,18 @@ def _padded_device(host: dict, masks, area, dev) -> dict:
     the host half moved (one copy per dtype), the masks and their areas padded on the
     device."""
     b, n = host["b"], host["n"]
-    slot = None
-
-    def pad(rows: torch.Tensor, value: float) -> torch.Tensor:
-        nonlocal slot
-        if slot is None:
-            slot = to_device(host["slot"], rows.device)
-        full = rows.new_full((b * n, *rows.shape[1:]), value)
-        full.index_copy_(0, slot, rows)
-        return full.view(b, n, *rows.shape[1:])
-
     result = _moved(host["host"], dev)
-    if area is not None:
-        result["area"] = pad(area, 0.0)
-    if masks is not None:
-        result["masks"] = pad(masks, 0)
+    rows = {"area": (area, 0.0), "masks": (masks, 0)}  # on the device, in this order
+    slot = None
+    for key, (t, value) in rows.items():
+        if t is not None:
+            slot = to_device(host["slot"], t.device) if slot is None else slot
+            result[key] = _pad_rows(t, slot, b, n, value)
     return {**result, **host["shapes"]}
+
+
+def _pad_rows(rows: torch.Tensor, slot: torch.Tensor, b: int, n: int, value: float):
+    """``rows`` [R, ...] at their ``slot`` of a [b, n, ...] padding of ``value``."""
+    full = rows.new_full((b * n, *rows.shape[1:]), value)
+    full.index_copy_(0, slot, rows)
+    return full.view(b, n, *rows.shape[1:])

@@ -126,6 +126,7 @@ class DensePass(_Pass):
         # no larger than the batches this pass makes (a generator is set up per batch)
         left = max(1, self.nbatches - self.start)
         self.group = min(group_size(self.setup, cfg.batch_size, cfg.prefetch), left)
+        self.plan = plan_of(self.setup.op)
 
     def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
         """The batch's images, uint8 [3, h, w] each, on the device."""
@@ -150,20 +151,30 @@ class DensePass(_Pass):
         if group:
             yield group
 
-    def _make(self, group: list[tuple[int, np.ndarray]], stream: Any, gens: list) -> list:
-        """The batches of ``group`` made together: a :class:`DenseItem` each."""
+    def _make(
+        self, group: list[tuple[int, np.ndarray]], stream: Any, gens: list, drawn: Any = None
+    ) -> list | None:
+        """The batches of ``group`` made together: a :class:`DenseItem` each. ``drawn``:
+        the group's host half from a worker (:mod:`packer.loading.dense_host`): then only
+        the images are read, decoded and transformed here, and None is returned where
+        they are not the sizes the worker drew for (the group is then made here whole)."""
         st = self.stats
         bt = st.batch()
         idx = np.concatenate([i for _, i in group])
-        records = self.setup.columns.read(idx)
-        seed, epoch, rank = self.seeds
+        records = self.setup.columns.read(idx) if drawn is None else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             images = self._images(idx, bt)
+            if drawn is not None and [tuple(i.shape[-2:]) for i in images] != drawn.drawn.sizes:
+                return None
             bt.lap(READ)
-            for g, (b, _) in zip(gens, group):  # each batch its own draws, as alone
-                g.manual_seed(batch_seed(seed, epoch, rank, b))
-            sizes = [(len(i), g) for (_, i), g in zip(group, gens)]
-            made = run_batches(images, records, self.setup, sizes)
+            if drawn is None:
+                seed, epoch, rank = self.seeds
+                for g, (b, _) in zip(gens, group):  # each batch its own draws, as alone
+                    g.manual_seed(batch_seed(seed, epoch, rank, b))
+                sizes = [(len(i), g) for (_, i), g in zip(group, gens)]
+                made = run_batches(images, records, self.setup, sizes)
+            else:
+                made = group_on_device(images, drawn, self.setup, self.plan)
             ready = None
             if stream is not None:
                 ready = torch.cuda.Event()
@@ -188,7 +199,7 @@ class DensePass(_Pass):
     def _worker(self) -> Any:
         """A :class:`packer.loading.dense_host.HostWorker` for this pass, or None where the
         thread makes the groups (``host="thread"``, no batched path, a set)."""
-        if self.setup.host != "process" or plan_of(self.setup.op) is None:
+        if self.setup.host != "process" or self.plan is None:
             return None
         if self.units is not None:
             return None
@@ -196,30 +207,6 @@ class DensePass(_Pass):
 
         # the worker reads this pass's pack and columns (inherited), never its path again
         return HostWorker(self.pack, self.setup) if forkable() else None
-
-    def _make_drawn(self, group: list, made: Any, stream: Any) -> list | None:
-        """The batches of ``group`` from a worker's host half ``made``: the images read
-        and decoded here, the group's kernels launched; None where the images are not
-        the sizes the worker drew for (the thread then makes the group)."""
-        st = self.stats
-        bt = st.batch()
-        idx = np.concatenate([i for _, i in group])
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            images = self._images(idx, bt)
-            if [tuple(int(v) for v in i.shape[-2:]) for i in images] != made.drawn.sizes:
-                return None
-            bt.lap(READ)
-            done = group_on_device(images, made, self.setup, plan_of(self.setup.op))
-            ready = None
-            if stream is not None:
-                ready = torch.cuda.Event()
-                ready.record(stream)
-            bt.lap(AUGMENT)
-        for b, _ in group:
-            self.read_done(b)
-        for share in _shares(bt, len(group)):
-            st.produced(share)
-        return [DenseItem(batch, targets, ready) for batch, targets in done]
 
     def _make_any(self, group: list, stream: Any, gens: list, warned: list) -> list | None:
         """The batches of ``group`` made on this thread (:meth:`_make`); a group that
@@ -308,7 +295,7 @@ class DensePass(_Pass):
             items = None
             if made is not None:
                 try:
-                    items = self._make_drawn(group, made, stream)
+                    items = self._make(group, stream, gens, made)
                 except Exception:  # the producer's half (decode, kernels) failed: made
                     items = None  # again below, as the thread would, which meets it there
             if items is None:
