@@ -512,10 +512,11 @@ class Det:
         self.info: dict[str, Any] = {}
 
     def extra_feed(
-        self, threads: int | None = None, group: int | None = None, host: str = "thread"
+        self, threads: int | None = None, group: int | None = None, host: str | None = None
     ) -> Callable[[], Any]:
-        """The pack's feed through a second loader of ``threads`` threads or making
-        ``group`` batches a pass (the ``--frcnn-threads`` and ``--frcnn-groups`` ways)."""
+        """The pack's feed through a second loader of ``threads`` threads, making ``group``
+        batches a pass, or its groups' host half on ``host`` (the ``--frcnn-threads``,
+        ``--frcnn-groups`` and ``--frcnn-thread`` ways)."""
         from packer.examples import train_detection as TD
 
         loader = self._pack_loader(self.a.batch, threads=threads, group=group, host=host)
@@ -528,7 +529,7 @@ class Det:
         pack: Path | None = None,
         threads: int | None = None,
         group: int | None = None,
-        host: str = "thread",
+        host: str | None = None,
     ) -> Any:
         from packer.examples import train_detection as TD
 
@@ -647,9 +648,10 @@ def part_frcnn(a: argparse.Namespace, det: Det, with_ref: bool, res: dict, summa
         ways[f"pack, {t} threads"] = (det.step, det.extra_feed(threads=t), None)
     for g in a.frcnn_groups:
         ways[f"pack, {g} batch(es) a pass"] = (det.step, det.extra_feed(group=g), None)
-    if a.frcnn_process:
-        # the groups' host half in a worker process (DenseConfig.host)
-        ways["pack, host half in a process"] = (det.step, det.extra_feed(host="process"), None)
+    if a.frcnn_thread:
+        # the groups' host half on the producer thread, beside the step in its GIL
+        # (DenseConfig.host; the default makes it in a worker process)
+        ways["pack, host half on the thread"] = (det.step, det.extra_feed(host="thread"), None)
     if a.frcnn_beside:
         # the resident batches, while a batch of the pack is taken (and dropped) each
         # step: the loader's work beside the step without its batches' content
@@ -854,9 +856,10 @@ class Seg:
         self.info: dict[str, Any] = {}
         self.step: Any = None
 
-    def pack_loader(self, group: int | None = None) -> Any:
+    def pack_loader(self, group: int | None = None, host: str | None = None) -> Any:
         """The segmentation recipe's train loader over the pack, streaming its rows over
-        and over; ``group``: ``DenseConfig.group`` (the ``--seg-groups`` ways)."""
+        and over; ``group``, ``host``: ``DenseConfig``'s (the ``--seg-groups`` and
+        ``--seg-process`` ways)."""
         from packer.examples import train_segmentation as TS
 
         a = self.a
@@ -870,7 +873,7 @@ class Seg:
             drop_last=True,
             indices=rows,
             num_threads=a.threads,
-            dense=DenseConfig(TS.pack_pipeline(self.args, True), group=group),
+            dense=DenseConfig(TS.pack_pipeline(self.args, True), group=group, host=host),
         )
 
     def make_step(self, model: torch.nn.Module, opt: Any, sched: Any = None) -> Callable:
@@ -938,6 +941,9 @@ def part_deeplab(a: argparse.Namespace, seg: Seg, res: dict, summary: list) -> N
     for g in a.seg_groups:
         it = iter(seg.pack_loader(g))
         ways[f"pack, {g} batch(es) a pass"] = (seg.step, lambda it=it: next(it), None)
+    if a.seg_process:
+        it = iter(seg.pack_loader(host="process"))
+        ways["pack, host half in a process"] = (seg.step, lambda it=it: next(it), None)
     warm(ways, a.warm, failed)
     rates = rounds(ways, a.rounds, a.steps, a.settle, seg.device, failed)
     m = {k: med(v) for k, v in rates.items()}
@@ -1358,10 +1364,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(DenseConfig.group; comma-separated)",
     )
     ap.add_argument(
-        "--frcnn-process",
+        "--frcnn-thread",
         action="store_true",
-        help="frcnn: also the pack with each group's host half made in a worker process "
-        "(DenseConfig(host='process'))",
+        help="frcnn: also the pack with each group's host half made on the loader's "
+        "producer thread (DenseConfig(host='thread'); by default a worker process)",
+    )
+    ap.add_argument(
+        "--seg-process",
+        action="store_true",
+        help="deeplab: also the pack with each batch's host half made in a worker process "
+        "(DenseConfig(host='process'); a semantic pack's default is the thread)",
     )
     ap.add_argument(
         "--seg-groups",

@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -44,8 +45,16 @@ _POLL_S = 0.1  # how often a wait for an answer looks at the pass's stop
 
 
 def forkable() -> bool:
-    """Whether this platform forks (else the producer thread makes the groups)."""
-    return "fork" in mp.get_all_start_methods()
+    """Whether this process may fork a worker (else the producer thread makes the
+    groups): the platform forks safely (not Windows; not macOS, whose system frameworks
+    do not survive a fork, and where DataLoader spawns its workers), and this is no
+    daemonic process (a DataLoader's worker, a ``multiprocessing`` pool's), which may
+    have no children."""
+    return (
+        "fork" in mp.get_all_start_methods()
+        and sys.platform != "darwin"
+        and not mp.current_process().daemon
+    )
 
 
 # one worker starts at a time: a worker forked while another's pipe is being set up

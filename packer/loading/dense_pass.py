@@ -72,12 +72,14 @@ class DenseConfig:
     of torch calls, and
     the producer thread holds the GIL for them beside a training step that wants it:
     grouping shares that work (docs/PERFORMANCE.md, "Detection and segmentation fed by
-    packs"); ``host``: "thread" (default) makes each group's host half (records, draws,
-    geometry, host targets) on the producer thread, "process" in a worker process
-    (:mod:`packer.loading.dense_host`), so the training process's GIL holds only the
-    decode call and the group's kernels: for a step that is mostly Python (a detector),
-    where the transform has a batched path, the pack is one local pack and the platform
-    forks (else the thread makes it)."""
+    packs"); ``host``: "process" makes each group's host half (records, draws, geometry,
+    host targets) in a worker process (:mod:`packer.loading.dense_host`), so the
+    training process's GIL holds only the decode call and the group's kernels, where
+    the transform has a batched path, the pack is one local pack and the platform forks
+    (else the thread makes it); "thread" on the producer thread; None (default):
+    "process" for a pack with boxes (a detector's step is mostly Python, and gives the
+    producer's host work back one for one), "thread" for a semantic pack (its model's
+    step is device-bound)."""
 
     transform: Any = None
     targets: str = "dicts"
@@ -86,7 +88,7 @@ class DenseConfig:
     semantic_fill: int = 255
     masks: bool = True
     group: int | None = None
-    host: str = "thread"
+    host: str | None = None
 
 
 HOSTS = ("thread", "process")
@@ -170,7 +172,7 @@ class DenseSetup:
     semantic_fill: int
     masks: bool = True
     group: int | None = None
-    host: str = "thread"
+    host: str | None = None
 
     @property
     def semantic(self) -> bool:
@@ -235,8 +237,8 @@ def dense_setup(
     g = cfg.group
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
         raise UsageError(f"DenseConfig.group must be a positive int or None, not {g!r}")
-    if not isinstance(cfg.host, str) or cfg.host not in HOSTS:
-        raise UsageError(f"DenseConfig.host must be 'thread' or 'process', not {cfg.host!r}")
+    if cfg.host is not None and (not isinstance(cfg.host, str) or cfg.host not in HOSTS):
+        raise UsageError(f"DenseConfig.host must be 'thread', 'process' or None, not {cfg.host!r}")
     setup = DenseSetup(
         columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g,
         cfg.host,

@@ -63,6 +63,17 @@ def group_size(setup: DenseSetup, batch_size: int, prefetch: int) -> int:
     return max(1, min(prefetch, -(-GROUP_IMAGES // max(1, batch_size))))
 
 
+def host_of(setup: DenseSetup) -> str:
+    """Where a pass makes its groups' host halves (``DenseConfig.host``; None: "process"
+    for a pack with boxes, whose detector's step is mostly Python and gives the
+    producer's host work back one for one, "thread" for a semantic pack, whose model's
+    step is device-bound (docs/PERFORMANCE.md, "Detection and segmentation fed by
+    packs"))."""
+    if setup.host is not None:
+        return setup.host
+    return "thread" if setup.semantic else "process"
+
+
 def _shares(bt: Any, k: int) -> list[Any]:
     """A group's stage times as ``k`` batches' equal shares (the stats count batches)."""
     if k == 1 or not isinstance(bt, BatchTimes):
@@ -198,15 +209,26 @@ class DensePass(_Pass):
 
     def _worker(self) -> Any:
         """A :class:`packer.loading.dense_host.HostWorker` for this pass, or None where the
-        thread makes the groups (``host="thread"``, no batched path, a set)."""
-        if self.setup.host != "process" or self.plan is None:
+        thread makes the groups (:func:`host_of` "thread", no batched path, a set, no
+        fork: the platform, a daemonic process, or a fork that fails, said once)."""
+        if host_of(self.setup) != "process" or self.plan is None:
             return None
         if self.units is not None:
             return None
         from .dense_host import HostWorker, forkable
 
-        # the worker reads this pass's pack and columns (inherited), never its path again
-        return HostWorker(self.pack, self.setup) if forkable() else None
+        if not forkable():
+            return None
+        try:  # the worker reads this pass's pack and columns (inherited), never its path
+            return HostWorker(self.pack, self.setup)
+        except OSError as e:  # no process left to fork (a limit, memory)
+            warnings.warn(
+                f"imgpack: the dense loader could not start its host worker ({e}); its "
+                "producer thread makes the batches (DenseConfig(host='thread'))",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+            return None
 
     def _make_any(self, group: list, stream: Any, gens: list, warned: list) -> list | None:
         """The batches of ``group`` made on this thread (:meth:`_make`); a group that

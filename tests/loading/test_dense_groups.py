@@ -54,9 +54,9 @@ def _run(pack, group, bs=2) -> tuple[list[list[int]], BaseException | None]:
     """The ids of each batch a pass yields (a semantic pack's: by position, in order), and
     the error that ended it (or None)."""
     got: list[list[int]] = []
-    ld = packer.PackLoader(
-        pack, bs, shuffle=False, device="cpu", dense=DenseConfig(OP, "padded", group=group)
-    )
+    # the producer thread's groups (the worker process's: tests/loading/test_dense_host*.py)
+    dense = DenseConfig(OP, "padded", group=group, host="thread")
+    ld = packer.PackLoader(pack, bs, shuffle=False, device="cpu", dense=dense)
     try:
         for x, t in ld:
             at = 1000 + sum(map(len, got))
@@ -159,9 +159,8 @@ def test_a_group_handed_out_is_not_held_while_the_next_is_made(fake, packs, grou
         return read(indices)
 
     cols.read = blocking
-    ld = packer.PackLoader(
-        pack, 2, shuffle=False, device="cpu", dense=DenseConfig(OP, "padded", group=group)
-    )
+    dense = DenseConfig(OP, "padded", group=group, host="thread")  # the reads on the thread
+    ld = packer.PackLoader(pack, 2, shuffle=False, device="cpu", dense=dense)
     it = iter(ld)
     try:
         refs = []

@@ -2,7 +2,9 @@
 (packer.loading.dense_host), the producer thread only reads, decodes and launches. The
 same batches as the thread makes (raw and JPEG packs, dicts and padded, masks and
 keypoints, semantic masks), the host half made outside this process, errors met where
-the thread meets them, a worker that dies replaced by the thread, no worker left."""
+the thread meets them, a worker that dies replaced by the thread, no worker left; the
+default (a worker for a pack with boxes, none for a semantic pack), and the thread where
+no worker can start (a daemonic process, a fork that fails)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ import packer
 from helpers.dense_batches import assert_same, coco_packs
 from packer.augment import dense as D
 from packer.errors import PackFormatError, UsageError
+from packer.loading.dense_host import forkable
 from packer.loading.dense_pass import DenseConfig
 
 pytestmark = pytest.mark.skipif(
-    "fork" not in mp.get_all_start_methods(), reason="the worker is forked here"
+    not forkable(), reason="the worker is forked here (not on Windows or macOS)"
 )
 
 LSJ = D.Compose(
@@ -150,5 +153,61 @@ def test_a_pass_stopped_early_ends_its_worker(packs) -> None:
 
 def test_a_host_that_names_no_way_is_refused(packs) -> None:
     pack = packer.load(packs["jpeg"])
-    with pytest.raises(UsageError, match=re.escape("DenseConfig.host must be 'thread' or")):
+    said = re.escape("DenseConfig.host must be 'thread', 'process' or None")
+    with pytest.raises(UsageError, match=said):
         packer.PackLoader(pack, 2, device="cpu", dense=DenseConfig(LSJ, host="processes"))
+
+
+def _workers_during_a_pass(path: Path, op, **kw) -> tuple[list[str], list]:
+    """The names of this process's children after a pass's first batch, and the pass."""
+    dense = DenseConfig(op, "padded", group=1, **kw)
+    loader = packer.PackLoader(packer.load(path), 2, device="cpu", seed=5, dense=dense)
+    it = iter(loader)
+    first = next(it)
+    names = [p.name for p in mp.active_children()]
+    return names, [first, *it]
+
+
+def test_by_default_a_box_pack_has_a_worker_and_a_semantic_pack_none(packs) -> None:
+    names, got = _workers_during_a_pass(packs["jpeg"], LSJ)
+    assert names == ["imgpack-dense-host"]
+    assert_same(got, _workers_during_a_pass(packs["jpeg"], LSJ, host="thread")[1])
+    op = D.Compose([D.RandomResize(24, 40), D.FixedSizeCrop(24)])
+    assert _workers_during_a_pass(packs["seg"], op)[0] == []
+    assert _workers_during_a_pass(packs["seg"], op, host="process")[0] == ["imgpack-dense-host"]
+    assert not mp.active_children()
+
+
+def _ids_in_a_daemon(path: str, q) -> None:
+    """A daemonic process (a DataLoader's worker, a pool's) may start no child."""
+    try:
+        names, got = _workers_during_a_pass(Path(path), LSJ)
+        q.put((names, [t["image_ids"].tolist() for _, t in got]))
+    except BaseException as e:  # the parent sees it, not a hang
+        q.put(repr(e))
+
+
+def test_a_daemonic_process_makes_the_groups_on_its_thread(packs) -> None:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_ids_in_a_daemon, args=(str(packs["jpeg"]), q), daemon=True)
+    p.start()
+    out = q.get(timeout=60)
+    p.join(10)
+    _, thread = _workers_during_a_pass(packs["jpeg"], LSJ, host="thread")
+    assert out == ([], [t["image_ids"].tolist() for _, t in thread])
+
+
+def test_a_worker_that_cannot_be_forked_leaves_the_thread_to_make_the_pass(
+    packs, monkeypatch
+) -> None:
+    import packer.loading.dense_host as DH
+
+    def no_fork(self, pack, setup) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(DH.HostWorker, "__init__", no_fork)
+    with pytest.warns(RuntimeWarning, match=r"could not start its host worker \(\[Errno 11\]"):
+        names, got = _workers_during_a_pass(packs["raw"], LSJ)
+    assert names == []
+    assert_same(got, _workers_during_a_pass(packs["raw"], LSJ, host="thread")[1])

@@ -24,10 +24,11 @@ from helpers.dense_data import make_truth, write_coco
 from packer.builder.config import BuildConfig
 from packer.builder.dense import DenseOptions
 from packer.errors import PackFormatError
+from packer.loading.dense_host import forkable
 from packer.loading.dense_pass import DenseConfig
 
 pytestmark = pytest.mark.skipif(
-    "fork" not in mp.get_all_start_methods(), reason="the worker is forked here"
+    not forkable(), reason="the worker is forked here (not on Windows or macOS)"
 )
 
 WORKER = "imgpack-dense-host"
