@@ -16,9 +16,11 @@ mappings and dense columns, inherited, never the pack opened again by its path (
 may lead elsewhere by then: a pack rebuilt in its place, a relative path after a
 chdir, or refuse it: a reader's bound given to ``packer.load``). It answers requests
 over a pipe: pickles between this package's own processes, never read from a pack's
-files. It leaves Ctrl-C (the process group's SIGINT) to the training process, which
-closes the pass; it ends when the pipe closes; :meth:`HostWorker.close` waits a
-moment, then stops it.
+files. It leaves Ctrl-C (the process group's SIGINT) and every other signal the
+training process handles in Python (a checkpoint on SIGTERM, a scheduler's SIGUSR1) to
+the training process, whose handlers it does not run, and ends on SIGTERM; it ends when
+the pipe closes; :meth:`HostWorker.close` waits a moment, then stops it. A fork that
+fails is not tried again in this process (:func:`fork_failed`).
 """
 
 from __future__ import annotations
@@ -49,12 +51,24 @@ def forkable() -> bool:
     groups): the platform forks safely (not Windows; not macOS, whose system frameworks
     do not survive a fork, and where DataLoader spawns its workers), and this is no
     daemonic process (a DataLoader's worker, a ``multiprocessing`` pool's), which may
-    have no children."""
+    have no children; no fork of this process has failed (:func:`fork_failed`)."""
     return (
         "fork" in mp.get_all_start_methods()
         and sys.platform != "darwin"
         and not mp.current_process().daemon
+        and not _FORK_FAILED
     )
+
+
+# a fork that failed (a process limit, memory): each start that fails leaves
+# multiprocessing's four pipe ends of it open, so the passes after it do not try again
+_FORK_FAILED: list[str] = []
+
+
+def fork_failed(e: OSError) -> None:
+    """Note that a worker could not be started here: no pass of this process forks one
+    (the error's text is kept, not the error, whose frames hold the pass's pack)."""
+    _FORK_FAILED.append(str(e))
 
 
 # one worker starts at a time: a worker forked while another's pipe is being set up
@@ -82,12 +96,17 @@ class HostWorker:
         ctx = mp.get_context("fork")
         with _STARTING:
             self.conn, child = ctx.Pipe()
-            self.proc = ctx.Process(
-                target=_serve, args=(child, pack, setup), daemon=True,
-                name="imgpack-dense-host",
-            )  # fmt: skip
-            self.proc.start()
-            child.close()
+            try:
+                self.proc = ctx.Process(
+                    target=_serve, args=(child, pack, setup), daemon=True,
+                    name="imgpack-dense-host",
+                )  # fmt: skip
+                self.proc.start()
+            except BaseException:  # the fork failed: its pipe goes with it
+                self.conn.close()
+                raise
+            finally:
+                child.close()
 
     def submit(self, group: list[tuple[int, np.ndarray]], seeds: tuple[int, int, int]) -> None:
         """Ask for ``group``'s host half (its batches' numbers and rows, the pass's seeds)."""
@@ -168,9 +187,24 @@ def _sizes_of(pack: Any) -> Any:
     return lambda idx: [(h, w)] * len(idx)
 
 
+def _own_signals() -> None:
+    """The worker's signals, not the training process's handlers inherited by the fork
+    (they would run here too: a second checkpoint writer, a job requeued twice): Ctrl-C
+    and every signal handled in Python ignored (the training process takes them and
+    closes the pass), SIGTERM the default (the worker ends: ``terminate()``, and
+    multiprocessing's at exit, which waits for it)."""
+    for s in signal.valid_signals():
+        try:
+            handled = callable(signal.getsignal(s))
+        except (OSError, ValueError):
+            continue
+        if handled or s == signal.SIGINT:
+            signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.SIG_IGN)
+
+
 def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
     """The worker's loop: a request in, its group's host half (or the error) out."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's
+    _own_signals()
     torch.set_num_threads(1)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)

@@ -210,18 +210,22 @@ class DensePass(_Pass):
     def _worker(self) -> Any:
         """A :class:`packer.loading.dense_host.HostWorker` for this pass, or None where the
         thread makes the groups (:func:`host_of` "thread", no batched path, a set, no
-        fork: the platform, a daemonic process, or a fork that fails, said once)."""
+        fork: the platform, a daemonic process, or a fork that fails, said once and not
+        tried again; by default also a pass of one group, which it cannot make ahead)."""
         if host_of(self.setup) != "process" or self.plan is None:
             return None
         if self.units is not None:
             return None
-        from .dense_host import HostWorker, forkable
+        if self.setup.host is None and self.nbatches - self.start <= self.group:
+            return None  # one group: the fork would be its whole cost
+        from .dense_host import HostWorker, fork_failed, forkable
 
         if not forkable():
             return None
         try:  # the worker reads this pass's pack and columns (inherited), never its path
             return HostWorker(self.pack, self.setup)
         except OSError as e:  # no process left to fork (a limit, memory)
+            fork_failed(e)
             warnings.warn(
                 f"imgpack: the dense loader could not start its host worker ({e}); its "
                 "producer thread makes the batches (DenseConfig(host='thread'))",

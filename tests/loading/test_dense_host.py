@@ -207,6 +207,7 @@ def test_a_worker_that_cannot_be_forked_leaves_the_thread_to_make_the_pass(
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(DH.HostWorker, "__init__", no_fork)
+    monkeypatch.setattr(DH, "_FORK_FAILED", [])  # the failure is kept for the process
     with pytest.warns(RuntimeWarning, match=r"could not start its host worker \(\[Errno 11\]"):
         names, got = _workers_during_a_pass(packs["raw"], LSJ)
     assert names == []
