@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -76,12 +77,24 @@ def fork_failed(e: OSError) -> None:
 _STARTING = threading.Lock()
 
 
-def _new_lock() -> None:  # a process forked while a thread held it gets it free
+# the workers started here: a child forked with os.fork inherits multiprocessing's
+# list of children, whose atexit hook would stop (SIGTERM) and fail to join them there
+_WORKERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child: the start lock free (a process forked while a thread held it
+    gets it free), this process's workers not the child's (its atexit leaves them be)."""
     global _STARTING
     _STARTING = threading.Lock()
+    children = getattr(mp.process, "_children", None)
+    for proc in list(_WORKERS):
+        if children is not None:
+            children.discard(proc)
+    _WORKERS.clear()
 
 
-os.register_at_fork(after_in_child=_new_lock)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class HostWorker:
@@ -102,6 +115,7 @@ class HostWorker:
                     name="imgpack-dense-host",
                 )  # fmt: skip
                 self.proc.start()
+                _WORKERS.add(self.proc)
             except BaseException:  # the fork failed: its pipe goes with it
                 self.conn.close()
                 raise

@@ -10,6 +10,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -115,3 +117,43 @@ def test_a_pass_of_one_group_forks_no_worker(packs, kw) -> None:
     assert len(_workers()) == 1
     assert_same(got + list(it), list(_loader(packs["jpeg"], "thread", **kw)))
     assert not _workers()
+
+
+_FORKS_A_HELPER = """
+import os, sys, multiprocessing as mp, warnings
+import packer
+from packer.loading.dense_pass import DenseConfig
+from test_dense_host import LSJ
+warnings.simplefilter("error", RuntimeWarning)
+pack = packer.load(sys.argv[1])
+dense = DenseConfig(LSJ, "padded", group=1)
+it = iter(packer.PackLoader(pack, 1, prefetch=1, device="cpu", seed=5, dense=dense))
+got = [next(it)]
+(w,) = mp.active_children()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a helper forked with os.fork that ends the ordinary way: atexit runs
+os.waitpid(pid, 0)
+alive = w.is_alive()
+got += list(it)  # a worker that ended would be said: a RuntimeWarning, an error here
+print("alive", alive, len(got))
+"""
+
+
+def test_a_helper_forked_during_a_pass_leaves_its_worker_alone(packs, tmp_path) -> None:
+    """A child forked with os.fork while a pass runs inherited multiprocessing's list of
+    children: at its exit, multiprocessing's atexit hook sent the pass's worker SIGTERM
+    (the parent's pass then went on without it, said) and failed to join it
+    ("AssertionError: can only join a child process" printed by the child)."""
+    script = tmp_path / "helper.py"
+    script.write_text(_FORKS_A_HELPER)
+    root = Path(__file__).resolve().parents[2]
+    paths = [str(root), str(root / "tests"), str(root / "tests" / "loading")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", str(script), str(packs["jpeg"])],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert "can only join a child process" not in out.stderr
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["alive", "True", "10"]
