@@ -205,15 +205,17 @@ def _own_signals() -> None:
     """The worker's signals, not the training process's handlers inherited by the fork
     (they would run here too: a second checkpoint writer, a job requeued twice): Ctrl-C
     and every signal handled in Python ignored (the training process takes them and
-    closes the pass), SIGTERM the default (the worker ends: ``terminate()``, and
+    closes the pass), SIGTERM the default and unblocked, whatever the training process
+    (or the thread that forked) made of it (the worker ends: ``terminate()``, and
     multiprocessing's at exit, which waits for it)."""
     for s in signal.valid_signals():
         try:
             handled = callable(signal.getsignal(s))
         except (OSError, ValueError):
             continue
-        if handled or s == signal.SIGINT:
+        if handled or s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:

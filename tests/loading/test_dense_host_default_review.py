@@ -45,16 +45,22 @@ def _workers() -> list:
     return [p for p in mp.active_children() if p.name == WORKER]
 
 
-def test_the_training_process_signal_handlers_do_not_run_in_the_worker(packs, tmp_path):
+@pytest.mark.parametrize("term", ["handled", "ignored", "blocked"])
+def test_the_training_process_signal_handlers_do_not_run_in_the_worker(packs, tmp_path, term):
     """A training script's handlers (a checkpoint written on SIGTERM, SLURM's SIGUSR1
     warning) were inherited by the fork: a signal to the process group ran them in the
     worker too (a second checkpoint writer), and ``terminate()`` (multiprocessing's, at
-    exit too) left it running. Now the worker ignores the others and ends on SIGTERM."""
+    exit too) left it running; so did SIGTERM ignored, or blocked in the thread that
+    forks. Now the worker ignores the others and ends on SIGTERM."""
 
     def handler(sig, frame) -> None:  # what a trainer does: saves, marks, carries on
         (tmp_path / f"ran-{sig}-in-{os.getpid()}").write_text("x")
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    on_term = signal.SIG_IGN if term == "ignored" else handler
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_term)}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, handler)
+    # the producer thread, and so the worker, inherit this thread's mask
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} if term == "blocked" else ())
     try:
         it = iter(_loader(packs["jpeg"], bs=1, prefetch=1))  # the pass stays open
         got = [next(it)]
@@ -69,6 +75,7 @@ def test_the_training_process_signal_handlers_do_not_run_in_the_worker(packs, tm
             warnings.filterwarnings("ignore", "imgpack: the dense loader's host worker ended")
             got += list(it)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for s, h in old.items():
             signal.signal(s, h)
     assert not alive and w.exitcode == -signal.SIGTERM
