@@ -4,7 +4,9 @@ and a JPEG pack with one image's end marker broken."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +69,16 @@ def break_jpeg_end(pack: Path, to: Path, i: int) -> Path:
     raw[off + ln - 2 : off + ln] = b"\x00\x00"
     data.write_bytes(bytes(raw))
     return to
+
+
+@contextlib.contextmanager
+def failing_forks_forgotten() -> Iterator[None]:
+    """A test that makes this process's host worker fail to fork: the failure is kept
+    for the process (packer.loading.dense_host.fork_failed), so it is forgotten after."""
+    from packer.loading import dense_host
+
+    assert not dense_host._FORK_FAILED, "a fork failure left by another test"
+    try:
+        yield
+    finally:
+        dense_host._FORK_FAILED.clear()

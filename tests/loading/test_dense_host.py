@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import packer
-from helpers.dense_batches import assert_same, coco_packs
+from helpers.dense_batches import assert_same, coco_packs, failing_forks_forgotten
 from packer.augment import dense as D
 from packer.errors import PackFormatError, UsageError
 from packer.loading.dense_host import forkable
@@ -207,8 +207,8 @@ def test_a_worker_that_cannot_be_forked_leaves_the_thread_to_make_the_pass(
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(DH.HostWorker, "__init__", no_fork)
-    monkeypatch.setattr(DH, "_FORK_FAILED", [])  # the failure is kept for the process
-    with pytest.warns(RuntimeWarning, match=r"could not start its host worker \(\[Errno 11\]"):
+    said = r"could not start its host worker \(\[Errno 11\]"
+    with failing_forks_forgotten(), pytest.warns(RuntimeWarning, match=said):
         names, got = _workers_during_a_pass(packs["raw"], LSJ)
     assert names == []
     assert_same(got, _workers_during_a_pass(packs["raw"], LSJ, host="thread")[1])

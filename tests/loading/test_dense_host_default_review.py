@@ -20,7 +20,7 @@ from test_dense_host import LSJ
 
 import packer
 import packer.loading.dense_host as DH
-from helpers.dense_batches import assert_same, coco_packs
+from helpers.dense_batches import assert_same, coco_packs, failing_forks_forgotten
 from packer.loading.dense_pass import DenseConfig
 
 pytestmark = pytest.mark.skipif(
@@ -87,7 +87,6 @@ def test_a_fork_that_fails_is_tried_once_a_process(packs, monkeypatch) -> None:
     """A fork refused (RLIMIT_NPROC, memory) left multiprocessing's four pipe ends of
     the failed start open, and every pass tried again: 50 passes, 200 descriptors. Now
     the first failure is said once and the thread makes every pass after it."""
-    monkeypatch.setattr(DH, "_FORK_FAILED", [], raising=False)
     tries = []
 
     def no_fork() -> int:
@@ -97,7 +96,7 @@ def test_a_fork_that_fails_is_tried_once_a_process(packs, monkeypatch) -> None:
     monkeypatch.setattr(os, "fork", no_fork)
     want = list(_loader(packs["raw"], "thread"))
     before = len(os.listdir("/proc/self/fd"))
-    with warnings.catch_warnings(record=True) as said:
+    with failing_forks_forgotten(), warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for _ in range(6):
             assert_same(list(_loader(packs["raw"])), want)
