@@ -272,3 +272,22 @@ def test_a_forked_command_starts_its_own_fork_server(tmp_path: Path) -> None:
     )
     r = run_code(code, cwd=tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, "exit 0"), r.stderr[-2000:]
+
+
+def test_a_forked_command_computes_after_this_process_ran_openmp_threads(
+    tmp_path: Path,
+) -> None:
+    """This process ran a parallel region on two OpenMP threads (a plain, non-xdist
+    pytest run does, on every core): GNU OpenMP's pool is not in a fork, and the
+    child's first parallel region waited on it forever. The child computes on one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.zeros(4_000_000).fill_(1.0).sum()
+        code = "import torch; print(int(torch.zeros(4_000_000).fill_(3.0).sum()))"
+        r = run_code(code, cwd=tmp_path, timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+    assert (r.returncode, r.stdout.strip()) == (0, "12000000"), r.stderr[-2000:]

@@ -407,6 +407,9 @@ def _child(
     code = 1
     try:
         code = _fresh(stdin, stdout, stderr, devnull, argv, path0, env, cwd)
+        torch = sys.modules.get("torch")
+        if torch is not None:  # GNU OpenMP's pool is not in a fork: a parallel region
+            torch.set_num_threads(1)  # of this process's threads would wait on it forever
         if code == 0:
             code = _run(main)
     except BaseException:  # the child never returns into pytest
