@@ -45,6 +45,7 @@ from .order import batch_seed
 
 _STOP = b""
 _POLL_S = 0.1  # how often a wait for an answer looks at the pass's stop
+_PARENT_S = 1.0  # how often a worker waiting for a request looks for its parent
 
 
 def forkable() -> bool:
@@ -111,7 +112,7 @@ class HostWorker:
             self.conn, child = ctx.Pipe()
             try:
                 self.proc = ctx.Process(
-                    target=_serve, args=(child, pack, setup), daemon=True,
+                    target=_serve, args=(child, pack, setup, self.conn), daemon=True,
                     name="imgpack-dense-host",
                 )  # fmt: skip
                 self.proc.start()
@@ -127,15 +128,24 @@ class HostWorker:
         batches = [(int(b), np.asarray(idx, dtype=np.int64)) for b, idx in group]
         self.conn.send_bytes(pickle.dumps((batches, seeds), protocol=pickle.HIGHEST_PROTOCOL))
 
-    def result(self, stop: threading.Event | None = None) -> tuple[str, Any]:
+    def result(
+        self, stop: threading.Event | None = None, wait: float | None = None
+    ) -> tuple[str, Any]:
         """The next answer, in the order asked: ``("ok", DrawnGroup or None)`` or
         ``("error", the exception's text)``; ``("stopped", None)`` once ``stop`` is set
-        (the pass's: it is not waited out). EOFError when the worker has ended."""
+        (the pass's: it is not waited out). EOFError when the worker has ended;
+        TimeoutError when it has not answered in ``wait`` seconds (it is then stopped: a
+        worker that hangs, on a lock a thread of the training process held as it forked,
+        say, would stall the pass)."""
+        deadline = None if wait is None else time.monotonic() + wait
         while not self.conn.poll(_POLL_S):
             if stop is not None and stop.is_set():
                 return "stopped", None
             if not self.proc.is_alive() and not self.conn.poll(0):
                 raise EOFError("the dense host worker ended")
+            if deadline is not None and time.monotonic() > deadline:
+                self.proc.kill()
+                raise TimeoutError(f"did not answer in {wait:g} s and was stopped")
         return pickle.loads(self.conn.recv_bytes())
 
     def close(self, wait: float = 5.0) -> None:
@@ -218,14 +228,24 @@ def _own_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def _serve(conn: Any, pack: Any, setup: DenseSetup) -> None:
-    """The worker's loop: a request in, its group's host half (or the error) out."""
+def _serve(conn: Any, pack: Any, setup: DenseSetup, theirs: Any = None) -> None:
+    """The worker's loop: a request in, its group's host half (or the error) out. It
+    ends when the pipe closes, and when the training process has gone (killed: by the
+    OOM killer, a scheduler): its copy of the producer's end, inherited by the fork,
+    is closed first, and its parent is looked at while it waits (a process forked from
+    the training process later may hold that end too)."""
     _own_signals()
+    if theirs is not None:
+        theirs.close()
+    parent = os.getppid()
     torch.set_num_threads(1)
     plan = plan_of(setup.op)
     sizes_of = _sizes_of(pack)
     while True:
         try:
+            while not conn.poll(_PARENT_S):
+                if os.getppid() != parent:
+                    return
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             return

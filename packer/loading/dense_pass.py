@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,9 @@ class DenseConfig:
     masks: bool = True
     group: int | None = None
     host: str | None = None
+    # how long the producer waits for a worker's answer before it stops the worker and
+    # makes the rest of the pass itself (private: a test's hung worker)
+    _host_wait: float = field(default=60.0, repr=False)
 
 
 HOSTS = ("thread", "process")
@@ -173,6 +176,7 @@ class DenseSetup:
     masks: bool = True
     group: int | None = None
     host: str | None = None
+    host_wait: float = 60.0
 
     @property
     def semantic(self) -> bool:
@@ -241,7 +245,7 @@ def dense_setup(
         raise UsageError(f"DenseConfig.host must be 'thread', 'process' or None, not {cfg.host!r}")
     setup = DenseSetup(
         columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g,
-        cfg.host,
+        cfg.host, float(cfg._host_wait),
     )  # fmt: skip
     return setup, None
 

@@ -283,11 +283,11 @@ class DensePass(_Pass):
         asked: list = []
         alive = True
 
-        def lost() -> None:  # the worker ended: this thread makes the rest, said once
+        def lost(why: str = "ended") -> None:  # this thread makes the rest, said once
             nonlocal alive
             alive = False
             warnings.warn(
-                "imgpack: the dense loader's host worker ended; its producer thread "
+                f"imgpack: the dense loader's host worker {why}; its producer thread "
                 "makes the batches from here (DenseConfig(host='thread'))",
                 RuntimeWarning,
                 stacklevel=1,
@@ -311,7 +311,9 @@ class DensePass(_Pass):
             made, status = None, "error"
             if alive:
                 try:
-                    status, made = worker.result(self.stop)
+                    status, made = worker.result(self.stop, self.setup.host_wait)
+                except TimeoutError as e:  # hung (alive, silent): stopped
+                    lost(str(e))
                 except (EOFError, OSError):
                     lost()
                 if status == "stopped":

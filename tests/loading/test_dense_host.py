@@ -11,6 +11,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,12 +133,79 @@ def test_a_worker_that_dies_leaves_the_thread_to_finish(packs, monkeypatch) -> N
         def send_bytes(self, b) -> None:
             self.conn.send_bytes(b)
 
+        def poll(self, timeout: float) -> bool:
+            return self.conn.poll(timeout)
+
     monkeypatch.setattr(DH, "_serve", lambda conn, *a: serve(OneAnswer(conn), *a))
     thread = _batches(packs["raw"], "thread")
     with pytest.warns(RuntimeWarning, match=r"host worker ended; its producer thread makes"):
         got = _batches(packs["raw"], "process")
     assert_same(got, thread)
     assert not mp.active_children()
+
+
+def test_a_worker_that_hangs_is_stopped_and_the_thread_finishes(packs, monkeypatch) -> None:
+    """Alive but silent (a lock a thread of the training process held as it forked,
+    say): it stalled the pass for good. Now, after DenseConfig's wait for an answer, it
+    is stopped, one warning says so, and the thread makes the pass: the same batches."""
+    import threading
+
+    import packer.loading.dense_host as DH
+
+    monkeypatch.setattr(DH, "_serve", lambda conn, *a: threading.Event().wait())
+    thread = _batches(packs["jpeg"], "thread")
+    pack = packer.load(packs["jpeg"])
+    dense = DenseConfig(LSJ, "padded", group=2, host="process", _host_wait=0.5)
+    loader = packer.PackLoader(pack, 2, device="cpu", seed=5, shuffle=True, dense=dense)
+    said = r"host worker did not answer in 0.5 s and was stopped; its producer thread"
+    with pytest.warns(RuntimeWarning, match=said):
+        got = list(loader)
+    assert_same(got, thread)
+    assert not mp.active_children()
+
+
+def _pass_then_wait(path: str, q) -> None:
+    """A training process: a pass under way, its worker's pid sent, then idle."""
+    import threading
+
+    import torch
+
+    torch.set_num_threads(1)  # as DataLoader's workers: this test process ran OpenMP
+    dense = DenseConfig(LSJ, "padded", group=1, host="process")
+    it = iter(packer.PackLoader(packer.load(path), 1, device="cpu", prefetch=1, dense=dense))
+    next(it)
+    q.put([p.pid for p in mp.active_children()])
+    threading.Event().wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_ends_when_its_training_process_is_killed(packs) -> None:
+    """SIGKILL (the OOM killer, a scheduler) gives the training process no time to close
+    its passes: the worker held its own copy of the producer's end of the pipe, never
+    saw it close, and waited for requests for good (a leaked process per loader)."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_pass_then_wait, args=(str(packs["jpeg"]), q))
+    p.start()
+    try:
+        (worker,) = q.get(timeout=60)
+    finally:
+        p.kill()
+        p.join()
+    deadline = time.monotonic() + 30
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the worker's end (bounded), not waiting one out
+    gone = _gone(worker)
+    if not gone:
+        os.kill(worker, signal.SIGKILL)
+    assert gone
 
 
 def test_a_pass_stopped_early_ends_its_worker(packs) -> None:
@@ -180,6 +249,9 @@ def test_by_default_a_box_pack_has_a_worker_and_a_semantic_pack_none(packs) -> N
 
 def _ids_in_a_daemon(path: str, q) -> None:
     """A daemonic process (a DataLoader's worker, a pool's) may start no child."""
+    import torch
+
+    torch.set_num_threads(1)  # as DataLoader's workers: this test process ran OpenMP
     try:
         names, got = _workers_during_a_pass(Path(path), LSJ)
         q.put((names, [t["image_ids"].tolist() for _, t in got]))

@@ -229,6 +229,7 @@ def test_a_loader_forked_while_a_worker_starts_starts_its_own(packs, tmp_path) -
     out = tmp_path / "forked.pt"
 
     def child() -> None:
+        torch.set_num_threads(1)  # as DataLoader's workers: this process may have run OpenMP
         torch.save(list(loader), out)
         os._exit(0)
 
@@ -267,6 +268,9 @@ def test_a_pass_stopped_while_its_worker_is_silent_ends_it(packs, monkeypatch) -
 
         def send_bytes(self, b) -> None:
             self.conn.send_bytes(b)
+
+        def poll(self, timeout: float) -> bool:
+            return self.conn.poll(timeout)
 
     monkeypatch.setattr(DH, "_serve", lambda conn, *a: serve(Silent(conn), *a))
     loader = _loader(packer.load(packs["raw"]), "process", group=1, prefetch=1)
