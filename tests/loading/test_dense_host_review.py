@@ -109,10 +109,11 @@ def test_a_worker_killed_between_requests_leaves_the_thread_to_finish(packs) -> 
     it = iter(loader)
     first = next(it)
     (worker,) = _workers()
-    os.kill(worker.pid, signal.SIGKILL)
-    worker.join(10)
-    assert worker.exitcode == -signal.SIGKILL
+    # the producer thread may meet the closed pipe at once, before the rest is asked for
     with pytest.warns(RuntimeWarning) as said:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        assert worker.exitcode == -signal.SIGKILL
         rest = list(it)
     ours = _ours(said)
     assert len(ours) == 1 and "host worker ended" in ours[0], ours

@@ -8,6 +8,7 @@ import json
 import os
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -79,13 +80,18 @@ def _cycles(pack: packer.ImagePack) -> tuple[list[float], list[float]]:
         assert threading.active_count() >= threads + 40 * 2
         held.append(_rss_mb() - rss)
         assert _tensor_mb() > tensors + 40 * 4 * 0.375
-        started = [t for t in threading.enumerate() if t not in before]
         del loaders, iters, ld, it
         _trim()
         # a collected loader's finalizer only signals its threads (it never joins them:
-        # that could deadlock inside the collection); each then ends on its own
-        for t in started:
-            t.join(timeout=30)
+        # that could deadlock inside the collection); each then ends on its own. A gather
+        # pool may start its second thread late, after a first look: looked at again
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            started = [t for t in threading.enumerate() if t not in before]
+            if not started:
+                break
+            for t in started:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
         assert threading.active_count() == threads
         mb, passes = _reachable()
         assert passes == 0
