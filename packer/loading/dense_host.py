@@ -46,6 +46,7 @@ from .order import batch_seed
 _STOP = b""
 _POLL_S = 0.1  # how often a wait for an answer looks at the pass's stop
 _PARENT_S = 1.0  # how often a worker waiting for a request looks for its parent
+_LOOK_S = 1.0  # the most one look of a wait for an answer counts (a longer gap: stopped)
 
 
 def forkable() -> bool:
@@ -137,13 +138,18 @@ class HostWorker:
         TimeoutError when it has not answered in ``wait`` seconds (it is then stopped: a
         worker that hangs, on a lock a thread of the training process held as it forked,
         say, would stall the pass)."""
-        deadline = None if wait is None else time.monotonic() + wait
+        # the wait counts the time this process looked: a gap between two looks (this
+        # process and its worker stopped: Ctrl-Z, a job suspended, then resumed) is not
+        # the worker's silence
+        waited, last = 0.0, time.monotonic()
         while not self.conn.poll(_POLL_S):
             if stop is not None and stop.is_set():
                 return "stopped", None
             if not self.proc.is_alive() and not self.conn.poll(0):
                 raise EOFError("the dense host worker ended")
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            waited, last = waited + min(now - last, _LOOK_S), now
+            if wait is not None and waited > wait and not self.conn.poll(0):
                 self.proc.kill()
                 raise TimeoutError(f"did not answer in {wait:g} s and was stopped")
         return pickle.loads(self.conn.recv_bytes())

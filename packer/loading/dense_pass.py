@@ -243,9 +243,12 @@ def dense_setup(
         raise UsageError(f"DenseConfig.group must be a positive int or None, not {g!r}")
     if cfg.host is not None and (not isinstance(cfg.host, str) or cfg.host not in HOSTS):
         raise UsageError(f"DenseConfig.host must be 'thread', 'process' or None, not {cfg.host!r}")
+    w = cfg._host_wait
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+        raise UsageError(f"DenseConfig._host_wait must be a positive number of seconds, not {w!r}")
     setup = DenseSetup(
         columns, op, cfg.targets, d, int(cfg.fill), int(cfg.semantic_fill), cfg.masks, g,
-        cfg.host, float(cfg._host_wait),
+        cfg.host, float(w),
     )  # fmt: skip
     return setup, None
 
