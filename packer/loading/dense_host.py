@@ -151,6 +151,7 @@ class HostWorker:
             waited, last = waited + min(now - last, _LOOK_S), now
             if wait is not None and waited > wait and not self.conn.poll(0):
                 self.proc.kill()
+                self.proc.join(1.0)  # reaped now, not a zombie for the rest of the pass
                 raise TimeoutError(f"did not answer in {wait:g} s and was stopped")
         return pickle.loads(self.conn.recv_bytes())
 

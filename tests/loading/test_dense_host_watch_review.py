@@ -6,6 +6,7 @@ checked like the other fields."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import time
 import types
@@ -81,3 +82,41 @@ def test_a_wait_resumed_after_a_stop_is_not_a_silent_worker(packs, monkeypatch) 
         monkeypatch.setattr(DH, "time", time)
         worker.close()
     assert not mp.active_children()
+
+
+def _zombie_or_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            f.read()
+        return True  # still in the process table: running, dying or a zombie
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_stopped_for_its_silence_is_reaped_at_once(packs, monkeypatch) -> None:
+    """A worker killed for not answering was left a zombie (<defunct>) for the rest of
+    the pass, an epoch maybe: nothing waited for it until the pass closed its worker."""
+    import threading
+
+    import packer.loading.dense_host as DH
+
+    ctx = mp.get_context("fork")
+    pids = ctx.SimpleQueue()
+
+    def hung(conn, *a) -> None:
+        pids.put(os.getpid())
+        threading.Event().wait()
+
+    monkeypatch.setattr(DH, "_serve", hung)
+    dense = DenseConfig(LSJ, "padded", group=1, host="process", _host_wait=0.3)
+    loader = packer.PackLoader(
+        packer.load(packs["jpeg"]), 2, device="cpu", seed=5, prefetch=1, dense=dense
+    )
+    it = iter(loader)
+    with pytest.warns(RuntimeWarning, match=r"did not answer in 0.3 s and was stopped"):
+        next(it)  # made by the thread, after the worker was stopped
+        worker = pids.get()
+        left = _zombie_or_alive(worker)
+        rest = list(it)
+    assert len(rest) == 4
+    assert not left
