@@ -90,9 +90,8 @@ def _after_fork() -> None:
     global _STARTING
     _STARTING = threading.Lock()
     children = getattr(mp.process, "_children", None)
-    for proc in list(_WORKERS):
-        if children is not None:
-            children.discard(proc)
+    if children is not None:
+        children.difference_update(list(_WORKERS))
     _WORKERS.clear()
 
 

@@ -135,8 +135,8 @@ class DensePass(_Pass):
         self.kind: StorageKind = cfg.kind
         self.pack = cfg.pack
         # no larger than the batches this pass makes (a generator is set up per batch)
-        left = max(1, self.nbatches - self.start)
-        self.group = min(group_size(self.setup, cfg.batch_size, cfg.prefetch), left)
+        self.left = max(1, self.nbatches - self.start)
+        self.group = min(group_size(self.setup, cfg.batch_size, cfg.prefetch), self.left)
         self.plan = plan_of(self.setup.op)
 
     def _images(self, idx: np.ndarray, bt: Any) -> list[torch.Tensor]:
@@ -216,7 +216,7 @@ class DensePass(_Pass):
             return None
         if self.units is not None:
             return None
-        if self.setup.host is None and self.nbatches - self.start <= self.group:
+        if self.setup.host is None and self.left == self.group:
             return None  # one group: the fork would be its whole cost
         from .dense_host import HostWorker, fork_failed, forkable
 

@@ -5,6 +5,7 @@ and a JPEG pack with one image's end marker broken."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,3 +83,8 @@ def failing_forks_forgotten() -> Iterator[None]:
         yield
     finally:
         dense_host._FORK_FAILED.clear()
+
+
+def host_workers() -> list:
+    """This process's dense host workers alive (packer.loading.dense_host.HostWorker)."""
+    return [p for p in mp.active_children() if p.name == "imgpack-dense-host"]

@@ -7,7 +7,6 @@ worker it cannot overlap with."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -20,14 +19,12 @@ from test_dense_host import LSJ
 
 import packer
 import packer.loading.dense_host as DH
-from helpers.dense_batches import assert_same, coco_packs, failing_forks_forgotten
+from helpers.dense_batches import assert_same, coco_packs, failing_forks_forgotten, host_workers
 from packer.loading.dense_pass import DenseConfig
 
 pytestmark = pytest.mark.skipif(
     not DH.forkable(), reason="the worker is forked here (not on Windows or macOS)"
 )
-
-WORKER = "imgpack-dense-host"
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +36,6 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _loader(path: Path, host=None, bs=2, group=None, **kw) -> packer.PackLoader:
     dense = DenseConfig(LSJ, "padded", group=group, host=host)
     return packer.PackLoader(packer.load(path), bs, device="cpu", seed=5, dense=dense, **kw)
-
-
-def _workers() -> list:
-    return [p for p in mp.active_children() if p.name == WORKER]
 
 
 @pytest.mark.parametrize("term", ["handled", "ignored", "blocked"])
@@ -64,7 +57,7 @@ def test_the_training_process_signal_handlers_do_not_run_in_the_worker(packs, tm
     try:
         it = iter(_loader(packs["jpeg"], bs=1, prefetch=1))  # the pass stays open
         got = [next(it)]
-        (w,) = _workers()
+        (w,) = host_workers()
         os.kill(w.pid, signal.SIGUSR1)
         w.terminate()
         w.join(5)
@@ -103,7 +96,7 @@ def test_a_fork_that_fails_is_tried_once_a_process(packs, monkeypatch) -> None:
     ours = [str(w.message) for w in said if "host worker" in str(w.message)]
     assert len(tries) == 1 and len(ours) == 1 and "[Errno 11]" in ours[0]
     assert len(os.listdir("/proc/self/fd")) - before <= 4  # one failed start's pipes
-    assert not _workers()
+    assert not host_workers()
 
 
 @pytest.mark.parametrize(
@@ -115,14 +108,14 @@ def test_a_pass_of_one_group_forks_no_worker(packs, kw) -> None:
     3 GB process). By default the thread makes it; host="process" still forks."""
     it = iter(_loader(packs["jpeg"], **kw))
     got = [next(it)]
-    assert _workers() == []
+    assert host_workers() == []
     got += list(it)
     assert_same(got, list(_loader(packs["jpeg"], "thread", **kw)))
     it = iter(_loader(packs["jpeg"], "process", **kw))
     got = [next(it)]
-    assert len(_workers()) == 1
+    assert len(host_workers()) == 1
     assert_same(got + list(it), list(_loader(packs["jpeg"], "thread", **kw)))
-    assert not _workers()
+    assert not host_workers()
 
 
 _FORKS_A_HELPER = """

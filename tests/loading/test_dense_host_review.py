@@ -19,7 +19,7 @@ import torch
 from test_dense_host import LSJ
 
 import packer
-from helpers.dense_batches import assert_same, break_jpeg_end, coco_packs
+from helpers.dense_batches import assert_same, break_jpeg_end, coco_packs, host_workers
 from helpers.dense_data import make_truth, write_coco
 from packer.builder.config import BuildConfig
 from packer.builder.dense import DenseOptions
@@ -30,8 +30,6 @@ from packer.loading.dense_pass import DenseConfig
 pytestmark = pytest.mark.skipif(
     not forkable(), reason="the worker is forked here (not on Windows or macOS)"
 )
-
-WORKER = "imgpack-dense-host"
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +57,6 @@ def _ours(said) -> list[str]:
     return [str(w.message) for w in said if "imgpack" in str(w.message)]
 
 
-def _workers() -> list:
-    return [p for p in mp.active_children() if p.name == WORKER]
-
-
 def test_a_damaged_jpeg_fails_where_the_thread_fails(packs, tmp_path) -> None:
     """Image 4's JPEG truncated: the producer's decode of the group fails. The batches
     before image 4's come first, then its error, as with host="thread" (the worker made
@@ -74,7 +68,7 @@ def test_a_damaged_jpeg_fails_where_the_thread_fails(packs, tmp_path) -> None:
         assert isinstance(e, PackFormatError) and "image 4" in str(e), (host, e)
         got[host] = (ids, str(e))
     assert got["process"] == got["thread"] and len(got["thread"][0]) == 2
-    assert not _workers()
+    assert not host_workers()
 
 
 def test_a_group_the_device_cannot_hold_is_made_batch_by_batch(packs, monkeypatch) -> None:
@@ -108,7 +102,7 @@ def test_a_worker_killed_between_requests_leaves_the_thread_to_finish(packs) -> 
     loader = _loader(packer.load(packs["raw"]), "process", group=1, bs=1, prefetch=1)
     it = iter(loader)
     first = next(it)
-    (worker,) = _workers()
+    (worker,) = host_workers()
     # the producer thread may meet the closed pipe at once, before the rest is asked for
     with pytest.warns(RuntimeWarning) as said:
         os.kill(worker.pid, signal.SIGKILL)
@@ -118,7 +112,7 @@ def test_a_worker_killed_between_requests_leaves_the_thread_to_finish(packs) -> 
     ours = _ours(said)
     assert len(ours) == 1 and "host worker ended" in ours[0], ours
     assert_same([first, *rest], thread)
-    assert not _workers()
+    assert not host_workers()
 
 
 def test_ctrl_c_reaches_the_worker_quietly(packs, capfd) -> None:
@@ -129,7 +123,7 @@ def test_ctrl_c_reaches_the_worker_quietly(packs, capfd) -> None:
     loader = _loader(packer.load(packs["jpeg"]), "process", group=1, prefetch=1)
     it = iter(loader)
     first = next(it)
-    (worker,) = _workers()
+    (worker,) = host_workers()
     os.kill(worker.pid, signal.SIGINT)
     worker.join(0.5)  # a worker that took the interrupt has ended by now
     assert worker.is_alive()
@@ -140,7 +134,7 @@ def test_ctrl_c_reaches_the_worker_quietly(packs, capfd) -> None:
     assert_same([first, *rest], thread)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert not _workers()
+    assert not host_workers()
 
 
 @pytest.fixture
@@ -217,7 +211,7 @@ def test_a_worker_sending_an_answer_no_one_reads_ends_at_close(packs) -> None:
         assert first.proc.exitcode == 0  # ended, not killed after the wait
     finally:
         later.close()
-    assert not _workers()
+    assert not host_workers()
 
 
 def test_a_loader_forked_while_a_worker_starts_starts_its_own(packs, tmp_path) -> None:
@@ -277,7 +271,7 @@ def test_a_pass_stopped_while_its_worker_is_silent_ends_it(packs, monkeypatch) -
     loader = _loader(packer.load(packs["raw"]), "process", group=1, prefetch=1)
     it = iter(loader)
     next(it)
-    (worker,) = _workers()
+    (worker,) = host_workers()
     t0 = time.monotonic()
     loader.close()
     assert time.monotonic() - t0 < 5.0
